@@ -1,0 +1,27 @@
+"""Shared fixtures. Tests run on CPU; Pallas kernels run in interpret mode here."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def real_model_path() -> str:
+    """Path of the real Qwen2.5-Coder-0.5B GGUF (MINFER_TEST_MODEL, else the built-in default model).
+
+    CI installs the `model` extra, so this resolves there; a missing model is an error, not a skip.
+    """
+    env = os.environ.get("MINFER_TEST_MODEL")
+    if env:
+        return env
+    from minfer_jax.model_source import resolve_model
+
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def real_model(real_model_path):
+    """The parsed and validated real GGUF (config, metadata, mmap'd tensors)."""
+    from minfer_jax.gguf import load_gguf
+
+    return load_gguf(real_model_path)
