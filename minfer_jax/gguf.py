@@ -14,7 +14,9 @@ Tensor data stays in the mmap: `RawTensor.data` is the array gguf-py hands out (
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,12 +73,19 @@ class GGUFModel:
 
 
 class _FastReader(GGUFReader):
-    """GGUFReader reading through a plain ndarray view of its memmap, with checked tensor extents.
+    """GGUFReader reading through a plain ndarray view of its memmap, with checked reads.
 
     gguf-py slices `self.data` hundreds of thousands of times while reading metadata; on a
     np.memmap every slice pays for `__array_finalize__`. A plain ndarray view shares the same
     mmap (the view keeps the memmap alive through .base) and slices ~4x faster.
+
+    Every primitive read (`_get`) is bounds-checked: gguf-py silently returns short arrays past
+    the end of the file, which turns a truncated file into numpy errors or, for a numeric array
+    whose length field is corrupt, into a loop over ~2**60 empty reads. Metadata entries and
+    tensor infos are parsed one at a time so that any failure names the key or tensor.
     """
+
+    _ORDER_NEEDS_VIEW = {"S"} if sys.byteorder == "little" else {"S", "<"}
 
     @property  # type: ignore[override]
     def data(self):
@@ -85,32 +94,98 @@ class _FastReader(GGUFReader):
     @data.setter
     def data(self, value):
         self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+        self._size = int(self._data.shape[0])
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        offset, count = int(offset), int(count)
+        dt = _DTYPES.get(dtype) or np.dtype(dtype)
+        end = offset + dt.itemsize * count
+        if count < 0 or end > self._size:
+            raise GGUFError(f"needs bytes {offset}..{end} but the file has only {self._size} bytes "
+                            "(truncated or corrupt file)")
+        arr = self._data[offset:end].view(dt)
+        order = self.byte_order if override_order is None else override_order
+        if order in self._ORDER_NEEDS_VIEW:
+            arr = arr.view(dt.newbyteorder(order))
+        return arr
+
+    def _build_fields(self, offs, count):
+        count = int(count)
+        for i in range(count):
+            where = f"metadata entry {i} of {count} (at byte {offs})"
+            try:
+                klen, kdata = self._get_str(offs)
+                key = bytes(kdata).decode("utf-8")
+            except _PARSE_ERRORS as e:
+                raise GGUFError(f"{where}: cannot read its key: {_reason(e)}") from None
+            try:
+                offs = super()._build_fields(offs, 1)
+            except _PARSE_ERRORS as e:
+                raise GGUFError(f"metadata '{key}' ({where}): {_reason(e)}") from None
+        return offs
+
+    def _build_tensor_info(self, offs, count):
+        count = int(count)
+        fields = []
+        for i in range(count):
+            where = f"tensor info {i} of {count} (at byte {offs})"
+            try:
+                _, name_data = self._get_str(offs)
+                name = bytes(name_data).decode("utf-8")
+            except _PARSE_ERRORS as e:
+                raise GGUFError(f"{where}: cannot read its name: {_reason(e)}") from None
+            try:
+                offs, (field,) = super()._build_tensor_info(offs, 1)
+            except _PARSE_ERRORS as e:
+                raise GGUFError(f"tensor '{name}' ({where}): {_reason(e)}") from None
+            fields.append(field)
+        return offs, fields
 
     def _build_tensors(self, start_offs, fields):
         # gguf-py would reshape a short slice past EOF (a numpy ValueError) or raise on an unknown
         # type id; check both first so the error names the tensor.
-        file_size = int(self._data.shape[0])
+        file_size = self._size
+        seen = set()
         for field in fields:
             _, name_data, _, dims, raw_dtype, offset = field.parts
             name = bytes(name_data).decode("utf-8", errors="replace")
+            shape = tuple(reversed(dims.tolist()))
+            if name in seen:
+                raise GGUFError(f"tensor '{name}' appears twice in the tensor table")
+            seen.add(name)
             try:
                 qtype = QType(int(raw_dtype[0]))
             except ValueError:
                 raise UnsupportedError(f"tensor '{name}' has unknown ggml type id {int(raw_dtype[0])}") from None
+            if not 1 <= dims.size <= _MAX_DIMS:
+                raise GGUFError(f"tensor '{name}' has {dims.size} dimensions, expected 1..{_MAX_DIMS}")
             block, type_size = GGML_QUANT_SIZES[qtype]
             n_elems = 1
             for d in dims.tolist():
                 n_elems *= int(d)
-            if dims.size and n_elems % block:
+            if int(dims[0]) % block:
                 raise GGUFError(
-                    f"tensor '{name}': {n_elems} elements is not a whole number of {qtype.name} blocks of {block}")
+                    f"tensor '{name}' ({qtype.name}, shape {shape}): row length {int(dims[0])} is not a whole "
+                    f"number of {qtype.name} blocks of {block}")
             start = int(start_offs) + int(offset[0])
             end = start + n_elems // block * type_size
             if end > file_size:
                 raise GGUFError(
-                    f"tensor '{name}' ({qtype.name}, shape {tuple(dims.tolist())}) needs bytes {start}..{end} "
+                    f"tensor '{name}' ({qtype.name}, shape {shape}) needs bytes {start}..{end} "
                     f"but the file has only {file_size} bytes (truncated file?)")
         super()._build_tensors(start_offs, fields)
+
+
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_DTYPES = {t: np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32,
+                                    np.uint64, np.int64, np.float16, np.float32, np.float64, np.bool_)}
+# What gguf-py (and numpy under it) raises on garbage; all of it becomes a GGUFError.
+_PARSE_ERRORS = (GGUFError, ValueError, KeyError, IndexError, TypeError, OverflowError,
+                 UnicodeDecodeError, MemoryError, RecursionError)
+
+
+def _reason(e: BaseException) -> str:
+    return str(e) if isinstance(e, GGUFError) else f"{type(e).__name__}: {e}"
 
 
 def _field_value(field) -> Any:
@@ -143,7 +218,7 @@ def _meta(meta: Mapping[str, Any], key: str, path: str, kind: type, default: Any
     if v is None:
         raise GGUFError(f"{path}: required metadata '{key}' is missing")
     if isinstance(v, GGUFError):
-        raise v
+        raise GGUFError(f"{path}: {v}")
     if kind is int:
         ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool)
     elif kind is float:
@@ -156,13 +231,17 @@ def _meta(meta: Mapping[str, Any], key: str, path: str, kind: type, default: Any
 
 
 def config_from_metadata(meta: Mapping[str, Any], path: str, vocab_size: int, tied: bool) -> Config:
-    arch = meta.get("general.architecture")
+    arch = _meta(meta, "general.architecture", path, str)
     if arch != ARCHITECTURE:
         raise UnsupportedError(
             f"{path}: unsupported architecture {arch!r}; minfer_jax runs '{ARCHITECTURE}' models "
             "(Qwen2, Qwen2.5, Qwen2.5-Coder, DeepSeek-R1-Distill-Qwen)")
     a = ARCHITECTURE
     n_heads = _meta(meta, f"{a}.attention.head_count", path, int)
+    for key, default in ((f"{a}.rope.freq_base", 10000.0), (f"{a}.attention.layer_norm_rms_epsilon", 1e-6)):
+        v = _meta(meta, key, path, float, default=default)
+        if not (math.isfinite(v) and v > 0):
+            raise GGUFError(f"{path}: metadata '{key}' should be a finite positive float, got {v!r}")
     try:
         return Config(
             n_layers=_meta(meta, f"{a}.block_count", path, int),
@@ -182,13 +261,20 @@ def config_from_metadata(meta: Mapping[str, Any], path: str, vocab_size: int, ti
 
 def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """Every tensor a Qwen2 model needs, in numpy order (out, in)."""
+    return dict(_iter_expected_shapes(cfg))
+
+
+def _iter_expected_shapes(cfg: Config):
+    """expected_shapes() lazily: a corrupt block_count of 2**40 must fail at the first missing
+    tensor, not build a dict of 10**13 names first."""
     d, kv, ff, v = cfg.d_model, cfg.kv_dim, cfg.d_ff, cfg.vocab_size
-    shapes = {"token_embd.weight": (v, d), "output_norm.weight": (d,)}
+    yield "token_embd.weight", (v, d)
+    yield "output_norm.weight", (d,)
     if not cfg.tied_output:
-        shapes["output.weight"] = (v, d)
+        yield "output.weight", (v, d)
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        shapes.update({
+        yield from {
             p + "attn_norm.weight": (d,),
             p + "attn_q.weight": (d, d), p + "attn_q.bias": (d,),
             p + "attn_k.weight": (kv, d), p + "attn_k.bias": (kv,),
@@ -198,8 +284,7 @@ def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
             p + "ffn_gate.weight": (ff, d),
             p + "ffn_up.weight": (ff, d),
             p + "ffn_down.weight": (d, ff),
-        })
-    return shapes
+        }.items()
 
 
 def open_reader(path: str) -> GGUFReader:
@@ -208,21 +293,32 @@ def open_reader(path: str) -> GGUFReader:
         raise GGUFError(f"{path}: no such file")
     if os.path.isdir(path):
         raise GGUFError(f"{path}: is a directory, not a GGUF file")
-    size = os.path.getsize(path)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise GGUFError(f"{path}: cannot read the file ({e.strerror or e})") from None
     if size == 0:
         raise GGUFError(f"{path}: file is empty (0 bytes), not a GGUF file")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
+    if magic != b"GGUF" and not (len(magic) < 4 and b"GGUF".startswith(magic)):
         raise GGUFError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    if size < _HEADER_SIZE:
+        raise GGUFError(f"{path}: truncated GGUF header: the file has {size} bytes, the fixed header "
+                        f"(magic, version, tensor count, metadata count) needs {_HEADER_SIZE}")
     try:
         return _FastReader(path)
     except GGUFError as e:
         raise type(e)(f"{path}: {e}") from None
-    except (ValueError, KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError, MemoryError) as e:
-        # gguf-py reports truncation and garbage as assorted numpy/struct errors.
+    except _PARSE_ERRORS as e:
+        # gguf-py reports bad versions, alignments and garbage as assorted numpy/struct errors.
         raise GGUFError(f"{path}: cannot parse GGUF header ({type(e).__name__}: {e}); "
                         "the file is truncated or corrupt") from None
+    except OSError as e:
+        raise GGUFError(f"{path}: cannot map the file ({e.strerror or e})") from None
+
+
+_HEADER_SIZE = 24
 
 
 def load_gguf(path: str | os.PathLike) -> GGUFModel:
@@ -232,15 +328,19 @@ def load_gguf(path: str | os.PathLike) -> GGUFModel:
     meta = read_metadata(reader)
     raw = {t.name: t for t in reader.tensors}
 
-    if "token_embd.weight" not in raw:
+    embd = raw.get("token_embd.weight")
+    if embd is None or embd.shape.size != 2:
         # Architecture first: a llama file should say 'unsupported architecture', not 'missing tensor'.
         config_from_metadata(meta, path, 1, True)
-        raise GGUFError(f"{path}: required tensor 'token_embd.weight' is missing")
-    vocab = int(raw["token_embd.weight"].shape[-1])
+        if embd is None:
+            raise GGUFError(f"{path}: required tensor 'token_embd.weight' is missing")
+        raise GGUFError(f"{path}: tensor 'token_embd.weight' has shape {tuple(reversed(embd.shape.tolist()))}, "
+                        "expected 2 dimensions (vocab_size, d_model)")
+    vocab = int(embd.shape[-1])
     cfg = config_from_metadata(meta, path, vocab, tied="output.weight" not in raw)
 
     tensors: dict[str, RawTensor] = {}
-    for name, want in expected_shapes(cfg).items():
+    for name, want in _iter_expected_shapes(cfg):
         t = raw.get(name)
         if t is None:
             raise GGUFError(f"{path}: required tensor '{name}' is missing (expected shape {want})")

@@ -1,0 +1,225 @@
+"""Render a GGUF's chat template (Jinja2, HF `apply_chat_template` dialect) inside a sandbox.
+
+A chat template is code that came with a model file from the internet, so it is treated as
+hostile:
+- `ImmutableSandboxedEnvironment` keeps it away from Python internals (dunder attributes,
+  `str.format` tricks, mutating `messages`); any such attempt raises at once instead of
+  rendering as an empty Undefined, so a probe cannot fail silently and keep probing;
+- resource bombs are bounded: `range` (jinja's 100k per range, plus a per-render total), the
+  `*`, `**`, `+` operators and call/filter arguments (no gigabyte strings, no huge powers), a
+  step budget and wall-clock limit checked on every call, operator and range, and the size of
+  the output;
+- every failure, whatever Python or Jinja raised, leaves as `minfer_jax.errors.TemplateError`.
+
+The dialect matches transformers: trim_blocks/lstrip_blocks, `loopcontrols`, a `tojson` filter
+that does not HTML-escape or sort keys, `raise_exception`, `strftime_now`, `bos_token` and
+`eos_token`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime
+import functools
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
+
+from minfer_jax.errors import TemplateError
+
+# Used when a file has no chat template: every Qwen2-family instruct model speaks ChatML.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Bounds for one render. Generous for real templates (a few operations per message), small
+# enough that a hostile one fails in well under a second of work or a few tens of MB.
+MAX_STEPS = 2_000_000  # calls + operator uses + range items, summed over the render
+MAX_SECONDS = 10.0  # wall clock, checked whenever a step is spent
+MAX_SEQUENCE = 1 << 24  # longest str/list an operator may build, in items
+MAX_INT_ARG = 1 << 20  # largest int passed to a call or filter (str.ljust(10**9), center, ...)
+MAX_EXPONENT = 4096  # largest int exponent for `**`
+MAX_OUTPUT = 1 << 26  # characters of rendered output
+
+_SIZED = (str, list, tuple)
+
+# The budget of the render running in this thread/task; templates cannot name it.
+_current_guard: contextvars.ContextVar[_RenderGuard] = contextvars.ContextVar("minfer_chat_guard")
+
+
+class _RenderGuard:
+    """Step, time and output budget of one render; hostile templates hit these, real ones don't."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.deadline = time.monotonic() + MAX_SECONDS
+
+    def spend(self, n: int = 1) -> None:
+        self.steps += n
+        if self.steps > MAX_STEPS:
+            raise SecurityError(f"chat template exceeded {MAX_STEPS} steps (runaway loop?)")
+        if time.monotonic() > self.deadline:
+            raise SecurityError(f"chat template ran longer than {MAX_SECONDS:g} s")
+
+
+def _spend(n: int = 1) -> None:
+    """Charge the current render; a no-op outside `render_chat_template` (e.g. compile time)."""
+    guard = _current_guard.get(None)
+    if guard is not None:
+        guard.spend(n)
+
+
+def _check_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse the argument sizes that turn one call into a memory bomb (`' '.ljust(10**10)`)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT_ARG:
+            raise SecurityError(f"chat template passed {value} to a call (limit {MAX_INT_ARG})")
+        if isinstance(value, _SIZED) and len(value) > MAX_SEQUENCE:
+            raise SecurityError(f"chat template passed a {len(value)}-item value to a call")
+
+
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+    """Refuse `'x' * 10**9`, `10 ** 10 ** 9` and runaway `+` concatenation before computing them."""
+    if operator == "*":
+        for seq, count in ((left, right), (right, left)):
+            if isinstance(seq, _SIZED) and isinstance(count, int) and len(seq) * count > MAX_SEQUENCE:
+                raise SecurityError(f"chat template tried to build a {len(seq) * count}-item sequence")
+    elif operator == "**":
+        if isinstance(right, int) and abs(right) > MAX_EXPONENT and isinstance(left, int) and abs(left) > 1:
+            raise SecurityError(f"chat template tried to raise to the power {right}")
+    elif operator == "+":
+        if isinstance(left, _SIZED) and isinstance(right, _SIZED) and len(left) + len(right) > MAX_SEQUENCE:
+            raise SecurityError(f"chat template tried to build a {len(left) + len(right)}-item sequence")
+
+
+class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox with unsafe access made fatal and with operator and call budgets."""
+
+    intercepted_binops = frozenset({"*", "**", "+"})
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        # The stock sandbox returns an Undefined that only raises when used; rendering it prints
+        # nothing, which hides the attempt. Fail at the access instead.
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        _spend()
+        _check_args(args, kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _spend()
+        _check_binop(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+
+def _bounded_range(*args: int) -> range:
+    """`range` for templates: jinja's per-range cap plus a charge against the render's budget."""
+    result = safe_range(*args)
+    _spend(len(result))
+    return result
+
+
+def _guarded_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a filter so its arguments are size-checked (`'x'|center(10**9)` bypasses `call`)."""
+
+    @functools.wraps(fn)  # also copies jinja's pass_context/pass_eval_context marker
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        _spend()
+        _check_args(args, kwargs)
+        return fn(*args, **kwargs)
+
+    return guarded
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """transformers' `tojson`: plain json.dumps (jinja's own escapes <>&' and sorts keys)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _raise_exception(message: Any) -> None:
+    """Templates call this to reject input (e.g. a bad role order); it surfaces as TemplateError."""
+    raise TemplateError(f"chat template rejected the conversation: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    """transformers exposes this for templates that print today's date (Llama 3 style)."""
+    return datetime.datetime.now().strftime(fmt)
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> _ChatTemplateEnvironment:
+    """The one sandbox, built on first use (not at import) and shared: it is read-only."""
+    env = _ChatTemplateEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
+        undefined=jinja2.Undefined, autoescape=False,
+    )
+    env.filters["tojson"] = _tojson
+    env.filters = {name: _guarded_filter(fn) for name, fn in env.filters.items()}
+    env.globals.update(range=_bounded_range, raise_exception=_raise_exception,
+                       strftime_now=_strftime_now)
+    return env
+
+
+@functools.lru_cache(maxsize=32)
+def _compile(template: str) -> jinja2.Template:
+    """Compile once per distinct template text; generation renders the same one every turn."""
+    try:
+        return _environment().from_string(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise TemplateError(f"chat template syntax error at line {e.lineno}: {e.message}") from None
+    except Exception as e:  # a compile-time crash is still the template's fault
+        raise TemplateError(f"chat template failed to compile: {type(e).__name__}: {e}") from None
+
+
+def _render(compiled: jinja2.Template, context: dict[str, Any]) -> str:
+    """Stream the output so the size cap applies before a bomb is fully built."""
+    guard = _RenderGuard()
+    token = _current_guard.set(guard)
+    try:
+        parts: list[str] = []
+        size = 0
+        for chunk in compiled.generate(**context):
+            size += len(chunk)
+            if size > MAX_OUTPUT:
+                raise SecurityError(f"chat template output exceeded {MAX_OUTPUT} characters")
+            guard.spend()
+            parts.append(chunk)
+        return "".join(parts)
+    finally:
+        _current_guard.reset(token)
+
+
+def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
+                         add_generation_prompt: bool = True, **extra: Any) -> str:
+    """Render `messages` with `template` as transformers' apply_chat_template(tokenize=False) does.
+
+    `extra` becomes template variables (bos_token, eos_token, tools, documents, ...). Raises
+    TemplateError for syntax errors, sandbox violations, exhausted budgets, `raise_exception`
+    and any other failure inside the template.
+    """
+    if not isinstance(template, str):
+        raise TemplateError(f"chat template must be a string, got {type(template).__name__}")
+    compiled = _compile(template)
+    context = {"bos_token": "", "eos_token": "", **extra,
+               "messages": [dict(m) for m in messages],
+               "add_generation_prompt": bool(add_generation_prompt)}
+    try:
+        return _render(compiled, context)
+    except TemplateError:
+        raise
+    except SecurityError as e:
+        raise TemplateError(f"chat template blocked by the sandbox: {e}") from e
+    except Exception as e:  # the template is untrusted: whatever it provoked is its error
+        raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e

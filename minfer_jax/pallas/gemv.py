@@ -1,0 +1,113 @@
+"""Decode GEMV: y[nt, N] = x[nt, K] . W[N, K]^T for nt = 1 .. 8, every weight byte read once.
+
+Layout expected (quant.planes): each plane [Npad, K / wpc], rows padded to ROW_ALIGN.
+
+Grid (Npad / bn, splits). Program (i, s) owns output rows [i*bn, (i+1)*bn) and the K range
+[s*K/splits, (s+1)*K/splits); it walks that range in bk steps, decodes the [bn, bk] weight tile
+into the compute dtype (f16; bf16 for BF16 weights, f32 for F32) and multiplies it with all the
+tokens at once on the tensor cores: x is padded to NT_PAD = 16 rows (the smallest dot the Triton
+lowering accepts), so the token loop lives inside the dot, never in the grid, and each weight
+byte is read exactly once. Split-K partial sums [splits, 16, Npad] are added by XLA in the
+consumer's fusion; splitting pays for the 0.5B shapes, whose 896..4864-row matrices would
+otherwise keep only a handful of the 132 SMs busy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from minfer_jax.pallas import tiles
+from minfer_jax.quant.planes import QType, get_format
+
+NT_PAD = 16  # x rows fed to the dot: Triton needs >= 16 on every dot side
+MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
+TARGET_PROGRAMS = 264  # 2 programs per SM on the H200's 132 SMs: enough to cover the tail
+TILE_ELEMS = 8192  # bn * bk ceiling: decoded tile + int intermediates must fit in registers
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    bn: int
+    bk: int
+    splits: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def choose_config(qtype: QType, n: int, k: int) -> GemvConfig:
+    """Block sizes for one weight shape (tuned on the H200; docs/BENCHMARKS.md)."""
+    fmt = get_format(qtype)
+    npad = tiles.round_up(n, 128)
+    bk = tiles.pow2_divisor(k, 256)
+    bn = max(16, min(64, TILE_ELEMS // bk))
+    programs = npad // bn
+    splits = 1
+    while (programs * splits * 2 <= TARGET_PROGRAMS and k % (splits * 2) == 0
+           and (k // (splits * 2)) % max(bk, fmt.block) == 0 and k // (splits * 2) >= 2 * bk):
+        splits *= 2
+    return GemvConfig(bn=bn, bk=bk, splits=splits)
+
+
+@functools.cache
+def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype):
+    """One kernel closure per configuration (jax#40847: a shared function object can reuse a trace)."""
+    fmt = get_format(qtype)
+    n_k = k_split // bk
+
+    def kernel(x_ref, *refs):
+        *plane_refs, o_ref = refs
+
+        def step(j, acc):
+            k0 = j * bk
+            w = tiles.load_weight_tile(fmt, plane_refs, 0, bn, k0, bk, compute_dtype)  # [bn, bk]
+            kx = k0 if isinstance(k0, int) else pl.multiple_of(k0, bk)
+            xt = x_ref[:, pl.ds(kx, bk)]  # [16, bk]
+            return acc + lax.dot_general(xt, w, (((1,), (1,)), ((), ())),
+                                         preferred_element_type=jnp.float32)  # [16, bn]
+
+        acc = jnp.zeros((NT_PAD, bn), jnp.float32)
+        acc = step(0, acc) if n_k == 1 else lax.fori_loop(0, n_k, step, acc)
+        o_ref[...] = acc
+
+    return kernel
+
+
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "interpret"))
+def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvConfig | None = None,
+         interpret: bool = False) -> jax.Array:
+    """x [nt, K] (nt <= 8) . W^T -> [nt, n_out] f32, W given as its planes."""
+    nt, k = x.shape
+    if nt > NT_PAD:
+        raise ValueError(f"gemv takes at most {NT_PAD} tokens, got {nt}")
+    fmt = get_format(qtype)
+    cfg = config or choose_config(qtype, n_out, k)
+    arrays = tiles.plane_arrays(fmt, planes)
+    npad = arrays[0].shape[0]
+    k_split = k // cfg.splits
+    assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % cfg.bk == 0, (cfg, npad, k)
+    tiles.silence_triton_deprecation()
+
+    x16 = tiles.cast_rows(x, NT_PAD, fmt.compute_dtype)  # [16, K]
+    in_specs = [pl.BlockSpec((NT_PAD, k_split), lambda i, s: (0, s))]
+    in_specs += [pl.BlockSpec((cfg.bn, k_split // p.wpc), lambda i, s: (i, s)) for p in fmt.planes]
+    out = pl.pallas_call(
+        _kernel(qtype, cfg.bn, cfg.bk, k_split, fmt.compute_dtype),
+        out_shape=jax.ShapeDtypeStruct((cfg.splits, NT_PAD, npad), jnp.float32),
+        grid=(npad // cfg.bn, cfg.splits),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, NT_PAD, cfg.bn), lambda i, s: (s, 0, i)),
+        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
+        interpret=interpret,
+        name=f"gemv_{fmt.name.lower()}",
+    )(x16, *arrays)
+    return out.sum(axis=0)[:nt, :n_out]
+
+
+# The jnp reference this kernel is tested against: the same decode on the whole matrix, one dot.
+gemv_reference = tiles.dequant_matmul_reference

@@ -1,0 +1,370 @@
+"""Device layout of every weight format: GGUF blocks -> planes (repack), planes -> values (decode).
+
+GGUF blocks (18, 22, 34, 144, 210 bytes) interleave scales and quants at odd strides, which no
+kernel can load in power-of-two tiles. At load time each matrix is repacked once into *planes*:
+2-D arrays [rows, K / weights_per_col] with the rows (output features) padded to ROW_ALIGN, one
+plane per kind of field, every field in natural k order:
+
+    packed b-bit quants  uint8, weight k at byte k // (8 / b), bits (k % (8 / b)) * b (LSB first)
+    per-group scales     f16 (or small ints for K-quant sub-scales), group g at column g
+
+so that a kernel tile covering rows [r0, r0 + bn) and weights [k0, k0 + bk) is the rectangle
+plane[r0 : r0 + bn, k0 / wpc : (k0 + bk) / wpc] of every plane (wpc = weights per column).
+Layouts, bits per weight and why: docs/ARCHITECTURE.md. Sizes: quants and f16 scales keep their
+GGUF size; K-quant 6-bit sub-scales/mins are unpacked to one byte each (Q3_K, Q4_K, Q5_K: +4
+bytes per 256 weights, +2.3 .. 3.6 %), so weights stay well inside 1.1x the file.
+
+`decode` is the single definition of each format's arithmetic on planes. The Pallas GEMV and
+GEMM kernels call it on loaded tiles (compute dtype f16/bf16), the reference path calls it on
+whole arrays (f32, bit-exact with gguf-py), so kernels and references cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from minfer_jax.errors import UnsupportedError
+
+QType = GGMLQuantizationType
+
+ROW_ALIGN = 128  # rows padded to this so any power-of-two row block <= 128 tiles them exactly
+
+
+@dataclasses.dataclass(frozen=True)
+class Plane:
+    name: str
+    dtype: np.dtype
+    wpc: int  # weights per column: plane columns = K // wpc
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """Static description of one weight format's device layout."""
+
+    qtype: QType
+    planes: tuple[Plane, ...]
+    block: int  # weights per GGUF block: K must be a multiple of it
+    compute_dtype: np.dtype  # dtype the kernels decode into and feed the dot with
+    repack: Callable[[np.ndarray, int], dict[str, np.ndarray]] = dataclasses.field(compare=False)
+    decode: Callable[..., jax.Array] = dataclasses.field(compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.qtype.name
+
+
+# ----------------------------------------------------------------------------- numpy repack helpers
+
+def _blocks(raw: np.ndarray, qtype: QType) -> np.ndarray:
+    """uint8 [rows, bytes_per_row] -> [rows, n_blocks, block_bytes]."""
+    _, type_size = GGML_QUANT_SIZES[qtype]
+    rows = raw.shape[0]
+    return np.ascontiguousarray(raw).reshape(rows, -1, type_size)
+
+
+def _f16(blocks: np.ndarray, off: int) -> np.ndarray:
+    """The f16 field at byte `off` of every block: [rows, nb] float16."""
+    return np.ascontiguousarray(blocks[:, :, off:off + 2]).view(np.float16)[..., 0]
+
+
+def _pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """[rows, K] small unsigned ints -> uint8 [rows, K * bits / 8], LSB-first natural order."""
+    per = 8 // bits
+    v = values.astype(np.uint8).reshape(values.shape[0], -1, per)  # [rows, K/per, per]
+    shifts = (np.arange(per, dtype=np.uint8) * bits)
+    return np.bitwise_or.reduce(v << shifts, axis=-1).astype(np.uint8)
+
+
+def _nibbles_32(qs: np.ndarray) -> np.ndarray:
+    """GGUF 32-weight nibble layout (byte j: weight j low, weight j+16 high) -> [rows, nb*32] values."""
+    lo, hi = qs & 0x0F, qs >> 4  # [rows, nb, 16]
+    return np.concatenate([lo, hi], axis=-1).reshape(qs.shape[0], -1)
+
+
+def _bits_32(qh: np.ndarray) -> np.ndarray:
+    """GGUF Q5 high-bit field (uint32 LE per block, bit j = weight j) -> [rows, nb*32] 0/1."""
+    return np.unpackbits(qh, axis=-1, bitorder="little").reshape(qh.shape[0], -1)
+
+
+def _kquant_nibbles(qs: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K qs [rows, ns, 128]: chunk c of 32 bytes holds weights 64c+l (low) and 64c+32+l (high)."""
+    rows, ns = qs.shape[:2]
+    q = qs.reshape(rows, ns, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
+    return (q & 0x0F).reshape(rows, ns * 256)
+
+
+def _kquant_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K 12-byte packed 6-bit scales [rows, ns, 12] -> (sc, m) uint8 [rows, ns*8]."""
+    d, m, md = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    rows = scales.shape[0]
+    return sc.reshape(rows, -1), mn.reshape(rows, -1)
+
+
+def _pad_rows(planes: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    padded = -(-rows // ROW_ALIGN) * ROW_ALIGN
+    if padded == rows:
+        return planes
+    return {k: np.concatenate([v, np.zeros((padded - rows,) + v.shape[1:], v.dtype)]) for k, v in planes.items()}
+
+
+def _repack_float(dtype):
+    def repack(raw: np.ndarray, k: int) -> dict[str, np.ndarray]:
+        if raw.dtype == np.uint8:  # BF16 arrives as bytes
+            raw = np.ascontiguousarray(raw).view(np.uint16).view(jnp.bfloat16)
+        return {"w": np.asarray(raw).astype(dtype).reshape(raw.shape[0], k)}
+    return repack
+
+
+def _repack_q8_0(raw, k):
+    b = _blocks(raw, QType.Q8_0)
+    return {"q": np.ascontiguousarray(b[:, :, 2:]).view(np.int8).reshape(b.shape[0], k), "d": _f16(b, 0)}
+
+
+def _repack_q4_0(raw, k):
+    b = _blocks(raw, QType.Q4_0)
+    return {"qs": _pack(_nibbles_32(b[:, :, 2:]), 4), "d": _f16(b, 0)}
+
+
+def _repack_q4_1(raw, k):
+    b = _blocks(raw, QType.Q4_1)
+    return {"qs": _pack(_nibbles_32(b[:, :, 4:]), 4), "d": _f16(b, 0), "m": _f16(b, 2)}
+
+
+def _repack_q5_0(raw, k):
+    b = _blocks(raw, QType.Q5_0)
+    return {"qs": _pack(_nibbles_32(b[:, :, 6:]), 4), "qh": _pack(_bits_32(b[:, :, 2:6]), 1), "d": _f16(b, 0)}
+
+
+def _repack_q5_1(raw, k):
+    b = _blocks(raw, QType.Q5_1)
+    return {"qs": _pack(_nibbles_32(b[:, :, 8:]), 4), "qh": _pack(_bits_32(b[:, :, 4:8]), 1),
+            "d": _f16(b, 0), "m": _f16(b, 2)}
+
+
+def _repack_q2_k(raw, k):
+    # block: scales[16] (lo nibble scale, hi nibble min) | qs[64] | d | dmin
+    b = _blocks(raw, QType.Q2_K)
+    rows, ns = b.shape[:2]
+    qs = b[:, :, 16:80].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    q = (qs & 3).reshape(rows, ns * 256)  # chunk c of 32 bytes, shift s -> weights 128c + 32s + l
+    return {"qs": _pack(q, 2), "sc": np.ascontiguousarray(b[:, :, 0:16]).reshape(rows, -1),
+            "d": _f16(b, 80), "dmin": _f16(b, 82)}
+
+
+def _repack_q3_k(raw, k):
+    # block: hmask[32] | qs[64] | scales[12] (16 x 6-bit, offset 32) | d
+    b = _blocks(raw, QType.Q3_K)
+    rows, ns = b.shape[:2]
+    ql = b[:, :, 32:96].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    ql = (ql & 3).reshape(rows, ns * 256)
+    qh = b[:, :, 0:32].reshape(rows, ns, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
+    qh = (qh & 1).reshape(rows, ns * 256)  # bit i of byte l -> weight 32i + l
+    s = b[:, :, 96:108]
+    lo = (s[..., 0:8].reshape(rows, ns, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)).reshape(rows, ns, 16)
+    hi = (s[..., 8:12].reshape(rows, ns, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)).reshape(rows, ns, 16)
+    sc = ((lo & 0x0F) | ((hi & 0x03) << 4)).astype(np.int8) - np.int8(32)
+    return {"qs": _pack(ql, 2), "qh": _pack(qh, 1), "sc": sc.reshape(rows, -1), "d": _f16(b, 108)}
+
+
+def _repack_q4_k(raw, k):
+    # block: d | dmin | scales[12] | qs[128]
+    b = _blocks(raw, QType.Q4_K)
+    sc, mn = _kquant_scale_min(b[:, :, 4:16])
+    return {"qs": _pack(_kquant_nibbles(b[:, :, 16:144]), 4), "sc": sc, "m": mn, "d": _f16(b, 0), "dmin": _f16(b, 2)}
+
+
+def _repack_q5_k(raw, k):
+    # block: d | dmin | scales[12] | qh[32] | qs[128]; high bit of weight 32i + l is bit i of qh[l]
+    b = _blocks(raw, QType.Q5_K)
+    rows, ns = b.shape[:2]
+    sc, mn = _kquant_scale_min(b[:, :, 4:16])
+    qh = b[:, :, 16:48].reshape(rows, ns, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
+    qh = (qh & 1).reshape(rows, ns * 256)
+    return {"qs": _pack(_kquant_nibbles(b[:, :, 48:176]), 4), "qh": _pack(qh, 1), "sc": sc, "m": mn,
+            "d": _f16(b, 0), "dmin": _f16(b, 2)}
+
+
+def _repack_q6_k(raw, k):
+    # block: ql[128] | qh[64] | scales[16] (int8) | d
+    b = _blocks(raw, QType.Q6_K)
+    rows, ns = b.shape[:2]
+    ql = b[:, :, 0:128].reshape(rows, ns, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
+    ql = (ql & 0x0F).reshape(rows, ns * 256)  # byte 64h + j, shift 4s -> weight 128h + 64s + j
+    qh = b[:, :, 128:192].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    qh = (qh & 3).reshape(rows, ns * 256)  # byte 32h + l, shift 2s -> weight 128h + 32s + l
+    return {"ql": _pack(ql, 4), "qh": _pack(qh, 2),
+            "sc": np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(rows, -1), "d": _f16(b, 208)}
+
+
+# ----------------------------------------------------------------------------- jnp decode helpers
+# Everything below runs both inside Pallas kernels (on loaded tiles) and on whole arrays, so it
+# sticks to ops the Triton lowering supports: elementwise ops, broadcasts, iota and reshapes.
+
+def unpack(b: jax.Array, bits: int) -> jax.Array:
+    """uint8 [r, c] -> int32 [r, c * 8 / bits], LSB-first (inverse of the repack's _pack)."""
+    per = 8 // bits
+    r, c = b.shape
+    shifts = lax_iota_u8(per) * bits  # [per]
+    v = (b[:, :, None] >> shifts[None, None, :]) & ((1 << bits) - 1)  # [r, c, per]
+    return v.reshape(r, c * per).astype(jnp.int32)
+
+
+def lax_iota_u8(n: int) -> jax.Array:
+    return jax.lax.iota(jnp.uint8, n)
+
+
+def group_scale(v: jax.Array, s: jax.Array) -> jax.Array:
+    """v [r, K] * s [r, K / g] with s broadcast over groups of g = K / s.shape[1] consecutive weights."""
+    r, k = v.shape
+    g = k // s.shape[1]
+    return (v.reshape(r, k // g, g) * s[:, :, None]).reshape(r, k)
+
+
+def group_affine(v: jax.Array, s: jax.Array, m: jax.Array, sub: bool) -> jax.Array:
+    """v * s -/+ m per group, in gguf-py's order ((v * s) then -/+ m, no fused multiply-add)."""
+    r, k = v.shape
+    g = k // s.shape[1]
+    v3 = v.reshape(r, k // g, g) * s[:, :, None]
+    v3 = v3 - m[:, :, None] if sub else v3 + m[:, :, None]
+    return v3.reshape(r, k)
+
+
+def superblock_scale(sub: jax.Array, d: jax.Array, dtype) -> jax.Array:
+    """K-quant sub-scales [r, n_sub] (ints) times their superblock's d [r, n_super] -> [r, n_sub] dtype."""
+    r, n = sub.shape
+    per = n // d.shape[1]
+    return (d.astype(dtype)[:, :, None] * sub.astype(dtype).reshape(r, n // per, per)).reshape(r, n)
+
+
+def _decode_float(t, dtype):
+    return t["w"].astype(dtype)
+
+
+def _decode_q8_0(t, dtype):
+    return group_scale(t["q"].astype(dtype), t["d"].astype(dtype))
+
+
+def _decode_q4_0(t, dtype):
+    return group_scale((unpack(t["qs"], 4) - 8).astype(dtype), t["d"].astype(dtype))
+
+
+def _decode_q4_1(t, dtype):
+    return group_affine(unpack(t["qs"], 4).astype(dtype), t["d"].astype(dtype), t["m"].astype(dtype), sub=False)
+
+
+def _decode_q5_0(t, dtype):
+    q = (unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4)) - 16
+    return group_scale(q.astype(dtype), t["d"].astype(dtype))
+
+
+def _decode_q5_1(t, dtype):
+    q = unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4)
+    return group_affine(q.astype(dtype), t["d"].astype(dtype), t["m"].astype(dtype), sub=False)
+
+
+def _decode_q2_k(t, dtype):
+    sc = t["sc"].astype(jnp.int32)
+    dl = superblock_scale(sc & 0x0F, t["d"], dtype)
+    ml = superblock_scale(sc >> 4, t["dmin"], dtype)
+    return group_affine(unpack(t["qs"], 2).astype(dtype), dl, ml, sub=True)
+
+
+def _decode_q3_k(t, dtype):
+    q = (unpack(t["qs"], 2) | (unpack(t["qh"], 1) << 2)) - 4
+    return group_scale(q.astype(dtype), superblock_scale(t["sc"], t["d"], dtype))
+
+
+def _decode_q4_k(t, dtype):
+    dl = superblock_scale(t["sc"], t["d"], dtype)
+    ml = superblock_scale(t["m"], t["dmin"], dtype)
+    return group_affine(unpack(t["qs"], 4).astype(dtype), dl, ml, sub=True)
+
+
+def _decode_q5_k(t, dtype):
+    q = unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4)
+    dl = superblock_scale(t["sc"], t["d"], dtype)
+    ml = superblock_scale(t["m"], t["dmin"], dtype)
+    return group_affine(q.astype(dtype), dl, ml, sub=True)
+
+
+def _decode_q6_k(t, dtype):
+    q = (unpack(t["ql"], 4) | (unpack(t["qh"], 2) << 4)) - 32
+    return group_scale(q.astype(dtype), superblock_scale(t["sc"], t["d"], dtype))
+
+
+_U8, _I8, _F16 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float16)
+
+
+def _fmt(qtype, planes, block, repack, decode, compute=_F16):
+    return Format(qtype, tuple(Plane(n, np.dtype(d), w) for n, d, w in planes), block, np.dtype(compute), repack, decode)
+
+
+FORMATS: dict[QType, Format] = {f.qtype: f for f in [
+    _fmt(QType.F32, [("w", np.float32, 1)], 1, _repack_float(np.float32), _decode_float, np.float32),
+    _fmt(QType.F16, [("w", np.float16, 1)], 1, _repack_float(np.float16), _decode_float),
+    _fmt(QType.BF16, [("w", jnp.bfloat16, 1)], 1, _repack_float(jnp.bfloat16), _decode_float, jnp.bfloat16),
+    _fmt(QType.Q8_0, [("q", _I8, 1), ("d", _F16, 32)], 32, _repack_q8_0, _decode_q8_0),
+    _fmt(QType.Q4_0, [("qs", _U8, 2), ("d", _F16, 32)], 32, _repack_q4_0, _decode_q4_0),
+    _fmt(QType.Q4_1, [("qs", _U8, 2), ("d", _F16, 32), ("m", _F16, 32)], 32, _repack_q4_1, _decode_q4_1),
+    _fmt(QType.Q5_0, [("qs", _U8, 2), ("qh", _U8, 8), ("d", _F16, 32)], 32, _repack_q5_0, _decode_q5_0),
+    _fmt(QType.Q5_1, [("qs", _U8, 2), ("qh", _U8, 8), ("d", _F16, 32), ("m", _F16, 32)], 32,
+         _repack_q5_1, _decode_q5_1),
+    _fmt(QType.Q2_K, [("qs", _U8, 4), ("sc", _U8, 16), ("d", _F16, 256), ("dmin", _F16, 256)], 256,
+         _repack_q2_k, _decode_q2_k),
+    _fmt(QType.Q3_K, [("qs", _U8, 4), ("qh", _U8, 8), ("sc", _I8, 16), ("d", _F16, 256)], 256,
+         _repack_q3_k, _decode_q3_k),
+    _fmt(QType.Q4_K, [("qs", _U8, 2), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256), ("dmin", _F16, 256)],
+         256, _repack_q4_k, _decode_q4_k),
+    _fmt(QType.Q5_K, [("qs", _U8, 2), ("qh", _U8, 8), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256),
+                      ("dmin", _F16, 256)], 256, _repack_q5_k, _decode_q5_k),
+    _fmt(QType.Q6_K, [("ql", _U8, 2), ("qh", _U8, 4), ("sc", _I8, 16), ("d", _F16, 256)], 256,
+         _repack_q6_k, _decode_q6_k),
+]}
+
+
+def get_format(qtype: QType) -> Format:
+    try:
+        return FORMATS[QType(qtype)]
+    except (KeyError, ValueError):
+        raise UnsupportedError(f"weight type {getattr(qtype, 'name', qtype)} has no device layout; "
+                               f"supported: {', '.join(q.name for q in FORMATS)}") from None
+
+
+def repack(raw: np.ndarray, qtype: QType, shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """GGUF rows (as gguf-py hands them out) -> planes with rows padded to ROW_ALIGN."""
+    rows, k = shape
+    fmt = get_format(qtype)
+    if k % fmt.block:
+        raise UnsupportedError(f"{fmt.name} matrix with {k} columns: not a multiple of its block of {fmt.block}")
+    planes = fmt.repack(np.asarray(raw), k)
+    for p in fmt.planes:
+        arr = planes[p.name]
+        assert arr.shape == (rows, k // p.wpc) and arr.dtype == p.dtype, (fmt.name, p, arr.shape, arr.dtype)
+    return _pad_rows(planes, rows)
+
+
+def decode(qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32) -> jax.Array:
+    """Plane tiles of rows [r0, r0+bn) x weights [k0, k0+bk) -> values [bn, bk] in dtype.
+
+    A plane whose group is wider than the tile (wpc > bk) contributes its one covering column
+    (tile_cols(bk, wpc) == 1); the helpers derive group sizes from the tile shapes, so any
+    power-of-two bk >= 8 decodes correctly.
+    """
+    return get_format(qtype).decode(tiles, dtype)
+
+
+def tile_cols(bk: int, wpc: int) -> int:
+    """Columns of a plane covered by a tile of bk weights (at least the one covering column)."""
+    return max(1, bk // wpc)
+
+
+def plane_nbytes(planes: Mapping[str, np.ndarray]) -> int:
+    return int(sum(np.asarray(v).nbytes for v in planes.values()))

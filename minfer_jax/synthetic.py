@@ -1,0 +1,615 @@
+"""Synthetic Qwen2.5 models: real shapes and llama.cpp's per-tensor quant mix, random weights.
+
+GPU benchmarks need models of the real Qwen2.5 sizes without shipping gigabytes of weights; the
+speed of a quantized matmul does not depend on the weight values. This module builds such models
+in memory (a `GGUFModel` like `load_gguf` returns, with no file behind it) and can write them out
+as GGUF files:
+
+- `SYNTHETIC_CONFIGS`: the hyper-parameters of Qwen2.5 0.5B/1.5B/3B/7B/14B (Instruct).
+- `tensor_types(cfg, ftype)`: which GGML type each tensor gets under a llama.cpp file type
+  ("q4_k_m", "q4_0", "q8_0", ...), mirroring llama.cpp's `src/llama-quant.cpp`.
+- `random_raw_tensor(name, qtype, shape, rng)`: random quant blocks whose f16 scale fields are
+  overwritten with small values, so dequantized weights are finite, ~zero-mean, RMS ~0.02.
+- `synthetic_model("qwen2.5-7b:q4_k_m", seed=0, layers=None)` and
+  `synthetic_model_from_config(cfg, types, seed)`: the in-memory model.
+- `write_gguf(model, path)`: the same model as a GGUF file (round-trips through `load_gguf`).
+
+The model carries no tokenizer vocabulary (only the special token ids): benchmarks feed token ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import zlib
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+
+from minfer_jax.errors import MinferError, UnsupportedError
+from minfer_jax.gguf import ARCHITECTURE, FLOAT_TYPES, SUPPORTED_TYPES, GGUFModel, RawTensor, expected_shapes
+from minfer_jax.model.config import Config
+
+QType = GGMLQuantizationType
+
+
+class SyntheticSpecError(MinferError, ValueError):
+    """A synthetic model spec, config name, file type or type table that cannot be built."""
+
+
+# --------------------------------------------------------------------------------------------
+# Configurations
+# --------------------------------------------------------------------------------------------
+
+# GGUF stores rms_norm_eps as float32; load_gguf hands back float32(1e-6) = 9.999999974752427e-07.
+# Keeping the same value here makes a synthetic Config equal to the one read back from its file.
+_EPS_1E6 = float(np.float32(1e-6))
+
+
+def _qwen25(n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab, tied) -> Config:
+    return Config(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff,
+                  context_length=32768, vocab_size=vocab, rope_theta=1000000.0, rms_eps=_EPS_1E6,
+                  tied_output=tied)
+
+
+# Qwen2.5 Instruct hyper-parameters, from the HF config.json of Qwen/Qwen2.5-{size}-Instruct
+# (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
+# vocab_size, tie_word_embeddings; max_position_embeddings 32768, rope_theta 1e6). Checked against
+# public copies of those files: the Qwen2.5-{3B,7B,14B,32B} config.json copies in
+# citsjtu2020/LLM-Prof sglang/Model_Config.md, the Qwen2.5-{0.5B..72B} preset table in Invergent's
+# models/qwen25.cpp (create_qwen25_config), and Qwen2.5-{32B,72B}-Instruct config.json copies
+# (max_position_embeddings 32768, rms_norm_eps 1e-06). vocab_size is the embedding row count of
+# the real files: 151936 for 0.5B/1.5B/3B (tied: no output.weight), 152064 for 7B/14B (untied).
+# rms_norm_eps is 1e-6 for every Instruct model; note the 14B *base* model's config says 1e-5.
+SYNTHETIC_CONFIGS: dict[str, Config] = {
+    #                         layers d_model heads kv  d_ff   vocab   tied
+    "qwen2.5-0.5b": _qwen25(24, 896, 14, 2, 4864, 151936, True),
+    "qwen2.5-1.5b": _qwen25(28, 1536, 12, 2, 8960, 151936, True),
+    "qwen2.5-3b": _qwen25(36, 2048, 16, 2, 11008, 151936, True),
+    "qwen2.5-7b": _qwen25(28, 3584, 28, 4, 18944, 152064, False),
+    "qwen2.5-14b": _qwen25(48, 5120, 40, 8, 13824, 152064, False),
+}
+
+# Qwen2.5 special token ids (tokenizer.ggml.* of the real files).
+_BOS_ID, _EOS_ID, _PAD_ID = 151643, 151645, 151643
+_SPECIAL_TOKENS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
+
+# --------------------------------------------------------------------------------------------
+# llama.cpp's per-tensor type choice (src/llama-quant.cpp)
+# --------------------------------------------------------------------------------------------
+
+# File types (llama_ftype) we can mirror: every non-IQ type whose mix stays inside the formats
+# minfer_jax runs. Q2_K_S is left out: llama.cpp refuses it without an importance matrix
+# (tensor_requires_imatrix), and every IQ* file type produces IQ formats.
+FTYPES: dict[str, LlamaFileType] = {
+    "f32": LlamaFileType.ALL_F32,
+    "f16": LlamaFileType.MOSTLY_F16,
+    "bf16": LlamaFileType.MOSTLY_BF16,
+    "q4_0": LlamaFileType.MOSTLY_Q4_0,
+    "q4_1": LlamaFileType.MOSTLY_Q4_1,
+    "q5_0": LlamaFileType.MOSTLY_Q5_0,
+    "q5_1": LlamaFileType.MOSTLY_Q5_1,
+    "q8_0": LlamaFileType.MOSTLY_Q8_0,
+    "q2_k": LlamaFileType.MOSTLY_Q2_K,
+    "q3_k_s": LlamaFileType.MOSTLY_Q3_K_S,
+    "q3_k_m": LlamaFileType.MOSTLY_Q3_K_M,
+    "q3_k_l": LlamaFileType.MOSTLY_Q3_K_L,
+    "q4_k_s": LlamaFileType.MOSTLY_Q4_K_S,
+    "q4_k_m": LlamaFileType.MOSTLY_Q4_K_M,
+    "q5_k_s": LlamaFileType.MOSTLY_Q5_K_S,
+    "q5_k_m": LlamaFileType.MOSTLY_Q5_K_M,
+    "q6_k": LlamaFileType.MOSTLY_Q6_K,
+}
+
+F = LlamaFileType
+
+# llama_ftype_get_default_type(): the type every quantizable tensor starts from.
+_DEFAULT_TYPE: dict[LlamaFileType, QType] = {
+    F.ALL_F32: QType.F32, F.MOSTLY_F16: QType.F16, F.MOSTLY_BF16: QType.BF16,
+    F.MOSTLY_Q4_0: QType.Q4_0, F.MOSTLY_Q4_1: QType.Q4_1, F.MOSTLY_Q5_0: QType.Q5_0,
+    F.MOSTLY_Q5_1: QType.Q5_1, F.MOSTLY_Q8_0: QType.Q8_0,
+    F.MOSTLY_Q2_K: QType.Q2_K,
+    F.MOSTLY_Q3_K_S: QType.Q3_K, F.MOSTLY_Q3_K_M: QType.Q3_K, F.MOSTLY_Q3_K_L: QType.Q3_K,
+    F.MOSTLY_Q4_K_S: QType.Q4_K, F.MOSTLY_Q4_K_M: QType.Q4_K,
+    F.MOSTLY_Q5_K_S: QType.Q5_K, F.MOSTLY_Q5_K_M: QType.Q5_K,
+    F.MOSTLY_Q6_K: QType.Q6_K,
+}
+
+# tensor_type_fallback(): the type used when a row (ne[0] = in_features) is not a whole number of
+# blocks of the chosen type. The current table (ggml-org/llama.cpp master, src/llama-quant.cpp):
+#   Q2_0, Q2_K, Q3_K, TQ1_0, TQ2_0 -> Q4_0;  Q4_K -> Q5_0;  Q5_K -> Q5_1;  Q6_K -> Q8_0;
+#   (IQ1_S..IQ4_XS -> IQ4_NL); anything else throws "no tensor type fallback is defined".
+# Older releases (the inline `convert_incompatible_tensor` switch, e.g. ggerganov/llama.cpp
+# 059325d9) sent Q2_K and Q3_K to IQ4_NL instead, which minfer_jax cannot run.
+# Either way, if the fallback still does not divide the row (ncols % 32), the tensor becomes F16.
+_FALLBACK_CURRENT = {QType.Q2_K: QType.Q4_0, QType.Q3_K: QType.Q4_0, QType.Q4_K: QType.Q5_0,
+                     QType.Q5_K: QType.Q5_1, QType.Q6_K: QType.Q8_0}
+_FALLBACK_LEGACY = {QType.Q2_K: QType.IQ4_NL, QType.Q3_K: QType.IQ4_NL, QType.Q4_K: QType.Q5_0,
+                    QType.Q5_K: QType.Q5_1, QType.Q6_K: QType.Q8_0}
+
+_LAYER_RE = re.compile(r"blk\.(\d+)\.")
+
+
+def _layer(name: str) -> int:
+    """sscanf(name, "blk.%d.", &layer) with layer = -1 when it does not match."""
+    m = _LAYER_RE.match(name)
+    return int(m.group(1)) if m else -1
+
+
+def _use_more_bits(i_layer: int, n_layers: int) -> bool:
+    # llama_tensor_get_type_impl: use_more_bits lambda (C++ integer division; i >= n/8 here
+    # whenever the modulo is reached, so Python's % agrees with C's).
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def _parse_ftype(ftype: str | LlamaFileType) -> LlamaFileType:
+    if isinstance(ftype, LlamaFileType):
+        if ftype not in _DEFAULT_TYPE:
+            raise SyntheticSpecError(f"file type {ftype.name} is not supported here; "
+                                     f"valid: {', '.join(FTYPES)}")
+        return ftype
+    key = str(ftype).strip().lower()
+    if key not in FTYPES:
+        raise SyntheticSpecError(f"unknown file type {ftype!r}; valid: {', '.join(FTYPES)}")
+    return FTYPES[key]
+
+
+def tensor_types(cfg: Config, ftype: str | LlamaFileType, *,
+                 layer_order: Literal["numeric", "lexicographic"] = "numeric",
+                 fallback: Literal["current", "legacy"] = "current") -> dict[str, QType]:
+    """The GGML type llama-quantize gives each tensor of a Qwen2 model `cfg` under `ftype`.
+
+    Mirrors ggml-org/llama.cpp src/llama-quant.cpp for LLM_ARCH_QWEN2, no imatrix, no overrides
+    (--output-tensor-type, --token-embedding-type, --tensor-type, --pure): llama_tensor_get_type
+    (tensor_allows_quantization, then llama_tensor_get_type_impl, then tensor_type_fallback).
+    Sources are assumed F32 for 1-D tensors (norms, biases: never quantized, what
+    convert_hf_to_gguf.py writes) -- they are reported as F32.
+
+    The attn_v and ffn_down rules depend on counters (i_attention_wv, i_ffn_down) that advance in
+    the order llama-quantize visits tensors:
+      - layer_order="numeric" (current llama.cpp): llama_model_loader::weights_map is a std::map
+        ordered by weight_name_comparer (layer number, then name), so layer i is visited i-th.
+      - layer_order="lexicographic": the order older llama-quantize builds walked (the file order
+        of a convert_hf_to_gguf.py output, i.e. blk.0, blk.1, blk.10, ..., blk.19, blk.2, blk.20,
+        ...; cf. ggml-org/llama.cpp issue #9005). The real Qwen2.5-Coder-0.5B Q4_K_M file was made
+        this way: its Q6_K/Q8_0 attn_v/ffn_down layers are use_more_bits(k) of the k-th layer in
+        string order.
+    fallback selects tensor_type_fallback's table (see _FALLBACK_CURRENT / _FALLBACK_LEGACY).
+
+    Raises SyntheticSpecError for an unknown ftype and UnsupportedError when the mix would
+    contain a type minfer_jax cannot run (e.g. IQ4_NL from the legacy fallback).
+    """
+    ft = _parse_ftype(ftype)
+    default_type = _DEFAULT_TYPE[ft]
+    fallback_table = {"current": _FALLBACK_CURRENT, "legacy": _FALLBACK_LEGACY}[fallback]
+    shapes = expected_shapes(cfg)
+
+    if layer_order == "numeric":
+        visit = sorted(shapes, key=lambda n: (_layer(n), n))   # weight_name_comparer
+    elif layer_order == "lexicographic":
+        visit = sorted(shapes)
+    else:
+        raise SyntheticSpecError(f"layer_order must be 'numeric' or 'lexicographic', got {layer_order!r}")
+
+    # init_quantize_state_counters(): count attn_v tensors, detect tied embeddings.
+    n_attention_wv = sum(1 for n in shapes if "attn_v.weight" in n)
+    has_tied_embeddings = "output.weight" not in shapes
+    n_ffn_down = cfg.n_layers  # qs.n_ffn_down = hparams.n_layer
+    n_gqa = cfg.n_heads // cfg.n_kv_heads
+    is_70b = cfg.n_layers == 80  # llama_model_qwen2::load_arch_hparams: case 80 -> LLM_TYPE_70B
+    i_attention_wv = 0
+    i_ffn_down = 0
+
+    def get_type_impl(name: str, new_type: QType, ne0: int) -> QType:
+        nonlocal i_attention_wv, i_ffn_down
+        # Qwen2 has n_expert == 0 and is not Falcon, so those branches are left out; there is no
+        # attn_qkv / attn_kv_b in Qwen2, so category_is_attn_v() is just attn_v.
+        if name == "output.weight" or (has_tied_embeddings and name == "token_embd.weight"):
+            # OUTPUT (or a tied TOKEN_EMBD): Q8_0 when the row does not divide the default type's
+            # block, else Q6_K unless the default is Q8_0 (IQ ftypes -> Q5_K: not mirrored).
+            qk_k = GGML_QUANT_SIZES[new_type][0]
+            if ne0 % qk_k != 0:
+                return QType.Q8_0
+            if new_type != QType.Q8_0:
+                return QType.Q6_K
+            return new_type
+        if name == "token_embd.weight":
+            return new_type  # only IQ/TQ/Q2_0 ftypes change it
+        if "attn_v.weight" in name:
+            i = i_attention_wv
+            if ft == F.MOSTLY_Q2_K:
+                new_type = QType.Q4_K if n_gqa >= 4 else QType.Q3_K
+            elif ft == F.MOSTLY_Q3_K_M:
+                new_type = QType.Q5_K if i < 2 else QType.Q4_K
+            elif ft == F.MOSTLY_Q3_K_L:
+                new_type = QType.Q5_K
+            elif ft in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n_attention_wv):
+                new_type = QType.Q6_K
+            elif ft == F.MOSTLY_Q4_K_S and i < 4:
+                new_type = QType.Q5_K
+            if is_70b and new_type in (QType.Q3_K, QType.Q4_K):
+                new_type = QType.Q5_K
+            i_attention_wv += 1
+            return new_type
+        if "ffn_down" in name:
+            i_layer, n_layer = i_ffn_down, n_ffn_down  # layer_info(): n_expert <= 1 -> the counter
+            if ft == F.MOSTLY_Q2_K:
+                new_type = QType.Q3_K
+            elif ft == F.MOSTLY_Q3_K_M:
+                # arch != FALCON -> Q4_K after the first n/16 layers
+                new_type = QType.Q5_K if i_layer < n_layer // 16 else QType.Q4_K
+            elif ft == F.MOSTLY_Q3_K_L:
+                new_type = QType.Q5_K
+            elif ft == F.MOSTLY_Q4_K_M:
+                if _use_more_bits(i_layer, n_layer):
+                    new_type = QType.Q6_K
+            elif ft == F.MOSTLY_Q5_K_M and _use_more_bits(i_layer, n_layer):
+                new_type = QType.Q6_K
+            elif ft == F.MOSTLY_Q4_K_S and i_layer < n_layer // 8:
+                new_type = QType.Q5_K
+            # (Q4_0/Q5_0 -> Q4_1/Q5_1 on the first n/8 layers only with an imatrix: not mirrored)
+            i_ffn_down += 1
+            return new_type
+        if "attn_output.weight" in name:
+            if ft == F.MOSTLY_Q2_K:
+                new_type = QType.Q3_K
+            elif ft == F.MOSTLY_Q3_K_M:
+                new_type = QType.Q4_K
+            elif ft == F.MOSTLY_Q3_K_L:
+                new_type = QType.Q5_K
+            return new_type
+        # attn_q / attn_k / ffn_gate / ffn_up: only IQ ftypes or MoE change them.
+        return new_type
+
+    out: dict[str, QType] = {}
+    for name in visit:
+        shape = shapes[name]
+        # tensor_allows_quantization(): 2-D, ends with "weight", not a *_norm.weight.
+        if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
+            out[name] = QType.F32
+            continue
+        ne0 = shape[-1]  # ggml ne[0] = in_features (the row length)
+        new_type = default_type
+        if new_type in (QType.F32, QType.F16, QType.BF16):  # ggml_is_quantized(default) is false
+            out[name] = new_type
+            continue
+        new_type = get_type_impl(name, new_type, ne0)
+        # tensor_type_fallback()
+        if ne0 % GGML_QUANT_SIZES[new_type][0] != 0:
+            if new_type not in fallback_table:
+                raise UnsupportedError(f"{name}: row length {ne0} does not divide {new_type.name} blocks "
+                                       "and llama.cpp defines no fallback for it")
+            new_type = fallback_table[new_type]
+            if ne0 % GGML_QUANT_SIZES[new_type][0] != 0:
+                new_type = QType.F16
+        if new_type not in SUPPORTED_TYPES:
+            raise UnsupportedError(
+                f"{name}: llama.cpp would store this tensor ({ft.name}, row length {ne0}) as {new_type.name}, "
+                "which minfer_jax does not support")
+        out[name] = new_type
+    return {name: out[name] for name in shapes}
+
+
+# --------------------------------------------------------------------------------------------
+# Random tensors
+# --------------------------------------------------------------------------------------------
+
+# Byte offsets of the f16 scale fields inside one block (ggml-common.h block_* layouts):
+# role "d" is the scale; "m" (Q4_1/Q5_1) the additive min; "dmin" (K-quants) the min's scale.
+_SCALE_FIELDS: dict[QType, tuple[tuple[str, int], ...]] = {
+    QType.Q4_0: (("d", 0),),                 # d, qs[16]
+    QType.Q4_1: (("d", 0), ("m", 2)),        # d, m, qs[16]
+    QType.Q5_0: (("d", 0),),                 # d, qh[4], qs[16]
+    QType.Q5_1: (("d", 0), ("m", 2)),        # d, m, qh[4], qs[16]
+    QType.Q8_0: (("d", 0),),                 # d, qs[32]
+    QType.Q2_K: (("d", 80), ("dmin", 82)),   # scales[16], qs[64], d, dmin
+    QType.Q3_K: (("d", 108),),               # hmask[32], qs[64], scales[12], d
+    QType.Q4_K: (("d", 0), ("dmin", 2)),     # d, dmin, scales[12], qs[128]
+    QType.Q5_K: (("d", 0), ("dmin", 2)),     # d, dmin, scales[12], qh[32], qs[128]
+    QType.Q6_K: (("d", 208),),               # ql[128], qh[64], scales[16], d
+}
+
+# The min field as a multiple of d that makes random blocks zero-mean on average:
+#   Q4_1/Q5_1: w = d*q + m, q uniform on [0, 15] / [0, 31] -> m = -7.5 d / -15.5 d
+#   Q2_K/Q4_K/Q5_K: w = d*sc*q - dmin*mn with sc, mn uniform and identically distributed
+#   -> dmin = E[q] d = 1.5 d / 7.5 d / 15.5 d.
+_MIN_RATIO = {QType.Q4_1: -7.5, QType.Q5_1: -15.5, QType.Q2_K: 1.5, QType.Q4_K: 7.5, QType.Q5_K: 15.5}
+
+WEIGHT_RMS = 0.02  # target RMS of the dequantized random weights (real Qwen2.5 matrices: ~0.01-0.05)
+_unit_rms: dict[QType, float] = {}
+
+
+def _overwrite_scales(blocks: np.ndarray, qtype: QType, d: np.ndarray) -> None:
+    """Write d (and the matching m/dmin) into every block's f16 fields. blocks: uint8 [n, type_size]."""
+    for role, off in _SCALE_FIELDS[qtype]:
+        v = d if role == "d" else d * np.float32(_MIN_RATIO[qtype])
+        blocks[:, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def _unit_scale_rms(qtype: QType) -> float:
+    """RMS of dequantized random blocks of `qtype` with d = 1 (computed once with gguf.quants)."""
+    if qtype not in _unit_rms:
+        from gguf import quants
+
+        block, size = GGML_QUANT_SIZES[qtype]
+        rng = np.random.default_rng(12345)
+        blocks = rng.integers(0, 256, size=(4096 * 32 // block + 64, size), dtype=np.uint8)
+        _overwrite_scales(blocks, qtype, np.ones(blocks.shape[0], np.float32))
+        w = quants.dequantize(blocks.reshape(1, -1), qtype)
+        _unit_rms[qtype] = float(np.sqrt(np.mean(np.square(w, dtype=np.float64))))
+    return _unit_rms[qtype]
+
+
+def _float_data(values: np.ndarray, qtype: QType) -> np.ndarray:
+    """float32 values -> the array layout load_gguf hands out for a float type."""
+    if qtype == QType.F32:
+        return values.astype(np.float32, copy=False)
+    if qtype == QType.F16:
+        return values.astype(np.float16)
+    if qtype == QType.BF16:  # uint8 [..., 2*cols], round-to-nearest-even to the top 16 bits
+        bits = values.astype(np.float32, copy=False).view(np.uint32)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return bits.view(np.uint8).reshape(*values.shape[:-1], values.shape[-1] * 2)
+    raise AssertionError(qtype)
+
+
+def random_raw_tensor(name: str, qtype: QType, shape: tuple[int, ...], rng: np.random.Generator) -> RawTensor:
+    """A tensor of random content laid out exactly as load_gguf would return it.
+
+    Block formats: every byte random (quants, sub-block scales, high bits), then each block's f16
+    scale fields overwritten: d = WEIGHT_RMS / rms(unit block) * U[0.5, 1.5) (positive), and the
+    min field (m / dmin) a fixed multiple of d that centres the block (see _MIN_RATIO). Dequantized
+    weights are then finite, ~zero-mean with RMS ~WEIGHT_RMS and |w| < ~0.3 for every format.
+    Float types: vectors named *_norm.weight ~ 1 + N(0, 0.02); other tensors N(0, 0.02).
+    """
+    qtype = QType(qtype)
+    shape = tuple(int(s) for s in shape)
+    if qtype in FLOAT_TYPES:
+        if name.endswith("_norm.weight"):
+            values = 1.0 + WEIGHT_RMS * rng.standard_normal(shape, dtype=np.float32)
+        else:
+            values = WEIGHT_RMS * rng.standard_normal(shape, dtype=np.float32)
+        return RawTensor(name, qtype, shape, _float_data(values, qtype))
+    if qtype not in _SCALE_FIELDS:
+        raise UnsupportedError(f"{name}: cannot generate random {qtype.name} data "
+                               f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})")
+    block, size = GGML_QUANT_SIZES[qtype]
+    if len(shape) < 1 or shape[-1] % block:
+        raise SyntheticSpecError(f"{name}: shape {shape} rows are not a whole number of {qtype.name} blocks of {block}")
+    byte_shape = (*shape[:-1], shape[-1] // block * size)
+    data = rng.integers(0, 256, size=byte_shape, dtype=np.uint8)
+    blocks = data.reshape(-1, size)
+    d = rng.random(blocks.shape[0], dtype=np.float32)
+    d += np.float32(0.5)
+    d *= np.float32(WEIGHT_RMS / _unit_scale_rms(qtype))
+    _overwrite_scales(blocks, qtype, d)
+    return RawTensor(name, qtype, shape, data)
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+def _metadata(cfg: Config, name: str, file_type: int) -> dict:
+    a = ARCHITECTURE
+    meta = {
+        "general.architecture": a,
+        "general.type": "model",
+        "general.name": name,
+        "general.file_type": int(file_type),
+        "general.quantization_version": 2,
+        f"{a}.block_count": cfg.n_layers,
+        f"{a}.context_length": cfg.context_length,
+        f"{a}.embedding_length": cfg.d_model,
+        f"{a}.feed_forward_length": cfg.d_ff,
+        f"{a}.attention.head_count": cfg.n_heads,
+        f"{a}.attention.head_count_kv": cfg.n_kv_heads,
+        f"{a}.rope.freq_base": float(np.float32(cfg.rope_theta)),
+        f"{a}.attention.layer_norm_rms_epsilon": float(np.float32(cfg.rms_eps)),
+    }
+    meta.update({f"tokenizer.ggml.{k}": v for k, v in _special_ids(cfg.vocab_size).items()})
+    meta["tokenizer.ggml.add_bos_token"] = False
+    return meta
+
+
+def _special_ids(vocab: int) -> dict[str, int]:
+    if vocab > _EOS_ID:
+        return {"bos_token_id": _BOS_ID, "eos_token_id": _EOS_ID, "padding_token_id": _PAD_ID}
+    return {"bos_token_id": vocab - 1, "eos_token_id": vocab - 1, "padding_token_id": vocab - 1}
+
+
+def _guess_file_type(types: Mapping[str, QType]) -> int:
+    """general.file_type for an explicit type table: the ftype whose default covers attn_q."""
+    q = next((t for n, t in types.items() if n.endswith("attn_q.weight")), QType.F32)
+    for ft, default in _DEFAULT_TYPE.items():
+        if default == q:
+            return int(ft)
+    return int(LlamaFileType.GUESSED)
+
+
+def synthetic_model_from_config(cfg: Config, types: str | LlamaFileType | Mapping[str, QType] = "q4_k_m",
+                                seed: int = 0, *, name: str | None = None,
+                                threads: int | None = None) -> GGUFModel:
+    """A random-weight model of shape `cfg`, in memory.
+
+    types: a file type (mix from `tensor_types(cfg, types)`) or an explicit {tensor name: type}
+    table covering every tensor of `expected_shapes(cfg)`. Each tensor's content depends only on
+    (seed, tensor name), so a model with fewer layers shares its layers with the full one.
+    rms_eps/rope_theta are rounded to float32, as a GGUF file stores them.
+    """
+    cfg = dataclasses.replace(cfg, rms_eps=float(np.float32(cfg.rms_eps)),
+                              rope_theta=float(np.float32(cfg.rope_theta)))
+    shapes = expected_shapes(cfg)
+    if isinstance(types, Mapping):
+        type_map = {n: QType(t) for n, t in types.items()}
+        missing = [n for n in shapes if n not in type_map]
+        extra = [n for n in type_map if n not in shapes]
+        if missing or extra:
+            raise SyntheticSpecError(f"type table does not match the config: missing {missing[:5]}, "
+                                     f"unexpected {extra[:5]}")
+        for n, t in type_map.items():
+            allowed = FLOAT_TYPES if len(shapes[n]) == 1 else SUPPORTED_TYPES
+            if t not in allowed:
+                raise UnsupportedError(f"{n}: type {t.name} is not supported for this tensor")
+        file_type = _guess_file_type(type_map)
+        label = "custom"
+    else:
+        ft = _parse_ftype(types)
+        type_map = tensor_types(cfg, ft)
+        file_type = int(ft)
+        label = ft.name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+    def build(tname: str) -> RawTensor:
+        rng = np.random.default_rng([seed, zlib.crc32(tname.encode())])
+        return random_raw_tensor(tname, type_map[tname], shapes[tname], rng)
+
+    # numpy's generators and casts release the GIL on large arrays: a thread per core helps.
+    workers = threads or min(8, os.cpu_count() or 1)
+    names = sorted(shapes, key=lambda n: -int(np.prod(shapes[n])))  # big tensors first
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            built = dict(zip(names, pool.map(build, names)))
+    else:
+        built = {n: build(n) for n in names}
+    tensors = {n: built[n] for n in shapes}
+    display = name or f"synthetic {cfg.n_layers}L d{cfg.d_model} {label}"
+    return GGUFModel(path=f"synthetic:{display}", config=cfg, metadata=_metadata(cfg, display, file_type),
+                     tensors=tensors, file_size=sum(t.nbytes for t in tensors.values()))
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """'Qwen2.5-7B:Q4_K_M' -> ('qwen2.5-7b', 'q4_k_m'); the file type defaults to q4_k_m."""
+    parts = str(spec).strip().lower().split(":")
+    if parts and parts[0] == "synthetic":
+        parts = parts[1:]
+    if len(parts) == 1:
+        parts.append("q4_k_m")
+    if len(parts) != 2 or parts[0] not in SYNTHETIC_CONFIGS or parts[1] not in FTYPES:
+        raise SyntheticSpecError(
+            f"bad synthetic model spec {spec!r}: expected '<config>:<ftype>' with config one of "
+            f"{', '.join(SYNTHETIC_CONFIGS)} and ftype one of {', '.join(FTYPES)} "
+            "(e.g. 'qwen2.5-7b:q4_k_m')")
+    return parts[0], parts[1]
+
+
+def synthetic_model(spec: str, *, seed: int = 0, layers: int | None = None) -> GGUFModel:
+    """An in-memory random-weight Qwen2.5 model, e.g. synthetic_model("qwen2.5-7b:q4_k_m").
+
+    spec is '<config>:<ftype>' (case-insensitive, optional 'synthetic:' prefix): config a key of
+    SYNTHETIC_CONFIGS, ftype a key of FTYPES. `layers` overrides the layer count (the type mix is
+    then the one llama.cpp would choose for that many layers). The path is
+    'synthetic:<config>:<ftype>[:layers=N][:seed=S]'.
+    """
+    cfg_name, ftype = parse_spec(spec)
+    cfg = SYNTHETIC_CONFIGS[cfg_name]
+    if layers is not None:
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
+            raise SyntheticSpecError(f"layers must be a positive int, got {layers!r}")
+        cfg = dataclasses.replace(cfg, n_layers=layers)
+    tag = f"{cfg_name}:{ftype}" + (f":layers={layers}" if layers is not None else "") + (f":seed={seed}" if seed else "")
+    model = synthetic_model_from_config(cfg, ftype, seed, name=tag)
+    model.path = f"synthetic:{tag}"
+    model.metadata["general.name"] = f"synthetic {tag}"
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# GGUF writer
+# --------------------------------------------------------------------------------------------
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's bytes_to_unicode(): the 256 single-character byte tokens of a byte-level BPE vocab."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
+def placeholder_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges) of a placeholder byte-level BPE vocabulary of `vocab_size`.
+
+    Ids 0..255: the byte-level alphabet (so every byte, '\\n' included, has a token); then 'ĠĠ'
+    (the one merge 'Ġ Ġ'); Qwen2.5's <|endoftext|>/<|im_start|>/<|im_end|> at their real ids
+    (CONTROL); every other id a unique '<|synthetic_N|>' NORMAL token.
+    """
+    alphabet = _byte_level_alphabet()
+    tokens = [f"<|synthetic_{i}|>" for i in range(vocab_size)]
+    types = [1] * vocab_size  # LLAMA_TOKEN_TYPE_NORMAL
+    tokens[:min(256, vocab_size)] = alphabet[:vocab_size]
+    merges = []
+    if vocab_size > 256:
+        tokens[256] = "ĠĠ"
+        merges = ["Ġ Ġ"]
+    for i, text in _SPECIAL_TOKENS.items():
+        if i < vocab_size:
+            tokens[i], types[i] = text, 3  # LLAMA_TOKEN_TYPE_CONTROL
+    if vocab_size <= _EOS_ID:  # tiny configs: the last id is the (control) end token
+        tokens[-1], types[-1] = "<|endoftext|>", 3
+    return tokens, types, merges
+
+
+def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True) -> None:
+    """Write `model` as a GGUF file that load_gguf reads back identically (config, types, shapes, bytes).
+
+    Metadata: general.architecture/name/file_type/quantization_version, the qwen2.* hyper-parameters
+    from model.config, and a placeholder tokenizer section (tokenizer.ggml.model 'gpt2', pre 'qwen2',
+    `placeholder_vocab` tokens/token_type/merges, bos/eos/padding ids, add_bos_token false).
+    Tensor bytes are written as they are (quantized blocks through raw_dtype; byte-shaped uint8
+    rows are turned back into element shapes by gguf-py).
+
+    What llama.cpp would make of it (not run here): the keys and tensors are those its qwen2 loader
+    requires, and a gpt2 vocab needs tokenizer.ggml.merges plus a token for every byte-level
+    character ('\\n' included), which this vocab has. Still missing for real use: a real vocabulary
+    and merge list (text tokenizes to single bytes), tokenizer.chat_template, and of course real
+    weights -- generation produces noise, which is all a speed benchmark needs.
+    """
+    import gguf
+
+    cfg = model.config
+    meta = model.metadata
+    w = gguf.GGUFWriter(os.fspath(path), arch=ARCHITECTURE)
+    w.add_type("model")
+    w.add_name(str(meta.get("general.name", "synthetic")))
+    w.add_block_count(cfg.n_layers)
+    w.add_context_length(cfg.context_length)
+    w.add_embedding_length(cfg.d_model)
+    w.add_feed_forward_length(cfg.d_ff)
+    w.add_head_count(cfg.n_heads)
+    w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_eps)
+    w.add_file_type(int(meta.get("general.file_type", LlamaFileType.GUESSED)))
+    w.add_quantization_version(int(meta.get("general.quantization_version", 2)))
+
+    tokens, token_types, merges = placeholder_vocab(cfg.vocab_size)
+    ids = _special_ids(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(token_types)
+    if merges:
+        w.add_token_merges(merges)
+    w.add_bos_token_id(ids["bos_token_id"])
+    w.add_eos_token_id(ids["eos_token_id"])
+    w.add_pad_token_id(ids["padding_token_id"])
+    w.add_add_bos_token(False)
+
+    for name, t in model.tensors.items():
+        data = np.ascontiguousarray(t.data)
+        if t.qtype in (QType.F32, QType.F16) and data.dtype != np.uint8:
+            w.add_tensor(name, data)  # dtype gives the type
+        else:
+            w.add_tensor(name, data, raw_dtype=t.qtype)  # uint8 byte rows
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=progress)
+    w.close()

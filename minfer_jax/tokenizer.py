@@ -1,0 +1,333 @@
+"""Qwen2-family tokenizer rebuilt from GGUF metadata, matching the HF reference id for id.
+
+Encoding is a `tokenizers.Tokenizer` configured as transformers' Qwen2 converter does it: NFC
+normalizer, byte-level BPE (no unk, no byte fallback), the Qwen2 split regex (isolated) followed
+by ByteLevel(add_prefix_space=False, use_regex=False), and every CONTROL / USER_DEFINED token of
+the file as an added token so `<|im_start|>` in text is one id.
+
+Decoding does not use the tokenizers decoder: its ByteLevel decoder silently drops tokens that
+are not byte-level strings (e.g. DeepSeek's `<｜end▁of▁sentence｜>`), and streaming must split
+text only at UTF-8 character boundaries. Instead every id maps to its bytes once, and both
+`decode` and `decode_stream` decode those bytes, so the streamed pieces always join to exactly
+what `decode` returns.
+
+llama.cpp and HF differ in two corners; this follows HF (what the models were trained with):
+NFC normalization of the input, and `(?i:...)` contractions (which Unicode case folding lets
+match e.g. "'ſ"). llama.cpp's test vectors for the qwen2 vocab agree with this implementation.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from minfer_jax.chat_template import CHATML_TEMPLATE, render_chat_template
+from minfer_jax.errors import GGUFError, UnsupportedError
+
+# The split regex of Qwen2's tokenizer.json (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2).
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# tokenizer.ggml.pre values of Qwen2-family files -> split regex. llama.cpp maps all of these
+# to LLAMA_VOCAB_PRE_TYPE_QWEN2 (deepseek-r1-qwen differs from qwen2 only by adding a BOS).
+PRE_TOKENIZER_PATTERNS = {
+    "qwen2": QWEN2_PATTERN,
+    "deepseek-r1-qwen": QWEN2_PATTERN,
+}
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(1, 7)
+
+# Control tokens that end a turn in the chat formats this family uses (llama.cpp's EOG names).
+END_OF_TURN_TOKENS = (
+    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+    "<｜end▁of▁sentence｜>", "<end_of_turn>", "<EOT>",
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table that byte-level BPE tokens are spelled in."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _byte_level_translation() -> dict[int, int]:
+    """str.translate table: byte-level character -> code point of its byte (0..255).
+
+    Code points below 256 that are not byte-level characters map to U+0100 so that the
+    following latin-1 encode fails for tokens not spelled in the byte-level alphabet.
+    """
+    table = {ord(ch): b for b, ch in _bytes_to_unicode().items()}
+    for cp in range(256):
+        table.setdefault(cp, 0x100)
+    return table
+
+
+def _token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]:
+    """The bytes each id stands for: byte-level decoded, or the raw UTF-8 of added tokens.
+
+    A normal token that is not valid byte-level text (never in a well-formed vocab) falls back
+    to its UTF-8 spelling rather than vanishing.
+    """
+    table = _byte_level_translation()
+    out = []
+    for text, kind in zip(tokens, types):
+        if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+            out.append(text.encode("utf-8"))
+            continue
+        try:
+            out.append(text.translate(table).encode("latin-1"))
+        except UnicodeEncodeError:
+            out.append(text.encode("utf-8"))
+    return out
+
+
+def _require_list(meta: Mapping[str, Any], key: str, item_type: type, source: str) -> list:
+    """A metadata array that must exist and hold `item_type` values."""
+    value = meta.get(key)
+    if not isinstance(value, (list, tuple)) or (value and not isinstance(value[0], item_type)):
+        raise GGUFError(f"{source}: metadata {key!r} must be an array of {item_type.__name__}, "
+                        f"got {type(value).__name__}")
+    return list(value)
+
+
+def _optional_id(meta: Mapping[str, Any], key: str, n_vocab: int, source: str) -> int | None:
+    """A token id from metadata, checked against the vocabulary."""
+    value = meta.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or not 0 <= value < n_vocab:
+        raise GGUFError(f"{source}: metadata {key!r} = {value!r} is not a token id "
+                        f"(vocabulary has {n_vocab} tokens)")
+    return value
+
+
+def _pre_pattern(meta: Mapping[str, Any], source: str) -> str:
+    """The split regex for tokenizer.ggml.pre; refuse anything not of the Qwen2 family.
+
+    Files converted before llama.cpp wrote the key have none; they are Qwen2 files here (the
+    architecture is checked elsewhere), so the Qwen2 regex is the right one for them.
+    """
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise UnsupportedError(f"{source}: tokenizer model {model!r} is not supported "
+                               "(only 'gpt2' byte-level BPE, as used by Qwen2-family models)")
+    pre = meta.get("tokenizer.ggml.pre", "qwen2")
+    if pre not in PRE_TOKENIZER_PATTERNS:
+        raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported "
+                               f"(known: {', '.join(sorted(PRE_TOKENIZER_PATTERNS))})")
+    return PRE_TOKENIZER_PATTERNS[pre]
+
+
+def _split_merges(merges: list[str], source: str) -> list[tuple[str, str]]:
+    """'Ġ t' -> ('Ġ', 't'); byte-level tokens never contain a space, so one split is exact."""
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    for i, pair in enumerate(pairs):
+        if len(pair) != 2:
+            raise GGUFError(f"{source}: merge #{i} {merges[i]!r} is not two tokens separated by a space")
+    return pairs
+
+
+def _build_backend(tokens: list[str], types: list[int], merges: list[tuple[str, str]],
+                   pattern: str, source: str) -> Any:
+    """The tokenizers.Tokenizer that encodes (see module docstring for the configuration)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab = dict(zip(tokens, range(len(tokens))))  # duplicate spellings: the last id wins, as in llama.cpp
+    try:
+        bpe = models.BPE(vocab, merges, unk_token=None, byte_fallback=False, ignore_merges=False,
+                         fuse_unk=False)
+    except Exception as e:
+        raise GGUFError(f"{source}: token merges do not fit the vocabulary: {e}") from None
+    backend = Tokenizer(bpe)
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    # USER_DEFINED tokens (<tool_call>) are matched in text like CONTROL ones but are ordinary
+    # text when decoding (HF: special=False; llama.cpp always prints them).
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, k in zip(tokens, types) if k == TOKEN_CONTROL])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t, k in zip(tokens, types) if k == TOKEN_USER_DEFINED])
+    return backend
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, plus its chat template; build with `from_metadata`."""
+
+    def __init__(self, *, backend: Any, tokens: list[str], types: list[int],
+                 bos_id: int | None, add_bos: bool, eos_id: int | None,
+                 eos_ids: frozenset[int], chat_template: str, source: str) -> None:
+        self._backend = backend
+        self._tokens = tokens
+        self._types = types
+        self._bytes = _token_bytes(tokens, types)
+        self._control_ids = frozenset(i for i, k in enumerate(types) if k == TOKEN_CONTROL)
+        self.bos_id = bos_id
+        self._eos_id = eos_id
+        self.add_bos = add_bos
+        self.eos_ids = eos_ids
+        self.chat_template = chat_template
+        self.source = source
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any], source: str = "<gguf>") -> Tokenizer:
+        """Build from GGUF `tokenizer.*` metadata; GGUFError/UnsupportedError name `source`."""
+        pattern = _pre_pattern(meta, source)
+        tokens = _require_list(meta, "tokenizer.ggml.tokens", str, source)
+        if not tokens:
+            raise GGUFError(f"{source}: metadata 'tokenizer.ggml.tokens' is empty")
+        types = _token_types(meta, len(tokens), source)
+        merges = _split_merges(_require_list(meta, "tokenizer.ggml.merges", str, source), source)
+        bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", len(tokens), source)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+        if add_bos and bos_id is None:
+            raise GGUFError(f"{source}: add_bos_token is set but there is no bos_token_id")
+        template = meta.get("tokenizer.chat_template") or CHATML_TEMPLATE
+        return cls(backend=_build_backend(tokens, types, merges, pattern, source), tokens=tokens,
+                   types=types, bos_id=bos_id, add_bos=add_bos,
+                   eos_id=_optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source),
+                   eos_ids=_eos_ids(meta, tokens, types, source), chat_template=template,
+                   source=source)
+
+    @classmethod
+    def from_model(cls, model: Any) -> Tokenizer:
+        """Build from a loaded `minfer_jax.gguf.GGUFModel`."""
+        return cls.from_metadata(model.metadata, source=str(model.path))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids (= rows of the embedding table), including added/control tokens."""
+        return len(self._tokens)
+
+    @property
+    def eos_id(self) -> int | None:
+        """The file's declared eos id (generation should stop on any of `eos_ids`)."""
+        return self._eos_id
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a token spelled as in the vocabulary (byte-level, e.g. 'Ġhello'), or None."""
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        """Vocabulary spelling of an id (byte-level for normal tokens)."""
+        return self._tokens[self._check_id(token_id)]
+
+    def is_control(self, token_id: int) -> bool:
+        """Whether the id is a CONTROL token (<|im_start|>, <|endoftext|>, ...)."""
+        return token_id in self._control_ids
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids of `text`; special-token text inside it becomes the special ids.
+
+        add_special prepends BOS when the file asks for it (add_bos_token; false for Qwen,
+        true for DeepSeek-R1-Distill). Text already rendered by a chat template that starts
+        with `bos_token` should be encoded with add_special=False, as transformers does.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, got {type(text).__name__}")
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos:
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Text of `ids`; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
+        return self.token_bytes(ids, skip_special).decode("utf-8", errors="replace")
+
+    def token_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
+        """Raw bytes of `ids` (a single token can be part of a UTF-8 character)."""
+        table = self._bytes
+        return b"".join(table[self._check_id(i)] for i in ids
+                        if not (skip_special and i in self._control_ids))
+
+    def decode_stream(self, skip_special: bool = False) -> DecodeStream:
+        """An incremental detokenizer for printing tokens as they are generated."""
+        return DecodeStream(self, skip_special=skip_special)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            add_generation_prompt: bool = True, **extra: Any) -> str:
+        """Render the file's chat template (ChatML when it has none) for `messages`."""
+        specials = {"bos_token": self._spelling(self.bos_id), "eos_token": self._spelling(self._eos_id)}
+        return render_chat_template(self.chat_template, messages,
+                                    add_generation_prompt=add_generation_prompt,
+                                    **{**specials, **extra})
+
+    def _spelling(self, token_id: int | None) -> str:
+        return "" if token_id is None else self._tokens[token_id]
+
+    def _check_id(self, token_id: int) -> int:
+        """Reject ids outside the vocabulary (a negative id would silently index from the end)."""
+        i = int(token_id)
+        if not 0 <= i < len(self._tokens):
+            raise ValueError(f"token id {i} is outside the vocabulary (0..{len(self._tokens) - 1})")
+        return i
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.source!r}, vocab_size={self.vocab_size}, eos_ids={sorted(self.eos_ids)})"
+
+
+def _token_types(meta: Mapping[str, Any], n_vocab: int, source: str) -> list[int]:
+    """Per-token types; absent means all NORMAL (llama.cpp's default)."""
+    if "tokenizer.ggml.token_type" not in meta:
+        return [TOKEN_NORMAL] * n_vocab
+    types = _require_list(meta, "tokenizer.ggml.token_type", int, source)
+    if len(types) != n_vocab:
+        raise GGUFError(f"{source}: {len(types)} token types for {n_vocab} tokens")
+    return types
+
+
+def _eos_ids(meta: Mapping[str, Any], tokens: list[str], types: list[int], source: str) -> frozenset[int]:
+    """Ids that end generation: eos/eot/eom from metadata plus end-of-turn tokens in the vocab.
+
+    Qwen2.5 instruct declares <|im_end|> as eos while its base/FIM use <|endoftext|>; stopping
+    on both is what llama.cpp does (its EOG set) and what a chat loop needs.
+    """
+    ids = set()
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        token_id = _optional_id(meta, key, len(tokens), source)
+        if token_id is not None:
+            ids.add(token_id)
+    wanted = set(END_OF_TURN_TOKENS)
+    ids.update(i for i, (t, k) in enumerate(zip(tokens, types))
+               if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and t in wanted)
+    return frozenset(ids)
+
+
+class DecodeStream:
+    """Turns ids, one at a time, into text pieces that never end inside a UTF-8 character.
+
+    A byte-level token may hold half of a character (CJK, emoji); its bytes wait in a UTF-8
+    incremental decoder until the character is complete. The pieces joined (with `finish()`)
+    equal `Tokenizer.decode` of the same ids.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def step(self, token_id: int) -> str:
+        """Text completed by this token ('' while a character is still incomplete)."""
+        return self._utf8.decode(self._tokenizer.token_bytes([token_id], self._skip_special))
+
+    def feed(self, ids: Iterable[int]) -> str:
+        """Text completed by several tokens."""
+        return self._utf8.decode(self._tokenizer.token_bytes(ids, self._skip_special))
+
+    def finish(self) -> str:
+        """Flush at end of generation: a dangling partial character becomes U+FFFD."""
+        return self._utf8.decode(b"", final=True)

@@ -1,0 +1,78 @@
+"""GPU probe: compile, check and time the Pallas matmul kernels on a list of cases (one device call).
+
+Usage: python tools/kernel_probe.py CASESET [--out DIR]. Prints one line per case and appends JSON
+lines to DIR/kernels.jsonl. Superseded for reporting by scripts/bench.py --kernels.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+
+import jax
+
+from minfer_jax.kernel_bench import run_case
+from minfer_jax.pallas import gemm as M
+from minfer_jax.pallas import gemv as G
+from minfer_jax.quant.planes import FORMATS, QType
+
+Q = QType
+
+
+def gemv_case(qt, n, k, nt, cfg=None):
+    f = lambda x, w: G.gemv(x, w, qtype=qt, n_out=n, config=cfg)
+    r = lambda x, w: G.gemv_reference(x, w, qtype=qt, n_out=n)
+    return ("gemv", qt, n, k, nt, f, r, cfg)
+
+
+def gemm_case(qt, n, k, m, cfg=None):
+    f = lambda x, w: M.gemm(x, w, qtype=qt, n_out=n, config=cfg)
+    r = lambda x, w: M.gemm_reference(x, w, qtype=qt, n_out=n)
+    return ("gemm", qt, n, k, m, f, r, cfg)
+
+
+def cases(name):
+    if name == "first":
+        out = [gemv_case(q, 4096, 14336, 1) for q in FORMATS]
+        out += [gemv_case(q, 4096, 14336, 8) for q in (Q.Q4_0, Q.Q4_K)]
+        out += [gemv_case(Q.Q5_0, 896, 896, 1), gemv_case(Q.Q5_0, 9728, 896, 1),
+                gemv_case(Q.Q6_K, 896, 4864, 1), gemv_case(Q.Q8_0, 151936, 896, 1)]
+        for bn, nw, ns in [(16, 4, 2), (64, 4, 2), (32, 8, 2), (32, 4, 3), (32, 4, 1)]:
+            for q in (Q.Q4_0, Q.Q4_K):
+                bk = 256
+                out.append(gemv_case(q, 4096, 14336, 1, G.GemvConfig(bn=bn, bk=bk, splits=2, num_warps=nw, num_stages=ns)))
+        out += [gemm_case(q, 4096, 14336, 512) for q in (Q.F16, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.Q8_0)]
+        return out
+    raise SystemExit(f"unknown case set {name}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("caseset")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    print(jax.devices(), jax.__version__, flush=True)
+    path = os.path.join(a.out, "kernels.jsonl")
+    for kind, qt, n, k, nt, f, r, cfg in cases(a.caseset):
+        t0 = time.time()
+        try:
+            res = run_case(qt, n, k, nt, f, r, impl=kind, reps=a.reps)
+            d = dataclasses.asdict(res)
+            d["config"] = str(cfg)
+            print(f"{kind} {qt.name:5s} {n:6d}x{k:6d} nt={nt:4d} {res.us:9.2f} us {res.gbps:8.1f} GB/s "
+                  f"{res.tflops:7.2f} TF/s err={res.rel_err:.1e} compile={res.compile_s:.1f}s {cfg}", flush=True)
+        except Exception as e:  # keep going: one failing lowering must not hide the others
+            d = {"kind": kind, "qtype": qt.name, "n": n, "k": k, "nt": nt, "error": f"{type(e).__name__}: {e}"[:2000]}
+            print(f"{kind} {qt.name} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:600]}", flush=True)
+            traceback.print_exc(limit=3, file=sys.stdout)
+        d["wall_s"] = time.time() - t0
+        with open(path, "a") as fh:
+            fh.write(json.dumps(d) + "\n")
+
+
+if __name__ == "__main__":
+    main()
