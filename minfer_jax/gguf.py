@@ -114,7 +114,7 @@ class _FastReader(GGUFReader):
         for i in range(count):
             where = f"metadata entry {i} of {count} (at byte {offs})"
             try:
-                klen, kdata = self._get_str(offs)
+                _, kdata = self._get_str(offs)
                 key = bytes(kdata).decode("utf-8")
             except _PARSE_ERRORS as e:
                 raise GGUFError(f"{where}: cannot read its key: {_reason(e)}") from None
@@ -208,7 +208,7 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
             continue
         try:
             meta[key] = _field_value(field)
-        except Exception as e:  # a malformed value: keep the key, report on use
+        except Exception as e:  # noqa: BLE001  a malformed value: keep the key, report on use
             meta[key] = GGUFError(f"metadata '{key}' cannot be decoded: {e}")
     return meta
 

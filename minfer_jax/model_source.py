@@ -146,7 +146,7 @@ def _resolve_local(ref: str | os.PathLike) -> str:
 
 def parse_hf_ref(ref: str) -> tuple[str, str]:
     """'hf:<owner>/<repo>:<file.gguf>' -> (repo_id, filename); ModelNotFoundError when malformed."""
-    body = ref[3:] if ref.startswith("hf:") else ref
+    body = ref.removeprefix("hf:")
     repo, sep, filename = body.partition(":")
     example = "hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF:qwen2.5-0.5b-instruct-q4_k_m.gguf"
     if not sep or not _HF_REPO.match(repo) or not filename or filename.startswith("/") \
@@ -167,7 +167,7 @@ def _resolve_hf(ref: str, progress: bool) -> str:
             "(or: pip install huggingface_hub)") from None
     try:
         local = hub.hf_hub_download(repo_id=repo, filename=filename)
-    except Exception as e:  # network, auth, 404, disk: huggingface_hub raises many types
+    except Exception as e:  # noqa: BLE001  network, auth, 404, disk: huggingface_hub raises many types
         raise ModelNotFoundError(
             f"cannot download {filename!r} from Hugging Face repo {repo!r}: {type(e).__name__}: {e}") from None
     path = Path(os.fspath(local))
@@ -193,7 +193,9 @@ def _resolve_default(progress: bool) -> str:
         if _sha256_file(path, progress, desc="verifying cached model") == DEFAULT_MODEL_SHA256:
             _write_marker(path)
             return str(path)
-    # Absent, wrong size or wrong hash: (re)build from the part packages.
+    if st is not None:  # wrong size or wrong hash: never trusted again, and its space is needed
+        _unlink(_marker_path(path))
+        _unlink(path)
     _assemble(path, progress)
     return str(path)
 
@@ -270,7 +272,7 @@ def _locate_part(part: ModelPart) -> Path:
             path = Path(os.fspath(mod.get_part_path()))
         else:
             path = Path(os.fspath(importlib.resources.files(part.module).joinpath(part.filename)))
-    except Exception as e:  # a broken third-party package; report, don't crash
+    except Exception as e:  # noqa: BLE001  a broken third-party package; report, don't crash
         raise ModelNotFoundError(
             f"model part {part.index} ({part.dist}) is broken: cannot locate its data file "
             f"({type(e).__name__}: {e}); reinstall with: pip install --force-reinstall "

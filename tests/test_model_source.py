@@ -241,6 +241,16 @@ def test_hash_mismatch_names_part_and_leaves_nothing(fake):
     assert fake.leftovers() == []
 
 
+def test_corrupt_cache_and_corrupt_part(fake):
+    """A corrupt cached file is dropped even when the rebuild then fails."""
+    resolve_model(None)
+    fake.target.write_bytes(b"\0" * len(fake.data))  # same size, new mtime: stale marker, bad hash
+    fake.files[0].write_bytes(b"\1" * fake.parts[0].size)
+    with pytest.raises(ModelNotFoundError, match="part 1 .*wrong sha256"):
+        resolve_model(None)
+    assert fake.leftovers() == []
+
+
 def test_wrong_part_size(fake):
     fake.files[2].write_bytes(fake.files[2].read_bytes()[:-1])
     with pytest.raises(ModelNotFoundError) as info:
