@@ -6,9 +6,11 @@ hostile:
   `str.format` tricks, mutating `messages`); any such attempt raises at once instead of
   rendering as an empty Undefined, so a probe cannot fail silently and keep probing;
 - resource bombs are bounded: `range` (jinja's 100k per range, plus a per-render total), the
-  `*`, `**`, `+` operators and call/filter arguments (no gigabyte strings, no huge powers), a
-  step budget and wall-clock limit checked on every call, operator and range, and the size of
-  the output;
+  `*`, `**`, `+`, `%` operators, size parameters of str methods and filters, format widths
+  and namespace stores (no gigabyte strings, no huge powers); a step budget and a wall-clock
+  limit are checked on every call, operator and range, and the output size is capped. This
+  bounds the known bombs; it is not a hard CPU/memory limit (only a separate process gives
+  that);
 - every failure, whatever Python or Jinja raised, leaves as `minfer_jax.errors.TemplateError`.
 
 The dialect matches transformers: trim_blocks/lstrip_blocks, `loopcontrols`, a `tojson` filter
@@ -22,14 +24,16 @@ import contextvars
 import datetime
 import functools
 import json
+import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jinja2
 import jinja2.ext
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
+from jinja2.utils import Namespace, generate_lorem_ipsum
 
 from minfer_jax.errors import TemplateError
 
@@ -45,10 +49,10 @@ CHATML_TEMPLATE = (
 # enough that a hostile one fails in well under a second of work or a few tens of MB.
 MAX_STEPS = 2_000_000  # calls + operator uses + range items, summed over the render
 MAX_SECONDS = 10.0  # wall clock, checked whenever a step is spent
-MAX_SEQUENCE = 1 << 24  # longest str/list an operator may build, in items
-MAX_INT_ARG = 1 << 20  # largest int passed to a call or filter (str.ljust(10**9), center, ...)
+MAX_SEQUENCE = 1 << 22  # longest str/list an operator may build, in items (4M chars >> any context)
+MAX_INT_ARG = 1 << 20  # largest size-like int for str methods/filters (ljust, center, ...)
 MAX_EXPONENT = 4096  # largest int exponent for `**`
-MAX_OUTPUT = 1 << 26  # characters of rendered output
+MAX_OUTPUT = 1 << 24  # characters of rendered output
 
 _SIZED = (str, list, tuple)
 
@@ -78,13 +82,54 @@ def _spend(n: int = 1) -> None:
         guard.spend(n)
 
 
-def _check_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    """Refuse the argument sizes that turn one call into a memory bomb (`' '.ljust(10**10)`)."""
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT_ARG:
-            raise SecurityError(f"chat template passed {value} to a call (limit {MAX_INT_ARG})")
+def _check_sizes(values: Iterable[Any]) -> None:
+    """Refuse oversized strings/lists as arguments: they only exist to amplify further."""
+    for value in values:
         if isinstance(value, _SIZED) and len(value) > MAX_SEQUENCE:
             raise SecurityError(f"chat template passed a {len(value)}-item value to a call")
+
+
+def _check_ints(values: Iterable[Any]) -> None:
+    """Refuse huge widths/counts where an int parameter sizes the result (`' '.ljust(10**10)`).
+
+    Only applied to str methods and filter parameters: a large int as data (a timestamp in a
+    message, a tool argument) is fine and must render.
+    """
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT_ARG:
+            raise SecurityError(f"chat template passed {value} as a size (limit {MAX_INT_ARG})")
+
+
+_PRINTF_WIDTH = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
+_FORMAT_SPEC_NUMBER = re.compile(r"\{[^{}]*:[^{}]*?(\d+)")
+
+
+def _check_printf(fmt: str, args: Any) -> None:
+    """`'%999999999d' % 1` and `'%*d' % (10**9, 1)` build gigabytes from a few characters."""
+    for width, precision in _PRINTF_WIDTH.findall(fmt):
+        for number in (width, precision):
+            if number == "*":
+                _check_ints(args if isinstance(args, tuple) else (args,))
+            elif number and int(number) > MAX_INT_ARG:
+                raise SecurityError(f"chat template used a format width of {number}")
+
+
+def _check_str_method(text: str, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Bound the str methods whose result can be far larger than their inputs."""
+    if name in ("format", "format_map"):  # arguments are data; widths live in the string
+        for number in _FORMAT_SPEC_NUMBER.findall(text):
+            if int(number) > MAX_INT_ARG:
+                raise SecurityError(f"chat template used a format width of {number}")
+        return
+    _check_ints((*args, *kwargs.values()))
+    if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+        size = len(text) + text.count(args[0]) * len(args[1])
+    elif name == "join" and args and isinstance(args[0], _SIZED):
+        size = len(text) * len(args[0])
+    else:
+        return
+    if size > MAX_SEQUENCE:
+        raise SecurityError(f"chat template tried to build a {size}-item string with str.{name}")
 
 
 def _check_binop(operator: str, left: Any, right: Any) -> None:
@@ -99,12 +144,21 @@ def _check_binop(operator: str, left: Any, right: Any) -> None:
     elif operator == "+":
         if isinstance(left, _SIZED) and isinstance(right, _SIZED) and len(left) + len(right) > MAX_SEQUENCE:
             raise SecurityError(f"chat template tried to build a {len(left) + len(right)}-item sequence")
+    elif operator == "%" and isinstance(left, str):
+        _check_printf(left, right)
 
 
 class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
     """The sandbox with unsafe access made fatal and with operator and call budgets."""
 
-    intercepted_binops = frozenset({"*", "**", "+"})
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        # Private names are refused even where they do not exist (`namespace().__init__` would
+        # otherwise render as an empty Undefined), so every probe fails loudly.
+        if isinstance(attribute, str) and attribute.startswith("_"):
+            raise SecurityError(f"access to private attribute {attribute!r} is not allowed")
+        return super().getattr(obj, attribute)
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
         # The stock sandbox returns an Undefined that only raises when used; rendering it prints
@@ -113,7 +167,12 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         _spend()
-        _check_args(args, kwargs)
+        _check_sizes((*args, *kwargs.values()))
+        # str.format arrives wrapped by the sandbox; __wrapped__ is the bound method.
+        method = getattr(__obj, "__wrapped__", __obj)
+        owner = getattr(method, "__self__", None)
+        if isinstance(owner, str):
+            _check_str_method(owner, getattr(method, "__name__", ""), args, kwargs)
         return super().call(__context, __obj, *args, **kwargs)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
@@ -122,23 +181,72 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
+class _BoundedNamespace(Namespace):
+    """`namespace()` whose attributes cannot grow without bound.
+
+    `{% set ns.s = ns.s ~ ns.s %}` in a loop doubles a string per iteration; `~` cannot be
+    intercepted, but the store into the namespace can, and that is the only way such growth
+    survives an iteration.
+    """
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _spend()
+        if isinstance(value, _SIZED) and len(value) > MAX_SEQUENCE:
+            raise SecurityError(f"chat template stored a {len(value)}-item value in a namespace")
+        super().__setitem__(name, value)
+
+
 def _bounded_range(*args: int) -> range:
     """`range` for templates: jinja's per-range cap plus a charge against the render's budget."""
-    result = safe_range(*args)
+    try:
+        result = safe_range(*args)
+    except OverflowError as e:  # jinja's MAX_RANGE: a sandbox limit, reported as one
+        raise SecurityError(str(e)) from None
     _spend(len(result))
     return result
 
 
 def _guarded_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a filter so its arguments are size-checked (`'x'|center(10**9)` bypasses `call`)."""
+    """Wrap a filter so its size parameters are checked (`'x'|center(10**9)` bypasses `call`).
+
+    The filtered value itself (first argument after any context jinja passes) is data and is
+    only size-checked, not int-checked.
+    """
+    skip = 1 if getattr(fn, "jinja_pass_arg", None) is None else 2  # pass_context & co.
 
     @functools.wraps(fn)  # also copies jinja's pass_context/pass_eval_context marker
     def guarded(*args: Any, **kwargs: Any) -> Any:
         _spend()
-        _check_args(args, kwargs)
+        _check_sizes((*args, *kwargs.values()))
+        if fn.__name__ != "do_format":  # format's arguments are data, checked by _check_printf
+            _check_ints((*args[skip:], *kwargs.values()))
+        if len(args) >= skip:
+            _check_filter_product(fn.__name__, args[skip - 1], args[skip:], kwargs)
         return fn(*args, **kwargs)
 
     return guarded
+
+
+def _check_filter_product(name: str, value: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """The filters whose output is (value size) x (parameter size): format, replace, join, indent."""
+    if name == "do_format" and isinstance(value, str):
+        _check_printf(value, tuple(args) or tuple(kwargs.values()))
+        return
+    params = [*args, *kwargs.values()]
+    pieces = {"do_replace": lambda: str(value).count(str(params[0])) if params else 0,
+              "do_join": lambda: len(value) if isinstance(value, _SIZED) else 0,
+              "do_indent": lambda: str(value).count("\n") + 1}
+    if name in pieces:
+        longest = max((len(p) for p in params if isinstance(p, str)), default=0)
+        size = pieces[name]() * longest
+        if size > MAX_SEQUENCE:
+            raise SecurityError(f"chat template tried to build a {size}-item string with a filter")
+
+
+def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002
+    """jinja's lorem-ipsum global, with its paragraph and word counts bounded."""
+    _check_ints((n * 10_000, min, max * 10_000))
+    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
@@ -167,8 +275,8 @@ def _environment() -> _ChatTemplateEnvironment:
     )
     env.filters["tojson"] = _tojson
     env.filters = {name: _guarded_filter(fn) for name, fn in env.filters.items()}
-    env.globals.update(range=_bounded_range, raise_exception=_raise_exception,
-                       strftime_now=_strftime_now)
+    env.globals.update(range=_bounded_range, namespace=_BoundedNamespace, lipsum=_bounded_lipsum,
+                       raise_exception=_raise_exception, strftime_now=_strftime_now)
     return env
 
 

@@ -11,9 +11,10 @@ text only at UTF-8 character boundaries. Instead every id maps to its bytes once
 `decode` and `decode_stream` decode those bytes, so the streamed pieces always join to exactly
 what `decode` returns.
 
-llama.cpp and HF differ in two corners; this follows HF (what the models were trained with):
-NFC normalization of the input, and `(?i:...)` contractions (which Unicode case folding lets
-match e.g. "'ſ"). llama.cpp's test vectors for the qwen2 vocab agree with this implementation.
+Where llama.cpp and HF differ this follows HF, the tokenizer the models were trained with: the
+input is NFC-normalized (llama.cpp skips that, so it differs only on non-NFC text), and the
+contraction group is the original case-insensitive `(?i:'s|...)` rather than llama.cpp's
+rewrite. llama.cpp's test vectors for the qwen2 vocab (tests/data/tokenizer) match exactly.
 """
 
 from __future__ import annotations

@@ -1,0 +1,283 @@
+"""Tokenizer: exact ids against llama.cpp's qwen2 vectors, the classic BPE pitfalls, streaming.
+
+Real-model tests use the GGUF's own vocabulary; the synthetic-vocabulary tests cover
+metadata handling (errors, BOS, DeepSeek-style specials, other pre-tokenizer names) without it.
+"""
+
+from __future__ import annotations
+
+import time
+import unicodedata
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minfer_jax.errors import GGUFError, UnsupportedError
+from minfer_jax.tokenizer import Tokenizer
+
+DATA = Path(__file__).parent / "data" / "tokenizer"
+IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
+
+
+def _llama_cpp_vectors() -> list[tuple[str, list[int]]]:
+    """(text, ids) pairs from llama.cpp's ggml-vocab-qwen2.gguf.inp/.out (see data README)."""
+    texts = (DATA / "ggml-vocab-qwen2.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    lines = (DATA / "ggml-vocab-qwen2.gguf.out").read_text(encoding="utf-8").split("\n")
+    assert texts[-1] == "" and lines[-1] == ""
+    return [(t, [int(x) for x in line.split()]) for t, line in zip(texts[:-1], lines[:-1], strict=True)]
+
+
+VECTORS = _llama_cpp_vectors()
+
+# text -> pre-tokens of the Qwen2 split regex, worked out by hand from the regex alternatives.
+PRE_TOKENS = {
+    "12345": ["1", "2", "3", "4", "5"],  # \p{N}: one digit per piece
+    "He'S": ["He", "'S"],  # contractions are case-insensitive
+    "don't": ["don", "'t"],
+    "they're I've I'm we'll he'd": ["they", "'re", " I", "'ve", " I", "'m", " we", "'ll", " he", "'d"],
+    "'RE": ["'RE"],
+    "\n\n\n": ["\n\n\n"],  # \s*[\r\n]+ keeps a newline run together
+    "   leading": ["  ", " leading"],  # \s+(?!\S) leaves one space for the word
+    "trailing   ": ["trailing", "   "],
+    "a\tb\t\tc": ["a", "\tb", "\t", "\tc"],  # a tab may lead a word like a space
+    "x  \n  y": ["x", "  \n", " ", " y"],
+    "line1\r\nline2": ["line", "1", "\r\n", "line", "2"],
+    "<|im_start": ["<|", "im", "_start"],  # not the special token: plain punctuation + words
+    "你好世界": ["你好世界"],
+    "😁🦙 ok": ["😁🦙", " ok"],
+}
+
+ROUNDTRIP = [*PRE_TOKENS, "", " ", "\t", "\n", "Hello world", "  Hello", "😶\u200d🌫\ufe0f", "ü",
+             "<|im_start|>user\nhi<|im_end|>\n", "<tool_call>\n{}\n</tool_call>", "a\x00b\x7f",
+             "def f(x):\n    return x**2  # 平方\n"]
+
+
+@pytest.fixture(scope="module")
+def tok(real_model) -> Tokenizer:
+    return Tokenizer.from_metadata(real_model.metadata, source=real_model.path)
+
+
+def test_build_time_of_real_tokenizer(real_model):
+    """151,936 tokens + 151,387 merges must not stall model loading."""
+    elapsed = []
+    for _ in range(2):  # best of two: a busy CI core should not fail the test
+        start = time.perf_counter()
+        Tokenizer.from_metadata(real_model.metadata)
+        elapsed.append(time.perf_counter() - start)
+    assert min(elapsed) < 2.0, f"building the tokenizer took {min(elapsed):.2f} s"
+
+
+@pytest.mark.parametrize(("text", "expected"), VECTORS, ids=[repr(t)[:40] for t, _ in VECTORS])
+def test_matches_llama_cpp_reference_ids(tok, text, expected):
+    ids = tok.encode(text)
+    assert ids == expected
+    assert tok.decode(ids) == text
+
+
+def test_decode_matches_tokenizers_bytelevel_decoder(tok):
+    """Our byte table agrees with the tokenizers ByteLevel decoder on valid byte-level text."""
+    for text, ids in VECTORS:
+        assert tok.decode(ids) == tok._backend.decode(ids) == text
+
+
+@pytest.mark.parametrize(("text", "pieces"), PRE_TOKENS.items(), ids=[repr(t) for t in PRE_TOKENS])
+def test_tokens_never_cross_pretoken_boundaries(tok, text, pieces):
+    """Each token lies inside one regex piece: the split is what the model was trained on."""
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    token_ends = _cumulative([len(tok.token_bytes([i])) for i in ids])
+    piece_ends = _cumulative([len(p.encode("utf-8")) for p in pieces])
+    assert set(piece_ends) <= set(token_ends), [tok.id_to_token(i) for i in ids]
+
+
+def _cumulative(lengths: list[int]) -> list[int]:
+    out, total = [], 0
+    for n in lengths:
+        total += n
+        out.append(total)
+    return out
+
+
+def test_digits_are_single_tokens(tok):
+    assert [tok.id_to_token(i) for i in tok.encode("12345")] == ["1", "2", "3", "4", "5"]
+    assert tok.encode("333333333") == [18] * 9
+
+
+@pytest.mark.parametrize(("text", "spelled"), [
+    ("He'S", ["He", "'S"]), ("I'll", ["I", "'ll"]), ("'RE", ["'RE"]), ("don't", ["don", "'t"]),
+    ("\n\n\n", ["ĊĊĊ"]), ("   leading", ["ĠĠ", "Ġleading"]), ("\t\tx", ["ĉ", "ĉx"]),
+])
+def test_spelled_tokens(tok, text, spelled):
+    assert [tok.id_to_token(i) for i in tok.encode(text)] == spelled
+
+
+def test_trailing_spaces_stay_one_token(tok):
+    ids = tok.encode("trailing   ")
+    assert tok.id_to_token(ids[-1]) == "ĠĠĠ"
+    assert tok.decode(ids[:-1]) == "trailing"
+
+
+def test_special_tokens_inside_text(tok):
+    ids = tok.encode("<|im_start|>user\nhi<|im_end|>")
+    assert ids[0] == IM_START and ids[-1] == IM_END
+    assert [tok.id_to_token(i) for i in ids[1:-1]] == ["user", "Ċ", "hi"]
+    assert IM_START not in tok.encode("<|im_start")
+    assert tok.encode("<tool_call>") == [tok.token_to_id("<tool_call>")]
+
+
+def test_empty_string(tok):
+    assert tok.encode("") == []
+    assert tok.decode([]) == ""
+
+
+@pytest.mark.parametrize("text", ROUNDTRIP, ids=[repr(t)[:40] for t in ROUNDTRIP])
+def test_roundtrip(tok, text):
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_nfc_normalization_like_hf(tok):
+    """HF's Qwen2 tokenizer NFC-normalizes: a decomposed é encodes like the composed one."""
+    assert tok.encode("e\u0301") == tok.encode("\u00e9")
+
+
+def test_skip_special_drops_control_but_keeps_user_defined(tok):
+    ids = tok.encode("<|im_start|>assistant\n<tool_call>{}</tool_call><|im_end|>")
+    assert tok.decode(ids, skip_special=True) == "assistant\n<tool_call>{}</tool_call>"
+    assert tok.decode(ids) == "<|im_start|>assistant\n<tool_call>{}</tool_call><|im_end|>"
+
+
+def test_ids_and_sizes(tok):
+    assert tok.vocab_size == 151936
+    assert tok.bos_id == ENDOFTEXT and not tok.add_bos
+    assert tok.eos_id == IM_END
+    assert tok.eos_ids == frozenset({IM_END, ENDOFTEXT})
+    assert tok.token_to_id("<|im_start|>") == IM_START
+    assert tok.token_to_id("Ġhello") == tok.encode(" hello")[0]
+    assert tok.token_to_id("no such token") is None
+    assert tok.encode("hi", add_special=True) == tok.encode("hi", add_special=False)  # no BOS for Qwen
+
+
+@pytest.mark.parametrize("bad", [-1, 151936, 10**12])
+def test_decode_rejects_ids_outside_vocab(tok, bad):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([1, bad])
+
+
+def test_stream_waits_for_complete_characters(tok):
+    ids = tok.encode(" this is 🦙.cpp")
+    stream = tok.decode_stream()
+    pieces = [stream.step(i) for i in ids] + [stream.finish()]
+    assert "" in pieces[:-1], "test text should split a character across tokens"
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == " this is 🦙.cpp"
+
+
+def test_stream_flushes_dangling_bytes(tok):
+    first = tok.encode(" 🦙")[0]  # 'ĠðŁ': a space and half an emoji
+    stream = tok.decode_stream()
+    assert stream.step(first) == " "
+    assert stream.finish() == "\ufffd"
+
+
+def test_stream_skip_special(tok):
+    stream = tok.decode_stream(skip_special=True)
+    text = stream.feed(tok.encode("<|im_start|>hi<|im_end|>")) + stream.finish()
+    assert text == "hi"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=60))
+def test_roundtrip_property(tok, text):
+    ids = tok.encode(text)
+    assert tok.decode(ids) == unicodedata.normalize("NFC", text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+def test_stream_pieces_are_whole_characters(tok, text):
+    text = unicodedata.normalize("NFC", text)
+    stream = tok.decode_stream()
+    pieces = [stream.step(i) for i in tok.encode(text)]
+    assert stream.finish() == ""
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces) or "\ufffd" in text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 151935), max_size=20))
+def test_stream_equals_decode_for_any_ids(tok, ids):
+    """Even for garbage (cut characters, specials mid-character) streaming == decode."""
+    stream = tok.decode_stream()
+    streamed = "".join(stream.step(i) for i in ids) + stream.finish()
+    assert streamed == tok.decode(ids)
+
+
+# --- synthetic vocabularies: metadata handling without the real model -----------------------
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's byte -> character table, written out independently of the implementation."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+
+
+def _meta(**overrides) -> dict:
+    """A tiny DeepSeek-R1-Distill-like vocabulary: bytes, two merges, four added tokens."""
+    alphabet = _byte_level_alphabet()
+    tokens = [*alphabet, "he", "hel", "<|im_end|>", BOS, EOS, "<tool_call>"]
+    types = [1] * (len(alphabet) + 2) + [3, 3, 3, 4]
+    meta = {
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "deepseek-r1-qwen",
+        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": ["h e", "he l"],
+        "tokenizer.ggml.bos_token_id": tokens.index(BOS), "tokenizer.ggml.eos_token_id": tokens.index(EOS),
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    meta.update(overrides)
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def test_synthetic_bos_and_deepseek_specials():
+    tok = Tokenizer.from_metadata(_meta())
+    bos, eos, hel = (tok.token_to_id(t) for t in (BOS, EOS, "hel"))
+    assert tok.encode("hel") == [bos, hel]
+    assert tok.encode("hel", add_special=False) == [hel]
+    assert tok.encode(f"{BOS}hel{EOS}", add_special=False) == [bos, hel, eos]
+    assert tok.decode([bos, hel, eos]) == f"{BOS}hel{EOS}"  # tokenizers' ByteLevel would drop them
+    assert tok.decode([bos, hel, eos], skip_special=True) == "hel"
+    assert tok.eos_ids == frozenset({eos, tok.token_to_id("<|im_end|>")})
+
+
+def test_synthetic_chat_template_fallback_and_variables():
+    tok = Tokenizer.from_metadata(_meta())
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    tok = Tokenizer.from_metadata(_meta(**{"tokenizer.chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"}))
+    assert tok.apply_chat_template(msgs) == f"{BOS}hi{EOS}"
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "deepseek-r1-qwen", None])
+def test_synthetic_qwen2_family_pre_tokenizers(pre):
+    tok = Tokenizer.from_metadata(_meta(**{"tokenizer.ggml.pre": pre}))
+    assert tok.decode(tok.encode("hello 123\n\n", add_special=False)) == "hello 123\n\n"
+
+
+@pytest.mark.parametrize(("overrides", "error", "match"), [
+    ({"tokenizer.ggml.model": "llama"}, UnsupportedError, "tokenizer model 'llama'"),
+    ({"tokenizer.ggml.pre": "llama-bpe"}, UnsupportedError, "pre-tokenizer 'llama-bpe'"),
+    ({"tokenizer.ggml.tokens": None}, GGUFError, "tokenizer.ggml.tokens"),
+    ({"tokenizer.ggml.token_type": [1, 1]}, GGUFError, "token types"),
+    ({"tokenizer.ggml.merges": ["he"]}, GGUFError, "merge #0"),
+    ({"tokenizer.ggml.merges": ["x y"]}, GGUFError, "merges do not fit"),
+    ({"tokenizer.ggml.bos_token_id": 10**6}, GGUFError, "bos_token_id"),
+    ({"tokenizer.ggml.bos_token_id": None}, GGUFError, "add_bos_token"),
+])
+def test_synthetic_bad_metadata(overrides, error, match):
+    with pytest.raises(error, match=match) as info:
+        Tokenizer.from_metadata(_meta(**overrides), source="model.gguf")
+    assert "model.gguf" in str(info.value)
