@@ -1,0 +1,23 @@
+"""minfer_jax: Qwen2-family GGUF inference in JAX, quantized matmuls as Pallas GPU kernels.
+
+    import minfer_jax
+    model = minfer_jax.load()                      # built-in Qwen2.5-Coder-0.5B (the `model` extra)
+    out = minfer_jax.generate(model, "def fibonacci(n):", max_new_tokens=32)
+    print(out.text)
+"""
+
+from minfer_jax.errors import (ContextOverflowError, GGUFError, MinferError, ModelNotFoundError,
+                               TemplateError, UnsupportedError)
+from minfer_jax.generate import GenerationResult, decode_loop, prefill_step, prompt_logits
+from minfer_jax.model.config import Config
+from minfer_jax.ops import Impl
+from minfer_jax.runtime import Model, generate, load
+from minfer_jax.sampling import GREEDY, Sampler
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Config", "ContextOverflowError", "GGUFError", "GREEDY", "GenerationResult", "Impl", "MinferError", "Model",
+    "ModelNotFoundError", "Sampler", "TemplateError", "UnsupportedError", "decode_loop", "generate", "load",
+    "prefill_step", "prompt_logits",
+]
