@@ -8,7 +8,7 @@
 
 from minfer_jax.errors import (ContextOverflowError, GGUFError, MinferError, ModelNotFoundError,
                                TemplateError, UnsupportedError)
-from minfer_jax.generate import GenerationResult, decode_loop, prefill_step, prompt_logits
+from minfer_jax.engine import GenerationResult, decode_loop, prefill_step, prompt_logits
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
 from minfer_jax.runtime import Model, generate, load

@@ -1,4 +1,4 @@
-"""Bucketed prefill and on-device decode: the pure step functions and the host-side generation loop.
+"""Generation engine: bucketed prefill, on-device decode loop (pure step functions) and the host loop.
 
 Pure functions (usable inside a caller's own jax.jit):
     prefill_step(params, cache, tokens, start, n_valid, key, history, *, cfg, impl, sampler)
@@ -159,7 +159,8 @@ def run_generation(model, prompt_ids: Sequence[int], *, max_new_tokens: int, sam
     generated: list[int] = []
     text = ""
     emitted = 0  # characters of `text` already handed to on_text
-    stream = tok.decode_stream(skip_special=True)
+    stream = tok.decode_stream(skip_special=True) if tok is not None else _NoText()
+    eos_ids = tok.eos_ids if tok is not None else frozenset()
     reason = "length"
     history = _host_history_push(history, token)
     pending = [token]
@@ -171,7 +172,7 @@ def run_generation(model, prompt_ids: Sequence[int], *, max_new_tokens: int, sam
         for t in pending:
             if len(generated) >= max_new_tokens:
                 reason, done = "length", True
-            elif t in tok.eos_ids:
+            elif t in eos_ids:
                 reason, done = "eos", True
             else:
                 generated.append(t)
@@ -204,6 +205,16 @@ def run_generation(model, prompt_ids: Sequence[int], *, max_new_tokens: int, sam
         history = np.asarray(history_d)
     return GenerationResult(tokens=generated, text=text, prompt_tokens=prompt_ids, stop_reason=reason,
                             prefill_s=prefill_s, decode_s=decode_s, compile_s=compile_s)
+
+
+class _NoText:
+    """Stand-in detokenizer for models without tokenizer metadata (synthetic benchmarks)."""
+
+    def step(self, token: int) -> str:
+        return ""
+
+    def finish(self) -> str:
+        return ""
 
 
 def _host_history_push(history: np.ndarray, token: int) -> np.ndarray:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax import generate as gen
+from minfer_jax import engine as gen
 from minfer_jax import ops
 from minfer_jax.errors import ContextOverflowError
 from minfer_jax.gguf import GGUFModel, load_gguf

@@ -1,0 +1,97 @@
+"""Pallas GEMV / GEMM kernels vs their jnp references, in interpret mode (CPU).
+
+Every format x token counts x shapes with tails: K = 896 and 4864 (the 0.5B widths; K-quants
+need K % 256 == 0, so they use 512 and 4864), N not a multiple of any row block. Both sides
+decode in the same compute dtype and accumulate in f32, so they differ only by summation order.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from minfer_jax.kernel_bench import random_planes
+from minfer_jax.pallas import gemm, gemv
+from minfer_jax.quant.planes import FORMATS, QType
+
+K_QUANTS = {QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K}
+
+
+def shapes_for(qtype):
+    return [(200, 512), (136, 4864)] if qtype in K_QUANTS else [(200, 896), (136, 4864)]
+
+
+CASES = [(q, n, k) for q in FORMATS for n, k in shapes_for(q)]
+
+
+@functools.cache
+def planes_for(qtype, n, k):
+    return random_planes(jax.random.PRNGKey(n + k), qtype, n, k)
+
+
+def check(got, ref, qtype):
+    chex.assert_equal_shape([got, ref])
+    chex.assert_tree_all_finite(got)
+    rtol = 2e-2 if qtype == QType.BF16 else 1e-3  # only the summation order differs
+    scale = float(jnp.max(jnp.abs(ref)))
+    chex.assert_trees_all_close(got, ref, atol=rtol * scale, rtol=0)
+
+
+@pytest.mark.parametrize("nt", [1, 2, 3, 8])
+@pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_gemv_matches_reference(qtype, n, k, nt):
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k), jnp.float32)
+    got = gemv.gemv(x, w, qtype=qtype, n_out=n, interpret=True)
+    check(got, gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
+
+
+# 512 tokens at K = 4864 take minutes in the interpreter: 512 is covered at the narrow shape.
+GEMM_CASES = [(q, n, k, nt) for q, n, k in CASES for nt in (9, 16, 100, 512) if nt < 512 or k <= 1024]
+
+
+@pytest.mark.parametrize("qtype,n,k,nt", GEMM_CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_gemm_matches_reference(qtype, n, k, nt):
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k), jnp.float32)
+    got = gemm.gemm(x, w, qtype=qtype, n_out=n, interpret=True)
+    check(got, gemm.gemm_reference(x, w, qtype=qtype, n_out=n), qtype)
+
+
+def test_gemv_split_k_and_explicit_config():
+    qtype, n, k = QType.Q4_0, 256, 2048
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, k))
+    ref = gemv.gemv_reference(x, w, qtype=qtype, n_out=n)
+    for cfg in [gemv.GemvConfig(bn=32, bk=128, splits=4), gemv.GemvConfig(bn=64, bk=256, splits=1)]:
+        check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True), ref, qtype)
+
+
+def test_gemv_rejects_too_many_tokens():
+    w = planes_for(QType.Q8_0, 200, 896)
+    with pytest.raises(ValueError, match="at most"):
+        gemv.gemv(jnp.ones((17, 896)), w, qtype=QType.Q8_0, n_out=200, interpret=True)
+
+
+def test_kernel_is_traced_once_per_configuration():
+    """A repeated call with the same shapes must not retrace (one executable per bucket)."""
+    qtype, n, k = QType.Q4_K, 128, 512
+    w = planes_for(qtype, n, k)
+    traced = chex.assert_max_traces(n=1)(lambda x, w: gemv.gemv(x, w, qtype=qtype, n_out=n, interpret=True))
+    f = jax.jit(traced)
+    for seed in range(3):
+        f(jax.random.normal(jax.random.PRNGKey(seed), (1, k)), w).block_until_ready()
+
+
+def test_reference_uses_compute_dtype():
+    """The reference rounds weights to f16 like the kernel: equal to an explicit f16 computation."""
+    qtype, n, k = QType.Q8_0, 128, 256
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(3), (4, k))
+    from minfer_jax.quant.planes import decode
+    w16 = decode(qtype, w, jnp.float16)[:n].astype(jnp.float32)
+    want = np.asarray(x.astype(jnp.float16).astype(jnp.float32) @ w16.T)
+    np.testing.assert_allclose(np.asarray(gemv.gemv_reference(x, w, qtype=qtype, n_out=n)), want, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,187 @@
+"""The Qwen2 model against the math: a float64 numpy forward written here, independent of the package.
+
+The reference dequantizes with gguf.quants and implements Qwen2 from its definition (RMSNorm,
+q/k/v with bias, NeoX RoPE, GQA causal attention, SwiGLU, untied head). On the CPU the package
+runs its dense path: weights dequantized bit-exactly, f32 storage, f32 matmuls.
+
+Tolerance. The only differences are f32 rounding in sums of up to 4864 products through 24
+layers (error ~ sqrt(K) * 2^-24 * |x||w| per dot, amplified along the residual stream). Measured:
+max |delta logit| = 2.8e-5 on logits of magnitude ~10-30. We allow 1e-3 absolute (30x margin for
+other CPUs' summation orders, still far below any real modelling error) and require the same
+argmax at every position.
+"""
+
+import numpy as np
+import pytest
+from gguf.quants import dequantize
+
+import jax
+import jax.numpy as jnp
+
+import minfer_jax
+from minfer_jax import engine as gen
+from minfer_jax.sampling import GREEDY
+
+PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, counting from zero.\"\"\"\n"
+
+
+def ref_weights(gm):
+    cache = {}
+
+    def w(name):
+        if name not in cache:
+            t = gm.tensors[name]
+            cache[name] = dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float64)
+        return cache[name]
+
+    return w
+
+
+def ref_forward(gm, tokens):
+    """float64 Qwen2 forward over tokens [T] from position 0 -> logits [T, vocab]."""
+    cfg = gm.config
+    w = ref_weights(gm)
+    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    t = len(tokens)
+
+    def norm(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_eps) * g
+
+    def rope(x):  # x [T, H, hd], NeoX: rotate pairs (i, i + hd/2)
+        inv = cfg.rope_theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+        ang = np.arange(t, dtype=np.float64)[:, None] * inv[None]
+        c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
+        a, b = x[..., : hd // 2], x[..., hd // 2:]
+        return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+    x = w("token_embd.weight")[np.asarray(tokens)]
+    causal = np.tril(np.ones((t, t), bool))
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        h = norm(x, w(p + "attn_norm.weight"))
+        q = (h @ w(p + "attn_q.weight").T + w(p + "attn_q.bias")).reshape(t, nh, hd)
+        k = (h @ w(p + "attn_k.weight").T + w(p + "attn_k.bias")).reshape(t, nkv, hd)
+        v = (h @ w(p + "attn_v.weight").T + w(p + "attn_v.bias")).reshape(t, nkv, hd)
+        q, k = rope(q), rope(k)
+        k = np.repeat(k, nh // nkv, axis=1)
+        v = np.repeat(v, nh // nkv, axis=1)
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
+        s = np.where(causal[None], s, -np.inf)
+        pr = np.exp(s - s.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        o = np.einsum("hts,shd->thd", pr, v).reshape(t, nh * hd)
+        x = x + o @ w(p + "attn_output.weight").T
+        h = norm(x, w(p + "ffn_norm.weight"))
+        g = h @ w(p + "ffn_gate.weight").T
+        u = h @ w(p + "ffn_up.weight").T
+        x = x + (g / (1 + np.exp(-g)) * u) @ w(p + "ffn_down.weight").T
+    x = norm(x, w("output_norm.weight"))
+    head = "token_embd.weight" if cfg.tied_output else "output.weight"
+    return x @ w(head).T
+
+
+@pytest.fixture(scope="module")
+def model(real_model):
+    return minfer_jax.load(gguf_model=real_model, ctx_size=256)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(model):
+    ids = model.tokenizer.encode(PROMPT)[:16]
+    assert len(ids) == 16
+    return ids
+
+
+@pytest.mark.real_model
+def test_logits_match_float64_reference(model, real_model, prompt_ids):
+    got = model.logits(prompt_ids)
+    ref = ref_forward(real_model, prompt_ids)
+    assert got.shape == ref.shape == (16, model.config.vocab_size)
+    err = np.max(np.abs(got - ref))
+    print(f"max |logit - float64 logit| = {err:.2e}")
+    assert err < 1e-3, err
+    np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.real_model
+def test_decode_steps_match_prefill_logits(model, prompt_ids):
+    """Feeding 32 tokens one at a time through the cache gives the logits of one 48-token prefill."""
+    cont = model.tokenizer.encode("    if n <= 1:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n"
+                                  "        a, b = b, a + b\n    return b\n")
+    seq = prompt_ids + cont[:32]
+    assert len(seq) == 48
+    full = model.logits(seq)  # [48, vocab]
+
+    exe16, _ = model.logits_executable(16, 64)
+    exe1, _ = model.logits_executable(1, 64)  # one-token steps: the decode shape
+    cache = model.new_cache(64)
+    first, cache = exe16(model.params, cache, jnp.asarray(seq[:16], jnp.int32), jnp.int32(0))
+    steps = [np.asarray(first)[-1]]
+    for pos in range(16, 47):
+        out, cache = exe1(model.params, cache, jnp.asarray(seq[pos:pos + 1], jnp.int32), jnp.int32(pos))
+        steps.append(np.asarray(out)[0])
+    steps = np.stack(steps)  # logits predicting tokens 16..47
+    np.testing.assert_allclose(steps, full[15:47], atol=2e-3, rtol=0)
+
+
+@pytest.mark.real_model
+def test_greedy_generation_is_deterministic_and_coherent(model):
+    a = minfer_jax.generate(model, "def fibonacci(n):", max_new_tokens=32)
+    b = minfer_jax.generate(model, "def fibonacci(n):", max_new_tokens=32)
+    assert a.tokens == b.tokens and a.text == b.text
+    assert len(a.tokens) == 32 and a.stop_reason == "length"
+    assert "if n <= 0:" in a.text
+    # The on-device loop's greedy tokens are the argmax of the teacher-forced logits.
+    logits = model.logits(a.prompt_tokens + a.tokens)
+    n = len(a.prompt_tokens)
+    np.testing.assert_array_equal(logits[n - 1:-1].argmax(-1), np.asarray(a.tokens))
+
+
+@pytest.mark.real_model
+def test_sampling_same_seed_same_tokens(model):
+    kw = dict(max_new_tokens=20, temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1)
+    a = minfer_jax.generate(model, "Once upon a time", seed=7, **kw)
+    b = minfer_jax.generate(model, "Once upon a time", seed=7, **kw)
+    c = minfer_jax.generate(model, "Once upon a time", seed=8, **kw)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+
+
+@pytest.mark.real_model
+def test_stop_string_eos_and_context_limits(model):
+    r = minfer_jax.generate(model, "def fibonacci(n):", max_new_tokens=32, stop=["<="])
+    assert r.stop_reason == "stop" and r.text.endswith("if n ") and "<=" not in r.text
+    chat = minfer_jax.generate(model, "Say hi.", chat=True, max_new_tokens=64)
+    assert chat.stop_reason == "eos" and chat.text.strip()
+    small = minfer_jax.load(gguf_model=model_gguf(model), ctx_size=24)
+    r = minfer_jax.generate(small, "def fibonacci(n):", max_new_tokens=100)
+    assert r.stop_reason == "context" and len(r.prompt_tokens) + len(r.tokens) == 24
+    with pytest.raises(minfer_jax.ContextOverflowError):
+        minfer_jax.generate(small, "word " * 40, max_new_tokens=4)
+
+
+def model_gguf(model):
+    from minfer_jax.gguf import load_gguf
+
+    return load_gguf(model.source)
+
+
+@pytest.mark.real_model
+def test_buckets_compile_once(model):
+    """Prompts of different lengths in one bucket reuse one executable: no retrace, no recompile."""
+    import chex
+
+    calls = []
+    exe, _ = model.prefill_executable(16, 64, GREEDY)
+    for n in (3, 9, 16):
+        exe_again, dt = model.prefill_executable(16, 64, GREEDY)
+        assert exe_again is exe and dt == 0.0
+        calls.append(n)
+    # The jitted step itself traces once per static configuration.
+    traced = chex.assert_max_traces(n=1)(gen.prompt_logits)
+    f = jax.jit(lambda p, c, t, s: traced(p, c, t, s, cfg=model.config, impl=model.impl))
+    for n in (1, 5):
+        toks = np.zeros((16,), np.int32)
+        toks[:n] = 100
+        f(model.params, model.new_cache(16), jnp.asarray(toks), jnp.int32(0))
+    assert gen.bucket_for(3, 64) == 16 and gen.bucket_for(17, 64) == 32 and gen.bucket_for(40, 48) == 48
