@@ -4,6 +4,8 @@ Random planes are generated on the device (speed does not depend on weight value
 small and finite so the parity check is meaningful). Each case compiles one executable that runs
 the matmul `reps` times, each on its own weight copy (so calls stream from HBM, not the 60 MB
 L2, and XLA cannot merge identical calls); the time per call is the executable's time / reps.
+`dispatch_matmul` routes a case exactly as ops.matmul does (GEMV for nt <= GEMV_MAX_NT, else
+GEMM, or the XLA reference); scripts/bench.py --kernels reports these cases.
 """
 
 from __future__ import annotations
@@ -52,16 +54,60 @@ class KernelResult:
     k: int
     nt: int
     impl: str
-    us: float
-    gbps: float
-    tflops: float
+    us: float  # best trial, microseconds per call
+    gbps: float  # weight bytes / best time
+    tflops: float  # 2 * nt * n * k / best time
     rel_err: float
-    compile_s: float
+    compile_s: float  # lower + compile of the timed executable (AOT), not its first run
+    samples_us: list[float] = dataclasses.field(default_factory=list)  # every trial, us per call
+    reps: int = 0  # calls unrolled inside the timed executable
+    weight_bytes: int = 0
+
+    @property
+    def avg_us(self) -> float:
+        return float(np.mean(self.samples_us)) if self.samples_us else self.us
+
+    @property
+    def stddev_us(self) -> float:
+        """Sample standard deviation over trials (0 for one trial), as llama-bench's stdev()."""
+        return float(np.std(self.samples_us, ddof=1)) if len(self.samples_us) > 1 else 0.0
+
+
+def kernel_kind(nt: int, impl: str) -> str:
+    """What ops.matmul runs for a quantized weight and nt tokens: "gemv", "gemm" or "xla" (reference)."""
+    from minfer_jax import ops
+
+    if impl == "xla":
+        return "xla"
+    return "gemv" if nt <= ops.GEMV_MAX_NT else "gemm"
+
+
+def dispatch_matmul(qtype: QType, n: int, k: int, impl: str):
+    """matmul(x, planes) through ops.matmul's dispatch (impl "pallas" | "interpret" | "xla")."""
+    from minfer_jax import ops
+    from minfer_jax.model.weights import QWeight
+
+    qt = QType(qtype)
+    impl_ = ops.Impl(kernels=impl)
+    return lambda x, planes: ops.matmul(x, QWeight(planes, qt, (n, k)), impl_)
+
+
+def reference_matmul(qtype: QType, n: int):
+    """The kernels' jnp reference: whole-matrix decode in the compute dtype, one f32-accumulated dot."""
+    from minfer_jax.pallas import tiles
+
+    qt = QType(qtype)
+    return lambda x, planes: tiles.dequant_matmul_reference(x, planes, qtype=qt, n_out=n)
 
 
 def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: str, reps: int = 40,
-             trials: int = 5, seed: int = 0) -> KernelResult:
-    """Time `matmul(x, planes)` and compare one call against `reference(x, planes)`."""
+             trials: int = 5, seed: int = 0, warmup: bool = True) -> KernelResult:
+    """Time `matmul(x, planes)` and compare one call against `reference(x, planes)`.
+
+    One executable runs `reps` unrolled calls, each on its own weight copy; it is compiled ahead
+    of time (compile_s), run once to warm up, then timed `trials` times (block_until_ready
+    around each run); per-call time = run time / reps.
+    """
     key = jax.random.PRNGKey(seed)
     wbytes = weight_nbytes(qtype, n, k)
     # Distinct weights for every call: the executable then streams from HBM, and XLA cannot
@@ -70,25 +116,28 @@ def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: 
     keys = jax.random.split(key, copies + 1)
     weights = [random_planes(kk, qtype, n, k) for kk in keys[:copies]]
     x = jax.random.normal(keys[-1], (nt, k), jnp.float32)
+    jax.block_until_ready((weights, x))
 
-    @jax.jit
     def loop(x, weights):
         # Unrolled: no loop overhead inside the timed executable.
         return [matmul(x, w) for w in weights]
 
     t0 = time.perf_counter()
-    jax.block_until_ready(loop(x, weights))
+    exe = jax.jit(loop).lower(x, weights).compile()
     compile_s = time.perf_counter() - t0
-    best = float("inf")
+    if warmup:
+        jax.block_until_ready(exe(x, weights))
+    samples = []
     for _ in range(trials):
         t0 = time.perf_counter()
-        jax.block_until_ready(loop(x, weights))
-        best = min(best, time.perf_counter() - t0)
-    us = best / reps * 1e6
+        jax.block_until_ready(exe(x, weights))
+        samples.append((time.perf_counter() - t0) / reps * 1e6)
+    us = min(samples)
 
     got = np.asarray(jax.jit(matmul)(x, weights[0]), np.float64)
     ref = np.asarray(jax.jit(reference)(x, weights[0]), np.float64)
     rel = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
     if not np.all(np.isfinite(got)):
         rel = float("nan")
-    return KernelResult(qtype.name, n, k, nt, impl, us, wbytes / us / 1e3, 2.0 * nt * n * k / us / 1e6, rel, compile_s)
+    return KernelResult(QType(qtype).name, n, k, nt, impl, us, wbytes / us / 1e3, 2.0 * nt * n * k / us / 1e6, rel,
+                        compile_s, samples_us=samples, reps=reps, weight_bytes=wbytes)

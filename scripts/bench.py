@@ -1,0 +1,15 @@
+#!/usr/bin/env python3
+"""llama-bench compatible benchmark for minfer_jax (model tests pp/tg/pg, or --kernels).
+
+Thin entry point: the logic lives in minfer_jax/bench.py. Run `python scripts/bench.py --help`.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from minfer_jax.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main())

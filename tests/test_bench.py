@@ -1,0 +1,264 @@
+"""scripts/bench.py / minfer_jax.bench on CPU: output shape and fields (never speed), kernel mode, errors."""
+
+import contextlib
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from minfer_jax import bench
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--synthetic", "qwen2.5-0.5b:q4_0", "--layers", "1"]
+
+
+def run_main(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = bench.main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_persistent_cache():
+    old = os.environ.get("MINFER_COMPILATION_CACHE")
+    os.environ["MINFER_COMPILATION_CACHE"] = "off"  # never write a compilation cache from tests
+    yield
+    if old is None:
+        os.environ.pop("MINFER_COMPILATION_CACHE", None)
+    else:
+        os.environ["MINFER_COMPILATION_CACHE"] = old
+
+
+# ------------------------------------------------------------------------------------------ model mode
+
+@pytest.fixture(scope="module")
+def model_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    paths = {ext: str(d / f"rows.{ext}") for ext in ("json", "csv", "jsonl", "md")}
+    argv = TINY + ["-p", "16", "-n", "4", "-pg", "16,4", "-r", "2", "-o", "md"] + [
+        a for p in paths.values() for a in ("--out", p)]
+    rc, out, err = run_main(argv)
+    files = {}
+    for ext, p in paths.items():
+        with open(p, encoding="utf-8") as fh:
+            files[ext] = fh.read()
+    return rc, out, err, files
+
+
+def test_model_md(model_run):
+    rc, out, err, files = model_run
+    assert rc == 0, err
+    assert files["md"] == out  # --out FILE.md holds exactly what stdout got
+    lines = out.splitlines()
+    assert lines[0].startswith("minfer_jax bench (model) | ")
+    for part in ("device: cpu", "jax ", "kernels: xla", "cmd: scripts/bench.py --synthetic qwen2.5-0.5b:q4_0"):
+        assert part in lines[0]
+    table = [ln for ln in lines if ln.startswith("|")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    assert head[:7] == ["model", "size", "params", "backend", "threads", "test", "t/s"]  # llama-bench, CPU backend
+    for col in ("compile s", "GB/s", "% bw", "peak mem", "ctx", "bucket"):
+        assert col in head
+    assert set(table[1].replace("|", "").replace(" ", "")) <= set("-:")
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in table[2:]]
+    assert [r[head.index("test")] for r in rows] == ["pp16", "tg4", "pp16+tg4"]
+    for r in rows:
+        assert r[0] == "qwen2 ?B Q4_0"  # llama_model_desc: 1 layer is no known size
+        assert r[1].endswith("MiB") and r[2].endswith(" M")
+        assert " ± " in r[head.index("t/s")]
+    assert rows[1][head.index("GB/s")] not in ("-", "n/a")
+    assert lines[-1].startswith("build: ")
+
+
+def test_model_json(model_run):
+    rc, _, err, files = model_run
+    assert rc == 0, err
+    rows = json.loads(files["json"])
+    assert len(rows) == 3
+    for r in rows:
+        keys = list(r)
+        assert keys[:len(bench.LLAMA_BENCH_FIELDS)] == bench.LLAMA_BENCH_FIELDS  # llama-bench's fields, in order
+        assert keys[-2:] == ["samples_ns", "samples_ts"]
+        assert isinstance(r["avg_ns"], int) and isinstance(r["avg_ts"], float)
+        assert isinstance(r["flash_attn"], bool) and isinstance(r["n_prompt"], int)
+        assert r["backends"] == "JAX-CPU" and r["model_type"] == "qwen2 ?B Q4_0"
+        assert r["model_filename"] == "synthetic:qwen2.5-0.5b:q4_0:layers=1"
+        assert len(r["samples_ns"]) == len(r["samples_ts"]) == 2
+        n_tok = r["n_prompt"] + r["n_gen"]
+        assert r["avg_ns"] == sum(r["samples_ns"]) // 2
+        assert r["avg_ts"] == pytest.approx(np.mean([1e9 * n_tok / s for s in r["samples_ns"]]))
+        assert r["stddev_ts"] == pytest.approx(np.std(r["samples_ts"], ddof=1))
+        assert r["compile_s"] > 0 and r["jax_version"] and r["kernels"] == "xla"
+    pp, tg, pg = rows
+    assert (pp["n_prompt"], pp["n_gen"], pp["n_ctx"], pp["bucket"]) == (16, 0, 16, 16)
+    assert (tg["n_prompt"], tg["n_gen"], tg["n_ctx"], tg["bucket"]) == (0, 4, 4, None)
+    assert (pg["n_prompt"], pg["n_gen"], pg["n_ctx"], pg["bucket"]) == (16, 4, 32, 16)
+    assert [r["test"] for r in rows] == ["pp16", "tg4", "pp16+tg4"]
+    assert tg["weight_gbps"] > 0 and pp["weight_gbps"] is None and pg["weight_gbps"] is None
+    assert pp["matmul_tflops"] > 0
+    assert tg["weight_gbps"] == pytest.approx(tg["weight_bytes_per_token"] * 4 / (tg["avg_ns"] * 1e-9) / 1e9)
+    from minfer_jax.synthetic import synthetic_model
+
+    gm = synthetic_model("qwen2.5-0.5b:q4_0", layers=1)
+    assert pp["model_size"] == sum(t.nbytes for t in gm.tensors.values())
+    assert pp["model_n_params"] == sum(int(np.prod(t.shape)) for t in gm.tensors.values())
+
+
+def test_model_csv_jsonl(model_run):
+    rc, _, err, files = model_run
+    assert rc == 0, err
+    lines = files["csv"].splitlines()
+    assert lines[0].split(",") == bench.MODEL_FIELDS
+    assert all(ln.startswith('"') and ln.endswith('"') for ln in lines[1:])  # llama-bench quotes every value
+    rows = list(csv.DictReader(io.StringIO(files["csv"])))
+    assert [(r["n_prompt"], r["n_gen"]) for r in rows] == [("16", "0"), ("0", "4"), ("16", "4")]
+    assert rows[0]["flash_attn"] == "0" and rows[1]["weight_gbps"] != "" and rows[0]["weight_gbps"] == ""
+    jl = [json.loads(ln) for ln in files["jsonl"].splitlines()]
+    assert [r["test"] for r in jl] == ["pp16", "tg4", "pp16+tg4"]
+
+
+def test_write_gguf(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    rc, out, err = run_main(TINY + ["--write-gguf", str(path)])
+    assert rc == 0, err
+    assert out == ""  # no -p/-n/-pg given: write, then exit
+    from minfer_jax.gguf import load_gguf
+    from minfer_jax.synthetic import synthetic_model
+
+    back, mem = load_gguf(str(path)), synthetic_model("qwen2.5-0.5b:q4_0", layers=1)
+    assert back.config == mem.config
+    assert {n: (t.qtype, t.shape) for n, t in back.tensors.items()} == {n: (t.qtype, t.shape) for n, t in mem.tensors.items()}
+    assert bench.model_type(back) == bench.model_type(mem)
+
+
+# ------------------------------------------------------------------------------------------ kernel mode
+
+@pytest.mark.parametrize("impl,kinds,tol", [("xla", ["xla", "xla"], 0.0), ("interpret", ["gemv", "gemm"], 1e-3)])
+def test_kernel_mode(impl, kinds, tol):
+    rc, out, err = run_main(["--shapes", "q4_0:128x256", "--nt", "1,16", "-r", "2", "--kernel-impl", impl,
+                             "--kernel-reps", "2", "-o", "json", "--mem-bw", "100"])
+    assert rc == 0, err
+    assert "minfer_jax bench (kernels)" in err  # the header line goes to stderr for json
+    rows = json.loads(out)
+    assert [r["nt"] for r in rows] == [1, 16]
+    assert [r["kernel"] for r in rows] == kinds
+    for r in rows:
+        assert list(r)[:-1] == bench.KERNEL_FIELDS and len(r["samples_us"]) == 2
+        assert (r["qtype"], r["n_out"], r["n_in"], r["impl"], r["reps"]) == ("Q4_0", 128, 256, impl, 2)
+        assert r["weight_bytes"] == 128 * 256 // 2 + 128 * 256 // 32 * 2
+        assert r["avg_us"] > 0 and r["best_us"] <= max(r["samples_us"]) and r["compile_s"] > 0
+        assert r["rel_err"] <= tol
+        assert r["gbps"] == pytest.approx(r["weight_bytes"] / r["avg_us"] / 1e3)
+        assert r["pct_mem_bw"] == pytest.approx(r["gbps"])  # --mem-bw 100 GB/s
+        assert r["tflops"] == pytest.approx(2 * r["nt"] * 128 * 256 / r["avg_us"] / 1e6)
+        assert r["ggml_us"] is None
+
+
+def test_kernel_mode_md():
+    rc, out, err = run_main(["--shapes", "q8_0:128x64", "--nt", "2", "-r", "1", "--kernel-reps", "2", "--mem-bw", "none"])
+    assert rc == 0, err
+    table = [ln for ln in out.splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    assert head[:6] == ["type", "out x in", "nt", "kernel", "tensors", "us"]
+    row = [c.strip() for c in table[2].strip("|").split("|")]
+    assert row[:4] == ["Q8_0", "128 x 64", "2", "xla"] and row[head.index("% bw")] == "n/a"
+
+
+def test_model_kernel_cases():
+    types_, shapes, tied, label = bench._synthetic_shapes("qwen2.5-7b:q4_k_m", None)
+    cases = bench.model_matmul_cases(types_, shapes, tied, [1, 512], label)
+    assert sum(c.count for c in cases) == 7 * 28 + 1  # every layer matrix + the head, once each
+    assert len({(c.qtype, c.n, c.k) for c in cases}) == len(cases)
+    by = {(c.qtype.name, c.n, c.k): c for c in cases}
+    assert by[("Q4_K", 3584, 3584)].tensors == "attn_q x28, attn_output x28"
+    assert by[("Q6_K", 152064, 3584)].tensors == "output"
+    assert {c.qtype.name for c in cases if "ffn_down" in c.tensors} == {"Q4_K", "Q6_K"}
+    assert all(c.nts == (1, 512) for c in cases)
+    # tied head (0.5B): token_embd is the head's matrix
+    t2, s2, tied2, _ = bench._synthetic_shapes("qwen2.5-0.5b:q4_k_m", 2)
+    assert tied2 and any(c.tensors == "output" and c.n == 151936 for c in bench.model_matmul_cases(t2, s2, tied2, [1], ""))
+
+
+def test_ggml_cases():
+    cases = bench.ggml_cases(None)
+    assert sum(len(c.nts) for c in cases) == 13  # the 13 rows of PERF_TARGETS.md's ggml table
+    assert {(c.qtype.name, c.n, c.k) for c in cases} >= {("Q4_K", 4096, 4096), ("Q4_K", 14336, 4096)}
+    assert all(c.nts == (1,) for c in bench.ggml_cases([1]))
+
+
+# ------------------------------------------------------------------------------------------ parsing, names
+
+def test_parse_helpers():
+    assert bench.parse_int_range("128,512") == [128, 512]
+    assert bench.parse_int_range("16-128*2") == [16, 32, 64, 128]
+    assert bench.parse_int_range("1-3,8-16+4") == [1, 2, 3, 8, 12, 16]
+    assert bench.parse_pg("512,128") == (512, 128)
+    assert [t.name for t in bench.build_tests([512, 0], [128], [(512, 128)])] == ["pp512", "tg128", "pp512+tg128"]
+    assert bench.pow2ceil(1) == 1 and bench.pow2ceil(20) == 32 and bench.pow2ceil(512) == 512
+    assert [(q.name, n, k) for q, n, k in bench.parse_shapes("q4_k:4096x14336,Q8_0:4096x14336")] == [
+        ("Q4_K", 4096, 14336), ("Q8_0", 4096, 14336)]
+
+
+def test_model_type_names():
+    from minfer_jax.synthetic import SYNTHETIC_CONFIGS
+
+    def desc(cfg_name, ftype):
+        return bench.model_type(types.SimpleNamespace(config=SYNTHETIC_CONFIGS[cfg_name], metadata={
+            "general.architecture": "qwen2", "general.file_type": ftype}))
+
+    assert desc("qwen2.5-7b", 15) == "qwen2 7B Q4_K - Medium"
+    assert desc("qwen2.5-0.5b", 15) == "qwen2 1B Q4_K - Medium"  # llama.cpp's name for 24 layers, n_embd 896
+    assert desc("qwen2.5-1.5b", 2) == "qwen2 1.5B Q4_0"
+    assert desc("qwen2.5-14b", 7) == "qwen2 14B Q8_0"
+    assert desc("qwen2.5-3b", 15 | 1024) == "qwen2 3B Q4_K - Medium (guessed)"
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--synthetic", "qwen2.5-9b:q4_k_m"], "bad synthetic model spec"),
+    (["--synthetic", "qwen2.5-7b:q9_z"], "bad synthetic model spec"),
+    (["-m", "/nonexistent/model.gguf"], "not found"),
+    (TINY + ["-p", "64", "-c", "32"], "more than -c 32"),
+    (TINY + ["-n", "40", "-c", "32"], "more than -c 32"),
+    (TINY + ["-p", "40000"], "trained context"),
+    (TINY + ["-p", "abc"], "-p"),
+    (TINY + ["-pg", "512"], "-pg"),
+    (TINY + ["-r", "0"], "-r"),
+    (["--shapes", "q4_0:128x100"], "block"),
+    (["--shapes", "zz9:128x256"], "unknown weight type"),
+    (["--shapes", "q4_0-128x256"], "TYPE:OUTxIN"),
+    (["--shapes", "q4_0:128x256", "--nt", "0"], "--nt"),
+    (["--shapes", "q4_0:128x256", "--kernel-impl", "pallas"], "needs a GPU"),
+    (["--shapes", "q4_0:128x256", "--kernel-impl", "cuda"], "invalid choice"),
+    ([], "give -m MODEL or --synthetic"),
+    (["--kernels"], "--kernels needs"),
+    (["--bogus-flag"], "unrecognized"),
+    (["-m", "/tmp/x.gguf", "--layers", "2"], "--layers"),
+    (["--synthetic", "qwen2.5-0.5b:q4_0,qwen2.5-1.5b:q4_0", "--write-gguf", "/tmp/never.gguf"], "exactly one"),
+])
+def test_errors(argv, needle):
+    rc, out, err = run_main(argv)
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench.py: error: ") and needle in lines[0], err
+
+
+def test_script_help_and_error_exit_code():
+    script = os.path.join(REPO, "scripts", "bench.py")
+    r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    for flag in ("-p", "-n", "-pg", "-r", "-o", "--out", "--synthetic", "--layers", "--write-gguf", "--kernels",
+                 "--shapes", "--ggml-shapes", "--nt", "--kernel-impl", "-c"):
+        assert flag in r.stdout
+    r = subprocess.run([sys.executable, script, "--synthetic", "nope"], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
