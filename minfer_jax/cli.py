@@ -1,0 +1,548 @@
+"""`minfer-generate` (also `python scripts/generate.py`): text generation from the command line.
+
+Flags follow llama.cpp's spelling (-m, -p, -f, -n, -c, -s, --temp, --top-k, ...). Generated text
+goes to stdout, streamed chunk by chunk; everything else (progress bar, "compiling ...", the
+timing summary, --verbose details, errors) goes to stderr, so `minfer-generate ... > out.txt`
+captures only the model's text.
+
+Prompt sources, in order: -p TEXT, -f FILE, stdin when it is not a terminal. With --chat and
+none of them (stdin a terminal) the CLI runs an interactive multi-turn chat. Piped stdin with
+--chat is one chat turn (the whole of stdin is the user message), not an interactive session.
+
+User errors (bad flags, a missing model, a broken GGUF, a prompt longer than the context) print
+one `error: ...` line on stderr and exit with status 2. Ctrl-C exits with 130 (in the interactive
+chat it only stops the current reply).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import math
+import os
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from minfer_jax import engine as gen
+from minfer_jax.errors import ContextOverflowError, MinferError
+from minfer_jax.gguf import load_gguf
+from minfer_jax.model_source import resolve_model
+from minfer_jax.runtime import load  # module attributes: tests substitute an already loaded model
+
+PROG = "minfer-generate"
+DEFAULT_N_PREDICT = 128
+DEFAULT_CTX = 4096
+CHUNK = 16  # tokens per on-device decode call: text streams out once per chunk
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+DESCRIPTION = """\
+Generate text with a Qwen2-family GGUF model (JAX; Pallas kernels on a GPU).
+Generated text is streamed to stdout; progress, timings and errors go to stderr."""
+
+EPILOG = """\
+examples:
+  %(prog)s -p "def fibonacci(n):" -n 64 --temp 0
+  %(prog)s -m model.gguf --chat -p "Write a haiku about JAX"
+  %(prog)s --chat                       # interactive chat (/exit or Ctrl-D quits)
+  echo "import numpy as np" | %(prog)s -n 32 -s 42
+
+The default model is the built-in Qwen2.5-Coder-0.5B-Instruct Q4_K_M (the `model` extra).
+-m also takes a local .gguf path or hf:<repo>:<file> (needs huggingface_hub).
+A prompt from -f or stdin loses one trailing newline, as in llama.cpp.
+With --chat and stdin piped (not a terminal), stdin is one user message (no interactive loop).
+"""
+
+
+class _UsageError(Exception):
+    """A bad command line: reported as one `error:` line, exit status 2."""
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sys.stdout.write(_version() + "\n")
+        raise SystemExit(0)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints usage + message and exits; we want one line
+        raise _UsageError(f"{message} (see --help)")
+
+
+def _version() -> str:
+    import jax
+
+    from minfer_jax import __version__
+
+    return f"{PROG} {__version__} (jax {jax.__version__}, default backend {jax.default_backend()})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    m = p.add_argument_group("model")
+    m.add_argument("-m", "--model", metavar="REF", default=None,
+                   help="GGUF path, 'default' or hf:<repo>:<file> (default: the built-in model)")
+    m.add_argument("-c", "--ctx-size", type=int, default=DEFAULT_CTX, metavar="N",
+                   help=f"context size in tokens, prompt + reply (default {DEFAULT_CTX}; 0 = the model's trained "
+                        "context; larger values are clamped to it)")
+    m.add_argument("--backend", "--kernels", dest="backend", default="auto",
+                   choices=("auto", "pallas", "interpret", "xla"),
+                   help="quantized matmul implementation: pallas (GPU kernels), interpret (the same kernels in "
+                        "Pallas' interpreter, slow), xla (dequantize + XLA dot); auto = pallas on a GPU, else xla")
+
+    q = p.add_argument_group("prompt")
+    src = q.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", metavar="TEXT", help="the prompt (else -f, else stdin if it is piped)")
+    src.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE")
+    q.add_argument("--chat", action="store_true",
+                   help="apply the model's chat template; without a prompt on a terminal: interactive chat")
+    q.add_argument("-sys", "--system-prompt", metavar="TEXT", default=None,
+                   help="system message for chat mode (implies --chat)")
+    q.add_argument("--display-prompt", action=argparse.BooleanOptionalAction, default=False,
+                   help="echo the prompt before the completion (plain completion mode only; default: off)")
+
+    g = p.add_argument_group("generation")
+    g.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
+                   help=f"tokens to generate (default {DEFAULT_N_PREDICT}; -1 = until end of text or a full context)")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when TEXT is generated (not printed); repeatable")
+    g.add_argument("--temp", type=float, default=0.8, metavar="T", help="temperature (default 0.8; 0 = greedy)")
+    g.add_argument("--top-k", type=int, default=40, metavar="K", help="top-k sampling (default 40; 0 = off)")
+    g.add_argument("--top-p", type=float, default=0.95, metavar="P", help="top-p sampling (default 0.95; 1 = off)")
+    g.add_argument("--min-p", type=float, default=0.05, metavar="P", help="min-p sampling (default 0.05; 0 = off)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, metavar="X",
+                   help="penalize repeated tokens (default 1.0 = off)")
+    g.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
+                   help="tokens of history the repeat penalty looks at (default 64; -1 = the context size)")
+    g.add_argument("-s", "--seed", type=int, default=-1, metavar="SEED",
+                   help="random seed, 0..2^32-1 (default -1: random; --verbose prints it)")
+
+    o = p.add_argument_group("output")
+    o.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="print the text when generation ends instead of streaming it")
+    o.add_argument("-v", "--verbose", action="store_true",
+                   help="print model, backend, seed and sampler details on stderr")
+    o.add_argument("--version", action=_VersionAction)
+    return p
+
+
+# -------------------------------------------------------------------------------------------------
+# entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 usage/model/prompt error, 130 interrupted)."""
+    parser = build_parser()
+    err = sys.stderr
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as e:
+        return _fail(err, str(e))
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(errors="replace")  # never die on a character the terminal cannot show
+    try:
+        return _run(args, sys.stdout, err)
+    except (_UsageError, MinferError, ValueError) as e:
+        return _fail(err, str(e))
+    except KeyboardInterrupt:
+        _newline_if_needed(sys.stdout)
+        err.write("interrupted\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `minfer-generate ... | head`: stop quietly
+        with contextlib.suppress(Exception):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _fail(err, message: str) -> int:
+    line = " ".join(message.split()) or "unknown error"
+    err.write(f"error: {line}\n")
+    err.flush()
+    return EXIT_USAGE
+
+
+# -------------------------------------------------------------------------------------------------
+# the run
+
+
+def _validate(args) -> None:
+    if args.n_predict < -1:
+        raise _UsageError(f"-n/--n-predict must be -1 (unlimited) or >= 0, got {args.n_predict}")
+    if args.ctx_size < 0:
+        raise _UsageError(f"-c/--ctx-size must be >= 0 (0 = the model's trained context), got {args.ctx_size}")
+    if not math.isfinite(args.temp):
+        raise _UsageError(f"--temp must be a finite number, got {args.temp}")
+    if args.top_k < 0:
+        raise _UsageError(f"--top-k must be >= 0 (0 = off), got {args.top_k}")
+    if not 0.0 < args.top_p <= 1.0:
+        raise _UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not 0.0 <= args.min_p <= 1.0:
+        raise _UsageError(f"--min-p must be in [0, 1], got {args.min_p}")
+    if not (math.isfinite(args.repeat_penalty) and args.repeat_penalty > 0):
+        raise _UsageError(f"--repeat-penalty must be > 0, got {args.repeat_penalty}")
+    if args.repeat_last_n < -1:
+        raise _UsageError(f"--repeat-last-n must be -1 (the context size) or >= 0, got {args.repeat_last_n}")
+    if not -1 <= args.seed < 2**32:
+        raise _UsageError(f"-s/--seed must be -1 (random) or in 0..{2**32 - 1}, got {args.seed}")
+
+
+def _stdin_is_tty() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def _strip_one_newline(text: str) -> str:
+    return text.removesuffix("\r\n") if text.endswith("\r\n") else text.removesuffix("\n")
+
+
+def _read_prompt(args, chat: bool) -> str | None:
+    """The prompt text, or None for an interactive chat."""
+    if args.prompt is not None:
+        return args.prompt
+    if args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                return _strip_one_newline(f.read())
+        except OSError as e:
+            raise _UsageError(f"cannot read prompt file {args.file}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise _UsageError(f"prompt file {args.file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if sys.stdin is not None and not _stdin_is_tty():
+        return _strip_one_newline(sys.stdin.read())
+    if chat:
+        return None
+    raise _UsageError("no prompt: give -p TEXT or -f FILE, pipe text on stdin, or use --chat for an interactive chat")
+
+
+def _choose_ctx(requested: int, trained: int, err) -> int:
+    if requested == 0:
+        return trained
+    if requested > trained:
+        err.write(f"warning: -c {requested} is larger than the model's trained context; using {trained}\n")
+        return trained
+    return requested
+
+
+def _make_sampler(args, ctx: int):
+    from minfer_jax.sampling import GREEDY, Sampler
+
+    last_n = ctx if args.repeat_last_n == -1 else args.repeat_last_n
+    if args.temp <= 0:  # greedy: the filters do not matter, so every greedy run shares one executable
+        return dataclasses.replace(GREEDY, repeat_penalty=args.repeat_penalty, repeat_last_n=last_n)
+    return Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                   repeat_penalty=args.repeat_penalty, repeat_last_n=last_n)
+
+
+def _run(args, out, err) -> int:
+    import jax
+
+    _validate(args)
+    chat = args.chat or args.system_prompt is not None
+    prompt = _read_prompt(args, chat)
+    seed = args.seed if args.seed >= 0 else secrets.randbelow(2**32)
+    kernels = None if args.backend == "auto" else args.backend
+    if kernels == "pallas" and jax.default_backend() != "gpu":
+        raise _UsageError(f"--backend pallas needs a GPU (this JAX runs on {jax.default_backend()}); "
+                          "use --backend xla or interpret")
+    progress = bool(getattr(err, "isatty", lambda: False)())
+
+    t0 = time.perf_counter()
+    path = resolve_model(args.model, progress=progress)
+    gguf_model = load_gguf(path)
+    trained = gguf_model.config.context_length
+    ctx = _choose_ctx(args.ctx_size, trained, err)
+    sampler = _make_sampler(args, ctx)
+    model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress)
+    load_s = time.perf_counter() - t0
+    if model.tokenizer is None:
+        raise MinferError(f"{path}: the GGUF has no tokenizer metadata (tokenizer.ggml.*); the CLI needs one")
+    max_len = min(ctx, model.ctx_size)
+    if args.verbose:
+        cfg = model.config
+        name = gguf_model.metadata.get("general.name", os.path.basename(path))
+        err.write(f"model: {name} ({path})\n"
+                  f"  {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads}/{cfg.n_kv_heads} heads, "
+                  f"vocab {cfg.vocab_size}, trained context {trained}\n"
+                  f"backend: {jax.default_backend()}, kernels {model.impl.kernels}, weights {model.weight_mode} "
+                  f"({model.weight_nbytes / 2**20:.0f} MiB), context {max_len}, loaded in {load_s:.1f} s\n"
+                  f"seed: {seed}\n"
+                  f"sampler: {_describe_sampler(sampler)}\n")
+    session = _Session(model=model, sampler=sampler, seed=seed, max_len=max_len, n_predict=args.n_predict,
+                       stop=tuple(args.stop), stream=args.stream, out=out, err=err, verbose=args.verbose)
+    tok = model.tokenizer
+    base = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
+    if prompt is None:
+        return _interactive(session, base)
+
+    if chat:
+        ids = tok.encode(tok.apply_chat_template(base + [{"role": "user", "content": prompt}]), add_special=False)
+    else:
+        ids = tok.encode(prompt)
+        if args.display_prompt:
+            session.write(prompt)
+    result = session.generate(ids)
+    if not args.stream:
+        session.write(result.text)
+    _newline_if_needed(out, session)
+    err.write(_summary(session.totals))
+    err.flush()
+    return 0
+
+
+def _describe_sampler(s) -> str:
+    if s.greedy:
+        desc = "greedy"
+    else:
+        desc = f"temp {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, min-p {s.min_p}"
+    if s.repeat_penalty != 1.0:
+        desc += f", repeat-penalty {s.repeat_penalty} over the last {s.repeat_last_n} tokens"
+    return desc
+
+
+def _newline_if_needed(out, session: _Session | None = None) -> None:
+    with contextlib.suppress(Exception):
+        if session is None or (session.wrote_any and not session.last_char_newline):
+            out.write("\n")
+        out.flush()
+
+
+# -------------------------------------------------------------------------------------------------
+# generation with compile messages and timing
+
+
+@dataclasses.dataclass
+class _Totals:
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    generated: int = 0
+    decode_tokens: int = 0  # generated tokens that came out of decode (the first comes from prefill)
+    decode_s: float = 0.0
+    compile_s: float = 0.0
+    stop_reason: str = "-"
+    turns: int = 0
+
+    def add(self, other: _Totals) -> None:
+        for f in dataclasses.fields(self):
+            if f.name != "stop_reason":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        self.stop_reason = other.stop_reason
+
+
+def _rate(n: int, s: float) -> str:
+    return f"{n / s:.1f} tok/s" if s > 0 and n > 0 else "n/a tok/s"
+
+
+def _summary(t: _Totals) -> str:
+    return (f"prompt: {t.prompt_tokens} tokens, {_rate(t.prompt_tokens, t.prefill_s)} ({t.prefill_s:.2f} s) | "
+            f"generated: {t.generated} tokens, {_rate(t.decode_tokens, t.decode_s)} ({t.decode_s:.2f} s)\n"
+            f"compile: {t.compile_s:.2f} s | stop: {t.stop_reason}\n")
+
+
+@dataclasses.dataclass(eq=False)
+class _Session:
+    model: object
+    sampler: object
+    seed: int
+    max_len: int
+    n_predict: int
+    stop: tuple
+    stream: bool
+    out: object
+    err: object
+    verbose: bool
+    totals: _Totals = dataclasses.field(default_factory=_Totals)
+    last: _Totals | None = None
+    partial: list = dataclasses.field(default_factory=list)  # text streamed by the current reply
+    wrote_any: bool = False
+    last_char_newline: bool = False
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        self.out.write(text)
+        self.out.flush()
+        self.wrote_any = True
+        self.last_char_newline = text.endswith("\n")
+
+    def _on_text(self, text: str) -> None:
+        self.partial.append(text)
+        self.write(text)
+
+    def generate(self, ids: Sequence[int], *, turn: int = 0):
+        n = len(ids)
+        if n == 0:
+            raise ValueError("the prompt is empty (it encodes to no tokens)")
+        if n >= self.max_len:
+            raise ContextOverflowError(
+                f"the prompt is {n} tokens but the context (-c) holds {self.max_len}, which leaves no room to "
+                f"generate; use a larger -c or a shorter prompt")
+        max_new = self.n_predict if self.n_predict >= 0 else self.max_len
+        self.partial = []
+        compile_s = self._ensure_compiled(n, max_new)
+        result = gen.run_generation(self.model, ids, max_new_tokens=max_new, sampler=self.sampler,
+                                    seed=(self.seed + turn) % 2**32, stop=self.stop,
+                                    on_text=self._on_text if self.stream else None, chunk=CHUNK,
+                                    max_len=self.max_len)
+        self.last = _Totals(prompt_tokens=result.n_prompt, prefill_s=result.prefill_s,
+                            generated=len(result.tokens), decode_tokens=max(len(result.tokens) - 1, 0),
+                            decode_s=result.decode_s, compile_s=compile_s + result.compile_s,
+                            stop_reason=result.stop_reason, turns=1)
+        self.totals.add(self.last)
+        return result
+
+    def _ensure_compiled(self, n: int, max_new: int) -> float:
+        """Compile the executables this generation needs up front, with a message on stderr."""
+        model, sampler, max_len = self.model, self.sampler, self.max_len
+        bucket = gen.bucket_for(n, max_len)
+        compiled = getattr(model, "_compiled", {})
+        todo = []
+        if ("prefill", bucket, max_len, sampler) not in compiled:
+            todo.append(("prefill", lambda: model.prefill_executable(bucket, max_len, sampler)))
+        if max_new > 1 and ("decode", CHUNK, max_len, sampler) not in compiled:
+            todo.append(("decode", lambda: model.decode_executable(CHUNK, max_len, sampler)))
+        if not todo:
+            return 0.0
+        what = " + ".join(f"prefill [{bucket}]" if k == "prefill" else f"decode [{CHUNK}]" for k, _ in todo)
+        with _Spinner(self.err, f"compiling {what} (context {max_len})") as spin:
+            for _, build in todo:
+                build()
+        return spin.elapsed
+
+
+class _Spinner:
+    """'compiling ...' on stderr: an animated line on a terminal, two plain lines otherwise."""
+
+    def __init__(self, err, message: str):
+        self.err, self.message = err, message
+        self.animate = bool(getattr(err, "isatty", lambda: False)())
+        self._stop = threading.Event()
+        self._thread = None
+        self.elapsed = 0.0
+
+    def _spin(self):
+        for ch in itertools.cycle("|/-\\"):
+            with contextlib.suppress(Exception):
+                self.err.write(f"\r{self.message} ... {ch} {time.perf_counter() - self._t0:4.0f} s")
+                self.err.flush()
+            if self._stop.wait(0.2):
+                return
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        if self.animate:
+            self._thread = threading.Thread(target=self._spin, daemon=True)
+            self._thread.start()
+        else:
+            self.err.write(f"{self.message} ...\n")
+            self.err.flush()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.elapsed = time.perf_counter() - self._t0
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        status = f"done in {self.elapsed:.1f} s" if exc_type is None else "interrupted"
+        if self.animate:
+            self.err.write(f"\r\033[K{self.message} ... {status}\n")
+        else:
+            self.err.write(f"compiled in {self.elapsed:.1f} s\n" if exc_type is None else "compile interrupted\n")
+        self.err.flush()
+        return False
+
+
+# -------------------------------------------------------------------------------------------------
+# interactive chat
+
+
+_input = input  # tests replace this
+
+
+def _read_message() -> str:
+    """One user message; a line ending in a backslash continues on the next line."""
+    lines = []
+    prompt = "> "
+    while True:
+        line = _input(prompt)
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            prompt = ". "
+            continue
+        lines.append(line)
+        return "\n".join(lines)
+
+
+def _interactive(session: _Session, base: list[dict]) -> int:
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401  (line editing and history for input())
+    err = session.err
+    tok = session.model.tokenizer
+    err.write("interactive chat: /exit or Ctrl-D quits, /reset clears the history, Ctrl-C stops a reply; "
+              "end a line with \\ to continue it\n")
+    err.flush()
+    history = list(base)
+    turn = 0
+    while True:
+        try:
+            text = _read_message()
+        except EOFError:
+            session.write("\n")
+            break
+        except KeyboardInterrupt:  # Ctrl-C at the prompt drops the line being typed
+            session.write("\n")
+            continue
+        command = text.strip()
+        if not command:
+            continue
+        if command in ("/exit", "/quit"):
+            break
+        if command == "/reset":
+            history = list(base)
+            err.write("(history cleared)\n")
+            continue
+        history.append({"role": "user", "content": text})
+        ids = tok.encode(tok.apply_chat_template(history), add_special=False)
+        try:
+            result = session.generate(ids, turn=turn)
+            reply = result.text
+            if not session.stream:
+                session.write(reply)
+        except ContextOverflowError as e:
+            history.pop()
+            err.write(f"error: {' '.join(str(e).split())} (/reset clears the history)\n")
+            err.flush()
+            continue
+        except KeyboardInterrupt:
+            reply = "".join(session.partial)  # keep what the user saw as the assistant's turn
+            session.write("\n")
+            err.write("[reply interrupted]\n")
+            err.flush()
+            history.append({"role": "assistant", "content": reply})
+            turn += 1
+            continue
+        history.append({"role": "assistant", "content": reply})
+        turn += 1
+        session.write("\n")
+        if session.verbose:
+            err.write(_summary(session.last))
+            err.flush()
+    if session.totals.turns:
+        err.write(f"{session.totals.turns} replies; totals:\n" + _summary(session.totals))
+        err.flush()
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
