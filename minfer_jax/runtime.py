@@ -173,7 +173,7 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     if progress:
         from tqdm import tqdm
 
-        bar = functools.partial(tqdm, desc="loading weights", unit="tensor", leave=False)
+        bar = functools.partial(tqdm, desc="loading weights", unit="layer", leave=False)
     opts = LoadOptions(mode=mode, dense_dtype=dense_dtype, wide_dtype=wide_dtype)
     params = load_params(gguf_model, opts, device=device, progress=bar)
     tokenizer = Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None

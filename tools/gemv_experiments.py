@@ -67,20 +67,22 @@ def _q4_fma_kernel(bn, g, n_steps):
     return kernel
 
 
-def q4_fma(x, qs, d, bn=32, g=8, nw=4, ns=1):
+def q4_fma(x, qs, d, bn=32, g=8, nw=4, ns=1, splits=1):
     n, G, _ = qs.shape
+    gs = G // splits
     x2 = x.reshape(G, 32)
-    return pl.pallas_call(
-        _q4_fma_kernel(bn, g, G // g),
-        out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
-        grid=(n // bn,),
-        in_specs=[pl.BlockSpec((G, 32), lambda i: (0, 0)),
-                  pl.BlockSpec((bn, G, 16), lambda i: (i, 0, 0)),
-                  pl.BlockSpec((bn, G), lambda i: (i, 0))],
-        out_specs=pl.BlockSpec((bn,), lambda i: (i,)),
+    out = pl.pallas_call(
+        _q4_fma_kernel(bn, g, gs // g),
+        out_shape=jax.ShapeDtypeStruct((splits, n), jnp.float32),
+        grid=(n // bn, splits),
+        in_specs=[pl.BlockSpec((gs, 32), lambda i, s: (s, 0)),
+                  pl.BlockSpec((bn, gs, 16), lambda i, s: (i, s, 0)),
+                  pl.BlockSpec((bn, gs), lambda i, s: (i, s))],
+        out_specs=pl.BlockSpec((None, bn), lambda i, s: (s, i)),
         compiler_params=pltriton.CompilerParams(num_warps=nw, num_stages=ns),
         interpret=INTERPRET,
-    )(x2, qs, d)[None]
+    )(x2, qs, d)
+    return out.sum(0)[None]
 
 
 # --- E3: 3D tile, tensor-core dots on lo/hi halves, nt <= 16 ------------------------------------
@@ -150,7 +152,7 @@ def f16_fma(x, w, bn=16, bk=256, nw=4, ns=1):
 
 def main():
     reps = 2 if INTERPRET else 20
-    n, k = (256, 1024) if INTERPRET else (N, K)
+    n, k = (256, 14336) if INTERPRET else (N, K)
     keys = jax.random.split(jax.random.PRNGKey(0), reps + 1)
     x1 = jax.random.normal(keys[-1], (1, k))
     x8 = jax.random.normal(keys[-1], (8, k))
@@ -168,17 +170,10 @@ def main():
         except Exception as e:
             print(f"{name:40s} FAILED {type(e).__name__}: {str(e)[:400]}", flush=True)
 
-    for bn, g, nw in [(16, 8, 4), (32, 8, 4), (32, 16, 4), (64, 8, 4), (32, 8, 8), (64, 16, 8), (128, 8, 8)]:
-        report(f"q4 fma bn={bn} g={g} nw={nw}", functools.partial(q4_fma, bn=bn, g=g, nw=nw), x1, ref1, qbytes, q4)
-    for bn, g, nw, ns in [(32, 8, 4, 1), (64, 8, 4, 1), (64, 16, 4, 1), (128, 8, 4, 1), (64, 8, 8, 1), (64, 8, 4, 2), (128, 16, 8, 1)]:
-        report(f"q4 dot nt=1 bn={bn} g={g} nw={nw} ns={ns}", functools.partial(q4_dot, bn=bn, g=g, nw=nw, ns=ns), x1, ref1, qbytes, q4)
-    for bn, g, nw, ns in [(64, 8, 4, 1), (128, 8, 4, 1)]:
-        report(f"q4 dot nt=8 bn={bn} g={g} nw={nw} ns={ns}", functools.partial(q4_dot, bn=bn, g=g, nw=nw, ns=ns), x8, ref8, qbytes, q4)
-    w16 = [(jax.random.normal(kk, (n, k)) * 1e-2).astype(jnp.float16) for kk in keys[:reps]]
-    ref = x1 @ w16[0].astype(jnp.float32).T
-    for bn, bk, nw in [(16, 256, 4), (32, 256, 4), (8, 512, 4), (16, 512, 8)]:
-        report(f"f16 fma bn={bn} bk={bk} nw={nw}", functools.partial(f16_fma, bn=bn, bk=bk, nw=nw), x1, ref, n * k * 2,
-               [(w,) for w in w16])
+    for bn, g, nw, sp in [(16, 8, 4, 4), (16, 16, 4, 4), (32, 16, 4, 4), (16, 8, 4, 8), (32, 8, 4, 8),
+                          (16, 8, 2, 8), (8, 8, 2, 8), (32, 16, 8, 4)]:
+        report(f"q4 fma bn={bn} g={g} nw={nw} splits={sp}", functools.partial(q4_fma, bn=bn, g=g, nw=nw, splits=sp),
+               x1, ref1, qbytes, q4)
 
 
 if __name__ == "__main__":

@@ -45,11 +45,12 @@ def attention(q: jax.Array, k_all: jax.Array, v_all: jax.Array, positions: jax.A
 def layer_forward(x: jax.Array, layer: Layer, i: int, cache: KVCache, positions: jax.Array, cfg: Config,
                   impl: ops.Impl) -> tuple[jax.Array, KVCache]:
     """Decoder layer i. x [T, d] f32; the whole cache goes in and out so XLA updates it in place."""
-    t = x.shape[0]
+    t, d, kv = x.shape[0], cfg.d_model, cfg.kv_dim
     h = ops.rms_norm(x, layer.attn_norm, cfg.rms_eps)
-    q = (ops.matmul(h, layer.wq, impl) + layer.bq).reshape(t, cfg.n_heads, cfg.head_dim)
-    k = (ops.matmul(h, layer.wk, impl) + layer.bk).reshape(t, cfg.n_kv_heads, cfg.head_dim)
-    v = (ops.matmul(h, layer.wv, impl) + layer.bv).reshape(t, cfg.n_kv_heads, cfg.head_dim)
+    qkv = jnp.concatenate([ops.matmul(h, w, impl) for w in layer.qkv], axis=-1) + layer.qkv_bias  # [T, d + 2kv]
+    q = qkv[:, :d].reshape(t, cfg.n_heads, cfg.head_dim)
+    k = qkv[:, d:d + kv].reshape(t, cfg.n_kv_heads, cfg.head_dim)
+    v = qkv[:, d + kv:].reshape(t, cfg.n_kv_heads, cfg.head_dim)
     q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
     # Tokens occupy consecutive slots starting at positions[0] (prefill bucket or decode step).
     # One update of the full [L, S, Hkv, hd] buffer: slicing out layer i first would copy it.
@@ -59,8 +60,8 @@ def layer_forward(x: jax.Array, layer: Layer, i: int, cache: KVCache, positions:
     x = x + ops.matmul(attention(q, cache.k[i], cache.v[i], positions, cfg), layer.wo, impl)
 
     h = ops.rms_norm(x, layer.ffn_norm, cfg.rms_eps)
-    gate = ops.matmul(h, layer.w_gate, impl)
-    up = ops.matmul(h, layer.w_up, impl)
+    gate_up = jnp.concatenate([ops.matmul(h, w, impl) for w in layer.gate_up], axis=-1)  # [T, 2ff]
+    gate, up = gate_up[:, :cfg.d_ff], gate_up[:, cfg.d_ff:]
     x = x + ops.matmul(jax.nn.silu(gate) * up, layer.w_down, impl)
     return x, cache
 

@@ -80,17 +80,16 @@ def embed_rows(w: Weight, ids: jax.Array) -> jax.Array:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Layer:
+    """One decoder layer. Projections that share a format are stored fused (one matmul launch):
+    qkv holds [wq; wk; wv] as one [d + 2 kv, d] weight or the three apart, gate_up [wgate; wup]
+    as one [2 ff, d] weight or the two apart."""
+
     attn_norm: jax.Array  # [d] f32
-    wq: Weight  # [d, d]
-    bq: jax.Array  # [d]
-    wk: Weight  # [kv, d]
-    bk: jax.Array  # [kv]
-    wv: Weight  # [kv, d]
-    bv: jax.Array  # [kv]
+    qkv: tuple  # (w_qkv,) or (wq [d, d], wk [kv, d], wv [kv, d])
+    qkv_bias: jax.Array  # [d + 2 kv]
     wo: Weight  # [d, d]
     ffn_norm: jax.Array  # [d]
-    w_gate: Weight  # [ff, d]
-    w_up: Weight  # [ff, d]
+    gate_up: tuple  # (w_gate_up,) or (w_gate [ff, d], w_up [ff, d])
     w_down: Weight  # [d, ff]
 
 
@@ -116,55 +115,64 @@ class LoadOptions:
     mode: str = "quantized"  # "quantized" | "dense"
     dense_dtype: str = "float32"  # dense square/narrowing matrices, stored [K, N]
     wide_dtype: str = "float32"  # dense widening matrices (N >= 2K) and token_embd, stored [N, K]
+    fuse: bool = True  # q/k/v and gate/up as one weight each where their formats match
 
 
 def _vector(t: RawTensor) -> np.ndarray:
     return np.asarray(ggml.dequantize(t.data, t.qtype, t.shape), np.float32)
 
 
-def _matrix(t: RawTensor, opts: LoadOptions, device) -> Weight:
+def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
+    """One weight from one tensor, or several tensors of one format stacked along the rows."""
+    t = tensors[0]
+    rows = sum(x.shape[0] for x in tensors)
+    shape = (rows, t.shape[1])
     if opts.mode == "dense":
-        w = ggml.dequantize(t.data, t.qtype, t.shape)  # [n, k] f32, bit-exact
-        n, k = t.shape
-        if t.name == "token_embd.weight" or n >= 2 * k:
+        w = jnp.concatenate([ggml.dequantize(x.data, x.qtype, x.shape) for x in tensors])  # [n, k] f32, bit-exact
+        if t.name == "token_embd.weight" or rows >= 2 * t.shape[1]:
             return DenseWeight(jax.device_put(w.astype(jnp.dtype(opts.wide_dtype)), device), transposed=False)
         return DenseWeight(jax.device_put(w.T.astype(jnp.dtype(opts.dense_dtype)), device), transposed=True)
-    planes = repack(t.data, t.qtype, t.shape)
-    get_format(t.qtype)  # raises UnsupportedError for a type without a device layout
-    return QWeight({n: jax.device_put(v, device) for n, v in planes.items()}, QType(t.qtype), tuple(t.shape))
+    raw = np.concatenate([np.asarray(x.data) for x in tensors]) if len(tensors) > 1 else t.data
+    planes = repack(raw, t.qtype, shape)
+    return QWeight({n: jax.device_put(v, device) for n, v in planes.items()}, QType(t.qtype), shape)
 
 
-def tensor_names(cfg: Config) -> list[str]:
-    names = ["token_embd.weight"]
-    for i in range(cfg.n_layers):
-        names += [f"blk.{i}.{n}" for n in (
-            "attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias", "attn_v.weight",
-            "attn_v.bias", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-            "ffn_down.weight")]
-    names += ["output_norm.weight"] + ([] if cfg.tied_output else ["output.weight"])
-    return names
+def _group(model: GGUFModel, names: list[str], opts: LoadOptions, device) -> tuple:
+    """Fuse tensors into one weight when they share a format (always possible for dense weights)."""
+    ts = [model.tensors[n] for n in names]
+    if opts.fuse and (opts.mode == "dense" or len({t.qtype for t in ts}) == 1):
+        return (_matrix(ts, opts, device),)
+    return tuple(_matrix([t], opts, device) for t in ts)
 
 
 def load_params(model: GGUFModel, opts: LoadOptions = LoadOptions(), *, device=None,
                 progress: Callable[[Iterable], Iterable] | None = None) -> Params:
-    """Build Params from a validated GGUF, tensor by tensor (peak host memory: one tensor)."""
+    """Build Params from a validated GGUF, layer by layer (peak host memory: one layer)."""
     if opts.mode not in ("quantized", "dense"):
         raise ValueError(f"LoadOptions.mode must be 'quantized' or 'dense', got {opts.mode!r}")
     cfg = model.config
     device = device or jax.devices()[0]
-    names = tensor_names(cfg)
-    it = progress(names) if progress else names
-    loaded: dict[str, object] = {}
-    for name in it:
-        t = model.tensors[name]
-        loaded[name] = jax.device_put(_vector(t), device) if len(t.shape) == 1 else _matrix(t, opts, device)
+    t = model.tensors
+
+    def vec(name):
+        return jax.device_put(_vector(t[name]), device)
+
+    steps = ["embed", *range(cfg.n_layers), "head"]
     layers = []
-    for i in range(cfg.n_layers):
-        g = lambda n: loaded[f"blk.{i}.{n}"]  # noqa: E731
-        layers.append(Layer(
-            attn_norm=g("attn_norm.weight"), wq=g("attn_q.weight"), bq=g("attn_q.bias"),
-            wk=g("attn_k.weight"), bk=g("attn_k.bias"), wv=g("attn_v.weight"), bv=g("attn_v.bias"),
-            wo=g("attn_output.weight"), ffn_norm=g("ffn_norm.weight"), w_gate=g("ffn_gate.weight"),
-            w_up=g("ffn_up.weight"), w_down=g("ffn_down.weight")))
-    return Params(embed=loaded["token_embd.weight"], layers=layers, out_norm=loaded["output_norm.weight"],
-                  output=None if cfg.tied_output else loaded["output.weight"])
+    for step in (progress(steps) if progress else steps):
+        if step == "embed":
+            embed = _matrix([t["token_embd.weight"]], opts, device)
+        elif step == "head":
+            out_norm = vec("output_norm.weight")
+            output = None if cfg.tied_output else _matrix([t["output.weight"]], opts, device)
+        else:
+            p = f"blk.{step}."
+            layers.append(Layer(
+                attn_norm=vec(p + "attn_norm.weight"),
+                qkv=_group(model, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], opts, device),
+                qkv_bias=jnp.concatenate([vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")]),
+                wo=_matrix([t[p + "attn_output.weight"]], opts, device),
+                ffn_norm=vec(p + "ffn_norm.weight"),
+                gate_up=_group(model, [p + "ffn_gate.weight", p + "ffn_up.weight"], opts, device),
+                w_down=_matrix([t[p + "ffn_down.weight"]], opts, device)))
+    return Params(embed=embed, layers=layers, out_norm=out_norm, output=output)

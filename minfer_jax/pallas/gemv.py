@@ -27,7 +27,11 @@ from minfer_jax.quant.planes import QType, get_format
 
 NT_PAD = 16  # x rows fed to the dot: Triton needs >= 16 on every dot side
 MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
-TARGET_PROGRAMS = 264  # 2 programs per SM on the H200's 132 SMs: enough to cover the tail
+TARGET_PROGRAMS = 1024  # ~8 programs per SM on the H200's 132 SMs keep enough loads in flight
+# Formats whose one-token GEMV is faster on the CUDA cores (multiply-add into an f32 tile) than
+# through the tensor-core dot on the H200 (4096 x 14336 sweep, docs/BENCHMARKS.md).
+FMA_FORMATS = frozenset({QType.F32, QType.F16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q2_K, QType.Q3_K,
+                         QType.Q4_K, QType.Q6_K})
 TILE_ELEMS = 8192  # bn * bk ceiling: decoded tile + int intermediates must fit in registers
 
 
@@ -37,28 +41,46 @@ class GemvConfig:
     bk: int
     splits: int
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 1  # Triton's software pipelining of these loads measured 3-5x slower (docs/BENCHMARKS.md)
+    fma: bool = False  # nt == 1 only: CUDA-core multiply-add into a [bn, bk] f32 accumulator instead of the dot
 
 
-def choose_config(qtype: QType, n: int, k: int) -> GemvConfig:
-    """Block sizes for one weight shape (tuned on the H200; docs/BENCHMARKS.md)."""
+def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
+    """Block sizes for one weight shape (tuned on the H200; docs/BENCHMARKS.md).
+
+    Decode GEMVs are latency-bound unless enough bytes are in flight: the H200 sweep put the
+    optimum near 1000 programs of 32 rows x 256 weights, so small-N shapes split K.
+    """
     fmt = get_format(qtype)
     npad = tiles.round_up(n, 128)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
     programs = npad // bn
-    splits = 1
-    while (programs * splits * 2 <= TARGET_PROGRAMS and k % (splits * 2) == 0
-           and (k // (splits * 2)) % max(bk, fmt.block) == 0 and k // (splits * 2) >= 2 * bk):
-        splits *= 2
-    return GemvConfig(bn=bn, bk=bk, splits=splits)
+    chunks = k // max(bk, fmt.block)  # K splits must keep whole tiles and whole scale blocks
+    splits = max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or programs * d <= TARGET_PROGRAMS))
+    return GemvConfig(bn=bn, bk=bk, splits=splits, fma=nt == 1 and qtype in FMA_FORMATS)
 
 
 @functools.cache
-def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype):
+def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bool):
     """One kernel closure per configuration (jax#40847: a shared function object can reuse a trace)."""
     fmt = get_format(qtype)
     n_k = k_split // bk
+
+    def fma_kernel(x_ref, *refs):
+        # One token: y[n] = sum_k w[n, k] x[k]. Multiply-add into a [bn, bk] accumulator (no
+        # per-step reduction, no operand layout change for a dot); reduce once at the end.
+        *plane_refs, o_ref = refs
+
+        def step(j, acc):
+            k0 = j * bk
+            w = tiles.load_weight_tile(fmt, plane_refs, 0, bn, k0, bk, jnp.float32)  # [bn, bk]
+            kx = k0 if isinstance(k0, int) else pl.multiple_of(k0, bk)
+            return acc + w * x_ref[pl.ds(0, 1), pl.ds(kx, bk)].astype(jnp.float32)  # [bn, bk]
+
+        acc = jnp.zeros((bn, bk), jnp.float32)
+        acc = step(0, acc) if n_k == 1 else lax.fori_loop(0, n_k, step, acc)
+        o_ref[...] = jnp.broadcast_to(jnp.sum(acc, axis=1)[None, :], (NT_PAD, bn))
 
     def kernel(x_ref, *refs):
         *plane_refs, o_ref = refs
@@ -75,7 +97,7 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype):
         acc = step(0, acc) if n_k == 1 else lax.fori_loop(0, n_k, step, acc)
         o_ref[...] = acc
 
-    return kernel
+    return fma_kernel if fma else kernel
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "interpret"))
@@ -86,7 +108,7 @@ def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvCo
     if nt > NT_PAD:
         raise ValueError(f"gemv takes at most {NT_PAD} tokens, got {nt}")
     fmt = get_format(qtype)
-    cfg = config or choose_config(qtype, n_out, k)
+    cfg = config or choose_config(qtype, n_out, k, nt)
     arrays = tiles.plane_arrays(fmt, planes)
     npad = arrays[0].shape[0]
     k_split = k // cfg.splits
@@ -97,7 +119,7 @@ def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvCo
     in_specs = [pl.BlockSpec((NT_PAD, k_split), lambda i, s: (0, s))]
     in_specs += [pl.BlockSpec((cfg.bn, k_split // p.wpc), lambda i, s: (i, s)) for p in fmt.planes]
     out = pl.pallas_call(
-        _kernel(qtype, cfg.bn, cfg.bk, k_split, fmt.compute_dtype),
+        _kernel(qtype, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.fma and nt == 1),
         out_shape=jax.ShapeDtypeStruct((cfg.splits, NT_PAD, npad), jnp.float32),
         grid=(npad // cfg.bn, cfg.splits),
         in_specs=in_specs,

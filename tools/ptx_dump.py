@@ -1,0 +1,45 @@
+"""Dump the PTX of the GEMV kernels (run on the GPU with XLA_FLAGS=--xla_dump_to=DIR) and summarize it.
+
+usage: XLA_FLAGS=--xla_dump_to=/tmp/dump python tools/ptx_dump.py /tmp/dump OUTDIR
+"""
+
+import collections
+import dataclasses
+import glob
+import os
+import re
+import sys
+
+import jax
+
+from minfer_jax.kernel_bench import random_planes
+from minfer_jax.pallas import gemv as G
+from minfer_jax.quant.planes import QType as Q
+
+
+def main(dump, out):
+    x = jax.random.normal(jax.random.PRNGKey(0), (1, 14336))
+    for q in (Q.Q4_0, Q.F16):
+        w = random_planes(jax.random.PRNGKey(1), q, 4096, 14336)
+        base = G.choose_config(q, 4096, 14336)
+        for cfg in (base, dataclasses.replace(base, fma=True)):
+            G.gemv(x, w, qtype=q, n_out=4096, config=cfg).block_until_ready()
+    files = glob.glob(os.path.join(dump, "**", "*.ptx"), recursive=True)
+    print("ptx files:", len(files))
+    kept = 0
+    for f in files:
+        text = open(f).read()
+        for m in re.finditer(r"\.visible \.entry (\w*gemv\w*)\((.*?)\n\}\n", text, re.S):
+            name, body = m.group(1), m.group(0)
+            ops = collections.Counter(re.findall(r"^\s+(?:@%p\d+ )?([a-z][\w.]*)", body, re.M))
+            total = sum(ops.values())
+            print(f"== {name} ({total} instructions)")
+            print("  ", ", ".join(f"{k}:{v}" for k, v in ops.most_common(40)))
+            if kept < 6:
+                with open(os.path.join(out, f"{name[:60]}_{kept}.ptx"), "w") as fh:
+                    fh.write(body)
+                kept += 1
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
