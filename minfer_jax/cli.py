@@ -407,12 +407,12 @@ class _Session:
         """Compile the executables this generation needs up front, with a message on stderr."""
         model, sampler, max_len = self.model, self.sampler, self.max_len
         bucket = gen.bucket_for(n, max_len)
-        compiled = getattr(model, "_compiled", {})
+        span = gen.decode_span(n + CHUNK, max_len)  # the first decode chunk's attention window
         todo = []
-        if ("prefill", bucket, max_len, sampler) not in compiled:
+        if not model.is_compiled(model.prefill_key(bucket, max_len, sampler)):
             todo.append(("prefill", lambda: model.prefill_executable(bucket, max_len, sampler)))
-        if max_new > 1 and ("decode", CHUNK, max_len, sampler) not in compiled:
-            todo.append(("decode", lambda: model.decode_executable(CHUNK, max_len, sampler)))
+        if max_new > 1 and not model.is_compiled(model.decode_key(CHUNK, max_len, sampler, span)):
+            todo.append(("decode", lambda: model.decode_executable(CHUNK, max_len, sampler, span)))
         if not todo:
             return 0.0
         what = " + ".join(f"prefill [{bucket}]" if k == "prefill" else f"decode [{CHUNK}]" for k, _ in todo)

@@ -89,16 +89,29 @@ class Model:
     def prefill_executable(self, bucket: int, max_len: int, sampler: Sampler = GREEDY):
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
         return self._compile(
-            ("prefill", bucket, max_len, sampler), _prefill_jit(self.config, self.impl, sampler),
+            self.prefill_key(bucket, max_len, sampler), _prefill_jit(self.config, self.impl, sampler),
             self.params, self._cache_spec(max_len), jax.ShapeDtypeStruct((bucket,), jnp.int32), i32, i32,
             jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((sampler.history_len,), jnp.int32))
 
-    def decode_executable(self, n_steps: int, max_len: int, sampler: Sampler = GREEDY):
+    def decode_executable(self, n_steps: int, max_len: int, sampler: Sampler = GREEDY, span: int | None = None):
+        """Executable for n_steps decode steps attending over cache slots [0, span) (default: all)."""
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
+        span = max_len if span is None else span
         return self._compile(
-            ("decode", n_steps, max_len, sampler), _decode_jit(self.config, self.impl, sampler, n_steps),
+            self.decode_key(n_steps, max_len, sampler, span), _decode_jit(self.config, self.impl, sampler, n_steps, span),
             self.params, self._cache_spec(max_len), i32, i32, jax.ShapeDtypeStruct((2,), jnp.uint32),
             jax.ShapeDtypeStruct((sampler.history_len,), jnp.int32))
+
+    @staticmethod
+    def prefill_key(bucket: int, max_len: int, sampler: Sampler) -> tuple:
+        return ("prefill", bucket, max_len, sampler)
+
+    @staticmethod
+    def decode_key(n_steps: int, max_len: int, sampler: Sampler, span: int) -> tuple:
+        return ("decode", n_steps, max_len, sampler, span)
+
+    def is_compiled(self, key: tuple) -> bool:
+        return key in self._compiled
 
     def logits_executable(self, bucket: int, max_len: int):
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
@@ -132,9 +145,9 @@ def _prefill_jit(cfg, impl, sampler):
 
 
 @functools.cache
-def _decode_jit(cfg, impl, sampler, n_steps):
-    return jax.jit(functools.partial(gen.decode_loop, cfg=cfg, impl=impl, sampler=sampler, n_steps=n_steps),
-                   donate_argnums=(1,))
+def _decode_jit(cfg, impl, sampler, n_steps, span):
+    return jax.jit(functools.partial(gen.decode_loop, cfg=cfg, impl=impl, sampler=sampler, n_steps=n_steps,
+                                     span=span), donate_argnums=(1,))
 
 
 @functools.cache

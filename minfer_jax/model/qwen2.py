@@ -43,8 +43,12 @@ def attention(q: jax.Array, k_all: jax.Array, v_all: jax.Array, positions: jax.A
 
 
 def layer_forward(x: jax.Array, layer: Layer, i: int, cache: KVCache, positions: jax.Array, cfg: Config,
-                  impl: ops.Impl) -> tuple[jax.Array, KVCache]:
-    """Decoder layer i. x [T, d] f32; the whole cache goes in and out so XLA updates it in place."""
+                  impl: ops.Impl, span: int | None = None) -> tuple[jax.Array, KVCache]:
+    """Decoder layer i. x [T, d] f32; the whole cache goes in and out so XLA updates it in place.
+
+    span (static): attend over cache slots [0, span) only; every position < span must cover all
+    keys the queries can see. None: the whole cache.
+    """
     t, d, kv = x.shape[0], cfg.d_model, cfg.kv_dim
     h = ops.rms_norm(x, layer.attn_norm, cfg.rms_eps)
     qkv = jnp.concatenate([ops.matmul(h, w, impl) for w in layer.qkv], axis=-1) + layer.qkv_bias  # [T, d + 2kv]
@@ -57,7 +61,8 @@ def layer_forward(x: jax.Array, layer: Layer, i: int, cache: KVCache, positions:
     at = (i, positions[0], 0, 0)
     cache = KVCache(k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), at),
                     v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), at))
-    x = x + ops.matmul(attention(q, cache.k[i], cache.v[i], positions, cfg), layer.wo, impl)
+    s = cache.max_len if span is None else span
+    x = x + ops.matmul(attention(q, cache.k[i, :s], cache.v[i, :s], positions, cfg), layer.wo, impl)
 
     h = ops.rms_norm(x, layer.ffn_norm, cfg.rms_eps)
     gate_up = jnp.concatenate([ops.matmul(h, w, impl) for w in layer.gate_up], axis=-1)  # [T, 2ff]
@@ -67,11 +72,11 @@ def layer_forward(x: jax.Array, layer: Layer, i: int, cache: KVCache, positions:
 
 
 def forward_hidden(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache, cfg: Config,
-                   impl: ops.Impl) -> tuple[jax.Array, KVCache]:
+                   impl: ops.Impl, span: int | None = None) -> tuple[jax.Array, KVCache]:
     """tokens [T] at positions [T] (consecutive) -> final normed hidden [T, d] f32 and the updated cache."""
     x = embed_rows(params.embed, tokens)  # [T, d]
     for i, layer in enumerate(params.layers):  # unrolled at trace time
-        x, cache = layer_forward(x, layer, i, cache, positions, cfg, impl)
+        x, cache = layer_forward(x, layer, i, cache, positions, cfg, impl, span)
     return ops.rms_norm(x, params.out_norm, cfg.rms_eps), cache
 
 
@@ -81,7 +86,7 @@ def logits_from_hidden(params: Params, h: jax.Array, impl: ops.Impl) -> jax.Arra
 
 
 def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache, cfg: Config,
-            impl: ops.Impl) -> tuple[jax.Array, KVCache]:
+            impl: ops.Impl, span: int | None = None) -> tuple[jax.Array, KVCache]:
     """tokens [T] at consecutive positions [T] -> logits [T, vocab] f32 and the updated cache."""
-    h, cache = forward_hidden(params, tokens, positions, cache, cfg, impl)
+    h, cache = forward_hidden(params, tokens, positions, cache, cfg, impl, span)
     return logits_from_hidden(params, h, impl), cache
