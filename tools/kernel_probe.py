@@ -69,6 +69,15 @@ def cases(name):
             base = G.choose_config(q, n, k)
             out += [gemv_case(q, n, k, 1, base), gemv_case(q, n, k, 1, dataclasses.replace(base, fma=True))]
         return out
+    if name == "sweep4":
+        from minfer_jax.quant.group_dot import SPECS
+        out = []
+        for q in SPECS:
+            base = G.choose_config(q, 4096, 14336)
+            out.append(gemv_case(q, 4096, 14336, 1, base))
+            for bn, bk, sp in [(32, 256, 8), (32, 512, 4), (16, 256, 8), (64, 256, 4)]:
+                out.append(gemv_case(q, 4096, 14336, 1, G.GemvConfig(bn, bk, sp, grouped=True)))
+        return out
     raise SystemExit(f"unknown case set {name}")
 
 

@@ -10,6 +10,13 @@ lowering accepts), so the token loop lives inside the dot, never in the grid, an
 byte is read exactly once. Split-K partial sums [splits, 16, Npad] are added by XLA in the
 consumer's fusion; splitting pays for the 0.5B shapes, whose 896..4864-row matrices would
 otherwise keep only a handful of the 132 SMs busy.
+
+One token (nt == 1) takes one of two CUDA-core paths instead of the dot:
+- "grouped" (block formats, quant/group_dot.py): planes viewed as [Npad, K/group, *per_group],
+  per-group sums of raw quants times x, then y += A*S + B*X per group. No dequantized tile and
+  no reshape: unpacking is broadcasting.
+- "fma" (float formats): multiply-add the decoded [bn, bk] f32 tile into an f32 accumulator and
+  reduce once at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
+from minfer_jax.quant import group_dot
 from minfer_jax.quant.planes import QType, get_format
 
 NT_PAD = 16  # x rows fed to the dot: Triton needs >= 16 on every dot side
@@ -32,6 +40,7 @@ TARGET_PROGRAMS = 1024  # ~8 programs per SM on the H200's 132 SMs keep enough l
 # through the tensor-core dot on the H200 (4096 x 14336 sweep, docs/BENCHMARKS.md).
 FMA_FORMATS = frozenset({QType.F32, QType.F16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q2_K, QType.Q3_K,
                          QType.Q4_K, QType.Q6_K})
+GROUPED_FORMATS = frozenset()  # one-token formats routed to the grouped kernel (set from H200 measurements)
 TILE_ELEMS = 8192  # bn * bk ceiling: decoded tile + int intermediates must fit in registers
 
 
@@ -43,6 +52,7 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 1  # Triton's software pipelining of these loads measured 3-5x slower (docs/BENCHMARKS.md)
     fma: bool = False  # nt == 1 only: CUDA-core multiply-add into a [bn, bk] f32 accumulator instead of the dot
+    grouped: bool = False  # nt == 1 only, block formats: per-group integer sums (quant/group_dot.py)
 
 
 def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
@@ -58,7 +68,8 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
     programs = npad // bn
     chunks = k // max(bk, fmt.block)  # K splits must keep whole tiles and whole scale blocks
     splits = max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or programs * d <= TARGET_PROGRAMS))
-    return GemvConfig(bn=bn, bk=bk, splits=splits, fma=nt == 1 and qtype in FMA_FORMATS)
+    return GemvConfig(bn=bn, bk=bk, splits=splits, fma=nt == 1 and qtype in FMA_FORMATS,
+                      grouped=nt == 1 and qtype in GROUPED_FORMATS)
 
 
 @functools.cache
@@ -100,6 +111,69 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
     return fma_kernel if fma else kernel
 
 
+@functools.cache
+def _grouped_kernel(qtype: QType, bn: int, gt: int, n_steps: int):
+    """One-token kernel over grouped plane views: acc[bn, gt] += A*S + B*X per step of gt groups."""
+    spec = group_dot.SPECS[qtype]
+
+    def kernel(x_ref, xs_ref, *refs):
+        *plane_refs, o_ref = refs
+        views = dict(zip([n for n, _ in spec.views], plane_refs))
+        coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views):]))
+
+        def step(j, acc):
+            g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
+            t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
+                 for name, tail in spec.views}
+            rows = lax.iota(jnp.int32, bn)[:, None]
+            for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
+                cols = ((g0 + lax.iota(jnp.int32, gt)) // per)[None, :]
+                t[name] = coarse[name][rows, cols]  # [bn, gt]
+            xv = x_ref[(pl.ds(g0, gt),) + (slice(None),) * len(spec.x_view)]  # [gt, *x_view]
+            xs = xs_ref[pl.ds(g0, gt)]  # [gt]
+            s, a, b = spec.fn(t, xv)  # [bn, gt] each
+            return acc + a * s + b * xs[None, :]
+
+        acc = jnp.zeros((bn, gt), jnp.float32)
+        acc = step(0, acc) if n_steps == 1 else lax.fori_loop(0, n_steps, step, acc)
+        o_ref[...] = jnp.broadcast_to(jnp.sum(acc, axis=1)[None, :], (NT_PAD, bn))
+
+    return kernel
+
+
+def _gemv_grouped(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: bool):
+    """One token through the grouped kernel: [1, K] -> [splits, 16, Npad] partial sums."""
+    spec = group_dot.SPECS[qtype]
+    k = x.shape[1]
+    n_groups = k // spec.group
+    gs = n_groups // cfg.splits  # groups per split
+    gt = cfg.bk // spec.group  # groups per step
+    assert n_groups % cfg.splits == 0 and gs % gt == 0, (cfg, k)
+    assert all(gs % per == 0 for _, per in spec.coarse), (cfg, k)
+    gp = group_dot.grouped_planes(qtype, planes)
+    xv, xs = group_dot.grouped_x(qtype, x[0])
+    tail0 = lambda n: (0,) * n  # noqa: E731
+    in_specs = [pl.BlockSpec((gs, *spec.x_view), lambda i, s: (s, *tail0(len(spec.x_view)))),
+                pl.BlockSpec((gs,), lambda i, s: (s,))]
+    arrays = []
+    for name, tail in spec.views:
+        arrays.append(gp[name])
+        in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), lambda i, s, n=len(tail): (i, s, *tail0(n))))
+    for name, per in spec.coarse:
+        arrays.append(gp[name])
+        in_specs.append(pl.BlockSpec((cfg.bn, gs // per), lambda i, s: (i, s)))
+    return pl.pallas_call(
+        _grouped_kernel(qtype, cfg.bn, gt, gs // gt),
+        out_shape=jax.ShapeDtypeStruct((cfg.splits, NT_PAD, npad), jnp.float32),
+        grid=(npad // cfg.bn, cfg.splits),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, NT_PAD, cfg.bn), lambda i, s: (s, 0, i)),
+        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
+        interpret=interpret,
+        name=f"gemv1_{qtype.name.lower()}",
+    )(xv, xs, *arrays)
+
+
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "interpret"))
 def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvConfig | None = None,
          interpret: bool = False) -> jax.Array:
@@ -114,6 +188,8 @@ def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvCo
     k_split = k // cfg.splits
     assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % cfg.bk == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()
+    if cfg.grouped and nt == 1 and qtype in group_dot.SPECS:
+        return _gemv_grouped(x, planes, qtype, cfg, npad, interpret).sum(axis=0)[:nt, :n_out]
 
     x16 = tiles.cast_rows(x, NT_PAD, fmt.compute_dtype)  # [16, K]
     in_specs = [pl.BlockSpec((NT_PAD, k_split), lambda i, s: (0, s))]
