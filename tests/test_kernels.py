@@ -5,6 +5,7 @@ need K % 256 == 0, so they use 512 and 4864), N not a multiple of any row block.
 decode in the same compute dtype and accumulate in f32, so they differ only by summation order.
 """
 
+import dataclasses
 import functools
 
 import chex
@@ -15,7 +16,8 @@ import pytest
 
 from minfer_jax.kernel_bench import random_planes
 from minfer_jax.pallas import gemm, gemv
-from minfer_jax.quant.planes import FORMATS, QType
+from minfer_jax.quant import group_dot
+from minfer_jax.quant.planes import FORMATS, QType, decode
 
 K_QUANTS = {QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K}
 
@@ -91,7 +93,30 @@ def test_reference_uses_compute_dtype():
     qtype, n, k = QType.Q8_0, 128, 256
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(3), (4, k))
-    from minfer_jax.quant.planes import decode
     w16 = decode(qtype, w, jnp.float16)[:n].astype(jnp.float32)
     want = np.asarray(x.astype(jnp.float16).astype(jnp.float32) @ w16.T)
     np.testing.assert_allclose(np.asarray(gemv.gemv_reference(x, w, qtype=qtype, n_out=n)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", sorted(group_dot.SPECS, key=lambda q: q.value), ids=lambda q: q.name)
+def test_group_dot_matches_decode(qtype):
+    """The grouped formulation (A*S + B*X per group) is the same function as x . decode(planes)."""
+    w = planes_for(qtype, 136, 4864)
+    x = jax.random.normal(jax.random.PRNGKey(5), (4864,))
+    want = decode(qtype, w, jnp.float32) @ x
+    got = group_dot.group_dot_reference(qtype, w, x)
+    chex.assert_trees_all_close(got, want, atol=1e-4 * float(jnp.max(jnp.abs(want))), rtol=0)
+
+
+@pytest.mark.parametrize("path", ["grouped", "fma", "dot"])
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
+def test_every_one_token_path(qtype, path):
+    """Each one-token path, whichever the default picks for the format, against the reference."""
+    if path == "grouped" and qtype not in group_dot.SPECS:
+        qtype = QType.Q4_0  # float formats have no grouped form; keep the case meaningful
+    n, k = shapes_for(qtype)[0]
+    w = planes_for(qtype, n, k)
+    cfg = dataclasses.replace(gemv.choose_config(qtype, n, k), fma=path == "fma", grouped=path == "grouped")
+    x = jax.random.normal(jax.random.PRNGKey(6), (1, k))
+    check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True),
+          gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
