@@ -170,16 +170,22 @@ def _gemv_grouped(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret
     for name, per in spec.coarse:
         arrays.append(gp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, gs // per), lambda i, s: (i, s)))
+    return _split_k_call(_grouped_kernel(qtype, cfg.bn, gt, gs // gt), in_specs, (xv, xs, *arrays), cfg, npad,
+                         interpret, f"gemv1_{qtype.name.lower()}")
+
+
+def _split_k_call(kernel, in_specs, operands, cfg: GemvConfig, npad: int, interpret: bool, name: str):
+    """Grid (Npad / bn, splits) -> partial sums [splits, 16, Npad] f32 (XLA adds the splits)."""
     return pl.pallas_call(
-        _grouped_kernel(qtype, cfg.bn, gt, gs // gt),
+        kernel,
         out_shape=jax.ShapeDtypeStruct((cfg.splits, NT_PAD, npad), jnp.float32),
         grid=(npad // cfg.bn, cfg.splits),
         in_specs=in_specs,
         out_specs=pl.BlockSpec((None, NT_PAD, cfg.bn), lambda i, s: (s, 0, i)),
         compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
         interpret=interpret,
-        name=f"gemv1_{qtype.name.lower()}",
-    )(xv, xs, *arrays)
+        name=name,
+    )(*operands)
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "interpret"))
@@ -197,21 +203,13 @@ def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvCo
     assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % cfg.bk == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()
     if cfg.grouped and nt == 1 and qtype in group_dot.SPECS:
-        return _gemv_grouped(x, planes, qtype, cfg, npad, interpret).sum(axis=0)[:nt, :n_out]
-
-    x16 = tiles.cast_rows(x, NT_PAD, fmt.compute_dtype)  # [16, K]
-    in_specs = [pl.BlockSpec((NT_PAD, k_split), lambda i, s: (0, s))]
-    in_specs += [pl.BlockSpec((cfg.bn, k_split // p.wpc), lambda i, s: (i, s)) for p in fmt.planes]
-    out = pl.pallas_call(
-        _kernel(qtype, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.fma and nt == 1),
-        out_shape=jax.ShapeDtypeStruct((cfg.splits, NT_PAD, npad), jnp.float32),
-        grid=(npad // cfg.bn, cfg.splits),
-        in_specs=in_specs,
-        out_specs=pl.BlockSpec((None, NT_PAD, cfg.bn), lambda i, s: (s, 0, i)),
-        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
-        interpret=interpret,
-        name=f"gemv_{fmt.name.lower()}",
-    )(x16, *arrays)
+        out = _gemv_grouped(x, planes, qtype, cfg, npad, interpret)
+    else:
+        x16 = tiles.cast_rows(x, NT_PAD, fmt.compute_dtype)  # [16, K]
+        in_specs = [pl.BlockSpec((NT_PAD, k_split), lambda i, s: (0, s))]
+        in_specs += [pl.BlockSpec((cfg.bn, k_split // p.wpc), lambda i, s: (i, s)) for p in fmt.planes]
+        kernel = _kernel(qtype, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.fma and nt == 1)
+        out = _split_k_call(kernel, in_specs, (x16, *arrays), cfg, npad, interpret, f"gemv_{fmt.name.lower()}")
     return out.sum(axis=0)[:nt, :n_out]
 
 
