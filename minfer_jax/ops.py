@@ -21,7 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from minfer_jax.model.weights import DenseWeight, QWeight, Weight
+from minfer_jax.model.weights import DenseWeight, Weight
 from minfer_jax.pallas import gemm, gemv, tiles
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens

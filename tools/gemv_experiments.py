@@ -10,7 +10,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
@@ -155,11 +154,10 @@ def main():
     n, k = (256, 14336) if INTERPRET else (N, K)
     keys = jax.random.split(jax.random.PRNGKey(0), reps + 1)
     x1 = jax.random.normal(keys[-1], (1, k))
-    x8 = jax.random.normal(keys[-1], (8, k))
     q4 = [q4_planes(kk, n, k) for kk in keys[:reps]]
     qbytes = n * k // 32 * 18
     ref1 = q4_ref(x1, *q4[0])
-    ref8 = q4_ref(x8, *q4[0])
+
 
     def report(name, fn, x, ref, nbytes, wl):
         try:

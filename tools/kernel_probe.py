@@ -70,7 +70,6 @@ def cases(name):
             out += [gemv_case(q, n, k, 1, base), gemv_case(q, n, k, 1, dataclasses.replace(base, fma=True))]
         return out
     if name == "sweep4":
-        from minfer_jax.quant.group_dot import SPECS
         out = []
         for q in (Q.Q4_0, Q.Q4_K, Q.Q5_0, Q.Q6_K, Q.Q5_K):
             for bn, bk, sp in [(32, 256, 8), (32, 512, 4), (16, 256, 8)]:

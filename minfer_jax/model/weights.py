@@ -21,9 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax.gguf import GGUFModel, QType, RawTensor
-from minfer_jax.model.config import Config
 from minfer_jax.quant import ggml
-from minfer_jax.quant.planes import get_format, repack
+from minfer_jax.quant.planes import repack
 
 
 @jax.tree_util.register_dataclass
