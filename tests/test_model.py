@@ -185,3 +185,15 @@ def test_buckets_compile_once(model):
         toks[:n] = 100
         f(model.params, model.new_cache(16), jnp.asarray(toks), jnp.int32(0))
     assert gen.bucket_for(3, 64) == 16 and gen.bucket_for(17, 64) == 32 and gen.bucket_for(40, 48) == 48
+
+
+@pytest.mark.real_model
+def test_quantized_weights_stay_within_file_size_and_agree_with_dense(model, real_model):
+    """The device layout (what the GPU runs) costs <= 1.1x the file's tensor bytes, and its
+    reference path (whole-matrix decode in f16 + dot) picks the same greedy tokens as the dense path."""
+    q = minfer_jax.load(gguf_model=real_model, weights="quantized", kernels="xla", ctx_size=64)
+    file_bytes = sum(t.nbytes for t in real_model.tensors.values())
+    assert q.weight_nbytes <= 1.1 * file_bytes, (q.weight_nbytes, file_bytes)
+    a = minfer_jax.generate(q, "def fibonacci(n):", max_new_tokens=8)
+    b = minfer_jax.generate(model, "def fibonacci(n):", max_new_tokens=8)
+    assert a.tokens == b.tokens
