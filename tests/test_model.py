@@ -197,3 +197,26 @@ def test_quantized_weights_stay_within_file_size_and_agree_with_dense(model, rea
     a = minfer_jax.generate(q, "def fibonacci(n):", max_new_tokens=8)
     b = minfer_jax.generate(model, "def fibonacci(n):", max_new_tokens=8)
     assert a.tokens == b.tokens
+
+
+def test_step_functions_compose_inside_a_user_jit():
+    """prefill_step and decode_loop are pure: a caller can jit them together with its own code."""
+    from minfer_jax.synthetic import synthetic_model
+
+    gm = synthetic_model("qwen2.5-0.5b:q8_0", layers=1, seed=2)
+    m = minfer_jax.load(gguf_model=gm, weights="quantized", kernels="xla", ctx_size=64)
+    cfg, impl = m.config, m.impl
+
+    @jax.jit
+    def prefill_then_decode(params, cache, prompt, key):
+        hist = jnp.zeros((0,), jnp.int32)
+        tok, _, cache = minfer_jax.prefill_step(params, cache, prompt, jnp.int32(0), jnp.int32(prompt.shape[0]),
+                                                key, hist, cfg=cfg, impl=impl, sampler=GREEDY)
+        out, *_ = minfer_jax.decode_loop(params, cache, tok, jnp.int32(prompt.shape[0]), key, hist, cfg=cfg,
+                                         impl=impl, sampler=GREEDY, n_steps=4)
+        return jnp.concatenate([tok[None], out])
+
+    prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, 16), jnp.int32)
+    got = prefill_then_decode(m.params, m.new_cache(64), prompt, jax.random.PRNGKey(0))
+    want = minfer_jax.generate(m, [int(t) for t in prompt], max_new_tokens=5, chunk=4)
+    assert got.tolist() == want.tokens
