@@ -5,10 +5,10 @@ Two storage modes, chosen per platform by `minfer_jax.load`:
   (quant.planes); the Pallas kernels read the planes directly. Device memory ~= file size.
 - "dense": matrices are dequantized once at load (bit-exact f32, quant.ggml). On a 2-core CPU
   XLA's dense dot beats any per-call dequantization by far, and its speed depends on dtype and
-  orientation (docs/ARCHITECTURE.md has the table): square and narrowing matrices are stored f32
-  as [K, N] (x @ W at ~45 GB/s; bf16 runs at 1-9 GB/s there), widening ones (N >= 2K: gate, up,
-  the vocab head and the embedding) bf16 as [N, K] (~28 GB/s of bf16, half the bytes of f32).
-  This is what makes CPU generation usable.
+  orientation (docs/ARCHITECTURE.md has the table): square and narrowing matrices are stored
+  [K, N], widening ones (N >= 2K: gate/up, the vocab head, the embedding) [N, K], both f32 by
+  default (bf16 halves the bytes but ran slower inside the decode loop). This is what makes CPU
+  generation usable.
 """
 
 from __future__ import annotations
