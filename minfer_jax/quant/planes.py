@@ -52,7 +52,7 @@ class Format:
     block: int  # weights per GGUF block: K must be a multiple of it
     compute_dtype: np.dtype  # dtype the kernels decode into and feed the dot with
     repack: Callable[[np.ndarray, int], dict[str, np.ndarray]] = dataclasses.field(compare=False)
-    decode: Callable[..., jax.Array] = dataclasses.field(compare=False)
+    ints: Callable | None = dataclasses.field(compare=False)  # block formats: (tiles, dtype) -> (q, a, b)
 
     @property
     def name(self) -> str:
@@ -228,13 +228,11 @@ def group_scale(v: jax.Array, s: jax.Array) -> jax.Array:
     return (v.reshape(r, k // g, g) * s[:, :, None]).reshape(r, k)
 
 
-def group_affine(v: jax.Array, s: jax.Array, m: jax.Array, sub: bool) -> jax.Array:
-    """v * s -/+ m per group, in gguf-py's order ((v * s) then -/+ m, no fused multiply-add)."""
+def group_affine(v: jax.Array, s: jax.Array, b: jax.Array) -> jax.Array:
+    """v * s + b per group, in gguf-py's order ((v * s) then + b; x - y == x + (-y) exactly)."""
     r, k = v.shape
     g = k // s.shape[1]
-    v3 = v.reshape(r, k // g, g) * s[:, :, None]
-    v3 = v3 - m[:, :, None] if sub else v3 + m[:, :, None]
-    return v3.reshape(r, k)
+    return (v.reshape(r, k // g, g) * s[:, :, None] + b[:, :, None]).reshape(r, k)
 
 
 def superblock_scale(sub: jax.Array, d: jax.Array, dtype) -> jax.Array:
@@ -244,89 +242,84 @@ def superblock_scale(sub: jax.Array, d: jax.Array, dtype) -> jax.Array:
     return (d.astype(dtype)[:, :, None] * sub.astype(dtype).reshape(r, n // per, per)).reshape(r, n)
 
 
-def _decode_float(t, dtype):
-    return t["w"].astype(dtype)
+# Each block format is "integers times a per-group scale plus a per-group offset":
+#     value[k] = q[k] * a[g] (+ b[g]),  g = group of k (32, or 16 for Q2_K/Q3_K/Q6_K)
+# `_ints_*` return (q int32 [r, K] with the format's offset applied, a [r, G], b [r, G] or None).
+# `decode` turns them into values (what the f16 kernels and the reference use); the int8 GEMM
+# feeds q to integer dots and applies a, b per group. The products are computed in gguf-py's
+# order (d * sc first, then * q, then + b) so f32 decoding is bit-exact.
 
 
-def _decode_q8_0(t, dtype):
-    return group_scale(t["q"].astype(dtype), t["d"].astype(dtype))
+def _ints_q8_0(t, dtype):
+    return t["q"].astype(jnp.int32), t["d"].astype(dtype), None
 
 
-def _decode_q4_0(t, dtype):
-    return group_scale((unpack(t["qs"], 4) - 8).astype(dtype), t["d"].astype(dtype))
+def _ints_q4_0(t, dtype):
+    return unpack(t["qs"], 4) - 8, t["d"].astype(dtype), None
 
 
-def _decode_q4_1(t, dtype):
-    return group_affine(unpack(t["qs"], 4).astype(dtype), t["d"].astype(dtype), t["m"].astype(dtype), sub=False)
+def _ints_q4_1(t, dtype):
+    return unpack(t["qs"], 4), t["d"].astype(dtype), t["m"].astype(dtype)
 
 
-def _decode_q5_0(t, dtype):
-    q = (unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4)) - 16
-    return group_scale(q.astype(dtype), t["d"].astype(dtype))
+def _ints_q5_0(t, dtype):
+    return (unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4)) - 16, t["d"].astype(dtype), None
 
 
-def _decode_q5_1(t, dtype):
-    q = unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4)
-    return group_affine(q.astype(dtype), t["d"].astype(dtype), t["m"].astype(dtype), sub=False)
+def _ints_q5_1(t, dtype):
+    return unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4), t["d"].astype(dtype), t["m"].astype(dtype)
 
 
-def _decode_q2_k(t, dtype):
+def _ints_q2_k(t, dtype):
     sc = t["sc"].astype(jnp.int32)
-    dl = superblock_scale(sc & 0x0F, t["d"], dtype)
-    ml = superblock_scale(sc >> 4, t["dmin"], dtype)
-    return group_affine(unpack(t["qs"], 2).astype(dtype), dl, ml, sub=True)
+    return unpack(t["qs"], 2), superblock_scale(sc & 0x0F, t["d"], dtype), -superblock_scale(sc >> 4, t["dmin"], dtype)
 
 
-def _decode_q3_k(t, dtype):
-    q = (unpack(t["qs"], 2) | (unpack(t["qh"], 1) << 2)) - 4
-    return group_scale(q.astype(dtype), superblock_scale(t["sc"], t["d"], dtype))
+def _ints_q3_k(t, dtype):
+    return (unpack(t["qs"], 2) | (unpack(t["qh"], 1) << 2)) - 4, superblock_scale(t["sc"], t["d"], dtype), None
 
 
-def _decode_q4_k(t, dtype):
-    dl = superblock_scale(t["sc"], t["d"], dtype)
-    ml = superblock_scale(t["m"], t["dmin"], dtype)
-    return group_affine(unpack(t["qs"], 4).astype(dtype), dl, ml, sub=True)
+def _ints_q4_k(t, dtype):
+    return (unpack(t["qs"], 4), superblock_scale(t["sc"], t["d"], dtype),
+            -superblock_scale(t["m"], t["dmin"], dtype))
 
 
-def _decode_q5_k(t, dtype):
-    q = unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4)
-    dl = superblock_scale(t["sc"], t["d"], dtype)
-    ml = superblock_scale(t["m"], t["dmin"], dtype)
-    return group_affine(q.astype(dtype), dl, ml, sub=True)
+def _ints_q5_k(t, dtype):
+    return (unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4), superblock_scale(t["sc"], t["d"], dtype),
+            -superblock_scale(t["m"], t["dmin"], dtype))
 
 
-def _decode_q6_k(t, dtype):
-    q = (unpack(t["ql"], 4) | (unpack(t["qh"], 2) << 4)) - 32
-    return group_scale(q.astype(dtype), superblock_scale(t["sc"], t["d"], dtype))
+def _ints_q6_k(t, dtype):
+    return (unpack(t["ql"], 4) | (unpack(t["qh"], 2) << 4)) - 32, superblock_scale(t["sc"], t["d"], dtype), None
 
 
 _U8, _I8, _F16 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float16)
 
 
-def _fmt(qtype, planes, block, repack, decode, compute=_F16):
-    return Format(qtype, tuple(Plane(n, np.dtype(d), w) for n, d, w in planes), block, np.dtype(compute), repack, decode)
+def _fmt(qtype, planes, block, repack, ints, compute=_F16):
+    return Format(qtype, tuple(Plane(n, np.dtype(d), w) for n, d, w in planes), block, np.dtype(compute), repack, ints)
 
 
 FORMATS: dict[QType, Format] = {f.qtype: f for f in [
-    _fmt(QType.F32, [("w", np.float32, 1)], 1, _repack_float(np.float32), _decode_float, np.float32),
-    _fmt(QType.F16, [("w", np.float16, 1)], 1, _repack_float(np.float16), _decode_float),
-    _fmt(QType.BF16, [("w", jnp.bfloat16, 1)], 1, _repack_float(jnp.bfloat16), _decode_float, jnp.bfloat16),
-    _fmt(QType.Q8_0, [("q", _I8, 1), ("d", _F16, 32)], 32, _repack_q8_0, _decode_q8_0),
-    _fmt(QType.Q4_0, [("qs", _U8, 2), ("d", _F16, 32)], 32, _repack_q4_0, _decode_q4_0),
-    _fmt(QType.Q4_1, [("qs", _U8, 2), ("d", _F16, 32), ("m", _F16, 32)], 32, _repack_q4_1, _decode_q4_1),
-    _fmt(QType.Q5_0, [("qs", _U8, 2), ("qh", _U8, 8), ("d", _F16, 32)], 32, _repack_q5_0, _decode_q5_0),
+    _fmt(QType.F32, [("w", np.float32, 1)], 1, _repack_float(np.float32), None, np.float32),
+    _fmt(QType.F16, [("w", np.float16, 1)], 1, _repack_float(np.float16), None),
+    _fmt(QType.BF16, [("w", jnp.bfloat16, 1)], 1, _repack_float(jnp.bfloat16), None, jnp.bfloat16),
+    _fmt(QType.Q8_0, [("q", _I8, 1), ("d", _F16, 32)], 32, _repack_q8_0, _ints_q8_0),
+    _fmt(QType.Q4_0, [("qs", _U8, 2), ("d", _F16, 32)], 32, _repack_q4_0, _ints_q4_0),
+    _fmt(QType.Q4_1, [("qs", _U8, 2), ("d", _F16, 32), ("m", _F16, 32)], 32, _repack_q4_1, _ints_q4_1),
+    _fmt(QType.Q5_0, [("qs", _U8, 2), ("qh", _U8, 8), ("d", _F16, 32)], 32, _repack_q5_0, _ints_q5_0),
     _fmt(QType.Q5_1, [("qs", _U8, 2), ("qh", _U8, 8), ("d", _F16, 32), ("m", _F16, 32)], 32,
-         _repack_q5_1, _decode_q5_1),
+         _repack_q5_1, _ints_q5_1),
     _fmt(QType.Q2_K, [("qs", _U8, 4), ("sc", _U8, 16), ("d", _F16, 256), ("dmin", _F16, 256)], 256,
-         _repack_q2_k, _decode_q2_k),
+         _repack_q2_k, _ints_q2_k),
     _fmt(QType.Q3_K, [("qs", _U8, 4), ("qh", _U8, 8), ("sc", _I8, 16), ("d", _F16, 256)], 256,
-         _repack_q3_k, _decode_q3_k),
+         _repack_q3_k, _ints_q3_k),
     _fmt(QType.Q4_K, [("qs", _U8, 2), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256), ("dmin", _F16, 256)],
-         256, _repack_q4_k, _decode_q4_k),
+         256, _repack_q4_k, _ints_q4_k),
     _fmt(QType.Q5_K, [("qs", _U8, 2), ("qh", _U8, 8), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256),
-                      ("dmin", _F16, 256)], 256, _repack_q5_k, _decode_q5_k),
+                      ("dmin", _F16, 256)], 256, _repack_q5_k, _ints_q5_k),
     _fmt(QType.Q6_K, [("ql", _U8, 2), ("qh", _U8, 4), ("sc", _I8, 16), ("d", _F16, 256)], 256,
-         _repack_q6_k, _decode_q6_k),
+         _repack_q6_k, _ints_q6_k),
 ]}
 
 
@@ -358,7 +351,20 @@ def decode(qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32) -> j
     (tile_cols(bk, wpc) == 1); the helpers derive group sizes from the tile shapes, so any
     power-of-two bk >= 8 decodes correctly.
     """
-    return get_format(qtype).decode(tiles, dtype)
+    fmt = get_format(qtype)
+    if fmt.ints is None:
+        return tiles["w"].astype(dtype)
+    q, a, b = fmt.ints(tiles, dtype)
+    q = q.astype(dtype)
+    return group_scale(q, a) if b is None else group_affine(q, a, b)
+
+
+def decode_ints(qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32):
+    """Block formats: plane tiles -> (q int32 [bn, bk], per-group scale a, per-group offset b or None)."""
+    fmt = get_format(qtype)
+    if fmt.ints is None:
+        raise UnsupportedError(f"{fmt.name} is a float format: it has no integer form")
+    return fmt.ints(tiles, dtype)
 
 
 def tile_cols(bk: int, wpc: int) -> int:
