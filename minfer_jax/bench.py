@@ -688,13 +688,13 @@ def auto_kernel_reps(wbytes: int, env: Env, impl: str) -> int:
 
 
 def run_kernel_case(case: KernelCase, nt: int, env: Env, *, impl: str, trials: int, reps: int | None,
-                    warmup: bool, seed: int) -> dict:
+                    warmup: bool, seed: int, gemm: str = "f16") -> dict:
     from minfer_jax import kernel_bench as kb
 
     wbytes = kb.weight_nbytes(case.qtype, case.n, case.k)
     nreps = reps or auto_kernel_reps(wbytes, env, impl)
     test_time = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    res = kb.run_case(case.qtype, case.n, case.k, nt, kb.dispatch_matmul(case.qtype, case.n, case.k, impl),
+    res = kb.run_case(case.qtype, case.n, case.k, nt, kb.dispatch_matmul(case.qtype, case.n, case.k, impl, gemm),
                       kb.reference_matmul(case.qtype, case.n), impl=impl, reps=nreps, trials=trials, seed=seed,
                       warmup=warmup)
     kind = kb.kernel_kind(nt, impl)
@@ -931,6 +931,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matmul implementation: pallas (Triton kernels, GPU), interpret (the same kernels in "
                         "Pallas' interpreter: very slow, tiny shapes only) or xla (reference dequant + dot). "
                         "Default: pallas on GPU, xla elsewhere")
+    g.add_argument("--gemm", choices=("f16", "int8"), default="f16",
+                   help="prefill GEMM variant for block formats: f16 dequant-in-kernel (default) or int8 "
+                        "activations x int8 quants (not yet measured on the GPU)")
     g.add_argument("--weights", choices=("quantized", "dense"), default=None,
                    help="model mode: weight storage on the device (default: quantized for pallas/interpret, dense "
                         "for xla, as minfer_jax.load)")
@@ -1144,7 +1147,7 @@ def _main(argv: list[str]) -> int:
                 for nt in case.nts:
                     log(f"kernel {case.qtype.name} {case.n}x{case.k} nt={nt} ({impl})")
                     try:
-                        row = run_kernel_case(case, nt, env, impl=impl, trials=args.repetitions,
+                        row = run_kernel_case(case, nt, env, impl=impl, gemm=args.gemm, trials=args.repetitions,
                                               reps=args.kernel_reps, warmup=not args.no_warmup, seed=args.seed)
                     except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
                         failed += 1
@@ -1177,7 +1180,7 @@ def _main(argv: list[str]) -> int:
             cfg = src.gguf.config
             ctxs = [context_for(t, args.ctx_size, cfg.context_length) for t in tests]
             model = load(gguf_model=src.gguf, ctx_size=max(ctxs), kernels=impl, weights=args.weights,
-                         device=env.device, progress=args.progress)
+                         gemm=args.gemm, device=env.device, progress=args.progress)
             log(f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} weights, "
                 f"{model.weight_nbytes / 1e9:.3f} GB on the device")
             if printers is None:

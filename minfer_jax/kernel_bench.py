@@ -82,13 +82,13 @@ def kernel_kind(nt: int, impl: str) -> str:
     return "gemv" if nt <= ops.GEMV_MAX_NT else "gemm"
 
 
-def dispatch_matmul(qtype: QType, n: int, k: int, impl: str):
+def dispatch_matmul(qtype: QType, n: int, k: int, impl: str, gemm: str = "f16"):
     """matmul(x, planes) through ops.matmul's dispatch (impl "pallas" | "interpret" | "xla")."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
 
     qt = QType(qtype)
-    impl_ = ops.Impl(kernels=impl)
+    impl_ = ops.Impl(kernels=impl, gemm=gemm)
     return lambda x, planes: ops.matmul(x, QWeight(planes, qt, (n, k)), impl_)
 
 

@@ -7,7 +7,9 @@ bucket and compiled into that bucket's executable:
     dense weight (CPU "dense" mode)   -> XLA dot
     QWeight, impl.kernels == "xla"    -> reference: whole-matrix decode + XLA dot
     QWeight, nt <= GEMV_MAX_NT        -> Pallas GEMV (pallas/gemv.py)
-    QWeight, nt >  GEMV_MAX_NT        -> Pallas GEMM (pallas/gemm.py)
+    QWeight, nt >  GEMV_MAX_NT        -> Pallas GEMM (pallas/gemm.py; impl.gemm == "int8":
+                                         pallas/gemm_int8.py for block formats, opt-in until
+                                         it has been measured on the GPU)
 
 "pallas" runs the Triton kernels on the GPU; "interpret" runs the same kernels in Pallas'
 interpreter (CPU tests of the full model through the kernels).
@@ -22,10 +24,12 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax.model.weights import DenseWeight, Weight
-from minfer_jax.pallas import gemm, gemv, tiles
+from minfer_jax.pallas import gemm, gemm_int8, gemv, tiles
+from minfer_jax.quant.planes import get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
 KERNEL_MODES = ("pallas", "interpret", "xla")
+GEMM_VARIANTS = ("f16", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +38,15 @@ class Impl:
 
     kernels: str = "xla"  # "pallas" | "interpret" | "xla"
     gemv_max_nt: int = GEMV_MAX_NT
+    gemm: str = "f16"  # prefill GEMM variant: "f16" dequant-in-kernel or "int8" (block formats)
 
     def __post_init__(self):
         if self.kernels not in KERNEL_MODES:
             raise ValueError(f"Impl.kernels must be one of {KERNEL_MODES}, got {self.kernels!r}")
         if not 1 <= self.gemv_max_nt <= gemv.NT_PAD:
             raise ValueError(f"gemv_max_nt must be in 1..{gemv.NT_PAD}")
+        if self.gemm not in GEMM_VARIANTS:
+            raise ValueError(f"Impl.gemm must be one of {GEMM_VARIANTS}, got {self.gemm!r}")
 
 
 def default_impl(platform: str | None = None) -> Impl:
@@ -61,6 +68,8 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
             y = tiles.dequant_matmul_reference(x2, w.planes, qtype=w.qtype, n_out=n)
         elif nt <= impl.gemv_max_nt:
             y = gemv.gemv(x2, w.planes, qtype=w.qtype, n_out=n, interpret=impl.kernels == "interpret")
+        elif impl.gemm == "int8" and get_format(w.qtype).ints is not None:
+            y = gemm_int8.gemm_int8(x2, w.planes, qtype=w.qtype, n_out=n, interpret=impl.kernels == "interpret")
         else:
             y = gemm.gemm(x2, w.planes, qtype=w.qtype, n_out=n, interpret=impl.kernels == "interpret")
     return y.reshape(*lead, y.shape[-1])

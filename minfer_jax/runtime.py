@@ -157,13 +157,14 @@ def _logits_jit(cfg, impl):
 
 def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, weights: str | None = None,
          dense_dtype: str = "float32", wide_dtype: str = "float32", kernels: str | None = None,
-         cache_dtype=None, device=None, progress: bool = False, gguf_model: GGUFModel | None = None) -> Model:
+         gemm: str = "f16", cache_dtype=None, device=None, progress: bool = False, gguf_model: GGUFModel | None = None) -> Model:
     """Load a Qwen2 GGUF (None: the built-in default model) onto the default device.
 
     weights: "quantized" (default with kernels) keeps GGUF formats on the device; "dense" (default
     on CPU) dequantizes once (weights.LoadOptions: dense_dtype / wide_dtype). kernels: "pallas" |
     "interpret" | "xla" (default: pallas on GPU, xla elsewhere). ctx_size: KV cache length
-    (default min(4096, trained context)). gguf_model: an already parsed GGUFModel (e.g. synthetic).
+    (default min(4096, trained context)). gemm: prefill GEMM variant, "f16" or "int8" (ops.Impl).
+    gguf_model: an already parsed GGUFModel (e.g. synthetic).
     """
     from minfer_jax.model_source import resolve_model
     from minfer_jax.tokenizer import Tokenizer
@@ -176,7 +177,7 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
         gguf_model = load_gguf(source)
     source = gguf_model.path
     cfg = gguf_model.config
-    impl = ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform)
+    impl = dataclasses.replace(ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform), gemm=gemm)
     if impl.kernels == "pallas" and platform != "gpu":
         raise ValueError(f"kernels='pallas' needs a GPU, but the device is {platform}; "
                          "use kernels='interpret' (slow) or 'xla'")

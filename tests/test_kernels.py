@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from minfer_jax.kernel_bench import random_planes
-from minfer_jax.pallas import gemm, gemv
+from minfer_jax.pallas import gemm, gemm_int8, gemv
 from minfer_jax.quant import group_dot
 from minfer_jax.quant.planes import FORMATS, QType, decode
 
@@ -120,3 +120,37 @@ def test_every_one_token_path(qtype, path):
     x = jax.random.normal(jax.random.PRNGKey(6), (1, k))
     check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True),
           gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
+
+
+BLOCK_FORMATS = [q for q in FORMATS if q not in (QType.F32, QType.F16, QType.BF16)]
+INT8_CASES = [(q, n, k, nt) for q in BLOCK_FORMATS for n, k in shapes_for(q) for nt in (9, 100)]
+
+
+@pytest.mark.parametrize("qtype,n,k,nt", INT8_CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_gemm_int8_matches_reference(qtype, n, k, nt):
+    """int8 GEMM == its reference (same activation quantization, exact integer sums) and stays within
+    the activation-quantization error (~1/127 per value) of the f16 path."""
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(nt + 7), (nt, k), jnp.float32)
+    got = gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, interpret=True)
+    check(got, gemm_int8.gemm_int8_reference(x, w, qtype=qtype, n_out=n), qtype)
+    f16 = gemm.gemm_reference(x, w, qtype=qtype, n_out=n)
+    chex.assert_trees_all_close(got, f16, atol=2e-2 * float(jnp.max(jnp.abs(f16))), rtol=0)
+
+
+def test_ops_routes_prefill_to_int8_only_when_asked():
+    from minfer_jax import ops
+    from minfer_jax.model.weights import QWeight
+
+    qtype, n, k = QType.Q4_K, 136, 512
+    w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
+    x = jax.random.normal(jax.random.PRNGKey(0), (12, k))
+    y16 = ops.matmul(x, w, ops.Impl(kernels="interpret"))
+    y8 = ops.matmul(x, w, ops.Impl(kernels="interpret", gemm="int8"))
+    np.testing.assert_allclose(np.asarray(y16), np.asarray(gemm.gemm_reference(x, w.planes, qtype=qtype, n_out=n)),
+                               rtol=1e-3, atol=1e-3 * float(jnp.max(jnp.abs(y16))))
+    np.testing.assert_allclose(np.asarray(y8), np.asarray(gemm_int8.gemm_int8_reference(x, w.planes, qtype=qtype,
+                                                                                        n_out=n)),
+                               rtol=1e-3, atol=1e-3 * float(jnp.max(jnp.abs(y8))))
+    with pytest.raises(ValueError, match="gemm"):
+        ops.Impl(gemm="int4")

@@ -20,14 +20,19 @@ from jax.experimental import pallas as pl
 from minfer_jax.quant.planes import Format, QType, decode, get_format, tile_cols
 
 
-def load_weight_tile(fmt: Format, plane_refs, r0, bn: int, k0, bk: int, dtype) -> jax.Array:
-    """Decode rows [r0, r0+bn) x weights [k0, k0+bk) of a weight into values [bn, bk] of dtype."""
+def load_plane_tiles(fmt: Format, plane_refs, r0, bn: int, k0, bk: int) -> dict[str, jax.Array]:
+    """The plane rectangles covering rows [r0, r0+bn) x weights [k0, k0+bk)."""
     tiles = {}
     for plane, ref in zip(fmt.planes, plane_refs):
         cols = tile_cols(bk, plane.wpc)
         start = k0 // plane.wpc if isinstance(k0, int) else pl.multiple_of(k0 // plane.wpc, cols)
         tiles[plane.name] = ref[pl.ds(r0, bn), pl.ds(start, cols)]
-    return decode(fmt.qtype, tiles, dtype)
+    return tiles
+
+
+def load_weight_tile(fmt: Format, plane_refs, r0, bn: int, k0, bk: int, dtype) -> jax.Array:
+    """Decode rows [r0, r0+bn) x weights [k0, k0+bk) of a weight into values [bn, bk] of dtype."""
+    return decode(fmt.qtype, load_plane_tiles(fmt, plane_refs, r0, bn, k0, bk), dtype)
 
 
 def plane_arrays(fmt: Format, planes) -> list[jax.Array]:
