@@ -76,19 +76,30 @@ def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmCo
     tiles.silence_triton_deprecation()
 
     xp = tiles.cast_rows(x, mpad, fmt.compute_dtype)  # [Mpad, K]
-    in_specs = [pl.BlockSpec((cfg.bm, k), lambda i, j: (i, 0))]
-    in_specs += [pl.BlockSpec((cfg.bn, k // p.wpc), lambda i, j: (j, 0)) for p in fmt.planes]
-    out = pl.pallas_call(
-        _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k, fmt.compute_dtype),
-        out_shape=jax.ShapeDtypeStruct((mpad, npad), jnp.float32),
-        grid=(mpad // cfg.bm, npad // cfg.bn),
-        in_specs=in_specs,
-        out_specs=pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j: (i, j)),
-        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
-        interpret=interpret,
-        name=f"gemm_{fmt.name.lower()}",
-    )(xp, *arrays)
+    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k, fmt.compute_dtype)
+    out = tiled_call(kernel, [xp], arrays, fmt, cfg.bm, cfg.bn, cfg.num_warps, cfg.num_stages, interpret,
+                     f"gemm_{fmt.name.lower()}")
     return out[:m, :n_out]
+
+
+def tiled_call(kernel, token_inputs, plane_arrays, fmt, bm: int, bn: int, num_warps: int, num_stages: int,
+               interpret: bool, name: str) -> jax.Array:
+    """Grid (Mpad / bm, Npad / bn), token blocks fastest: token-side inputs [Mpad, cols] blocked by
+    rows, planes blocked by weight rows, output [Mpad, Npad] f32. Shared by both GEMM variants."""
+    mpad, npad = token_inputs[0].shape[0], plane_arrays[0].shape[0]
+    k = plane_arrays[0].shape[1] * fmt.planes[0].wpc
+    in_specs = [pl.BlockSpec((bm, t.shape[1]), lambda i, j: (i, 0)) for t in token_inputs]
+    in_specs += [pl.BlockSpec((bn, k // p.wpc), lambda i, j: (j, 0)) for p in fmt.planes]
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((mpad, npad), jnp.float32),
+        grid=(mpad // bm, npad // bn),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+        compiler_params=tiles.compiler_params(num_warps, num_stages),
+        interpret=interpret,
+        name=name,
+    )(*token_inputs, *plane_arrays)
 
 
 # The jnp reference this kernel is tested against: the same decode on the whole matrix, one dot.

@@ -28,6 +28,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
+from minfer_jax.pallas.gemm import tiled_call
 from minfer_jax.quant.planes import QType, decode_ints, get_format
 
 XBLOCK = 32  # activation quantization block (and K step)
@@ -115,20 +116,8 @@ def gemm_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: I
     tiles.silence_triton_deprecation()
 
     xq, xs, xsum = quantize_activations(jnp.pad(x, ((0, mpad - m), (0, 0))), g)
-    in_specs = [pl.BlockSpec((cfg.bm, k), lambda i, j: (i, 0)),
-                pl.BlockSpec((cfg.bm, k // XBLOCK), lambda i, j: (i, 0)),
-                pl.BlockSpec((cfg.bm, k // g), lambda i, j: (i, 0))]
-    in_specs += [pl.BlockSpec((cfg.bn, k // p.wpc), lambda i, j: (j, 0)) for p in fmt.planes]
-    out = pl.pallas_call(
-        _kernel(qtype, cfg.bm, cfg.bn, k),
-        out_shape=jax.ShapeDtypeStruct((mpad, npad), jnp.float32),
-        grid=(mpad // cfg.bm, npad // cfg.bn),
-        in_specs=in_specs,
-        out_specs=pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j: (i, j)),
-        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
-        interpret=interpret,
-        name=f"gemm_int8_{fmt.name.lower()}",
-    )(xq, xs, xsum, *arrays)
+    out = tiled_call(_kernel(qtype, cfg.bm, cfg.bn, k), [xq, xs, xsum], arrays, fmt, cfg.bm, cfg.bn,
+                     cfg.num_warps, cfg.num_stages, interpret, f"gemm_int8_{fmt.name.lower()}")
     return out[:m, :n_out]
 
 
