@@ -687,6 +687,12 @@ def auto_kernel_reps(wbytes: int, env: Env, impl: str) -> int:
     return int(max(2, min(40, budget // max(wbytes, 1))))
 
 
+def _report_failure(what: str, e: Exception) -> None:
+    """One stderr line for a test/case that failed while the run goes on."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    print(f"bench.py: {what} failed: {type(e).__name__}: {first}"[:2000], file=sys.stderr)
+
+
 def run_kernel_case(case: KernelCase, nt: int, env: Env, *, impl: str, trials: int, reps: int | None,
                     warmup: bool, seed: int, gemm: str = "f16") -> dict:
     from minfer_jax import kernel_bench as kb
@@ -1151,8 +1157,7 @@ def _main(argv: list[str]) -> int:
                                               reps=args.kernel_reps, warmup=not args.no_warmup, seed=args.seed)
                     except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
                         failed += 1
-                        print(f"bench.py: case {case.qtype.name}:{case.n}x{case.k} nt={nt} failed: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:2000], file=sys.stderr)
+                        _report_failure(f"case {case.qtype.name}:{case.n}x{case.k} nt={nt}", e)
                         continue
                     for pr in printers:
                         pr.row(row)
@@ -1196,8 +1201,7 @@ def _main(argv: list[str]) -> int:
                     raise
                 except Exception as e:  # noqa: BLE001 - report, keep going with the other tests
                     failed += 1
-                    print(f"bench.py: test {t.name} on {src.label} failed: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}"[:2000], file=sys.stderr)
+                    _report_failure(f"test {t.name} on {src.label}", e)
                     continue
                 for pr in printers:
                     pr.row(row)
