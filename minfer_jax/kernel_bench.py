@@ -35,6 +35,8 @@ def random_planes(key: jax.Array, qtype: QType, n: int, k: int) -> dict[str, jax
             out[plane.name] = jax.random.randint(pkey, shape, 0, 64, jnp.int32).astype(dt)
         elif plane.name == "sc" and qtype == QType.Q3_K:
             out[plane.name] = jax.random.randint(pkey, shape, -32, 32, jnp.int32).astype(dt)
+        elif dt == jnp.uint32:  # packed quant words: every bit pattern is valid
+            out[plane.name] = jax.random.bits(pkey, shape, jnp.uint32)
         else:
             info = jnp.iinfo(dt)
             out[plane.name] = jax.random.randint(pkey, shape, info.min, info.max + 1, jnp.int32).astype(dt)

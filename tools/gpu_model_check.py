@@ -62,10 +62,6 @@ def speed(spec, pp=512, tg=128, reps=3):
 if __name__ == "__main__":
     print(jax.devices(), jax.__version__, flush=True)
     what = sys.argv[1:] or ["parity", "speed"]
-    if "grouped" in what:  # experiment: route one-token GEMVs of every block format to the grouped kernel
-        from minfer_jax.pallas import gemv
-        from minfer_jax.quant.group_dot import SPECS
-        gemv.GROUPED_FORMATS = frozenset(SPECS)
     if "parity" in what:
         greedy_parity("qwen2.5-0.5b:q4_k_m", 2)
         greedy_parity("qwen2.5-0.5b:q8_0", 2)

@@ -57,24 +57,6 @@ def cases(name):
             out += [gemv_case(q, 4096, 14336, 1, G.GemvConfig(*c)) for c in [(32, 256, 8, 4, 1), (16, 256, 8, 4, 1)]]
         out += [gemv_case(Q.Q4_K, 4096, 14336, 8, G.GemvConfig(32, 256, 8, 4, 1))]
         return out
-    if name == "sweep3":
-        out = []
-        for q in FORMATS:
-            base = G.choose_config(q, 4096, 14336)
-            out += [gemv_case(q, 4096, 14336, 1, base), gemv_case(q, 4096, 14336, 1, dataclasses.replace(base, fma=True))]
-        for c in [(16, 256, 8), (32, 512, 4), (16, 512, 8), (32, 256, 4), (64, 128, 8)]:
-            out.append(gemv_case(Q.Q4_0, 4096, 14336, 1, G.GemvConfig(*c, fma=True)))
-        for q, n, k in [(Q.Q5_0, 896, 896), (Q.Q5_0, 4864, 896), (Q.Q6_K, 896, 4864), (Q.Q8_0, 151936, 896),
-                        (Q.Q4_K, 3584, 3584), (Q.Q4_K, 18944, 3584), (Q.Q6_K, 3584, 18944), (Q.Q6_K, 152064, 3584)]:
-            base = G.choose_config(q, n, k)
-            out += [gemv_case(q, n, k, 1, base), gemv_case(q, n, k, 1, dataclasses.replace(base, fma=True))]
-        return out
-    if name == "sweep4":
-        out = []
-        for q in (Q.Q4_0, Q.Q4_K, Q.Q5_0, Q.Q6_K, Q.Q5_K):
-            for bn, bk, sp in [(32, 256, 8), (32, 512, 4), (16, 256, 8)]:
-                out.append(gemv_case(q, 4096, 14336, 1, G.GemvConfig(bn, bk, sp, grouped=True)))
-        return out
     raise SystemExit(f"unknown case set {name}")
 
 

@@ -79,12 +79,15 @@ def _kernel(qtype: QType, bm: int, bn: int, k: int):
             k0 = pl.multiple_of(j * XBLOCK, XBLOCK)
             xq = xq_ref[:, pl.ds(k0, XBLOCK)]  # [bm, 32] int8
             xs = xs_ref[:, pl.ds(j, 1)]  # [bm, 1]
-            q, _, _ = decode_ints(qtype, tiles.load_plane_tiles(fmt, plane_refs, 0, bn, k0, XBLOCK), jnp.float32)
+            q, a2, b2 = decode_ints(qtype, tiles.load_plane_tiles(fmt, plane_refs, 0, bn, k0, XBLOCK),
+                                    jnp.float32)  # q [bn, 32]; a2, b2 [bn, halves]
             lane = lax.iota(jnp.int32, XBLOCK)[None, :]
             for h in range(halves):
-                # this group's scale/offset from its own tile; q of the other group zeroed
-                _, a, b = decode_ints(qtype, tiles.load_plane_tiles(fmt, plane_refs, 0, bn, k0 + h * g, g),
-                                      jnp.float32)  # a, b [bn, 1]
+                # this group's scale/offset (column h: a where-sum, since a loaded tensor cannot be
+                # sliced); q of the other group zeroed
+                pick = lax.iota(jnp.int32, halves)[None, :] == h
+                a = jnp.sum(jnp.where(pick, a2, 0.0), axis=1, keepdims=True)  # [bn, 1]
+                b = None if b2 is None else jnp.sum(jnp.where(pick, b2, 0.0), axis=1, keepdims=True)
                 qh = q if halves == 1 else jnp.where(lane // g == h, q, 0)
                 d = lax.dot_general(xq, qh.astype(jnp.int8), dn, preferred_element_type=jnp.int32)  # [bm, bn]
                 acc = acc + d.astype(jnp.float32) * xs * a.reshape(1, bn)

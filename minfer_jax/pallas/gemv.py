@@ -1,22 +1,23 @@
 """Decode GEMV: y[nt, N] = x[nt, K] . W[N, K]^T for nt = 1 .. 8, every weight byte read once.
 
-Layout expected (quant.planes): each plane [Npad, K / wpc], rows padded to ROW_ALIGN.
+Layout expected (quant.planes): each plane [Npad, K / wpc], rows padded to ROW_ALIGN; packed
+quants in uint32 words.
 
-Grid (Npad / bn, splits). Program (i, s) owns output rows [i*bn, (i+1)*bn) and the K range
-[s*K/splits, (s+1)*K/splits); it walks that range in bk steps, decodes the [bn, bk] weight tile
-into the compute dtype (f16; bf16 for BF16 weights, f32 for F32) and multiplies it with all the
-tokens at once on the tensor cores: x is padded to NT_PAD = 16 rows (the smallest dot the Triton
-lowering accepts), so the token loop lives inside the dot, never in the grid, and each weight
-byte is read exactly once. Split-K partial sums [splits, 16, Npad] are added by XLA in the
-consumer's fusion; splitting pays for the 0.5B shapes, whose 896..4864-row matrices would
-otherwise keep only a handful of the 132 SMs busy.
+Block formats (Q4_0 .. Q6_K) take the integer path (quant/int8_words.py, llama.cpp's MMVQ idea):
+x is quantized once per call to int8 with one scale per 32 values, and per scale group
+S = sum q * xq is computed four weights per instruction with PTX `dp4a` on the planes' own words
+(inline asm; an exact jnp emulation in interpret mode), then y += a * (dx * S + offset term)
++ b * sum(x). All nt tokens are handled inside the program (token loop unrolled over the same
+loaded weight words), so each weight word is read once. Grid (Npad / bn, splits): program (i, s)
+owns rows [i*bn, (i+1)*bn) and the s-th K range, walking it gt groups per step.
 
-One token (nt == 1) takes one of two CUDA-core paths instead of the dot:
-- "grouped" (block formats, quant/group_dot.py): planes viewed as [Npad, K/group, *per_group],
-  per-group sums of raw quants times x, then y += A*S + B*X per group. No dequantized tile and
-  no reshape: unpacking is broadcasting.
-- "fma" (float formats): multiply-add the decoded [bn, bk] f32 tile into an f32 accumulator and
-  reduce once at the end.
+Float formats (F32, F16, BF16): one token multiply-adds the decoded [bn, bk] tile into an f32
+accumulator ("fma"); more tokens go through a tensor-core dot with x padded to NT_PAD = 16 rows
+(the smallest dot the Triton lowering accepts).
+
+Split-K partial sums [splits, rows, Npad] are added by XLA in the consumer's fusion; splitting
+pays for the 0.5B shapes, whose 896..4864-row matrices would otherwise keep only a handful of
+the 132 SMs busy.
 """
 
 from __future__ import annotations
@@ -30,50 +31,57 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
-from minfer_jax.quant import group_dot
+from minfer_jax.quant import int8_words
 from minfer_jax.quant.planes import QType, get_format
 
-NT_PAD = 16  # x rows fed to the dot: Triton needs >= 16 on every dot side
+NT_PAD = 16  # x rows fed to the float formats' dot: Triton needs >= 16 on every dot side
 MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
 TARGET_PROGRAMS = 1024  # ~8 programs per SM on the H200's 132 SMs keep enough loads in flight
-# Formats whose one-token GEMV is faster on the CUDA cores (multiply-add into an f32 tile) than
-# through the tensor-core dot on the H200 (4096 x 14336 sweep, docs/BENCHMARKS.md).
-FMA_FORMATS = frozenset({QType.F32, QType.F16, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q2_K, QType.Q3_K,
-                         QType.Q4_K, QType.Q6_K})
-# One-token GEMVs through the grouped kernel: faster than both other paths on the H200 for these
-# (4096 x 14336: Q4_0 882 vs 605 GB/s, Q5_0 910 vs 545, Q4_K 717 vs 547, Q5_K 825 vs 431,
-# Q6_K 750 vs 623, Q8_0 1341 vs 1240). Q2_K/Q3_K measured slower grouped; Q4_1/Q5_1 not yet
-# measured on the GPU, so they stay on the paths that were.
-GROUPED_FORMATS = frozenset({QType.Q8_0, QType.Q4_0, QType.Q5_0, QType.Q4_K, QType.Q5_K, QType.Q6_K})
-TILE_ELEMS = 8192  # bn * bk ceiling: decoded tile + int intermediates must fit in registers
+TILE_ELEMS = 8192  # float formats: bn * bk ceiling (decoded tile + intermediates in registers)
+# Integer path tiles (H200 sweep at 4096 x 14336 and 14336 x 4096, tools/dp4a_probe.py,
+# docs/BENCHMARKS.md): 16 rows x 16 groups per step, 4 warps, ~1024 programs.
+INT8_BN = 16
+INT8_GROUPS_PER_STEP = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class GemvConfig:
     bn: int
-    bk: int
+    bk: int  # weights per step (integer path: groups per step * group)
     splits: int
     num_warps: int = 4
-    num_stages: int = 1  # Triton's software pipelining of these loads measured 3-5x slower (docs/BENCHMARKS.md)
-    fma: bool = False  # nt == 1 only: CUDA-core multiply-add into a [bn, bk] f32 accumulator instead of the dot
-    grouped: bool = False  # nt == 1 only, block formats: per-group integer sums (quant/group_dot.py)
+    num_stages: int = 1  # Triton's software pipelining of these loads measured slower (docs/BENCHMARKS.md)
+    fma: bool = False  # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator
+
+
+def _splits(chunks: int, programs: int) -> int:
+    """Most K splits (a divisor of chunks) that keep programs * splits <= TARGET_PROGRAMS."""
+    return max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or programs * d <= TARGET_PROGRAMS))
 
 
 def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
     """Block sizes for one weight shape (tuned on the H200; docs/BENCHMARKS.md).
 
-    Decode GEMVs are latency-bound unless enough bytes are in flight: the H200 sweep put the
-    optimum near 1000 programs of 32 rows x 256 weights, so small-N shapes split K.
+    Decode GEMVs are latency-bound unless enough bytes are in flight: ~1000 programs, so small-N
+    shapes split K.
     """
-    fmt = get_format(qtype)
     npad = tiles.round_up(n, 128)
+    if qtype in int8_words.SPECS:
+        group = int8_words.SPECS[qtype].group
+        gt = tiles.pow2_divisor(k // group, INT8_GROUPS_PER_STEP)
+        return GemvConfig(bn=INT8_BN, bk=gt * group, splits=_splits(k // (gt * group), npad // INT8_BN))
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
-    programs = npad // bn
-    chunks = k // max(bk, fmt.block)  # K splits must keep whole tiles and whole scale blocks
-    splits = max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or programs * d <= TARGET_PROGRAMS))
-    return GemvConfig(bn=bn, bk=bk, splits=splits, fma=nt == 1 and qtype in FMA_FORMATS,
-                      grouped=nt == 1 and qtype in GROUPED_FORMATS)
+    return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
+
+
+def _dp4a(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
+    """c + dot of the four signed bytes of a and b, per element (PTX dp4a; GPU only)."""
+    from jax.experimental.pallas import triton as pltriton
+
+    [r] = pltriton.elementwise_inline_asm("dp4a.s32.s32 $0, $1, $2, $3;", args=[a, b, c], constraints="=r,r,r,r",
+                                          pack=1, result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.int32)])
+    return r
 
 
 @functools.cache
@@ -116,72 +124,86 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 
 @functools.cache
-def _grouped_kernel(qtype: QType, bn: int, gt: int, n_steps: int):
-    """One-token kernel over grouped plane views: acc[bn, gt] += A*S + B*X per step of gt groups."""
-    spec = group_dot.SPECS[qtype]
+def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool):
+    """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t."""
+    spec = int8_words.SPECS[qtype]
+    dot4 = int8_words.dp4a_emulated if emulate else _dp4a
 
-    def kernel(x_ref, xs_ref, *refs):
+    def kernel(xw_ref, xd_ref, xo_ref, xs_ref, *refs):
         *plane_refs, o_ref = refs
         views = dict(zip([n for n, _ in spec.views], plane_refs))
         coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views):]))
 
-        def step(j, acc):
+        def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
             t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
-                 for name, tail in spec.views}
+                 for name, tail in spec.views}  # [bn, gt, *tail]
+            groups = g0 + lax.iota(jnp.int32, gt)  # [gt]
             rows = lax.iota(jnp.int32, bn)[:, None]
             for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
-                cols = ((g0 + lax.iota(jnp.int32, gt)) // per)[None, :]
-                t[name] = coarse[name][rows, cols]  # [bn, gt]
-            lead = (pl.ds(g0, gt),) + (slice(None),) * (len(spec.x_view) - 1)
-            if spec.x_slots:  # one load per slot of the last axis (a loaded tensor cannot be sliced)
-                xv = [x_ref[lead + (c,)] for c in range(spec.x_slots)]  # each [gt, *x_view[:-1]]
-            else:
-                xv = [x_ref[lead + (slice(None),)]]  # [gt, *x_view]
-            xs = xs_ref[pl.ds(g0, gt)]  # [gt]
-            s, a, b = spec.fn(t, xv)  # [bn, gt] each
-            return acc + a * s + b * xs[None, :]
+                t[name] = coarse[name][rows, (groups // per)[None, :]]  # [bn, gt]
+            words, a, b = spec.fn(t, (groups % 2)[None, :])  # words: x_slots x [bn, gt, x_words]
+            out = []
+            for tok in range(ntp):  # the weight words above serve every token
+                s = jnp.zeros(words[0].shape, jnp.int32)
+                for slot, w in enumerate(words):
+                    xw = xw_ref[tok, slot, pl.ds(g0, gt), :]  # [gt, x_words]
+                    s = dot4(w, jnp.broadcast_to(xw[None], w.shape), s)
+                v = jnp.sum(s, axis=-1).astype(jnp.float32) * xd_ref[tok, pl.ds(g0, gt)][None, :]  # [bn, gt]
+                if spec.offset:
+                    v = v + xo_ref[tok, pl.ds(g0, gt)][None, :]
+                v = a * v
+                if b is not None:
+                    v = v + b * xs_ref[tok, pl.ds(g0, gt)][None, :]
+                out.append(accs[tok] + v)
+            return tuple(out)
 
-        acc = jnp.zeros((bn, gt), jnp.float32)
-        acc = step(0, acc) if n_steps == 1 else lax.fori_loop(0, n_steps, step, acc)
-        o_ref[...] = jnp.broadcast_to(jnp.sum(acc, axis=1)[None, :], (NT_PAD, bn))
+        accs = tuple(jnp.zeros((bn, gt), jnp.float32) for _ in range(ntp))
+        accs = step(0, accs) if n_steps == 1 else lax.fori_loop(0, n_steps, step, accs)
+        for tok in range(ntp):
+            o_ref[tok, :] = jnp.sum(accs[tok], axis=1)
 
     return kernel
 
 
-def _gemv_grouped(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: bool):
-    """One token through the grouped kernel: [1, K] -> [splits, 16, Npad] partial sums."""
-    spec = group_dot.SPECS[qtype]
-    k = x.shape[1]
+def _row_block_index(n_tail: int, i, s):
+    return (i, s) + (0,) * n_tail
+
+
+def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: bool):
+    """x [nt, K] through the integer path -> partial sums [splits, ntp, Npad] (ntp = nt rounded up to 2^i)."""
+    spec = int8_words.SPECS[qtype]
+    nt, k = x.shape
+    ntp = 1 << (nt - 1).bit_length()
     n_groups = k // spec.group
     gs = n_groups // cfg.splits  # groups per split
     gt = cfg.bk // spec.group  # groups per step
     assert n_groups % cfg.splits == 0 and gs % gt == 0, (cfg, k)
     assert all(gs % per == 0 for _, per in spec.coarse), (cfg, k)
-    gp = group_dot.grouped_planes(qtype, planes)
-    xv, xs = group_dot.grouped_x(qtype, x[0])
-    tail0 = lambda n: (0,) * n  # noqa: E731
-    in_specs = [pl.BlockSpec((gs, *spec.x_view), lambda i, s: (s, *tail0(len(spec.x_view)))),
-                pl.BlockSpec((gs,), lambda i, s: (s,))]
+    xw, xd, xo, xs = int8_words.x_operands(qtype, jnp.pad(x, ((0, ntp - nt), (0, 0))))
+    wp = int8_words.word_planes(qtype, planes)
+    in_specs = [pl.BlockSpec((ntp, spec.x_slots, gs, spec.x_words), lambda i, s: (0, 0, s, 0))]
+    in_specs += [pl.BlockSpec((ntp, gs), lambda i, s: (0, s))] * 3
     arrays = []
     for name, tail in spec.views:
-        arrays.append(gp[name])
-        in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), lambda i, s, n=len(tail): (i, s, *tail0(n))))
+        arrays.append(wp[name])
+        in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail))))
     for name, per in spec.coarse:
-        arrays.append(gp[name])
+        arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, gs // per), lambda i, s: (i, s)))
-    return _split_k_call(_grouped_kernel(qtype, cfg.bn, gt, gs // gt), in_specs, (xv, xs, *arrays), cfg, npad,
-                         interpret, f"gemv1_{qtype.name.lower()}")
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret)
+    return _split_k_call(kernel, in_specs, (xw, xd, xo, xs, *arrays), cfg, npad, ntp, interpret,
+                         f"gemv_int8_{qtype.name.lower()}")
 
 
-def _split_k_call(kernel, in_specs, operands, cfg: GemvConfig, npad: int, interpret: bool, name: str):
-    """Grid (Npad / bn, splits) -> partial sums [splits, 16, Npad] f32 (XLA adds the splits)."""
+def _split_k_call(kernel, in_specs, operands, cfg: GemvConfig, npad: int, rows: int, interpret: bool, name: str):
+    """Grid (Npad / bn, splits) -> partial sums [splits, rows, Npad] f32 (XLA adds the splits)."""
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((cfg.splits, NT_PAD, npad), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((cfg.splits, rows, npad), jnp.float32),
         grid=(npad // cfg.bn, cfg.splits),
         in_specs=in_specs,
-        out_specs=pl.BlockSpec((None, NT_PAD, cfg.bn), lambda i, s: (s, 0, i)),
+        out_specs=pl.BlockSpec((None, rows, cfg.bn), lambda i, s: (s, 0, i)),
         compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
         interpret=interpret,
         name=name,
@@ -193,8 +215,8 @@ def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvCo
          interpret: bool = False) -> jax.Array:
     """x [nt, K] (nt <= 8) . W^T -> [nt, n_out] f32, W given as its planes."""
     nt, k = x.shape
-    if nt > NT_PAD:
-        raise ValueError(f"gemv takes at most {NT_PAD} tokens, got {nt}")
+    if not 1 <= nt <= NT_PAD:
+        raise ValueError(f"gemv takes 1 .. {NT_PAD} tokens, got {nt}")
     fmt = get_format(qtype)
     cfg = config or choose_config(qtype, n_out, k, nt)
     arrays = tiles.plane_arrays(fmt, planes)
@@ -202,16 +224,21 @@ def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvCo
     k_split = k // cfg.splits
     assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % cfg.bk == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()
-    if cfg.grouped and nt == 1 and qtype in group_dot.SPECS:
-        out = _gemv_grouped(x, planes, qtype, cfg, npad, interpret)
+    if qtype in int8_words.SPECS:
+        out = _gemv_int8(x, planes, qtype, cfg, npad, interpret)
     else:
         x16 = tiles.cast_rows(x, NT_PAD, fmt.compute_dtype)  # [16, K]
         in_specs = [pl.BlockSpec((NT_PAD, k_split), lambda i, s: (0, s))]
         in_specs += [pl.BlockSpec((cfg.bn, k_split // p.wpc), lambda i, s: (i, s)) for p in fmt.planes]
         kernel = _kernel(qtype, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.fma and nt == 1)
-        out = _split_k_call(kernel, in_specs, (x16, *arrays), cfg, npad, interpret, f"gemv_{fmt.name.lower()}")
+        out = _split_k_call(kernel, in_specs, (x16, *arrays), cfg, npad, NT_PAD, interpret, f"gemv_{fmt.name.lower()}")
     return out.sum(axis=0)[:nt, :n_out]
 
 
-# The jnp reference this kernel is tested against: the same decode on the whole matrix, one dot.
-gemv_reference = tiles.dequant_matmul_reference
+def gemv_reference(x: jax.Array, planes, *, qtype: QType, n_out: int) -> jax.Array:
+    """The jnp reference of exactly what gemv computes: for block formats the integer formulation
+    on whole arrays (same activation quantization, exact integer sums), else the float decode +
+    one f32-accumulated dot."""
+    if qtype in int8_words.SPECS:
+        return int8_words.int8_dot_reference(x, planes, qtype=qtype, n_out=n_out)
+    return tiles.dequant_matmul_reference(x, planes, qtype=qtype, n_out=n_out)

@@ -41,6 +41,9 @@ class Plane:
     name: str
     dtype: np.dtype
     wpc: int  # weights per column: plane columns = K // wpc
+    # Packed quant planes only: the field (of the word's 32 / bits) holding the word's k-th weight,
+    # as a function of k that works on numpy and jnp ints; None = natural order (field k).
+    order: Callable | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,25 @@ class Format:
 
 # ----------------------------------------------------------------------------- numpy repack helpers
 
+# Field orders of the high-bit planes. The int8 GEMV (pallas/gemv.py) builds int8x4 words whose
+# byte b holds weight 8j + 2b + h (nibble word j, half h); these orders put the high bits of
+# exactly those weights where two ops (shift, mask) move them next to their nibbles.
+
+def _q5h_order(k):
+    """1-bit, 32 weights per word: weight k = 8j + 2b + h at bit 8b + 4h + j."""
+    return 8 * ((k >> 1) & 3) + 4 * (k & 1) + (k >> 3)
+
+
+def _q6h_order(k):
+    """2-bit, 16 weights per word: weight k = 8j + 2b + h at field 4b + 2j + h (bits 8b + 4j + 2h)."""
+    return 4 * ((k >> 1) & 3) + 2 * (k >> 3) + (k & 1)
+
+
+def _q3h_order(k):
+    """1-bit, 32 weights (two 16-groups) per word: weight k = 16i + 4b + s at bit 8b + 4i + s."""
+    return 8 * ((k >> 2) & 3) + 4 * (k >> 4) + (k & 3)
+
+
 def _blocks(raw: np.ndarray, qtype: QType) -> np.ndarray:
     """uint8 [rows, bytes_per_row] -> [rows, n_blocks, block_bytes]."""
     _, type_size = GGML_QUANT_SIZES[qtype]
@@ -73,12 +95,20 @@ def _f16(blocks: np.ndarray, off: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, :, off:off + 2]).view(np.float16)[..., 0]
 
 
-def _pack(values: np.ndarray, bits: int) -> np.ndarray:
-    """[rows, K] small unsigned ints -> uint8 [rows, K * bits / 8], LSB-first natural order."""
-    per = 8 // bits
-    v = values.astype(np.uint8).reshape(values.shape[0], -1, per)  # [rows, K/per, per]
-    shifts = (np.arange(per, dtype=np.uint8) * bits)
-    return np.bitwise_or.reduce(v << shifts, axis=-1).astype(np.uint8)
+def _pack(values: np.ndarray, bits: int, order: Callable | None = None) -> np.ndarray:
+    """[rows, K] small unsigned ints -> uint32 words [rows, K * bits / 32], LSB first: the word's
+    k-th weight in field order(k) (bits [bits * order(k), bits * (order(k) + 1)))."""
+    rows = values.shape[0]
+    per = 32 // bits
+    v = values.astype(np.uint8).reshape(rows, -1, per)  # [rows, words, per]
+    if order is not None:
+        permuted = np.empty_like(v)
+        permuted[..., order(np.arange(per))] = v
+        v = permuted
+    v = v.reshape(rows, -1, 8 // bits)  # [rows, bytes, fields per byte]
+    shifts = (np.arange(8 // bits, dtype=np.uint8) * bits)
+    packed = np.bitwise_or.reduce(v << shifts, axis=-1).astype(np.uint8)  # [rows, bytes], little-endian words
+    return np.ascontiguousarray(packed).view("<u4").astype(np.uint32)
 
 
 def _nibbles_32(qs: np.ndarray) -> np.ndarray:
@@ -125,7 +155,8 @@ def _repack_float(dtype):
 
 def _repack_q8_0(raw, k):
     b = _blocks(raw, QType.Q8_0)
-    return {"q": np.ascontiguousarray(b[:, :, 2:]).view(np.int8).reshape(b.shape[0], k), "d": _f16(b, 0)}
+    return {"q": np.ascontiguousarray(b[:, :, 2:]).reshape(b.shape[0], k).view("<u4").astype(np.uint32),
+            "d": _f16(b, 0)}
 
 
 def _repack_q4_0(raw, k):
@@ -140,12 +171,13 @@ def _repack_q4_1(raw, k):
 
 def _repack_q5_0(raw, k):
     b = _blocks(raw, QType.Q5_0)
-    return {"qs": _pack(_nibbles_32(b[:, :, 6:]), 4), "qh": _pack(_bits_32(b[:, :, 2:6]), 1), "d": _f16(b, 0)}
+    return {"qs": _pack(_nibbles_32(b[:, :, 6:]), 4), "qh": _pack(_bits_32(b[:, :, 2:6]), 1, _q5h_order),
+            "d": _f16(b, 0)}
 
 
 def _repack_q5_1(raw, k):
     b = _blocks(raw, QType.Q5_1)
-    return {"qs": _pack(_nibbles_32(b[:, :, 8:]), 4), "qh": _pack(_bits_32(b[:, :, 4:8]), 1),
+    return {"qs": _pack(_nibbles_32(b[:, :, 8:]), 4), "qh": _pack(_bits_32(b[:, :, 4:8]), 1, _q5h_order),
             "d": _f16(b, 0), "m": _f16(b, 2)}
 
 
@@ -171,7 +203,7 @@ def _repack_q3_k(raw, k):
     lo = (s[..., 0:8].reshape(rows, ns, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)).reshape(rows, ns, 16)
     hi = (s[..., 8:12].reshape(rows, ns, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)).reshape(rows, ns, 16)
     sc = ((lo & 0x0F) | ((hi & 0x03) << 4)).astype(np.int8) - np.int8(32)
-    return {"qs": _pack(ql, 2), "qh": _pack(qh, 1), "sc": sc.reshape(rows, -1), "d": _f16(b, 108)}
+    return {"qs": _pack(ql, 2), "qh": _pack(qh, 1, _q3h_order), "sc": sc.reshape(rows, -1), "d": _f16(b, 108)}
 
 
 def _repack_q4_k(raw, k):
@@ -188,7 +220,7 @@ def _repack_q5_k(raw, k):
     sc, mn = _kquant_scale_min(b[:, :, 4:16])
     qh = b[:, :, 16:48].reshape(rows, ns, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
     qh = (qh & 1).reshape(rows, ns * 256)
-    return {"qs": _pack(_kquant_nibbles(b[:, :, 48:176]), 4), "qh": _pack(qh, 1), "sc": sc, "m": mn,
+    return {"qs": _pack(_kquant_nibbles(b[:, :, 48:176]), 4), "qh": _pack(qh, 1, _q5h_order), "sc": sc, "m": mn,
             "d": _f16(b, 0), "dmin": _f16(b, 2)}
 
 
@@ -200,7 +232,7 @@ def _repack_q6_k(raw, k):
     ql = (ql & 0x0F).reshape(rows, ns * 256)  # byte 64h + j, shift 4s -> weight 128h + 64s + j
     qh = b[:, :, 128:192].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
     qh = (qh & 3).reshape(rows, ns * 256)  # byte 32h + l, shift 2s -> weight 128h + 32s + l
-    return {"ql": _pack(ql, 4), "qh": _pack(qh, 2),
+    return {"ql": _pack(ql, 4), "qh": _pack(qh, 2, _q6h_order),
             "sc": np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(rows, -1), "d": _f16(b, 208)}
 
 
@@ -208,17 +240,14 @@ def _repack_q6_k(raw, k):
 # Everything below runs both inside Pallas kernels (on loaded tiles) and on whole arrays, so it
 # sticks to ops the Triton lowering supports: elementwise ops, broadcasts, iota and reshapes.
 
-def unpack(b: jax.Array, bits: int) -> jax.Array:
-    """uint8 [r, c] -> int32 [r, c * 8 / bits], LSB-first (inverse of the repack's _pack)."""
-    per = 8 // bits
-    r, c = b.shape
-    shifts = lax_iota_u8(per) * bits  # [per]
-    v = (b[:, :, None] >> shifts[None, None, :]) & ((1 << bits) - 1)  # [r, c, per]
+def unpack(w: jax.Array, bits: int, order: Callable | None = None) -> jax.Array:
+    """uint32 words [r, c] -> int32 [r, c * 32 / bits] in natural k order (inverse of _pack)."""
+    per = 32 // bits
+    r, c = w.shape
+    k = jax.lax.iota(jnp.int32, per)
+    shifts = ((order(k) if order is not None else k) * bits).astype(jnp.uint32)  # [per]
+    v = (w[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)  # [r, c, per]
     return v.reshape(r, c * per).astype(jnp.int32)
-
-
-def lax_iota_u8(n: int) -> jax.Array:
-    return jax.lax.iota(jnp.uint8, n)
 
 
 def group_scale(v: jax.Array, s: jax.Array) -> jax.Array:
@@ -251,7 +280,7 @@ def superblock_scale(sub: jax.Array, d: jax.Array, dtype) -> jax.Array:
 
 
 def _ints_q8_0(t, dtype):
-    return t["q"].astype(jnp.int32), t["d"].astype(dtype), None
+    return (unpack(t["q"], 8) ^ 0x80) - 0x80, t["d"].astype(dtype), None  # bytes -> signed
 
 
 def _ints_q4_0(t, dtype):
@@ -263,11 +292,11 @@ def _ints_q4_1(t, dtype):
 
 
 def _ints_q5_0(t, dtype):
-    return (unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4)) - 16, t["d"].astype(dtype), None
+    return (unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4)) - 16, t["d"].astype(dtype), None
 
 
 def _ints_q5_1(t, dtype):
-    return unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4), t["d"].astype(dtype), t["m"].astype(dtype)
+    return unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4), t["d"].astype(dtype), t["m"].astype(dtype)
 
 
 def _ints_q2_k(t, dtype):
@@ -276,7 +305,8 @@ def _ints_q2_k(t, dtype):
 
 
 def _ints_q3_k(t, dtype):
-    return (unpack(t["qs"], 2) | (unpack(t["qh"], 1) << 2)) - 4, superblock_scale(t["sc"], t["d"], dtype), None
+    return ((unpack(t["qs"], 2) | (unpack(t["qh"], 1, _q3h_order) << 2)) - 4, superblock_scale(t["sc"], t["d"], dtype),
+            None)
 
 
 def _ints_q4_k(t, dtype):
@@ -285,40 +315,44 @@ def _ints_q4_k(t, dtype):
 
 
 def _ints_q5_k(t, dtype):
-    return (unpack(t["qs"], 4) | (unpack(t["qh"], 1) << 4), superblock_scale(t["sc"], t["d"], dtype),
+    return (unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4), superblock_scale(t["sc"], t["d"], dtype),
             -superblock_scale(t["m"], t["dmin"], dtype))
 
 
 def _ints_q6_k(t, dtype):
-    return (unpack(t["ql"], 4) | (unpack(t["qh"], 2) << 4)) - 32, superblock_scale(t["sc"], t["d"], dtype), None
+    return ((unpack(t["ql"], 4) | (unpack(t["qh"], 2, _q6h_order) << 4)) - 32, superblock_scale(t["sc"], t["d"], dtype),
+            None)
 
 
-_U8, _I8, _F16 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.float16)
+_U8, _I8, _U32, _F16 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint32), np.dtype(np.float16)
+_ORDERS = {(QType.Q5_0, "qh"): _q5h_order, (QType.Q5_1, "qh"): _q5h_order, (QType.Q5_K, "qh"): _q5h_order,
+           (QType.Q6_K, "qh"): _q6h_order, (QType.Q3_K, "qh"): _q3h_order}
 
 
 def _fmt(qtype, planes, block, repack, ints, compute=_F16):
-    return Format(qtype, tuple(Plane(n, np.dtype(d), w) for n, d, w in planes), block, np.dtype(compute), repack, ints)
+    return Format(qtype, tuple(Plane(n, np.dtype(d), w, _ORDERS.get((qtype, n))) for n, d, w in planes), block,
+                  np.dtype(compute), repack, ints)
 
 
 FORMATS: dict[QType, Format] = {f.qtype: f for f in [
     _fmt(QType.F32, [("w", np.float32, 1)], 1, _repack_float(np.float32), None, np.float32),
     _fmt(QType.F16, [("w", np.float16, 1)], 1, _repack_float(np.float16), None),
     _fmt(QType.BF16, [("w", jnp.bfloat16, 1)], 1, _repack_float(jnp.bfloat16), None, jnp.bfloat16),
-    _fmt(QType.Q8_0, [("q", _I8, 1), ("d", _F16, 32)], 32, _repack_q8_0, _ints_q8_0),
-    _fmt(QType.Q4_0, [("qs", _U8, 2), ("d", _F16, 32)], 32, _repack_q4_0, _ints_q4_0),
-    _fmt(QType.Q4_1, [("qs", _U8, 2), ("d", _F16, 32), ("m", _F16, 32)], 32, _repack_q4_1, _ints_q4_1),
-    _fmt(QType.Q5_0, [("qs", _U8, 2), ("qh", _U8, 8), ("d", _F16, 32)], 32, _repack_q5_0, _ints_q5_0),
-    _fmt(QType.Q5_1, [("qs", _U8, 2), ("qh", _U8, 8), ("d", _F16, 32), ("m", _F16, 32)], 32,
+    _fmt(QType.Q8_0, [("q", _U32, 4), ("d", _F16, 32)], 32, _repack_q8_0, _ints_q8_0),
+    _fmt(QType.Q4_0, [("qs", _U32, 8), ("d", _F16, 32)], 32, _repack_q4_0, _ints_q4_0),
+    _fmt(QType.Q4_1, [("qs", _U32, 8), ("d", _F16, 32), ("m", _F16, 32)], 32, _repack_q4_1, _ints_q4_1),
+    _fmt(QType.Q5_0, [("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32)], 32, _repack_q5_0, _ints_q5_0),
+    _fmt(QType.Q5_1, [("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32), ("m", _F16, 32)], 32,
          _repack_q5_1, _ints_q5_1),
-    _fmt(QType.Q2_K, [("qs", _U8, 4), ("sc", _U8, 16), ("d", _F16, 256), ("dmin", _F16, 256)], 256,
+    _fmt(QType.Q2_K, [("qs", _U32, 16), ("sc", _U8, 16), ("d", _F16, 256), ("dmin", _F16, 256)], 256,
          _repack_q2_k, _ints_q2_k),
-    _fmt(QType.Q3_K, [("qs", _U8, 4), ("qh", _U8, 8), ("sc", _I8, 16), ("d", _F16, 256)], 256,
+    _fmt(QType.Q3_K, [("qs", _U32, 16), ("qh", _U32, 32), ("sc", _I8, 16), ("d", _F16, 256)], 256,
          _repack_q3_k, _ints_q3_k),
-    _fmt(QType.Q4_K, [("qs", _U8, 2), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256), ("dmin", _F16, 256)],
+    _fmt(QType.Q4_K, [("qs", _U32, 8), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256), ("dmin", _F16, 256)],
          256, _repack_q4_k, _ints_q4_k),
-    _fmt(QType.Q5_K, [("qs", _U8, 2), ("qh", _U8, 8), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256),
+    _fmt(QType.Q5_K, [("qs", _U32, 8), ("qh", _U32, 32), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256),
                       ("dmin", _F16, 256)], 256, _repack_q5_k, _ints_q5_k),
-    _fmt(QType.Q6_K, [("ql", _U8, 2), ("qh", _U8, 4), ("sc", _I8, 16), ("d", _F16, 256)], 256,
+    _fmt(QType.Q6_K, [("ql", _U32, 8), ("qh", _U32, 16), ("sc", _I8, 16), ("d", _F16, 256)], 256,
          _repack_q6_k, _ints_q6_k),
 ]}
 

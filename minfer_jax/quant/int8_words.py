@@ -1,0 +1,224 @@
+"""Block formats as int8x4 words, for the integer-dot GEMV (pallas/gemv.py; llama.cpp's MMVQ idea).
+
+Every block format is, per output row and per scale group of `group` weights (quant.planes):
+
+    sum_k w_k x_k = a * sum_k (q_k + off) x_k + b * sum_k x_k,   q_k >= 0 the raw packed integer
+
+With x quantized per 32 values (x ~ dx * xq, xq int8, as the int8 GEMM and llama.cpp's q8_1 do):
+
+    y += a * (dx * S + off * dx * sum(xq)) + b * sum(x),   S = sum_k q_k xq_k   (exact int32)
+
+S is computed four weights at a time with `dp4a` on 32-bit words: the raw quants are never
+unpacked to one value per lane. Each format turns its loaded plane words into `x_slots` word
+tensors [bn, G, x_words] whose byte b of word w in slot s is the weight at position
+w * 4 * x_slots + b * x_slots + s of its group (a nibble word's even weights in slot 0, odd in
+slot 1; a 2-bit word's four bit pairs in slots 0..3), with the high bits of Q5/Q6/Q3 already
+or-ed in (the planes' field orders put them two ops away). x is laid out the same way once per
+call (`x_words`), so both dp4a operands hold the same four weights.
+
+Views. A quant plane [Npad, K / wpc] of uint32 words is reshaped (free, outside the kernel) to
+[Npad, K / group, words per group], a per-group field to [Npad, K / group]; fields coarser than
+a group (K-quant super-block d, dmin; Q3_K's high-bit word shared by two groups) are gathered
+per group inside the kernel (`coarse`: plane -> groups per plane column).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from minfer_jax.quant.planes import QType, decode_ints
+
+F32 = jnp.float32
+XBLOCK = 32  # activation quantization block (llama.cpp's q8_1)
+M4 = 0x0F0F0F0F  # low nibble of every byte
+M2 = 0x03030303  # low bit pair of every byte
+
+
+@dataclasses.dataclass(frozen=True)
+class WordSpec:
+    group: int  # weights per scale group
+    x_slots: int  # word tensors per group (byte permutations of the group's x)
+    x_words: int  # words per group per slot
+    offset: int  # added to the raw integers: value = a * (q + offset) + b
+    views: tuple[tuple[str, tuple[int, ...]], ...]  # plane -> trailing shape per group
+    coarse: tuple[tuple[str, int], ...]  # plane -> groups per plane column (gathered to [bn, G])
+    # (tiles, parity [1, G] int32: group index % 2) -> (slot words: x_slots tensors [bn, G, x_words]
+    # of int8x4, a [bn, G] f32, b [bn, G] f32 or None)
+    fn: Callable = dataclasses.field(compare=False)
+
+
+def _f(v):
+    return v.astype(F32)
+
+
+def _shift_iota(n, scale):
+    return lax.iota(jnp.uint32, n) * jnp.uint32(scale)
+
+
+def _nibbles(w):  # [bn, G, 4] nibble words -> (even weights, odd weights) as int8x4 words
+    return w & M4, (w >> 4) & M4
+
+
+def _q5_high(qh):
+    """qh [bn, G] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd) [bn, G, 4]."""
+    j = lax.iota(jnp.uint32, 4)
+    h = qh[..., None]
+    return (h << (4 - j)) & 0x10101010, (h >> j) & 0x10101010
+
+
+def _q8_0(t, parity):
+    return [t["q"]], _f(t["d"]), None
+
+
+def _q4_0(t, parity):
+    return list(_nibbles(t["qs"])), _f(t["d"]), None
+
+
+def _q4_1(t, parity):
+    return list(_nibbles(t["qs"])), _f(t["d"]), _f(t["m"])
+
+
+def _q5(t):
+    lo, hi = _nibbles(t["qs"])
+    h_lo, h_hi = _q5_high(t["qh"])
+    return [lo | h_lo, hi | h_hi]
+
+
+def _q5_0(t, parity):
+    return _q5(t), _f(t["d"]), None
+
+
+def _q5_1(t, parity):
+    return _q5(t), _f(t["d"]), _f(t["m"])
+
+
+def _kquant_ab(t):
+    return _f(t["d"]) * _f(t["sc"]), -(_f(t["dmin"]) * _f(t["m"]))
+
+
+def _q4_k(t, parity):
+    return list(_nibbles(t["qs"])), *_kquant_ab(t)
+
+
+def _q5_k(t, parity):
+    return _q5(t), *_kquant_ab(t)
+
+
+def _q6_k(t, parity):
+    # ql [bn, G, 2] nibble words; qh [bn, G] (planes._q6h_order): nibble word j's high pairs at
+    # bits 8b + 4j (even weights) and 8b + 4j + 2 (odd)
+    lo, hi = _nibbles(t["ql"])
+    h = t["qh"][..., None] >> _shift_iota(2, 4)  # [bn, G, 2]
+    words = [lo | ((h << 4) & 0x30303030), hi | ((h << 2) & 0x30303030)]
+    return words, _f(t["d"]) * _f(t["sc"]), None
+
+
+def _crumbs(qs):  # [bn, G] 2-bit words -> 4 slots [bn, G, 1]: bit pair s of every byte
+    return [(qs[..., None] >> (2 * s)) & M2 for s in range(4)]
+
+
+def _q2_k(t, parity):
+    sc = t["sc"].astype(jnp.int32)
+    return _crumbs(t["qs"]), _f(t["d"]) * _f(sc & 15), -(_f(t["dmin"]) * _f(sc >> 4))
+
+
+def _q3_k(t, parity):
+    # qh [bn, G] (gathered: one word per two groups, planes._q3h_order): group parity i's high bit
+    # of slot s at bit 8b + 4i + s
+    base = t["qh"] >> (4 * parity).astype(jnp.uint32)  # [bn, G]
+    words = [w | ((((base >> s) & 0x01010101) << 2)[..., None]) for s, w in enumerate(_crumbs(t["qs"]))]
+    return words, _f(t["d"]) * _f(t["sc"]), None
+
+
+SPECS: dict[QType, WordSpec] = {
+    QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", ())), (), _q8_0),
+    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0),
+    QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", ()), ("m", ())), (), _q4_1),
+    QType.Q5_0: WordSpec(32, 2, 4, -16, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0),
+    QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ()), ("m", ())), (), _q5_1),
+    QType.Q4_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)), _q4_k),
+    QType.Q5_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)),
+                         _q5_k),
+    QType.Q6_K: WordSpec(16, 2, 2, -32, (("ql", (2,)), ("qh", ()), ("sc", ())), (("d", 16),), _q6_k),
+    QType.Q3_K: WordSpec(16, 4, 1, -4, (("qs", ()), ("sc", ())), (("qh", 2), ("d", 16)), _q3_k),
+    QType.Q2_K: WordSpec(16, 4, 1, 0, (("qs", ()), ("sc", ())), (("d", 16), ("dmin", 16)), _q2_k),
+}
+
+
+def dp4a_emulated(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
+    """c + sum over the 4 bytes of a * b, bytes as signed int8 (PTX dp4a.s32.s32), in plain jnp."""
+    a = lax.bitcast_convert_type(a, jnp.int32)
+    b = lax.bitcast_convert_type(b, jnp.int32)
+    for i in range(4):
+        left = jnp.int32(24 - 8 * i)
+        c = c + lax.shift_right_arithmetic(a << left, jnp.int32(24)) * lax.shift_right_arithmetic(b << left,
+                                                                                                    jnp.int32(24))
+    return c
+
+
+# ----------------------------------------------------------------------------- activation side
+
+def quantize_x(x: jax.Array):
+    """x [nt, K] -> (xq int8 [nt, K], dx f32 [nt, K / 32]): xq * dx ~ x, |xq| <= 127 (q8_1)."""
+    nt, k = x.shape
+    xb = x.astype(F32).reshape(nt, k // XBLOCK, XBLOCK)
+    amax = jnp.max(jnp.abs(xb), axis=-1)  # [nt, K/32]
+    inv = jnp.where(amax > 0, 127.0 / jnp.where(amax > 0, amax, 1.0), 0.0)
+    xq = jnp.clip(jnp.round(xb * inv[..., None]), -127, 127).astype(jnp.int8).reshape(nt, k)
+    return xq, amax / 127.0
+
+
+def x_operands(qtype: QType, x: jax.Array):
+    """x [nt, K] -> what the kernel reads per group g (G = K / group):
+
+    xw   int32 [nt, slots, G, x_words]: int8x4 words in the format's slot order
+    xd   f32 [nt, G]: dx of the group's 32-block
+    xo   f32 [nt, G]: offset * dx * sum(xq) over the group
+    xs   f32 [nt, G]: sum of x over the group (unquantized, for b)
+    """
+    spec = SPECS[qtype]
+    nt, k = x.shape
+    g = k // spec.group
+    xq, dx = quantize_x(x)
+    # position in group = w * 4 * slots + byte * slots + slot  ->  [nt, slot, G, w, byte]
+    xr = xq.reshape(nt, g, spec.x_words, 4, spec.x_slots).transpose(0, 4, 1, 2, 3)
+    xw = lax.bitcast_convert_type(xr, jnp.int32)  # [nt, slots, G, x_words]
+    xd = jnp.repeat(dx, XBLOCK // spec.group, axis=1)  # [nt, G]
+    sum_q = jnp.sum(xq.reshape(nt, g, spec.group).astype(jnp.int32), axis=-1).astype(F32)
+    xo = spec.offset * xd * sum_q
+    xs = jnp.sum(x.astype(F32).reshape(nt, g, spec.group), axis=-1)
+    return xw, xd, xo, xs
+
+
+def word_planes(qtype: QType, planes) -> dict[str, jax.Array]:
+    """Planes reshaped to [Npad, K / group, *words per group] (coarse planes unchanged)."""
+    out = {}
+    for name, tail in SPECS[qtype].views:
+        p = planes[name]
+        out[name] = p.reshape(p.shape[0], -1, *tail)
+    for name, _ in SPECS[qtype].coarse:
+        out[name] = planes[name]
+    return out
+
+
+def int8_dot_reference(x: jax.Array, planes, *, qtype: QType, n_out: int) -> jax.Array:
+    """What the int8 GEMV computes, on whole arrays with planes.decode_ints (not the word tricks):
+    x [nt, K] -> [nt, n_out] f32 from the same quantized activations and exact integer sums."""
+    spec = SPECS[qtype]
+    nt, k = x.shape
+    g = k // spec.group
+    _, xd, xo, xs = x_operands(qtype, x)
+    xq, _ = quantize_x(x)
+    q, a, b = decode_ints(qtype, planes, F32)  # q [Npad, K] (offset applied), a/b [Npad, G]
+    q = q[:n_out] - spec.offset  # raw integers, as the kernel multiplies them
+    s = jnp.einsum("tgk,ngk->tng", xq.reshape(nt, g, spec.group).astype(jnp.int32),
+                   q.reshape(n_out, g, spec.group), preferred_element_type=jnp.int32).astype(F32)  # [nt, N, G]
+    y = jnp.sum(a[None, :n_out] * (s * xd[:, None, :] + xo[:, None, :]), axis=-1)
+    if b is not None:
+        y = y + xs @ b[:n_out].T
+    return y
