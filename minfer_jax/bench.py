@@ -701,7 +701,7 @@ def run_kernel_case(case: KernelCase, nt: int, env: Env, *, impl: str, trials: i
     nreps = reps or auto_kernel_reps(wbytes, env, impl)
     test_time = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     res = kb.run_case(case.qtype, case.n, case.k, nt, kb.dispatch_matmul(case.qtype, case.n, case.k, impl, gemm),
-                      kb.reference_matmul(case.qtype, case.n), impl=impl, reps=nreps, trials=trials, seed=seed,
+                      kb.reference_matmul(case.qtype, case.n, nt, impl, gemm), impl=impl, reps=nreps, trials=trials, seed=seed,
                       warmup=warmup)
     kind = kb.kernel_kind(nt, impl)
     avg = res.avg_us

@@ -94,12 +94,21 @@ def dispatch_matmul(qtype: QType, n: int, k: int, impl: str, gemm: str = "f16"):
     return lambda x, planes: ops.matmul(x, QWeight(planes, qt, (n, k)), impl_)
 
 
-def reference_matmul(qtype: QType, n: int):
-    """The kernels' jnp reference: whole-matrix decode in the compute dtype, one f32-accumulated dot."""
-    from minfer_jax.pallas import tiles
+def reference_matmul(qtype: QType, n: int, nt: int, impl: str, gemm: str = "f16"):
+    """The jnp reference of whatever dispatch_matmul runs for this case: the GEMV's own (integer
+    formulation for block formats), the int8 GEMM's, or whole-matrix decode in the compute dtype
+    + one f32-accumulated dot (the f16 GEMM and the XLA path)."""
+    from minfer_jax.pallas import gemm_int8, gemv, tiles
 
     qt = QType(qtype)
-    return lambda x, planes: tiles.dequant_matmul_reference(x, planes, qtype=qt, n_out=n)
+    kind = kernel_kind(nt, impl)
+    if kind == "gemv":
+        fn = gemv.gemv_reference
+    elif kind == "gemm" and gemm == "int8" and get_format(qt).ints is not None:
+        fn = gemm_int8.gemm_int8_reference
+    else:
+        fn = tiles.dequant_matmul_reference
+    return lambda x, planes: fn(x, planes, qtype=qt, n_out=n)
 
 
 def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: str, reps: int = 40,

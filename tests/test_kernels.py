@@ -120,9 +120,12 @@ def test_int8_reference_within_quantization_error(qtype):
     """The integer formulation (a * (dx * S + offset) + b * sum x per group) is x . decode(planes)
     up to the int8 rounding of x: exactly so for x already on the int8 grid."""
     w = planes_for(qtype, 136, 4864)
-    x = jax.random.normal(jax.random.PRNGKey(5), (2, 4864))
-    xq, dx = int8_words.quantize_x(x)
-    x_grid = (xq.astype(jnp.float32).reshape(2, -1, 32) * dx[..., None]).reshape(2, -1)  # x on its own grid
+    spec = int8_words.SPECS[qtype]
+    # x already on an int8 grid of its groups: max |x| = 127 * step in every group
+    steps = jax.random.uniform(jax.random.PRNGKey(4), (2, 4864 // spec.group, 1), minval=0.01, maxval=1.0)
+    ints = jax.random.randint(jax.random.PRNGKey(5), (2, 4864 // spec.group, spec.group), -127, 128)
+    ints = ints.at[..., 0].set(127)
+    x_grid = (ints.astype(jnp.float32) * steps).reshape(2, 4864)
     want = x_grid @ decode(qtype, w, jnp.float32)[:136].T
     got = int8_words.int8_dot_reference(x_grid, w, qtype=qtype, n_out=136)
     chex.assert_trees_all_close(got, want, atol=1e-5 * float(jnp.max(jnp.abs(want))), rtol=0)

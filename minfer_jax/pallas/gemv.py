@@ -4,10 +4,10 @@ Layout expected (quant.planes): each plane [Npad, K / wpc], rows padded to ROW_A
 quants in uint32 words.
 
 Block formats (Q4_0 .. Q6_K) take the integer path (quant/int8_words.py, llama.cpp's MMVQ idea):
-x is quantized once per call to int8 with one scale per 32 values, and per scale group
-S = sum q * xq is computed four weights per instruction with PTX `dp4a` on the planes' own words
-(inline asm; an exact jnp emulation in interpret mode), then y += a * (dx * S + offset term)
-+ b * sum(x). All nt tokens are handled inside the program (token loop unrolled over the same
+each step quantizes its slice of x to int8 (one scale per scale group, in registers: no prepass
+kernel), and per group S = sum q * xq is computed four weights per instruction with PTX `dp4a`
+on the planes' own words (inline asm; an exact jnp emulation in interpret mode), then
+y += a * (dx * S + offset term) + b * sum(x). All nt tokens are handled inside the program (token loop unrolled over the same
 loaded weight words), so each weight word is read once. Grid (Npad / bn, splits): program (i, s)
 owns rows [i*bn, (i+1)*bn) and the s-th K range, walking it gt groups per step.
 
@@ -129,7 +129,7 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
 
-    def kernel(xw_ref, xd_ref, xo_ref, xs_ref, *refs):
+    def kernel(x_ref, *refs):
         *plane_refs, o_ref = refs
         views = dict(zip([n for n, _ in spec.views], plane_refs))
         coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views):]))
@@ -145,16 +145,18 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
             words, a, b = spec.fn(t, (groups % 2)[None, :])  # words: x_slots x [bn, gt, x_words]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
+                # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
+                xs = [x_ref[tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
+                xw, dx, xo, xsum = int8_words.quantize_slots(xs, spec.offset)
                 s = jnp.zeros(words[0].shape, jnp.int32)
-                for slot, w in enumerate(words):
-                    xw = xw_ref[tok, slot, pl.ds(g0, gt), :]  # [gt, x_words]
-                    s = dot4(w, jnp.broadcast_to(xw[None], w.shape), s)
-                v = jnp.sum(s, axis=-1).astype(jnp.float32) * xd_ref[tok, pl.ds(g0, gt)][None, :]  # [bn, gt]
+                for w, x in zip(words, xw):
+                    s = dot4(w, jnp.broadcast_to(x[None], w.shape), s)
+                v = jnp.sum(s, axis=-1).astype(jnp.float32) * dx[None, :]  # [bn, gt]
                 if spec.offset:
-                    v = v + xo_ref[tok, pl.ds(g0, gt)][None, :]
+                    v = v + xo[None, :]
                 v = a * v
                 if b is not None:
-                    v = v + b * xs_ref[tok, pl.ds(g0, gt)][None, :]
+                    v = v + b * xsum[None, :]
                 out.append(accs[tok] + v)
             return tuple(out)
 
@@ -180,10 +182,9 @@ def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: b
     gt = cfg.bk // spec.group  # groups per step
     assert n_groups % cfg.splits == 0 and gs % gt == 0, (cfg, k)
     assert all(gs % per == 0 for _, per in spec.coarse), (cfg, k)
-    xw, xd, xo, xs = int8_words.x_operands(qtype, jnp.pad(x, ((0, ntp - nt), (0, 0))))
+    xv = int8_words.x_view(qtype, jnp.pad(x, ((0, ntp - nt), (0, 0))))  # [ntp, G, x_words, 4, x_slots]
     wp = int8_words.word_planes(qtype, planes)
-    in_specs = [pl.BlockSpec((ntp, spec.x_slots, gs, spec.x_words), lambda i, s: (0, 0, s, 0))]
-    in_specs += [pl.BlockSpec((ntp, gs), lambda i, s: (0, s))] * 3
+    in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))]
     arrays = []
     for name, tail in spec.views:
         arrays.append(wp[name])
@@ -192,7 +193,7 @@ def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: b
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, gs // per), lambda i, s: (i, s)))
     kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret)
-    return _split_k_call(kernel, in_specs, (xw, xd, xo, xs, *arrays), cfg, npad, ntp, interpret,
+    return _split_k_call(kernel, in_specs, (xv, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 
 

@@ -4,7 +4,7 @@ Every block format is, per output row and per scale group of `group` weights (qu
 
     sum_k w_k x_k = a * sum_k (q_k + off) x_k + b * sum_k x_k,   q_k >= 0 the raw packed integer
 
-With x quantized per 32 values (x ~ dx * xq, xq int8, as the int8 GEMM and llama.cpp's q8_1 do):
+With x quantized per scale group (x ~ dx * xq, xq int8; llama.cpp's q8_1 uses blocks of 32):
 
     y += a * (dx * S + off * dx * sum(xq)) + b * sum(x),   S = sum_k q_k xq_k   (exact int32)
 
@@ -14,7 +14,7 @@ tensors [bn, G, x_words] whose byte b of word w in slot s is the weight at posit
 w * 4 * x_slots + b * x_slots + s of its group (a nibble word's even weights in slot 0, odd in
 slot 1; a 2-bit word's four bit pairs in slots 0..3), with the high bits of Q5/Q6/Q3 already
 or-ed in (the planes' field orders put them two ops away). x is laid out the same way once per
-call (`x_words`), so both dp4a operands hold the same four weights.
+step (`quantize_slots`), so both dp4a operands hold the same four weights.
 
 Views. A quant plane [Npad, K / wpc] of uint32 words is reshaped (free, outside the kernel) to
 [Npad, K / group, words per group], a per-group field to [Npad, K / group]; fields coarser than
@@ -34,7 +34,6 @@ from jax import lax
 from minfer_jax.quant.planes import QType, decode_ints
 
 F32 = jnp.float32
-XBLOCK = 32  # activation quantization block (llama.cpp's q8_1)
 M4 = 0x0F0F0F0F  # low nibble of every byte
 M2 = 0x03030303  # low bit pair of every byte
 
@@ -162,37 +161,46 @@ def dp4a_emulated(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- activation side
+# x is quantized inside the GEMV kernel, per program and step, from a free view of the f32
+# activations: a separate XLA prepass cost 2-3 extra launches per matmul, which the
+# launch-bound 0.5B decode could not afford (tg128 588 vs 842 t/s with the f32 kernel it replaced).
 
-def quantize_x(x: jax.Array):
-    """x [nt, K] -> (xq int8 [nt, K], dx f32 [nt, K / 32]): xq * dx ~ x, |xq| <= 127 (q8_1)."""
-    nt, k = x.shape
-    xb = x.astype(F32).reshape(nt, k // XBLOCK, XBLOCK)
-    amax = jnp.max(jnp.abs(xb), axis=-1)  # [nt, K/32]
-    inv = jnp.where(amax > 0, 127.0 / jnp.where(amax > 0, amax, 1.0), 0.0)
-    xq = jnp.clip(jnp.round(xb * inv[..., None]), -127, 127).astype(jnp.int8).reshape(nt, k)
-    return xq, amax / 127.0
-
-
-def x_operands(qtype: QType, x: jax.Array):
-    """x [nt, K] -> what the kernel reads per group g (G = K / group):
-
-    xw   int32 [nt, slots, G, x_words]: int8x4 words in the format's slot order
-    xd   f32 [nt, G]: dx of the group's 32-block
-    xo   f32 [nt, G]: offset * dx * sum(xq) over the group
-    xs   f32 [nt, G]: sum of x over the group (unquantized, for b)
-    """
+def x_view(qtype: QType, x: jax.Array) -> jax.Array:
+    """x [nt, K] -> f32 [nt, G, x_words, 4, x_slots]: the group's position w * 4 * slots + b * slots + s
+    at [g, w, b, s] (a reshape: free in XLA)."""
     spec = SPECS[qtype]
     nt, k = x.shape
-    g = k // spec.group
-    xq, dx = quantize_x(x)
-    # position in group = w * 4 * slots + byte * slots + slot  ->  [nt, slot, G, w, byte]
-    xr = xq.reshape(nt, g, spec.x_words, 4, spec.x_slots).transpose(0, 4, 1, 2, 3)
-    xw = lax.bitcast_convert_type(xr, jnp.int32)  # [nt, slots, G, x_words]
-    xd = jnp.repeat(dx, XBLOCK // spec.group, axis=1)  # [nt, G]
-    sum_q = jnp.sum(xq.reshape(nt, g, spec.group).astype(jnp.int32), axis=-1).astype(F32)
-    xo = spec.offset * xd * sum_q
-    xs = jnp.sum(x.astype(F32).reshape(nt, g, spec.group), axis=-1)
-    return xw, xd, xo, xs
+    return x.astype(F32).reshape(nt, k // spec.group, spec.x_words, 4, spec.x_slots)
+
+
+def quantize_slots(xs: list[jax.Array], offset: int):
+    """One token's x of G groups, split by slot (each [G, x_words, 4] f32) -> int8 per group of the
+    format (scale dx = max|x| / 127, like llama.cpp's q8_1 but per scale group):
+
+    words  x_slots tensors [G, x_words] int32: int8x4 words, byte b = the value at [g, w, b]
+    dx     [G] f32
+    xo     [G] f32: offset * dx * sum(xq)
+    xsum   [G] f32: sum of x (unquantized, for the b term)
+
+    Runs inside the kernel (on loaded tiles) and in the reference (on whole arrays).
+    """
+    def rows(v, op):  # [G, W, 4] -> [G]
+        return op(op(v, axis=-1), axis=-1)
+
+    amax = rows(jnp.abs(xs[0]), jnp.max)
+    xsum = rows(xs[0], jnp.sum)
+    for v in xs[1:]:
+        amax = jnp.maximum(amax, rows(jnp.abs(v), jnp.max))
+        xsum = xsum + rows(v, jnp.sum)
+    inv = jnp.where(amax > 0, 127.0 / jnp.where(amax > 0, amax, 1.0), 0.0)[:, None, None]  # [G, 1, 1]
+    shifts = (lax.iota(jnp.int32, 4) * 8)[None, None, :]
+    words, sum_q = [], 0
+    for v in xs:
+        q = jnp.floor(v * inv + 0.5).astype(jnp.int32)  # |q| <= 127: |v| * 127 / amax <= 127
+        sum_q = sum_q + rows(q, jnp.sum)
+        words.append(jnp.sum((q & 0xFF) << shifts, axis=-1))  # [G, W]; disjoint bytes, so sum == or
+    dx = amax / 127.0
+    return words, dx, offset * dx * sum_q.astype(F32), xsum
 
 
 def word_planes(qtype: QType, planes) -> dict[str, jax.Array]:
@@ -212,13 +220,17 @@ def int8_dot_reference(x: jax.Array, planes, *, qtype: QType, n_out: int) -> jax
     spec = SPECS[qtype]
     nt, k = x.shape
     g = k // spec.group
-    _, xd, xo, xs = x_operands(qtype, x)
-    xq, _ = quantize_x(x)
+    xv = x_view(qtype, x)
     q, a, b = decode_ints(qtype, planes, F32)  # q [Npad, K] (offset applied), a/b [Npad, G]
-    q = q[:n_out] - spec.offset  # raw integers, as the kernel multiplies them
-    s = jnp.einsum("tgk,ngk->tng", xq.reshape(nt, g, spec.group).astype(jnp.int32),
-                   q.reshape(n_out, g, spec.group), preferred_element_type=jnp.int32).astype(F32)  # [nt, N, G]
-    y = jnp.sum(a[None, :n_out] * (s * xd[:, None, :] + xo[:, None, :]), axis=-1)
-    if b is not None:
-        y = y + xs @ b[:n_out].T
-    return y
+    q = (q[:n_out] - spec.offset).reshape(n_out, g, spec.group)  # raw integers, as the kernel multiplies them
+    ys = []
+    for t in range(nt):
+        words, dx, xo, xsum = quantize_slots([xv[t, ..., s] for s in range(spec.x_slots)], spec.offset)
+        xq = lax.bitcast_convert_type(jnp.stack(words, axis=0), jnp.int8)  # [S, G, W, 4]
+        xq = xq.transpose(1, 2, 3, 0).reshape(g, spec.group).astype(jnp.int32)  # natural order in the group
+        s = jnp.einsum("gk,ngk->ng", xq, q, preferred_element_type=jnp.int32).astype(F32)  # [N, G]
+        y = jnp.sum(a[:n_out] * (s * dx[None, :] + xo[None, :]), axis=-1)
+        if b is not None:
+            y = y + b[:n_out] @ xsum
+        ys.append(y)
+    return jnp.stack(ys)
