@@ -57,6 +57,25 @@ def cases(name):
             out += [gemv_case(q, 4096, 14336, 1, G.GemvConfig(*c)) for c in [(32, 256, 8, 4, 1), (16, 256, 8, 4, 1)]]
         out += [gemv_case(Q.Q4_K, 4096, 14336, 8, G.GemvConfig(32, 256, 8, 4, 1))]
         return out
+    if name == "int8":  # integer-path GEMV tiles at the 0.5B decode shapes, and nt = 8 at 7B width
+        out = []
+        small = [(Q.Q5_0, 896, 896), (Q.Q5_0, 128, 896), (Q.Q5_0, 9728, 896), (Q.Q6_K, 896, 4864),
+                 (Q.Q8_0, 151936, 896)]
+        for q, n, k in small:
+            base = G.choose_config(q, n, k)
+            out.append(gemv_case(q, n, k, 1, base))
+            for bn, warps, target in [(16, 2, 1024), (32, 4, 1024), (8, 2, 1024), (16, 4, 256), (16, 4, 4096),
+                                      (32, 4, 4096), (16, 2, 4096)]:
+                npad = -(-n // 128) * 128
+                chunks = k // base.bk
+                sp = max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or npad // bn * d <= target))
+                out.append(gemv_case(q, n, k, 1, dataclasses.replace(base, bn=bn, num_warps=warps, splits=sp)))
+        for bn, warps in [(16, 4), (32, 4), (64, 4), (64, 8)]:
+            base = G.choose_config(Q.Q4_K, 4096, 14336, 8)
+            chunks = 14336 // base.bk
+            sp = max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or 4096 // bn * d <= 1024))
+            out.append(gemv_case(Q.Q4_K, 4096, 14336, 8, dataclasses.replace(base, bn=bn, num_warps=warps, splits=sp)))
+        return out
     raise SystemExit(f"unknown case set {name}")
 
 

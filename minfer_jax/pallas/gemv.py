@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -38,9 +39,13 @@ NT_PAD = 16  # x rows fed to the float formats' dot: Triton needs >= 16 on every
 MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
 TARGET_PROGRAMS = 1024  # ~8 programs per SM on the H200's 132 SMs keep enough loads in flight
 TILE_ELEMS = 8192  # float formats: bn * bk ceiling (decoded tile + intermediates in registers)
-# Integer path tiles (H200 sweep at 4096 x 14336 and 14336 x 4096, tools/dp4a_probe.py,
-# docs/BENCHMARKS.md): 16 rows x 16 groups per step, 4 warps, ~1024 programs.
+# Integer path tiles (H200 sweeps, tools/dp4a_probe.py and tools/kernel_probe.py int8,
+# docs/BENCHMARKS.md): one token 16 rows x 16 groups per step, 4 warps; several tokens 64 rows
+# and 8 warps, so that each program's in-register quantization of x serves more weight rows
+# (Q4_K 4096 x 14336 nt = 8: 83 us vs 140 us at 16 rows).
 INT8_BN = 16
+INT8_BN_MULTI = 64
+INT8_WARPS_MULTI = 8
 INT8_GROUPS_PER_STEP = 16
 
 
@@ -55,8 +60,11 @@ class GemvConfig:
 
 
 def _splits(chunks: int, programs: int) -> int:
-    """Most K splits (a divisor of chunks) that keep programs * splits <= TARGET_PROGRAMS."""
-    return max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or programs * d <= TARGET_PROGRAMS))
+    """The K split (a divisor of chunks) whose program count lands nearest TARGET_PROGRAMS (in
+    ratio): a prime chunk count may overshoot rather than leave the GPU idle (Q6_K 896 x 4864:
+    19 splits, 21 us, vs unsplit, 40 us)."""
+    divisors = [d for d in range(1, chunks + 1) if chunks % d == 0]
+    return min(divisors, key=lambda d: (abs(math.log(programs * d / TARGET_PROGRAMS)), d))
 
 
 def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
@@ -69,7 +77,8 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
     if qtype in int8_words.SPECS:
         group = int8_words.SPECS[qtype].group
         gt = tiles.pow2_divisor(k // group, INT8_GROUPS_PER_STEP)
-        return GemvConfig(bn=INT8_BN, bk=gt * group, splits=_splits(k // (gt * group), npad // INT8_BN))
+        bn, warps = (INT8_BN, 4) if nt == 1 else (INT8_BN_MULTI, INT8_WARPS_MULTI)
+        return GemvConfig(bn=bn, bk=gt * group, splits=_splits(k // (gt * group), npad // bn), num_warps=warps)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
     return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
