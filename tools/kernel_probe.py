@@ -16,6 +16,7 @@ import jax
 
 from minfer_jax.kernel_bench import run_case
 from minfer_jax.pallas import gemm as M
+from minfer_jax.pallas import gemm_int8 as M8
 from minfer_jax.pallas import gemv as G
 from minfer_jax.quant.planes import FORMATS, QType
 
@@ -32,6 +33,12 @@ def gemm_case(qt, n, k, m, cfg=None):
     f = lambda x, w: M.gemm(x, w, qtype=qt, n_out=n, config=cfg)
     r = lambda x, w: M.gemm_reference(x, w, qtype=qt, n_out=n)
     return ("gemm", qt, n, k, m, f, r, cfg)
+
+
+def gemm_int8_case(qt, n, k, m, cfg=None):
+    f = lambda x, w: M8.gemm_int8(x, w, qtype=qt, n_out=n, config=cfg)
+    r = lambda x, w: M8.gemm_int8_reference(x, w, qtype=qt, n_out=n)
+    return ("gemm_int8", qt, n, k, m, f, r, cfg)
 
 
 def cases(name):
@@ -75,6 +82,17 @@ def cases(name):
             chunks = 14336 // base.bk
             sp = max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or 4096 // bn * d <= 1024))
             out.append(gemv_case(Q.Q4_K, 4096, 14336, 8, dataclasses.replace(base, bn=bn, num_warps=warps, splits=sp)))
+        return out
+    if name == "gemm":  # prefill GEMM tiles (f16 dequant) and the int8 GEMM's first GPU run, 512 x 4096 x 14336
+        out = []
+        for q in (Q.Q4_0, Q.Q4_K):
+            for c in [(128, 128, 64, 8, 2), (128, 128, 64, 8, 3), (128, 128, 128, 8, 2), (128, 256, 64, 8, 2),
+                      (64, 256, 64, 8, 2), (256, 128, 64, 8, 2), (128, 128, 32, 4, 2), (64, 128, 64, 4, 3)]:
+                out.append(gemm_case(q, 4096, 14336, 512, M.GemmConfig(*c)))
+        for q in (Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.Q8_0):
+            out.append(gemm_int8_case(q, 4096, 14336, 512))
+        for c in [(64, 128, 4, 1), (128, 64, 8, 1), (128, 128, 8, 2)]:
+            out.append(gemm_int8_case(Q.Q4_K, 4096, 14336, 512, M8.Int8GemmConfig(*c)))
         return out
     raise SystemExit(f"unknown case set {name}")
 

@@ -32,11 +32,21 @@ class GemmConfig:
     num_stages: int = 2
 
 
+# Tiles from the H200 sweep at 512 x 4096 x 14336 (tools/kernel_probe.py gemm, docs/BENCHMARKS.md):
+# Q4_0 bk 64 with 3 pipeline stages 196 TFLOP/s (2 stages: 136; bk 128: 184); Q4_K bk 128 with
+# 2 stages 151 (bk 64: 104, 3 stages: 121). Super-block formats decode a whole 256-block's
+# scales per tile, so the wider K step pays for them; bn 256 or bm 256 were 30-50% slower.
+SMALL_BLOCK_TILE = (64, 3)  # (bk, num_stages) for the 32-weight block formats
+SUPERBLOCK_TILE = (128, 2)  # (bk, num_stages) for the K-quants (256-weight super-blocks)
+FLOAT_TILE = (64, 2)  # F32/F16/BF16: not re-swept; 3 stages of f32 tiles would crowd shared memory
+
+
 def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     """Tile sizes for one GEMM shape (tuned on the H200; docs/BENCHMARKS.md)."""
     bm = min(128, max(16, tiles.pow2_divisor(tiles.round_up(m, 16), 128)))
-    bk = tiles.pow2_divisor(k, 64)
-    return GemmConfig(bm=bm, bn=128, bk=bk)
+    block = get_format(qtype).block
+    bk_max, stages = SUPERBLOCK_TILE if block == 256 else SMALL_BLOCK_TILE if block == 32 else FLOAT_TILE
+    return GemmConfig(bm=bm, bn=128, bk=tiles.pow2_divisor(k, bk_max), num_stages=stages)
 
 
 @functools.cache
