@@ -5,7 +5,8 @@ small and finite so the parity check is meaningful). Each case compiles one exec
 the matmul `reps` times, each on its own weight copy (so calls stream from HBM, not the 60 MB
 L2, and XLA cannot merge identical calls); the time per call is the executable's time / reps.
 `dispatch_matmul` routes a case exactly as ops.matmul does (GEMV for nt <= GEMV_MAX_NT, else
-GEMM, or the XLA reference); scripts/bench.py --kernels reports these cases.
+GEMM, or the XLA reference) and `reference_matmul` is the jnp reference of exactly that kernel's
+arithmetic (its rel err is the parity check); scripts/bench.py --kernels reports these cases.
 """
 
 from __future__ import annotations

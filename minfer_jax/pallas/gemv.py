@@ -7,9 +7,10 @@ Block formats (Q4_0 .. Q6_K) take the integer path (quant/int8_words.py, llama.c
 each step quantizes its slice of x to int8 (one scale per scale group, in registers: no prepass
 kernel), and per group S = sum q * xq is computed four weights per instruction with PTX `dp4a`
 on the planes' own words (inline asm; an exact jnp emulation in interpret mode), then
-y += a * (dx * S + offset term) + b * sum(x). All nt tokens are handled inside the program (token loop unrolled over the same
-loaded weight words), so each weight word is read once. Grid (Npad / bn, splits): program (i, s)
-owns rows [i*bn, (i+1)*bn) and the s-th K range, walking it gt groups per step.
+y += a * (dx * S + offset term) + b * sum(x). All nt tokens are handled inside the program (the
+token loop is unrolled over the same loaded weight words), so each weight word is read once.
+Grid (Npad / bn, splits): program (i, s) owns rows [i*bn, (i+1)*bn) and the s-th K range,
+walking it gt groups per step.
 
 Float formats (F32, F16, BF16): one token multiply-adds the decoded [bn, bk] tile into an f32
 accumulator ("fma"); more tokens go through a tensor-core dot with x padded to NT_PAD = 16 rows

@@ -3,10 +3,16 @@
 GGUF blocks (18, 22, 34, 144, 210 bytes) interleave scales and quants at odd strides, which no
 kernel can load in power-of-two tiles. At load time each matrix is repacked once into *planes*:
 2-D arrays [rows, K / weights_per_col] with the rows (output features) padded to ROW_ALIGN, one
-plane per kind of field, every field in natural k order:
+plane per kind of field:
 
-    packed b-bit quants  uint8, weight k at byte k // (8 / b), bits (k % (8 / b)) * b (LSB first)
+    packed b-bit quants  uint32 words of 32 / b weights, LSB first: the word's k-th weight in
+                         field k (natural order), or in field order(k) for the high-bit planes
+                         of Q5_*, Q6_K and Q3_K (chosen for the integer GEMV, see _q5h_order)
     per-group scales     f16 (or small ints for K-quant sub-scales), group g at column g
+
+Words, not bytes: the decode GEMV multiplies four int8 weights per dp4a instruction on 32-bit
+registers, and a uint8 plane cannot be reinterpreted as words inside a Triton kernel (outside
+it, XLA's bitcast_convert would copy the whole matrix every call).
 
 so that a kernel tile covering rows [r0, r0 + bn) and weights [k0, k0 + bk) is the rectangle
 plane[r0 : r0 + bn, k0 / wpc : (k0 + bk) / wpc] of every plane (wpc = weights per column).
@@ -14,9 +20,10 @@ Layouts, bits per weight and why: docs/ARCHITECTURE.md. Sizes: quants and f16 sc
 GGUF size; K-quant 6-bit sub-scales/mins are unpacked to one byte each (Q3_K, Q4_K, Q5_K: +4
 bytes per 256 weights, +2.3 .. 3.6 %), so weights stay well inside 1.1x the file.
 
-`decode` is the single definition of each format's arithmetic on planes. The Pallas GEMV and
-GEMM kernels call it on loaded tiles (compute dtype f16/bf16), the reference path calls it on
-whole arrays (f32, bit-exact with gguf-py), so kernels and references cannot drift apart.
+`decode` (values) and `decode_ints` (integers, scale, offset) are the single definition of each
+format's arithmetic on planes. The f16 GEMM and the float GEMV call them on loaded tiles, the
+references on whole arrays (f32, bit-exact with gguf-py); the integer GEMV's word tricks
+(quant/int8_words.py) are tested against references built on decode_ints.
 """
 
 from __future__ import annotations
