@@ -18,12 +18,14 @@ from minfer_jax.quant.planes import QType as Q
 
 
 def main(dump, out):
-    x = jax.random.normal(jax.random.PRNGKey(0), (1, 14336))
-    for q in (Q.Q4_0, Q.F16):
+    for q in (Q.Q4_0, Q.Q4_K, Q.F16):
         w = random_planes(jax.random.PRNGKey(1), q, 4096, 14336)
-        base = G.choose_config(q, 4096, 14336)
-        for cfg in (base, dataclasses.replace(base, fma=True)):
-            G.gemv(x, w, qtype=q, n_out=4096, config=cfg).block_until_ready()
+        for nt in (1, 8):  # block formats: the integer kernel; F16: fma (nt = 1) and the dot
+            x = jax.random.normal(jax.random.PRNGKey(0), (nt, 14336))
+            base = G.choose_config(q, 4096, 14336, nt)
+            cfgs = (base, dataclasses.replace(base, fma=False)) if q == Q.F16 and nt == 1 else (base,)
+            for cfg in cfgs:
+                G.gemv(x, w, qtype=q, n_out=4096, config=cfg).block_until_ready()
     files = glob.glob(os.path.join(dump, "**", "*.ptx"), recursive=True)
     print("ptx files:", len(files))
     kept = 0
