@@ -67,7 +67,7 @@ def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype):
                                          preferred_element_type=jnp.float32)  # [bm, bn]
 
         acc = jnp.zeros((bm, bn), jnp.float32)
-        o_ref[...] = step(0, acc) if n_k == 1 else lax.fori_loop(0, n_k, step, acc)
+        o_ref[...] = tiles.k_steps(n_k, step, acc)
 
     return kernel
 

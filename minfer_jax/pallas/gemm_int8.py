@@ -97,7 +97,7 @@ def _kernel(qtype: QType, bm: int, bn: int, k: int):
 
         acc = jnp.zeros((bm, bn), jnp.float32)
         n_steps = k // XBLOCK
-        o_ref[...] = step(0, acc) if n_steps == 1 else lax.fori_loop(0, n_steps, step, acc)
+        o_ref[...] = tiles.k_steps(n_steps, step, acc)
 
     return kernel
 

@@ -112,7 +112,7 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
             return acc + w * x_ref[pl.ds(0, 1), pl.ds(kx, bk)].astype(jnp.float32)  # [bn, bk]
 
         acc = jnp.zeros((bn, bk), jnp.float32)
-        acc = step(0, acc) if n_k == 1 else lax.fori_loop(0, n_k, step, acc)
+        acc = tiles.k_steps(n_k, step, acc)
         o_ref[...] = jnp.broadcast_to(jnp.sum(acc, axis=1)[None, :], (NT_PAD, bn))
 
     def kernel(x_ref, *refs):
@@ -127,7 +127,7 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
                                          preferred_element_type=jnp.float32)  # [16, bn]
 
         acc = jnp.zeros((NT_PAD, bn), jnp.float32)
-        acc = step(0, acc) if n_k == 1 else lax.fori_loop(0, n_k, step, acc)
+        acc = tiles.k_steps(n_k, step, acc)
         o_ref[...] = acc
 
     return fma_kernel if fma else kernel
@@ -171,7 +171,7 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
             return tuple(out)
 
         accs = tuple(jnp.zeros((bn, gt), jnp.float32) for _ in range(ntp))
-        accs = step(0, accs) if n_steps == 1 else lax.fori_loop(0, n_steps, step, accs)
+        accs = tiles.k_steps(n_steps, step, accs)
         for tok in range(ntp):
             o_ref[tok, :] = jnp.sum(accs[tok], axis=1)
 

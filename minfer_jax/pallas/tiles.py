@@ -15,6 +15,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.quant.planes import Format, QType, decode, get_format, tile_cols
@@ -33,6 +34,12 @@ def load_plane_tiles(fmt: Format, plane_refs, r0, bn: int, k0, bk: int) -> dict[
 def load_weight_tile(fmt: Format, plane_refs, r0, bn: int, k0, bk: int, dtype) -> jax.Array:
     """Decode rows [r0, r0+bn) x weights [k0, k0+bk) of a weight into values [bn, bk] of dtype."""
     return decode(fmt.qtype, load_plane_tiles(fmt, plane_refs, r0, bn, k0, bk), dtype)
+
+
+def k_steps(n_steps: int, step, init):
+    """Run step(j, carry) for j = 0 .. n_steps-1 inside a kernel. One step is called with the
+    Python int 0, so its offsets stay static (no loop, no pl.multiple_of hints needed)."""
+    return step(0, init) if n_steps == 1 else lax.fori_loop(0, n_steps, step, init)
 
 
 def plane_arrays(fmt: Format, planes) -> list[jax.Array]:
