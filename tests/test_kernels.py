@@ -77,6 +77,17 @@ def test_gemv_split_k_and_explicit_config():
         check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True), ref, qtype)
 
 
+@pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q4_K, QType.F16], ids=lambda q: q.name)
+def test_gemm_explicit_configs(qtype):
+    """Both operand orders (weight_first transposes the accumulator once) and a token tail."""
+    n, k = 200, 512
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(1), (40, k))
+    ref = gemm.gemm_reference(x, w, qtype=qtype, n_out=n)
+    for cfg in [gemm.GemmConfig(bm=32, bn=128, bk=256, weight_first=True), gemm.GemmConfig(bm=16, bn=128, bk=256)]:
+        check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True), ref, qtype)
+
+
 def test_gemv_rejects_too_many_tokens():
     w = planes_for(QType.Q8_0, 200, 896)
     with pytest.raises(ValueError, match="1 .. 16 tokens"):

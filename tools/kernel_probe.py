@@ -94,6 +94,23 @@ def cases(name):
         for c in [(64, 128, 4, 1), (128, 64, 8, 1), (128, 128, 8, 2)]:
             out.append(gemm_int8_case(Q.Q4_K, 4096, 14336, 512, M8.Int8GemmConfig(*c)))
         return out
+    if name == "s3":  # unsplit integer GEMV tiles (no split-K reduction), GEMM operand order and tiles
+        out = []
+        for q in (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.Q5_0):
+            base = G.choose_config(q, 4096, 14336, 1)
+            group = base.bk // G.INT8_GROUPS_PER_STEP
+            out.append(gemv_case(q, 4096, 14336, 1, base))
+            for bn, gt, warps in [(4, 32, 2), (8, 32, 4), (8, 16, 2), (4, 16, 2), (16, 16, 4), (8, 32, 2)]:
+                out.append(gemv_case(q, 4096, 14336, 1, dataclasses.replace(base, bn=bn, bk=gt * group, splits=1,
+                                                                            num_warps=warps)))
+        for q, cfgs in [(Q.Q4_0, [(128, 128, 64, 8, 3), (128, 128, 128, 8, 2), (128, 64, 64, 4, 3), (64, 128, 64, 4, 4)]),
+                        (Q.Q4_K, [(128, 128, 128, 8, 2), (128, 128, 128, 8, 3), (128, 64, 128, 4, 3)]),
+                        (Q.F16, [(128, 128, 64, 8, 2), (128, 128, 64, 8, 3)]),
+                        (Q.Q8_0, [(128, 128, 64, 8, 3)]), (Q.Q6_K, [(128, 128, 128, 8, 2)])]:
+            for c in cfgs:
+                for wf in (False, True):
+                    out.append(gemm_case(q, 4096, 14336, 512, M.GemmConfig(*c, weight_first=wf)))
+        return out
     raise SystemExit(f"unknown case set {name}")
 
 
