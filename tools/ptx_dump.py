@@ -1,8 +1,8 @@
 """Dump the PTX of the Pallas kernels (run on the GPU with XLA_FLAGS=--xla_dump_to=DIR) and summarize it.
 
 usage: XLA_FLAGS=--xla_dump_to=/tmp/dump python tools/ptx_dump.py /tmp/dump OUTDIR [gemv|gemm|summary]
-  gemv: compile the integer GEMV (nt 1 and 8) and both float paths; gemm: the f16 GEMM in both
-  operand orders (does Triton emit wgmma or mma.sync?); summary: only summarize what DIR holds.
+  gemv: compile the integer GEMV (nt 1 and 8) and both float paths; gemm: the GEMM at its
+  default and a narrow tile (does Triton emit wgmma or mma.sync?); summary: only summarize what DIR holds.
 """
 
 import collections
@@ -36,7 +36,7 @@ def compile_gemm():
         w = random_planes(jax.random.PRNGKey(1), q, 4096, 14336)
         x = jax.random.normal(jax.random.PRNGKey(0), (512, 14336))
         base = M.choose_config(q, 512, 4096, 14336)
-        for cfg in (base, dataclasses.replace(base, weight_first=True)):
+        for cfg in (base, dataclasses.replace(base, bn=64, num_warps=4)):
             M.gemm(x, w, qtype=q, n_out=4096, config=cfg).block_until_ready()
 
 

@@ -30,10 +30,6 @@ class GemmConfig:
     bk: int
     num_warps: int = 8
     num_stages: int = 2
-    # acc^T [bn, bm] = W . x^T: the decoded weight tile is the dot's first operand, which Hopper's
-    # wgmma may take from registers (the second must sit in shared memory), and x^T is an
-    # smem-side transpose; the accumulator is transposed once at the end.
-    weight_first: bool = False
 
 
 # Tiles from the H200 sweep at 512 x 4096 x 14336 (tools/kernel_probe.py gemm, docs/BENCHMARKS.md):
@@ -54,7 +50,7 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
 
 
 @functools.cache
-def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, weight_first: bool):
+def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype):
     """One kernel closure per configuration (jax#40847: a shared function object can reuse a trace)."""
     fmt = get_format(qtype)
     n_k = k // bk
@@ -67,13 +63,11 @@ def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, weig
             w = tiles.load_weight_tile(fmt, plane_refs, 0, bn, k0, bk, compute_dtype)  # [bn, bk]
             kx = k0 if isinstance(k0, int) else pl.multiple_of(k0, bk)
             xt = x_ref[:, pl.ds(kx, bk)]  # [bm, bk]
-            a, b = (w, xt) if weight_first else (xt, w)
-            return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())),
-                                         preferred_element_type=jnp.float32)  # [bn, bm] | [bm, bn]
+            return acc + lax.dot_general(xt, w, (((1,), (1,)), ((), ())),
+                                         preferred_element_type=jnp.float32)  # [bm, bn]
 
-        acc = jnp.zeros((bn, bm) if weight_first else (bm, bn), jnp.float32)
-        acc = tiles.k_steps(n_k, step, acc)
-        o_ref[...] = acc.T if weight_first else acc  # [bm, bn]
+        acc = jnp.zeros((bm, bn), jnp.float32)
+        o_ref[...] = tiles.k_steps(n_k, step, acc)
 
     return kernel
 
@@ -92,7 +86,7 @@ def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmCo
     tiles.silence_triton_deprecation()
 
     xp = tiles.cast_rows(x, mpad, fmt.compute_dtype)  # [Mpad, K]
-    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k, fmt.compute_dtype, cfg.weight_first)
+    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k, fmt.compute_dtype)
     out = tiled_call(kernel, [xp], arrays, fmt, cfg.bm, cfg.bn, cfg.num_warps, cfg.num_stages, interpret,
                      f"gemm_{fmt.name.lower()}")
     return out[:m, :n_out]
