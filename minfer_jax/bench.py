@@ -49,6 +49,8 @@ import numpy as np
 
 from minfer_jax.errors import MinferError
 
+GEMM_CHOICES = ("auto", "f16", "dequant", "int8")  # ops.GEMM_VARIANTS, spelled out: --help stays jax-free
+
 # --------------------------------------------------------------------------------------------
 # Constants
 # --------------------------------------------------------------------------------------------
@@ -694,7 +696,7 @@ def _report_failure(what: str, e: Exception) -> None:
 
 
 def run_kernel_case(case: KernelCase, nt: int, env: Env, *, impl: str, trials: int, reps: int | None,
-                    warmup: bool, seed: int, gemm: str = "f16") -> dict:
+                    warmup: bool, seed: int, gemm: str = "auto") -> dict:
     from minfer_jax import kernel_bench as kb
 
     wbytes = kb.weight_nbytes(case.qtype, case.n, case.k)
@@ -703,7 +705,7 @@ def run_kernel_case(case: KernelCase, nt: int, env: Env, *, impl: str, trials: i
     res = kb.run_case(case.qtype, case.n, case.k, nt, kb.dispatch_matmul(case.qtype, case.n, case.k, impl, gemm),
                       kb.reference_matmul(case.qtype, case.n, nt, impl, gemm), impl=impl, reps=nreps, trials=trials, seed=seed,
                       warmup=warmup)
-    kind = kb.kernel_kind(nt, impl)
+    kind = kb.kernel_kind(nt, impl, case.qtype, gemm)
     avg = res.avg_us
     gbps = wbytes / avg / 1e3 if avg > 0 else None
     pct = 100.0 * gbps * 1e9 / env.mem_bw if (gbps and env.mem_bw) else None
@@ -780,12 +782,12 @@ def model_md_columns(env: Env) -> list[Column]:
 
 
 def kernel_md_columns(env: Env) -> list[Column]:
-    gemv = lambda r: r["kernel"] != "gemm" and r["nt"] <= _gemv_max_nt()
+    gemv = lambda r: r["kernel"] in ("gemv", "xla") and r["nt"] <= _gemv_max_nt()
     return [
         Column("type", -5, lambda r: r["qtype"]),
         Column("out x in", 13, lambda r: f"{r['n_out']} x {r['n_in']}"),
         Column("nt", 5, lambda r: str(r["nt"])),
-        Column("kernel", -6, lambda r: r["kernel"]),
+        Column("kernel", -7, lambda r: r["kernel"]),
         Column("tensors", -24, lambda r: r["tensors"] or "-"),
         Column("us", 18, lambda r: f"{r['avg_us']:.2f} ± {r['stddev_us']:.2f}"),
         Column("best us", 9, lambda r: f"{r['best_us']:.2f}"),
@@ -937,9 +939,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matmul implementation: pallas (Triton kernels, GPU), interpret (the same kernels in "
                         "Pallas' interpreter: very slow, tiny shapes only) or xla (reference dequant + dot). "
                         "Default: pallas on GPU, xla elsewhere")
-    g.add_argument("--gemm", choices=("f16", "int8"), default="f16",
-                   help="prefill GEMM variant for block formats: f16 dequant-in-kernel (default) or int8 "
-                        "activations x int8 quants (not yet measured on the GPU)")
+    g.add_argument("--gemm", choices=GEMM_CHOICES, default="auto",
+                   help="prefill variant for block formats: auto (default: dequant from "
+                        "ops.DEQUANT_MIN_NT tokens, else f16), f16 (weight tiles decoded inside the GEMM), "
+                        "dequant (weights decoded into a transient f16 matrix, then a float GEMM) or int8 "
+                        "(int8 activations x int8 quants; slower on the H200)")
     g.add_argument("--weights", choices=("quantized", "dense"), default=None,
                    help="model mode: weight storage on the device (default: quantized for pallas/interpret, dense "
                         "for xla, as minfer_jax.load)")

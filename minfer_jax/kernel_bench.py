@@ -76,16 +76,22 @@ class KernelResult:
         return float(np.std(self.samples_us, ddof=1)) if len(self.samples_us) > 1 else 0.0
 
 
-def kernel_kind(nt: int, impl: str) -> str:
-    """What ops.matmul runs for a quantized weight and nt tokens: "gemv", "gemm" or "xla" (reference)."""
+GEMM_KINDS = {"f16": "gemm", "dequant": "dq+gemm", "int8": "gemm-i8"}  # ops' prefill variant -> kind
+
+
+def kernel_kind(nt: int, impl: str, qtype: QType = QType.Q4_0, gemm: str = "auto") -> str:
+    """What ops.matmul runs for a weight of qtype and nt tokens: "xla" (reference), "gemv", or the
+    prefill variant: "gemm" (decode in-kernel), "dq+gemm" (dequantize, then GEMM), "gemm-i8"."""
     from minfer_jax import ops
 
     if impl == "xla":
         return "xla"
-    return "gemv" if nt <= ops.GEMV_MAX_NT else "gemm"
+    if nt <= ops.GEMV_MAX_NT:
+        return "gemv"
+    return GEMM_KINDS[ops.gemm_variant(gemm, QType(qtype), nt)]
 
 
-def dispatch_matmul(qtype: QType, n: int, k: int, impl: str, gemm: str = "f16"):
+def dispatch_matmul(qtype: QType, n: int, k: int, impl: str, gemm: str = "auto"):
     """matmul(x, planes) through ops.matmul's dispatch (impl "pallas" | "interpret" | "xla")."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
@@ -95,17 +101,17 @@ def dispatch_matmul(qtype: QType, n: int, k: int, impl: str, gemm: str = "f16"):
     return lambda x, planes: ops.matmul(x, QWeight(planes, qt, (n, k)), impl_)
 
 
-def reference_matmul(qtype: QType, n: int, nt: int, impl: str, gemm: str = "f16"):
+def reference_matmul(qtype: QType, n: int, nt: int, impl: str, gemm: str = "auto"):
     """The jnp reference of whatever dispatch_matmul runs for this case: the GEMV's own (integer
     formulation for block formats), the int8 GEMM's, or whole-matrix decode in the compute dtype
-    + one f32-accumulated dot (the f16 GEMM and the XLA path)."""
+    + one f32-accumulated dot (both f16 GEMM variants and the XLA path)."""
     from minfer_jax.pallas import gemm_int8, gemv, tiles
 
     qt = QType(qtype)
-    kind = kernel_kind(nt, impl)
+    kind = kernel_kind(nt, impl, qt, gemm)
     if kind == "gemv":
         fn = gemv.gemv_reference
-    elif kind == "gemm" and gemm == "int8" and get_format(qt).ints is not None:
+    elif kind == "gemm-i8":
         fn = gemm_int8.gemm_int8_reference
     else:
         fn = tiles.dequant_matmul_reference

@@ -7,9 +7,14 @@ bucket and compiled into that bucket's executable:
     dense weight (CPU "dense" mode)   -> XLA dot
     QWeight, impl.kernels == "xla"    -> reference: whole-matrix decode + XLA dot
     QWeight, nt <= GEMV_MAX_NT        -> Pallas GEMV (pallas/gemv.py)
-    QWeight, nt >  GEMV_MAX_NT        -> Pallas GEMM (pallas/gemm.py; impl.gemm == "int8":
-                                         pallas/gemm_int8.py for block formats, opt-in until
-                                         it has been measured on the GPU)
+    QWeight, nt >  GEMV_MAX_NT        -> prefill, by impl.gemm:
+        "auto" (default)  -> "dequant" for nt >= DEQUANT_MIN_NT, else "f16"
+        "f16"             -> Pallas GEMM decoding weight tiles in-kernel (pallas/gemm.py)
+        "dequant"         -> Pallas dequantization into a transient f16 matrix
+                             (pallas/dequant.py), then the same GEMM on float weights
+        "int8"            -> int8 activations x int8 quants (pallas/gemm_int8.py; block
+                             formats; opt-in: slower on the H200, docs/BENCHMARKS.md)
+Float weights (F16/BF16/F32) always take the plain GEMM.
 
 "pallas" runs the Triton kernels on the GPU; "interpret" runs the same kernels in Pallas'
 interpreter (CPU tests of the full model through the kernels).
@@ -24,12 +29,17 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax.model.weights import DenseWeight, Weight
-from minfer_jax.pallas import gemm, gemm_int8, gemv, tiles
-from minfer_jax.quant.planes import get_format
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, tiles
+from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
 KERNEL_MODES = ("pallas", "interpret", "xla")
-GEMM_VARIANTS = ("f16", "int8")
+GEMM_VARIANTS = ("auto", "f16", "dequant", "int8")
+# "auto": from this many tokens the f16 copy (write 2 B/weight once) costs less than decoding
+# every weight tile once per 128-token block inside the GEMM (H200 sweep, docs/BENCHMARKS.md).
+DEQUANT_MIN_NT = 128
+_FLOAT_QTYPE = {jnp.dtype(jnp.float16): QType.F16, jnp.dtype(jnp.bfloat16): QType.BF16,
+                jnp.dtype(jnp.float32): QType.F32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +48,7 @@ class Impl:
 
     kernels: str = "xla"  # "pallas" | "interpret" | "xla"
     gemv_max_nt: int = GEMV_MAX_NT
-    gemm: str = "f16"  # prefill GEMM variant: "f16" dequant-in-kernel or "int8" (block formats)
+    gemm: str = "auto"  # prefill variant: "auto" | "f16" (decode in-kernel) | "dequant" | "int8"
 
     def __post_init__(self):
         if self.kernels not in KERNEL_MODES:
@@ -68,11 +78,28 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
             y = tiles.dequant_matmul_reference(x2, w.planes, qtype=w.qtype, n_out=n)
         elif nt <= impl.gemv_max_nt:
             y = gemv.gemv(x2, w.planes, qtype=w.qtype, n_out=n, interpret=impl.kernels == "interpret")
-        elif impl.gemm == "int8" and get_format(w.qtype).ints is not None:
-            y = gemm_int8.gemm_int8(x2, w.planes, qtype=w.qtype, n_out=n, interpret=impl.kernels == "interpret")
         else:
-            y = gemm.gemm(x2, w.planes, qtype=w.qtype, n_out=n, interpret=impl.kernels == "interpret")
+            y = _prefill_matmul(x2, w, gemm_variant(impl.gemm, w.qtype, nt), impl.kernels == "interpret")
     return y.reshape(*lead, y.shape[-1])
+
+
+def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
+    """The prefill kernel that runs: float weights always take the plain GEMM ("f16")."""
+    if get_format(qtype).ints is None:
+        return "f16"
+    if requested == "auto":
+        return "dequant" if nt >= DEQUANT_MIN_NT else "f16"
+    return requested
+
+
+def _prefill_matmul(x: jax.Array, w, variant: str, interpret: bool) -> jax.Array:
+    n = w.shape[0]
+    if variant == "int8":
+        return gemm_int8.gemm_int8(x, w.planes, qtype=w.qtype, n_out=n, interpret=interpret)
+    if variant == "dequant":
+        wd = dequant.dequantize(w.planes, qtype=w.qtype, interpret=interpret)  # [Npad, K] f16, transient
+        return gemm.gemm(x, {"w": wd}, qtype=_FLOAT_QTYPE[wd.dtype], n_out=n, interpret=interpret)
+    return gemm.gemm(x, w.planes, qtype=w.qtype, n_out=n, interpret=interpret)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:

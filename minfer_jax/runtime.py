@@ -157,13 +157,13 @@ def _logits_jit(cfg, impl):
 
 def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, weights: str | None = None,
          dense_dtype: str = "float32", wide_dtype: str = "float32", kernels: str | None = None,
-         gemm: str = "f16", cache_dtype=None, device=None, progress: bool = False, gguf_model: GGUFModel | None = None) -> Model:
+         gemm: str = "auto", cache_dtype=None, device=None, progress: bool = False, gguf_model: GGUFModel | None = None) -> Model:
     """Load a Qwen2 GGUF (None: the built-in default model) onto the default device.
 
     weights: "quantized" (default with kernels) keeps GGUF formats on the device; "dense" (default
     on CPU) dequantizes once (weights.LoadOptions: dense_dtype / wide_dtype). kernels: "pallas" |
     "interpret" | "xla" (default: pallas on GPU, xla elsewhere). ctx_size: KV cache length
-    (default min(4096, trained context)). gemm: prefill GEMM variant, "f16" or "int8" (ops.Impl).
+    (default min(4096, trained context)). gemm: prefill variant, "auto", "f16", "dequant" or "int8" (ops.Impl).
     gguf_model: an already parsed GGUFModel (e.g. synthetic).
     """
     from minfer_jax.model_source import resolve_model

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from minfer_jax.kernel_bench import random_planes
-from minfer_jax.pallas import gemm, gemm_int8, gemv
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv
 from minfer_jax.quant import int8_words
 from minfer_jax.quant.planes import FORMATS, QType, decode
 
@@ -199,3 +199,37 @@ def test_ops_routes_prefill_to_int8_only_when_asked():
                                rtol=1e-3, atol=1e-3 * float(jnp.max(jnp.abs(y8))))
     with pytest.raises(ValueError, match="gemm"):
         ops.Impl(gemm="int4")
+
+
+@pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_dequantize_matches_decode(qtype, n, k):
+    """The dequantization kernel writes exactly quant.planes.decode (same tile decode, no arithmetic of its own)."""
+    w = planes_for(qtype, n, k)
+    ref = dequant.dequantize_reference(w, qtype=qtype)
+    for cfg in (None, dequant.DequantConfig(bn=16, bk=128 if k % 256 else 256)):
+        got = dequant.dequantize(w, qtype=qtype, config=cfg, interpret=True)
+        chex.assert_trees_all_equal(got, ref)
+
+
+def test_ops_prefill_variants():
+    """auto picks dequant from DEQUANT_MIN_NT tokens; dequant and f16 compute the same decode + f32 dot."""
+    from minfer_jax import kernel_bench, ops
+    from minfer_jax.model.weights import QWeight
+
+    assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT) == "dequant"
+    assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT - 1) == "f16"
+    assert ops.gemm_variant("dequant", QType.F16, 512) == "f16"  # float weights: nothing to dequantize
+    assert kernel_bench.kernel_kind(512, "pallas", QType.Q6_K) == "dq+gemm"
+    assert kernel_bench.kernel_kind(16, "pallas", QType.Q6_K, "int8") == "gemm-i8"
+    qtype, n, k = QType.Q6_K, 136, 512
+    w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
+    x = jax.random.normal(jax.random.PRNGKey(0), (20, k))
+    ref = gemm.gemm_reference(x, w.planes, qtype=qtype, n_out=n)
+    for variant in ("dequant", "f16"):
+        check(ops.matmul(x, w, ops.Impl(kernels="interpret", gemm=variant)), ref, qtype)
+
+
+def test_bench_gemm_choices_are_ops_variants():
+    from minfer_jax import bench, ops
+
+    assert bench.GEMM_CHOICES == ops.GEMM_VARIANTS

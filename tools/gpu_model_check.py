@@ -5,7 +5,7 @@
    compiled executable after warm-up (superseded for reporting by scripts/bench.py).
 """
 
-import sys
+import argparse
 import time
 
 import jax
@@ -13,13 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import minfer_jax
+from minfer_jax.pallas import gemv
 from minfer_jax.sampling import GREEDY
 from minfer_jax.synthetic import synthetic_model
 
 
-def greedy_parity(spec, layers, n=24):
+def greedy_parity(spec, layers, n=24, n_prompt=40):
     gm = synthetic_model(spec, layers=layers, seed=3)
-    prompt = list(np.random.default_rng(0).integers(0, gm.config.vocab_size, 40))
+    prompt = list(np.random.default_rng(0).integers(0, gm.config.vocab_size, n_prompt))
     toks = {}
     for kernels in ("pallas", "xla"):
         m = minfer_jax.load(gguf_model=gm, kernels=kernels, weights="quantized", ctx_size=256)
@@ -29,14 +30,14 @@ def greedy_parity(spec, layers, n=24):
         toks[kernels + "_logits"] = lg
     same = toks["pallas"] == toks["xla"]
     err = float(np.max(np.abs(toks["pallas_logits"] - toks["xla_logits"])))
-    print(f"parity {spec} layers={layers}: greedy identical={same} max|dlogit|={err:.2e}", flush=True)
+    print(f"parity {spec} layers={layers} prompt={n_prompt}: greedy identical={same} max|dlogit|={err:.2e}", flush=True)
     if not same:
         print(" pallas", toks["pallas"], "\n xla   ", toks["xla"], flush=True)
 
 
-def speed(spec, pp=512, tg=128, reps=3):
+def speed(spec, pp=512, tg=128, reps=3, gemm="auto"):
     gm = synthetic_model(spec, seed=1)
-    m = minfer_jax.load(gguf_model=gm, kernels="pallas", ctx_size=1024)
+    m = minfer_jax.load(gguf_model=gm, kernels="pallas", ctx_size=1024, gemm=gemm)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, gm.config.vocab_size, pp), jnp.int32)
     key = jax.random.PRNGKey(0)
     hist = jnp.zeros((0,), jnp.int32)
@@ -55,16 +56,25 @@ def speed(spec, pp=512, tg=128, reps=3):
         jax.block_until_ready(out)
         best_d = min(best_d, time.perf_counter() - t0)
     wb = m.weight_nbytes
-    print(f"speed {spec}: weights {wb/1e6:.0f} MB  pp{pp} {pp/best_p:9.1f} t/s  tg{tg} {tg/best_d:8.1f} t/s "
+    print(f"speed {spec} gemm={gemm} atomic<={gemv.ATOMIC_SPLIT_K_MAX_NT}: weights {wb/1e6:.0f} MB  pp{pp} {pp/best_p:9.1f} t/s  tg{tg} {tg/best_d:8.1f} t/s "
           f"({wb*tg/best_d/1e9:.0f} GB/s)  compile {c1:.1f}+{c2:.1f} s", flush=True)
 
 
 if __name__ == "__main__":
+    # usage: gpu_model_check.py [parity] [speed] [speed05] [--gemm VARIANT] [--atomic MAX_NT]
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", nargs="*", default=["parity", "speed"])
+    ap.add_argument("--gemm", default="auto")
+    ap.add_argument("--atomic", type=int, default=None, help="override gemv.ATOMIC_SPLIT_K_MAX_NT")
+    a = ap.parse_args()
+    if a.atomic is not None:
+        gemv.ATOMIC_SPLIT_K_MAX_NT = a.atomic
     print(jax.devices(), jax.__version__, flush=True)
-    what = sys.argv[1:] or ["parity", "speed"]
-    if "parity" in what:
+    if "parity" in a.what:
         greedy_parity("qwen2.5-0.5b:q4_k_m", 2)
         greedy_parity("qwen2.5-0.5b:q8_0", 2)
-    if "speed" in what:
-        speed("qwen2.5-0.5b:q4_k_m")
-        speed("qwen2.5-7b:q4_k_m")
+        greedy_parity("qwen2.5-0.5b:q4_k_m", 2, n_prompt=200)  # prefill through the "dequant" variant
+    if "speed" in a.what or "speed05" in a.what:
+        speed("qwen2.5-0.5b:q4_k_m", gemm=a.gemm)
+    if "speed" in a.what:
+        speed("qwen2.5-7b:q4_k_m", gemm=a.gemm)

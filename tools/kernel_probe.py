@@ -14,7 +14,9 @@ import traceback
 
 import jax
 
+from minfer_jax import kernel_bench as KB
 from minfer_jax.kernel_bench import run_case
+from minfer_jax.pallas import dequant as D
 from minfer_jax.pallas import gemm as M
 from minfer_jax.pallas import gemm_int8 as M8
 from minfer_jax.pallas import gemv as G
@@ -33,6 +35,17 @@ def gemm_case(qt, n, k, m, cfg=None):
     f = lambda x, w: M.gemm(x, w, qtype=qt, n_out=n, config=cfg)
     r = lambda x, w: M.gemm_reference(x, w, qtype=qt, n_out=n)
     return ("gemm", qt, n, k, m, f, r, cfg)
+
+
+def dequant_case(qt, n, k, cfg=None):  # times the dequantization alone (x unused; output [Npad, K])
+    f = lambda x, w: D.dequantize(w, qtype=qt, config=cfg)
+    r = lambda x, w: D.dequantize_reference(w, qtype=qt)
+    return ("dequant", qt, n, k, 1, f, r, cfg)
+
+
+def variant_case(qt, n, k, m, gemm):  # ops.matmul's prefill dispatch with one variant forced
+    return ("gemm:" + gemm, qt, n, k, m, KB.dispatch_matmul(qt, n, k, "pallas", gemm),
+            KB.reference_matmul(qt, n, m, "pallas", gemm), gemm)
 
 
 def gemm_int8_case(qt, n, k, m, cfg=None):
@@ -133,6 +146,17 @@ def cases(name):
                         (Q.Q2_K, [(128, 128, 128, 8, 3)]), (Q.Q3_K, [(128, 128, 128, 8, 3)]),
                         (Q.Q5_K, [(128, 128, 128, 8, 3)])]:
             out += [gemm_case(q, 4096, 14336, 512, M.GemmConfig(*c)) for c in cfgs]
+        return out
+    if name == "s5":  # dequantize-then-GEMM vs decode-in-GEMM by token count; dequant tiles; K-quant bk 256
+        out = []
+        for q in (Q.Q4_K, Q.Q4_0, Q.Q6_K):
+            out += [dequant_case(q, 4096, 14336, D.DequantConfig(*c)) for c in
+                    [(32, 512, 4), (64, 256, 4), (16, 1024, 4), (64, 512, 8), (128, 256, 8), (32, 256, 4)]]
+        for q in (Q.Q4_K, Q.Q4_0):
+            for m in (16, 32, 64, 128, 256, 512):
+                out += [variant_case(q, 4096, 14336, m, "f16"), variant_case(q, 4096, 14336, m, "dequant")]
+        for q in (Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.Q5_K):
+            out.append(gemm_case(q, 4096, 14336, 512, M.GemmConfig(128, 128, 256, 8, 2)))
         return out
     raise SystemExit(f"unknown case set {name}")
 

@@ -32,21 +32,30 @@ class GemmConfig:
     num_stages: int = 2
 
 
-# Tiles from the H200 sweep at 512 x 4096 x 14336 (tools/kernel_probe.py gemm, docs/BENCHMARKS.md):
-# Q4_0 bk 64 with 3 pipeline stages 196 TFLOP/s (2 stages: 136; bk 128: 184); Q4_K bk 128 with
-# 2 stages 151 (bk 64: 104, 3 stages: 121). Super-block formats decode a whole 256-block's
-# scales per tile, so the wider K step pays for them; bn 256 or bm 256 were 30-50% slower.
-SMALL_BLOCK_TILE = (64, 3)  # (bk, num_stages) for the 32-weight block formats
-SUPERBLOCK_TILE = (128, 2)  # (bk, num_stages) for the K-quants (256-weight super-blocks)
-FLOAT_TILE = (64, 2)  # F32/F16/BF16: not re-swept; 3 stages of f32 tiles would crowd shared memory
+# Tiles (bn, bk, num_warps, num_stages) from the H200 sweeps at 512 x 4096 x 14336
+# (tools/kernel_probe.py gemm/s3/s4, docs/BENCHMARKS.md); bm comes from the token count.
+# 32-weight blocks: narrow 64-row weight tiles on 4 warps (Q4_0 232 TFLOP/s, Q5_0 199, Q4_1 208)
+# beat 128 x 128 on 8 warps (203, 153, 155): half as much decode work per program between dots.
+# K-quants: bk 128 so one tile decodes half a super-block's scales; 3 stages (Q4_K 178, Q2_K 198,
+# Q6_K 174) beat 2 (153, 160, 158). Float weights: nothing to decode, so a deep pipeline pays (F16
+# 4 stages 500, 3 stages 464, 2 stages 254); f32 tiles fit only 3 stages in shared memory.
+SMALL_BLOCK_TILE = (64, 64, 4, 3)
+SUPERBLOCK_TILE = (128, 128, 8, 3)
+HALF_TILE = (128, 64, 8, 4)
+F32_TILE = (128, 64, 8, 3)
 
 
 def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     """Tile sizes for one GEMM shape (tuned on the H200; docs/BENCHMARKS.md)."""
     bm = min(128, max(16, tiles.pow2_divisor(tiles.round_up(m, 16), 128)))
-    block = get_format(qtype).block
-    bk_max, stages = SUPERBLOCK_TILE if block == 256 else SMALL_BLOCK_TILE if block == 32 else FLOAT_TILE
-    return GemmConfig(bm=bm, bn=128, bk=tiles.pow2_divisor(k, bk_max), num_stages=stages)
+    fmt = get_format(qtype)
+    if fmt.block == 256:
+        bn, bk, warps, stages = SUPERBLOCK_TILE
+    elif fmt.block == 32:
+        bn, bk, warps, stages = SMALL_BLOCK_TILE
+    else:
+        bn, bk, warps, stages = F32_TILE if fmt.compute_dtype == jnp.float32 else HALF_TILE
+    return GemmConfig(bm=bm, bn=bn, bk=tiles.pow2_divisor(k, bk), num_warps=warps, num_stages=stages)
 
 
 @functools.cache

@@ -48,6 +48,9 @@ INT8_BN = 16
 INT8_BN_MULTI = 64
 INT8_WARPS_MULTI = 8
 INT8_GROUPS_PER_STEP = 16
+# Split-K sums by atomic adds into one zeroed output (no reduction kernel) up to this many
+# tokens; 0 = off (partial sums added by XLA in the consumer's fusion).
+ATOMIC_SPLIT_K_MAX_NT = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +83,11 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
         group = int8_words.SPECS[qtype].group
         gt = tiles.pow2_divisor(k // group, INT8_GROUPS_PER_STEP)
         bn, warps = (INT8_BN, 4) if nt == 1 else (INT8_BN_MULTI, INT8_WARPS_MULTI)
-        return GemvConfig(bn=bn, bk=gt * group, splits=_splits(k // (gt * group), npad // bn), num_warps=warps)
+        return GemvConfig(bn=bn, bk=gt * group, splits=_splits(k // (gt * group), npad // bn), num_warps=warps,
+                          atomic=nt <= ATOMIC_SPLIT_K_MAX_NT)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
-    return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
+    return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1, atomic=nt <= ATOMIC_SPLIT_K_MAX_NT)
 
 
 def _dp4a(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
