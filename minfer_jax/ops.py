@@ -35,9 +35,12 @@ from minfer_jax.quant.planes import QType, get_format
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
 KERNEL_MODES = ("pallas", "interpret", "xla")
 GEMM_VARIANTS = ("auto", "f16", "dequant", "int8")
-# "auto": from this many tokens the f16 copy (write 2 B/weight once) costs less than decoding
-# every weight tile once per 128-token block inside the GEMM (H200 sweep, docs/BENCHMARKS.md).
-DEQUANT_MIN_NT = 128
+# "auto": from this many tokens dequantize-then-GEMM. On the H200 it won at every token count
+# swept, 16 .. 512 (4096 x 14336: Q4_K 169 vs 363 us at 16 tokens, 182 vs 362 at 512; Q4_0 154
+# vs 162 and 171 vs 276): the f16 write costs less than decoding every weight tile once per token
+# block, and a 16-token in-kernel GEMM has only Npad / bn programs (docs/BENCHMARKS.md). So every
+# prefill size (nt > GEMV_MAX_NT) takes it; "f16" stays selectable.
+DEQUANT_MIN_NT = GEMV_MAX_NT + 1
 _FLOAT_QTYPE = {jnp.dtype(jnp.float16): QType.F16, jnp.dtype(jnp.bfloat16): QType.BF16,
                 jnp.dtype(jnp.float32): QType.F32}
 

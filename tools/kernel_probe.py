@@ -122,17 +122,8 @@ def cases(name):
                         (Q.Q8_0, [(128, 128, 64, 8, 3)]), (Q.Q6_K, [(128, 128, 128, 8, 2)])]:
             out += [gemm_case(q, 4096, 14336, 512, M.GemmConfig(*c)) for c in cfgs]
         return out
-    if name == "s4":  # atomic split-K GEMV (no reduction kernel); GEMM tiles per format
+    if name == "s4":  # GEMM tiles per format (the atomic split-K GEMV cases of this set were dropped with the option)
         out = []
-        for q, n, k, nt in [(Q.Q4_0, 4096, 14336, 1), (Q.Q8_0, 4096, 14336, 1), (Q.Q4_K, 4096, 14336, 1),
-                            (Q.Q6_K, 4096, 14336, 1), (Q.Q5_0, 4096, 14336, 1), (Q.Q4_0, 4096, 14336, 8),
-                            (Q.Q4_K, 4096, 14336, 8), (Q.Q6_K, 896, 4864, 1), (Q.Q5_0, 896, 896, 1),
-                            (Q.Q5_0, 9728, 896, 1), (Q.Q4_K, 14336, 4096, 1), (Q.F16, 4096, 14336, 1)]:
-            base = G.choose_config(q, n, k, nt)
-            out += [gemv_case(q, n, k, nt, base), gemv_case(q, n, k, nt, dataclasses.replace(base, atomic=True))]
-        for sp in (7, 14):
-            base = G.choose_config(Q.Q4_0, 4096, 14336, 1)
-            out.append(gemv_case(Q.Q4_0, 4096, 14336, 1, dataclasses.replace(base, atomic=True, splits=sp)))
         for q, cfgs in [(Q.F16, [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3)]),
                         (Q.BF16, [(128, 128, 64, 8, 3)]), (Q.F32, [(128, 128, 64, 8, 3), (128, 128, 32, 8, 3)]),
                         (Q.Q4_0, [(128, 64, 64, 4, 3), (128, 64, 64, 4, 4), (128, 64, 128, 4, 3), (256, 64, 64, 8, 3),

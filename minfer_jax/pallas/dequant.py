@@ -26,8 +26,10 @@ from jax.experimental import pallas as pl
 from minfer_jax.pallas import tiles
 from minfer_jax.quant.planes import QType, decode, get_format, tile_cols
 
-# (bn, bk, warps): one program decodes a [bn, bk] tile; see docs/BENCHMARKS.md for the sweep.
-DEQUANT_TILE = (32, 512, 4)
+# (bn, bk, warps): one program decodes a [bn, bk] tile. H200 sweep at 4096 x 14336 (read the
+# planes, write 117 MB of f16): 16 x 1024 on 4 warps Q4_0 62 us, Q4_K 66, Q6_K 73; 32 x 512: 63,
+# 72, 77; 128 x 256 on 8 warps: 70, 78, 91 (docs/BENCHMARKS.md).
+DEQUANT_TILE = (16, 1024, 4)
 
 
 @dataclasses.dataclass(frozen=True)

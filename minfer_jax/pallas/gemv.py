@@ -18,7 +18,8 @@ accumulator ("fma"); more tokens go through a tensor-core dot with x padded to N
 
 Split-K partial sums [splits, rows, Npad] are added by XLA in the consumer's fusion; splitting
 pays for the 0.5B shapes, whose 896..4864-row matrices would otherwise keep only a handful of
-the 132 SMs busy.
+the 132 SMs busy. (Atomic adds into one zeroed output instead, which saves the reduction in an
+isolated call, lowered whole-model decode from 966 to 867 tok/s on the 0.5B: docs/BENCHMARKS.md.)
 """
 
 from __future__ import annotations
@@ -48,9 +49,6 @@ INT8_BN = 16
 INT8_BN_MULTI = 64
 INT8_WARPS_MULTI = 8
 INT8_GROUPS_PER_STEP = 16
-# Split-K sums by atomic adds into one zeroed output (no reduction kernel) up to this many
-# tokens; 0 = off (partial sums added by XLA in the consumer's fusion).
-ATOMIC_SPLIT_K_MAX_NT = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +59,6 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 1  # Triton's software pipelining of these loads measured slower (docs/BENCHMARKS.md)
     fma: bool = False  # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator
-    atomic: bool = False  # splits > 1: atomically add into one zeroed output (no separate reduction)
 
 
 def _splits(chunks: int, programs: int) -> int:
@@ -83,11 +80,10 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
         group = int8_words.SPECS[qtype].group
         gt = tiles.pow2_divisor(k // group, INT8_GROUPS_PER_STEP)
         bn, warps = (INT8_BN, 4) if nt == 1 else (INT8_BN_MULTI, INT8_WARPS_MULTI)
-        return GemvConfig(bn=bn, bk=gt * group, splits=_splits(k // (gt * group), npad // bn), num_warps=warps,
-                          atomic=nt <= ATOMIC_SPLIT_K_MAX_NT)
+        return GemvConfig(bn=bn, bk=gt * group, splits=_splits(k // (gt * group), npad // bn), num_warps=warps)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
-    return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1, atomic=nt <= ATOMIC_SPLIT_K_MAX_NT)
+    return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
 
 
 def _dp4a(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
@@ -183,24 +179,6 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     return kernel
 
 
-class _AddInto:
-    """An output ref whose stores become atomic adds (split-K programs sharing one output block)."""
-
-    def __init__(self, ref):
-        self.ref = ref
-
-    def __setitem__(self, idx, value):
-        from jax.experimental.pallas import triton as pltriton
-
-        idx = idx if isinstance(idx, tuple) else (idx,)
-        idx = tuple(slice(None) if i is Ellipsis else i for i in idx)
-        idx += (slice(None),) * (len(self.ref.shape) - len(idx))
-        # every index a pl.ds (the interpreter's discharge rule takes no bare ints): [1, bn] for o[t, :]
-        value = value.reshape(tuple(1 if isinstance(i, int) else d for i, d in zip(idx, self.ref.shape)))
-        pltriton.atomic_add(self.ref, tuple(pl.ds(i, 1) if isinstance(i, int) else pl.ds(0, d)
-                                            for i, d in zip(idx, self.ref.shape)), value)
-
-
 def _row_block_index(n_tail: int, i, s):
     return (i, s) + (0,) * n_tail
 
@@ -231,29 +209,16 @@ def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: b
 
 
 def _split_k_call(kernel, in_specs, operands, cfg: GemvConfig, npad: int, rows: int, interpret: bool, name: str):
-    """Grid (Npad / bn, splits) -> partial sums [splits, rows, Npad] f32 (XLA adds the splits), or
-    with cfg.atomic the sum [1, rows, Npad] itself (the programs add into a zeroed output)."""
-    common = dict(grid=(npad // cfg.bn, cfg.splits),
-                  compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages), interpret=interpret, name=name)
-    if cfg.atomic and cfg.splits > 1:
-        def atomic_kernel(*refs):
-            *ins, _zeros, o_ref = refs  # _zeros is o_ref's aliased input
-            kernel(*ins, _AddInto(o_ref))
-
-        return pl.pallas_call(
-            atomic_kernel,
-            out_shape=jax.ShapeDtypeStruct((rows, npad), jnp.float32),
-            in_specs=[*in_specs, pl.BlockSpec((rows, cfg.bn), lambda i, s: (0, i))],
-            out_specs=pl.BlockSpec((rows, cfg.bn), lambda i, s: (0, i)),
-            input_output_aliases={len(operands): 0},
-            **common,
-        )(*operands, jnp.zeros((rows, npad), jnp.float32))[None]
+    """Grid (Npad / bn, splits) -> partial sums [splits, rows, Npad] f32 (XLA adds the splits)."""
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((cfg.splits, rows, npad), jnp.float32),
+        grid=(npad // cfg.bn, cfg.splits),
         in_specs=in_specs,
         out_specs=pl.BlockSpec((None, rows, cfg.bn), lambda i, s: (s, 0, i)),
-        **common,
+        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
+        interpret=interpret,
+        name=name,
     )(*operands)
 
 
