@@ -88,6 +88,28 @@ def test_gemm_explicit_configs(qtype):
         check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True), ref, qtype)
 
 
+@pytest.mark.parametrize("qtype", sorted(K_QUANTS, key=lambda q: q.value), ids=lambda q: q.name)
+@pytest.mark.parametrize("nt", [1, 3])
+def test_gemv_k_split_inside_super_blocks(qtype, nt):
+    """Splits of 4 groups cut every 256-weight super-block: per-super-block planes (d, dmin, Q3_K's
+    shared qh words) are gathered at absolute group numbers, so the sums must not change."""
+    n, k = 136, 2560
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k))
+    group = int8_words.SPECS[qtype].group
+    cfg = gemv.GemvConfig(bn=16, bk=4 * group, splits=k // group // 4)
+    check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True),
+          gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
+
+
+def test_gemv_steps_for_awkward_k():
+    """7B ffn_down: 592 groups = 16 x 37. 16 groups per step leaves 224 or 8288 programs; 4 per step, 4 splits: 896."""
+    assert gemv._int8_steps(592, 3584 // gemv.INT8_BN) == (4, 4)
+    assert gemv._int8_steps(448, 4096 // gemv.INT8_BN) == (16, 4)  # 4096 x 14336: unchanged, 1024 programs
+    cfg = gemv.choose_config(QType.Q4_K, 3584, 18944, 1)
+    assert (cfg.bk, cfg.splits) == (4 * 32, 4)
+
+
 def test_gemv_rejects_too_many_tokens():
     w = planes_for(QType.Q8_0, 200, 896)
     with pytest.raises(ValueError, match="1 .. 16 tokens"):

@@ -49,6 +49,7 @@ INT8_BN = 16
 INT8_BN_MULTI = 64
 INT8_WARPS_MULTI = 8
 INT8_GROUPS_PER_STEP = 16
+INT8_MIN_GROUPS_PER_STEP = 4  # narrowest step _int8_steps may take to find a better K split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,27 @@ def _splits(chunks: int, programs: int) -> int:
     return min(divisors, key=lambda d: (abs(math.log(programs * d / TARGET_PROGRAMS)), d))
 
 
+def _int8_steps(n_groups: int, row_programs: int) -> tuple[int, int]:
+    """(groups per step, splits) of the integer path: the widest step (INT8_GROUPS_PER_STEP down to
+    INT8_MIN_GROUPS_PER_STEP) whose best split lands within 2x of TARGET_PROGRAMS, else the closest
+    of those (the widest on a tie). A narrower step
+    gives an awkward K more split choices: 7B ffn_down (K = 18944, 592 groups = 16 x 37) at 16
+    groups per step has 37 chunks, i.e. 224 or 8288 programs; at 4 it has 148, so 896."""
+    options = []
+    gt = tiles.pow2_divisor(n_groups, INT8_GROUPS_PER_STEP)
+    while True:
+        sp = _splits(n_groups // gt, row_programs)
+        ratio = abs(math.log(row_programs * sp / TARGET_PROGRAMS))
+        if ratio <= math.log(2):
+            return gt, sp
+        options.append((ratio, -gt, sp))
+        if gt // 2 < INT8_MIN_GROUPS_PER_STEP or n_groups % (gt // 2):
+            break
+        gt //= 2
+    ratio, neg_gt, sp = min(options)
+    return -neg_gt, sp
+
+
 def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
     """Block sizes for one weight shape (tuned on the H200; docs/BENCHMARKS.md).
 
@@ -78,9 +100,9 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
     npad = tiles.round_up(n, 128)
     if qtype in int8_words.SPECS:
         group = int8_words.SPECS[qtype].group
-        gt = tiles.pow2_divisor(k // group, INT8_GROUPS_PER_STEP)
         bn, warps = (INT8_BN, 4) if nt == 1 else (INT8_BN_MULTI, INT8_WARPS_MULTI)
-        return GemvConfig(bn=bn, bk=gt * group, splits=_splits(k // (gt * group), npad // bn), num_warps=warps)
+        gt, splits = _int8_steps(k // group, npad // bn)
+        return GemvConfig(bn=bn, bk=gt * group, splits=splits, num_warps=warps)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
     return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
@@ -136,7 +158,10 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 @functools.cache
 def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool):
-    """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t."""
+    """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
+
+    Coarse planes (one value per `per` groups, e.g. a K-quant's d) arrive as whole rows and are
+    gathered at absolute group numbers, so a K split need not align to their columns."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
 
@@ -145,11 +170,13 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
         views = dict(zip([n for n, _ in spec.views], plane_refs))
         coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views):]))
 
+        split_g0 = pl.program_id(1) * (n_steps * gt)  # this split's first group
+
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
             t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
                  for name, tail in spec.views}  # [bn, gt, *tail]
-            groups = g0 + lax.iota(jnp.int32, gt)  # [gt]
+            groups = split_g0 + g0 + lax.iota(jnp.int32, gt)  # [gt] absolute group numbers
             rows = lax.iota(jnp.int32, bn)[:, None]
             for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
                 t[name] = coarse[name][rows, (groups // per)[None, :]]  # [bn, gt]
@@ -192,7 +219,6 @@ def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: b
     gs = n_groups // cfg.splits  # groups per split
     gt = cfg.bk // spec.group  # groups per step
     assert n_groups % cfg.splits == 0 and gs % gt == 0, (cfg, k)
-    assert all(gs % per == 0 for _, per in spec.coarse), (cfg, k)
     xv = int8_words.x_view(qtype, jnp.pad(x, ((0, ntp - nt), (0, 0))))  # [ntp, G, x_words, 4, x_slots]
     wp = int8_words.word_planes(qtype, planes)
     in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))]
@@ -200,9 +226,9 @@ def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: b
     for name, tail in spec.views:
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail))))
-    for name, per in spec.coarse:
+    for name, per in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
-        in_specs.append(pl.BlockSpec((cfg.bn, gs // per), lambda i, s: (i, s)))
+        in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
     kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret)
     return _split_k_call(kernel, in_specs, (xv, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
