@@ -102,12 +102,14 @@ def test_gemv_k_split_inside_super_blocks(qtype, nt):
           gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
 
 
-def test_gemv_steps_for_awkward_k():
-    """7B ffn_down: 592 groups = 16 x 37. 16 groups per step leaves 224 or 8288 programs; 4 per step, 4 splits: 896."""
-    assert gemv._int8_steps(592, 3584 // gemv.INT8_BN) == (4, 4)
-    assert gemv._int8_steps(448, 4096 // gemv.INT8_BN) == (16, 4)  # 4096 x 14336: unchanged, 1024 programs
+def test_gemv_one_token_config_is_one_step_per_program():
+    """One token: K split into single-step chunks (7B ffn_down, K = 18944: 37 splits), capped in programs."""
     cfg = gemv.choose_config(QType.Q4_K, 3584, 18944, 1)
-    assert (cfg.bk, cfg.splits) == (4 * 32, 4)
+    assert (cfg.bn, cfg.bk, cfg.splits) == (32, 16 * 32, 37)
+    cfg = gemv.choose_config(QType.Q6_K, 4096, 14336, 1)
+    assert (cfg.bn, cfg.bk, cfg.splits) == (16, 16 * 16, 56)
+    cfg = gemv.choose_config(QType.Q8_0, 151936, 896, 1)  # the 0.5B head: 4748 row programs x 7 > cap
+    assert cfg.splits == 1
 
 
 def test_gemv_rejects_too_many_tokens():

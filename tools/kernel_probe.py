@@ -17,6 +17,7 @@ import jax
 from minfer_jax import kernel_bench as KB
 from minfer_jax.kernel_bench import run_case
 from minfer_jax.pallas import dequant as D
+from minfer_jax.quant import int8_words
 from minfer_jax.pallas import gemm as M
 from minfer_jax.pallas import gemm_int8 as M8
 from minfer_jax.pallas import gemv as G
@@ -148,6 +149,27 @@ def cases(name):
                 out += [variant_case(q, 4096, 14336, m, "f16"), variant_case(q, 4096, 14336, m, "dequant")]
         for q in (Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.Q5_K):
             out.append(gemm_case(q, 4096, 14336, 512, M.GemmConfig(128, 128, 256, 8, 2)))
+        return out
+    if name == "s6":  # 7B ffn_down (K = 18944 = 74 super-blocks): steps x splits
+        out = []
+        for q in (Q.Q4_K, Q.Q6_K):
+            group = 32 if q == Q.Q4_K else 16
+            for gt, sp in [(16, 1), (4, 4), (16, 37), (8, 37), (8, 2), (16, 2), (4, 37)]:
+                if (18944 // group) % (gt * sp) == 0:
+                    out.append(gemv_case(q, 3584, 18944, 1, G.GemvConfig(bn=16, bk=gt * group, splits=sp)))
+            out.append(gemv_case(q, 3584, 18944, 1, G.GemvConfig(bn=32, bk=16 * group, splits=37)))
+        return out
+    if name == "s7":  # one step per program (straight-line, no K loop) vs the 1024-program rule
+        out = []
+        for q, n, k in [(Q.Q4_0, 4096, 14336), (Q.Q4_K, 4096, 14336), (Q.Q8_0, 4096, 14336), (Q.Q6_K, 4096, 14336),
+                        (Q.Q4_K, 14336, 4096), (Q.Q4_K, 3584, 3584), (Q.Q5_0, 9728, 896)]:
+            base = G.choose_config(q, n, k, 1)
+            group = int8_words.SPECS[q].group
+            chunks = k // group // 16
+            out.append(gemv_case(q, n, k, 1, base))
+            for bn, sp in [(16, chunks), (32, chunks), (16, chunks // 2)]:
+                if sp >= 1 and chunks % sp == 0:
+                    out.append(gemv_case(q, n, k, 1, G.GemvConfig(bn=bn, bk=16 * group, splits=sp)))
         return out
     raise SystemExit(f"unknown case set {name}")
 

@@ -41,15 +41,19 @@ NT_PAD = 16  # x rows fed to the float formats' dot: Triton needs >= 16 on every
 MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
 TARGET_PROGRAMS = 1024  # ~8 programs per SM on the H200's 132 SMs keep enough loads in flight
 TILE_ELEMS = 8192  # float formats: bn * bk ceiling (decoded tile + intermediates in registers)
-# Integer path tiles (H200 sweeps, tools/dp4a_probe.py and tools/kernel_probe.py int8,
-# docs/BENCHMARKS.md): one token 16 rows x 16 groups per step, 4 warps; several tokens 64 rows
-# and 8 warps, so that each program's in-register quantization of x serves more weight rows
-# (Q4_K 4096 x 14336 nt = 8: 83 us vs 140 us at 16 rows).
-INT8_BN = 16
+# Integer path tiles (H200 sweeps, tools/dp4a_probe.py and tools/kernel_probe.py,
+# docs/BENCHMARKS.md): several tokens 64 rows and 8 warps, so that each program's in-register
+# quantization of x serves more weight rows (Q4_K 4096 x 14336 nt = 8: 83 us vs 140 us at 16
+# rows), K split to ~TARGET_PROGRAMS programs.
 INT8_BN_MULTI = 64
 INT8_WARPS_MULTI = 8
 INT8_GROUPS_PER_STEP = 16
-INT8_MIN_GROUPS_PER_STEP = 4  # narrowest step _int8_steps may take to find a better K split
+# One token: one step per program (K split into chunks of INT8_GROUPS_PER_STEP groups), 32 rows
+# for the 32-weight groups, 16 for the 16-weight ones (Q2_K, Q3_K, Q6_K: heavier decode). H200,
+# 4096 x 14336: Q4_0 26.7 us vs 32.5 with 4 splits of 7 steps, Q4_K 30.8 vs 39.1, Q8_0 32.4 vs
+# 42.4, Q6_K 44.1 vs 57.9; 7B ffn_down Q4_K 3584 x 18944 38.7 vs 81 (tools/kernel_probe.py s6/s7).
+INT8_BN_ONE_STEP = {32: 32, 16: 16}  # group size -> rows per program
+INT8_MAX_PROGRAMS = 16384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,25 +74,11 @@ def _splits(chunks: int, programs: int) -> int:
     return min(divisors, key=lambda d: (abs(math.log(programs * d / TARGET_PROGRAMS)), d))
 
 
-def _int8_steps(n_groups: int, row_programs: int) -> tuple[int, int]:
-    """(groups per step, splits) of the integer path: the widest step (INT8_GROUPS_PER_STEP down to
-    INT8_MIN_GROUPS_PER_STEP) whose best split lands within 2x of TARGET_PROGRAMS, else the closest
-    of those (the widest on a tie). A narrower step
-    gives an awkward K more split choices: 7B ffn_down (K = 18944, 592 groups = 16 x 37) at 16
-    groups per step has 37 chunks, i.e. 224 or 8288 programs; at 4 it has 148, so 896."""
-    options = []
-    gt = tiles.pow2_divisor(n_groups, INT8_GROUPS_PER_STEP)
-    while True:
-        sp = _splits(n_groups // gt, row_programs)
-        ratio = abs(math.log(row_programs * sp / TARGET_PROGRAMS))
-        if ratio <= math.log(2):
-            return gt, sp
-        options.append((ratio, -gt, sp))
-        if gt // 2 < INT8_MIN_GROUPS_PER_STEP or n_groups % (gt // 2):
-            break
-        gt //= 2
-    ratio, neg_gt, sp = min(options)
-    return -neg_gt, sp
+def _one_step_splits(chunks: int, row_programs: int) -> int:
+    """One token: the K split that gives every program a single step (no K loop: straight-line
+    code whose loads all issue at once), capped at INT8_MAX_PROGRAMS (then the largest divisor
+    of chunks under the cap)."""
+    return max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or row_programs * d <= INT8_MAX_PROGRAMS))
 
 
 def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
@@ -100,9 +90,13 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
     npad = tiles.round_up(n, 128)
     if qtype in int8_words.SPECS:
         group = int8_words.SPECS[qtype].group
-        bn, warps = (INT8_BN, 4) if nt == 1 else (INT8_BN_MULTI, INT8_WARPS_MULTI)
-        gt, splits = _int8_steps(k // group, npad // bn)
-        return GemvConfig(bn=bn, bk=gt * group, splits=splits, num_warps=warps)
+        gt = tiles.pow2_divisor(k // group, INT8_GROUPS_PER_STEP)
+        chunks = k // (gt * group)
+        if nt == 1:
+            bn = INT8_BN_ONE_STEP[group]
+            return GemvConfig(bn=bn, bk=gt * group, splits=_one_step_splits(chunks, npad // bn))
+        return GemvConfig(bn=INT8_BN_MULTI, bk=gt * group, splits=_splits(chunks, npad // INT8_BN_MULTI),
+                          num_warps=INT8_WARPS_MULTI)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
     return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
