@@ -49,11 +49,11 @@ import numpy as np
 
 from minfer_jax.errors import MinferError
 
-GEMM_CHOICES = ("auto", "f16", "dequant", "int8")  # ops.GEMM_VARIANTS, spelled out: --help stays jax-free
-
 # --------------------------------------------------------------------------------------------
 # Constants
 # --------------------------------------------------------------------------------------------
+
+GEMM_CHOICES = ("auto", "f16", "dequant", "int8")  # ops.GEMM_VARIANTS, spelled out: --help stays jax-free
 
 # Measured memory read bandwidth per device kind (bytes/s), matched as a substring of
 # jax's device_kind. H200: ../shared/PERF_TARGETS.md (jnp.sum over 1 GiB f32: 4.15 - 4.28 TB/s).

@@ -1,4 +1,8 @@
-"""Prefill GEMM: y[M, N] = x[M, K] . W[N, K]^T for M >= 9 tokens, weight tiles dequantized in-kernel.
+"""Prefill GEMM: y[M, N] = x[M, K] . W[N, K]^T for M >= 9 tokens, weight tiles decoded in-kernel.
+
+ops.matmul runs it on a quantized weight's planes (the "f16" variant) or, by default, on the
+transient f16 matrix pallas/dequant.py made of them (the "dequant" variant: W is then an F16
+weight and the tile decode is a plain load).
 
 Layout expected (quant.planes): each plane [Npad, K / wpc], rows padded to ROW_ALIGN; x is padded
 by the wrapper to a multiple of bm rows (prefill buckets are powers of two, so usually it is).
@@ -6,7 +10,7 @@ by the wrapper to a multiple of bm rows (prefill buckets are powers of two, so u
 Grid (Mpad / bm, Npad / bn), the token axis fastest so that programs running together share a
 weight tile (decoded from L2 rather than HBM). Each program walks K in bk steps: the x tile
 [bm, bk] and the weight tile decoded into the compute dtype [bn, bk] meet in one tensor-core dot
-with f32 accumulation. No dequantized copy of the weights ever exists outside registers.
+with f32 accumulation; the decoded tile never leaves registers.
 """
 
 from __future__ import annotations

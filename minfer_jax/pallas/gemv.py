@@ -10,7 +10,7 @@ on the planes' own words (inline asm; an exact jnp emulation in interpret mode),
 y += a * (dx * S + offset term) + b * sum(x). All nt tokens are handled inside the program (the
 token loop is unrolled over the same loaded weight words), so each weight word is read once.
 Grid (Npad / bn, splits): program (i, s) owns rows [i*bn, (i+1)*bn) and the s-th K range,
-walking it gt groups per step.
+walking it gt groups per step; for one token the K range is a single step (no K loop).
 
 Float formats (F32, F16, BF16): one token multiply-adds the decoded [bn, bk] tile into an f32
 accumulator ("fma"); more tokens go through a tensor-core dot with x padded to NT_PAD = 16 rows
@@ -78,14 +78,16 @@ def _one_step_splits(chunks: int, row_programs: int) -> int:
     """One token: the K split that gives every program a single step (no K loop: straight-line
     code whose loads all issue at once), capped at INT8_MAX_PROGRAMS (then the largest divisor
     of chunks under the cap)."""
-    return max(d for d in range(1, chunks + 1) if chunks % d == 0 and (d == 1 or row_programs * d <= INT8_MAX_PROGRAMS))
+    fits = [d for d in range(1, chunks + 1) if chunks % d == 0 and row_programs * d <= INT8_MAX_PROGRAMS]
+    return max(fits, default=1)
 
 
 def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
     """Block sizes for one weight shape (tuned on the H200; docs/BENCHMARKS.md).
 
-    Decode GEMVs are latency-bound unless enough bytes are in flight: ~1000 programs, so small-N
-    shapes split K.
+    Decode GEMVs are latency-bound unless enough bytes are in flight. One token (integer path):
+    every program one straight-line step, as many programs as that takes (up to
+    INT8_MAX_PROGRAMS). Several tokens and float formats: K split to ~TARGET_PROGRAMS programs.
     """
     npad = tiles.round_up(n, 128)
     if qtype in int8_words.SPECS:
