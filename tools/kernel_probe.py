@@ -171,6 +171,17 @@ def cases(name):
                 if sp >= 1 and chunks % sp == 0:
                     out.append(gemv_case(q, n, k, 1, G.GemvConfig(bn=bn, bk=16 * group, splits=sp)))
         return out
+    if name == "s8":  # not yet run: one step per program for nt = 2..8 (the rule that won for one token)
+        out = []
+        for q, n, k in [(Q.Q4_0, 4096, 14336), (Q.Q4_K, 4096, 14336), (Q.Q6_K, 4096, 14336), (Q.Q8_0, 4096, 14336),
+                        (Q.Q4_K, 3584, 18944), (Q.Q4_K, 3584, 3584)]:
+            group = int8_words.SPECS[q].group
+            chunks = k // group // 16
+            for nt in (2, 8):
+                out.append(gemv_case(q, n, k, nt, G.choose_config(q, n, k, nt)))
+                for bn, warps in [(16, 4), (32, 4), (64, 8)]:
+                    out.append(gemv_case(q, n, k, nt, G.GemvConfig(bn=bn, bk=16 * group, splits=chunks, num_warps=warps)))
+        return out
     raise SystemExit(f"unknown case set {name}")
 
 
