@@ -79,7 +79,7 @@ class KernelResult:
 GEMM_KINDS = {"f16": "gemm", "dequant": "dq+gemm", "int8": "gemm-i8"}  # ops' prefill variant -> kind
 
 
-def kernel_kind(nt: int, impl: str, qtype: QType = QType.Q4_0, gemm: str = "auto") -> str:
+def kernel_kind(nt: int, impl: str, qtype: QType, gemm: str = "auto") -> str:
     """What ops.matmul runs for a weight of qtype and nt tokens: "xla" (reference), "gemv", or the
     prefill variant: "gemm" (decode in-kernel), "dq+gemm" (dequantize, then GEMM), "gemm-i8"."""
     from minfer_jax import ops
