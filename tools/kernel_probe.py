@@ -153,7 +153,7 @@ def cases(name):
     if name == "s6":  # 7B ffn_down (K = 18944 = 74 super-blocks): steps x splits
         out = []
         for q in (Q.Q4_K, Q.Q6_K):
-            group = 32 if q == Q.Q4_K else 16
+            group = int8_words.SPECS[q].group
             for gt, sp in [(16, 1), (4, 4), (16, 37), (8, 37), (8, 2), (16, 2), (4, 37)]:
                 if (18944 // group) % (gt * sp) == 0:
                     out.append(gemv_case(q, 3584, 18944, 1, G.GemvConfig(bn=16, bk=gt * group, splits=sp)))
