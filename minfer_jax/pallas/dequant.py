@@ -20,7 +20,6 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
@@ -39,7 +38,7 @@ class DequantConfig:
     num_warps: int = 4
 
 
-def choose_config(qtype: QType, npad: int, k: int) -> DequantConfig:
+def choose_config(npad: int, k: int) -> DequantConfig:
     bn, bk, warps = DEQUANT_TILE
     return DequantConfig(bn=tiles.pow2_divisor(npad, bn), bk=tiles.pow2_divisor(k, bk), num_warps=warps)
 
@@ -67,7 +66,7 @@ def dequantize(planes: dict, *, qtype: QType, config: DequantConfig | None = Non
     arrays = tiles.plane_arrays(fmt, planes)
     npad = arrays[0].shape[0]
     k = arrays[0].shape[1] * fmt.planes[0].wpc
-    cfg = config or choose_config(qtype, npad, k)
+    cfg = config or choose_config(npad, k)
     assert npad % cfg.bn == 0 and k % cfg.bk == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()
     in_specs = [pl.BlockSpec((cfg.bn, tile_cols(cfg.bk, p.wpc)), functools.partial(_plane_block_index, cfg.bk, p.wpc))

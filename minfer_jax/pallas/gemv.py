@@ -66,20 +66,22 @@ class GemvConfig:
     fma: bool = False  # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def _splits(chunks: int, programs: int) -> int:
     """The K split (a divisor of chunks) whose program count lands nearest TARGET_PROGRAMS (in
     ratio): a prime chunk count may overshoot rather than leave the GPU idle (Q6_K 896 x 4864:
     19 splits, 21 us, vs unsplit, 40 us)."""
-    divisors = [d for d in range(1, chunks + 1) if chunks % d == 0]
-    return min(divisors, key=lambda d: (abs(math.log(programs * d / TARGET_PROGRAMS)), d))
+    return min(_divisors(chunks), key=lambda d: (abs(math.log(programs * d / TARGET_PROGRAMS)), d))
 
 
 def _one_step_splits(chunks: int, row_programs: int) -> int:
     """One token: the K split that gives every program a single step (no K loop: straight-line
     code whose loads all issue at once), capped at INT8_MAX_PROGRAMS (then the largest divisor
     of chunks under the cap)."""
-    fits = [d for d in range(1, chunks + 1) if chunks % d == 0 and row_programs * d <= INT8_MAX_PROGRAMS]
-    return max(fits, default=1)
+    return max((d for d in _divisors(chunks) if row_programs * d <= INT8_MAX_PROGRAMS), default=1)
 
 
 def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
