@@ -4,7 +4,6 @@ Standalone (random u32 word planes, Q4_0 and Q8_0), to decide whether the decode
 to this formulation. Prints GB/s per config and the max relative error vs a numpy reference.
 """
 
-import itertools
 import sys
 import time
 

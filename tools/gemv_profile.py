@@ -4,8 +4,8 @@ usage: python tools/gemv_profile.py time [--out DIR]   time each case's GEMV nex
                                                        kernel with the same grid and loads
        ncu ... python tools/gemv_profile.py run        run each kernel once (for Nsight Compute)
 
-The read-only kernel ("stream") loads exactly the blocks the integer GEMV loads (x, every weight
-view, the coarse rows) and only sums them: its time is the floor this grid and block shape can
+The read-only kernel ("stream") loads the blocks the integer GEMV loads (x and every weight view;
+not the coarse per-super-block rows, which the GEMV gathers) and only sums them: its time is the floor this grid and block shape can
 reach under Triton, so GEMV - stream is the cost of the decode and integer-dot arithmetic.
 """
 
@@ -64,9 +64,6 @@ def stream(x, planes, *, qtype, cfg, interpret=False):
     for name, tail in spec.views:
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(G._row_block_index, len(tail))))
-    for name, _ in spec.coarse:
-        arrays.append(wp[name])
-        in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
     out = G._split_k_call(_stream_kernel(len(arrays)), in_specs, (xv, *arrays), cfg, npad, 1, interpret, "stream_probe")
     return out.sum(axis=0)
 
