@@ -20,8 +20,8 @@ Model mode (the default) mirrors llama.cpp's tools/llama-bench/llama-bench.cpp:
 Kernel mode (--kernels, --shapes, --ggml-shapes) times every distinct (type, out, in) matmul
 of a model, or an explicit list, for a list of token counts nt, through ops.matmul's dispatch
 (GEMV for nt <= ops.GEMV_MAX_NT, GEMM above, or the XLA reference), each case inside one
-executable, the fixed cost of launching an executable cancelled by timing a second one with a
-quarter of the calls (kernel_bench.run_case).
+executable; on a GPU the time is the executable's span on the device timeline (jax.profiler),
+not the host clock (kernel_bench.run_case says why).
 
 Beyond llama-bench every row has: the compile time of the executable(s) it ran, achieved weight
 GB/s (tg: weight bytes read per decode token / time per token) and its share of the device's
@@ -964,9 +964,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--nt", default=None, metavar="LIST",
                    help="token counts per kernel case (default: 1,512; --ggml-shapes: ggml's own)")
     g.add_argument("--kernel-reps", type=int, default=None, metavar="N",
-                   help="matmul calls unrolled in one timed executable, each on its own weight copy; a second "
-                        "executable runs N/4 of them and the per-call time is the difference / (N - N/4), "
-                        "so the fixed launch cost cancels (default: up to 40, fewer for big matrices)")
+                   help="matmul calls unrolled in one timed executable, each on its own weight copy; per-call "
+                        "time = the executable's span on the device timeline / N (default: up to 40, "
+                        "fewer for big matrices)")
     g = p.add_argument_group("output")
     g.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="md",
                    help="format printed to stdout (default: md)")

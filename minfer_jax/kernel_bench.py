@@ -3,11 +3,17 @@
 Random planes are generated on the device (speed does not depend on weight values; scales are
 small and finite so the parity check is meaningful). Each case compiles one executable that runs
 the matmul `reps` times, each on its own weight copy (so calls stream from HBM, not the 60 MB
-L2, and XLA cannot merge identical calls). A second executable runs the first reps / 4 of those
-calls, and the time per call is the difference of the two run times / the difference of their call
-counts: the fixed cost of launching and waiting for one executable (~100-200 us on the H200, which
-"run time / reps" spread over 20 calls as +5-10 us each) cancels, and what remains is what a call
-costs inside a longer program: its kernels, the XLA fusions around them and the gaps between.
+L2, and XLA cannot merge identical calls).
+
+On a GPU the time per call is read off the device, not the host clock: each timed run is traced
+with jax.profiler (CUPTI), and the span from its first kernel's start to its last kernel's end,
+divided by reps, is what a call costs inside a longer program (its kernels, the XLA fusions
+around them, the gaps between). The host clock around an executable also counts the launch and,
+for the ahead-of-time compiled executable, Python-side handling of every weight argument, which
+grows with reps and cannot be subtracted away: on the H200 it read 18-22 us per Q4_0 4096 x 14336
+call whose kernels take 12.6 us on the device timeline (docs/BENCHMARKS.md). Without device
+events (CPU, interpret mode) the host clock is used, with the fixed cost cancelled by a second
+executable of reps / 4 calls: per call = (t_reps - t_base) / (reps - base).
 `dispatch_matmul` routes a case exactly as ops.matmul does (GEMV for nt <= GEMV_MAX_NT, else
 GEMM, or the XLA reference) and `reference_matmul` is the jnp reference of exactly that kernel's
 arithmetic (its rel err is the parity check); scripts/bench.py --kernels reports these cases.
@@ -61,13 +67,13 @@ class KernelResult:
     k: int
     nt: int
     impl: str
-    us: float  # microseconds per call, from the best run of each executable
+    us: float  # best trial, microseconds per call
     gbps: float  # weight bytes / best time
     tflops: float  # 2 * nt * n * k / best time
     rel_err: float
     compile_s: float  # lower + compile of the timed executable (AOT), not its first run
     samples_us: list[float] = dataclasses.field(default_factory=list)  # every trial, us per call
-    reps: int = 0  # calls unrolled inside the larger timed executable (the other runs reps // 4)
+    reps: int = 0  # calls unrolled inside the timed executable
     weight_bytes: int = 0
 
     @property
@@ -122,15 +128,42 @@ def reference_matmul(qtype: QType, n: int, nt: int, impl: str, gemm: str = "auto
     return lambda x, planes: fn(x, planes, qtype=qt, n_out=n)
 
 
+def device_kernel_events(run) -> list[tuple[float, float, str]]:
+    """Call run() under jax.profiler; the GPU kernels it ran as (start ns, duration ns, name),
+    sorted by start (memcpy/memset excluded; empty when the trace holds no GPU events)."""
+    import glob
+    import tempfile
+
+    events = []
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            run()
+        for path in glob.glob(f"{d}/**/*.xplane.pb", recursive=True):
+            for plane in jax.profiler.ProfileData.from_file(path).planes:
+                if not plane.name.startswith("/device:GPU"):
+                    continue
+                for line in plane.lines:
+                    events += [(ev.start_ns, ev.duration_ns, ev.name) for ev in line.events
+                               if "memcpy" not in ev.name.lower() and "memset" not in ev.name.lower()]
+    return sorted(events)
+
+
+def device_span_us(run) -> float | None:
+    """The span of run()'s GPU kernels, first start to last end, in us (None without GPU events)."""
+    events = device_kernel_events(run)
+    if not events:
+        return None
+    return (max(s + d for s, d, _ in events) - events[0][0]) / 1e3
+
+
 def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: str, reps: int = 40,
              trials: int = 5, seed: int = 0, warmup: bool = True) -> KernelResult:
     """Time `matmul(x, planes)` and compare one call against `reference(x, planes)`.
 
-    Two executables run `reps` and `base = reps // 4` unrolled calls, each call on its own weight
-    copy; both are compiled ahead of time (compile_s: both), run once to warm up, then timed
-    alternately `trials` times (block_until_ready around each run). One trial's time per call is
-    (t_reps - t_base) / (reps - base); `us` is the same from the two best run times. With
-    reps < 2 there is no base executable and a call costs t_reps / reps (fixed cost included).
+    One executable runs `reps` unrolled calls, each on its own weight copy; it is compiled ahead of
+    time (compile_s), run once to warm up, then timed `trials` times. A trial's time per call is
+    its device span / reps on a GPU; elsewhere (t_reps - t_base) / (reps - base) with a second
+    executable of base = reps // 4 calls (reps >= 2), or t_reps / reps. `us` is the best trial.
     """
     key = jax.random.PRNGKey(seed)
     wbytes = weight_nbytes(qtype, n, k)
@@ -140,7 +173,6 @@ def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: 
     weights = [random_planes(kk, qtype, n, k) for kk in keys[:reps]]
     x = jax.random.normal(keys[-1], (nt, k), jnp.float32)
     jax.block_until_ready((weights, x))
-    base = reps // 4 if reps >= 2 else 0
 
     def loop(x, weights):
         # Unrolled: no loop overhead inside the timed executable.
@@ -148,32 +180,35 @@ def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: 
 
     t0 = time.perf_counter()
     exe = jax.jit(loop).lower(x, weights).compile()
-    exe_base = jax.jit(loop).lower(x, weights[:base]).compile() if base else None
     compile_s = time.perf_counter() - t0
 
-    def run(e, ws) -> float:
+    def run(e=exe, ws=weights) -> float:
         t = time.perf_counter()
         jax.block_until_ready(e(x, ws))
         return time.perf_counter() - t
 
     if warmup:
-        run(exe, weights)
-        if base:
-            run(exe_base, weights[:base])
-    t_full, t_base = [], []
-    for _ in range(trials):
-        if base:
-            t_base.append(run(exe_base, weights[:base]))
-        t_full.append(run(exe, weights))
-    if base:
-        calls = reps - base
-        samples = [max(tf - tb, 0.0) / calls * 1e6 for tf, tb in zip(t_full, t_base)]
-        us = max(min(t_full) - min(t_base), 0.0) / calls * 1e6
-        if us <= 0.0:  # timer noise larger than the calls themselves (tiny CPU cases)
-            us = min(t_full) / reps * 1e6
+        run()
+    samples = []
+    on_device = jax.devices()[0].platform == "gpu" and device_span_us(run) is not None
+    if on_device:
+        samples = [device_span_us(run) / reps for _ in range(trials)]
     else:
-        samples = [t / reps * 1e6 for t in t_full]
-        us = min(samples)
+        base = reps // 4 if reps >= 2 else 0
+        if base:
+            t0 = time.perf_counter()
+            exe_base = jax.jit(loop).lower(x, weights[:base]).compile()
+            compile_s += time.perf_counter() - t0
+            run(exe_base, weights[:base])
+        for _ in range(trials):
+            if base:
+                tb = run(exe_base, weights[:base])
+                samples.append(max(run() - tb, 0.0) / (reps - base) * 1e6)
+            else:
+                samples.append(run() / reps * 1e6)
+    us = min(samples)
+    if us <= 0.0:  # host timer noise larger than the calls themselves (tiny CPU cases)
+        us = max(samples) or 1e-3
 
     got = np.asarray(jax.jit(matmul)(x, weights[0]), np.float64)
     ref = np.asarray(jax.jit(reference)(x, weights[0]), np.float64)
