@@ -182,6 +182,24 @@ def cases(name):
                 for bn, warps in [(16, 4), (32, 4), (64, 8)]:
                     out.append(gemv_case(q, n, k, nt, G.GemvConfig(bn=bn, bk=16 * group, splits=chunks, num_warps=warps)))
         return out
+    if name == "s9":  # x quantized before the kernel (nt > 1); coarse planes as blocks; Q6_K wider steps
+        out = []
+        R = dataclasses.replace
+        for q in (Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.Q8_0):
+            group = int8_words.SPECS[q].group
+            chunks = 14336 // group // 16
+            for nt in (2, 8):
+                base = G.choose_config(q, 4096, 14336, nt)
+                one = G.GemvConfig(bn=32, bk=16 * group, splits=chunks)
+                out += [gemv_case(q, 4096, 14336, nt, c) for c in
+                        (base, R(base, prequant=True), one, R(one, prequant=True))]
+        for q, n, k in [(Q.Q4_K, 4096, 14336), (Q.Q6_K, 4096, 14336), (Q.Q5_K, 4096, 14336), (Q.Q2_K, 4096, 14336),
+                        (Q.Q4_K, 14336, 4096), (Q.Q4_K, 3584, 18944), (Q.Q6_K, 3584, 18944)]:
+            base = G.choose_config(q, n, k, 1)
+            out += [gemv_case(q, n, k, 1, c) for c in (base, R(base, coarse_tiles=True), R(base, prequant=True))]
+        for bn in (8, 16, 32):  # Q6_K: 32 groups (512 weights) per step
+            out.append(gemv_case(Q.Q6_K, 4096, 14336, 1, G.GemvConfig(bn=bn, bk=512, splits=28, coarse_tiles=True)))
+        return out
     raise SystemExit(f"unknown case set {name}")
 
 

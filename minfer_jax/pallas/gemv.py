@@ -54,6 +54,7 @@ INT8_GROUPS_PER_STEP = 16
 # 42.4, Q6_K 44.1 vs 57.9; 7B ffn_down Q4_K 3584 x 18944 38.7 vs 81 (tools/kernel_probe.py s6/s7).
 INT8_BN_ONE_STEP = {32: 32, 16: 16}  # group size -> rows per program
 INT8_MAX_PROGRAMS = 16384
+COARSE_TILE_COLS = 2  # coarse columns a program may load as its own block (more: one gather)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,8 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 1  # Triton's software pipelining of these loads measured slower (docs/BENCHMARKS.md)
     fma: bool = False  # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator
+    prequant: bool = False  # integer path: x quantized by XLA before the kernel (int8_words.quantize_x)
+    coarse_tiles: bool = False  # integer path: coarse planes as per-program blocks where they align
 
 
 def _divisors(n: int) -> list[int]:
@@ -155,35 +158,59 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 
 @functools.cache
-def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool):
+def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
+                 coarse_cols: int):
     """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
 
-    Coarse planes (one value per `per` groups, e.g. a K-quant's d) arrive as whole rows and are
-    gathered at absolute group numbers, so a K split need not align to their columns."""
+    x arrives as f32 (quantized here, per step and token) or, with `prequant`, already quantized
+    by quant.int8_words.quantize_x (words + scales). Coarse planes (one value per `per` groups,
+    e.g. a K-quant's d) arrive either as this program's own columns (coarse_cols > 0: a one-step
+    program whose groups cover whole coarse columns; each column is one [bn, 1] load, spread over
+    its groups with a select) or as whole rows gathered at absolute group numbers, so that a K
+    split need not align to their columns."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
 
-    def kernel(x_ref, *refs):
-        *plane_refs, o_ref = refs
+    def kernel(*refs):
+        *in_refs, o_ref = refs
+        n_x = 2 if prequant else 1  # x: f32 view, or quantized words + scales
+        x_refs, plane_refs = in_refs[:n_x], in_refs[n_x:]
         views = dict(zip([n for n, _ in spec.views], plane_refs))
         coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views):]))
 
         split_g0 = pl.program_id(1) * (n_steps * gt)  # this split's first group
+        rows = lax.iota(jnp.int32, bn)[:, None]
+
+        def coarse_values(name, per, groups):  # -> [bn, gt]: the coarse value of each group
+            if coarse_cols:
+                local = (lax.iota(jnp.int32, gt) // per)[None, :]  # [1, gt] column of each group
+                v = coarse[name][:, pl.ds(0, 1)]  # [bn, 1]
+                for c in range(1, coarse_cols):
+                    v = jnp.where(local == c, coarse[name][:, pl.ds(c, 1)], v)
+                return jnp.broadcast_to(v, (bn, gt))
+            return coarse[name][rows, (groups // per)[None, :]]  # [bn, gt] gather
+
+        def token_x(tok, g0):  # -> (x words per slot [gt, x_words], dx, xo, xsum [gt])
+            if prequant:
+                xw_ref, xsc_ref = x_refs
+                words = [xw_ref[tok, pl.ds(g0, gt), :, slot] for slot in range(spec.x_slots)]
+                return words, xsc_ref[tok, pl.ds(g0, gt), 0], xsc_ref[tok, pl.ds(g0, gt), 1], \
+                    xsc_ref[tok, pl.ds(g0, gt), 2]
+            # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
+            xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
+            return int8_words.quantize_slots(xs, spec.offset)
 
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
             t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
                  for name, tail in spec.views}  # [bn, gt, *tail]
             groups = split_g0 + g0 + lax.iota(jnp.int32, gt)  # [gt] absolute group numbers
-            rows = lax.iota(jnp.int32, bn)[:, None]
-            for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
-                t[name] = coarse[name][rows, (groups // per)[None, :]]  # [bn, gt]
+            for name, per in spec.coarse:  # one value per `per` groups
+                t[name] = coarse_values(name, per, groups)
             words, a, b = spec.fn(t, (groups % 2)[None, :])  # words: x_slots x [bn, gt, x_words]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
-                # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
-                xs = [x_ref[tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
-                xw, dx, xo, xsum = int8_words.quantize_slots(xs, spec.offset)
+                xw, dx, xo, xsum = token_x(tok, g0)
                 s = jnp.zeros(words[0].shape, jnp.int32)
                 for w, x in zip(words, xw):
                     s = dot4(w, jnp.broadcast_to(x[None], w.shape), s)
@@ -208,6 +235,15 @@ def _row_block_index(n_tail: int, i, s):
     return (i, s) + (0,) * n_tail
 
 
+def _coarse_cols(spec: int8_words.WordSpec, gs: int, n_steps: int) -> int:
+    """Columns of every coarse plane one program needs when it can load them as its own block
+    (one step, groups aligned to whole columns, at most COARSE_TILE_COLS of them), else 0."""
+    if not spec.coarse or n_steps != 1 or any(gs % per for _, per in spec.coarse):
+        return 0
+    cols = {gs // per for _, per in spec.coarse}
+    return cols.pop() if len(cols) == 1 and max(cols) <= COARSE_TILE_COLS else 0
+
+
 def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: bool):
     """x [nt, K] through the integer path -> partial sums [splits, ntp, Npad] (ntp = nt rounded up to 2^i)."""
     spec = int8_words.SPECS[qtype]
@@ -217,18 +253,29 @@ def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: b
     gs = n_groups // cfg.splits  # groups per split
     gt = cfg.bk // spec.group  # groups per step
     assert n_groups % cfg.splits == 0 and gs % gt == 0, (cfg, k)
-    xv = int8_words.x_view(qtype, jnp.pad(x, ((0, ntp - nt), (0, 0))))  # [ntp, G, x_words, 4, x_slots]
+    x = jnp.pad(x, ((0, ntp - nt), (0, 0)))
+    if cfg.prequant:
+        xw, xsc = int8_words.quantize_x(qtype, x)  # [ntp, G, x_words, x_slots] int32, [ntp, G, 4] f32
+        x_ops = (xw, xsc)
+        in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, spec.x_slots), lambda i, s: (0, s, 0, 0)),
+                    pl.BlockSpec((ntp, gs, 4), lambda i, s: (0, s, 0))]
+    else:
+        x_ops = (int8_words.x_view(qtype, x),)  # [ntp, G, x_words, 4, x_slots]
+        in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))]
     wp = int8_words.word_planes(qtype, planes)
-    in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))]
     arrays = []
     for name, tail in spec.views:
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail))))
-    for name, per in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
+    coarse_cols = _coarse_cols(spec, gs, gs // gt) if cfg.coarse_tiles else 0
+    for name, per in spec.coarse:
         arrays.append(wp[name])
-        in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret)
-    return _split_k_call(kernel, in_specs, (xv, *arrays), cfg, npad, ntp, interpret,
+        if coarse_cols:  # this program's columns only
+            in_specs.append(pl.BlockSpec((cfg.bn, coarse_cols), lambda i, s: (i, s)))
+        else:  # whole rows (n_groups / per columns): indexed by absolute group
+            in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, coarse_cols)
+    return _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 
 

@@ -203,6 +203,19 @@ def quantize_slots(xs: list[jax.Array], offset: int):
     return words, dx, offset * dx * sum_q.astype(F32), xsum
 
 
+def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [nt, K] -> quantize_slots on whole arrays, laid out for the GEMV's pre-quantized path:
+    words [nt, G, x_words, x_slots] int32 and scales [nt, G, 4] f32 (dx, xo, xsum, 0)."""
+    spec = SPECS[qtype]
+    nt, k = x.shape
+    g = k // spec.group
+    xv = x_view(qtype, x).reshape(nt * g, spec.x_words, 4, spec.x_slots)
+    words, dx, xo, xsum = quantize_slots([xv[..., s] for s in range(spec.x_slots)], spec.offset)
+    xw = jnp.stack(words, axis=-1).reshape(nt, g, spec.x_words, spec.x_slots)
+    xsc = jnp.stack([dx, xo, xsum, jnp.zeros_like(dx)], axis=-1).reshape(nt, g, 4)
+    return xw, xsc
+
+
 def word_planes(qtype: QType, planes) -> dict[str, jax.Array]:
     """Planes reshaped to [Npad, K / group, *words per group] (coarse planes unchanged)."""
     out = {}
