@@ -2,8 +2,8 @@
 
 Random planes are generated on the device (speed does not depend on weight values; scales are
 small and finite so the parity check is meaningful). Each case compiles one executable that runs
-the matmul `reps` times, each on its own weight copy (so calls stream from HBM, not the 60 MB
-L2, and XLA cannot merge identical calls).
+the matmul `reps` times, each on its own weight copy and activations (so calls stream from HBM,
+not the 60 MB L2, and XLA cannot merge identical calls or work that depends on x alone).
 
 On a GPU the time per call is read off the device, not the host clock: each timed run is traced
 with jax.profiler (CUPTI), and the span from its first kernel's start to its last kernel's end,
@@ -169,22 +169,24 @@ def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: 
     wbytes = weight_nbytes(qtype, n, k)
     # Distinct weights for every call: the executable then streams from HBM, and XLA cannot
     # merge two identical calls.
-    keys = jax.random.split(key, reps + 1)
+    # Distinct activations too: work that depends on x alone (quantizing it, casting it) would
+    # otherwise be computed once and shared by every call (XLA's CSE), hiding its cost.
+    keys = jax.random.split(key, 2 * reps)
     weights = [random_planes(kk, qtype, n, k) for kk in keys[:reps]]
-    x = jax.random.normal(keys[-1], (nt, k), jnp.float32)
-    jax.block_until_ready((weights, x))
+    xs = [jax.random.normal(kk, (nt, k), jnp.float32) for kk in keys[reps:]]
+    jax.block_until_ready((weights, xs))
 
-    def loop(x, weights):
+    def loop(xs, weights):
         # Unrolled: no loop overhead inside the timed executable.
-        return [matmul(x, w) for w in weights]
+        return [matmul(x, w) for x, w in zip(xs, weights)]
 
     t0 = time.perf_counter()
-    exe = jax.jit(loop).lower(x, weights).compile()
+    exe = jax.jit(loop).lower(xs, weights).compile()
     compile_s = time.perf_counter() - t0
 
     def run(e=exe, ws=weights) -> float:
         t = time.perf_counter()
-        jax.block_until_ready(e(x, ws))
+        jax.block_until_ready(e(xs[:len(ws)], ws))
         return time.perf_counter() - t
 
     if warmup:
@@ -197,7 +199,7 @@ def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: 
         base = reps // 4 if reps >= 2 else 0
         if base:
             t0 = time.perf_counter()
-            exe_base = jax.jit(loop).lower(x, weights[:base]).compile()
+            exe_base = jax.jit(loop).lower(xs[:base], weights[:base]).compile()
             compile_s += time.perf_counter() - t0
             run(exe_base, weights[:base])
         for _ in range(trials):
@@ -210,8 +212,8 @@ def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: 
     if us <= 0.0:  # host timer noise larger than the calls themselves (tiny CPU cases)
         us = max(samples) or 1e-3
 
-    got = np.asarray(jax.jit(matmul)(x, weights[0]), np.float64)
-    ref = np.asarray(jax.jit(reference)(x, weights[0]), np.float64)
+    got = np.asarray(jax.jit(matmul)(xs[0], weights[0]), np.float64)
+    ref = np.asarray(jax.jit(reference)(xs[0], weights[0]), np.float64)
     rel = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
     if not np.all(np.isfinite(got)):
         rel = float("nan")

@@ -106,10 +106,27 @@ def test_gemv_one_token_config_is_one_step_per_program():
     """One token: K split into single-step chunks (7B ffn_down, K = 18944: 37 splits), capped in programs."""
     cfg = gemv.choose_config(QType.Q4_K, 3584, 18944, 1)
     assert (cfg.bn, cfg.bk, cfg.splits) == (32, 16 * 32, 37)
-    cfg = gemv.choose_config(QType.Q6_K, 4096, 14336, 1)
-    assert (cfg.bn, cfg.bk, cfg.splits) == (16, 16 * 16, 56)
+    cfg = gemv.choose_config(QType.Q6_K, 4096, 14336, 1)  # 16-weight groups: 32 of them per step
+    assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (16, 32 * 16, 28, False)
+    cfg = gemv.choose_config(QType.Q4_0, 4096, 14336, 8)  # several tokens: one step too, x quantized before
+    assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (32, 16 * 32, 28, True)
     cfg = gemv.choose_config(QType.Q8_0, 151936, 896, 1)  # the 0.5B head: 4748 row programs x 7 > cap
     assert cfg.splits == 1
+
+
+@pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q5_1, QType.Q4_K, QType.Q6_K, QType.Q3_K])
+@pytest.mark.parametrize("nt", [1, 3])
+def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):
+    """Both activation paths (quantized per program, or by int8_words.quantize_x before the kernel)
+    against the reference, whichever one the default config picks for this nt."""
+    n, k = 130, 1024
+    w = random_planes(jax.random.PRNGKey(4), qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(5), (nt, k), jnp.float32)
+    ref = gemv.gemv_reference(x, w, qtype=qtype, n_out=n)
+    base = gemv.choose_config(qtype, n, k, nt)
+    for prequant in (False, True):
+        cfg = dataclasses.replace(base, prequant=prequant)
+        check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True), ref, qtype)
 
 
 def test_gemv_rejects_too_many_tokens():

@@ -25,14 +25,14 @@ def run(case, reps, out):
     q, shape, nt = case.split(":")
     n, k = (int(v) for v in shape.split("x"))
     qt, nt = QType[q], int(nt)
-    keys = jax.random.split(jax.random.PRNGKey(0), reps + 1)
+    keys = jax.random.split(jax.random.PRNGKey(0), 2 * reps)
     weights = [KB.random_planes(kk, qt, n, k) for kk in keys[:reps]]
-    x = jax.random.normal(keys[-1], (nt, k), jnp.float32)
+    xs = [jax.random.normal(kk, (nt, k), jnp.float32) for kk in keys[reps:]]
     mm = KB.dispatch_matmul(qt, n, k, "pallas")
-    exe = jax.jit(lambda x, ws: [mm(x, w) for w in ws]).lower(x, weights).compile()
+    exe = jax.jit(lambda xs, ws: [mm(x, w) for x, w in zip(xs, ws)]).lower(xs, weights).compile()
     for _ in range(3):
-        jax.block_until_ready(exe(x, weights))
-    kernels = KB.device_kernel_events(lambda: jax.block_until_ready(exe(x, weights)))
+        jax.block_until_ready(exe(xs, weights))
+    kernels = KB.device_kernel_events(lambda: jax.block_until_ready(exe(xs, weights)))
     lines = [f"== {case}: {len(kernels)} device events"]
     by_name = collections.defaultdict(list)
     gaps = []

@@ -63,16 +63,51 @@ def speed(spec, pp=512, tg=128, reps=3, gemm="auto"):
         jax.block_until_ready(out)
         best_d = min(best_d, time.perf_counter() - t0)
     wb = m.weight_nbytes
-    print(f"speed {spec} gemm={gemm}: weights {wb/1e6:.0f} MB  pp{pp} {pp/best_p:9.1f} t/s  tg{tg} {tg/best_d:8.1f} t/s "
+    from minfer_jax.pallas import gemv
+
+    print(f"speed {spec} gemm={gemm} prequant_min_nt={gemv.PREQUANT_MIN_NT}: weights {wb/1e6:.0f} MB  pp{pp} {pp/best_p:9.1f} t/s  tg{tg} {tg/best_d:8.1f} t/s "
           f"({wb*tg/best_d/1e9:.0f} GB/s)  compile {c1:.1f}+{c2:.1f} s", flush=True)
 
 
+def decode_timeline(spec, tg=16, top=30):
+    """One traced run of the tg-step decode executable: the kernels of one token, by name (count
+    and device time per token), and the span per token; what a decode step is made of."""
+    import collections
+
+    from minfer_jax.kernel_bench import device_kernel_events
+
+    gm = synthetic_model(spec, seed=1)
+    m = minfer_jax.load(gguf_model=gm, kernels="pallas", ctx_size=256)
+    key, hist = jax.random.PRNGKey(0), jnp.zeros((0,), jnp.int32)
+    dexe, _ = m.decode_executable(tg, 256, GREEDY)
+    cache = m.new_cache(256)
+    run = lambda: jax.block_until_ready(dexe(m.params, cache, jnp.int32(1), jnp.int32(8), key, hist))  # noqa: E731
+    run()
+    events = device_kernel_events(run)
+    span = (max(s + d for s, d, _ in events) - events[0][0]) / 1e3
+    by = collections.defaultdict(lambda: [0, 0.0])
+    for _, d, name in events:
+        by[name][0] += 1
+        by[name][1] += d / 1e3
+    busy = sum(v[1] for v in by.values())
+    print(f"timeline {spec}: {len(events) / tg:.1f} kernels per token, span {span / tg:.1f} us per token, "
+          f"kernels busy {busy / tg:.1f} us per token", flush=True)
+    for name, (c, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {c / tg:6.1f} x/token {t / tg:8.2f} us/token  {t / c:7.2f} us each  {name[:90]}", flush=True)
+
+
 if __name__ == "__main__":
-    # usage: gpu_model_check.py [parity] [speed] [speed05] [--gemm VARIANT]
+    # usage: gpu_model_check.py [parity] [speed] [speed05] [timeline05] [timeline7] [--gemm VARIANT] [--prequant-min-nt N]
     ap = argparse.ArgumentParser()
     ap.add_argument("what", nargs="*", default=["parity", "speed"])
     ap.add_argument("--gemm", default="auto")
+    ap.add_argument("--prequant-min-nt", type=int, default=None,
+                    help="override pallas.gemv.PREQUANT_MIN_NT (token count from which x is quantized before the GEMV)")
     a = ap.parse_args()
+    if a.prequant_min_nt is not None:
+        from minfer_jax.pallas import gemv
+
+        gemv.PREQUANT_MIN_NT = a.prequant_min_nt
     print(jax.devices(), jax.__version__, flush=True)
     if "parity" in a.what:
         greedy_parity("qwen2.5-0.5b:q4_k_m", 2)
@@ -80,6 +115,10 @@ if __name__ == "__main__":
         greedy_parity("qwen2.5-0.5b:q4_k_m", 2, n_prompt=200)  # long prefills, both GEMM variants
         greedy_parity("qwen2.5-0.5b:q4_k_m", 2, n_prompt=200, gemm="f16")
         greedy_parity("qwen2.5-0.5b:q8_0", 2, n_prompt=200)
+    if "timeline05" in a.what:
+        decode_timeline("qwen2.5-0.5b:q4_k_m")
+    if "timeline7" in a.what:
+        decode_timeline("qwen2.5-7b:q4_k_m", top=20)
     if "speed" in a.what or "speed05" in a.what:
         speed("qwen2.5-0.5b:q4_k_m", gemm=a.gemm)
     if "speed" in a.what:

@@ -112,7 +112,7 @@ def cases(name):
         out = []
         for q in (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.Q5_0):
             base = G.choose_config(q, 4096, 14336, 1)
-            group = base.bk // G.INT8_GROUPS_PER_STEP
+            group = int8_words.SPECS[q].group
             out.append(gemv_case(q, 4096, 14336, 1, base))
             for bn, gt, warps in [(4, 32, 2), (8, 32, 4), (8, 16, 2), (4, 16, 2), (16, 16, 4), (8, 32, 2)]:
                 out.append(gemv_case(q, 4096, 14336, 1, dataclasses.replace(base, bn=bn, bk=gt * group, splits=1,
@@ -182,7 +182,7 @@ def cases(name):
                 for bn, warps in [(16, 4), (32, 4), (64, 8)]:
                     out.append(gemv_case(q, n, k, nt, G.GemvConfig(bn=bn, bk=16 * group, splits=chunks, num_warps=warps)))
         return out
-    if name == "s9":  # x quantized before the kernel (nt > 1); coarse planes as blocks; Q6_K wider steps
+    if name == "s9":  # x quantized before the kernel; (run with coarse planes as blocks too: no gain, removed); Q6_K wider steps
         out = []
         R = dataclasses.replace
         for q in (Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.Q8_0):
@@ -196,9 +196,35 @@ def cases(name):
         for q, n, k in [(Q.Q4_K, 4096, 14336), (Q.Q6_K, 4096, 14336), (Q.Q5_K, 4096, 14336), (Q.Q2_K, 4096, 14336),
                         (Q.Q4_K, 14336, 4096), (Q.Q4_K, 3584, 18944), (Q.Q6_K, 3584, 18944)]:
             base = G.choose_config(q, n, k, 1)
-            out += [gemv_case(q, n, k, 1, c) for c in (base, R(base, coarse_tiles=True), R(base, prequant=True))]
+            out += [gemv_case(q, n, k, 1, c) for c in (base, R(base, prequant=True))]
         for bn in (8, 16, 32):  # Q6_K: 32 groups (512 weights) per step
-            out.append(gemv_case(Q.Q6_K, 4096, 14336, 1, G.GemvConfig(bn=bn, bk=512, splits=28, coarse_tiles=True)))
+            out.append(gemv_case(Q.Q6_K, 4096, 14336, 1, G.GemvConfig(bn=bn, bk=512, splits=28)))
+        return out
+    if name == "s10":  # one token: the 512-weight step rule, with x quantized in the kernel vs before it
+        out = []
+        R = dataclasses.replace
+        for q in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K):
+            base = G.choose_config(q, 4096, 14336, 1)
+            out += [gemv_case(q, 4096, 14336, 1, c) for c in (base, R(base, prequant=True))]
+        for bn in (16, 64):
+            out.append(gemv_case(Q.Q5_0, 4096, 14336, 1, R(G.choose_config(Q.Q5_0, 4096, 14336, 1), bn=bn,
+                                                            splits=28, prequant=True)))
+        for q, n, k in [(Q.Q4_K, 1152, 896), (Q.Q4_K, 9728, 896), (Q.Q6_K, 896, 4864), (Q.Q8_0, 151936, 896)]:
+            base = G.choose_config(q, n, k, 1)  # 0.5B shapes (fused qkv, fused gate/up, ffn_down, head)
+            out += [gemv_case(q, n, k, 1, c) for c in (base, R(base, prequant=True))]
+        return out
+    if name == "s11":  # distinct x per call (no CSE of quantize_x): nt > 1 prequant; nt = 1 tiles for Q4_K / Q5_0
+        out = []
+        R = dataclasses.replace
+        for q in (Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0):
+            for nt in (2, 8):
+                base = G.choose_config(q, 4096, 14336, nt)
+                out += [gemv_case(q, 4096, 14336, nt, c) for c in (base, R(base, prequant=not base.prequant))]
+        for q in (Q.Q4_K, Q.Q5_0):
+            base = G.choose_config(q, 4096, 14336, 1)
+            out.append(gemv_case(q, 4096, 14336, 1, base))
+            for bn, w in [(32, 2), (32, 8), (16, 2), (16, 4), (64, 4), (64, 8)]:
+                out.append(gemv_case(q, 4096, 14336, 1, R(base, bn=bn, num_warps=w, splits=28)))
         return out
     raise SystemExit(f"unknown case set {name}")
 

@@ -41,20 +41,20 @@ NT_PAD = 16  # x rows fed to the float formats' dot: Triton needs >= 16 on every
 MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
 TARGET_PROGRAMS = 1024  # ~8 programs per SM on the H200's 132 SMs keep enough loads in flight
 TILE_ELEMS = 8192  # float formats: bn * bk ceiling (decoded tile + intermediates in registers)
-# Integer path tiles (H200 sweeps, tools/dp4a_probe.py and tools/kernel_probe.py,
-# docs/BENCHMARKS.md): several tokens 64 rows and 8 warps, so that each program's in-register
-# quantization of x serves more weight rows (Q4_K 4096 x 14336 nt = 8: 83 us vs 140 us at 16
-# rows), K split to ~TARGET_PROGRAMS programs.
-INT8_BN_MULTI = 64
-INT8_WARPS_MULTI = 8
-INT8_GROUPS_PER_STEP = 16
-# One token: one step per program (K split into chunks of INT8_GROUPS_PER_STEP groups), 32 rows
-# for the 32-weight groups, 16 for the 16-weight ones (Q2_K, Q3_K, Q6_K: heavier decode). H200,
-# 4096 x 14336: Q4_0 26.7 us vs 32.5 with 4 splits of 7 steps, Q4_K 30.8 vs 39.1, Q8_0 32.4 vs
-# 42.4, Q6_K 44.1 vs 57.9; 7B ffn_down Q4_K 3584 x 18944 38.7 vs 81 (tools/kernel_probe.py s6/s7).
-INT8_BN_ONE_STEP = {32: 32, 16: 16}  # group size -> rows per program
+# Integer path (block formats; H200, times on the device timeline, tools/kernel_probe.py s9,
+# docs/BENCHMARKS.md): every program one straight-line step of INT8_STEP_WEIGHTS weights per row
+# (no K loop: all its loads issue at once), K split into as many chunks as that takes (up to
+# INT8_MAX_PROGRAMS programs). Rows per program: one token 32 for the 32-weight groups, 16 for the
+# 16-weight ones (Q2_K, Q3_K, Q6_K: heavier decode); several tokens 32.
+# 4096 x 14336, one token: Q6_K 512 weights per step 20.8 us vs 256: 26.0.
+INT8_STEP_WEIGHTS = 512
+INT8_BN_ONE_TOKEN = {32: 32, 16: 16}  # group size -> rows per program
+INT8_BN_TOKENS = 32
 INT8_MAX_PROGRAMS = 16384
-COARSE_TILE_COLS = 2  # coarse columns a program may load as its own block (more: one gather)
+# From this token count on, x is quantized by one XLA fusion before the kernel instead of inside
+# every program (each row block re-quantized the same x): 4096 x 14336, 8 tokens, Q4_0 34.3 vs
+# 54.9 us, Q4_K 40.7 vs 62.0, Q6_K 48.4 vs 72.0, Q8_0 40.1 vs 49.4.
+PREQUANT_MIN_NT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,6 @@ class GemvConfig:
     num_stages: int = 1  # Triton's software pipelining of these loads measured slower (docs/BENCHMARKS.md)
     fma: bool = False  # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator
     prequant: bool = False  # integer path: x quantized by XLA before the kernel (int8_words.quantize_x)
-    coarse_tiles: bool = False  # integer path: coarse planes as per-program blocks where they align
 
 
 def _divisors(n: int) -> list[int]:
@@ -90,20 +89,17 @@ def _one_step_splits(chunks: int, row_programs: int) -> int:
 def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
     """Block sizes for one weight shape (tuned on the H200; docs/BENCHMARKS.md).
 
-    Decode GEMVs are latency-bound unless enough bytes are in flight. One token (integer path):
-    every program one straight-line step, as many programs as that takes (up to
-    INT8_MAX_PROGRAMS). Several tokens and float formats: K split to ~TARGET_PROGRAMS programs.
+    Decode GEMVs are latency-bound unless enough bytes are in flight. Integer path: every program
+    one straight-line step, as many programs as that takes (up to INT8_MAX_PROGRAMS). Float
+    formats: K split to ~TARGET_PROGRAMS programs.
     """
     npad = tiles.round_up(n, 128)
     if qtype in int8_words.SPECS:
         group = int8_words.SPECS[qtype].group
-        gt = tiles.pow2_divisor(k // group, INT8_GROUPS_PER_STEP)
-        chunks = k // (gt * group)
-        if nt == 1:
-            bn = INT8_BN_ONE_STEP[group]
-            return GemvConfig(bn=bn, bk=gt * group, splits=_one_step_splits(chunks, npad // bn))
-        return GemvConfig(bn=INT8_BN_MULTI, bk=gt * group, splits=_splits(chunks, npad // INT8_BN_MULTI),
-                          num_warps=INT8_WARPS_MULTI)
+        gt = tiles.pow2_divisor(k // group, INT8_STEP_WEIGHTS // group)
+        bn = INT8_BN_ONE_TOKEN[group] if nt == 1 else INT8_BN_TOKENS
+        return GemvConfig(bn=bn, bk=gt * group, splits=_one_step_splits(k // (gt * group), npad // bn),
+                          prequant=nt >= PREQUANT_MIN_NT)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
     return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
@@ -158,16 +154,14 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 
 @functools.cache
-def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
-                 coarse_cols: int):
+def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool):
     """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
 
     x arrives as f32 (quantized here, per step and token) or, with `prequant`, already quantized
     by quant.int8_words.quantize_x (words + scales). Coarse planes (one value per `per` groups,
-    e.g. a K-quant's d) arrive either as this program's own columns (coarse_cols > 0: a one-step
-    program whose groups cover whole coarse columns; each column is one [bn, 1] load, spread over
-    its groups with a select) or as whole rows gathered at absolute group numbers, so that a K
-    split need not align to their columns."""
+    e.g. a K-quant's d) arrive as whole rows and are gathered at absolute group numbers, so a K
+    split need not align to their columns (loading only a program's own columns as a block
+    measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal)."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
 
@@ -179,16 +173,6 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
         coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views):]))
 
         split_g0 = pl.program_id(1) * (n_steps * gt)  # this split's first group
-        rows = lax.iota(jnp.int32, bn)[:, None]
-
-        def coarse_values(name, per, groups):  # -> [bn, gt]: the coarse value of each group
-            if coarse_cols:
-                local = (lax.iota(jnp.int32, gt) // per)[None, :]  # [1, gt] column of each group
-                v = coarse[name][:, pl.ds(0, 1)]  # [bn, 1]
-                for c in range(1, coarse_cols):
-                    v = jnp.where(local == c, coarse[name][:, pl.ds(c, 1)], v)
-                return jnp.broadcast_to(v, (bn, gt))
-            return coarse[name][rows, (groups // per)[None, :]]  # [bn, gt] gather
 
         def token_x(tok, g0):  # -> (x words per slot [gt, x_words], dx, xo, xsum [gt])
             if prequant:
@@ -205,8 +189,9 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
             t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
                  for name, tail in spec.views}  # [bn, gt, *tail]
             groups = split_g0 + g0 + lax.iota(jnp.int32, gt)  # [gt] absolute group numbers
-            for name, per in spec.coarse:  # one value per `per` groups
-                t[name] = coarse_values(name, per, groups)
+            rows = lax.iota(jnp.int32, bn)[:, None]
+            for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
+                t[name] = coarse[name][rows, (groups // per)[None, :]]  # [bn, gt]
             words, a, b = spec.fn(t, (groups % 2)[None, :])  # words: x_slots x [bn, gt, x_words]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
@@ -235,15 +220,6 @@ def _row_block_index(n_tail: int, i, s):
     return (i, s) + (0,) * n_tail
 
 
-def _coarse_cols(spec: int8_words.WordSpec, gs: int, n_steps: int) -> int:
-    """Columns of every coarse plane one program needs when it can load them as its own block
-    (one step, groups aligned to whole columns, at most COARSE_TILE_COLS of them), else 0."""
-    if not spec.coarse or n_steps != 1 or any(gs % per for _, per in spec.coarse):
-        return 0
-    cols = {gs // per for _, per in spec.coarse}
-    return cols.pop() if len(cols) == 1 and max(cols) <= COARSE_TILE_COLS else 0
-
-
 def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: bool):
     """x [nt, K] through the integer path -> partial sums [splits, ntp, Npad] (ntp = nt rounded up to 2^i)."""
     spec = int8_words.SPECS[qtype]
@@ -267,14 +243,10 @@ def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: b
     for name, tail in spec.views:
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail))))
-    coarse_cols = _coarse_cols(spec, gs, gs // gt) if cfg.coarse_tiles else 0
-    for name, per in spec.coarse:
+    for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
-        if coarse_cols:  # this program's columns only
-            in_specs.append(pl.BlockSpec((cfg.bn, coarse_cols), lambda i, s: (i, s)))
-        else:  # whole rows (n_groups / per columns): indexed by absolute group
-            in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, coarse_cols)
+        in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant)
     return _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 
