@@ -80,8 +80,7 @@ def decode_timeline(spec, tg=16, top=30):
     m = minfer_jax.load(gguf_model=gm, kernels="pallas", ctx_size=256)
     key, hist = jax.random.PRNGKey(0), jnp.zeros((0,), jnp.int32)
     dexe, _ = m.decode_executable(tg, 256, GREEDY)
-    cache = m.new_cache(256)
-    run = lambda: jax.block_until_ready(dexe(m.params, cache, jnp.int32(1), jnp.int32(8), key, hist))  # noqa: E731
+    run = lambda: jax.block_until_ready(dexe(m.params, m.new_cache(256), jnp.int32(1), jnp.int32(8), key, hist))  # noqa: E731
     run()
     events = device_kernel_events(run)
     span = (max(s + d for s, d, _ in events) - events[0][0]) / 1e3

@@ -4,13 +4,14 @@ Layout expected (quant.planes): each plane [Npad, K / wpc], rows padded to ROW_A
 quants in uint32 words.
 
 Block formats (Q4_0 .. Q6_K) take the integer path (quant/int8_words.py, llama.cpp's MMVQ idea):
-each step quantizes its slice of x to int8 (one scale per scale group, in registers: no prepass
-kernel), and per group S = sum q * xq is computed four weights per instruction with PTX `dp4a`
-on the planes' own words (inline asm; an exact jnp emulation in interpret mode), then
-y += a * (dx * S + offset term) + b * sum(x). All nt tokens are handled inside the program (the
+x is quantized to int8 with one scale per scale group, for one or two tokens by each step on its
+slice of x (in registers: no prepass kernel), for three or more by one XLA fusion before the
+kernel (PREQUANT_MIN_NT); then per group S = sum q * xq is computed four weights per
+instruction with PTX `dp4a` on the planes' own words (inline asm; an exact jnp emulation in
+interpret mode), and y += a * (dx * S + offset term) + b * sum(x). All nt tokens are handled inside the program (the
 token loop is unrolled over the same loaded weight words), so each weight word is read once.
 Grid (Npad / bn, splits): program (i, s) owns rows [i*bn, (i+1)*bn) and the s-th K range,
-walking it gt groups per step; for one token the K range is a single step (no K loop).
+walking it gt groups per step; with the default configs the K range is a single step (no K loop).
 
 Float formats (F32, F16, BF16): one token multiply-adds the decoded [bn, bk] tile into an f32
 accumulator ("fma"); more tokens go through a tensor-core dot with x padded to NT_PAD = 16 rows
@@ -52,9 +53,13 @@ INT8_BN_ONE_TOKEN = {32: 32, 16: 16}  # group size -> rows per program
 INT8_BN_TOKENS = 32
 INT8_MAX_PROGRAMS = 16384
 # From this token count on, x is quantized by one XLA fusion before the kernel instead of inside
-# every program (each row block re-quantized the same x): 4096 x 14336, 8 tokens, Q4_0 34.3 vs
-# 54.9 us, Q4_K 40.7 vs 62.0, Q6_K 48.4 vs 72.0, Q8_0 40.1 vs 49.4.
-PREQUANT_MIN_NT = 2
+# every program (where each row block re-quantizes the same x, a cost that grows with nt while the
+# fusion's ~2-3 us stays fixed). 4096 x 14336 (distinct x per call, device timeline, s11):
+# 8 tokens Q4_0 40.2 us vs 55.6 in-kernel, Q4_K 46.1 vs 62.5, Q6_K 44.9 vs 67.1, Q8_0 43.1 vs 49.6,
+# Q5_0 43.9 vs 60.6; 2 tokens in-kernel wins: Q4_0 17.5 vs 19.6, Q4_K 21.9 vs 23.2, Q8_0 22.7 vs
+# 25.3 (Q6_K 25.5 vs 24.5). One token in the whole model: 0.5B tg128 761 vs 1066 tok/s (one more
+# launch per matmul).
+PREQUANT_MIN_NT = 3
 
 
 @dataclasses.dataclass(frozen=True)
