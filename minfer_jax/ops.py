@@ -14,7 +14,8 @@ bucket and compiled into that bucket's executable:
                              (pallas/dequant.py), then the same GEMM on float weights
         "int8"            -> int8 activations x int8 quants (pallas/gemm_int8.py; block
                              formats; opt-in: slower on the H200, docs/BENCHMARKS.md)
-Float weights (F16/BF16/F32) always take the plain GEMM.
+Float weights (F16/BF16/F32) always take the plain GEMM. `norm_matmuls` is the same dispatch for
+matmuls that read an RMSNorm's output: on the GEMV path the norm is folded into them.
 
 "pallas" runs the Triton kernels on the GPU; "interpret" runs the same kernels in Pallas'
 interpreter (CPU tests of the full model through the kernels).
@@ -28,8 +29,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from minfer_jax.model.weights import DenseWeight, Weight
+from minfer_jax.model.weights import DenseWeight, QWeight, Weight
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, tiles
+from minfer_jax.quant import int8_words
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
@@ -52,6 +54,7 @@ class Impl:
     kernels: str = "xla"  # "pallas" | "interpret" | "xla"
     gemv_max_nt: int = GEMV_MAX_NT
     gemm: str = "auto"  # prefill variant: "auto" | "f16" (decode in-kernel) | "dequant" | "int8"
+    fold_norm: bool = True  # GEMV path: RMSNorm folded into the matmuls that read it (norm_matmuls)
 
     def __post_init__(self):
         if self.kernels not in KERNEL_MODES:
@@ -84,6 +87,31 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
         else:
             y = _prefill_matmul(x2, w, gemm_variant(impl.gemm, w.qtype, nt), impl.kernels == "interpret")
     return y.reshape(*lead, y.shape[-1])
+
+
+def norm_matmuls(x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl) -> list[jax.Array]:
+    """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w] f32.
+
+    On the GEMV path (kernels, nt <= gemv_max_nt, block-format weights, impl.fold_norm) the norm
+    is folded into the matmuls: W (r g x) = r (W (g x)) with r = rsqrt(mean(x^2) + eps) one scalar
+    per token, so each GEMV scales x by g as it loads it and r multiplies the outputs in the
+    fusion that already adds the split-K partial sums. The fusion that wrote the normalized x (one
+    launch per norm in every decode step) is gone; r's reduction over x remains.
+    """
+    lead, k = x.shape[:-1], x.shape[-1]
+    nt = math.prod(lead)
+    # Block formats only: their GEMV keeps g * x in f32 up to its per-group int8 quantization,
+    # while float weights would round the unnormalized g * x to f16 (residual outliers overflow).
+    fold = (impl.fold_norm and impl.kernels != "xla" and nt <= impl.gemv_max_nt
+            and all(isinstance(w, QWeight) and w.qtype in int8_words.SPECS for w in weights))
+    if not fold:
+        h = rms_norm(x, norm_weight, eps)
+        return [matmul(h, w, impl) for w in weights]
+    x2 = x.reshape(nt, k).astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + eps)  # [nt, 1]
+    interpret = impl.kernels == "interpret"
+    return [(gemv.gemv(x2, w.planes, qtype=w.qtype, n_out=w.shape[0], x_scale=norm_weight, interpret=interpret)
+             * r).reshape(*lead, w.shape[0]) for w in weights]
 
 
 def gemm_variant(requested: str, qtype: QType, nt: int) -> str:

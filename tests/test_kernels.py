@@ -129,6 +129,26 @@ def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):
         check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True), ref, qtype)
 
 
+@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K, QType.Q6_K, QType.Q8_0, QType.F16])
+@pytest.mark.parametrize("nt", [1, 3])
+def test_norm_folded_into_gemv(qtype, nt):
+    """ops.norm_matmuls with the RMSNorm folded into the GEMVs (x scaled by the norm weight in the
+    kernel, rsqrt(mean x^2) on the outputs) == norm first, then the same GEMVs; float weights are
+    not folded (their f16 cast of the unnormalized x could overflow) and take the plain path."""
+    from minfer_jax import ops
+    from minfer_jax.model.weights import QWeight
+
+    n, k = 130, 1024
+    ws = [QWeight(random_planes(jax.random.PRNGKey(s), qtype, n, k), qtype, (n, k)) for s in (6, 7)]
+    x = jax.random.normal(jax.random.PRNGKey(8), (nt, k), jnp.float32) * 30.0  # a residual stream's scale
+    g = 1.0 + 0.5 * jax.random.normal(jax.random.PRNGKey(9), (k,), jnp.float32)
+    folded = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl("interpret", fold_norm=True))
+    plain = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl("interpret", fold_norm=False))
+    for a, b in zip(folded, plain):
+        chex.assert_shape(a, (nt, n))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5 * float(jnp.max(jnp.abs(b))))
+
+
 def test_gemv_rejects_too_many_tokens():
     w = planes_for(QType.Q8_0, 200, 896)
     with pytest.raises(ValueError, match="1 .. 16 tokens"):

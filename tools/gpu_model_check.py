@@ -17,13 +17,23 @@ from minfer_jax.sampling import GREEDY
 from minfer_jax.synthetic import synthetic_model
 
 
+FOLD_NORM = [True]  # --fold-norm
+
+
+def with_fold(m):
+    """The loaded model with ops.Impl.fold_norm set from --fold-norm (fresh executable cache)."""
+    import dataclasses
+
+    return dataclasses.replace(m, impl=dataclasses.replace(m.impl, fold_norm=FOLD_NORM[0]), _compiled={})
+
+
 def greedy_parity(spec, layers, n=24, n_prompt=40, gemm="auto"):
     """Greedy tokens and every prompt position's logits, Pallas path vs XLA reference path. On a
     divergence, the reference's top-2 logit gap at that step tells a near-tie (gap within the
     paths' logit difference: the argmax may flip) from a real mismatch."""
     gm = synthetic_model(spec, layers=layers, seed=3)
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, gm.config.vocab_size, n_prompt)]
-    models = {k: minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=256, gemm=gemm)
+    models = {k: with_fold(minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=256, gemm=gemm))
               for k in ("pallas", "xla")}
     toks = {k: list(minfer_jax.generate(m, prompt, max_new_tokens=n).tokens) for k, m in models.items()}
     lg = {k: np.asarray(m.logits(prompt)) for k, m in models.items()}  # the prefill matmuls at nt = n_prompt
@@ -44,7 +54,7 @@ def greedy_parity(spec, layers, n=24, n_prompt=40, gemm="auto"):
 
 def speed(spec, pp=512, tg=128, reps=3, gemm="auto"):
     gm = synthetic_model(spec, seed=1)
-    m = minfer_jax.load(gguf_model=gm, kernels="pallas", ctx_size=1024, gemm=gemm)
+    m = with_fold(minfer_jax.load(gguf_model=gm, kernels="pallas", ctx_size=1024, gemm=gemm))
     ids = jnp.asarray(np.random.default_rng(0).integers(0, gm.config.vocab_size, pp), jnp.int32)
     key = jax.random.PRNGKey(0)
     hist = jnp.zeros((0,), jnp.int32)
@@ -65,7 +75,7 @@ def speed(spec, pp=512, tg=128, reps=3, gemm="auto"):
     wb = m.weight_nbytes
     from minfer_jax.pallas import gemv
 
-    print(f"speed {spec} gemm={gemm} prequant_min_nt={gemv.PREQUANT_MIN_NT}: weights {wb/1e6:.0f} MB  pp{pp} {pp/best_p:9.1f} t/s  tg{tg} {tg/best_d:8.1f} t/s "
+    print(f"speed {spec} gemm={gemm} prequant_min_nt={gemv.PREQUANT_MIN_NT} fold_norm={m.impl.fold_norm}: weights {wb/1e6:.0f} MB  pp{pp} {pp/best_p:9.1f} t/s  tg{tg} {tg/best_d:8.1f} t/s "
           f"({wb*tg/best_d/1e9:.0f} GB/s)  compile {c1:.1f}+{c2:.1f} s", flush=True)
 
 
@@ -96,13 +106,16 @@ def decode_timeline(spec, tg=16, top=30):
 
 
 if __name__ == "__main__":
-    # usage: gpu_model_check.py [parity] [speed] [speed05] [timeline05] [timeline7] [--gemm VARIANT] [--prequant-min-nt N]
+    # usage: gpu_model_check.py [parity] [speed] [speed05] [timeline05] [timeline7] [--gemm VARIANT] [--fold-norm on|off] [--prequant-min-nt N]
     ap = argparse.ArgumentParser()
     ap.add_argument("what", nargs="*", default=["parity", "speed"])
     ap.add_argument("--gemm", default="auto")
+    ap.add_argument("--fold-norm", choices=("on", "off"), default="on",
+                    help="ops.Impl.fold_norm: RMSNorm folded into the decode GEMVs")
     ap.add_argument("--prequant-min-nt", type=int, default=None,
                     help="override pallas.gemv.PREQUANT_MIN_NT (token count from which x is quantized before the GEMV)")
     a = ap.parse_args()
+    FOLD_NORM[0] = a.fold_norm == "on"
     if a.prequant_min_nt is not None:
         from minfer_jax.pallas import gemv
 

@@ -50,8 +50,8 @@ def layer_forward(x: jax.Array, layer: Layer, i: int, cache: KVCache, positions:
     keys the queries can see. None: the whole cache.
     """
     t, d, kv = x.shape[0], cfg.d_model, cfg.kv_dim
-    h = ops.rms_norm(x, layer.attn_norm, cfg.rms_eps)
-    qkv = jnp.concatenate([ops.matmul(h, w, impl) for w in layer.qkv], axis=-1) + layer.qkv_bias  # [T, d + 2kv]
+    qkv = jnp.concatenate(ops.norm_matmuls(x, layer.attn_norm, cfg.rms_eps, layer.qkv, impl),
+                          axis=-1) + layer.qkv_bias  # [T, d + 2kv]
     q = qkv[:, :d].reshape(t, cfg.n_heads, cfg.head_dim)
     k = qkv[:, d:d + kv].reshape(t, cfg.n_kv_heads, cfg.head_dim)
     v = qkv[:, d + kv:].reshape(t, cfg.n_kv_heads, cfg.head_dim)
@@ -64,8 +64,8 @@ def layer_forward(x: jax.Array, layer: Layer, i: int, cache: KVCache, positions:
     s = cache.max_len if span is None else span
     x = x + ops.matmul(attention(q, cache.k[i, :s], cache.v[i, :s], positions, cfg), layer.wo, impl)
 
-    h = ops.rms_norm(x, layer.ffn_norm, cfg.rms_eps)
-    gate_up = jnp.concatenate([ops.matmul(h, w, impl) for w in layer.gate_up], axis=-1)  # [T, 2ff]
+    gate_up = jnp.concatenate(ops.norm_matmuls(x, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl),
+                              axis=-1)  # [T, 2ff]
     gate, up = gate_up[:, :cfg.d_ff], gate_up[:, cfg.d_ff:]
     x = x + ops.matmul(jax.nn.silu(gate) * up, layer.w_down, impl)
     return x, cache

@@ -159,11 +159,13 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 
 @functools.cache
-def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool):
+def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
+                 scaled: bool):
     """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
 
-    x arrives as f32 (quantized here, per step and token) or, with `prequant`, already quantized
-    by quant.int8_words.quantize_x (words + scales). Coarse planes (one value per `per` groups,
+    x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
+    of the same view, e.g. a folded RMSNorm weight) or, with `prequant`, already quantized by
+    quant.int8_words.quantize_x (words + scales). Coarse planes (one value per `per` groups,
     e.g. a K-quant's d) arrive as whole rows and are gathered at absolute group numbers, so a K
     split need not align to their columns (loading only a program's own columns as a block
     measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal)."""
@@ -172,7 +174,7 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
 
     def kernel(*refs):
         *in_refs, o_ref = refs
-        n_x = 2 if prequant else 1  # x: f32 view, or quantized words + scales
+        n_x = 2 if prequant or scaled else 1  # x: f32 view (+ its scale), or quantized words + scales
         x_refs, plane_refs = in_refs[:n_x], in_refs[n_x:]
         views = dict(zip([n for n, _ in spec.views], plane_refs))
         coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views):]))
@@ -187,6 +189,8 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
                     xsc_ref[tok, pl.ds(g0, gt), 2]
             # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
             xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
+            if scaled:
+                xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
             return int8_words.quantize_slots(xs, spec.offset)
 
         def step(j, accs):
@@ -225,8 +229,9 @@ def _row_block_index(n_tail: int, i, s):
     return (i, s) + (0,) * n_tail
 
 
-def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: bool):
-    """x [nt, K] through the integer path -> partial sums [splits, ntp, Npad] (ntp = nt rounded up to 2^i)."""
+def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: bool):
+    """x [nt, K] (times x_scale [K] if given) through the integer path -> partial sums
+    [splits, ntp, Npad] (ntp = nt rounded up to 2^i)."""
     spec = int8_words.SPECS[qtype]
     nt, k = x.shape
     ntp = 1 << (nt - 1).bit_length()
@@ -235,14 +240,18 @@ def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: b
     gt = cfg.bk // spec.group  # groups per step
     assert n_groups % cfg.splits == 0 and gs % gt == 0, (cfg, k)
     x = jnp.pad(x, ((0, ntp - nt), (0, 0)))
+    scaled = x_scale is not None and not cfg.prequant  # scale x inside the kernel, as it is loaded
     if cfg.prequant:
-        xw, xsc = int8_words.quantize_x(qtype, x)  # [ntp, G, x_words, x_slots] int32, [ntp, G, 4] f32
-        x_ops = (xw, xsc)
+        xw, xsc = int8_words.quantize_x(qtype, x if x_scale is None else x * x_scale)  # one XLA fusion
+        x_ops = (xw, xsc)  # [ntp, G, x_words, x_slots] int32, [ntp, G, 4] f32
         in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, spec.x_slots), lambda i, s: (0, s, 0, 0)),
                     pl.BlockSpec((ntp, gs, 4), lambda i, s: (0, s, 0))]
     else:
         x_ops = (int8_words.x_view(qtype, x),)  # [ntp, G, x_words, 4, x_slots]
         in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))]
+        if scaled:
+            x_ops += (int8_words.x_view(qtype, x_scale[None]),)  # [1, G, x_words, 4, x_slots]
+            in_specs.append(pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0)))
     wp = int8_words.word_planes(qtype, planes)
     arrays = []
     for name, tail in spec.views:
@@ -251,7 +260,7 @@ def _gemv_int8(x, planes, qtype: QType, cfg: GemvConfig, npad: int, interpret: b
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant)
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled)
     return _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 
@@ -271,9 +280,12 @@ def _split_k_call(kernel, in_specs, operands, cfg: GemvConfig, npad: int, rows: 
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "interpret"))
-def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvConfig | None = None,
-         interpret: bool = False) -> jax.Array:
-    """x [nt, K] (nt <= 8) . W^T -> [nt, n_out] f32, W given as its planes."""
+def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, x_scale: jax.Array | None = None,
+         config: GemvConfig | None = None, interpret: bool = False) -> jax.Array:
+    """(x [nt, K] (nt <= 8) * x_scale [K]) . W^T -> [nt, n_out] f32, W given as its planes.
+
+    x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py);
+    the one-token integer path applies it inside the kernel, as x is loaded."""
     nt, k = x.shape
     if not 1 <= nt <= NT_PAD:
         raise ValueError(f"gemv takes 1 .. {NT_PAD} tokens, got {nt}")
@@ -284,10 +296,13 @@ def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvCo
     k_split = k // cfg.splits
     assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % cfg.bk == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()
+    if x_scale is not None:
+        x_scale = x_scale.astype(jnp.float32)
     if qtype in int8_words.SPECS:
-        out = _gemv_int8(x, planes, qtype, cfg, npad, interpret)
+        out = _gemv_int8(x, x_scale, planes, qtype, cfg, npad, interpret)
     else:
-        x16 = tiles.cast_rows(x, NT_PAD, fmt.compute_dtype)  # [16, K]
+        xs = x if x_scale is None else x * x_scale  # fused into the cast below
+        x16 = tiles.cast_rows(xs, NT_PAD, fmt.compute_dtype)  # [16, K]
         in_specs = [pl.BlockSpec((NT_PAD, k_split), lambda i, s: (0, s))]
         in_specs += [pl.BlockSpec((cfg.bn, k_split // p.wpc), lambda i, s: (i, s)) for p in fmt.planes]
         kernel = _kernel(qtype, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.fma and nt == 1)
@@ -295,10 +310,12 @@ def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemvCo
     return out.sum(axis=0)[:nt, :n_out]
 
 
-def gemv_reference(x: jax.Array, planes, *, qtype: QType, n_out: int) -> jax.Array:
+def gemv_reference(x: jax.Array, planes, *, qtype: QType, n_out: int, x_scale: jax.Array | None = None) -> jax.Array:
     """The jnp reference of exactly what gemv computes: for block formats the integer formulation
     on whole arrays (same activation quantization, exact integer sums), else the float decode +
     one f32-accumulated dot."""
+    if x_scale is not None:
+        x = x.astype(jnp.float32) * x_scale.astype(jnp.float32)
     if qtype in int8_words.SPECS:
         return int8_words.int8_dot_reference(x, planes, qtype=qtype, n_out=n_out)
     return tiles.dequant_matmul_reference(x, planes, qtype=qtype, n_out=n_out)
