@@ -17,7 +17,7 @@ from minfer_jax.sampling import GREEDY
 from minfer_jax.synthetic import synthetic_model
 
 
-FOLD_NORM = [True]  # --fold-norm
+FOLD_NORM = [False]  # --fold-norm
 
 
 def with_fold(m):
@@ -110,7 +110,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("what", nargs="*", default=["parity", "speed"])
     ap.add_argument("--gemm", default="auto")
-    ap.add_argument("--fold-norm", choices=("on", "off"), default="on",
+    ap.add_argument("--fold-norm", choices=("on", "off"), default="off",
                     help="ops.Impl.fold_norm: RMSNorm folded into the decode GEMVs")
     ap.add_argument("--prequant-min-nt", type=int, default=None,
                     help="override pallas.gemv.PREQUANT_MIN_NT (token count from which x is quantized before the GEMV)")
