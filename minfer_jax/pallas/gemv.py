@@ -42,7 +42,7 @@ NT_PAD = 16  # x rows fed to the float formats' dot: Triton needs >= 16 on every
 MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
 TARGET_PROGRAMS = 1024  # ~8 programs per SM on the H200's 132 SMs keep enough loads in flight
 TILE_ELEMS = 8192  # float formats: bn * bk ceiling (decoded tile + intermediates in registers)
-# Integer path (block formats; H200, times on the device timeline, tools/kernel_probe.py s9,
+# Integer path (block formats; H200, times on the device timeline, tools/kernel_probe.py s9-s11,
 # docs/BENCHMARKS.md): every program one straight-line step of INT8_STEP_WEIGHTS weights per row
 # (no K loop: all its loads issue at once), K split into as many chunks as that takes (up to
 # INT8_MAX_PROGRAMS programs). Rows per program: one token 32 for the 32-weight groups, 16 for the
@@ -79,13 +79,13 @@ def _divisors(n: int) -> list[int]:
 
 def _splits(chunks: int, programs: int) -> int:
     """The K split (a divisor of chunks) whose program count lands nearest TARGET_PROGRAMS (in
-    ratio): a prime chunk count may overshoot rather than leave the GPU idle (Q6_K 896 x 4864:
-    19 splits, 21 us, vs unsplit, 40 us)."""
+    ratio): a prime chunk count may overshoot rather than leave the GPU idle (measured when the
+    integer path used this rule too: Q6_K 896 x 4864, 19 splits 21 us vs unsplit 40 us)."""
     return min(_divisors(chunks), key=lambda d: (abs(math.log(programs * d / TARGET_PROGRAMS)), d))
 
 
 def _one_step_splits(chunks: int, row_programs: int) -> int:
-    """One token: the K split that gives every program a single step (no K loop: straight-line
+    """Integer path: the K split that gives every program a single step (no K loop: straight-line
     code whose loads all issue at once), capped at INT8_MAX_PROGRAMS (then the largest divisor
     of chunks under the cap)."""
     return max((d for d in _divisors(chunks) if row_programs * d <= INT8_MAX_PROGRAMS), default=1)
