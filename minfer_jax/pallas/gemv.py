@@ -8,8 +8,9 @@ x is quantized to int8 with one scale per scale group, for one or two tokens by 
 slice of x (in registers: no prepass kernel), for three or more by one XLA fusion before the
 kernel (PREQUANT_MIN_NT); then per group S = sum q * xq is computed four weights per
 instruction with PTX `dp4a` on the planes' own words (inline asm; an exact jnp emulation in
-interpret mode), and y += a * (dx * S + offset term) + b * sum(x). All nt tokens are handled inside the program (the
-token loop is unrolled over the same loaded weight words), so each weight word is read once.
+interpret mode), and y += a * (dx * S + offset term) + b * sum(x). All nt tokens are handled
+inside the program (the token loop is unrolled over the same loaded weight words), so each
+weight word is read once.
 Grid (Npad / bn, splits): program (i, s) owns rows [i*bn, (i+1)*bn) and the s-th K range,
 walking it gt groups per step; with the default configs the K range is a single step (no K loop).
 
@@ -284,8 +285,9 @@ def gemv(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, x_scale: jax.A
          config: GemvConfig | None = None, interpret: bool = False) -> jax.Array:
     """(x [nt, K] (nt <= 8) * x_scale [K]) . W^T -> [nt, n_out] f32, W given as its planes.
 
-    x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py);
-    the one-token integer path applies it inside the kernel, as x is loaded."""
+    x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py):
+    inside the kernel as x is loaded where the kernel quantizes x itself (integer path, nt <
+    PREQUANT_MIN_NT), else in the XLA fusion that prepares x."""
     nt, k = x.shape
     if not 1 <= nt <= NT_PAD:
         raise ValueError(f"gemv takes 1 .. {NT_PAD} tokens, got {nt}")
