@@ -130,14 +130,19 @@ def reference_matmul(qtype: QType, n: int, nt: int, impl: str, gemm: str = "auto
 
 def device_kernel_events(run) -> list[tuple[float, float, str]]:
     """Call run() under jax.profiler; the GPU kernels it ran as (start ns, duration ns, name),
-    sorted by start (memcpy/memset excluded; empty when the trace holds no GPU events)."""
+    sorted by start (memcpy/memset excluded; empty when the trace holds no GPU events, or when
+    another profiler session is running, so callers fall back to the host clock)."""
     import glob
     import tempfile
 
     events = []
     with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d):
+        try:
+            with jax.profiler.trace(d):
+                run()
+        except RuntimeError:  # a profiler session is already running (the caller's own trace)
             run()
+            return []
         for path in glob.glob(f"{d}/**/*.xplane.pb", recursive=True):
             for plane in jax.profiler.ProfileData.from_file(path).planes:
                 if not plane.name.startswith("/device:GPU"):

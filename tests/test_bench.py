@@ -262,3 +262,25 @@ def test_script_help_and_error_exit_code():
     r = subprocess.run([sys.executable, script, "--synthetic", "nope"], capture_output=True, text=True, timeout=120,
                        check=False)
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tmp_path):
+    """kernel_bench reads kernel times off the device timeline; on a CPU (no GPU events) or under a
+    caller's own profiler session it returns nothing, runs the work exactly once, and run_case
+    falls back to the host clock."""
+    import jax
+    import jax.numpy as jnp
+
+    from minfer_jax import kernel_bench as kb
+
+    calls = []
+    f = jax.jit(lambda x: x * 2)
+
+    def run():
+        calls.append(1)
+        f(jnp.ones(3)).block_until_ready()
+
+    assert kb.device_kernel_events(run) == [] and kb.device_span_us(run) is None
+    with jax.profiler.trace(str(tmp_path)):
+        assert kb.device_kernel_events(run) == []
+    assert len(calls) == 3
