@@ -226,6 +226,15 @@ def cases(name):
             for bn, w in [(32, 2), (32, 8), (16, 2), (16, 4), (64, 4), (64, 8)]:
                 out.append(gemv_case(q, 4096, 14336, 1, R(base, bn=bn, num_warps=w, splits=28)))
         return out
+    if name == "s12":  # not yet run: nt = 8 (x pre-quantized) rows x warps, the two ggml nt = 8 rows
+        out = []
+        R = dataclasses.replace
+        for q in (Q.Q4_0, Q.Q4_K):
+            base = G.choose_config(q, 4096, 14336, 8)
+            out.append(gemv_case(q, 4096, 14336, 8, base))
+            for bn, w in [(16, 4), (64, 4), (64, 8), (32, 8), (128, 8)]:
+                out.append(gemv_case(q, 4096, 14336, 8, R(base, bn=bn, num_warps=w, splits=28)))
+        return out
     raise SystemExit(f"unknown case set {name}")
 
 
