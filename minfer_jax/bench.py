@@ -18,7 +18,7 @@ Model mode (the default) mirrors llama.cpp's tools/llama-bench/llama-bench.cpp:
   fresh for every run; executables are compiled once and reused across runs and tests.
 
 Kernel mode (--kernels, --shapes, --ggml-shapes) times every distinct (type, out, in) matmul
-of a model, or an explicit list, for a list of token counts nt, through ops.matmul's dispatch
+a model runs (q/k/v and gate/up fused as loaded), or an explicit list, for a list of token counts nt, through ops.matmul's dispatch
 (GEMV for nt <= ops.GEMV_MAX_NT, GEMM above, or the XLA reference), each case inside one
 executable; on a GPU the time is the executable's span on the device timeline (jax.profiler),
 not the host clock (kernel_bench.run_case says why).
@@ -649,28 +649,52 @@ def _role(name: str, tied: bool) -> str | None:
     return None
 
 
+_FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # row-stacked by the loader
+
+
 def model_matmul_cases(tensor_types: dict[str, Any], shapes: dict[str, tuple], tied: bool, nts: Sequence[int],
                        source: str) -> list[KernelCase]:
-    """Distinct (type, out, in) of a model's matmul weights, with the tensors that use each."""
+    """Distinct (type, out, in) of the matmuls a model runs, with the tensors behind each:
+    neighbouring q/k/v and gate/up projections of one format are one matmul, as the loader stores
+    them (model.weights.fused_runs), e.g. "attn_q+attn_k" [d + kv, d] when v has another format."""
+    from minfer_jax.model.weights import fused_runs
     from minfer_jax.quant.planes import QType
 
     groups: dict[tuple, collections.Counter] = {}
+
+    def add(qtype, n: int, k: int, role: str):
+        groups.setdefault((QType(qtype), int(n), int(k)), collections.Counter())[role] += 1
+
+    stacked: dict[int, dict[str, str]] = collections.defaultdict(dict)  # layer -> role -> tensor name
     for name, shape in shapes.items():
         if len(shape) != 2:
             continue
         role = _role(name, tied)
         if role is None:
             continue
-        key = (QType(tensor_types[name]), int(shape[0]), int(shape[1]))
-        groups.setdefault(key, collections.Counter())[role] += 1
+        layer = re.match(r"blk\.(\d+)\.", name)
+        if layer and any(role in g for g in _FUSED_GROUPS):
+            stacked[int(layer.group(1))][role] = name
+        else:
+            add(tensor_types[name], shape[0], shape[1], role)
+    for names in stacked.values():
+        for group in _FUSED_GROUPS:
+            roles = [r for r in group if r in names]
+            members = [names[r] for r in roles]
+            for run in fused_runs([tensor_types[m] for m in members]):
+                add(tensor_types[members[run[0]]], sum(shapes[members[i]][0] for i in run), shapes[members[run[0]]][1],
+                    "+".join(roles[i] for i in run))
+
+    def rank(role: str) -> int:
+        return _ROLE_ORDER.index(role.split("+")[0])
 
     def order(item):
         (qt, n, k), roles = item
-        return (min(_ROLE_ORDER.index(r) for r in roles), qt.name, n, k)
+        return (min(rank(r) for r in roles), qt.name, n, k)
 
     cases = []
     for (qt, n, k), roles in sorted(groups.items(), key=order):
-        label = ", ".join(f"{r} x{c}" if c > 1 else r for r, c in sorted(roles.items(), key=lambda rc: _ROLE_ORDER.index(rc[0])))
+        label = ", ".join(f"{r} x{c}" if c > 1 else r for r, c in sorted(roles.items(), key=lambda rc: rank(rc[0])))
         cases.append(KernelCase(qt, n, k, tuple(nts), tensors=label, count=sum(roles.values()), source=source))
     return cases
 
@@ -955,7 +979,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "jitted jnp.sum over a large f32 array; or a number in GB/s; or none (default: auto)")
     g = p.add_argument_group("kernel mode")
     g.add_argument("--kernels", action="store_true",
-                   help="time each distinct (type, out, in) matmul of the model(s) instead of whole-model tests")
+                   help="time each distinct (type, out, in) matmul the model(s) run (fused q/k/v and gate/up as "
+                        "loaded) instead of whole-model tests")
     g.add_argument("--shapes", default=None, metavar="LIST",
                    help="explicit kernel cases TYPE:OUTxIN, comma separated, e.g. q4_k:4096x14336,q8_0:4096x14336")
     g.add_argument("--ggml-shapes", action="store_true",

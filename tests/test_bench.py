@@ -173,10 +173,16 @@ def test_kernel_mode_md():
 def test_model_kernel_cases():
     types_, shapes, tied, label = bench._synthetic_shapes("qwen2.5-7b:q4_k_m", None)
     cases = bench.model_matmul_cases(types_, shapes, tied, [1, 512], label)
-    assert sum(c.count for c in cases) == 7 * 28 + 1  # every layer matrix + the head, once each
+    # the matmuls one decode step runs, as the loader fuses them: q/k/v in one (14 layers) or
+    # q+k and v (the 14 whose v is Q6_K), gate+up, attn_output, ffn_down; plus the head
+    assert sum(c.count for c in cases) == 4 * 28 + 14 + 1
     assert len({(c.qtype, c.n, c.k) for c in cases}) == len(cases)
     by = {(c.qtype.name, c.n, c.k): c for c in cases}
-    assert by[("Q4_K", 3584, 3584)].tensors == "attn_q x28, attn_output x28"
+    assert by[("Q4_K", 3584, 3584)].tensors == "attn_output x28"
+    assert by[("Q4_K", 3584 + 2 * 512, 3584)].tensors == "attn_q+attn_k+attn_v x14"
+    assert by[("Q4_K", 3584 + 512, 3584)].tensors == "attn_q+attn_k x14"
+    assert by[("Q6_K", 512, 3584)].tensors == "attn_v x14"
+    assert by[("Q4_K", 2 * 18944, 3584)].tensors == "ffn_gate+ffn_up x28"
     assert by[("Q6_K", 152064, 3584)].tensors == "output"
     assert {c.qtype.name for c in cases if "ffn_down" in c.tensors} == {"Q4_K", "Q6_K"}
     assert all(c.nts == (1, 512) for c in cases)

@@ -1,6 +1,7 @@
 """The whole model through the Pallas kernels (interpret mode) against the XLA reference path, on a
 tiny random-weight model: prefill through dequantize + GEMM, decode through the GEMV with the
-RMSNorm folded into it (and not)."""
+RMSNorm folded into it (and not); layer 1 has a Q6_K v beside Q4_K q and k, so its q/k/v run as
+two fused matmuls ([q; k] and v)."""
 
 import dataclasses
 
@@ -9,6 +10,7 @@ import pytest
 
 import minfer_jax
 from minfer_jax.model.config import Config
+from minfer_jax.model.weights import LoadOptions, fused_runs, load_params
 from minfer_jax.synthetic import synthetic_model_from_config
 
 TINY = Config(n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512, context_length=512, vocab_size=300,
@@ -16,9 +18,13 @@ TINY = Config(n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512, contex
 
 
 @pytest.fixture(scope="module")
-def tiny_models():
-    gm = synthetic_model_from_config(TINY, "q4_k_m", seed=5)
-    load = lambda k: minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=64)  # noqa: E731
+def tiny_gguf():
+    return synthetic_model_from_config(TINY, "q4_k_m", seed=5)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tiny_gguf):
+    load = lambda k: minfer_jax.load(gguf_model=tiny_gguf, kernels=k, weights="quantized", ctx_size=64)  # noqa: E731
     return load("interpret"), load("xla")
 
 
@@ -33,3 +39,22 @@ def test_kernel_path_matches_reference_path(tiny_models, fold_norm):
     seq = prompt + want[:3]  # the last position's logits come from the decode-sized (GEMV) path too
     lk, lr = np.asarray(kern.logits(seq)), np.asarray(ref.logits(seq))
     np.testing.assert_allclose(lk, lr, atol=2e-2 * float(np.max(np.abs(lr))))
+
+
+def test_neighbours_of_one_format_are_fused(tiny_models, tiny_gguf):
+    assert fused_runs(["Q4_K", "Q4_K", "Q6_K"]) == [[0, 1], [2]]
+    assert fused_runs(["Q6_K", "Q4_K", "Q4_K"]) == [[0], [1, 2]]
+    assert fused_runs(["Q4_K", "Q6_K", "Q4_K"]) == [[0], [1], [2]]  # only neighbours: outputs stay in order
+    assert fused_runs(["Q4_K", "Q6_K"], dense=True) == [[0, 1]]
+    assert fused_runs(["Q4_K", "Q4_K"], fuse=False) == [[0], [1]]
+    kern, _ = tiny_models
+    d, kv = TINY.d_model, TINY.kv_dim
+    assert [w.shape[0] for w in kern.params.layers[0].qkv] == [d + 2 * kv]
+    assert [w.shape[0] for w in kern.params.layers[1].qkv] == [d + kv, kv]
+    assert [w.shape[0] for w in kern.params.layers[1].gate_up] == [2 * TINY.d_ff]
+    # the same model with every projection apart: the same logits (fusion only stacks rows)
+    _, ref = tiny_models
+    apart = dataclasses.replace(ref, params=load_params(tiny_gguf, LoadOptions(fuse=False)), _compiled={})
+    assert len(apart.params.layers[1].qkv) == 3
+    seq = [5, 17, 250, 3, 99]
+    np.testing.assert_allclose(np.asarray(apart.logits(seq)), np.asarray(ref.logits(seq)), rtol=1e-5, atol=1e-5)

@@ -14,7 +14,7 @@ Two storage modes, chosen per platform by `minfer_jax.load`:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -79,12 +79,13 @@ def embed_rows(w: Weight, ids: jax.Array) -> jax.Array:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """One decoder layer. Projections that share a format are stored fused (one matmul launch):
-    qkv holds [wq; wk; wv] as one [d + 2 kv, d] weight or the three apart, gate_up [wgate; wup]
-    as one [2 ff, d] weight or the two apart."""
+    """One decoder layer. Neighbouring projections that share a format are stored fused (one
+    matmul launch; `fused_runs`): qkv holds [wq; wk; wv] as one [d + 2 kv, d] weight, or e.g.
+    [wq; wk] and wv when v has another format, or the three apart; gate_up [wgate; wup] as one
+    [2 ff, d] weight or the two apart. Their outputs, concatenated in order, are q | k | v."""
 
     attn_norm: jax.Array  # [d] f32
-    qkv: tuple  # (w_qkv,) or (wq [d, d], wk [kv, d], wv [kv, d])
+    qkv: tuple  # (w_qkv,), (w_qk, wv), (wq, w_kv) or (wq [d, d], wk [kv, d], wv [kv, d])
     qkv_bias: jax.Array  # [d + 2 kv]
     wo: Weight  # [d, d]
     ffn_norm: jax.Array  # [d]
@@ -114,7 +115,7 @@ class LoadOptions:
     mode: str = "quantized"  # "quantized" | "dense"
     dense_dtype: str = "float32"  # dense square/narrowing matrices, stored [K, N]
     wide_dtype: str = "float32"  # dense widening matrices (N >= 2K) and token_embd, stored [N, K]
-    fuse: bool = True  # q/k/v and gate/up as one weight each where their formats match
+    fuse: bool = True  # neighbouring q/k/v and gate/up projections of one format as one weight
 
 
 def _vector(t: RawTensor) -> np.ndarray:
@@ -136,12 +137,28 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     return QWeight({n: jax.device_put(v, device) for n, v in planes.items()}, QType(t.qtype), shape)
 
 
+def fused_runs(qtypes: Sequence, *, fuse: bool = True, dense: bool = False) -> list[list[int]]:
+    """Which of a row-stacked group's tensors (q, k, v or gate, up, in order) become one weight:
+    runs of neighbours that share a format (all of them for dense weights, none without `fuse`).
+    Q4_K / Q4_K / Q6_K -> [[0, 1], [2]]: two matmul launches instead of three."""
+    if not fuse:
+        return [[i] for i in range(len(qtypes))]
+    if dense:
+        return [list(range(len(qtypes)))]
+    runs: list[list[int]] = []
+    for i, q in enumerate(qtypes):
+        if runs and qtypes[runs[-1][-1]] == q:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def _group(model: GGUFModel, names: list[str], opts: LoadOptions, device) -> tuple:
-    """Fuse tensors into one weight when they share a format (always possible for dense weights)."""
+    """The weights of a row-stacked group, fused as `fused_runs` says."""
     ts = [model.tensors[n] for n in names]
-    if opts.fuse and (opts.mode == "dense" or len({t.qtype for t in ts}) == 1):
-        return (_matrix(ts, opts, device),)
-    return tuple(_matrix([t], opts, device) for t in ts)
+    runs = fused_runs([t.qtype for t in ts], fuse=opts.fuse, dense=opts.mode == "dense")
+    return tuple(_matrix([ts[i] for i in run], opts, device) for run in runs)
 
 
 def load_params(model: GGUFModel, opts: LoadOptions = LoadOptions(), *, device=None,
