@@ -18,9 +18,9 @@ Model mode (the default) mirrors llama.cpp's tools/llama-bench/llama-bench.cpp:
   fresh for every run; executables are compiled once and reused across runs and tests.
 
 Kernel mode (--kernels, --shapes, --ggml-shapes) times every distinct (type, out, in) matmul
-a model runs (q/k/v and gate/up fused as loaded), or an explicit list, for a list of token counts nt, through ops.matmul's dispatch
-(GEMV for nt <= ops.GEMV_MAX_NT, GEMM above, or the XLA reference), each case inside one
-executable; on a GPU the time is the executable's span on the device timeline (jax.profiler),
+a model runs (q/k/v and gate/up fused as loaded), or an explicit list, for a list of token
+counts nt, through ops.matmul's dispatch (GEMV for nt <= ops.GEMV_MAX_NT, GEMM above, or the
+XLA reference), each case inside one executable; on a GPU the time is the executable's span on the device timeline (jax.profiler),
 not the host clock (kernel_bench.run_case says why).
 
 Beyond llama-bench every row has: the compile time of the executable(s) it ran, achieved weight

@@ -197,9 +197,11 @@ def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: 
     if warmup:
         run()
     samples = []
-    on_device = jax.devices()[0].platform == "gpu" and device_span_us(run) is not None
-    if on_device:
-        samples = [device_span_us(run) / reps for _ in range(trials)]
+    spans = [device_span_us(run)] if jax.devices()[0].platform == "gpu" else [None]
+    while spans[-1] is not None and len(spans) < trials:
+        spans.append(device_span_us(run))
+    if spans[-1] is not None:
+        samples = [span / reps for span in spans]
     else:
         base = reps // 4 if reps >= 2 else 0
         if base:

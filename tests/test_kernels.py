@@ -118,9 +118,9 @@ def test_gemv_one_token_config_is_one_step_per_program():
 @pytest.mark.parametrize("nt", [1, 3])
 def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):
     """Both activation paths (quantized per program, or by int8_words.quantize_x before the kernel)
-    against the reference, whichever one the default config picks for this nt."""
+    against the reference, each on the default config's tiles for this nt."""
     n, k = 130, 1024
-    w = random_planes(jax.random.PRNGKey(4), qtype, n, k)
+    w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(5), (nt, k), jnp.float32)
     ref = gemv.gemv_reference(x, w, qtype=qtype, n_out=n)
     base = gemv.choose_config(qtype, n, k, nt)

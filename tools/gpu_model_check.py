@@ -17,24 +17,21 @@ from minfer_jax.sampling import GREEDY
 from minfer_jax.synthetic import synthetic_model
 
 
-FOLD_NORM = [False]  # --fold-norm
-
-
-def with_fold(m):
-    """The loaded model with ops.Impl.fold_norm set from --fold-norm (fresh executable cache)."""
+def with_fold(m, fold_norm: bool):
+    """The loaded model with ops.Impl.fold_norm set (fresh executable cache)."""
     import dataclasses
 
-    return dataclasses.replace(m, impl=dataclasses.replace(m.impl, fold_norm=FOLD_NORM[0]), _compiled={})
+    return dataclasses.replace(m, impl=dataclasses.replace(m.impl, fold_norm=fold_norm), _compiled={})
 
 
-def greedy_parity(spec, layers, n=24, n_prompt=40, gemm="auto"):
+def greedy_parity(spec, layers, n=24, n_prompt=40, gemm="auto", fold_norm=False):
     """Greedy tokens and every prompt position's logits, Pallas path vs XLA reference path. On a
     divergence, the reference's top-2 logit gap at that step tells a near-tie (gap within the
     paths' logit difference: the argmax may flip) from a real mismatch."""
     gm = synthetic_model(spec, layers=layers, seed=3)
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, gm.config.vocab_size, n_prompt)]
-    models = {k: with_fold(minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=256, gemm=gemm))
-              for k in ("pallas", "xla")}
+    models = {k: with_fold(minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=256, gemm=gemm),
+                           fold_norm) for k in ("pallas", "xla")}
     toks = {k: list(minfer_jax.generate(m, prompt, max_new_tokens=n).tokens) for k, m in models.items()}
     lg = {k: np.asarray(m.logits(prompt)) for k, m in models.items()}  # the prefill matmuls at nt = n_prompt
     err = float(np.max(np.abs(lg["pallas"] - lg["xla"])))
@@ -52,9 +49,9 @@ def greedy_parity(spec, layers, n=24, n_prompt=40, gemm="auto"):
               f"{d:.2e}: {verdict}\n  pallas {toks['pallas']}\n  xla    {toks['xla']}", flush=True)
 
 
-def speed(spec, pp=512, tg=128, reps=3, gemm="auto"):
+def speed(spec, pp=512, tg=128, reps=3, gemm="auto", fold_norm=False):
     gm = synthetic_model(spec, seed=1)
-    m = with_fold(minfer_jax.load(gguf_model=gm, kernels="pallas", ctx_size=1024, gemm=gemm))
+    m = with_fold(minfer_jax.load(gguf_model=gm, kernels="pallas", ctx_size=1024, gemm=gemm), fold_norm)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, gm.config.vocab_size, pp), jnp.int32)
     key = jax.random.PRNGKey(0)
     hist = jnp.zeros((0,), jnp.int32)
@@ -115,23 +112,23 @@ if __name__ == "__main__":
     ap.add_argument("--prequant-min-nt", type=int, default=None,
                     help="override pallas.gemv.PREQUANT_MIN_NT (token count from which x is quantized before the GEMV)")
     a = ap.parse_args()
-    FOLD_NORM[0] = a.fold_norm == "on"
+    fold = a.fold_norm == "on"
     if a.prequant_min_nt is not None:
         from minfer_jax.pallas import gemv
 
         gemv.PREQUANT_MIN_NT = a.prequant_min_nt
     print(jax.devices(), jax.__version__, flush=True)
     if "parity" in a.what:
-        greedy_parity("qwen2.5-0.5b:q4_k_m", 2)
-        greedy_parity("qwen2.5-0.5b:q8_0", 2)
-        greedy_parity("qwen2.5-0.5b:q4_k_m", 2, n_prompt=200)  # long prefills, both GEMM variants
-        greedy_parity("qwen2.5-0.5b:q4_k_m", 2, n_prompt=200, gemm="f16")
-        greedy_parity("qwen2.5-0.5b:q8_0", 2, n_prompt=200)
+        greedy_parity("qwen2.5-0.5b:q4_k_m", 2, fold_norm=fold)
+        greedy_parity("qwen2.5-0.5b:q8_0", 2, fold_norm=fold)
+        greedy_parity("qwen2.5-0.5b:q4_k_m", 2, n_prompt=200, fold_norm=fold)  # long prefills, both GEMM variants
+        greedy_parity("qwen2.5-0.5b:q4_k_m", 2, n_prompt=200, gemm="f16", fold_norm=fold)
+        greedy_parity("qwen2.5-0.5b:q8_0", 2, n_prompt=200, fold_norm=fold)
     if "timeline05" in a.what:
         decode_timeline("qwen2.5-0.5b:q4_k_m")
     if "timeline7" in a.what:
         decode_timeline("qwen2.5-7b:q4_k_m", top=20)
     if "speed" in a.what or "speed05" in a.what:
-        speed("qwen2.5-0.5b:q4_k_m", gemm=a.gemm)
+        speed("qwen2.5-0.5b:q4_k_m", gemm=a.gemm, fold_norm=fold)
     if "speed" in a.what:
-        speed("qwen2.5-7b:q4_k_m", gemm=a.gemm)
+        speed("qwen2.5-7b:q4_k_m", gemm=a.gemm, fold_norm=fold)
