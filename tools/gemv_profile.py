@@ -3,6 +3,8 @@
 usage: python tools/gemv_profile.py time [--out DIR]   time each case's GEMV next to a read-only
                                                        kernel with the same grid and loads
        ncu ... python tools/gemv_profile.py run        run each kernel once (for Nsight Compute)
+       --case QTYPE:N:K:NT (repeatable) replaces the built-in cases; tools/ncu_sass_summary.py
+       folds an `ncu --page source --print-source sass --csv` export into a table per opcode.
 
 The read-only kernel ("stream") loads the blocks the integer GEMV loads (x and every weight view;
 not the coarse per-super-block rows, which the GEMV gathers) and only sums them: its time is the floor this grid and block shape can
@@ -91,10 +93,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=("time", "run"))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--case", action="append", default=None, metavar="QTYPE:N:K:NT",
+                    help="instead of the built-in cases (repeatable), e.g. Q5_0:4096:14336:1")
     a = ap.parse_args()
+    cases = CASES if a.case is None else [
+        (Q[c.split(":")[0]], *(int(v) for v in c.split(":")[1:])) for c in a.case]
     print(jax.devices(), jax.__version__, flush=True)
     tiles.silence_triton_deprecation()
-    for qt, n, k, nt in CASES:
+    for qt, n, k, nt in cases:
         for kind, cfg in variants(qt, n, k, nt):
             f = fn_for(kind, qt, n, cfg)
             if a.mode == "run":

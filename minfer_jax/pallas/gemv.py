@@ -61,6 +61,10 @@ INT8_MAX_PROGRAMS = 16384
 # 25.3 (Q6_K 25.5 vs 24.5). One token in the whole model: 0.5B tg128 761 vs 1066 tok/s (one more
 # launch per matmul).
 PREQUANT_MIN_NT = 3
+# Under measurement (tools/kernel_probe.py s13): S -> f32 without the conversion pipe; the
+# pre-quantized x loaded with its token axis kept.
+EXACT_CVT = True
+X_KEEP_TOKEN_DIM = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +165,7 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 @functools.cache
 def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
-                 scaled: bool):
+                 scaled: bool, exact_cvt: bool, keepdim: bool):
     """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
 
     x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
@@ -169,9 +173,13 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     quant.int8_words.quantize_x (words + scales). Coarse planes (one value per `per` groups,
     e.g. a K-quant's d) arrive as whole rows and are gathered at absolute group numbers, so a K
     split need not align to their columns (loading only a program's own columns as a block
-    measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal)."""
+    measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
+    exact_cvt: S to f32 by int8_words.exact_f32 instead of a conversion instruction.
+    keepdim: pre-quantized x loaded as [1, gt, ...] (the token axis kept, so it broadcasts over
+    the rows without reshaping)."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
+    to_f32 = int8_words.exact_f32 if exact_cvt else (lambda v: v.astype(jnp.float32))
 
     def kernel(*refs):
         *in_refs, o_ref = refs
@@ -182,17 +190,21 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
 
         split_g0 = pl.program_id(1) * (n_steps * gt)  # this split's first group
 
-        def token_x(tok, g0):  # -> (x words per slot [gt, x_words], dx, xo, xsum [gt])
+        def token_x(tok, g0):  # -> (x words per slot [1, gt, x_words], dx, xo, xsum [1, gt])
             if prequant:
                 xw_ref, xsc_ref = x_refs
-                words = [xw_ref[tok, pl.ds(g0, gt), :, slot] for slot in range(spec.x_slots)]
-                return words, xsc_ref[tok, pl.ds(g0, gt), 0], xsc_ref[tok, pl.ds(g0, gt), 1], \
-                    xsc_ref[tok, pl.ds(g0, gt), 2]
+                if keepdim:
+                    t1 = pl.ds(tok, 1)
+                    words = [xw_ref[t1, pl.ds(g0, gt), slot, :] for slot in range(spec.x_slots)]
+                    return (words, *(xsc_ref[t1, c, pl.ds(g0, gt)] for c in range(3)))
+                words = [xw_ref[tok, pl.ds(g0, gt), slot, :][None] for slot in range(spec.x_slots)]
+                return (words, *(xsc_ref[tok, c, pl.ds(g0, gt)][None] for c in range(3)))
             # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
             xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
             if scaled:
                 xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
-            return int8_words.quantize_slots(xs, spec.offset)
+            words, dx, xo, xsum = int8_words.quantize_slots(xs, spec.offset)
+            return [w[None] for w in words], dx[None], xo[None], xsum[None]
 
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
@@ -205,16 +217,16 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
             words, a, b = spec.fn(t, (groups % 2)[None, :])  # words: x_slots x [bn, gt, x_words]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
-                xw, dx, xo, xsum = token_x(tok, g0)
+                xw, dx, xo, xsum = token_x(tok, g0)  # [1, gt, x_words] per slot; [1, gt]
                 s = jnp.zeros(words[0].shape, jnp.int32)
                 for w, x in zip(words, xw):
-                    s = dot4(w, jnp.broadcast_to(x[None], w.shape), s)
-                v = jnp.sum(s, axis=-1).astype(jnp.float32) * dx[None, :]  # [bn, gt]
+                    s = dot4(w, jnp.broadcast_to(x, w.shape), s)
+                v = to_f32(jnp.sum(s, axis=-1)) * dx  # [bn, gt]
                 if spec.offset:
-                    v = v + xo[None, :]
+                    v = v + xo
                 v = a * v
                 if b is not None:
-                    v = v + b * xsum[None, :]
+                    v = v + b * xsum
                 out.append(accs[tok] + v)
             return tuple(out)
 
@@ -244,9 +256,9 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
     scaled = x_scale is not None and not cfg.prequant  # scale x inside the kernel, as it is loaded
     if cfg.prequant:
         xw, xsc = int8_words.quantize_x(qtype, x if x_scale is None else x * x_scale)  # one XLA fusion
-        x_ops = (xw, xsc)  # [ntp, G, x_words, x_slots] int32, [ntp, G, 4] f32
-        in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, spec.x_slots), lambda i, s: (0, s, 0, 0)),
-                    pl.BlockSpec((ntp, gs, 4), lambda i, s: (0, s, 0))]
+        x_ops = (xw, xsc)  # [ntp, G, x_slots, x_words] int32, [ntp, 4, G] f32
+        in_specs = [pl.BlockSpec((ntp, gs, spec.x_slots, spec.x_words), lambda i, s: (0, s, 0, 0)),
+                    pl.BlockSpec((ntp, 4, gs), lambda i, s: (0, 0, s))]
     else:
         x_ops = (int8_words.x_view(qtype, x),)  # [ntp, G, x_words, 4, x_slots]
         in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))]
@@ -261,7 +273,8 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled)
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled, EXACT_CVT,
+                          X_KEEP_TOKEN_DIM)
     return _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 

@@ -51,8 +51,27 @@ class WordSpec:
     fn: Callable = dataclasses.field(compare=False)
 
 
+# Exact int <-> f32 without the conversion instructions (I2F / F2I / FRND run at a quarter of
+# the FP32 rate on sm_90, and the GEMV needs one per group per token): for |i| < 2^22 the float
+# MAGIC + i is exact and its bits are MAGIC_BITS + i (ulp 1 in [2^23, 2^24)). Bit-identical on
+# every backend (plain IEEE f32 adds, no fast-math), so kernel and reference agree exactly.
+MAGIC = 12582912.0  # 1.5 * 2^23
+MAGIC_BITS = 0x4B400000
+
+
+def exact_f32(i: jax.Array) -> jax.Array:
+    """int32 |i| < 2^22 (any integer dtype that fits) -> f32, exactly."""
+    i = i.astype(jnp.int32) + jnp.int32(MAGIC_BITS)
+    return lax.bitcast_convert_type(i, F32) - F32(MAGIC)
+
+
+def round_to_int(v: jax.Array) -> jax.Array:
+    """f32 |v| < 2^22 -> int32, rounded to nearest, ties to even."""
+    return lax.bitcast_convert_type(v + F32(MAGIC), jnp.int32) - jnp.int32(MAGIC_BITS)
+
+
 def _f(v):
-    return v.astype(F32)
+    return exact_f32(v) if jnp.issubdtype(v.dtype, jnp.integer) else v.astype(F32)
 
 
 def _shift_iota(n, scale):
@@ -123,7 +142,7 @@ def _crumbs(qs):  # [bn, G] 2-bit words -> 4 slots [bn, G, 1]: bit pair s of eve
 
 def _q2_k(t, parity):
     sc = t["sc"].astype(jnp.int32)
-    return _crumbs(t["qs"]), _f(t["d"]) * _f(sc & 15), -(_f(t["dmin"]) * _f(sc >> 4))
+    return _crumbs(t["qs"]), _f(t["d"]) * exact_f32(sc & 15), -(_f(t["dmin"]) * exact_f32(sc >> 4))
 
 
 def _q3_k(t, parity):
@@ -175,7 +194,8 @@ def x_view(qtype: QType, x: jax.Array) -> jax.Array:
 
 def quantize_slots(xs: list[jax.Array], offset: int):
     """One token's x of G groups, split by slot (each [G, x_words, 4] f32) -> int8 per group of the
-    format (scale dx = max|x| / 127, like llama.cpp's q8_1 but per scale group):
+    format (scale dx = max|x| / 127, like llama.cpp's q8_1 but per scale group; rounded to
+    nearest, ties to even):
 
     words  x_slots tensors [G, x_words] int32: int8x4 words, byte b = the value at [g, w, b]
     dx     [G] f32
@@ -196,23 +216,24 @@ def quantize_slots(xs: list[jax.Array], offset: int):
     shifts = (lax.iota(jnp.int32, 4) * 8)[None, None, :]
     words, sum_q = [], 0
     for v in xs:
-        q = jnp.floor(v * inv + 0.5).astype(jnp.int32)  # |q| <= 127: |v| * 127 / amax <= 127
+        q = round_to_int(v * inv)  # |q| <= 127: |v| * 127 / amax <= 127
         sum_q = sum_q + rows(q, jnp.sum)
         words.append(jnp.sum((q & 0xFF) << shifts, axis=-1))  # [G, W]; disjoint bytes, so sum == or
     dx = amax / 127.0
-    return words, dx, offset * dx * sum_q.astype(F32), xsum
+    return words, dx, offset * dx * exact_f32(sum_q), xsum
 
 
 def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """x [nt, K] -> quantize_slots on whole arrays, laid out for the GEMV's pre-quantized path:
-    words [nt, G, x_words, x_slots] int32 and scales [nt, G, 4] f32 (dx, xo, xsum, 0)."""
+    words [nt, G, x_slots, x_words] int32 (a slot's words of a group contiguous: one vector load)
+    and scales [nt, 4, G] f32 (rows dx, xo, xsum, 0: each a contiguous run over the groups)."""
     spec = SPECS[qtype]
     nt, k = x.shape
     g = k // spec.group
     xv = x_view(qtype, x).reshape(nt * g, spec.x_words, 4, spec.x_slots)
     words, dx, xo, xsum = quantize_slots([xv[..., s] for s in range(spec.x_slots)], spec.offset)
-    xw = jnp.stack(words, axis=-1).reshape(nt, g, spec.x_words, spec.x_slots)
-    xsc = jnp.stack([dx, xo, xsum, jnp.zeros_like(dx)], axis=-1).reshape(nt, g, 4)
+    xw = jnp.stack(words, axis=1).reshape(nt, g, spec.x_slots, spec.x_words)
+    xsc = jnp.stack([dx, xo, xsum, jnp.zeros_like(dx)], axis=0).reshape(4, nt, g).transpose(1, 0, 2)
     return xw, xsc
 
 
