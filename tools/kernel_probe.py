@@ -226,32 +226,6 @@ def cases(name):
             for bn, w in [(32, 2), (32, 8), (16, 2), (16, 4), (64, 4), (64, 8)]:
                 out.append(gemv_case(q, 4096, 14336, 1, R(base, bn=bn, num_warps=w, splits=28)))
         return out
-    if name == "s13":  # exact int -> f32 (EXACT_CVT) and token-axis x loads (X_KEEP_TOKEN_DIM) A/B; nt = 8 tiles
-        out = []
-        R = dataclasses.replace
-        off = {"EXACT_CVT": False, "X_KEEP_TOKEN_DIM": False}
-        for q, n, k in [(Q.Q4_0, 4096, 14336), (Q.Q5_0, 4096, 14336), (Q.Q4_K, 4096, 14336), (Q.Q6_K, 4096, 14336),
-                        (Q.Q8_0, 4096, 14336), (Q.Q4_K, 4096, 4096)]:
-            out += [gemv_case(q, n, k, 1), (*gemv_case(q, n, k, 1), off)]
-        for q in (Q.Q4_0, Q.Q4_K):
-            out += [gemv_case(q, 4096, 14336, 2), (*gemv_case(q, 4096, 14336, 2), off)]
-            base = G.choose_config(q, 4096, 14336, 8)
-            out += [gemv_case(q, 4096, 14336, 8), (*gemv_case(q, 4096, 14336, 8), off),
-                    (*gemv_case(q, 4096, 14336, 8), {"X_KEEP_TOKEN_DIM": False})]
-            for bn, w in [(16, 4), (64, 4), (64, 8), (32, 8), (32, 2)]:
-                out.append(gemv_case(q, 4096, 14336, 8, R(base, bn=bn, num_warps=w, splits=28)))
-            for splits in (14, 7):
-                out.append(gemv_case(q, 4096, 14336, 8, R(base, splits=splits)))
-        return out
-    if name == "s12":  # not yet run: nt = 8 (x pre-quantized) rows x warps, the two ggml nt = 8 rows
-        out = []
-        R = dataclasses.replace
-        for q in (Q.Q4_0, Q.Q4_K):
-            base = G.choose_config(q, 4096, 14336, 8)
-            out.append(gemv_case(q, 4096, 14336, 8, base))
-            for bn, w in [(16, 4), (64, 4), (64, 8), (32, 8), (128, 8)]:
-                out.append(gemv_case(q, 4096, 14336, 8, R(base, bn=bn, num_warps=w, splits=28)))
-        return out
     raise SystemExit(f"unknown case set {name}")
 
 
@@ -263,15 +237,8 @@ def main():
     a = ap.parse_args()
     print(jax.devices(), jax.__version__, flush=True)
     path = os.path.join(a.out, "kernels.jsonl")
-    defaults = {name: getattr(G, name) for name in ("EXACT_CVT", "X_KEEP_TOKEN_DIM")}
-    for kind, qt, n, k, nt, f, r, cfg, *flags in cases(a.caseset):
+    for kind, qt, n, k, nt, f, r, cfg in cases(a.caseset):
         t0 = time.time()
-        flags = flags[0] if flags else {}
-        for name, v in (defaults | flags).items():  # module switches read at trace time
-            setattr(G, name, v)
-        jax.clear_caches()
-        if flags:
-            cfg = f"{cfg} {flags}"
         try:
             res = run_case(qt, n, k, nt, f, r, impl=kind, reps=a.reps)
             d = dataclasses.asdict(res)

@@ -61,10 +61,6 @@ INT8_MAX_PROGRAMS = 16384
 # 25.3 (Q6_K 25.5 vs 24.5). One token in the whole model: 0.5B tg128 761 vs 1066 tok/s (one more
 # launch per matmul).
 PREQUANT_MIN_NT = 3
-# Under measurement (tools/kernel_probe.py s13): S -> f32 without the conversion pipe; the
-# pre-quantized x loaded with its token axis kept.
-EXACT_CVT = True
-X_KEEP_TOKEN_DIM = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +161,8 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 @functools.cache
 def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
-                 scaled: bool, exact_cvt: bool, keepdim: bool):
-    """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
+                 scaled: bool):
+    """Integer path: per step of gt groups, acc[t] [bn, gt, 1] += a * (dx * S + xo) + b * xs for each token t.
 
     x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
     of the same view, e.g. a folded RMSNorm weight) or, with `prequant`, already quantized by
@@ -174,12 +170,12 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     e.g. a K-quant's d) arrive as whole rows and are gathered at absolute group numbers, so a K
     split need not align to their columns (loading only a program's own columns as a block
     measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
-    exact_cvt: S to f32 by int8_words.exact_f32 instead of a conversion instruction.
-    keepdim: pre-quantized x loaded as [1, gt, ...] (the token axis kept, so it broadcasts over
-    the rows without reshaping)."""
+
+    Every tile is 3-D, [rows, groups, words]: per-group values as [bn, gt, 1], x as [1, gt, ...],
+    so they meet by size-1 broadcasts (int8_words, "Views"). S goes to f32 by a conversion
+    instruction: int8_words.exact_f32 measured no faster there (s13: Q5_0 19.48 vs 19.24 us)."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
-    to_f32 = int8_words.exact_f32 if exact_cvt else (lambda v: v.astype(jnp.float32))
 
     def kernel(*refs):
         *in_refs, o_ref = refs
@@ -190,38 +186,35 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
 
         split_g0 = pl.program_id(1) * (n_steps * gt)  # this split's first group
 
-        def token_x(tok, g0):  # -> (x words per slot [1, gt, x_words], dx, xo, xsum [1, gt])
+        def token_x(tok, g0):  # -> (x words per slot [1, gt, x_words], dx, xo, xsum [1, gt, 1])
             if prequant:
                 xw_ref, xsc_ref = x_refs
-                if keepdim:
-                    t1 = pl.ds(tok, 1)
-                    words = [xw_ref[t1, pl.ds(g0, gt), slot, :] for slot in range(spec.x_slots)]
-                    return (words, *(xsc_ref[t1, c, pl.ds(g0, gt)] for c in range(3)))
-                words = [xw_ref[tok, pl.ds(g0, gt), slot, :][None] for slot in range(spec.x_slots)]
-                return (words, *(xsc_ref[tok, c, pl.ds(g0, gt)][None] for c in range(3)))
+                t1 = pl.ds(tok, 1)  # the token axis kept: x broadcasts over the rows as loaded
+                words = [xw_ref[t1, pl.ds(g0, gt), slot, :] for slot in range(spec.x_slots)]
+                return (words, *(xsc_ref[t1, c, pl.ds(g0, gt), :] for c in range(3)))
             # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
             xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
             if scaled:
                 xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
             words, dx, xo, xsum = int8_words.quantize_slots(xs, spec.offset)
-            return [w[None] for w in words], dx[None], xo[None], xsum[None]
+            return [w[None] for w in words], dx[None, :, None], xo[None, :, None], xsum[None, :, None]
 
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
             t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
                  for name, tail in spec.views}  # [bn, gt, *tail]
-            groups = split_g0 + g0 + lax.iota(jnp.int32, gt)  # [gt] absolute group numbers
-            rows = lax.iota(jnp.int32, bn)[:, None]
+            groups = (split_g0 + g0 + lax.iota(jnp.int32, gt))[None, :, None]  # [1, gt, 1] absolute
+            rows = lax.iota(jnp.int32, bn)[:, None, None]
             for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
-                t[name] = coarse[name][rows, (groups // per)[None, :]]  # [bn, gt]
-            words, a, b = spec.fn(t, (groups % 2)[None, :])  # words: x_slots x [bn, gt, x_words]
+                t[name] = coarse[name][rows, groups // per]  # [bn, gt, 1]
+            words, a, b = spec.fn(t, groups % 2)  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt, 1]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
-                xw, dx, xo, xsum = token_x(tok, g0)  # [1, gt, x_words] per slot; [1, gt]
+                xw, dx, xo, xsum = token_x(tok, g0)  # [1, gt, x_words] per slot; [1, gt, 1]
                 s = jnp.zeros(words[0].shape, jnp.int32)
                 for w, x in zip(words, xw):
                     s = dot4(w, jnp.broadcast_to(x, w.shape), s)
-                v = to_f32(jnp.sum(s, axis=-1)) * dx  # [bn, gt]
+                v = jnp.sum(s, axis=-1, keepdims=True).astype(jnp.float32) * dx  # [bn, gt, 1]
                 if spec.offset:
                     v = v + xo
                 v = a * v
@@ -230,10 +223,10 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
                 out.append(accs[tok] + v)
             return tuple(out)
 
-        accs = tuple(jnp.zeros((bn, gt), jnp.float32) for _ in range(ntp))
+        accs = tuple(jnp.zeros((bn, gt, 1), jnp.float32) for _ in range(ntp))
         accs = tiles.k_steps(n_steps, step, accs)
         for tok in range(ntp):
-            o_ref[tok, :] = jnp.sum(accs[tok], axis=1)
+            o_ref[tok, :] = jnp.sum(jnp.sum(accs[tok], axis=2), axis=1)
 
     return kernel
 
@@ -256,9 +249,9 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
     scaled = x_scale is not None and not cfg.prequant  # scale x inside the kernel, as it is loaded
     if cfg.prequant:
         xw, xsc = int8_words.quantize_x(qtype, x if x_scale is None else x * x_scale)  # one XLA fusion
-        x_ops = (xw, xsc)  # [ntp, G, x_slots, x_words] int32, [ntp, 4, G] f32
+        x_ops = (xw, xsc)  # [ntp, G, x_slots, x_words] int32, [ntp, 4, G, 1] f32
         in_specs = [pl.BlockSpec((ntp, gs, spec.x_slots, spec.x_words), lambda i, s: (0, s, 0, 0)),
-                    pl.BlockSpec((ntp, 4, gs), lambda i, s: (0, 0, s))]
+                    pl.BlockSpec((ntp, 4, gs, 1), lambda i, s: (0, 0, s, 0))]
     else:
         x_ops = (int8_words.x_view(qtype, x),)  # [ntp, G, x_words, 4, x_slots]
         in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))]
@@ -273,8 +266,7 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled, EXACT_CVT,
-                          X_KEEP_TOKEN_DIM)
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled)
     return _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 

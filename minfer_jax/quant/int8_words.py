@@ -17,9 +17,12 @@ or-ed in (the planes' field orders put them two ops away). x is laid out the sam
 step (`quantize_slots`), so both dp4a operands hold the same four weights.
 
 Views. A quant plane [Npad, K / wpc] of uint32 words is reshaped (free, outside the kernel) to
-[Npad, K / group, words per group], a per-group field to [Npad, K / group]; fields coarser than
-a group (K-quant super-block d, dmin; Q3_K's high-bit word shared by two groups) are gathered
-per group inside the kernel (`coarse`: plane -> groups per plane column).
+[Npad, K / group, words per group], a per-group field to [Npad, K / group, 1]: every tile is
+three-dimensional, so a per-group value meets its group's words by a size-1 broadcast instead
+of an expand_dims (which the Triton lowering turns into a layout conversion through shared
+memory). Fields coarser than a group (K-quant super-block d, dmin; Q3_K's high-bit word shared
+by two groups) are gathered per group inside the kernel (`coarse`: plane -> groups per plane
+column), also to [bn, G, 1].
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ class WordSpec:
     x_words: int  # words per group per slot
     offset: int  # added to the raw integers: value = a * (q + offset) + b
     views: tuple[tuple[str, tuple[int, ...]], ...]  # plane -> trailing shape per group
-    coarse: tuple[tuple[str, int], ...]  # plane -> groups per plane column (gathered to [bn, G])
-    # (tiles, parity [1, G] int32: group index % 2) -> (slot words: x_slots tensors [bn, G, x_words]
-    # of int8x4, a [bn, G] f32, b [bn, G] f32 or None)
+    coarse: tuple[tuple[str, int], ...]  # plane -> groups per plane column (gathered to [bn, G, 1])
+    # (tiles [bn, G, tail], parity [1, G, 1] int32: group index % 2) -> (slot words: x_slots
+    # tensors [bn, G, x_words] of int8x4, a [bn, G, 1] f32, b [bn, G, 1] f32 or None)
     fn: Callable = dataclasses.field(compare=False)
 
 
@@ -82,10 +85,9 @@ def _nibbles(w):  # [bn, G, 4] nibble words -> (even weights, odd weights) as in
     return w & M4, (w >> 4) & M4
 
 
-def _q5_high(qh):
-    """qh [bn, G] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd) [bn, G, 4]."""
+def _q5_high(h):
+    """qh [bn, G, 1] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd) [bn, G, 4]."""
     j = lax.iota(jnp.uint32, 4)
-    h = qh[..., None]
     return (h << (4 - j)) & 0x10101010, (h >> j) & 0x10101010
 
 
@@ -128,16 +130,16 @@ def _q5_k(t, parity):
 
 
 def _q6_k(t, parity):
-    # ql [bn, G, 2] nibble words; qh [bn, G] (planes._q6h_order): nibble word j's high pairs at
+    # ql [bn, G, 2] nibble words; qh [bn, G, 1] (planes._q6h_order): nibble word j's high pairs at
     # bits 8b + 4j (even weights) and 8b + 4j + 2 (odd)
     lo, hi = _nibbles(t["ql"])
-    h = t["qh"][..., None] >> _shift_iota(2, 4)  # [bn, G, 2]
+    h = t["qh"] >> _shift_iota(2, 4)  # [bn, G, 2]
     words = [lo | ((h << 4) & 0x30303030), hi | ((h << 2) & 0x30303030)]
     return words, _f(t["d"]) * _f(t["sc"]), None
 
 
-def _crumbs(qs):  # [bn, G] 2-bit words -> 4 slots [bn, G, 1]: bit pair s of every byte
-    return [(qs[..., None] >> (2 * s)) & M2 for s in range(4)]
+def _crumbs(qs):  # [bn, G, 1] 2-bit words -> 4 slots [bn, G, 1]: bit pair s of every byte
+    return [(qs >> (2 * s)) & M2 for s in range(4)]
 
 
 def _q2_k(t, parity):
@@ -146,25 +148,25 @@ def _q2_k(t, parity):
 
 
 def _q3_k(t, parity):
-    # qh [bn, G] (gathered: one word per two groups, planes._q3h_order): group parity i's high bit
-    # of slot s at bit 8b + 4i + s
-    base = t["qh"] >> (4 * parity).astype(jnp.uint32)  # [bn, G]
-    words = [w | ((((base >> s) & 0x01010101) << 2)[..., None]) for s, w in enumerate(_crumbs(t["qs"]))]
+    # qh [bn, G, 1] (gathered: one word per two groups, planes._q3h_order): group parity i's high
+    # bit of slot s at bit 8b + 4i + s
+    base = t["qh"] >> (4 * parity).astype(jnp.uint32)  # [bn, G, 1]
+    words = [w | (((base >> s) & 0x01010101) << 2) for s, w in enumerate(_crumbs(t["qs"]))]
     return words, _f(t["d"]) * _f(t["sc"]), None
 
 
 SPECS: dict[QType, WordSpec] = {
-    QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", ())), (), _q8_0),
-    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0),
-    QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", ()), ("m", ())), (), _q4_1),
-    QType.Q5_0: WordSpec(32, 2, 4, -16, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0),
-    QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ()), ("m", ())), (), _q5_1),
-    QType.Q4_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)), _q4_k),
-    QType.Q5_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)),
+    QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", (1,))), (), _q8_0),
+    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", (1,))), (), _q4_0),
+    QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", (1,)), ("m", (1,))), (), _q4_1),
+    QType.Q5_0: WordSpec(32, 2, 4, -16, (("qs", (4,)), ("qh", (1,)), ("d", (1,))), (), _q5_0),
+    QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", (1,)), ("d", (1,)), ("m", (1,))), (), _q5_1),
+    QType.Q4_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("sc", (1,)), ("m", (1,))), (("d", 8), ("dmin", 8)), _q4_k),
+    QType.Q5_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", (1,)), ("sc", (1,)), ("m", (1,))), (("d", 8), ("dmin", 8)),
                          _q5_k),
-    QType.Q6_K: WordSpec(16, 2, 2, -32, (("ql", (2,)), ("qh", ()), ("sc", ())), (("d", 16),), _q6_k),
-    QType.Q3_K: WordSpec(16, 4, 1, -4, (("qs", ()), ("sc", ())), (("qh", 2), ("d", 16)), _q3_k),
-    QType.Q2_K: WordSpec(16, 4, 1, 0, (("qs", ()), ("sc", ())), (("d", 16), ("dmin", 16)), _q2_k),
+    QType.Q6_K: WordSpec(16, 2, 2, -32, (("ql", (2,)), ("qh", (1,)), ("sc", (1,))), (("d", 16),), _q6_k),
+    QType.Q3_K: WordSpec(16, 4, 1, -4, (("qs", (1,)), ("sc", (1,))), (("qh", 2), ("d", 16)), _q3_k),
+    QType.Q2_K: WordSpec(16, 4, 1, 0, (("qs", (1,)), ("sc", (1,))), (("d", 16), ("dmin", 16)), _q2_k),
 }
 
 
@@ -226,19 +228,20 @@ def quantize_slots(xs: list[jax.Array], offset: int):
 def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """x [nt, K] -> quantize_slots on whole arrays, laid out for the GEMV's pre-quantized path:
     words [nt, G, x_slots, x_words] int32 (a slot's words of a group contiguous: one vector load)
-    and scales [nt, 4, G] f32 (rows dx, xo, xsum, 0: each a contiguous run over the groups)."""
+    and scales [nt, 4, G, 1] f32 (dx, xo, xsum, 0: each a contiguous run over the groups; the
+    trailing 1 makes the kernel's loads [1, gt, 1], the shape of its per-group tiles)."""
     spec = SPECS[qtype]
     nt, k = x.shape
     g = k // spec.group
     xv = x_view(qtype, x).reshape(nt * g, spec.x_words, 4, spec.x_slots)
     words, dx, xo, xsum = quantize_slots([xv[..., s] for s in range(spec.x_slots)], spec.offset)
     xw = jnp.stack(words, axis=1).reshape(nt, g, spec.x_slots, spec.x_words)
-    xsc = jnp.stack([dx, xo, xsum, jnp.zeros_like(dx)], axis=0).reshape(4, nt, g).transpose(1, 0, 2)
+    xsc = jnp.stack([dx, xo, xsum, jnp.zeros_like(dx)], axis=0).reshape(4, nt, g, 1).transpose(1, 0, 2, 3)
     return xw, xsc
 
 
 def word_planes(qtype: QType, planes) -> dict[str, jax.Array]:
-    """Planes reshaped to [Npad, K / group, *words per group] (coarse planes unchanged)."""
+    """Planes reshaped to [Npad, K / group, *tail] (coarse planes unchanged)."""
     out = {}
     for name, tail in SPECS[qtype].views:
         p = planes[name]
