@@ -162,7 +162,7 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 @functools.cache
 def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
                  scaled: bool):
-    """Integer path: per step of gt groups, acc[t] [bn, gt, 1] += a * (dx * S + xo) + b * xs for each token t.
+    """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
 
     x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
     of the same view, e.g. a folded RMSNorm weight) or, with `prequant`, already quantized by
@@ -171,11 +171,16 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     split need not align to their columns (loading only a program's own columns as a block
     measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
 
-    Every tile is 3-D, [rows, groups, words]: per-group values as [bn, gt, 1], x as [1, gt, ...],
-    so they meet by size-1 broadcasts (int8_words, "Views"). S goes to f32 by a conversion
-    instruction: int8_words.exact_f32 measured no faster there (s13: Q5_0 19.48 vs 19.24 us)."""
+    Per-group values (fields, x scales, S, accumulators) are [bn, gt] tiles when x is quantized
+    here, [bn, gt, 1] (3-D, meeting the words by size-1 broadcasts; x loaded as [1, gt, ...]) when
+    it comes pre-quantized: measured on the H200 (docs/BENCHMARKS.md), 3-D tiles lift the
+    pre-quantized path (8 tokens, 4096 x 14336: Q4_K 35.2 vs 40.7 us) and slow the in-kernel one
+    (one token: Q5_0 22.0 vs 19.3, Q6_K 25.6 vs 22.3). S goes to f32 by a conversion instruction
+    (int8_words.exact_f32 measured no faster there: Q5_0 19.48 vs 19.24 us)."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
+    dims3 = prequant
+    col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)  # [r, gt] -> per-group shape
 
     def kernel(*refs):
         *in_refs, o_ref = refs
@@ -186,7 +191,7 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
 
         split_g0 = pl.program_id(1) * (n_steps * gt)  # this split's first group
 
-        def token_x(tok, g0):  # -> (x words per slot [1, gt, x_words], dx, xo, xsum [1, gt, 1])
+        def token_x(tok, g0):  # -> (x words per slot [1, gt, x_words], dx, xo, xsum [1, gt(, 1)])
             if prequant:
                 xw_ref, xsc_ref = x_refs
                 t1 = pl.ds(tok, 1)  # the token axis kept: x broadcasts over the rows as loaded
@@ -197,24 +202,24 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
             if scaled:
                 xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
             words, dx, xo, xsum = int8_words.quantize_slots(xs, spec.offset)
-            return [w[None] for w in words], dx[None, :, None], xo[None, :, None], xsum[None, :, None]
+            return [w[None] for w in words], dx[None], xo[None], xsum[None]
 
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
             t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
                  for name, tail in spec.views}  # [bn, gt, *tail]
-            groups = (split_g0 + g0 + lax.iota(jnp.int32, gt))[None, :, None]  # [1, gt, 1] absolute
-            rows = lax.iota(jnp.int32, bn)[:, None, None]
+            groups = col((split_g0 + g0 + lax.iota(jnp.int32, gt))[None, :])  # [1, gt(, 1)] absolute
+            rows = col(lax.iota(jnp.int32, bn)[:, None])
             for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
-                t[name] = coarse[name][rows, groups // per]  # [bn, gt, 1]
-            words, a, b = spec.fn(t, groups % 2)  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt, 1]
+                t[name] = coarse[name][rows, groups // per]  # [bn, gt(, 1)]
+            words, a, b = spec.fn(t, groups % 2)  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
-                xw, dx, xo, xsum = token_x(tok, g0)  # [1, gt, x_words] per slot; [1, gt, 1]
+                xw, dx, xo, xsum = token_x(tok, g0)  # [1, gt, x_words] per slot; [1, gt(, 1)]
                 s = jnp.zeros(words[0].shape, jnp.int32)
                 for w, x in zip(words, xw):
                     s = dot4(w, jnp.broadcast_to(x, w.shape), s)
-                v = jnp.sum(s, axis=-1, keepdims=True).astype(jnp.float32) * dx  # [bn, gt, 1]
+                v = jnp.sum(s, axis=-1, keepdims=dims3).astype(jnp.float32) * dx  # [bn, gt(, 1)]
                 if spec.offset:
                     v = v + xo
                 v = a * v
@@ -223,10 +228,11 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
                 out.append(accs[tok] + v)
             return tuple(out)
 
-        accs = tuple(jnp.zeros((bn, gt, 1), jnp.float32) for _ in range(ntp))
+        accs = tuple(jnp.zeros((bn, gt, 1) if dims3 else (bn, gt), jnp.float32) for _ in range(ntp))
         accs = tiles.k_steps(n_steps, step, accs)
         for tok in range(ntp):
-            o_ref[tok, :] = jnp.sum(jnp.sum(accs[tok], axis=2), axis=1)
+            acc = jnp.sum(accs[tok], axis=2) if dims3 else accs[tok]
+            o_ref[tok, :] = jnp.sum(acc, axis=1)
 
     return kernel
 
@@ -258,9 +264,9 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
         if scaled:
             x_ops += (int8_words.x_view(qtype, x_scale[None]),)  # [1, G, x_words, 4, x_slots]
             in_specs.append(pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0)))
-    wp = int8_words.word_planes(qtype, planes)
+    wp = int8_words.word_planes(qtype, planes, dims3=cfg.prequant)
     arrays = []
-    for name, tail in spec.views:
+    for name, tail in spec.view_tails(cfg.prequant):
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail))))
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group

@@ -17,12 +17,12 @@ or-ed in (the planes' field orders put them two ops away). x is laid out the sam
 step (`quantize_slots`), so both dp4a operands hold the same four weights.
 
 Views. A quant plane [Npad, K / wpc] of uint32 words is reshaped (free, outside the kernel) to
-[Npad, K / group, words per group], a per-group field to [Npad, K / group, 1]: every tile is
-three-dimensional, so a per-group value meets its group's words by a size-1 broadcast instead
-of an expand_dims (which the Triton lowering turns into a layout conversion through shared
-memory). Fields coarser than a group (K-quant super-block d, dmin; Q3_K's high-bit word shared
-by two groups) are gathered per group inside the kernel (`coarse`: plane -> groups per plane
-column), also to [bn, G, 1].
+[Npad, K / group, words per group] (always the first view), a per-group field to [Npad, K / group]
+(2-D tiles) or [Npad, K / group, 1] (3-D tiles: the value then meets its group's words by a size-1
+broadcast rather than an expand_dims; which the GEMV uses is measured, pallas/gemv.py). Fields
+coarser than a group (K-quant super-block d, dmin; Q3_K's high-bit word shared by two groups) are
+gathered per group inside the kernel (`coarse`: plane -> groups per plane column), to the same
+shape as the per-group fields.
 """
 
 from __future__ import annotations
@@ -47,11 +47,16 @@ class WordSpec:
     x_slots: int  # word tensors per group (byte permutations of the group's x)
     x_words: int  # words per group per slot
     offset: int  # added to the raw integers: value = a * (q + offset) + b
-    views: tuple[tuple[str, tuple[int, ...]], ...]  # plane -> trailing shape per group
-    coarse: tuple[tuple[str, int], ...]  # plane -> groups per plane column (gathered to [bn, G, 1])
-    # (tiles [bn, G, tail], parity [1, G, 1] int32: group index % 2) -> (slot words: x_slots
-    # tensors [bn, G, x_words] of int8x4, a [bn, G, 1] f32, b [bn, G, 1] f32 or None)
+    views: tuple[tuple[str, tuple[int, ...]], ...]  # plane -> words per group (first: the quants; then fields)
+    coarse: tuple[tuple[str, int], ...]  # plane -> groups per plane column (gathered per group)
+    # (tiles, parity int32 (group index % 2) of the per-group shape) -> (slot words: x_slots
+    # tensors [bn, G, x_words] of int8x4, a f32, b f32 or None), per-group values (fields, parity,
+    # a, b) [bn, G] for 2-D tiles or [bn, G, 1] for 3-D ones
     fn: Callable = dataclasses.field(compare=False)
+
+    def view_tails(self, dims3: bool) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """(plane, trailing tile shape) for 2-D or 3-D per-group tiles."""
+        return tuple((name, tail if i == 0 else ((1,) if dims3 else ())) for i, (name, tail) in enumerate(self.views))
 
 
 # Exact int <-> f32 without the conversion instructions (I2F / F2I / FRND run at a quarter of
@@ -73,8 +78,17 @@ def round_to_int(v: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(v + F32(MAGIC), jnp.int32) - jnp.int32(MAGIC_BITS)
 
 
+EXACT_INT = True  # probe switch (tools): False = plain conversion instructions, floor(v + 0.5) rounding
+
+
 def _f(v):
-    return exact_f32(v) if jnp.issubdtype(v.dtype, jnp.integer) else v.astype(F32)
+    return exact_f32(v) if EXACT_INT and jnp.issubdtype(v.dtype, jnp.integer) else v.astype(F32)
+
+
+def _col(v):
+    """A per-group value as a column beside its group's words: [bn, G] -> [bn, G, 1] (2-D tiles;
+    3-D tiles already are)."""
+    return v if v.ndim == 3 else v[..., None]
 
 
 def _shift_iota(n, scale):
@@ -85,9 +99,10 @@ def _nibbles(w):  # [bn, G, 4] nibble words -> (even weights, odd weights) as in
     return w & M4, (w >> 4) & M4
 
 
-def _q5_high(h):
-    """qh [bn, G, 1] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd) [bn, G, 4]."""
+def _q5_high(qh):
+    """qh [bn, G(, 1)] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd) [bn, G, 4]."""
     j = lax.iota(jnp.uint32, 4)
+    h = _col(qh)
     return (h << (4 - j)) & 0x10101010, (h >> j) & 0x10101010
 
 
@@ -130,10 +145,10 @@ def _q5_k(t, parity):
 
 
 def _q6_k(t, parity):
-    # ql [bn, G, 2] nibble words; qh [bn, G, 1] (planes._q6h_order): nibble word j's high pairs at
-    # bits 8b + 4j (even weights) and 8b + 4j + 2 (odd)
+    # ql [bn, G, 2] nibble words; qh [bn, G(, 1)] (planes._q6h_order): nibble word j's high pairs
+    # at bits 8b + 4j (even weights) and 8b + 4j + 2 (odd)
     lo, hi = _nibbles(t["ql"])
-    h = t["qh"] >> _shift_iota(2, 4)  # [bn, G, 2]
+    h = _col(t["qh"]) >> _shift_iota(2, 4)  # [bn, G, 2]
     words = [lo | ((h << 4) & 0x30303030), hi | ((h << 2) & 0x30303030)]
     return words, _f(t["d"]) * _f(t["sc"]), None
 
@@ -144,29 +159,29 @@ def _crumbs(qs):  # [bn, G, 1] 2-bit words -> 4 slots [bn, G, 1]: bit pair s of 
 
 def _q2_k(t, parity):
     sc = t["sc"].astype(jnp.int32)
-    return _crumbs(t["qs"]), _f(t["d"]) * exact_f32(sc & 15), -(_f(t["dmin"]) * exact_f32(sc >> 4))
+    return _crumbs(t["qs"]), _f(t["d"]) * _f(sc & 15), -(_f(t["dmin"]) * _f(sc >> 4))
 
 
 def _q3_k(t, parity):
-    # qh [bn, G, 1] (gathered: one word per two groups, planes._q3h_order): group parity i's high
-    # bit of slot s at bit 8b + 4i + s
-    base = t["qh"] >> (4 * parity).astype(jnp.uint32)  # [bn, G, 1]
+    # qh [bn, G(, 1)] (gathered: one word per two groups, planes._q3h_order): group parity i's
+    # high bit of slot s at bit 8b + 4i + s
+    base = _col(t["qh"] >> (4 * parity).astype(jnp.uint32))  # [bn, G, 1]
     words = [w | (((base >> s) & 0x01010101) << 2) for s, w in enumerate(_crumbs(t["qs"]))]
     return words, _f(t["d"]) * _f(t["sc"]), None
 
 
 SPECS: dict[QType, WordSpec] = {
-    QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", (1,))), (), _q8_0),
-    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", (1,))), (), _q4_0),
-    QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", (1,)), ("m", (1,))), (), _q4_1),
-    QType.Q5_0: WordSpec(32, 2, 4, -16, (("qs", (4,)), ("qh", (1,)), ("d", (1,))), (), _q5_0),
-    QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", (1,)), ("d", (1,)), ("m", (1,))), (), _q5_1),
-    QType.Q4_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("sc", (1,)), ("m", (1,))), (("d", 8), ("dmin", 8)), _q4_k),
-    QType.Q5_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", (1,)), ("sc", (1,)), ("m", (1,))), (("d", 8), ("dmin", 8)),
+    QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", ())), (), _q8_0),
+    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0),
+    QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", ()), ("m", ())), (), _q4_1),
+    QType.Q5_0: WordSpec(32, 2, 4, -16, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0),
+    QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ()), ("m", ())), (), _q5_1),
+    QType.Q4_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)), _q4_k),
+    QType.Q5_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)),
                          _q5_k),
-    QType.Q6_K: WordSpec(16, 2, 2, -32, (("ql", (2,)), ("qh", (1,)), ("sc", (1,))), (("d", 16),), _q6_k),
-    QType.Q3_K: WordSpec(16, 4, 1, -4, (("qs", (1,)), ("sc", (1,))), (("qh", 2), ("d", 16)), _q3_k),
-    QType.Q2_K: WordSpec(16, 4, 1, 0, (("qs", (1,)), ("sc", (1,))), (("d", 16), ("dmin", 16)), _q2_k),
+    QType.Q6_K: WordSpec(16, 2, 2, -32, (("ql", (2,)), ("qh", ()), ("sc", ())), (("d", 16),), _q6_k),
+    QType.Q3_K: WordSpec(16, 4, 1, -4, (("qs", (1,)), ("sc", ())), (("qh", 2), ("d", 16)), _q3_k),
+    QType.Q2_K: WordSpec(16, 4, 1, 0, (("qs", (1,)), ("sc", ())), (("d", 16), ("dmin", 16)), _q2_k),
 }
 
 
@@ -218,11 +233,12 @@ def quantize_slots(xs: list[jax.Array], offset: int):
     shifts = (lax.iota(jnp.int32, 4) * 8)[None, None, :]
     words, sum_q = [], 0
     for v in xs:
-        q = round_to_int(v * inv)  # |q| <= 127: |v| * 127 / amax <= 127
+        # |q| <= 127: |v| * 127 / amax <= 127
+        q = round_to_int(v * inv) if EXACT_INT else jnp.floor(v * inv + 0.5).astype(jnp.int32)
         sum_q = sum_q + rows(q, jnp.sum)
         words.append(jnp.sum((q & 0xFF) << shifts, axis=-1))  # [G, W]; disjoint bytes, so sum == or
     dx = amax / 127.0
-    return words, dx, offset * dx * exact_f32(sum_q), xsum
+    return words, dx, offset * dx * _f(sum_q), xsum
 
 
 def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -240,10 +256,10 @@ def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return xw, xsc
 
 
-def word_planes(qtype: QType, planes) -> dict[str, jax.Array]:
+def word_planes(qtype: QType, planes, dims3: bool = False) -> dict[str, jax.Array]:
     """Planes reshaped to [Npad, K / group, *tail] (coarse planes unchanged)."""
     out = {}
-    for name, tail in SPECS[qtype].views:
+    for name, tail in SPECS[qtype].view_tails(dims3):
         p = planes[name]
         out[name] = p.reshape(p.shape[0], -1, *tail)
     for name, _ in SPECS[qtype].coarse:
