@@ -108,8 +108,16 @@ def test_gemv_one_token_config_is_one_step_per_program():
     assert (cfg.bn, cfg.bk, cfg.splits) == (32, 16 * 32, 37)
     cfg = gemv.choose_config(QType.Q6_K, 4096, 14336, 1)  # 16-weight groups: 32 of them per step
     assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (16, 32 * 16, 28, False)
-    cfg = gemv.choose_config(QType.Q4_0, 4096, 14336, 8)  # several tokens: one step too, x quantized before
+    cfg = gemv.choose_config(QType.Q8_0, 4096, 14336, 8)  # several tokens: one step too, x quantized before
     assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (32, 16 * 32, 28, True)
+    cfg = gemv.choose_config(QType.Q4_0, 4096, 14336, 8)  # measured exceptions: 64 rows ...
+    assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (64, 16 * 32, 28, True)
+    cfg = gemv.choose_config(QType.Q4_K, 4096, 14336, 8)  # ... or 4 steps per program
+    assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (32, 16 * 32, 7, True)
+    cfg = gemv.choose_config(QType.Q4_K, 896, 896, 8)  # 0.5B: 7 chunks, no power-of-two step count
+    assert (cfg.bk, cfg.splits) == (128, 7)
+    cfg = gemv.choose_config(QType.Q4_K, 896, 4864, 8)  # 19 chunks: one step each
+    assert (cfg.bk, cfg.splits) == (256, 19)
     cfg = gemv.choose_config(QType.Q8_0, 151936, 896, 1)  # the 0.5B head: 4748 row programs x 7 > cap
     assert cfg.splits == 1
 

@@ -61,6 +61,13 @@ INT8_MAX_PROGRAMS = 16384
 # 25.3 (Q6_K 25.5 vs 24.5). One token in the whole model: 0.5B tg128 761 vs 1066 tok/s (one more
 # launch per matmul).
 PREQUANT_MIN_NT = 3
+# Pre-quantized x (nt >= PREQUANT_MIN_NT), 4096 x 14336, 8 tokens (H200, docs/BENCHMARKS.md):
+# formats whose per-group values run as 3-D tiles (Q4_0 33.8 vs 40.1 us, Q4_K 35.2 vs 46.1; the
+# others spill: Q5_0 87.8 vs 43.9, Q6_K 122.8 vs 44.8, Q8_0 248.6 vs 43.1), and tiles that differ
+# from the default 32 rows x one step: Q4_0 64 rows (32.5 vs 33.8), Q4_K 4 steps (32.1 vs 35.2).
+PREQUANT_3D = frozenset({QType.Q4_0, QType.Q4_K})
+PREQUANT_ROWS = {QType.Q4_0: 64}
+PREQUANT_STEPS = {QType.Q4_K: 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +110,14 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
     if qtype in int8_words.SPECS:
         group = int8_words.SPECS[qtype].group
         gt = tiles.pow2_divisor(k // group, INT8_STEP_WEIGHTS // group)
+        prequant = nt >= PREQUANT_MIN_NT
         bn = INT8_BN_ONE_TOKEN[group] if nt == 1 else INT8_BN_TOKENS
-        return GemvConfig(bn=bn, bk=gt * group, splits=_one_step_splits(k // (gt * group), npad // bn),
-                          prequant=nt >= PREQUANT_MIN_NT)
+        chunks, steps = k // (gt * group), 1
+        if prequant:
+            bn = min(PREQUANT_ROWS.get(qtype, bn), npad)
+            steps = tiles.pow2_divisor(chunks, PREQUANT_STEPS.get(qtype, 1))
+        splits = _one_step_splits(chunks // steps, npad // bn)
+        return GemvConfig(bn=bn, bk=gt * group, splits=splits, prequant=prequant)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
     return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
@@ -171,15 +183,15 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     split need not align to their columns (loading only a program's own columns as a block
     measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
 
-    Per-group values (fields, x scales, S, accumulators) are [bn, gt] tiles when x is quantized
-    here, [bn, gt, 1] (3-D, meeting the words by size-1 broadcasts; x loaded as [1, gt, ...]) when
-    it comes pre-quantized: measured on the H200 (docs/BENCHMARKS.md), 3-D tiles lift the
-    pre-quantized path (8 tokens, 4096 x 14336: Q4_K 35.2 vs 40.7 us) and slow the in-kernel one
-    (one token: Q5_0 22.0 vs 19.3, Q6_K 25.6 vs 22.3). S goes to f32 by a conversion instruction
-    (int8_words.exact_f32 measured no faster there: Q5_0 19.48 vs 19.24 us)."""
+    Per-group values (fields, x scales, S, accumulators) are [bn, gt] tiles, or [bn, gt, 1] (3-D,
+    meeting the words by size-1 broadcasts) for PREQUANT_3D formats when x comes pre-quantized:
+    measured on the H200 (docs/BENCHMARKS.md), 3-D tiles lift Q4_0 / Q4_K there (8 tokens, 4096 x
+    14336: Q4_K 35.2 vs 40.7 us), spill registers for the other formats and slow the in-kernel
+    path (one token: Q5_0 22.0 vs 19.3, Q6_K 25.6 vs 22.3). S goes to f32 by a conversion
+    instruction (int8_words.exact_f32 measured no faster there: Q5_0 19.48 vs 19.24 us)."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
-    dims3 = prequant
+    dims3 = prequant and qtype in PREQUANT_3D
     col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)  # [r, gt] -> per-group shape
 
     def kernel(*refs):
@@ -196,7 +208,9 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
                 xw_ref, xsc_ref = x_refs
                 t1 = pl.ds(tok, 1)  # the token axis kept: x broadcasts over the rows as loaded
                 words = [xw_ref[t1, pl.ds(g0, gt), slot, :] for slot in range(spec.x_slots)]
-                return (words, *(xsc_ref[t1, c, pl.ds(g0, gt), :] for c in range(3)))
+                if dims3:
+                    return (words, *(xsc_ref[t1, c, pl.ds(g0, gt), :] for c in range(3)))
+                return (words, *(xsc_ref[tok, c, pl.ds(g0, gt), 0][None] for c in range(3)))
             # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
             xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
             if scaled:
@@ -264,9 +278,10 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
         if scaled:
             x_ops += (int8_words.x_view(qtype, x_scale[None]),)  # [1, G, x_words, 4, x_slots]
             in_specs.append(pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0)))
-    wp = int8_words.word_planes(qtype, planes, dims3=cfg.prequant)
+    dims3 = cfg.prequant and qtype in PREQUANT_3D
+    wp = int8_words.word_planes(qtype, planes, dims3=dims3)
     arrays = []
-    for name, tail in spec.view_tails(cfg.prequant):
+    for name, tail in spec.view_tails(dims3):
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail))))
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
