@@ -188,7 +188,8 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     measured on the H200 (docs/BENCHMARKS.md), 3-D tiles lift Q4_0 / Q4_K there (8 tokens, 4096 x
     14336: Q4_K 35.2 vs 40.7 us), spill registers for the other formats and slow the in-kernel
     path (one token: Q5_0 22.0 vs 19.3, Q6_K 25.6 vs 22.3). S goes to f32 by a conversion
-    instruction (int8_words.exact_f32 measured no faster there: Q5_0 19.48 vs 19.24 us)."""
+    instruction (exact int -> f32 by the 1.5 * 2^23 trick measured no faster there: Q5_0 19.48 vs
+    19.24 us)."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
     dims3 = prequant and qtype in PREQUANT_3D
@@ -206,16 +207,18 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
         def token_x(tok, g0):  # -> (x words per slot [1, gt, x_words], dx, xo, xsum [1, gt(, 1)])
             if prequant:
                 xw_ref, xsc_ref = x_refs
-                t1 = pl.ds(tok, 1)  # the token axis kept: x broadcasts over the rows as loaded
-                words = [xw_ref[t1, pl.ds(g0, gt), slot, :] for slot in range(spec.x_slots)]
-                if dims3:
+                if dims3:  # the token axis kept: x broadcasts over the rows as loaded
+                    t1 = pl.ds(tok, 1)
+                    words = [xw_ref[t1, pl.ds(g0, gt), slot, :] for slot in range(spec.x_slots)]
                     return (words, *(xsc_ref[t1, c, pl.ds(g0, gt), :] for c in range(3)))
+                # 2-D tiles: [1, gt, ...] slices measured far slower for Q8_0 (248 vs 43 us)
+                words = [xw_ref[tok, pl.ds(g0, gt), slot, :][None] for slot in range(spec.x_slots)]
                 return (words, *(xsc_ref[tok, c, pl.ds(g0, gt), 0][None] for c in range(3)))
             # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
             xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
             if scaled:
                 xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
-            words, dx, xo, xsum = int8_words.quantize_slots(xs, spec.offset)
+            words, dx, xo, xsum = int8_words.quantize_slots(xs, spec.offset, spec.exact_round)
             return [w[None] for w in words], dx[None], xo[None], xsum[None]
 
         def step(j, accs):

@@ -53,29 +53,30 @@ class WordSpec:
     # tensors [bn, G, x_words] of int8x4, a f32, b f32 or None), per-group values (fields, parity,
     # a, b) [bn, G] for 2-D tiles or [bn, G, 1] for 3-D ones
     fn: Callable = dataclasses.field(compare=False)
+    exact_round: bool = True  # x rounded by round_to_int (else floor(v + 0.5) by conversions)
 
     def view_tails(self, dims3: bool) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """(plane, trailing tile shape) for 2-D or 3-D per-group tiles."""
         return tuple((name, tail if i == 0 else ((1,) if dims3 else ())) for i, (name, tail) in enumerate(self.views))
 
 
-# Exact int -> f32 without a conversion instruction (I2F runs at a quarter of the FP32 rate on
-# sm_90): for |i| < 2^22 the float MAGIC + i is exact and its bits are MAGIC_BITS + i (ulp 1 in
-# [2^23, 2^24)). Bit-identical on every backend (an integer add and an IEEE f32 subtract).
+# x rounding without conversion instructions (F2I / FRND run at a quarter of the FP32 rate on
+# sm_90): for |v| < 2^22, v + 1.5 * 2^23 lands in [2^23, 2^24), where the f32 ulp is 1, so the add
+# rounds v to the nearest integer (ties to even) and the low mantissa bits hold it. Bit-identical
+# on every backend (an IEEE f32 add and an integer subtract). Measured per format (H200, one
+# token, 4096 x 14336, vs floor(v + 0.5) by conversion instructions): Q4_K 15.6 vs 16.1 us, Q5_K
+# 22.4 vs 24.1, Q8_0 19.8 vs 20.3, but Q4_0 13.8 vs 12.7: WordSpec.exact_round.
 MAGIC = 12582912.0  # 1.5 * 2^23
 MAGIC_BITS = 0x4B400000
 
 
-def exact_f32(i: jax.Array) -> jax.Array:
-    """int32 |i| < 2^22 (any integer dtype that fits) -> f32, exactly."""
-    i = i.astype(jnp.int32) + jnp.int32(MAGIC_BITS)
-    return lax.bitcast_convert_type(i, F32) - F32(MAGIC)
+def round_to_int(v: jax.Array) -> jax.Array:
+    """f32 |v| < 2^22 -> int32, rounded to nearest, ties to even."""
+    return lax.bitcast_convert_type(v + F32(MAGIC), jnp.int32) - jnp.int32(MAGIC_BITS)
 
 
 def _f(v):
-    """A weight field to f32: integer fields (K-quant sub-scales, mins) by exact_f32 (H200, one token,
-    4096 x 14336: Q4_K 15.6 vs 16.1 us, Q5_K 22.4 vs 24.1; docs/BENCHMARKS.md)."""
-    return exact_f32(v) if jnp.issubdtype(v.dtype, jnp.integer) else v.astype(F32)
+    return v.astype(F32)
 
 
 def _col(v):
@@ -165,7 +166,7 @@ def _q3_k(t, parity):
 
 SPECS: dict[QType, WordSpec] = {
     QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", ())), (), _q8_0),
-    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0),
+    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0, exact_round=False),
     QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", ()), ("m", ())), (), _q4_1),
     QType.Q5_0: WordSpec(32, 2, 4, -16, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0),
     QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ()), ("m", ())), (), _q5_1),
@@ -202,9 +203,10 @@ def x_view(qtype: QType, x: jax.Array) -> jax.Array:
     return x.astype(F32).reshape(nt, k // spec.group, spec.x_words, 4, spec.x_slots)
 
 
-def quantize_slots(xs: list[jax.Array], offset: int):
+def quantize_slots(xs: list[jax.Array], offset: int, exact_round: bool = True):
     """One token's x of G groups, split by slot (each [G, x_words, 4] f32) -> int8 per group of the
-    format (scale dx = max|x| / 127, like llama.cpp's q8_1 but per scale group; rounded half up):
+    format (scale dx = max|x| / 127, like llama.cpp's q8_1 but per scale group; rounded to nearest,
+    ties to even with exact_round, else half up):
 
     words  x_slots tensors [G, x_words] int32: int8x4 words, byte b = the value at [g, w, b]
     dx     [G] f32
@@ -225,9 +227,8 @@ def quantize_slots(xs: list[jax.Array], offset: int):
     shifts = (lax.iota(jnp.int32, 4) * 8)[None, None, :]
     words, sum_q = [], 0
     for v in xs:
-        # |q| <= 127: |v| * 127 / amax <= 127. Conversion instructions: rounding by adding 1.5 * 2^23
-        # measured slower here (Q4_0 one token 13.8 vs 12.7 us)
-        q = jnp.floor(v * inv + 0.5).astype(jnp.int32)
+        # |q| <= 127: |v| * 127 / amax <= 127
+        q = round_to_int(v * inv) if exact_round else jnp.floor(v * inv + 0.5).astype(jnp.int32)
         sum_q = sum_q + rows(q, jnp.sum)
         words.append(jnp.sum((q & 0xFF) << shifts, axis=-1))  # [G, W]; disjoint bytes, so sum == or
     dx = amax / 127.0
@@ -243,7 +244,8 @@ def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     nt, k = x.shape
     g = k // spec.group
     xv = x_view(qtype, x).reshape(nt * g, spec.x_words, 4, spec.x_slots)
-    words, dx, xo, xsum = quantize_slots([xv[..., s] for s in range(spec.x_slots)], spec.offset)
+    words, dx, xo, xsum = quantize_slots([xv[..., s] for s in range(spec.x_slots)], spec.offset,
+                                         spec.exact_round)
     xw = jnp.stack(words, axis=1).reshape(nt, g, spec.x_slots, spec.x_words)
     xsc = jnp.stack([dx, xo, xsum, jnp.zeros_like(dx)], axis=0).reshape(4, nt, g, 1).transpose(1, 0, 2, 3)
     return xw, xsc
@@ -271,7 +273,8 @@ def int8_dot_reference(x: jax.Array, planes, *, qtype: QType, n_out: int) -> jax
     q = (q[:n_out] - spec.offset).reshape(n_out, g, spec.group)  # raw integers, as the kernel multiplies them
     ys = []
     for t in range(nt):
-        words, dx, xo, xsum = quantize_slots([xv[t, ..., s] for s in range(spec.x_slots)], spec.offset)
+        words, dx, xo, xsum = quantize_slots([xv[t, ..., s] for s in range(spec.x_slots)], spec.offset,
+                                             spec.exact_round)
         xq = lax.bitcast_convert_type(jnp.stack(words, axis=0), jnp.int8)  # [S, G, W, 4]
         xq = xq.transpose(1, 2, 3, 0).reshape(g, spec.group).astype(jnp.int32)  # natural order in the group
         s = jnp.einsum("gk,ngk->ng", xq, q, preferred_element_type=jnp.int32).astype(F32)  # [N, G]
