@@ -55,9 +55,13 @@ class WordSpec:
     fn: Callable = dataclasses.field(compare=False)
     exact_round: bool = True  # x rounded by round_to_int (else floor(v + 0.5) by conversions)
 
-    def view_tails(self, dims3: bool) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        """(plane, trailing tile shape) for 2-D or 3-D per-group tiles."""
-        return tuple((name, tail if i == 0 else ((1,) if dims3 else ())) for i, (name, tail) in enumerate(self.views))
+    def view_tails(self, dims3: bool, flat_words: bool = False) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """(plane, trailing tile shape) for 2-D or 3-D per-group tiles; flat_words: one-word quant
+        views (Q2_K, Q3_K) as [bn, G] too."""
+        def words_tail(tail):
+            return () if flat_words and tail == (1,) else tail
+        return tuple((name, words_tail(tail) if i == 0 else ((1,) if dims3 else ()))
+                     for i, (name, tail) in enumerate(self.views))
 
 
 # x rounding without conversion instructions (F2I / FRND run at a quarter of the FP32 rate on
@@ -147,8 +151,8 @@ def _q6_k(t, parity):
     return words, _f(t["d"]) * _f(t["sc"]), None
 
 
-def _crumbs(qs):  # [bn, G, 1] 2-bit words -> 4 slots [bn, G, 1]: bit pair s of every byte
-    return [(qs >> (2 * s)) & M2 for s in range(4)]
+def _crumbs(qs):  # [bn, G(, 1)] 2-bit words -> 4 slots [bn, G, 1]: bit pair s of every byte
+    return [(_col(qs) >> (2 * s)) & M2 for s in range(4)]
 
 
 def _q2_k(t, parity):
@@ -251,10 +255,10 @@ def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return xw, xsc
 
 
-def word_planes(qtype: QType, planes, dims3: bool = False) -> dict[str, jax.Array]:
+def word_planes(qtype: QType, planes, dims3: bool = False, flat_words: bool = False) -> dict[str, jax.Array]:
     """Planes reshaped to [Npad, K / group, *tail] (coarse planes unchanged)."""
     out = {}
-    for name, tail in SPECS[qtype].view_tails(dims3):
+    for name, tail in SPECS[qtype].view_tails(dims3, flat_words):
         p = planes[name]
         out[name] = p.reshape(p.shape[0], -1, *tail)
     for name, _ in SPECS[qtype].coarse:
