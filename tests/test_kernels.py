@@ -102,6 +102,21 @@ def test_gemv_k_split_inside_super_blocks(qtype, nt):
           gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
 
 
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q4_0, QType.Q3_K])
+def test_gemv_prequantized_tile_rules(qtype):
+    """The measured per-format rules for several tokens run as chosen: Q4_K's 4 steps per program
+    (a K loop over 3-D tiles), Q4_0's 64 rows, Q3_K's flat one-word quant views."""
+    n, k, nt = 136, 4096, 3
+    cfg = gemv.choose_config(qtype, n, k, nt)
+    assert cfg.prequant
+    if qtype == QType.Q4_K:
+        assert k // cfg.splits // cfg.bk == 4  # steps per program
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(5), (nt, k))
+    check(gemv.gemv(x, w, qtype=qtype, n_out=n, interpret=True), gemv.gemv_reference(x, w, qtype=qtype, n_out=n),
+          qtype)
+
+
 def test_gemv_one_token_config_is_one_step_per_program():
     """One token: K split into single-step chunks (7B ffn_down, K = 18944: 37 splits), capped in programs."""
     cfg = gemv.choose_config(QType.Q4_K, 3584, 18944, 1)

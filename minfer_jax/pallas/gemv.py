@@ -61,9 +61,9 @@ INT8_MAX_PROGRAMS = 16384
 # 25.3 (Q6_K 25.5 vs 24.5). One token in the whole model: 0.5B tg128 761 vs 1066 tok/s (one more
 # launch per matmul).
 PREQUANT_MIN_NT = 3
-# Pre-quantized x (nt >= PREQUANT_MIN_NT), 4096 x 14336, 8 tokens (H200, docs/BENCHMARKS.md):
-# formats whose per-group values run as 3-D tiles (Q4_0 33.8 vs 40.1 us, Q4_K 35.2 vs 46.1; the
-# others spill: Q5_0 87.8 vs 43.9, Q6_K 122.8 vs 44.8, Q8_0 248.6 vs 43.1), and tiles that differ
+# Pre-quantized x (nt >= PREQUANT_MIN_NT), 4096 x 14336, 8 tokens (H200, docs/BENCHMARKS.md, vs the
+# 2-D tiles of 700604b): formats whose per-group values run as 3-D tiles (Q4_0 33.8 vs 40.1 us,
+# Q4_K 35.2 vs 46.1; the others spill: Q5_0 87.8 vs 43.9, Q6_K 122.8 vs 44.8), and tiles that differ
 # from the default 32 rows x one step: Q4_0 64 rows (32.5 vs 33.8), Q4_K 4 steps (32.1 vs 35.2).
 PREQUANT_3D = frozenset({QType.Q4_0, QType.Q4_K})
 PREQUANT_ROWS = {QType.Q4_0: 64}
@@ -173,7 +173,7 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 @functools.cache
 def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
-                 scaled: bool, flat: bool = False):
+                 scaled: bool, dims3: bool, flat: bool):
     """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
 
     x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
@@ -183,16 +183,16 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     split need not align to their columns (loading only a program's own columns as a block
     measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
 
-    Per-group values (fields, x scales, S, accumulators) are [bn, gt] tiles, or [bn, gt, 1] (3-D,
-    meeting the words by size-1 broadcasts) for PREQUANT_3D formats when x comes pre-quantized:
-    measured on the H200 (docs/BENCHMARKS.md), 3-D tiles lift Q4_0 / Q4_K there (8 tokens, 4096 x
-    14336: Q4_K 35.2 vs 40.7 us), spill registers for the other formats and slow the in-kernel
-    path (one token: Q5_0 22.0 vs 19.3, Q6_K 25.6 vs 22.3). S goes to f32 by a conversion
+    Per-group values (fields, x scales, S, accumulators) are [bn, gt] tiles, or with `dims3`
+    [bn, gt, 1] (meeting the words by size-1 broadcasts; PREQUANT_3D formats when x comes
+    pre-quantized, see _tile_shapes); `flat`: one-word quant views as [bn, gt] too. Measured on
+    the H200 (docs/BENCHMARKS.md): 3-D tiles lift Q4_0 / Q4_K there (8 tokens, 4096 x 14336: Q4_K
+    35.2 vs 40.7 us), spill registers for the other formats and slow the in-kernel path (one
+    token: Q5_0 22.0 vs 19.3, Q6_K 25.6 vs 22.3). S goes to f32 by a conversion
     instruction (exact int -> f32 by the 1.5 * 2^23 trick measured no faster there: Q5_0 19.48 vs
     19.24 us)."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
-    dims3 = prequant and qtype in PREQUANT_3D
     col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)  # [r, gt] -> per-group shape
 
     def kernel(*refs):
@@ -254,6 +254,14 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     return kernel
 
 
+def _tile_shapes(qtype: QType, prequant: bool) -> tuple[bool, bool]:
+    """(dims3, flat): per-group values as [bn, gt, 1] tiles (PREQUANT_3D formats, pre-quantized x);
+    one-word quant views (Q2_K, Q3_K) as [bn, gt] on the other pre-quantized kernels (8 tokens:
+    Q3_K 40.8 vs 65.7 us as [bn, gt, 1]; one token keeps [bn, gt, 1]: Q3_K 17.4 vs 22.0)."""
+    dims3 = prequant and qtype in PREQUANT_3D
+    return dims3, prequant and not dims3
+
+
 def _row_block_index(n_tail: int, i, s):
     return (i, s) + (0,) * n_tail
 
@@ -281,10 +289,7 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
         if scaled:
             x_ops += (int8_words.x_view(qtype, x_scale[None]),)  # [1, G, x_words, 4, x_slots]
             in_specs.append(pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0)))
-    dims3 = cfg.prequant and qtype in PREQUANT_3D
-    # 2-D pre-quantized tiles: the one-word quant views of Q2_K / Q3_K as [bn, gt] as well (8 tokens:
-    # Q3_K 40.8 vs 65.7 us as [bn, gt, 1]; one token keeps [bn, gt, 1]: Q3_K 17.4 vs 22.0)
-    flat = cfg.prequant and not dims3
+    dims3, flat = _tile_shapes(qtype, cfg.prequant)
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     arrays = []
     for name, tail in spec.view_tails(dims3, flat):
@@ -293,7 +298,7 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled, flat)
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled, dims3, flat)
     return _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 

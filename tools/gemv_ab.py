@@ -1,0 +1,69 @@
+"""GPU: A/B the decode GEMV of the working tree against the one of a git revision, in one process.
+
+usage: python tools/gemv_ab.py --base 700604b [--case QTYPE:N:K:NT ...] [--reps 20]
+
+Machines lent for the H200 differ by up to ~8 % in these kernel times, so a change is only judged
+against a baseline timed on the same machine in the same run. The base revision's
+`pallas/gemv.py` and `quant/int8_words.py` are extracted with `git show` into a temporary package
+(the rest of minfer_jax is shared: planes, tiles, the reference); every case is timed by
+kernel_bench.run_case (device timeline) for base and new, each checked against the working
+tree's reference. Not part of the package.
+"""
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+
+from minfer_jax import kernel_bench as KB
+from minfer_jax.pallas import gemv as G
+from minfer_jax.quant.planes import QType
+
+DEFAULT_CASES = ["Q4_0:4096:14336:1", "Q5_0:4096:14336:1", "Q4_K:4096:14336:1", "Q6_K:4096:14336:1",
+                 "Q8_0:4096:14336:1", "Q4_0:4096:14336:8", "Q4_K:4096:14336:8"]
+
+
+def load_base(rev: str, root: str = "."):
+    """The gemv module of `rev` (with that revision's int8_words) as a fresh module object."""
+    pkg = tempfile.mkdtemp(prefix="gemv_ab_")
+    name = "gemv_ab_base"
+    os.makedirs(os.path.join(pkg, name))
+    for src, dst in (("minfer_jax/pallas/gemv.py", "gemv.py"), ("minfer_jax/quant/int8_words.py", "int8_words.py")):
+        text = subprocess.run(["git", "-C", root, "show", f"{rev}:{src}"], check=True, capture_output=True,
+                              text=True).stdout
+        text = text.replace("from minfer_jax.quant import int8_words", f"from {name} import int8_words")
+        with open(os.path.join(pkg, name, dst), "w") as fh:
+            fh.write(text)
+    open(os.path.join(pkg, name, "__init__.py"), "w").close()
+    sys.path.insert(0, pkg)
+    return importlib.import_module(f"{name}.gemv")
+
+
+def parse_case(text: str):
+    q, n, k, nt = text.split(":")
+    return QType[q], int(n), int(k), int(nt)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="git revision to compare against")
+    ap.add_argument("--case", action="append", default=None, metavar="QTYPE:N:K:NT")
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    base = load_base(a.base)
+    for qt, n, k, nt in map(parse_case, a.case or DEFAULT_CASES):
+        for tag, mod in (("base", base), ("new", G)):
+            f = lambda x, w, mod=mod: mod.gemv(x, w, qtype=qt, n_out=n)  # noqa: E731
+            r = lambda x, w: G.gemv_reference(x, w, qtype=qt, n_out=n)  # noqa: E731
+            try:
+                res = KB.run_case(qt, n, k, nt, f, r, impl="gemv", reps=a.reps)
+                print(f"{tag:4s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} GB/s "
+                      f"err={res.rel_err:.1e} {mod.choose_config(qt, n, k, nt)}", flush=True)
+            except Exception as e:  # noqa: BLE001 - one failing lowering must not hide the rest
+                print(f"{tag} {qt.name} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:800]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
