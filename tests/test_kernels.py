@@ -103,18 +103,20 @@ def test_gemv_k_split_inside_super_blocks(qtype, nt):
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q4_0, QType.Q3_K])
-def test_gemv_prequantized_tile_rules(qtype):
-    """The measured per-format rules for several tokens run as chosen: Q4_K's 4 steps per program
-    (a K loop over 3-D tiles), Q4_0's 64 rows, Q3_K's flat one-word quant views."""
+def test_gemv_prequantized_tile_shapes(qtype):
+    """The tiles of the measured several-token rules, on a small matrix: Q4_K 4 steps per program
+    (a K loop over 3-D tiles), Q4_0 64 rows of 3-D tiles, Q3_K flat one-word quant views."""
     n, k, nt = 136, 4096, 3
     cfg = gemv.choose_config(qtype, n, k, nt)
     assert cfg.prequant
     if qtype == QType.Q4_K:
-        assert k // cfg.splits // cfg.bk == 4  # steps per program
+        cfg = dataclasses.replace(cfg, splits=k // cfg.bk // 4)
+    if qtype == QType.Q4_0:
+        cfg = dataclasses.replace(cfg, bn=64)
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(5), (nt, k))
-    check(gemv.gemv(x, w, qtype=qtype, n_out=n, interpret=True), gemv.gemv_reference(x, w, qtype=qtype, n_out=n),
-          qtype)
+    check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True),
+          gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
 
 
 def test_gemv_one_token_config_is_one_step_per_program():
@@ -133,6 +135,10 @@ def test_gemv_one_token_config_is_one_step_per_program():
     assert (cfg.bk, cfg.splits) == (128, 7)
     cfg = gemv.choose_config(QType.Q4_K, 896, 4864, 8)  # 19 chunks: one step each
     assert (cfg.bk, cfg.splits) == (256, 19)
+    cfg = gemv.choose_config(QType.Q4_K, 2048, 2048, 8)  # too few programs for 4 steps (3B shapes)
+    assert (cfg.bn, cfg.splits) == (32, 4)
+    cfg = gemv.choose_config(QType.Q4_0, 896, 896, 3)  # ... or for 64 rows
+    assert (cfg.bn, cfg.splits) == (32, 7)
     cfg = gemv.choose_config(QType.Q8_0, 151936, 896, 1)  # the 0.5B head: 4748 row programs x 7 > cap
     assert cfg.splits == 1
 

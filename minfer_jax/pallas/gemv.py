@@ -65,9 +65,13 @@ PREQUANT_MIN_NT = 3
 # 2-D tiles of 700604b): formats whose per-group values run as 3-D tiles (Q4_0 33.8 vs 40.1 us,
 # Q4_K 35.2 vs 46.1; the others spill: Q5_0 87.8 vs 43.9, Q6_K 122.8 vs 44.8), and tiles that differ
 # from the default 32 rows x one step: Q4_0 64 rows (32.5 vs 33.8), Q4_K 4 steps (32.1 vs 35.2).
+# Fewer, longer programs only where at least as many programs remain as where they were measured
+# (Q4_K 4096 x 14336: 128 row blocks x 7 splits): a 2048-wide matrix (Qwen2.5-3B) would otherwise
+# run 64 programs.
 PREQUANT_3D = frozenset({QType.Q4_0, QType.Q4_K})
 PREQUANT_ROWS = {QType.Q4_0: 64}
 PREQUANT_STEPS = {QType.Q4_K: 4}
+PREQUANT_MIN_PROGRAMS = 896
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +118,12 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
         bn = INT8_BN_ONE_TOKEN[group] if nt == 1 else INT8_BN_TOKENS
         chunks, steps = k // (gt * group), 1
         if prequant:
-            bn = min(PREQUANT_ROWS.get(qtype, bn), npad)
+            rows = PREQUANT_ROWS.get(qtype, bn)
+            if (npad // rows) * chunks >= PREQUANT_MIN_PROGRAMS:
+                bn = rows
             steps = tiles.pow2_divisor(chunks, PREQUANT_STEPS.get(qtype, 1))
+            while steps > 1 and (npad // bn) * (chunks // steps) < PREQUANT_MIN_PROGRAMS:
+                steps //= 2
         splits = _one_step_splits(chunks // steps, npad // bn)
         return GemvConfig(bn=bn, bk=gt * group, splits=splits, prequant=prequant)
     bk = tiles.pow2_divisor(k, 256)
