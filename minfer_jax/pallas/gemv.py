@@ -181,7 +181,7 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 @functools.cache
 def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
-                 scaled: bool, dims3: bool, flat: bool):
+                 scaled: bool):
     """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
 
     x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
@@ -191,9 +191,9 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     split need not align to their columns (loading only a program's own columns as a block
     measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
 
-    Per-group values (fields, x scales, S, accumulators) are [bn, gt] tiles, or with `dims3`
-    [bn, gt, 1] (meeting the words by size-1 broadcasts; PREQUANT_3D formats when x comes
-    pre-quantized, see _tile_shapes); `flat`: one-word quant views as [bn, gt] too. Measured on
+    Per-group values (fields, x scales, S, accumulators) are [bn, gt] tiles, or [bn, gt, 1]
+    (meeting the words by size-1 broadcasts; PREQUANT_3D formats when x comes pre-quantized, see
+    _tile_shapes, which also says when one-word quant views are [bn, gt] too). Measured on
     the H200 (docs/BENCHMARKS.md): 3-D tiles lift Q4_0 / Q4_K there (8 tokens, 4096 x 14336: Q4_K
     35.2 vs 40.7 us), spill registers for the other formats and slow the in-kernel path (one
     token: Q5_0 22.0 vs 19.3, Q6_K 25.6 vs 22.3). S goes to f32 by a conversion
@@ -201,6 +201,7 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     19.24 us)."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
+    dims3, flat = _tile_shapes(qtype, prequant)
     col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)  # [r, gt] -> per-group shape
 
     def kernel(*refs):
@@ -306,7 +307,7 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled, dims3, flat)
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled)
     return _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 
