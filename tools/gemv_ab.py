@@ -1,6 +1,6 @@
 """GPU: A/B the decode GEMV of the working tree against the one of a git revision, in one process.
 
-usage: python tools/gemv_ab.py --base 700604b [--case QTYPE:N:K:NT ...] [--reps 20]
+usage: python tools/gemv_ab.py --base 700604b [--shapes q5_0:4096x14336,...] [--nt 1,8] [--reps 20]
 
 Machines lent for the H200 differ by up to ~8 % in these kernel times, so a change is only judged
 against a baseline timed on the same machine in the same run. The base revision's
@@ -17,12 +17,11 @@ import subprocess
 import sys
 import tempfile
 
+from minfer_jax import bench
 from minfer_jax import kernel_bench as KB
 from minfer_jax.pallas import gemv as G
-from minfer_jax.quant.planes import QType
 
-DEFAULT_CASES = ["Q4_0:4096:14336:1", "Q5_0:4096:14336:1", "Q4_K:4096:14336:1", "Q6_K:4096:14336:1",
-                 "Q8_0:4096:14336:1", "Q4_0:4096:14336:8", "Q4_K:4096:14336:8"]
+DEFAULT_SHAPES = "q4_0:4096x14336,q5_0:4096x14336,q4_k:4096x14336,q6_k:4096x14336,q8_0:4096x14336"
 
 
 def load_base(rev: str, root: str = "."):
@@ -41,19 +40,16 @@ def load_base(rev: str, root: str = "."):
     return importlib.import_module(f"{name}.gemv")
 
 
-def parse_case(text: str):
-    q, n, k, nt = text.split(":")
-    return QType[q], int(n), int(k), int(nt)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="git revision to compare against")
-    ap.add_argument("--case", action="append", default=None, metavar="QTYPE:N:K:NT")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="TYPE:OUTxIN list, as scripts/bench.py --shapes")
+    ap.add_argument("--nt", default="1,8", help="token counts, as scripts/bench.py --nt")
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
+    cases = [(qt, n, k, nt) for qt, n, k in bench.parse_shapes(a.shapes) for nt in bench.parse_int_range(a.nt, "--nt")]
     base = load_base(a.base)
-    for qt, n, k, nt in map(parse_case, a.case or DEFAULT_CASES):
+    for qt, n, k, nt in cases:
         for tag, mod in (("base", base), ("new", G)):
             f = lambda x, w, mod=mod: mod.gemv(x, w, qtype=qt, n_out=n)  # noqa: E731
             r = lambda x, w: G.gemv_reference(x, w, qtype=qt, n_out=n)  # noqa: E731

@@ -3,7 +3,7 @@
 usage: python tools/gemv_profile.py time [--out DIR]   time each case's GEMV next to a read-only
                                                        kernel with the same grid and loads
        ncu ... python tools/gemv_profile.py run        run each kernel once (for Nsight Compute)
-       --case QTYPE:N:K:NT (repeatable) replaces the built-in cases; tools/ncu_sass_summary.py
+       --shapes TYPE:OUTxIN,... [--nt LIST] replaces the built-in cases; tools/ncu_sass_summary.py
        folds an `ncu --page source --print-source sass --csv` export into a table per opcode.
 
 The read-only kernel ("stream") loads the blocks the integer GEMV loads (x and every weight view;
@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from minfer_jax import bench
 from minfer_jax import kernel_bench as KB
 from minfer_jax.pallas import gemv as G
 from minfer_jax.pallas import tiles
@@ -93,11 +94,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=("time", "run"))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--case", action="append", default=None, metavar="QTYPE:N:K:NT",
-                    help="instead of the built-in cases (repeatable), e.g. Q5_0:4096:14336:1")
+    ap.add_argument("--shapes", default=None, help="instead of the built-in cases: TYPE:OUTxIN list, as "
+                    "scripts/bench.py --shapes (e.g. q5_0:4096x14336)")
+    ap.add_argument("--nt", default="1", help="token counts for --shapes, as scripts/bench.py --nt")
     a = ap.parse_args()
-    cases = CASES if a.case is None else [
-        (Q[c.split(":")[0]], *(int(v) for v in c.split(":")[1:])) for c in a.case]
+    cases = CASES if a.shapes is None else [
+        (qt, n, k, nt) for qt, n, k in bench.parse_shapes(a.shapes) for nt in bench.parse_int_range(a.nt, "--nt")]
     print(jax.devices(), jax.__version__, flush=True)
     tiles.silence_triton_deprecation()
     for qt, n, k, nt in cases:
