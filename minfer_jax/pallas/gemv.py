@@ -83,7 +83,6 @@ class GemvConfig:
     num_stages: int = 1  # Triton's software pipelining of these loads measured slower (docs/BENCHMARKS.md)
     fma: bool = False  # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator
     prequant: bool = False  # integer path: x quantized by XLA before the kernel (int8_words.quantize_x)
-    sliced: bool = False  # integer path: every value a [bn, gt] tile, a group's words as separate slices
 
 
 def _divisors(n: int) -> list[int]:
@@ -182,7 +181,7 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 @functools.cache
 def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
-                 scaled: bool, sliced: bool):
+                 scaled: bool):
     """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
 
     x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
@@ -202,10 +201,8 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     19.24 us)."""
     spec = int8_words.SPECS[qtype]
     dot4 = int8_words.dp4a_emulated if emulate else _dp4a
-    dims3, flat = _tile_shapes(qtype, prequant, sliced)
+    dims3, flat = _tile_shapes(qtype, prequant)
     col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)  # [r, gt] -> per-group shape
-    spread = int8_words.spread_sliced if sliced else int8_words.spread_tensor
-    n_words = spec.views[0][1][0]  # quant words per group
 
     def kernel(*refs):
         *in_refs, o_ref = refs
@@ -216,60 +213,39 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
 
         split_g0 = pl.program_id(1) * (n_steps * gt)  # this split's first group
 
-        def token_x(tok, g0):  # -> (x words per slot, as the weights' words; dx, xo, xsum [1, gt(, 1)])
-            t1 = pl.ds(tok, 1)
-            if sliced:  # every x value a [1, gt] load, quantized elementwise
-                if prequant:
-                    xw_ref, xsc_ref = x_refs
-                    words = [[xw_ref[t1, pl.ds(g0, gt), slot, w] for w in range(spec.x_words)]
-                             for slot in range(spec.x_slots)]
-                    return (words, *(xsc_ref[t1, c, pl.ds(g0, gt), 0] for c in range(3)))
-                xs = [[[x_refs[0][t1, pl.ds(g0, gt), w, b, slot] for b in range(4)] for w in range(spec.x_words)]
-                      for slot in range(spec.x_slots)]
-                if scaled:
-                    xs = [[[v * x_refs[1][pl.ds(0, 1), pl.ds(g0, gt), w, b, slot] for b, v in enumerate(word)]
-                           for w, word in enumerate(sw)] for slot, sw in enumerate(xs)]
-                return int8_words.quantize_lanes(xs, spec.offset, spec.exact_round)
+        def token_x(tok, g0):  # -> (x words per slot [1, gt, x_words], dx, xo, xsum [1, gt(, 1)])
             if prequant:
                 xw_ref, xsc_ref = x_refs
                 if dims3:  # the token axis kept: x broadcasts over the rows as loaded
-                    words = [[xw_ref[t1, pl.ds(g0, gt), slot, :]] for slot in range(spec.x_slots)]
+                    t1 = pl.ds(tok, 1)
+                    words = [xw_ref[t1, pl.ds(g0, gt), slot, :] for slot in range(spec.x_slots)]
                     return (words, *(xsc_ref[t1, c, pl.ds(g0, gt), :] for c in range(3)))
                 # 2-D tiles: [1, gt, ...] slices measured far slower for Q8_0 (248 vs 43 us)
-                words = [[xw_ref[tok, pl.ds(g0, gt), slot, :][None]] for slot in range(spec.x_slots)]
+                words = [xw_ref[tok, pl.ds(g0, gt), slot, :][None] for slot in range(spec.x_slots)]
                 return (words, *(xsc_ref[tok, c, pl.ds(g0, gt), 0][None] for c in range(3)))
             # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
             xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
             if scaled:
                 xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
             words, dx, xo, xsum = int8_words.quantize_slots(xs, spec.offset, spec.exact_round)
-            return [[w[None]] for w in words], dx[None], xo[None], xsum[None]
+            return [w[None] for w in words], dx[None], xo[None], xsum[None]
 
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
             t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
-                 for name, tail in spec.view_tails(dims3, flat)[1:]}  # per-group fields [bn, gt(, 1)]
-            qname, qtail = spec.view_tails(dims3, flat)[0]
-            if sliced and qtail:  # word w of every group: [bn, gt] each
-                t[qname] = [views[qname][:, pl.ds(g0, gt), w] for w in range(n_words)]
-            else:  # [bn, gt, words] ([bn, gt] with the slices or flat one-word views)
-                q = views[qname][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(qtail)]
-                t[qname] = [q if sliced or q.ndim == 3 else q[:, :, None]]
+                 for name, tail in spec.view_tails(dims3, flat)}  # [bn, gt, *tail]
             groups = col((split_g0 + g0 + lax.iota(jnp.int32, gt))[None, :])  # [1, gt(, 1)] absolute
             rows = col(lax.iota(jnp.int32, bn)[:, None])
             for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
                 t[name] = coarse[name][rows, groups // per]  # [bn, gt(, 1)]
-            words, a, b = spec.fn(t, groups % 2, spread)  # x_slots lists of words; a, b [bn, gt(, 1)]
+            words, a, b = spec.fn(t, groups % 2)  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
-                xw, dx, xo, xsum = token_x(tok, g0)  # x words laid out as `words`; [1, gt(, 1)]
-                s = jnp.zeros(words[0][0].shape, jnp.int32)  # [bn, gt(, x_words)]
-                for ws, xs in zip(words, xw):
-                    for w, x in zip(ws, xs):
-                        s = dot4(w, jnp.broadcast_to(x, w.shape), s)
-                if not sliced:
-                    s = jnp.sum(s, axis=-1, keepdims=dims3)
-                v = s.astype(jnp.float32) * dx  # [bn, gt(, 1)]
+                xw, dx, xo, xsum = token_x(tok, g0)  # [1, gt, x_words] per slot; [1, gt(, 1)]
+                s = jnp.zeros(words[0].shape, jnp.int32)
+                for w, x in zip(words, xw):
+                    s = dot4(w, jnp.broadcast_to(x, w.shape), s)
+                v = jnp.sum(s, axis=-1, keepdims=dims3).astype(jnp.float32) * dx  # [bn, gt(, 1)]
                 if spec.offset:
                     v = v + xo
                 v = a * v
@@ -287,13 +263,10 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     return kernel
 
 
-def _tile_shapes(qtype: QType, prequant: bool, sliced: bool = False) -> tuple[bool, bool]:
+def _tile_shapes(qtype: QType, prequant: bool) -> tuple[bool, bool]:
     """(dims3, flat): per-group values as [bn, gt, 1] tiles (PREQUANT_3D formats, pre-quantized x);
     one-word quant views (Q2_K, Q3_K) as [bn, gt] on the other pre-quantized kernels (8 tokens:
-    Q3_K 40.8 vs 65.7 us as [bn, gt, 1]; one token keeps [bn, gt, 1]: Q3_K 17.4 vs 22.0) and
-    on sliced ones (everything [bn, gt])."""
-    if sliced:
-        return False, True
+    Q3_K 40.8 vs 65.7 us as [bn, gt, 1]; one token keeps [bn, gt, 1]: Q3_K 17.4 vs 22.0)."""
     dims3 = prequant and qtype in PREQUANT_3D
     return dims3, prequant and not dims3
 
@@ -325,7 +298,7 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
         if scaled:
             x_ops += (int8_words.x_view(qtype, x_scale[None]),)  # [1, G, x_words, 4, x_slots]
             in_specs.append(pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0)))
-    dims3, flat = _tile_shapes(qtype, cfg.prequant, cfg.sliced)
+    dims3, flat = _tile_shapes(qtype, cfg.prequant)
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     arrays = []
     for name, tail in spec.view_tails(dims3, flat):
@@ -334,7 +307,7 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled, cfg.sliced)
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled)
     return _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 

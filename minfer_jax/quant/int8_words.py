@@ -28,12 +28,10 @@ shape as the per-group fields.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from minfer_jax.quant.planes import QType, decode_ints
@@ -51,11 +49,9 @@ class WordSpec:
     offset: int  # added to the raw integers: value = a * (q + offset) + b
     views: tuple[tuple[str, tuple[int, ...]], ...]  # plane -> words per group (first: the quants; then fields)
     coarse: tuple[tuple[str, int], ...]  # plane -> groups per plane column (gathered per group)
-    # (tiles, parity int32 (group index % 2) of the per-group shape, spread) -> (slot words, a f32,
-    # b f32 or None). The quant view arrives as a list of word tensors and the slot words leave as
-    # x_slots such lists: one [bn, G, W] tensor (spread_tensor) or W slices [bn, G] (spread_sliced,
-    # which also turns a per-group value into a format's words). Per-group values (fields, parity,
-    # a, b) are [bn, G] for 2-D tiles or [bn, G, 1] for 3-D ones.
+    # (tiles, parity int32 (group index % 2) of the per-group shape) -> (slot words: x_slots
+    # tensors [bn, G, x_words] of int8x4, a f32, b f32 or None), per-group values (fields, parity,
+    # a, b) [bn, G] for 2-D tiles or [bn, G, 1] for 3-D ones
     fn: Callable = dataclasses.field(compare=False)
     exact_round: bool = True  # x rounded by round_to_int (else floor(v + 0.5) by conversions)
 
@@ -93,87 +89,82 @@ def _col(v):
     return v if v.ndim == 3 else v[..., None]
 
 
-def spread_tensor(v, n, f):
-    """Word tensors: per-group v [bn, G(, 1)] -> [f(v as a column, j = iota(n))], one [bn, G, n] tensor."""
-    return [f(_col(v), lax.iota(jnp.uint32, n))]
+def _shift_iota(n, scale):
+    return lax.iota(jnp.uint32, n) * jnp.uint32(scale)
 
 
-def spread_sliced(v, n, f):
-    """Word slices: per-group v [bn, G] -> [f(v, j) for j < n], n tensors [bn, G] (no broadcast)."""
-    return [f(v, np.uint32(j)) for j in range(n)]
+def _nibbles(w):  # [bn, G, 4] nibble words -> (even weights, odd weights) as int8x4 words
+    return w & M4, (w >> 4) & M4
 
 
-def _nibbles(ws):  # nibble words -> (even weights, odd weights) as int8x4 words
-    return [w & M4 for w in ws], [(w >> 4) & M4 for w in ws]
+def _q5_high(qh):
+    """qh [bn, G(, 1)] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd) [bn, G, 4]."""
+    j = lax.iota(jnp.uint32, 4)
+    h = _col(qh)
+    return (h << (4 - j)) & 0x10101010, (h >> j) & 0x10101010
 
 
-def _or(a, b):
-    return [u | v for u, v in zip(a, b)]
-
-
-def _q8_0(t, parity, spread):
+def _q8_0(t, parity):
     return [t["q"]], _f(t["d"]), None
 
 
-def _q4_0(t, parity, spread):
+def _q4_0(t, parity):
     return list(_nibbles(t["qs"])), _f(t["d"]), None
 
 
-def _q4_1(t, parity, spread):
+def _q4_1(t, parity):
     return list(_nibbles(t["qs"])), _f(t["d"]), _f(t["m"])
 
 
-def _q5(t, spread):
-    # qh (planes._q5h_order): nibble word j's 5th bits at bits 8b + 4 - j (even weights), 8b + j (odd)
+def _q5(t):
     lo, hi = _nibbles(t["qs"])
-    h_lo = spread(t["qh"], 4, lambda h, j: (h << (4 - j)) & 0x10101010)
-    h_hi = spread(t["qh"], 4, lambda h, j: (h >> j) & 0x10101010)
-    return [_or(lo, h_lo), _or(hi, h_hi)]
+    h_lo, h_hi = _q5_high(t["qh"])
+    return [lo | h_lo, hi | h_hi]
 
 
-def _q5_0(t, parity, spread):
-    return _q5(t, spread), _f(t["d"]), None
+def _q5_0(t, parity):
+    return _q5(t), _f(t["d"]), None
 
 
-def _q5_1(t, parity, spread):
-    return _q5(t, spread), _f(t["d"]), _f(t["m"])
+def _q5_1(t, parity):
+    return _q5(t), _f(t["d"]), _f(t["m"])
 
 
 def _kquant_ab(t):
     return _f(t["d"]) * _f(t["sc"]), -(_f(t["dmin"]) * _f(t["m"]))
 
 
-def _q4_k(t, parity, spread):
+def _q4_k(t, parity):
     return list(_nibbles(t["qs"])), *_kquant_ab(t)
 
 
-def _q5_k(t, parity, spread):
-    return _q5(t, spread), *_kquant_ab(t)
+def _q5_k(t, parity):
+    return _q5(t), *_kquant_ab(t)
 
 
-def _q6_k(t, parity, spread):
-    # ql: 2 nibble words; qh (planes._q6h_order): nibble word j's high pairs at bits 8b + 4j (even
-    # weights) and 8b + 4j + 2 (odd)
+def _q6_k(t, parity):
+    # ql [bn, G, 2] nibble words; qh [bn, G(, 1)] (planes._q6h_order): nibble word j's high pairs
+    # at bits 8b + 4j (even weights) and 8b + 4j + 2 (odd)
     lo, hi = _nibbles(t["ql"])
-    h = spread(t["qh"], 2, lambda h, j: h >> (j * 4))
-    return ([u | ((v << 4) & 0x30303030) for u, v in zip(lo, h)],
-            [u | ((v << 2) & 0x30303030) for u, v in zip(hi, h)]), _f(t["d"]) * _f(t["sc"]), None
+    h = _col(t["qh"]) >> _shift_iota(2, 4)  # [bn, G, 2]
+    words = [lo | ((h << 4) & 0x30303030), hi | ((h << 2) & 0x30303030)]
+    return words, _f(t["d"]) * _f(t["sc"]), None
 
 
-def _crumbs(qs):  # one 2-bit word -> 4 slots: bit pair s of every byte
-    return [[(q >> (2 * s)) & M2 for q in qs] for s in range(4)]
+def _crumbs(qs):  # [bn, G(, 1)] 2-bit words -> 4 slots [bn, G, 1]: bit pair s of every byte
+    return [(_col(qs) >> (2 * s)) & M2 for s in range(4)]
 
 
-def _q2_k(t, parity, spread):
+def _q2_k(t, parity):
     sc = t["sc"].astype(jnp.int32)
     return _crumbs(t["qs"]), _f(t["d"]) * _f(sc & 15), -(_f(t["dmin"]) * _f(sc >> 4))
 
 
-def _q3_k(t, parity, spread):
-    # qh (gathered: one word per two groups, planes._q3h_order): group parity i's high bit of slot
-    # s at bit 8b + 4i + s
-    base = spread(t["qh"] >> (4 * parity).astype(jnp.uint32), 1, lambda h, j: h)
-    words = [_or(w, [((b >> s) & 0x01010101) << 2 for b in base]) for s, w in enumerate(_crumbs(t["qs"]))]
+def _q3_k(t, parity):
+    # qh [bn, G(, 1)] (gathered: one word per two groups, planes._q3h_order): group parity i's
+    # high bit of slot s at bit 8b + 4i + s
+    base = _col(t["qh"] >> (4 * parity).astype(jnp.uint32))  # [bn, G, 1]
+    words = [w | (((base >> s) & 0x01010101) << 2) for s, w in enumerate(_crumbs(t["qs"]))]
     return words, _f(t["d"]) * _f(t["sc"]), None
 
 
@@ -241,39 +232,11 @@ def quantize_slots(xs: list[jax.Array], offset: int, exact_round: bool = True):
     words, sum_q = [], 0
     for v in xs:
         # |q| <= 127: |v| * 127 / amax <= 127
-        q = _round(v * inv, exact_round)
+        q = round_to_int(v * inv) if exact_round else jnp.floor(v * inv + 0.5).astype(jnp.int32)
         sum_q = sum_q + rows(q, jnp.sum)
         words.append(jnp.sum((q & 0xFF) << shifts, axis=-1))  # [G, W]; disjoint bytes, so sum == or
     dx = amax / 127.0
     return words, dx, offset * dx * sum_q.astype(F32), xsum
-
-
-def quantize_lanes(xs: list[list[list[jax.Array]]], offset: int, exact_round: bool = True):
-    """quantize_slots elementwise: xs[slot][word][byte] holds x at that position of every group, as
-    same-shaped f32 arrays (the sliced GEMV's [1, G] loads) -> words[slot][word] int32 int8x4
-    words, dx, xo, xsum, all of that shape. Only elementwise ops: no reduction across lanes, so
-    inside a kernel nothing leaves its registers' layout. Same values as quantize_slots (xsum up to
-    summation order)."""
-    flat = [v for slot in xs for word in slot for v in word]
-    amax = functools.reduce(jnp.maximum, [jnp.abs(v) for v in flat])
-    xsum = functools.reduce(jnp.add, flat)
-    inv = jnp.where(amax > 0, 127.0 / jnp.where(amax > 0, amax, 1.0), 0.0)
-    words, sum_q = [], 0
-    for slot in xs:
-        words.append([])
-        for word in slot:
-            packed = 0
-            for b, v in enumerate(word):
-                q = _round(v * inv, exact_round)
-                sum_q = sum_q + q
-                packed = packed | ((q & 0xFF) << (8 * b))
-            words[-1].append(packed)
-    dx = amax / 127.0
-    return words, dx, offset * dx * sum_q.astype(F32), xsum
-
-
-def _round(v: jax.Array, exact_round: bool) -> jax.Array:
-    return round_to_int(v) if exact_round else jnp.floor(v + 0.5).astype(jnp.int32)
 
 
 def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
