@@ -310,3 +310,20 @@ def test_bench_gemm_choices_are_ops_variants():
     from minfer_jax import bench, ops
 
     assert bench.GEMM_CHOICES == ops.GEMM_VARIANTS
+
+
+@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("nt", [1, 2, 3])
+def test_gemv_x_first_either_order(qtype, nt):
+    """x loaded before or after the weight tiles (gemv.X_FIRST picks per format): same sums, with a
+    folded per-input scale too, on the in-kernel and the pre-quantized path."""
+    n, k = 136, 2560
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k))
+    scale = 1.0 + jax.random.uniform(jax.random.PRNGKey(7), (k,))
+    ref = gemv.gemv_reference(x, w, qtype=qtype, n_out=n, x_scale=scale)
+    cfg = gemv.choose_config(qtype, n, k, nt)
+    for x_first in (False, True):
+        got = gemv.gemv(x, w, qtype=qtype, n_out=n, x_scale=scale, interpret=True,
+                        config=dataclasses.replace(cfg, x_first=x_first))
+        check(got, ref, qtype)

@@ -1,13 +1,14 @@
 """GPU: A/B the decode GEMV of the working tree against the one of a git revision, in one process.
 
-usage: python tools/gemv_ab.py --base 700604b [--shapes q5_0:4096x14336,...] [--nt 1,8] [--reps 20]
+usage: python tools/gemv_ab.py --base 700604b[,DIR,...] [--shapes q5_0:4096x14336,...] [--nt 1,8] [--reps 20]
 
 Machines lent for the H200 differ by up to ~8 % in these kernel times, so a change is only judged
-against a baseline timed on the same machine in the same run. The base revision's
-`pallas/gemv.py` and `quant/int8_words.py` are extracted with `git show` into a temporary package
-(the rest of minfer_jax is shared: planes, tiles, the reference); every case is timed by
-kernel_bench.run_case (device timeline) for base and new, each checked against the working
-tree's reference. Not part of the package.
+against a baseline timed on the same machine in the same run. Each base is a git revision, whose
+`pallas/gemv.py` and `quant/int8_words.py` are extracted with `git show`, or a directory holding
+those two files (a code variant, or a revision the device copy's stale .git lacks); either goes
+into a temporary package (the rest of minfer_jax is shared: planes, tiles, the reference). Every
+case is timed by kernel_bench.run_case (device timeline) for each base and the working tree, each
+checked against the working tree's reference. Not part of the package.
 """
 
 import argparse
@@ -24,14 +25,19 @@ from minfer_jax.pallas import gemv as G
 DEFAULT_SHAPES = "q4_0:4096x14336,q5_0:4096x14336,q4_k:4096x14336,q6_k:4096x14336,q8_0:4096x14336"
 
 
-def load_base(rev: str, root: str = "."):
-    """The gemv module of `rev` (with that revision's int8_words) as a fresh module object."""
+def load_base(rev: str, root: str = ".", index: int = 0):
+    """The gemv module of `rev` (a git revision or a directory with gemv.py and int8_words.py, that
+    revision's / directory's int8_words imported by it) as a fresh module object."""
     pkg = tempfile.mkdtemp(prefix="gemv_ab_")
-    name = "gemv_ab_base"
+    name = f"gemv_ab_base{index}"
     os.makedirs(os.path.join(pkg, name))
     for src, dst in (("minfer_jax/pallas/gemv.py", "gemv.py"), ("minfer_jax/quant/int8_words.py", "int8_words.py")):
-        text = subprocess.run(["git", "-C", root, "show", f"{rev}:{src}"], check=True, capture_output=True,
-                              text=True).stdout
+        if os.path.isdir(rev):
+            with open(os.path.join(rev, dst)) as fh:
+                text = fh.read()
+        else:
+            text = subprocess.run(["git", "-C", root, "show", f"{rev}:{src}"], check=True, capture_output=True,
+                                  text=True).stdout
         text = text.replace("from minfer_jax.quant import int8_words", f"from {name} import int8_words")
         with open(os.path.join(pkg, name, dst), "w") as fh:
             fh.write(text)
@@ -42,20 +48,20 @@ def load_base(rev: str, root: str = "."):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", required=True, help="git revision to compare against")
+    ap.add_argument("--base", required=True, help="git revisions or variant directories to compare against, comma-separated")
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="TYPE:OUTxIN list, as scripts/bench.py --shapes")
     ap.add_argument("--nt", default="1,8", help="token counts, as scripts/bench.py --nt")
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     cases = [(qt, n, k, nt) for qt, n, k in bench.parse_shapes(a.shapes) for nt in bench.parse_int_range(a.nt, "--nt")]
-    base = load_base(a.base)
+    bases = [(rev, load_base(rev, index=i)) for i, rev in enumerate(a.base.split(","))]
     for qt, n, k, nt in cases:
-        for tag, mod in (("base", base), ("new", G)):
+        for tag, mod in (*bases, ("new", G)):
             f = lambda x, w, mod=mod: mod.gemv(x, w, qtype=qt, n_out=n)  # noqa: E731
             r = lambda x, w: G.gemv_reference(x, w, qtype=qt, n_out=n)  # noqa: E731
             try:
                 res = KB.run_case(qt, n, k, nt, f, r, impl="gemv", reps=a.reps)
-                print(f"{tag:4s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} GB/s "
+                print(f"{tag:12s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} GB/s "
                       f"err={res.rel_err:.1e} {mod.choose_config(qt, n, k, nt)}", flush=True)
             except Exception as e:  # noqa: BLE001 - one failing lowering must not hide the rest
                 print(f"{tag} {qt.name} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:800]}", flush=True)

@@ -72,6 +72,13 @@ PREQUANT_3D = frozenset({QType.Q4_0, QType.Q4_K})
 PREQUANT_ROWS = {QType.Q4_0: 64}
 PREQUANT_STEPS = {QType.Q4_K: 4}
 PREQUANT_MIN_PROGRAMS = 896
+# In-kernel x quantization (nt < PREQUANT_MIN_NT): these formats load x before the weight tiles
+# and quantize it before decoding them, so the x loads' latency overlaps the weights' instead of
+# following their decode. 4096 x 14336 (H200, same process, docs/BENCHMARKS.md): one token Q5_0
+# 15.9 vs 19.0 us, Q5_K 19.7 vs 22.0, Q6_K 20.0 vs 21.9; two tokens Q4_0 16.9 vs 17.9, Q8_0
+# 21.2 vs 22.3; but Q4_K one token 16.0 vs 15.5.
+X_FIRST = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q5_K, QType.Q6_K, QType.Q8_0,
+                     QType.Q2_K, QType.Q3_K})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +90,7 @@ class GemvConfig:
     num_stages: int = 1  # Triton's software pipelining of these loads measured slower (docs/BENCHMARKS.md)
     fma: bool = False  # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator
     prequant: bool = False  # integer path: x quantized by XLA before the kernel (int8_words.quantize_x)
+    x_first: bool = False  # integer path: x loaded (and quantized) before the weights are decoded
 
 
 def _divisors(n: int) -> list[int]:
@@ -125,7 +133,8 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
             while steps > 1 and (npad // bn) * (chunks // steps) < PREQUANT_MIN_PROGRAMS:
                 steps //= 2
         splits = _one_step_splits(chunks // steps, npad // bn)
-        return GemvConfig(bn=bn, bk=gt * group, splits=splits, prequant=prequant)
+        return GemvConfig(bn=bn, bk=gt * group, splits=splits, prequant=prequant,
+                          x_first=not prequant and qtype in X_FIRST)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
     return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
@@ -181,12 +190,13 @@ def _kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype, fma: bo
 
 @functools.cache
 def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate: bool, prequant: bool,
-                 scaled: bool):
+                 scaled: bool, x_first: bool):
     """Integer path: per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t.
 
     x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
     of the same view, e.g. a folded RMSNorm weight) or, with `prequant`, already quantized by
-    quant.int8_words.quantize_x (words + scales). Coarse planes (one value per `per` groups,
+    quant.int8_words.quantize_x (words + scales). With `x_first` (X_FIRST) x is loaded before
+    the weight tiles and quantized before they are decoded. Coarse planes (one value per `per` groups,
     e.g. a K-quant's d) arrive as whole rows and are gathered at absolute group numbers, so a K
     split need not align to their columns (loading only a program's own columns as a block
     measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
@@ -213,7 +223,7 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
 
         split_g0 = pl.program_id(1) * (n_steps * gt)  # this split's first group
 
-        def token_x(tok, g0):  # -> (x words per slot [1, gt, x_words], dx, xo, xsum [1, gt(, 1)])
+        def load_x(tok, g0):  # this token's x for these groups, as stored
             if prequant:
                 xw_ref, xsc_ref = x_refs
                 if dims3:  # the token axis kept: x broadcasts over the rows as loaded
@@ -223,25 +233,32 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
                 # 2-D tiles: [1, gt, ...] slices measured far slower for Q8_0 (248 vs 43 us)
                 words = [xw_ref[tok, pl.ds(g0, gt), slot, :][None] for slot in range(spec.x_slots)]
                 return (words, *(xsc_ref[tok, c, pl.ds(g0, gt), 0][None] for c in range(3)))
-            # this token's x for these groups, one load per slot: [gt, x_words, 4] f32 each
+            # one load per slot: [gt, x_words, 4] f32 each
             xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
             if scaled:
                 xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
-            words, dx, xo, xsum = int8_words.quantize_slots(xs, spec.offset, spec.exact_round)
+            return xs
+
+        def token_x(raw):  # -> (x words per slot [1, gt, x_words], dx, xo, xsum [1, gt(, 1)])
+            if prequant:
+                return raw
+            words, dx, xo, xsum = int8_words.quantize_slots(raw, spec.offset, spec.exact_round)
             return [w[None] for w in words], dx[None], xo[None], xsum[None]
 
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
+            x_raw = [load_x(tok, g0) for tok in range(ntp)] if x_first else None
             t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
                  for name, tail in spec.view_tails(dims3, flat)}  # [bn, gt, *tail]
             groups = col((split_g0 + g0 + lax.iota(jnp.int32, gt))[None, :])  # [1, gt(, 1)] absolute
             rows = col(lax.iota(jnp.int32, bn)[:, None])
             for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
                 t[name] = coarse[name][rows, groups // per]  # [bn, gt(, 1)]
+            xq = [token_x(raw) for raw in x_raw] if x_first else None
             words, a, b = spec.fn(t, groups % 2)  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
-                xw, dx, xo, xsum = token_x(tok, g0)  # [1, gt, x_words] per slot; [1, gt(, 1)]
+                xw, dx, xo, xsum = xq[tok] if x_first else token_x(load_x(tok, g0))  # [1, gt(, x_words)]
                 s = jnp.zeros(words[0].shape, jnp.int32)
                 for w, x in zip(words, xw):
                     s = dot4(w, jnp.broadcast_to(x, w.shape), s)
@@ -307,7 +324,7 @@ def _gemv_int8(x, x_scale, planes, qtype: QType, cfg: GemvConfig, npad: int, int
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled)
+    kernel = _int8_kernel(qtype, ntp, cfg.bn, gt, gs // gt, interpret, cfg.prequant, scaled, cfg.x_first)
     return _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
                          f"gemv_int8_{qtype.name.lower()}")
 

@@ -8,6 +8,8 @@ With x quantized per scale group (x ~ dx * xq, xq int8; llama.cpp's q8_1 uses bl
 
     y += a * (dx * S + off * dx * sum(xq)) + b * sum(x),   S = sum_k q_k xq_k   (exact int32)
 
+(Q5_0's words carry q_k + off itself as signed bytes, so its off is 0 and the offset term goes.)
+
 S is computed four weights at a time with `dp4a` on 32-bit words: the raw quants are never
 unpacked to one value per lane. Each format turns its loaded plane words into `x_slots` word
 tensors [bn, G, x_words] whose byte b of word w in slot s is the weight at position
@@ -123,7 +125,12 @@ def _q5(t):
 
 
 def _q5_0(t, parity):
-    return _q5(t), _f(t["d"]), None
+    # Bytes q - 16 as signed int8 (offset 0, so no offset term): with the 5th bit set that is the
+    # low nibble, with it clear 0xF0 | nibble (the inverted bit times 15 fills bits 4..7). H200,
+    # 4096 x 14336: 2 tokens 21.9 vs 23.2 us, 8 tokens 35.4 vs 37.4, one 19.2 vs 19.4.
+    lo, hi = _nibbles(t["qs"])
+    h_lo, h_hi = _q5_high(t["qh"])
+    return [lo | ((h_lo ^ 0x10101010) * 15), hi | ((h_hi ^ 0x10101010) * 15)], _f(t["d"]), None
 
 
 def _q5_1(t, parity):
@@ -172,7 +179,7 @@ SPECS: dict[QType, WordSpec] = {
     QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", ())), (), _q8_0),
     QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0, exact_round=False),
     QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", ()), ("m", ())), (), _q4_1),
-    QType.Q5_0: WordSpec(32, 2, 4, -16, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0),
+    QType.Q5_0: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0),  # signed words
     QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ()), ("m", ())), (), _q5_1),
     QType.Q4_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)), _q4_k),
     QType.Q5_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)),

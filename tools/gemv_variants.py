@@ -1,0 +1,77 @@
+"""GPU: time the decode GEMV under its chosen config and under config overrides, in one process.
+
+usage: python tools/gemv_variants.py --variants "sliced=1;prequant=1;bn=64,num_warps=8"
+           [--shapes q5_0:4096x14336,...] [--nt 1,8] [--reps 20] [--jsonl out.jsonl]
+
+Each variant is a comma-separated list of GemvConfig fields (ints; 0/1 for flags) applied with
+dataclasses.replace to gemv.choose_config's pick for every case; the default config is always
+timed first. Same machine, same process: machines lent for the H200 differ by up to ~8 %, so a
+change of tiles is only judged against its baseline timed beside it (tools/gemv_ab.py does the
+same for two code revisions). Every case is checked against gemv_reference. Not part of the package.
+"""
+
+import argparse
+import dataclasses
+import json
+
+from minfer_jax import bench
+from minfer_jax import kernel_bench as KB
+from minfer_jax.pallas import gemv as G
+
+DEFAULT_SHAPES = "q4_0:4096x14336,q5_0:4096x14336,q4_k:4096x14336,q6_k:4096x14336,q8_0:4096x14336"
+
+
+def parse_variants(text: str) -> list[dict]:
+    """"a=1,b=2;c=0" -> [{"a": 1, "b": 2}, {"c": 0}], fields checked against GemvConfig."""
+    fields = {f.name: f.type for f in dataclasses.fields(G.GemvConfig)}
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        v = {}
+        for item in part.split(","):
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            if not sep or name not in fields:
+                raise SystemExit(f"--variants: {item!r} is not FIELD=INT with FIELD one of {sorted(fields)}")
+            try:
+                v[name] = int(value)
+            except ValueError:
+                raise SystemExit(f"--variants: {item!r}: value must be an integer") from None
+            if fields[name] in (bool, "bool"):
+                v[name] = bool(v[name])
+        out.append(v)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", required=True, help="';'-separated overrides, each 'field=int,...'")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="TYPE:OUTxIN list, as scripts/bench.py --shapes")
+    ap.add_argument("--nt", default="1,8", help="token counts, as scripts/bench.py --nt")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--jsonl", help="also append one JSON line per timed case here")
+    a = ap.parse_args()
+    variants = [{}] + parse_variants(a.variants)
+    cases = [(qt, n, k, nt) for qt, n, k in bench.parse_shapes(a.shapes) for nt in bench.parse_int_range(a.nt, "--nt")]
+    for qt, n, k, nt in cases:
+        base = G.choose_config(qt, n, k, nt)
+        for v in variants:
+            cfg = dataclasses.replace(base, **v)
+            f = lambda x, w, cfg=cfg: G.gemv(x, w, qtype=qt, n_out=n, config=cfg)  # noqa: E731
+            r = lambda x, w: G.gemv_reference(x, w, qtype=qt, n_out=n)  # noqa: E731
+            tag = ",".join(f"{k}={val}" for k, val in v.items()) or "default"
+            try:
+                res = KB.run_case(qt, n, k, nt, f, r, impl="gemv", reps=a.reps)
+            except Exception as e:  # noqa: BLE001 - one failing lowering must not hide the rest
+                print(f"{tag:24s} {qt.name:5s} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:600]}", flush=True)
+                continue
+            print(f"{tag:24s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} GB/s "
+                  f"err={res.rel_err:.1e} {cfg}", flush=True)
+            if a.jsonl:
+                with open(a.jsonl, "a") as fh:
+                    fh.write(json.dumps({"variant": tag, "qtype": qt.name, "n": n, "k": k, "nt": nt, "us": res.us,
+                                         "gbps": res.gbps, "rel_err": res.rel_err,
+                                         "config": dataclasses.asdict(cfg)}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
