@@ -72,13 +72,18 @@ PREQUANT_3D = frozenset({QType.Q4_0, QType.Q4_K})
 PREQUANT_ROWS = {QType.Q4_0: 64}
 PREQUANT_STEPS = {QType.Q4_K: 4}
 PREQUANT_MIN_PROGRAMS = 896
-# In-kernel x quantization (nt < PREQUANT_MIN_NT): these formats load x before the weight tiles
-# and quantize it before decoding them, so the x loads' latency overlaps the weights' instead of
-# following their decode. 4096 x 14336 (H200, same process, docs/BENCHMARKS.md): one token Q5_0
-# 15.9 vs 19.0 us, Q5_K 19.7 vs 22.0, Q6_K 20.0 vs 21.9; two tokens Q4_0 16.9 vs 17.9, Q8_0
-# 21.2 vs 22.3; but Q4_K one token 16.0 vs 15.5.
-X_FIRST = frozenset({QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q5_K, QType.Q6_K, QType.Q8_0,
-                     QType.Q2_K, QType.Q3_K})
+# x loaded before the weight tiles (and, in-kernel, quantized before they are decoded), so the x
+# loads' latency overlaps the weights' instead of following their decode: format -> from which
+# token count, on the in-kernel path (nt < PREQUANT_MIN_NT). H200, same process, 4096 x 14336
+# (docs/bench/gemv_x_first_2026-12-01c.txt): one token Q5_0 15.8 vs 18.9 us, Q5_1 18.4 vs 21.5,
+# Q5_K 19.9 vs 22.1, Q6_K 20.1 vs 22.1; two tokens Q4_0 16.9 vs 17.9, Q4_1 18.5 vs 19.4, Q8_0
+# 21.1 vs 22.2, Q3_K 22.8 vs 23.4. Not Q4_K (one token 16.1 vs 15.6), Q2_K (15.8 vs 15.1), Q8_0
+# at one token (the 0.5B output matrix 151936 x 896: 49.8 vs 41.5 us; 4096 x 14336 equal).
+X_FIRST = {QType.Q4_0: 1, QType.Q4_1: 1, QType.Q5_0: 1, QType.Q5_1: 1, QType.Q5_K: 1, QType.Q6_K: 1,
+           QType.Q3_K: 1, QType.Q8_0: 2}
+# ... and on the pre-quantized path (8 tokens): Q4_0 28.0 vs 32.8 us, Q6_K 38.8 vs 43.8, Q4_K 32.1 vs
+# 32.5; not Q5_0 (36.1 vs 35.7) or Q8_0 (49.6 vs 45.6).
+PREQUANT_X_FIRST = frozenset({QType.Q4_0, QType.Q4_K, QType.Q6_K})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +138,8 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
             while steps > 1 and (npad // bn) * (chunks // steps) < PREQUANT_MIN_PROGRAMS:
                 steps //= 2
         splits = _one_step_splits(chunks // steps, npad // bn)
-        return GemvConfig(bn=bn, bk=gt * group, splits=splits, prequant=prequant,
-                          x_first=not prequant and qtype in X_FIRST)
+        x_first = qtype in PREQUANT_X_FIRST if prequant else nt >= X_FIRST.get(qtype, MAX_NT + 1)
+        return GemvConfig(bn=bn, bk=gt * group, splits=splits, prequant=prequant, x_first=x_first)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
     return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == 1)
@@ -195,8 +200,8 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
 
     x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
     of the same view, e.g. a folded RMSNorm weight) or, with `prequant`, already quantized by
-    quant.int8_words.quantize_x (words + scales). With `x_first` (X_FIRST) x is loaded before
-    the weight tiles and quantized before they are decoded. Coarse planes (one value per `per` groups,
+    quant.int8_words.quantize_x (words + scales). With `x_first` (X_FIRST, PREQUANT_X_FIRST) x is
+    loaded before the weight tiles (and quantized before they are decoded). Coarse planes (one value per `per` groups,
     e.g. a K-quant's d) arrive as whole rows and are gathered at absolute group numbers, so a K
     split need not align to their columns (loading only a program's own columns as a block
     measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
