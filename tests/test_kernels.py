@@ -138,7 +138,8 @@ def test_gemv_one_token_config_is_one_step_per_program():
     # x before the weights where measured faster: per format, path and (Q8_0) token count
     assert [gemv.choose_config(q, 4096, 14336, nt).x_first for q, nt in
             [(QType.Q5_0, 1), (QType.Q4_K, 1), (QType.Q2_K, 1), (QType.Q8_0, 1), (QType.Q8_0, 2), (QType.Q4_0, 8),
-             (QType.Q5_0, 8)]] == [True, False, False, False, True, True, False]
+             (QType.Q5_0, 8), (QType.Q4_K, 3), (QType.Q4_K, 8)]] == [True, False, False, False, True, True, False,
+                                                                   False, True]
     cfg = gemv.choose_config(QType.Q4_K, 2048, 2048, 8)  # too few programs for 4 steps (3B shapes)
     assert (cfg.bn, cfg.splits) == (32, 4)
     cfg = gemv.choose_config(QType.Q4_0, 896, 896, 3)  # ... or for 64 rows

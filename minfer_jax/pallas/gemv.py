@@ -74,16 +74,18 @@ PREQUANT_STEPS = {QType.Q4_K: 4}
 PREQUANT_MIN_PROGRAMS = 896
 # x loaded before the weight tiles (and, in-kernel, quantized before they are decoded), so the x
 # loads' latency overlaps the weights' instead of following their decode: format -> from which
-# token count, on the in-kernel path (nt < PREQUANT_MIN_NT). H200, same process, 4096 x 14336
+# token count on, on the in-kernel path (nt < PREQUANT_MIN_NT). H200, same process, 4096 x 14336
 # (docs/bench/gemv_x_first_2026-12-01c.txt): one token Q5_0 15.8 vs 18.9 us, Q5_1 18.4 vs 21.5,
 # Q5_K 19.9 vs 22.1, Q6_K 20.1 vs 22.1; two tokens Q4_0 16.9 vs 17.9, Q4_1 18.5 vs 19.4, Q8_0
 # 21.1 vs 22.2, Q3_K 22.8 vs 23.4. Not Q4_K (one token 16.1 vs 15.6), Q2_K (15.8 vs 15.1), Q8_0
 # at one token (the 0.5B output matrix 151936 x 896: 49.8 vs 41.5 us; 4096 x 14336 equal).
 X_FIRST = {QType.Q4_0: 1, QType.Q4_1: 1, QType.Q5_0: 1, QType.Q5_1: 1, QType.Q5_K: 1, QType.Q6_K: 1,
            QType.Q3_K: 1, QType.Q8_0: 2}
-# ... and on the pre-quantized path (8 tokens): Q4_0 28.0 vs 32.8 us, Q6_K 38.8 vs 43.8, Q4_K 32.1 vs
-# 32.5; not Q5_0 (36.1 vs 35.7) or Q8_0 (49.6 vs 45.6).
-PREQUANT_X_FIRST = frozenset({QType.Q4_0, QType.Q4_K, QType.Q6_K})
+# ... and on the pre-quantized path (docs/bench/prequant_x_first.txt): 8 tokens Q4_0 28.0 vs 32.8 us,
+# Q4_1 33.5 vs 36.7, Q6_K 38.8 vs 43.8, Q4_K 32.1 vs 32.5; 3 tokens Q4_0 20.6 vs 22.7, Q6_K 27.6 vs
+# 28.6, but Q4_K 25.3 vs 24.8 (so Q4_K only at 8, Q4_1 only where measured); not Q5_0 (8 tokens
+# 36.1 vs 35.7), Q8_0 (49.6 vs 45.6), Q5_1, Q5_K, Q2_K (51.1 vs 43.8), Q3_K (40.1 vs 40.6: noise).
+PREQUANT_X_FIRST = {QType.Q4_0: 3, QType.Q6_K: 3, QType.Q4_1: 8, QType.Q4_K: 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +140,7 @@ def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
             while steps > 1 and (npad // bn) * (chunks // steps) < PREQUANT_MIN_PROGRAMS:
                 steps //= 2
         splits = _one_step_splits(chunks // steps, npad // bn)
-        x_first = qtype in PREQUANT_X_FIRST if prequant else nt >= X_FIRST.get(qtype, MAX_NT + 1)
+        x_first = nt >= (PREQUANT_X_FIRST if prequant else X_FIRST).get(qtype, MAX_NT + 1)
         return GemvConfig(bn=bn, bk=gt * group, splits=splits, prequant=prequant, x_first=x_first)
     bk = tiles.pow2_divisor(k, 256)
     bn = max(16, min(64, TILE_ELEMS // bk))
