@@ -78,8 +78,9 @@ PREQUANT_MIN_PROGRAMS = 896
 # (docs/bench/gemv_x_first_2026-12-01c.txt): one token Q5_0 15.8 vs 18.9 us, Q5_1 18.4 vs 21.5,
 # Q5_K 19.9 vs 22.1, Q6_K 20.1 vs 22.1; two tokens Q4_0 16.9 vs 17.9, Q4_1 18.5 vs 19.4, Q8_0
 # 21.1 vs 22.2, Q3_K 22.8 vs 23.4. Not Q4_K (one token 16.1 vs 15.6), Q2_K (15.8 vs 15.1), Q8_0
-# at one token (the 0.5B output matrix 151936 x 896: 49.8 vs 41.5 us; 4096 x 14336 equal).
-X_FIRST = {QType.Q4_0: 1, QType.Q4_1: 1, QType.Q5_0: 1, QType.Q5_1: 1, QType.Q5_K: 1, QType.Q6_K: 1,
+# at one token (the 0.5B output matrix 151936 x 896: 49.8 vs 41.5 us; 4096 x 14336 equal), Q4_0 /
+# Q4_1 at one token (12.7 vs 12.6, 15.1 vs 15.0).
+X_FIRST = {QType.Q4_0: 2, QType.Q4_1: 2, QType.Q5_0: 1, QType.Q5_1: 1, QType.Q5_K: 1, QType.Q6_K: 1,
            QType.Q3_K: 1, QType.Q8_0: 2}
 # ... and on the pre-quantized path (docs/bench/prequant_x_first.txt): 8 tokens Q4_0 28.0 vs 32.8 us,
 # Q4_1 33.5 vs 36.7, Q6_K 38.8 vs 43.8, Q4_K 32.1 vs 32.5; 3 tokens Q4_0 20.6 vs 22.7, Q6_K 27.6 vs
