@@ -46,14 +46,24 @@ def load_base(rev: str, root: str = ".", index: int = 0):
     return importlib.import_module(f"{name}.gemv")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", required=True, help="git revisions or variant directories to compare against, comma-separated")
+def add_case_args(ap: argparse.ArgumentParser) -> None:
+    """--shapes, --nt, --reps (shared with tools/gemv_variants.py)."""
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="TYPE:OUTxIN list, as scripts/bench.py --shapes")
     ap.add_argument("--nt", default="1,8", help="token counts, as scripts/bench.py --nt")
     ap.add_argument("--reps", type=int, default=20)
+
+
+def parse_cases(a: argparse.Namespace) -> list[tuple]:
+    """(qtype, out, in, nt) for every shape x token count."""
+    return [(qt, n, k, nt) for qt, n, k in bench.parse_shapes(a.shapes) for nt in bench.parse_int_range(a.nt, "--nt")]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="git revisions or variant directories to compare against, comma-separated")
+    add_case_args(ap)
     a = ap.parse_args()
-    cases = [(qt, n, k, nt) for qt, n, k in bench.parse_shapes(a.shapes) for nt in bench.parse_int_range(a.nt, "--nt")]
+    cases = parse_cases(a)
     bases = [(rev, load_base(rev, index=i)) for i, rev in enumerate(a.base.split(","))]
     for qt, n, k, nt in cases:
         for tag, mod in (*bases, ("new", G)):

@@ -14,11 +14,10 @@ import argparse
 import dataclasses
 import json
 
-from minfer_jax import bench
+from gemv_ab import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
+
 from minfer_jax import kernel_bench as KB
 from minfer_jax.pallas import gemv as G
-
-DEFAULT_SHAPES = "q4_0:4096x14336,q5_0:4096x14336,q4_k:4096x14336,q6_k:4096x14336,q8_0:4096x14336"
 
 
 def parse_variants(text: str) -> list[dict]:
@@ -45,13 +44,11 @@ def parse_variants(text: str) -> list[dict]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", required=True, help="';'-separated overrides, each 'field=int,...'")
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="TYPE:OUTxIN list, as scripts/bench.py --shapes")
-    ap.add_argument("--nt", default="1,8", help="token counts, as scripts/bench.py --nt")
-    ap.add_argument("--reps", type=int, default=20)
+    add_case_args(ap)
     ap.add_argument("--jsonl", help="also append one JSON line per timed case here")
     a = ap.parse_args()
     variants = [{}] + parse_variants(a.variants)
-    cases = [(qt, n, k, nt) for qt, n, k in bench.parse_shapes(a.shapes) for nt in bench.parse_int_range(a.nt, "--nt")]
+    cases = parse_cases(a)
     for qt, n, k, nt in cases:
         base = G.choose_config(qt, n, k, nt)
         for v in variants:

@@ -204,10 +204,10 @@ def _int8_kernel(qtype: QType, ntp: int, bn: int, gt: int, n_steps: int, emulate
     x arrives as f32 (quantized here, per step and token; with `scaled` times a per-input scale
     of the same view, e.g. a folded RMSNorm weight) or, with `prequant`, already quantized by
     quant.int8_words.quantize_x (words + scales). With `x_first` (X_FIRST, PREQUANT_X_FIRST) x is
-    loaded before the weight tiles (and quantized before they are decoded). Coarse planes (one value per `per` groups,
-    e.g. a K-quant's d) arrive as whole rows and are gathered at absolute group numbers, so a K
-    split need not align to their columns (loading only a program's own columns as a block
-    measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
+    loaded before the weight tiles (and quantized before they are decoded). Coarse planes (one
+    value per `per` groups, e.g. a K-quant's d) arrive as whole rows and are gathered at absolute
+    group numbers, so a K split need not align to their columns (loading only a program's own
+    columns as a block measured no faster: Q4_K 16.2 vs 16.4 us, Q6_K equal).
 
     Per-group values (fields, x scales, S, accumulators) are [bn, gt] tiles, or [bn, gt, 1]
     (meeting the words by size-1 broadcasts; PREQUANT_3D formats when x comes pre-quantized, see
