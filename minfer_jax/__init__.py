@@ -8,16 +8,18 @@
 
 from minfer_jax.errors import (ContextOverflowError, GGUFError, MinferError, ModelNotFoundError,
                                TemplateError, UnsupportedError)
-from minfer_jax.engine import GenerationResult, decode_loop, prefill_step, prompt_logits
+from minfer_jax.engine import GenerationResult, SlotState, decode_chunk, prefill_chunk, prompt_logits
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
-from minfer_jax.runtime import Model, generate, load
+from minfer_jax.plan import Plan
+from minfer_jax.runtime import Model, generate, generate_batch, load
+from minfer_jax.scheduler import Request, Scheduler
 from minfer_jax.sampling import GREEDY, Sampler
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Config", "ContextOverflowError", "GGUFError", "GREEDY", "GenerationResult", "Impl", "MinferError", "Model",
-    "ModelNotFoundError", "Sampler", "TemplateError", "UnsupportedError", "decode_loop", "generate", "load",
-    "prefill_step", "prompt_logits",
+    "ModelNotFoundError", "Plan", "Request", "Sampler", "Scheduler", "SlotState", "TemplateError", "UnsupportedError",
+    "decode_chunk", "generate", "generate_batch", "load", "prefill_chunk", "prompt_logits",
 ]

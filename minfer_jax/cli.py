@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Sequence
 
-from minfer_jax import engine as gen
 from minfer_jax.errors import ContextOverflowError, MinferError
 from minfer_jax.gguf import load_gguf
 from minfer_jax.model_source import resolve_model
@@ -382,20 +381,9 @@ class _Session:
         self.write(text)
 
     def generate(self, ids: Sequence[int], *, turn: int = 0):
-        n = len(ids)
-        if n == 0:
-            raise ValueError("the prompt is empty (it encodes to no tokens)")
-        if n >= self.max_len:
-            raise ContextOverflowError(
-                f"the prompt is {n} tokens but the context (-c) holds {self.max_len}, which leaves no room to "
-                f"generate; use a larger -c or a shorter prompt")
         max_new = self.n_predict if self.n_predict >= 0 else self.max_len
         self.partial = []
-        compile_s = self._ensure_compiled(n, max_new)
-        result = gen.run_generation(self.model, ids, max_new_tokens=max_new, sampler=self.sampler,
-                                    seed=(self.seed + turn) % 2**32, stop=self.stop,
-                                    on_text=self._on_text if self.stream else None, chunk=CHUNK,
-                                    max_len=self.max_len)
+        result, compile_s = self._produce(ids, max_new, (self.seed + turn) % 2**32)
         self.last = _Totals(prompt_tokens=result.n_prompt, prefill_s=result.prefill_s,
                             generated=len(result.tokens), decode_tokens=max(len(result.tokens) - 1, 0),
                             decode_s=result.decode_s, compile_s=compile_s + result.compile_s,
@@ -403,22 +391,23 @@ class _Session:
         self.totals.add(self.last)
         return result
 
-    def _ensure_compiled(self, n: int, max_new: int) -> float:
-        """Compile the executables this generation needs up front, with a message on stderr."""
-        model, sampler, max_len = self.model, self.sampler, self.max_len
-        bucket = gen.bucket_for(n, max_len)
-        span = gen.decode_span(n + CHUNK, max_len)  # the first decode chunk's attention window
-        todo = []
-        if not model.is_compiled(model.prefill_key(bucket, max_len, sampler)):
-            todo.append(("prefill", lambda: model.prefill_executable(bucket, max_len, sampler)))
-        if max_new > 1 and not model.is_compiled(model.decode_key(CHUNK, max_len, sampler, span)):
-            todo.append(("decode", lambda: model.decode_executable(CHUNK, max_len, sampler, span)))
+    def _produce(self, ids: Sequence[int], max_new: int, seed: int):
+        """One generation through the model's scheduler: (GenerationResult, seconds compiling ahead)."""
+        sched = self.model.scheduler(1, ctx=self.max_len, decode_steps=CHUNK)
+        req = sched.submit(ids, max_new_tokens=max_new, sampler=self.sampler, seed=seed, stop=self.stop,
+                           on_text=self._on_text if self.stream else None)
+        compile_s = self._compile_ahead(sched, len(ids), max_new)
+        sched.run([req])
+        return req.result(), compile_s
+
+    def _compile_ahead(self, sched, n: int, max_new: int) -> float:
+        """Compile what the scheduler says this generation runs first, with a message on stderr."""
+        todo = [k for k in sched.needed(n, max_new, self.sampler) if not self.model.is_compiled(k)]
         if not todo:
             return 0.0
-        what = " + ".join(f"prefill [{bucket}]" if k == "prefill" else f"decode [{CHUNK}]" for k, _ in todo)
-        with _Spinner(self.err, f"compiling {what} (context {max_len})") as spin:
-            for _, build in todo:
-                build()
+        what = " + ".join(k.label for k in todo)
+        with _Spinner(self.err, f"compiling {what} (context {self.max_len})") as spin:
+            sched.compile(todo)
         return spin.elapsed
 
 

@@ -1,10 +1,11 @@
-"""The loaded model: params on the device, tokenizer, and one compiled executable per shape bucket.
+"""The loaded model (params on the device, tokenizer, compiled executables) and the library calls.
 
 `load(path)` resolves the model reference, validates the GGUF, moves the weights to the device
 (quantized planes on a GPU, a dense copy on a CPU: model/weights.py says why) and returns a
-`Model`. Executables are compiled ahead of time per (kind, bucket, cache length, sampler) and
-kept on the Model, so each bucket compiles exactly once per process; JAX's persistent
-compilation cache makes the next process start fast.
+`Model`. The executables a plan names (plan.py) are compiled ahead of time on first use and kept
+on the Model, so each compiles exactly once per process; JAX's persistent compilation cache makes
+the next process start fast. `generate` and `generate_batch` run through the Model's scheduler
+(scheduler.py), the package's one host loop.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax import engine as gen
 from minfer_jax import ops
+from minfer_jax import plan as plan_mod
+from minfer_jax.engine import GenerationResult
 from minfer_jax.errors import ContextOverflowError
 from minfer_jax.gguf import GGUFModel, load_gguf
 from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
+from minfer_jax.plan import Plan
 from minfer_jax.sampling import GREEDY, Sampler
+from minfer_jax.scheduler import RequestError, Scheduler
 
 DEFAULT_CTX = 4096
 COMPILATION_CACHE_ENV = "MINFER_COMPILATION_CACHE"  # a directory, or "0"/"off" to disable
@@ -61,109 +65,78 @@ class Model:
     cache_dtype: object
     source: str
     weight_mode: str
+    chunk: int = plan_mod.DEFAULT_CHUNK["cpu"]  # prefill chunk (tokens per executable)
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
+    _scheduler: Scheduler | None = dataclasses.field(default=None, repr=False)
 
     @property
     def weight_nbytes(self) -> int:
         return params_nbytes(self.params)
 
-    def new_cache(self, max_len: int | None = None) -> KVCache:
-        return init_cache(self.config, max_len or self.ctx_size, self.cache_dtype)
+    def new_cache(self, n_slots: int = 1, max_len: int | None = None) -> KVCache:
+        return init_cache(self.config, n_slots, max_len or self.plan().cache_len, self.cache_dtype)
 
-    # -- compiled executables, one per bucket -------------------------------------------------
-    def _compile(self, key, fn: Callable, *args) -> tuple[Callable, float]:
-        """AOT-compile fn for these argument shapes once; returns (executable, seconds spent now)."""
+    # -- the plan and its executables ------------------------------------------------------------
+    def plan(self, n_seqs: int = 1, ctx: int | None = None, decode_steps: int = plan_mod.DECODE_STEPS) -> Plan:
+        return Plan(ctx=ctx or self.ctx_size, n_seqs=n_seqs, chunk=self.chunk, decode_steps=decode_steps,
+                    spans=self.impl.kernels == "xla")
+
+    def executable(self, key) -> tuple[Callable, float]:
+        """The compiled executable for a plan key (plan.py), compiled on first use: (exe, seconds spent now)."""
         exe = self._compiled.get(key)
         if exe is not None:
             return exe, 0.0
         t0 = time.perf_counter()
-        exe = fn.lower(*args).compile()
-        self._compiled[key] = exe
+        exe = self._compiled[key] = key.lower(self).compile()
         return exe, time.perf_counter() - t0
 
-    def _cache_spec(self, max_len: int):
-        shape = (self.config.n_layers, max_len, self.config.n_kv_heads, self.config.head_dim)
-        spec = jax.ShapeDtypeStruct(shape, self.cache_dtype)
-        return KVCache(k=spec, v=spec)
-
-    def prefill_executable(self, bucket: int, max_len: int, sampler: Sampler = GREEDY):
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        return self._compile(
-            self.prefill_key(bucket, max_len, sampler), _prefill_jit(self.config, self.impl, sampler),
-            self.params, self._cache_spec(max_len), jax.ShapeDtypeStruct((bucket,), jnp.int32), i32, i32,
-            jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((sampler.history_len,), jnp.int32))
-
-    def decode_executable(self, n_steps: int, max_len: int, sampler: Sampler = GREEDY, span: int | None = None):
-        """Executable for n_steps decode steps attending over cache slots [0, span) (default: all)."""
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        span = max_len if span is None else span
-        return self._compile(
-            self.decode_key(n_steps, max_len, sampler, span), _decode_jit(self.config, self.impl, sampler, n_steps, span),
-            self.params, self._cache_spec(max_len), i32, i32, jax.ShapeDtypeStruct((2,), jnp.uint32),
-            jax.ShapeDtypeStruct((sampler.history_len,), jnp.int32))
-
-    @staticmethod
-    def prefill_key(bucket: int, max_len: int, sampler: Sampler) -> tuple:
-        return ("prefill", bucket, max_len, sampler)
-
-    @staticmethod
-    def decode_key(n_steps: int, max_len: int, sampler: Sampler, span: int) -> tuple:
-        return ("decode", n_steps, max_len, sampler, span)
-
-    def is_compiled(self, key: tuple) -> bool:
+    def is_compiled(self, key) -> bool:
         return key in self._compiled
 
-    def logits_executable(self, bucket: int, max_len: int):
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        return self._compile(("logits", bucket, max_len), _logits_jit(self.config, self.impl),
-                             self.params, self._cache_spec(max_len), jax.ShapeDtypeStruct((bucket,), jnp.int32), i32)
+    def scheduler(self, n_seqs: int = 1, ctx: int | None = None, decode_steps: int = plan_mod.DECODE_STEPS
+                  ) -> Scheduler:
+        """The model's host loop for this plan (one at a time: a new plan frees the last one's cache)."""
+        plan = self.plan(n_seqs, ctx, decode_steps)
+        s = self._scheduler
+        if s is None or s.model is not self or s.plan != plan or s.busy:
+            self._scheduler = None  # drop the old KV cache before allocating the next
+            self._scheduler = Scheduler(self, plan)
+        return self._scheduler
 
     # -- user-facing helpers -----------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Logits at every position of one prefill: [n, vocab] float32."""
+        """Logits at every position of one prompt, run in prefill chunks: [n, vocab] float32."""
         ids = [int(t) for t in token_ids]
         if not ids:
-            raise ValueError("logits() needs at least one token")
-        n = len(ids)
-        if n > self.ctx_size:
-            raise ContextOverflowError(f"{n} tokens do not fit in the context of {self.ctx_size} tokens")
-        bucket = gen.bucket_for(n, self.ctx_size)
-        tokens = np.zeros((bucket,), np.int32)
-        tokens[:n] = ids
-        exe, _ = self.logits_executable(bucket, bucket)
-        out, _ = exe(self.params, self.new_cache(bucket), jnp.asarray(tokens), jnp.int32(0))
-        return np.asarray(out[:n], np.float32)
-
-
-# Jitted step functions, built once per static configuration (never per call).
-@functools.cache
-def _prefill_jit(cfg, impl, sampler):
-    return jax.jit(functools.partial(gen.prefill_step, cfg=cfg, impl=impl, sampler=sampler), donate_argnums=(1,))
-
-
-@functools.cache
-def _decode_jit(cfg, impl, sampler, n_steps, span):
-    return jax.jit(functools.partial(gen.decode_loop, cfg=cfg, impl=impl, sampler=sampler, n_steps=n_steps,
-                                     span=span), donate_argnums=(1,))
-
-
-@functools.cache
-def _logits_jit(cfg, impl):
-    return jax.jit(functools.partial(gen.prompt_logits, cfg=cfg, impl=impl), donate_argnums=(1,))
+            raise ContextOverflowError("logits() needs at least one token")
+        if len(ids) > self.ctx_size:
+            raise ContextOverflowError(f"{len(ids)} tokens do not fit in the context of {self.ctx_size} tokens")
+        plan = self.plan()
+        cache, out = self.new_cache(1, plan.cache_len), []
+        for start, bucket, n_valid in plan.chunks(len(ids)):
+            exe, _ = self.executable(plan.logits_key(bucket))
+            tokens = np.zeros((bucket,), np.int32)
+            tokens[:n_valid] = ids[start:start + n_valid]
+            logits, cache = exe(self.params, cache, tokens, np.int32(0), np.int32(start))
+            out.append(np.asarray(logits[:n_valid], np.float32))
+        return np.concatenate(out)
 
 
 def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, weights: str | None = None,
          dense_dtype: str = "float32", wide_dtype: str = "float32", kernels: str | None = None,
-         gemm: str = "auto", cache_dtype=None, device=None, progress: bool = False, gguf_model: GGUFModel | None = None) -> Model:
+         gemm: str = "auto", cache_dtype=None, device=None, progress: bool = False, gguf_model: GGUFModel | None = None,
+         prefill_chunk: int | None = None) -> Model:
     """Load a Qwen2 GGUF (None: the built-in default model) onto the default device.
 
     weights: "quantized" (default with kernels) keeps GGUF formats on the device; "dense" (default
     on CPU) dequantizes once (weights.LoadOptions: dense_dtype / wide_dtype). kernels: "pallas" |
     "interpret" | "xla" (default: pallas on GPU, xla elsewhere). ctx_size: KV cache length
-    (default min(4096, trained context)). gemm: prefill variant, "auto", "f16", "dequant" or "int8" (ops.Impl).
+    (default min(4096, trained context); any value up to the trained context). gemm: prefill
+    variant, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per prefill
+    executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
     gguf_model: an already parsed GGUFModel (e.g. synthetic).
     """
     from minfer_jax.model_source import resolve_model
@@ -195,28 +168,68 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     opts = LoadOptions(mode=mode, dense_dtype=dense_dtype, wide_dtype=wide_dtype)
     params = load_params(gguf_model, opts, device=device, progress=bar)
     tokenizer = Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None
+    chunk = prefill_chunk or plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"])
+    Plan(ctx=ctx, chunk=chunk)  # validates the chunk before any weight moves
     return Model(config=cfg, params=params, tokenizer=tokenizer, impl=impl, ctx_size=ctx,
-                 cache_dtype=jnp.dtype(cache_dtype), source=source, weight_mode=mode)
+                 cache_dtype=jnp.dtype(cache_dtype), source=source, weight_mode=mode, chunk=chunk)
+
+
+def sampler_of(temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+               repeat_penalty: float = 1.0, repeat_last_n: int = 64) -> Sampler:
+    """A Sampler from generate()'s keywords; greedy drops the filters (they do not change argmax)."""
+    if temperature <= 0:
+        return dataclasses.replace(GREEDY, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
+    return Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
+
+
+def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+    """A text prompt tokenized (with chat=True wrapped in the chat template), or token ids as given."""
+    if not isinstance(prompt, str):
+        return [int(t) for t in prompt]
+    if model.tokenizer is None:
+        raise RequestError("this model has no tokenizer metadata: pass token ids")
+    if chat:
+        text = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        return model.tokenizer.encode(text, add_special=False)
+    return model.tokenizer.encode(prompt)
 
 
 def generate(model: Model, prompt: str | Sequence[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
              repeat_last_n: int = 64, seed: int = 0, stop: Sequence[str] = (), chat: bool = False,
-             on_text: Callable[[str], None] | None = None, chunk: int = 16) -> gen.GenerationResult:
-    """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token ids."""
-    if isinstance(prompt, str):
-        if model.tokenizer is None:
-            raise ValueError("this model has no tokenizer metadata: pass token ids")
-        if chat:
-            prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            ids = model.tokenizer.encode(prompt, add_special=False)
-        else:
-            ids = model.tokenizer.encode(prompt)
-    else:
-        ids = [int(t) for t in prompt]
-    sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
-    if sampler.greedy:  # filters are irrelevant when greedy: one executable for all greedy calls
-        sampler = dataclasses.replace(GREEDY, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
-    return gen.run_generation(model, ids, max_new_tokens=max_new_tokens, sampler=sampler, seed=seed,
-                              stop=stop, on_text=on_text, chunk=chunk)
+             on_text: Callable[[str], None] | None = None,
+             decode_steps: int = plan_mod.DECODE_STEPS) -> GenerationResult:
+    """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token ids.
+
+    decode_steps: tokens per decode executable (text streams to on_text once per such chunk).
+    """
+    sampler = sampler_of(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
+    sched = model.scheduler(1, decode_steps=decode_steps)
+    req = sched.submit(prompt_ids(model, prompt, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=seed,
+                       stop=stop, on_text=on_text)
+    sched.run([req])
+    return req.result()
+
+
+def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 128,
+                   temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                   repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | Sequence[int] = 0,
+                   stop: Sequence[str] = (), chat: bool = False, max_batch: int = plan_mod.MAX_SEQS,
+                   decode_steps: int = plan_mod.DECODE_STEPS) -> list[GenerationResult]:
+    """generate() for many prompts at once, decoded together; one result per prompt, in order.
+
+    seed: one for all prompts or one per prompt. Each sequence gets the tokens it gets alone.
+    """
+    prompts = list(prompts)
+    if not prompts:
+        return []
+    seeds = [seed] * len(prompts) if isinstance(seed, int) else [int(s) for s in seed]
+    if len(seeds) != len(prompts):
+        raise RequestError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    sampler = sampler_of(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
+    sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
+    reqs = [sched.submit(prompt_ids(model, p, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=s,
+                         stop=stop) for p, s in zip(prompts, seeds)]
+    sched.run(reqs)
+    return [r.result() for r in reqs]

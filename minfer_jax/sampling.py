@@ -80,3 +80,96 @@ def sample(logits: jax.Array, key: jax.Array, sampler: Sampler, history: jax.Arr
     masked = jnp.where(keep, vals / sampler.temperature, -jnp.inf)
     choice = jax.random.categorical(key, masked)
     return ids[choice].astype(jnp.int32)
+
+
+# -- many rows at once: the sampler of the batched engine ------------------------------------------
+# Settings travel as arrays (one row per sequence) so a batch of different samplers shares one
+# executable; only their shape is static (`SamplerMode`). A row's random key is derived from its
+# seed and the position of the token it draws, so a sequence samples the same tokens whatever
+# batch, chunk or slot it runs in.
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowSettings:
+    """Per-row sampler settings, each an array [B]."""
+
+    temperature: jax.Array  # f32; <= 0: greedy
+    top_k: jax.Array  # i32; 0: off
+    top_p: jax.Array  # f32
+    min_p: jax.Array  # f32
+    repeat_penalty: jax.Array  # f32; 1: off
+    repeat_last_n: jax.Array  # i32
+    seed: jax.Array  # u32
+
+    @staticmethod
+    def of(samplers, seeds, rows: int | None = None) -> RowSettings:
+        """Host arrays for these samplers (padded with greedy rows up to `rows`)."""
+        import numpy as np
+
+        pad = (rows or len(samplers)) - len(samplers)
+        samplers = list(samplers) + [GREEDY] * pad
+        seeds = [int(s) % 2**32 for s in seeds] + [0] * pad
+
+        def col(name, dtype):
+            return np.asarray([getattr(s, name) for s in samplers], dtype)
+
+        return RowSettings(temperature=col("temperature", np.float32), top_k=col("top_k", np.int32),
+                           top_p=col("top_p", np.float32), min_p=col("min_p", np.float32),
+                           repeat_penalty=col("repeat_penalty", np.float32),
+                           repeat_last_n=np.asarray([s.history_len for s in samplers], np.int32),
+                           seed=np.asarray(seeds, np.uint32))
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerMode:
+    """The static shape of a batch's sampling; one executable per mode."""
+
+    sampled: bool = False  # some row draws (temperature > 0); else every row is greedy
+    top_k_cap: int = 0  # candidates kept for rows with a filter (0: no such row)
+    history: int = 0  # repeat-penalty history width per row (0: none)
+
+    @staticmethod
+    def of(samplers, history: int, vocab: int) -> SamplerMode:
+        drawn = [s for s in samplers if not s.greedy]
+        filtered = [s for s in drawn if s.top_k > 0 or s.top_p < 1.0 or s.min_p > 0.0]
+        cap = max((min(s.top_k if s.top_k > 0 else FULL_SORT_CAP, vocab) for s in filtered), default=0)
+        if cap:
+            cap = min(1 << (cap - 1).bit_length(), vocab)  # power-of-two buckets: few executables
+        return SamplerMode(sampled=bool(drawn), top_k_cap=cap, history=history)
+
+
+def push_history(history: jax.Array, tokens: jax.Array) -> jax.Array:
+    """history [B, W] (oldest first) with tokens [B] appended, the oldest dropped."""
+    if history.shape[-1] == 0:
+        return history
+    return jnp.concatenate([history[:, 1:], tokens[:, None].astype(history.dtype)], axis=1)
+
+
+def sample_rows(logits: jax.Array, positions: jax.Array, rows: RowSettings, history: jax.Array,
+                mode: SamplerMode) -> jax.Array:
+    """logits [B, vocab] -> token ids [B] int32; row b draws the token of position positions[b]."""
+    logits = logits.astype(jnp.float32)
+    if mode.history:
+        width = history.shape[1]
+        recent = jnp.arange(width)[None, :] >= width - rows.repeat_last_n[:, None]
+        logits = jax.vmap(apply_repeat_penalty)(logits, jnp.where(recent, history, -1), rows.repeat_penalty)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if not mode.sampled:
+        return greedy
+    keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.PRNGKey(s), p))(rows.seed, positions)
+    temp = jnp.where(rows.temperature > 0, rows.temperature, 1.0)[:, None]
+    tokens = jax.vmap(jax.random.categorical)(keys, logits / temp).astype(jnp.int32)
+    if mode.top_k_cap:
+        cap = mode.top_k_cap
+        vals, ids = jax.lax.top_k(logits, cap)  # [B, cap] descending
+        k = jnp.where(rows.top_k > 0, jnp.minimum(rows.top_k, cap), cap)[:, None]
+        vals = jnp.where(jnp.arange(cap)[None, :] < k, vals, -jnp.inf)
+        probs = jax.nn.softmax(vals, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # keep the smallest prefix reaching top_p
+        keep = (before < rows.top_p[:, None]) & (probs >= rows.min_p[:, None] * probs[:, :1]) & (vals > -jnp.inf)
+        choice = jax.vmap(jax.random.categorical)(keys, jnp.where(keep, vals / temp, -jnp.inf))
+        picked = jnp.take_along_axis(ids, choice[:, None], axis=1)[:, 0].astype(jnp.int32)
+        filtered = (rows.top_k > 0) | (rows.top_p < 1.0) | (rows.min_p > 0.0)
+        tokens = jnp.where(filtered, picked, tokens)
+    return jnp.where(rows.temperature > 0, tokens, greedy)

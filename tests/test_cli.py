@@ -223,11 +223,11 @@ def test_ctx_clamped_to_trained_context(run_cli, shared_model):
 
 @pytest.mark.real_model
 def test_one_shot_ctrl_c(run_cli, monkeypatch):
-    def interrupted(model, ids, *, on_text=None, **kw):
-        on_text("partial")
+    def interrupted(session, ids, max_new, seed):
+        session._on_text("partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.gen, "run_generation", interrupted)
+    monkeypatch.setattr(cli._Session, "_produce", interrupted)
     rc, out, err, _ = run_cli("-p", FIB, "-n", "4", "--temp", "0")
     assert rc == 130 and out == "partial\n" and "interrupted" in err and "Traceback" not in err
 
@@ -239,15 +239,15 @@ def test_interactive_chat_keeps_history(run_cli, shared_model, monkeypatch):
     prompts: list[str] = []
     replies = iter([None, "Second reply.", "Third reply."])  # None: Ctrl-C in the middle of the reply
 
-    def fake_generation(model, ids, *, on_text=None, **kw):
+    def fake_generation(session, ids, max_new, seed):
         prompts.append(tok.decode(ids))
         reply = next(replies)
         if reply is None:
-            on_text("I was say")
+            session._on_text("I was say")
             raise KeyboardInterrupt
-        on_text(reply)
+        session._on_text(reply)
         return GenerationResult(tokens=tok.encode(reply), text=reply, prompt_tokens=list(ids), stop_reason="eos",
-                                prefill_s=0.1, decode_s=0.1, compile_s=0.0)
+                                prefill_s=0.1, decode_s=0.1, compile_s=0.0), 0.0
 
     lines = iter(["first question", "", "second \\", "line two", "/reset", "third", KeyboardInterrupt, "/exit"])
 
@@ -259,8 +259,7 @@ def test_interactive_chat_keeps_history(run_cli, shared_model, monkeypatch):
 
     monkeypatch.setattr(cli, "_stdin_is_tty", lambda: True)
     monkeypatch.setattr(cli, "_input", fake_input)
-    monkeypatch.setattr(cli.gen, "run_generation", fake_generation)
-    monkeypatch.setattr(cli._Session, "_ensure_compiled", lambda self, n, max_new: 0.0)
+    monkeypatch.setattr(cli._Session, "_produce", fake_generation)
     rc, out, err, _ = run_cli("--chat", "-sys", "Be brief.", "-n", "16")
     assert rc == 0, err
     assert len(prompts) == 3

@@ -18,9 +18,12 @@ from gguf.quants import dequantize
 import jax
 import jax.numpy as jnp
 
+import functools
+
 import minfer_jax
 from minfer_jax import engine as gen
-from minfer_jax.sampling import GREEDY
+from minfer_jax.model.qwen2 import forward_decode
+from minfer_jax.sampling import GREEDY, RowSettings, SamplerMode
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, counting from zero.\"\"\"\n"
 
@@ -105,20 +108,22 @@ def test_logits_match_float64_reference(model, real_model, prompt_ids):
 
 @pytest.mark.real_model
 def test_decode_steps_match_prefill_logits(model, prompt_ids):
-    """Feeding 32 tokens one at a time through the cache gives the logits of one 48-token prefill."""
+    """Feeding 32 tokens one at a time through the cache (the decode path) gives one 48-token prefill's logits."""
     cont = model.tokenizer.encode("    if n <= 1:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n"
                                   "        a, b = b, a + b\n    return b\n")
     seq = prompt_ids + cont[:32]
     assert len(seq) == 48
     full = model.logits(seq)  # [48, vocab]
 
-    exe16, _ = model.logits_executable(16, 64)
-    exe1, _ = model.logits_executable(1, 64)  # one-token steps: the decode shape
-    cache = model.new_cache(64)
-    first, cache = exe16(model.params, cache, jnp.asarray(seq[:16], jnp.int32), jnp.int32(0))
+    plan = model.plan(ctx=64)
+    prefill, _ = model.executable(plan.logits_key(16))
+    decode = jax.jit(functools.partial(forward_decode, cfg=model.config, impl=model.impl, span=plan.span(48)))
+    cache = model.new_cache(1, plan.cache_len)
+    first, cache = prefill(model.params, cache, np.asarray(seq[:16], np.int32), np.int32(0), np.int32(0))
     steps = [np.asarray(first)[-1]]
+    zero = jnp.zeros((1,), jnp.int32)
     for pos in range(16, 47):
-        out, cache = exe1(model.params, cache, jnp.asarray(seq[pos:pos + 1], jnp.int32), jnp.int32(pos))
+        out, cache = decode(model.params, jnp.asarray(seq[pos:pos + 1], jnp.int32), zero, zero + pos, cache)
         steps.append(np.asarray(out)[0])
     steps = np.stack(steps)  # logits predicting tokens 16..47
     np.testing.assert_allclose(steps, full[15:47], atol=2e-3, rtol=0)
@@ -171,20 +176,20 @@ def test_buckets_compile_once(model):
     """Prompts of different lengths in one bucket reuse one executable: no retrace, no recompile."""
     import chex
 
-    calls = []
-    exe, _ = model.prefill_executable(16, 64, GREEDY)
+    plan = model.plan(ctx=64)
+    mode = SamplerMode(history=0)
+    exe, _ = model.executable(plan.prefill_key(16, mode))
     for n in (3, 9, 16):
-        exe_again, dt = model.prefill_executable(16, 64, GREEDY)
+        (_, bucket, _), = plan.chunks(n)
+        exe_again, dt = model.executable(plan.prefill_key(bucket, mode))
         assert exe_again is exe and dt == 0.0
-        calls.append(n)
     # The jitted step itself traces once per static configuration.
     traced = chex.assert_max_traces(n=1)(gen.prompt_logits)
-    f = jax.jit(lambda p, c, t, s: traced(p, c, t, s, cfg=model.config, impl=model.impl))
+    f = jax.jit(lambda p, c, t, s: traced(p, c, t, jnp.int32(0), s, cfg=model.config, impl=model.impl))
     for n in (1, 5):
         toks = np.zeros((16,), np.int32)
         toks[:n] = 100
-        f(model.params, model.new_cache(16), jnp.asarray(toks), jnp.int32(0))
-    assert gen.bucket_for(3, 64) == 16 and gen.bucket_for(17, 64) == 32 and gen.bucket_for(40, 48) == 48
+        f(model.params, model.new_cache(1, 256), jnp.asarray(toks), jnp.int32(n))
 
 
 @pytest.mark.real_model
@@ -200,23 +205,27 @@ def test_quantized_weights_stay_within_file_size_and_agree_with_dense(model, rea
 
 
 def test_step_functions_compose_inside_a_user_jit():
-    """prefill_step and decode_loop are pure: a caller can jit them together with its own code."""
+    """prefill_chunk and decode_chunk are pure: a caller can jit them together with its own code."""
     from minfer_jax.synthetic import synthetic_model
 
     gm = synthetic_model("qwen2.5-0.5b:q8_0", layers=1, seed=2)
     m = minfer_jax.load(gguf_model=gm, weights="quantized", kernels="xla", ctx_size=64)
-    cfg, impl = m.config, m.impl
+    cfg, impl, mode = m.config, m.impl, SamplerMode()
+    rows = RowSettings.of([GREEDY], [0])
 
     @jax.jit
-    def prefill_then_decode(params, cache, prompt, key):
-        hist = jnp.zeros((0,), jnp.int32)
-        tok, _, cache = minfer_jax.prefill_step(params, cache, prompt, jnp.int32(0), jnp.int32(prompt.shape[0]),
-                                                key, hist, cfg=cfg, impl=impl, sampler=GREEDY)
-        out, *_ = minfer_jax.decode_loop(params, cache, tok, jnp.int32(prompt.shape[0]), key, hist, cfg=cfg,
-                                         impl=impl, sampler=GREEDY, n_steps=4)
-        return jnp.concatenate([tok[None], out])
+    def prefill_then_decode(params, cache, prompt):
+        state = minfer_jax.engine.init_slot_state(1, 0)
+        zero = jnp.int32(0)
+        tok, state, cache = minfer_jax.prefill_chunk(params, cache, state, prompt, zero, zero,
+                                                     jnp.int32(prompt.shape[0]), jnp.zeros((0,), jnp.int32), rows,
+                                                     cfg=cfg, impl=impl, mode=mode)
+        out, state, cache = minfer_jax.decode_chunk(params, cache, state, jnp.zeros((1,), jnp.int32),
+                                                    jnp.full((1,), prompt.shape[0], jnp.int32), rows, cfg=cfg,
+                                                    impl=impl, mode=mode, n_steps=4)
+        return jnp.concatenate([tok[None], out[:, 0]])
 
     prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, 16), jnp.int32)
-    got = prefill_then_decode(m.params, m.new_cache(64), prompt, jax.random.PRNGKey(0))
-    want = minfer_jax.generate(m, [int(t) for t in prompt], max_new_tokens=5, chunk=4)
+    got = prefill_then_decode(m.params, m.new_cache(1, 256), prompt)
+    want = minfer_jax.generate(m, [int(t) for t in prompt], max_new_tokens=5, decode_steps=4)
     assert got.tolist() == want.tokens

@@ -6,15 +6,22 @@ NeoX half-split form (base from metadata), GQA attention over the cache with a c
 Layers are unrolled at trace time: on the GPU a loop iteration costs ~8 us, more than a small
 model's whole per-layer weight read (docs/ARCHITECTURE.md).
 
-Every weight matmul goes through ops.matmul, the single place kernels are dispatched.
+Two entry points share the layer math:
+- `forward_chunk`: T consecutive tokens of one sequence (cache slot) from position `start`
+  (prefill, in fixed-size chunks);
+- `forward_decode`: one token for each of B rows, each in its own slot at its own position.
+Every weight matmul goes through ops.matmul, attention through model/attention.py.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from minfer_jax import ops
+from minfer_jax.model import attention
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import Layer, Params, embed_rows
@@ -30,63 +37,65 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def attention(q: jax.Array, k_all: jax.Array, v_all: jax.Array, positions: jax.Array, cfg: Config) -> jax.Array:
-    """q [T, H, hd] at `positions` over cache k/v [S, Hkv, hd] (slot s holds position s) -> [T, H*hd]."""
-    t, s = q.shape[0], k_all.shape[0]
-    qg = q.reshape(t, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)  # [T, Hkv, rep, hd]
-    scores = jnp.einsum("tgrd,sgd->grts", qg, k_all.astype(jnp.float32)) * (cfg.head_dim ** -0.5)  # [Hkv, rep, T, S]
-    visible = jnp.arange(s)[None, :] <= positions[:, None]  # [T, S] causal over absolute positions
-    scores = jnp.where(visible[None, None], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("grts,sgd->tgrd", probs, v_all.astype(jnp.float32))  # [T, Hkv, rep, hd]
-    return out.reshape(t, cfg.d_model)
-
-
-def layer_forward(x: jax.Array, layer: Layer, i: int, cache: KVCache, positions: jax.Array, cfg: Config,
-                  impl: ops.Impl, span: int | None = None) -> tuple[jax.Array, KVCache]:
-    """Decoder layer i. x [T, d] f32; the whole cache goes in and out so XLA updates it in place.
-
-    span (static): attend over cache slots [0, span) only; every position < span must cover all
-    keys the queries can see. None: the whole cache.
-    """
+def _qkv(x: jax.Array, layer: Layer, positions: jax.Array, cfg: Config, impl: ops.Impl):
+    """x [T, d] -> q [T, H, hd], k and v [T, Hkv, hd] (q and k rotated to their positions)."""
     t, d, kv = x.shape[0], cfg.d_model, cfg.kv_dim
     qkv = jnp.concatenate(ops.norm_matmuls(x, layer.attn_norm, cfg.rms_eps, layer.qkv, impl),
                           axis=-1) + layer.qkv_bias  # [T, d + 2kv]
     q = qkv[:, :d].reshape(t, cfg.n_heads, cfg.head_dim)
     k = qkv[:, d:d + kv].reshape(t, cfg.n_kv_heads, cfg.head_dim)
     v = qkv[:, d + kv:].reshape(t, cfg.n_kv_heads, cfg.head_dim)
-    q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
-    # Tokens occupy consecutive slots starting at positions[0] (prefill bucket or decode step).
-    # One update of the full [L, S, Hkv, hd] buffer: slicing out layer i first would copy it.
-    at = (i, positions[0], 0, 0)
-    cache = KVCache(k=jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), at),
-                    v=jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), at))
-    s = cache.max_len if span is None else span
-    x = x + ops.matmul(attention(q, cache.k[i, :s], cache.v[i, :s], positions, cfg), layer.wo, impl)
+    return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
 
+
+def _ffn(x: jax.Array, layer: Layer, cfg: Config, impl: ops.Impl) -> jax.Array:
     gate_up = jnp.concatenate(ops.norm_matmuls(x, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl),
                               axis=-1)  # [T, 2ff]
     gate, up = gate_up[:, :cfg.d_ff], gate_up[:, cfg.d_ff:]
-    x = x + ops.matmul(jax.nn.silu(gate) * up, layer.w_down, impl)
-    return x, cache
+    return x + ops.matmul(jax.nn.silu(gate) * up, layer.w_down, impl)
 
 
-def forward_hidden(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache, cfg: Config,
-                   impl: ops.Impl, span: int | None = None) -> tuple[jax.Array, KVCache]:
-    """tokens [T] at positions [T] (consecutive) -> final normed hidden [T, d] f32 and the updated cache."""
+def _layers(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache, cfg: Config,
+            impl: ops.Impl, attend: Callable) -> tuple[jax.Array, KVCache]:
+    """Embed, run every layer (unrolled) with `attend(i, q, k, v, k_cache, v_cache)`, final norm."""
     x = embed_rows(params.embed, tokens)  # [T, d]
+    ks, vs = list(cache.k), list(cache.v)
     for i, layer in enumerate(params.layers):  # unrolled at trace time
-        x, cache = layer_forward(x, layer, i, cache, positions, cfg, impl, span)
-    return ops.rms_norm(x, params.out_norm, cfg.rms_eps), cache
+        q, k, v = _qkv(x, layer, positions, cfg, impl)
+        ks[i], vs[i], att = attend(q, k.astype(ks[i].dtype), v.astype(vs[i].dtype), ks[i], vs[i])
+        x = _ffn(x + ops.matmul(att, layer.wo, impl), layer, cfg, impl)
+    return ops.rms_norm(x, params.out_norm, cfg.rms_eps), KVCache(k=tuple(ks), v=tuple(vs))
+
+
+def forward_chunk(params: Params, tokens: jax.Array, slot: jax.Array, start: jax.Array, cache: KVCache,
+                  cfg: Config, impl: ops.Impl) -> tuple[jax.Array, KVCache]:
+    """tokens [T] of sequence `slot` at positions start + [0, T) -> final normed hidden [T, d], cache."""
+    positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
+
+    def attend(q, k, v, k_cache, v_cache):
+        at = (slot, 0, start, 0)  # [T, Hkv, hd] -> the slot's rows [Hkv, start:start+T]
+        k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 0, 1)[None], at)
+        v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 0, 1)[None], at)
+        return k_cache, v_cache, attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl)
+
+    return _layers(params, tokens, positions, cache, cfg, impl, attend)
+
+
+def forward_decode(params: Params, tokens: jax.Array, slots: jax.Array, positions: jax.Array, cache: KVCache,
+                   cfg: Config, impl: ops.Impl, span: int | None = None) -> tuple[jax.Array, KVCache]:
+    """tokens [B], row b in slot slots[b] at position positions[b] -> logits [B, vocab] f32, cache.
+
+    span (static, XLA path): attend over cache positions [0, span) only; every position < span.
+    """
+    def attend(q, k, v, k_cache, v_cache):
+        k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence
+        v_cache = v_cache.at[slots, :, positions].set(v)
+        return k_cache, v_cache, attention.decode_attention(q, k_cache, v_cache, slots, positions, cfg, impl, span)
+
+    h, cache = _layers(params, tokens, positions, cache, cfg, impl, attend)
+    return logits_from_hidden(params, h, impl), cache
 
 
 def logits_from_hidden(params: Params, h: jax.Array, impl: ops.Impl) -> jax.Array:
     """h [T, d] -> logits [T, vocab] f32 (output.weight, or token_embd when tied)."""
     return ops.matmul(h, params.head, impl)
-
-
-def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache, cfg: Config,
-            impl: ops.Impl, span: int | None = None) -> tuple[jax.Array, KVCache]:
-    """tokens [T] at consecutive positions [T] -> logits [T, vocab] f32 and the updated cache."""
-    h, cache = forward_hidden(params, tokens, positions, cache, cfg, impl, span)
-    return logits_from_hidden(params, h, impl), cache

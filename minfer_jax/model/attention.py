@@ -1,0 +1,63 @@
+"""Attention over the slot cache: the one place that picks the XLA math or the Pallas kernels.
+
+Two shapes of query, both reading one layer's cache `[n_slots, Hkv, S, hd]` in place:
+- chunk: T queries of one sequence at positions [start, start + T) over keys [0, start + t]
+  (prefill; pallas/attention.py's flash kernel reads keys up to start + T only);
+- decode: one query per row b at position pos[b] over keys [0, pos[b]] of its slot
+  (pallas/decode_attention.py: split over the key axis, reads [0, len) only).
+On the "xla" path (CPU) both are einsums with a position mask: a chunk attends over the whole
+slot, decode over a static power-of-two `span` of it (shape buckets chosen by plan.Plan).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from minfer_jax.model.config import Config
+
+
+def _kernels(impl) -> bool:
+    return impl.kernels in ("pallas", "interpret")
+
+
+def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot: jax.Array, start: jax.Array,
+                    cfg: Config, impl) -> jax.Array:
+    """q [T, H, hd] at positions start + [0, T) of sequence `slot` -> [T, H * hd] f32."""
+    t = q.shape[0]
+    if _kernels(impl):
+        from minfer_jax.pallas import attention
+
+        out = attention.chunk_attention(q, k_cache, v_cache, slot, start, interpret=impl.kernels == "interpret")
+        return out.reshape(t, cfg.d_model)
+    k = jax.lax.dynamic_index_in_dim(k_cache, slot, axis=0, keepdims=False).astype(jnp.float32)  # [Hkv, S, hd]
+    v = jax.lax.dynamic_index_in_dim(v_cache, slot, axis=0, keepdims=False).astype(jnp.float32)
+    qg = q.astype(jnp.float32).reshape(t, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
+    scores = jnp.einsum("tgrd,gsd->grts", qg, k) * (cfg.head_dim ** -0.5)  # [Hkv, rep, T, S]
+    positions = start + jnp.arange(t, dtype=jnp.int32)
+    visible = jnp.arange(k.shape[1])[None, :] <= positions[:, None]  # [T, S]
+    probs = jax.nn.softmax(jnp.where(visible[None, None], scores, -jnp.inf), axis=-1)
+    return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, cfg.d_model)
+
+
+def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots: jax.Array, positions: jax.Array,
+                     cfg: Config, impl, span: int | None = None) -> jax.Array:
+    """q [B, H, hd], row b at position positions[b] of slot slots[b] -> [B, H * hd] f32.
+
+    span (static, XLA path only): keys are read from slots [0, span); every position < span.
+    """
+    b = q.shape[0]
+    if _kernels(impl):
+        from minfer_jax.pallas import decode_attention as dec
+
+        out = dec.decode_attention(q[:, None], k_cache, v_cache, slots, positions + 1,
+                                   interpret=impl.kernels == "interpret")
+        return out.reshape(b, cfg.d_model)
+    s = k_cache.shape[2] if span is None else span
+    k = k_cache[slots, :, :s].astype(jnp.float32)  # [B, Hkv, span, hd]
+    v = v_cache[slots, :, :s].astype(jnp.float32)
+    qg = q.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
+    scores = jnp.einsum("bgrd,bgsd->bgrs", qg, k) * (cfg.head_dim ** -0.5)  # [B, Hkv, rep, span]
+    visible = jnp.arange(s)[None, :] <= positions[:, None]  # [B, span]
+    probs = jax.nn.softmax(jnp.where(visible[:, None, None], scores, -jnp.inf), axis=-1)
+    return jnp.einsum("bgrs,bgsd->bgrd", probs, v).reshape(b, cfg.d_model)

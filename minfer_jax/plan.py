@@ -1,0 +1,185 @@
+"""The plan of executables: which shapes the host loop compiles, decided in this one place.
+
+A process compiles a handful of executables whatever the prompt lengths: prompts run in chunks of
+`chunk` tokens (the last padded to a power of two >= 16), decode runs `decode_steps` tokens per
+executable for a power-of-two number of rows, and (XLA path only) decode attends over a
+power-of-two prefix of the cache. Each key below names one executable; `Model.executable(key)`
+compiles it once per process (and JAX's persistent cache across processes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from minfer_jax import engine
+from minfer_jax.errors import ContextOverflowError, MinferError
+from minfer_jax.model.cache import cache_spec
+from minfer_jax.sampling import RowSettings, SamplerMode
+
+MIN_BUCKET = 16  # smallest padded prompt chunk
+MIN_SPAN = 256  # smallest attention window an XLA decode executable is compiled for
+CACHE_ALIGN = 256  # cache positions per slot are a multiple of this (attention kernel blocks)
+MAX_SEQS = 64  # sequences one batch decodes at once
+DEFAULT_CHUNK = {"gpu": 512, "cpu": 256}  # prefill chunk per platform (docs/BENCHMARKS.md)
+DECODE_STEPS = 16  # tokens per decode executable: the host sees tokens once per chunk
+
+
+class PlanError(MinferError, ValueError):
+    """A plan setting (chunk, sequences, context) outside what the engine supports."""
+
+
+def pow2_at_least(n: int, floor: int = 1) -> int:
+    b = floor
+    while b < n:
+        b *= 2
+    return b
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    ctx: int  # tokens per sequence: prompt + generated
+    n_seqs: int = 1  # sequences decoded at once (cache slots; one scratch slot more when > 1)
+    chunk: int = DEFAULT_CHUNK["cpu"]
+    decode_steps: int = DECODE_STEPS
+    spans: bool = True  # decode attends over a power-of-two prefix (XLA path; kernels read [0, len))
+
+    def __post_init__(self):
+        for name, lo, hi in (("ctx", 1, 1 << 24), ("n_seqs", 1, MAX_SEQS), ("decode_steps", 1, 4096),
+                             ("chunk", MIN_BUCKET, 1 << 16)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise PlanError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
+        if self.chunk & (self.chunk - 1):
+            raise PlanError(f"chunk must be a power of two, got {self.chunk}")
+
+    @property
+    def n_slots(self) -> int:
+        return self.n_seqs + (self.n_seqs > 1)  # padded batch rows write into the scratch slot
+
+    @property
+    def scratch_slot(self) -> int:
+        return self.n_slots - 1
+
+    @property
+    def cache_len(self) -> int:
+        """Positions per slot: the context plus one decode chunk past it, in whole chunks."""
+        align = max(self.chunk, CACHE_ALIGN)
+        return -(-(self.ctx + self.decode_steps) // align) * align
+
+    def chunks(self, n: int, start: int = 0) -> list[tuple[int, int, int]]:
+        """(start, padded length, real tokens) of each prefill chunk of n tokens from `start`."""
+        if start + n > self.ctx:
+            raise ContextOverflowError(f"{start + n} tokens do not fit in a context of {self.ctx} tokens")
+        out = []
+        while n > 0:
+            size = min(n, self.chunk)
+            out.append((start, min(pow2_at_least(size, MIN_BUCKET), self.chunk), size))
+            start, n = start + size, n - size
+        return out
+
+    def rows(self, n_active: int) -> int:
+        """Batch rows compiled for n_active sequences: the next power of two."""
+        return min(pow2_at_least(n_active), pow2_at_least(self.n_seqs))
+
+    def span(self, end: int) -> int | None:
+        """Decode attention window for positions < end (None: the kernels read [0, len) themselves)."""
+        return min(pow2_at_least(end, MIN_SPAN), self.cache_len) if self.spans else None
+
+    def prefill_key(self, bucket: int, mode: SamplerMode) -> PrefillKey:
+        return PrefillKey(bucket, self.n_slots, self.cache_len, mode)
+
+    def decode_key(self, n_active: int, end: int, mode: SamplerMode) -> DecodeKey:
+        return DecodeKey(self.rows(n_active), self.decode_steps, self.n_slots, self.cache_len, mode, self.span(end))
+
+    def logits_key(self, bucket: int) -> LogitsKey:
+        return LogitsKey(bucket, self.n_slots, self.cache_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillKey:
+    bucket: int
+    n_slots: int
+    cache_len: int
+    mode: SamplerMode
+
+    @property
+    def label(self) -> str:
+        return f"prefill [{self.bucket}]"
+
+    def lower(self, model):
+        i32 = jax.ShapeDtypeStruct((), jnp.int32)
+        fn = _prefill_jit(model.config, model.impl, self.mode)
+        return fn.lower(model.params, _cache(model, self), _state(self, self.mode),
+                        jax.ShapeDtypeStruct((self.bucket,), jnp.int32), i32, i32, i32,
+                        jax.ShapeDtypeStruct((self.mode.history,), jnp.int32), _rows(1))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeKey:
+    rows: int
+    n_steps: int
+    n_slots: int
+    cache_len: int
+    mode: SamplerMode
+    span: int | None
+
+    @property
+    def label(self) -> str:
+        return f"decode [{self.rows} x {self.n_steps}]"
+
+    def lower(self, model):
+        vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
+        fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span)
+        return fn.lower(model.params, _cache(model, self), _state(self, self.mode), vec, vec, _rows(self.rows))
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitsKey:
+    bucket: int
+    n_slots: int
+    cache_len: int
+
+    @property
+    def label(self) -> str:
+        return f"logits [{self.bucket}]"
+
+    def lower(self, model):
+        i32 = jax.ShapeDtypeStruct((), jnp.int32)
+        return _logits_jit(model.config, model.impl).lower(
+            model.params, _cache(model, self), jax.ShapeDtypeStruct((self.bucket,), jnp.int32), i32, i32)
+
+
+def _cache(model, key):
+    return cache_spec(model.config, key.n_slots, key.cache_len, model.cache_dtype)
+
+
+def _state(key, mode: SamplerMode):
+    return engine.SlotState(last_token=jax.ShapeDtypeStruct((key.n_slots,), jnp.int32),
+                            history=jax.ShapeDtypeStruct((key.n_slots, mode.history), jnp.int32))
+
+
+def _rows(n: int):
+    f32, i32 = jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.int32)
+    return RowSettings(temperature=f32, top_k=i32, top_p=f32, min_p=f32, repeat_penalty=f32,
+                              repeat_last_n=i32, seed=jax.ShapeDtypeStruct((n,), jnp.uint32))
+
+
+# Jitted step functions, built once per static configuration (never per call); cache and state donated.
+@functools.cache
+def _prefill_jit(cfg, impl, mode):
+    return jax.jit(functools.partial(engine.prefill_chunk, cfg=cfg, impl=impl, mode=mode), donate_argnums=(1, 2))
+
+
+@functools.cache
+def _decode_jit(cfg, impl, mode, n_steps, span):
+    return jax.jit(functools.partial(engine.decode_chunk, cfg=cfg, impl=impl, mode=mode, n_steps=n_steps, span=span),
+                   donate_argnums=(1, 2))
+
+
+@functools.cache
+def _logits_jit(cfg, impl):
+    return jax.jit(functools.partial(engine.prompt_logits, cfg=cfg, impl=impl), donate_argnums=(1,))

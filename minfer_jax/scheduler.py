@@ -1,0 +1,373 @@
+"""The one host loop: requests join and leave between decode chunks, prompts prefill in chunks.
+
+`Scheduler(model, plan)` owns the KV cache (`plan.n_seqs` slots), the per-slot device state and
+the plan of executables; `generate()`, `generate_batch()`, the CLI and the server all run through
+it. Each `step()`:
+  1. admits waiting requests into free slots (and drops cancelled ones),
+  2. dispatches one prefill chunk of the oldest prefilling request (prompts interleave with
+     decoding, a chunk at a time),
+  3. dispatches one decode chunk (`plan.decode_steps` tokens) for every decoding sequence,
+  4. only then reads the tokens of the previous chunk: JAX dispatches asynchronously, so the
+     device runs chunk k while the host detokenizes chunk k - 1 and checks its stops. A stop
+     found late discards the extra tokens of chunk k (their K/V lie past the sequence's end).
+Every per-sequence choice a batch may differ in (sampler, seed, position) is a traced array;
+only shapes (plan.py) pick an executable.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minfer_jax import engine
+from minfer_jax.errors import ContextOverflowError, MinferError
+from minfer_jax.model.cache import init_cache
+from minfer_jax.plan import Plan, pow2_at_least
+from minfer_jax.sampling import RowSettings, Sampler, SamplerMode
+
+_ids = itertools.count()
+
+
+class RequestError(MinferError, ValueError):
+    """A request the scheduler cannot run (empty prompt, bad limits)."""
+
+
+class TextStream:
+    """Token ids -> text pieces for one sequence, with EOS, stop strings and length/context limits.
+
+    A stop string's length of text is held back until it can no longer start a stop string, so a
+    stop split over two chunks never leaks.
+    """
+
+    def __init__(self, tokenizer, *, max_new_tokens: int, limit: int, stop: Sequence[str]):
+        self.decoder = tokenizer.decode_stream(skip_special=True) if tokenizer is not None else None
+        self.eos = tokenizer.eos_ids if tokenizer is not None else frozenset()
+        self.max_new, self.limit = max_new_tokens, limit
+        self.stop = [s for s in stop if s]
+        self.hold = max((len(s) for s in self.stop), default=0)
+        self.tokens: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.reason: str | None = None
+
+    def push(self, token: int) -> None:
+        """Take one sampled token (ignored once the sequence has ended)."""
+        if self.reason is not None:
+            return
+        if token in self.eos:
+            self.reason = "eos"
+        else:
+            self.tokens.append(token)
+            if self.decoder is not None:
+                self.text += self.decoder.step(token)
+            cut = self._earliest_stop()
+            if cut >= 0:
+                self.text, self.reason = self.text[:cut], "stop"
+            elif len(self.tokens) >= self.limit:  # no cache position left to feed this token
+                self.reason = "context"
+            elif len(self.tokens) >= self.max_new:
+                self.reason = "length"
+        if self.reason is not None and self.reason != "stop" and self.decoder is not None:
+            self.text += self.decoder.finish()
+
+    def _earliest_stop(self) -> int:
+        # Text before emitted - hold was searched when it arrived: a stop cannot start there now.
+        frm = max(0, self.emitted - self.hold)
+        hits = [h for h in (self.text.find(s, frm) for s in self.stop) if h >= 0]
+        return min(hits) if hits else -1
+
+    def take(self) -> str:
+        """Text that is final now (all of it once the sequence has ended)."""
+        end = len(self.text) if self.reason is not None else max(len(self.text) - self.hold, self.emitted)
+        piece, self.emitted = self.text[self.emitted:end], end
+        return piece
+
+
+class Request:
+    """One generation: prompt and settings in, streamed text and a GenerationResult out."""
+
+    def __init__(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampler: Sampler, seed: int,
+                 stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None):
+        self.id = next(_ids)
+        self.prompt = [int(t) for t in prompt_ids]
+        self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
+        self.stop, self.on_text = tuple(stop), on_text
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._cancel = False
+        # scheduler-side state (touched by the loop's thread only)
+        self.stream: TextStream | None = None
+        self.slot: int | None = None
+        self.chunks: list[tuple[int, int, int]] = []
+        self.produced = 0  # tokens sampled by dispatched work (the first by the last prefill chunk)
+        self.limit = 0  # most tokens this sequence may produce (max_new_tokens, or the context's room)
+        self.times = dict(prefill=0.0, decode=0.0, compile=0.0)
+        self._t0 = self._t_first = None  # prefill dispatched / first token read
+        self._compile_marks = (0.0, 0.0)  # the loop's compile seconds at admission / first token
+
+    def cancel(self) -> None:
+        """Stop generating (a client went away); the slot is freed at the next step."""
+        self._cancel = True
+
+    @property
+    def finished(self) -> bool:
+        return self.stream is not None and self.stream.reason is not None
+
+    def result(self, timeout: float | None = None) -> engine.GenerationResult:
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request {self.id} still running after {timeout} s")
+        if self.error is not None:
+            raise self.error
+        s = self.stream
+        return engine.GenerationResult(tokens=list(s.tokens), text=s.text, prompt_tokens=self.prompt,
+                                       stop_reason=s.reason, prefill_s=self.times["prefill"],
+                                       decode_s=self.times["decode"], compile_s=self.times["compile"])
+
+
+class Scheduler:
+    """Continuous batching over `plan.n_seqs` cache slots (see the module docstring)."""
+
+    def __init__(self, model, plan: Plan):
+        self.model, self.plan = model, plan
+        self.cache = self.state = None  # allocated on first use, donated through every step
+        self.history_width = 0
+        self.free_slots = list(range(plan.n_seqs))
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.prefilling: collections.deque[Request] = collections.deque()
+        self.decoding: list[Request] = []
+        self.inflight: collections.deque = collections.deque()  # dispatched, not yet read
+        self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self.compile_s = 0.0  # every compile this loop waited for
+        self.tokens_out = 0  # tokens handed to requests (metrics)
+        self._wake = threading.Event()
+
+    # -- submitting ------------------------------------------------------------------------
+    def submit(self, prompt_ids: Sequence[int], *, max_new_tokens: int = 128, sampler: Sampler | None = None,
+               seed: int = 0, stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None) -> Request:
+        """Queue a generation (thread-safe); the loop picks it up at its next step."""
+        req = Request(prompt_ids, max_new_tokens=max_new_tokens, sampler=sampler or Sampler(temperature=0.0),
+                      seed=seed, stop=stop, on_text=on_text)
+        self.check(req)
+        self.incoming.put(req)
+        self._wake.set()
+        return req
+
+    def check(self, req: Request) -> None:
+        n, ctx = len(req.prompt), self.plan.ctx
+        if n == 0:
+            raise RequestError("the prompt is empty: give at least one token")
+        if req.max_new_tokens < 0:
+            raise RequestError(f"max_new_tokens must be >= 0, got {req.max_new_tokens}")
+        if n >= ctx:
+            raise ContextOverflowError(f"prompt of {n} tokens leaves no room to generate in a context of {ctx} "
+                                       "tokens (use a larger context)")
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding or self.inflight or not self.incoming.empty())
+
+    def run(self, requests: Sequence[Request] = ()) -> None:
+        """Step until these requests (or, with none given, all) are done."""
+        while (not all(r.done.is_set() for r in requests)) if requests else self.busy:
+            self.step()
+
+    def serve_forever(self, stop: threading.Event, idle_wait: float = 0.05) -> None:
+        """The server's loop thread: step while there is work, sleep on the wake event otherwise."""
+        while not stop.is_set():
+            if self.busy:
+                try:
+                    self.step()
+                except Exception:  # the failing requests got the error; keep serving the rest
+                    continue
+            else:
+                self._wake.wait(idle_wait)
+                self._wake.clear()
+
+    # -- one iteration -----------------------------------------------------------------------
+    def step(self) -> None:
+        try:
+            self._admit()
+            dispatched = self._dispatch_prefill()
+            dispatched = self._dispatch_decode() or dispatched
+            keep = 1 if dispatched and self.inflight and self.inflight[-1][0] == "decode" else 0
+            while len(self.inflight) > keep:
+                self._read(self.inflight.popleft())
+        except BaseException as e:
+            self._fail_all(e)
+            raise
+
+    def _admit(self) -> None:
+        while not self.incoming.empty():
+            self.waiting.append(self.incoming.get())
+        for req in [r for r in itertools.chain(self.waiting, self.prefilling, self.decoding) if r._cancel]:
+            self._finish(req, "cancelled")
+        while self.waiting and self.free_slots:
+            req = self.waiting.popleft()
+            self._start(req)
+
+    def _start(self, req: Request) -> None:
+        plan, n = self.plan, len(req.prompt)
+        req.limit = min(req.max_new_tokens, plan.ctx - n)
+        req.stream = TextStream(self.model.tokenizer, max_new_tokens=req.max_new_tokens, limit=plan.ctx - n,
+                                stop=req.stop)
+        if req.max_new_tokens == 0:
+            req.stream.reason = "length"
+            req.done.set()
+            return
+        self._ensure_state(req.sampler.history_len)
+        req.times["compile"] = self.compile(self.needed(n, req.max_new_tokens, req.sampler))
+        req.slot = self.free_slots.pop(0)
+        req.chunks = plan.chunks(n)
+        req._t0, req._compile_marks = time.perf_counter(), (self.compile_s, self.compile_s)
+        self.prefilling.append(req)
+
+    # -- what to compile ---------------------------------------------------------------------
+    def mode(self, samplers: Sequence[Sampler]) -> SamplerMode:
+        return SamplerMode.of(samplers, self.history_width, self.model.config.vocab_size)
+
+    def needed(self, n_prompt: int, max_new: int, sampler: Sampler) -> list:
+        """The executables a request of n_prompt tokens will run first (for compile-ahead messages)."""
+        plan = self.plan
+        width = max(self.history_width, pow2_at_least(sampler.history_len) if sampler.history_len else 0)
+        mode = SamplerMode.of([sampler], width, self.model.config.vocab_size)
+        keys = list(dict.fromkeys(plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt)))
+        if max_new > 1:
+            others = [r.sampler for r in self.decoding]
+            batch_mode = SamplerMode.of(others + [sampler], width, self.model.config.vocab_size)
+            keys.append(plan.decode_key(len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode))
+        return keys
+
+    def compile(self, keys) -> float:
+        """Compile what is not compiled yet; returns the seconds spent."""
+        spent = sum(self.model.executable(k)[1] for k in keys)
+        self.compile_s += spent
+        return spent
+
+    def _exe(self, key):
+        exe, dt = self.model.executable(key)
+        self.compile_s += dt
+        return exe
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def _ensure_state(self, history_len: int) -> None:
+        width = max(self.history_width, pow2_at_least(history_len) if history_len else 0)
+        if self.cache is None:
+            m, p = self.model, self.plan
+            self.cache = init_cache(m.config, p.n_slots, p.cache_len, m.cache_dtype)
+            self.state = engine.init_slot_state(p.n_slots, width)
+        elif width > self.history_width:  # a longer repeat-penalty window: pad every slot's history
+            pad = jnp.full((self.plan.n_slots, width - self.history_width), -1, jnp.int32)
+            self.state = engine.SlotState(self.state.last_token, jnp.concatenate([pad, self.state.history], 1))
+        self.history_width = width
+
+    def _dispatch_prefill(self) -> bool:
+        if not self.prefilling:
+            return False
+        req = self.prefilling[0]
+        start, bucket, n_valid = req.chunks.pop(0)
+        tokens = np.zeros((bucket,), np.int32)
+        tokens[:n_valid] = req.prompt[start:start + n_valid]
+        width = self.history_width
+        history = np.full((width,), -1, np.int32)
+        tail = req.prompt[max(0, start + n_valid - width):start + n_valid] if width else []
+        history[width - len(tail):] = tail
+        exe = self._exe(self.plan.prefill_key(bucket, self.mode([req.sampler])))
+        token, self.state, self.cache = exe(self.model.params, self.cache, self.state, tokens, np.int32(req.slot),
+                                            np.int32(start), np.int32(n_valid), history,
+                                            RowSettings.of([req.sampler], [req.seed]))
+        if not req.chunks:
+            self.prefilling.popleft()
+            req.produced = 1
+            self.decoding.append(req)
+            self.inflight.append(("first", req, token))
+        return True
+
+    def _dispatch_decode(self) -> bool:
+        rows = [r for r in self.decoding if not r.finished and r.produced < r.limit]
+        if not rows:
+            return False
+        plan, n = self.plan, len(rows)
+        width = plan.rows(n)
+        slots = np.full((width,), plan.scratch_slot, np.int32)
+        positions = np.zeros((width,), np.int32)
+        for i, r in enumerate(rows):
+            slots[i], positions[i] = r.slot, len(r.prompt) + r.produced - 1
+        key = plan.decode_key(n, int(positions.max()) + plan.decode_steps, self.mode([r.sampler for r in rows]))
+        exe = self._exe(key)
+        out, self.state, self.cache = exe(self.model.params, self.cache, self.state, slots, positions,
+                                          RowSettings.of([r.sampler for r in rows], [r.seed for r in rows], width))
+        valid = []
+        for r in rows:
+            valid.append(min(plan.decode_steps, r.limit - r.produced))
+            r.produced += plan.decode_steps
+        self.inflight.append(("decode", list(zip(rows, valid)), out))
+        return True
+
+    # -- reading results -----------------------------------------------------------------------
+    def _read(self, item) -> None:
+        if item[0] == "first":
+            _, req, token = item
+            token = int(token)  # waits for the prefill
+            if req.done.is_set():
+                return
+            req._t_first = time.perf_counter()
+            req.times["prefill"] = req._t_first - req._t0 - (self.compile_s - req._compile_marks[0])
+            req._compile_marks = (req._compile_marks[0], self.compile_s)
+            self._deliver(req, [token])
+            return
+        _, rows, out = item
+        out = np.asarray(out)  # waits for this chunk (the next one is already queued)
+        for i, (req, valid) in enumerate(rows):
+            if not req.done.is_set():
+                self._deliver(req, out[:valid, i].tolist())
+
+    def _deliver(self, req: Request, tokens: list[int]) -> None:
+        for t in tokens:
+            req.stream.push(t)
+        self.tokens_out += len(tokens)
+        piece = req.stream.take()
+        if piece and req.on_text is not None:
+            req.on_text(piece)
+        if req.finished:
+            self._finish(req, req.stream.reason)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.stream is None:
+            req.stream = TextStream(None, max_new_tokens=0, limit=0, stop=())
+        if req.stream.reason is None:
+            req.stream.reason = reason
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.prefilling:
+            self.prefilling.remove(req)
+        if req in self.decoding:
+            self.decoding.remove(req)
+        if req.slot is not None:
+            self.free_slots.append(req.slot)
+            req.slot = None
+        if req._t_first is not None:
+            req.times["decode"] = time.perf_counter() - req._t_first - (self.compile_s - req._compile_marks[1])
+        if req._t0 is not None:
+            req.times["compile"] += self.compile_s - req._compile_marks[0]
+        req.done.set()
+
+    def _fail_all(self, error: BaseException) -> None:
+        live = list(itertools.chain(self.waiting, self.prefilling, self.decoding))
+        for req in live:
+            req.error = error
+            self._finish(req, "error")
+        self.inflight.clear()
+        self.cache = self.state = None  # donated buffers may be gone: start from a fresh cache
+        self.history_width = 0
