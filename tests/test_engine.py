@@ -1,0 +1,140 @@
+"""The engine on a tiny random model (XLA path): chunked prefill, the plan of executables, batched
+decode and the scheduler's continuous batching, each against running one sequence alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minfer_jax
+from minfer_jax.model.config import Config
+from minfer_jax.plan import Plan, PlanError
+from minfer_jax.sampling import Sampler
+from minfer_jax.scheduler import RequestError, TextStream
+from minfer_jax.synthetic import synthetic_model_from_config
+
+TINY = Config(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256, context_length=1024, vocab_size=300,
+              rope_theta=1e6, rms_eps=1e-6, tied_output=False)
+SAMPLED = dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, repeat_last_n=16)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf():
+    return synthetic_model_from_config(TINY, "q8_0", seed=3)
+
+
+def load(gm, chunk=16, ctx=512):
+    return minfer_jax.load(gguf_model=gm, kernels="xla", weights="quantized", ctx_size=ctx, prefill_chunk=chunk)
+
+
+@pytest.fixture(scope="module")
+def chunked(tiny_gguf):
+    return load(tiny_gguf, chunk=16)
+
+
+def prompt(n, seed=0):
+    return [int(t) for t in np.random.default_rng(seed).integers(0, TINY.vocab_size, n)]
+
+
+def test_plan_chunks_buckets_and_cache_length():
+    plan = Plan(ctx=100, chunk=32, decode_steps=16)
+    assert plan.chunks(3) == [(0, 16, 3)]
+    assert plan.chunks(40) == [(0, 32, 32), (32, 16, 8)]
+    assert plan.chunks(70) == [(0, 32, 32), (32, 32, 32), (64, 16, 6)]
+    assert plan.cache_len == 256 and plan.cache_len % plan.chunk == 0 and plan.cache_len >= 100 + 16
+    assert [Plan(ctx=64, n_seqs=5).rows(n) for n in (1, 2, 3, 5)] == [1, 2, 4, 8]
+    assert Plan(ctx=64, n_seqs=1).n_slots == 1 and Plan(ctx=64, n_seqs=3).n_slots == 4  # + scratch slot
+    assert Plan(ctx=4096).span(300) == 512 and Plan(ctx=4096, spans=False).span(300) is None
+    with pytest.raises(PlanError, match="power of two"):
+        Plan(ctx=64, chunk=48)
+    with pytest.raises(PlanError, match="n_seqs"):
+        Plan(ctx=64, n_seqs=0)
+    with pytest.raises(minfer_jax.ContextOverflowError):
+        plan.chunks(101)
+
+
+@pytest.mark.parametrize("n", [15, 16, 17, 40, 100])
+def test_chunked_prefill_matches_one_shot(tiny_gguf, chunked, n):
+    """Prompts that cross chunk boundaries: the same greedy tokens and logits as one chunk."""
+    one_shot = load(tiny_gguf, chunk=256)
+    ids = prompt(n, seed=n)
+    a = minfer_jax.generate(chunked, ids, max_new_tokens=6)
+    b = minfer_jax.generate(one_shot, ids, max_new_tokens=6)
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(chunked.logits(ids), one_shot.logits(ids), atol=1e-3, rtol=0)  # f16 weights, other sum orders
+
+
+def test_prompt_length_does_not_add_prefill_executables(tiny_gguf):
+    m = load(tiny_gguf, chunk=32)
+    minfer_jax.generate(m, prompt(20), max_new_tokens=2)
+    minfer_jax.generate(m, prompt(45), max_new_tokens=2)
+    before = {k for k in m._compiled if k.label.startswith("prefill")}
+    minfer_jax.generate(m, prompt(300), max_new_tokens=2)  # ten chunks
+    after = {k for k in m._compiled if k.label.startswith("prefill")}
+    assert after == before and {k.bucket for k in after} == {16, 32}
+
+
+def test_batch_rows_decode_like_single_sequences(chunked):
+    prompts = [prompt(5, 1), prompt(40, 2), prompt(23, 3)]  # 3 rows: padded to 4, one scratch row
+    alone = [minfer_jax.generate(chunked, p, max_new_tokens=10).tokens for p in prompts]
+    batch = minfer_jax.generate_batch(chunked, prompts, max_new_tokens=10)
+    assert [r.tokens for r in batch] == alone
+    seeds = [11, 12, 13]
+    alone = [minfer_jax.generate(chunked, p, max_new_tokens=10, seed=s, **SAMPLED).tokens
+             for p, s in zip(prompts, seeds)]
+    batch = minfer_jax.generate_batch(chunked, prompts, max_new_tokens=10, seed=seeds, **SAMPLED)
+    assert [r.tokens for r in batch] == alone
+    assert alone[0] != minfer_jax.generate(chunked, prompts[0], max_new_tokens=10, seed=99, **SAMPLED).tokens
+
+
+def test_requests_join_and_leave_between_steps(chunked):
+    """A request submitted while another decodes, one cancelled mid-run: each gets its own tokens."""
+    sched = minfer_jax.Scheduler(chunked, chunked.plan(n_seqs=2, decode_steps=4))
+    long = sched.submit(prompt(30, 4), max_new_tokens=24)
+    for _ in range(4):
+        sched.step()
+    late = sched.submit(prompt(50, 5), max_new_tokens=9, sampler=Sampler(**SAMPLED), seed=3)
+    doomed = sched.submit(prompt(8, 6), max_new_tokens=100)  # waits: both slots are taken
+    for _ in range(3):
+        sched.step()
+    doomed.cancel()
+    sched.run([long, late, doomed])
+    assert doomed.result().stop_reason == "cancelled"
+    assert long.result().tokens == minfer_jax.generate(chunked, prompt(30, 4), max_new_tokens=24).tokens
+    assert late.result().tokens == minfer_jax.generate(chunked, prompt(50, 5), max_new_tokens=9, seed=3,
+                                                       **SAMPLED).tokens
+    assert sorted(sched.free_slots) == [0, 1] and not sched.busy
+
+
+def test_lengths_and_context_limit(tiny_gguf):
+    m = load(tiny_gguf, chunk=16, ctx=40)
+    r = minfer_jax.generate(m, prompt(30), max_new_tokens=100, decode_steps=4)
+    assert r.stop_reason == "context" and len(r.prompt_tokens) + len(r.tokens) == 40
+    for n in (0, 1, 6):  # late stops inside a 4-token chunk are cut exactly
+        r = minfer_jax.generate(m, prompt(10), max_new_tokens=n, decode_steps=4)
+        assert len(r.tokens) == n and r.stop_reason == "length"
+    with pytest.raises(minfer_jax.ContextOverflowError):
+        minfer_jax.generate(m, prompt(40), max_new_tokens=1)
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        minfer_jax.generate(m, [1, TINY.vocab_size], max_new_tokens=1)
+    with pytest.raises(RequestError, match="empty"):
+        minfer_jax.generate(m, [], max_new_tokens=1)
+
+
+@pytest.mark.real_model
+def test_text_stream_stops_across_chunks_and_holds_back(real_model):
+    from minfer_jax.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_model(real_model)
+    ids = tok.encode("def fibonacci(n):\n    if n <= 1:\n        return n", add_special=False)
+    stream = TextStream(tok, max_new_tokens=100, limit=100, stop=["<= 1"])
+    pieces = []
+    for t in ids:
+        stream.push(t)
+        pieces.append(stream.take())
+    assert stream.reason == "stop" and stream.text == "def fibonacci(n):\n    if n "
+    assert "".join(pieces) == stream.text and "<" not in "".join(pieces)
+    stream = TextStream(tok, max_new_tokens=3, limit=100, stop=[])
+    for t in ids:
+        stream.push(t)
+    assert stream.reason == "length" and stream.tokens == ids[:3]
