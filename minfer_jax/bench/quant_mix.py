@@ -7,6 +7,7 @@ it mirrors.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Literal
 
@@ -125,113 +126,139 @@ def tensor_types(cfg: Config, ftype: str | LlamaFileType, *,
     contain a type minfer_jax cannot run (e.g. IQ4_NL from the legacy fallback).
     """
     ft = parse_ftype(ftype)
-    default_type = DEFAULT_TYPE[ft]
     fallback_table = {"current": _FALLBACK_CURRENT, "legacy": _FALLBACK_LEGACY}[fallback]
     shapes = expected_shapes(cfg)
-
     if layer_order == "numeric":
         visit = sorted(shapes, key=lambda n: (_layer(n), n))   # weight_name_comparer
     elif layer_order == "lexicographic":
         visit = sorted(shapes)
     else:
         raise SyntheticSpecError(f"layer_order must be 'numeric' or 'lexicographic', got {layer_order!r}")
-
-    # init_quantize_state_counters(): count attn_v tensors, detect tied embeddings.
-    n_attention_wv = sum(1 for n in shapes if "attn_v.weight" in n)
-    has_tied_embeddings = "output.weight" not in shapes
-    n_ffn_down = cfg.n_layers  # qs.n_ffn_down = hparams.n_layer
-    n_gqa = cfg.n_heads // cfg.n_kv_heads
-    is_70b = cfg.n_layers == 80  # llama_model_qwen2::load_arch_hparams: case 80 -> LLM_TYPE_70B
-    i_attention_wv = 0
-    i_ffn_down = 0
-
-    def get_type_impl(name: str, new_type: QType, ne0: int) -> QType:
-        nonlocal i_attention_wv, i_ffn_down
-        # Qwen2 has n_expert == 0 and is not Falcon, so those branches are left out; there is no
-        # attn_qkv / attn_kv_b in Qwen2, so category_is_attn_v() is just attn_v.
-        if name == "output.weight" or (has_tied_embeddings and name == "token_embd.weight"):
-            # OUTPUT (or a tied TOKEN_EMBD): Q8_0 when the row does not divide the default type's
-            # block, else Q6_K unless the default is Q8_0 (IQ ftypes -> Q5_K: not mirrored).
-            qk_k = GGML_QUANT_SIZES[new_type][0]
-            if ne0 % qk_k != 0:
-                return QType.Q8_0
-            if new_type != QType.Q8_0:
-                return QType.Q6_K
-            return new_type
-        if name == "token_embd.weight":
-            return new_type  # only IQ/TQ/Q2_0 ftypes change it
-        if "attn_v.weight" in name:
-            i = i_attention_wv
-            if ft == F.MOSTLY_Q2_K:
-                new_type = QType.Q4_K if n_gqa >= 4 else QType.Q3_K
-            elif ft == F.MOSTLY_Q3_K_M:
-                new_type = QType.Q5_K if i < 2 else QType.Q4_K
-            elif ft == F.MOSTLY_Q3_K_L:
-                new_type = QType.Q5_K
-            elif ft in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n_attention_wv):
-                new_type = QType.Q6_K
-            elif ft == F.MOSTLY_Q4_K_S and i < 4:
-                new_type = QType.Q5_K
-            if is_70b and new_type in (QType.Q3_K, QType.Q4_K):
-                new_type = QType.Q5_K
-            i_attention_wv += 1
-            return new_type
-        if "ffn_down" in name:
-            i_layer, n_layer = i_ffn_down, n_ffn_down  # layer_info(): n_expert <= 1 -> the counter
-            if ft == F.MOSTLY_Q2_K:
-                new_type = QType.Q3_K
-            elif ft == F.MOSTLY_Q3_K_M:
-                # arch != FALCON -> Q4_K after the first n/16 layers
-                new_type = QType.Q5_K if i_layer < n_layer // 16 else QType.Q4_K
-            elif ft == F.MOSTLY_Q3_K_L:
-                new_type = QType.Q5_K
-            elif ft == F.MOSTLY_Q4_K_M:
-                if _use_more_bits(i_layer, n_layer):
-                    new_type = QType.Q6_K
-            elif ft == F.MOSTLY_Q5_K_M and _use_more_bits(i_layer, n_layer):
-                new_type = QType.Q6_K
-            elif ft == F.MOSTLY_Q4_K_S and i_layer < n_layer // 8:
-                new_type = QType.Q5_K
-            # (Q4_0/Q5_0 -> Q4_1/Q5_1 on the first n/8 layers only with an imatrix: not mirrored)
-            i_ffn_down += 1
-            return new_type
-        if "attn_output.weight" in name:
-            if ft == F.MOSTLY_Q2_K:
-                new_type = QType.Q3_K
-            elif ft == F.MOSTLY_Q3_K_M:
-                new_type = QType.Q4_K
-            elif ft == F.MOSTLY_Q3_K_L:
-                new_type = QType.Q5_K
-            return new_type
-        # attn_q / attn_k / ffn_gate / ffn_up: only IQ ftypes or MoE change them.
-        return new_type
-
+    state = _QuantizeState.of(cfg, ft, shapes)
     out: dict[str, QType] = {}
     for name in visit:
-        shape = shapes[name]
-        # tensor_allows_quantization(): 2-D, ends with "weight", not a *_norm.weight.
-        if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
-            out[name] = QType.F32
-            continue
-        ne0 = shape[-1]  # ggml ne[0] = in_features (the row length)
-        new_type = default_type
-        if new_type in (QType.F32, QType.F16, QType.BF16):  # ggml_is_quantized(default) is false
-            out[name] = new_type
-            continue
-        new_type = get_type_impl(name, new_type, ne0)
-        # tensor_type_fallback()
-        if ne0 % GGML_QUANT_SIZES[new_type][0] != 0:
-            if new_type not in fallback_table:
-                raise UnsupportedError(
-                    f"{name}: row length {ne0} is not a multiple of the {new_type.name} block size and "
-                    f"llama-quantize would abort ('no tensor type fallback is defined for type {new_type.name}')")
-            new_type = fallback_table[new_type]
-            if ne0 % GGML_QUANT_SIZES[new_type][0] != 0:
-                new_type = QType.F16
-        if new_type not in SUPPORTED_TYPES:
-            raise UnsupportedError(
-                f"{name}: llama.cpp would store this tensor ({ft.name}, row length {ne0}) as {new_type.name}, "
-                "which minfer_jax does not support")
-        out[name] = new_type
+        out[name] = _tensor_type(state, name, shapes[name], fallback_table)
     return {name: out[name] for name in shapes}
+
+
+@dataclasses.dataclass
+class _QuantizeState:
+    """llama-quant.cpp's quantize_state_impl for one model: the counts, and the counters that
+    advance as attn_v / ffn_down tensors are visited."""
+
+    ft: LlamaFileType
+    n_attention_wv: int
+    n_ffn_down: int
+    n_gqa: int
+    is_70b: bool
+    has_tied_embeddings: bool
+    i_attention_wv: int = 0
+    i_ffn_down: int = 0
+
+    @classmethod
+    def of(cls, cfg: Config, ft: LlamaFileType, shapes: dict) -> _QuantizeState:
+        # init_quantize_state_counters(): count attn_v tensors, detect tied embeddings.
+        return cls(ft=ft, n_attention_wv=sum(1 for n in shapes if "attn_v.weight" in n),
+                   n_ffn_down=cfg.n_layers,  # qs.n_ffn_down = hparams.n_layer
+                   n_gqa=cfg.n_heads // cfg.n_kv_heads,
+                   is_70b=cfg.n_layers == 80,  # llama_model_qwen2::load_arch_hparams: case 80 -> LLM_TYPE_70B
+                   has_tied_embeddings="output.weight" not in shapes)
+
+
+def _tensor_type(state: _QuantizeState, name: str, shape: tuple, fallback_table: dict) -> QType:
+    """llama_tensor_get_type() for one tensor, in visiting order."""
+    # tensor_allows_quantization(): 2-D, ends with "weight", not a *_norm.weight.
+    if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
+        return QType.F32
+    ne0 = shape[-1]  # ggml ne[0] = in_features (the row length)
+    new_type = DEFAULT_TYPE[state.ft]
+    if new_type in (QType.F32, QType.F16, QType.BF16):  # ggml_is_quantized(default) is false
+        return new_type
+    new_type = _type_impl(state, name, new_type, ne0)
+    # tensor_type_fallback()
+    if ne0 % GGML_QUANT_SIZES[new_type][0] != 0:
+        if new_type not in fallback_table:
+            raise UnsupportedError(
+                f"{name}: row length {ne0} is not a multiple of the {new_type.name} block size and "
+                f"llama-quantize would abort ('no tensor type fallback is defined for type {new_type.name}')")
+        new_type = fallback_table[new_type]
+        if ne0 % GGML_QUANT_SIZES[new_type][0] != 0:
+            new_type = QType.F16
+    if new_type not in SUPPORTED_TYPES:
+        raise UnsupportedError(
+            f"{name}: llama.cpp would store this tensor ({state.ft.name}, row length {ne0}) as {new_type.name}, "
+            "which minfer_jax does not support")
+    return new_type
+
+
+def _type_impl(state: _QuantizeState, name: str, new_type: QType, ne0: int) -> QType:
+    """llama_tensor_get_type_impl() for Qwen2 (n_expert == 0, not Falcon: those branches are left
+    out; no attn_qkv / attn_kv_b, so category_is_attn_v() is just attn_v)."""
+    ft = state.ft
+    if name == "output.weight" or (state.has_tied_embeddings and name == "token_embd.weight"):
+        # OUTPUT (or a tied TOKEN_EMBD): Q8_0 when the row does not divide the default type's
+        # block, else Q6_K unless the default is Q8_0 (IQ ftypes -> Q5_K: not mirrored).
+        qk_k = GGML_QUANT_SIZES[new_type][0]
+        if ne0 % qk_k != 0:
+            return QType.Q8_0
+        if new_type != QType.Q8_0:
+            return QType.Q6_K
+        return new_type
+    if name == "token_embd.weight":
+        return new_type  # only IQ/TQ/Q2_0 ftypes change it
+    if "attn_v.weight" in name:
+        new_type = _attn_v_type(state, new_type)
+        state.i_attention_wv += 1
+        return new_type
+    if "ffn_down" in name:
+        new_type = _ffn_down_type(ft, new_type, state.i_ffn_down, state.n_ffn_down)
+        state.i_ffn_down += 1
+        return new_type
+    if "attn_output.weight" in name:
+        if ft == F.MOSTLY_Q2_K:
+            new_type = QType.Q3_K
+        elif ft == F.MOSTLY_Q3_K_M:
+            new_type = QType.Q4_K
+        elif ft == F.MOSTLY_Q3_K_L:
+            new_type = QType.Q5_K
+        return new_type
+    # attn_q / attn_k / ffn_gate / ffn_up: only IQ ftypes or MoE change them.
+    return new_type
+
+
+def _attn_v_type(state: _QuantizeState, new_type: QType) -> QType:
+    ft, i = state.ft, state.i_attention_wv
+    if ft == F.MOSTLY_Q2_K:
+        new_type = QType.Q4_K if state.n_gqa >= 4 else QType.Q3_K
+    elif ft == F.MOSTLY_Q3_K_M:
+        new_type = QType.Q5_K if i < 2 else QType.Q4_K
+    elif ft == F.MOSTLY_Q3_K_L:
+        new_type = QType.Q5_K
+    elif ft in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, state.n_attention_wv):
+        new_type = QType.Q6_K
+    elif ft == F.MOSTLY_Q4_K_S and i < 4:
+        new_type = QType.Q5_K
+    if state.is_70b and new_type in (QType.Q3_K, QType.Q4_K):
+        new_type = QType.Q5_K
+    return new_type
+
+
+def _ffn_down_type(ft: LlamaFileType, new_type: QType, i_layer: int, n_layer: int) -> QType:
+    # layer_info(): n_expert <= 1 -> i_layer is the ffn_down counter
+    if ft == F.MOSTLY_Q2_K:
+        new_type = QType.Q3_K
+    elif ft == F.MOSTLY_Q3_K_M:
+        # arch != FALCON -> Q4_K after the first n/16 layers
+        new_type = QType.Q5_K if i_layer < n_layer // 16 else QType.Q4_K
+    elif ft == F.MOSTLY_Q3_K_L:
+        new_type = QType.Q5_K
+    elif ft == F.MOSTLY_Q4_K_M:
+        if _use_more_bits(i_layer, n_layer):
+            new_type = QType.Q6_K
+    elif ft == F.MOSTLY_Q5_K_M and _use_more_bits(i_layer, n_layer):
+        new_type = QType.Q6_K
+    elif ft == F.MOSTLY_Q4_K_S and i_layer < n_layer // 8:
+        new_type = QType.Q5_K
+    # (Q4_0/Q5_0 -> Q4_1/Q5_1 on the first n/8 layers only with an imatrix: not mirrored)
+    return new_type
 
