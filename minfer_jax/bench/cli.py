@@ -143,7 +143,6 @@ def _int_lists(values: list[str] | None, default: list[int], what: str) -> list[
     return out
 
 
-
 def _load_source(kind: str, ref: str, layers: int | None, seed: int, progress: bool) -> ModelSource:
     if kind == "synthetic":
         from minfer_jax.bench.synthetic import synthetic_model
@@ -155,7 +154,6 @@ def _load_source(kind: str, ref: str, layers: int | None, seed: int, progress: b
 
     path = resolve_model(ref, progress=progress)
     return ModelSource(ref, load_gguf(path))
-
 
 
 def _validate(args) -> None:
@@ -192,7 +190,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
 
 
 @dataclasses.dataclass(frozen=True)

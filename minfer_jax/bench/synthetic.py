@@ -317,7 +317,6 @@ def synthetic_model(spec: str, *, seed: int = 0, layers: int | None = None) -> G
     return synthetic_model_from_config(cfg, ftype, seed, name=tag)
 
 
-
 def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, bool, str]:
     """(tensor types, tensor shapes, tied head, label) of synthetic_model(spec, layers=layers),
     without generating its weights."""
