@@ -11,8 +11,10 @@ import types
 
 import numpy as np
 import pytest
+from kernel_mode import KERNELS
 
-from minfer_jax import bench
+from minfer_jax.bench import cli, fields, kernel_cases, model_tests, parsing
+from minfer_jax.bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--synthetic", "qwen2.5-0.5b:q4_0", "--layers", "1"]
@@ -21,7 +23,7 @@ TINY = ["--synthetic", "qwen2.5-0.5b:q4_0", "--layers", "1"]
 def run_main(argv):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = bench.main(argv)
+        rc = cli.main(argv)
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -83,7 +85,7 @@ def test_model_json(model_run):
     assert len(rows) == 3
     for r in rows:
         keys = list(r)
-        assert keys[:len(bench.LLAMA_BENCH_FIELDS)] == bench.LLAMA_BENCH_FIELDS  # llama-bench's fields, in order
+        assert keys[:len(fields.LLAMA_BENCH_FIELDS)] == fields.LLAMA_BENCH_FIELDS  # llama-bench's fields, in order
         assert keys[-2:] == ["samples_ns", "samples_ts"]
         assert isinstance(r["avg_ns"], int) and isinstance(r["avg_ts"], float)
         assert isinstance(r["flash_attn"], bool) and isinstance(r["n_prompt"], int)
@@ -103,8 +105,6 @@ def test_model_json(model_run):
     assert tg["weight_gbps"] > 0 and pp["weight_gbps"] is None and pg["weight_gbps"] is None
     assert pp["matmul_tflops"] > 0
     assert tg["weight_gbps"] == pytest.approx(tg["weight_bytes_per_token"] * 4 / (tg["avg_ns"] * 1e-9) / 1e9)
-    from minfer_jax.synthetic import synthetic_model
-
     gm = synthetic_model("qwen2.5-0.5b:q4_0", layers=1)
     assert pp["model_size"] == sum(t.nbytes for t in gm.tensors.values())
     assert pp["model_n_params"] == sum(int(np.prod(t.shape)) for t in gm.tensors.values())
@@ -114,7 +114,7 @@ def test_model_csv_jsonl(model_run):
     rc, _, err, files = model_run
     assert rc == 0, err
     lines = files["csv"].splitlines()
-    assert lines[0].split(",") == bench.MODEL_FIELDS
+    assert lines[0].split(",") == fields.MODEL_FIELDS
     assert all(ln.startswith('"') and ln.endswith('"') for ln in lines[1:])  # llama-bench quotes every value
     rows = list(csv.DictReader(io.StringIO(files["csv"])))
     assert [(r["n_prompt"], r["n_gen"]) for r in rows] == [("16", "0"), ("0", "4"), ("16", "4")]
@@ -129,17 +129,16 @@ def test_write_gguf(tmp_path):
     assert rc == 0, err
     assert out == ""  # no -p/-n/-pg given: write, then exit
     from minfer_jax.gguf import load_gguf
-    from minfer_jax.synthetic import synthetic_model
 
     back, mem = load_gguf(str(path)), synthetic_model("qwen2.5-0.5b:q4_0", layers=1)
     assert back.config == mem.config
     assert {n: (t.qtype, t.shape) for n, t in back.tensors.items()} == {n: (t.qtype, t.shape) for n, t in mem.tensors.items()}
-    assert bench.model_type(back) == bench.model_type(mem)
+    assert fields.model_type(back) == fields.model_type(mem)
 
 
 # ------------------------------------------------------------------------------------------ kernel mode
 
-@pytest.mark.parametrize("impl,kinds,tol", [("xla", ["xla", "xla"], 0.0), ("interpret", ["gemv", "dq+gemm"], 1e-3)])
+@pytest.mark.parametrize("impl,kinds,tol", [("xla", ["xla", "xla"], 0.0), (KERNELS, ["gemv", "dq+gemm"], 1e-3)])
 def test_kernel_mode(impl, kinds, tol):
     rc, out, err = run_main(["--shapes", "q4_0:128x256", "--nt", "1,16", "-r", "2", "--kernel-impl", impl,
                              "--kernel-reps", "2", "-o", "json", "--mem-bw", "100"])
@@ -149,7 +148,7 @@ def test_kernel_mode(impl, kinds, tol):
     assert [r["nt"] for r in rows] == [1, 16]
     assert [r["kernel"] for r in rows] == kinds
     for r in rows:
-        assert list(r)[:-1] == bench.KERNEL_FIELDS and len(r["samples_us"]) == 2
+        assert list(r)[:-1] == fields.KERNEL_FIELDS and len(r["samples_us"]) == 2
         assert (r["qtype"], r["n_out"], r["n_in"], r["impl"], r["reps"]) == ("Q4_0", 128, 256, impl, 2)
         assert r["weight_bytes"] == 128 * 256 // 2 + 128 * 256 // 32 * 2
         assert r["avg_us"] > 0 and r["best_us"] <= max(r["samples_us"]) and r["compile_s"] > 0
@@ -171,8 +170,8 @@ def test_kernel_mode_md():
 
 
 def test_model_kernel_cases():
-    types_, shapes, tied, label = bench._synthetic_shapes("qwen2.5-7b:q4_k_m", None)
-    cases = bench.model_matmul_cases(types_, shapes, tied, [1, 512], label)
+    types_, shapes, tied, label = synthetic_shapes("qwen2.5-7b:q4_k_m", None)
+    cases = kernel_cases.model_matmul_cases(types_, shapes, tied, [1, 512], label)
     # the matmuls one decode step runs, as the loader fuses them: q/k/v in one (14 layers) or
     # q+k and v (the 14 whose v is Q6_K), gate+up, attn_output, ffn_down; plus the head
     assert sum(c.count for c in cases) == 4 * 28 + 14 + 1
@@ -187,35 +186,57 @@ def test_model_kernel_cases():
     assert {c.qtype.name for c in cases if "ffn_down" in c.tensors} == {"Q4_K", "Q6_K"}
     assert all(c.nts == (1, 512) for c in cases)
     # tied head (0.5B): token_embd is the head's matrix
-    t2, s2, tied2, _ = bench._synthetic_shapes("qwen2.5-0.5b:q4_k_m", 2)
-    assert tied2 and any(c.tensors == "output" and c.n == 151936 for c in bench.model_matmul_cases(t2, s2, tied2, [1], ""))
+    t2, s2, tied2, _ = synthetic_shapes("qwen2.5-0.5b:q4_k_m", 2)
+    assert tied2 and any(c.tensors == "output" and c.n == 151936 for c in kernel_cases.model_matmul_cases(t2, s2, tied2, [1], ""))
 
+
+
+def test_kernel_cases_are_the_loaders_weights():
+    """model_matmul_cases counts exactly the weights load_params builds: same fusion, types, shapes."""
+    import collections
+
+    from minfer_jax.bench.quant_mix import tensor_types
+    from minfer_jax.bench.synthetic import synthetic_model_from_config
+    from minfer_jax.model.config import Config
+    from minfer_jax.model.weights import load_params
+
+    cfg = Config(n_layers=3, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512, context_length=512, vocab_size=300,
+                 rope_theta=1e6, rms_eps=1e-6, tied_output=False)
+    types_ = tensor_types(cfg, "q4_k_m")  # layer 2: Q6_K attn_v and ffn_down beside Q4_K -> [q; k] and v
+    assert types_["blk.2.attn_v.weight"] != types_["blk.2.attn_q.weight"] == types_["blk.0.attn_v.weight"]
+    gm = synthetic_model_from_config(cfg, types_, seed=0)
+    params = load_params(gm)
+    loaded = collections.Counter((w.qtype, *w.shape) for layer in params.layers
+                                 for w in (*layer.qkv, layer.wo, *layer.gate_up, layer.w_down))
+    loaded[(params.head.qtype, *params.head.shape)] += 1
+    cases = kernel_cases.model_matmul_cases({n: t.qtype for n, t in gm.tensors.items()},
+                                            {n: t.shape for n, t in gm.tensors.items()}, cfg.tied_output, [1], "")
+    assert {(c.qtype, c.n, c.k): c.count for c in cases} == dict(loaded)
+    assert any(c.tensors == "attn_q+attn_k" for c in cases) and any(c.tensors == "attn_q+attn_k+attn_v x2" for c in cases)
 
 def test_ggml_cases():
-    cases = bench.ggml_cases(None)
+    cases = kernel_cases.ggml_cases(None)
     assert sum(len(c.nts) for c in cases) == 13  # the 13 rows of PERF_TARGETS.md's ggml table
     assert {(c.qtype.name, c.n, c.k) for c in cases} >= {("Q4_K", 4096, 4096), ("Q4_K", 14336, 4096)}
-    assert all(c.nts == (1,) for c in bench.ggml_cases([1]))
+    assert all(c.nts == (1,) for c in kernel_cases.ggml_cases([1]))
 
 
 # ------------------------------------------------------------------------------------------ parsing, names
 
 def test_parse_helpers():
-    assert bench.parse_int_range("128,512") == [128, 512]
-    assert bench.parse_int_range("16-128*2") == [16, 32, 64, 128]
-    assert bench.parse_int_range("1-3,8-16+4") == [1, 2, 3, 8, 12, 16]
-    assert bench.parse_pg("512,128") == (512, 128)
-    assert [t.name for t in bench.build_tests([512, 0], [128], [(512, 128)])] == ["pp512", "tg128", "pp512+tg128"]
-    assert bench.pow2ceil(1) == 1 and bench.pow2ceil(20) == 32 and bench.pow2ceil(512) == 512
-    assert [(q.name, n, k) for q, n, k in bench.parse_shapes("q4_k:4096x14336,Q8_0:4096x14336")] == [
+    assert parsing.parse_int_range("128,512") == [128, 512]
+    assert parsing.parse_int_range("16-128*2") == [16, 32, 64, 128]
+    assert parsing.parse_int_range("1-3,8-16+4") == [1, 2, 3, 8, 12, 16]
+    assert parsing.parse_pg("512,128") == (512, 128)
+    assert [t.name for t in model_tests.build_tests([512, 0], [128], [(512, 128)])] == ["pp512", "tg128", "pp512+tg128"]
+    assert model_tests.pow2ceil(1) == 1 and model_tests.pow2ceil(20) == 32 and model_tests.pow2ceil(512) == 512
+    assert [(q.name, n, k) for q, n, k in parsing.parse_shapes("q4_k:4096x14336,Q8_0:4096x14336")] == [
         ("Q4_K", 4096, 14336), ("Q8_0", 4096, 14336)]
 
 
 def test_model_type_names():
-    from minfer_jax.synthetic import SYNTHETIC_CONFIGS
-
     def desc(cfg_name, ftype):
-        return bench.model_type(types.SimpleNamespace(config=SYNTHETIC_CONFIGS[cfg_name], metadata={
+        return fields.model_type(types.SimpleNamespace(config=SYNTHETIC_CONFIGS[cfg_name], metadata={
             "general.architecture": "qwen2", "general.file_type": ftype}))
 
     assert desc("qwen2.5-7b", 15) == "qwen2 7B Q4_K - Medium"
@@ -241,7 +262,6 @@ def test_model_type_names():
     (["--shapes", "zz9:128x256"], "unknown weight type"),
     (["--shapes", "q4_0-128x256"], "TYPE:OUTxIN"),
     (["--shapes", "q4_0:128x256", "--nt", "0"], "--nt"),
-    (["--shapes", "q4_0:128x256", "--kernel-impl", "pallas"], "needs a GPU"),
     (["--shapes", "q4_0:128x256", "--kernel-impl", "cuda"], "invalid choice"),
     ([], "give -m MODEL or --synthetic"),
     (["--kernels"], "--kernels needs"),
@@ -257,6 +277,17 @@ def test_errors(argv, needle):
     assert len(lines) == 1 and lines[0].startswith("bench.py: error: ") and needle in lines[0], err
 
 
+def test_kernel_impl_pallas_only_on_a_gpu():
+    import jax
+
+    rc, out, err = run_main(["--shapes", "q4_0:128x256", "--kernel-impl", "pallas", "--nt", "1", "-r", "1",
+                             "--kernel-reps", "2", "-o", "json", "--mem-bw", "none"])
+    if jax.default_backend() == "gpu":
+        assert rc == 0 and [r["impl"] for r in json.loads(out)] == ["pallas"], err
+    else:
+        assert rc == 2 and out == "" and "needs a GPU" in err
+
+
 def test_script_help_and_error_exit_code():
     script = os.path.join(REPO, "scripts", "bench.py")
     r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120,
@@ -268,16 +299,21 @@ def test_script_help_and_error_exit_code():
     r = subprocess.run([sys.executable, script, "--synthetic", "nope"], capture_output=True, text=True, timeout=120,
                        check=False)
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120,
+                               check=True).stdout
+    r = subprocess.run([sys.executable, "-m", "minfer_jax.bench", "--help"], capture_output=True, text=True,
+                       timeout=120, check=False, cwd=REPO)
+    assert r.returncode == 0 and r.stdout == help_text  # python -m minfer_jax.bench is the same command line
 
 
 def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tmp_path):
-    """kernel_bench reads kernel times off the device timeline; on a CPU (no GPU events) or under a
+    """kernel_timing reads kernel times off the device timeline; on a CPU (no GPU events) or under a
     caller's own profiler session it returns nothing, runs the work exactly once, and run_case
     falls back to the host clock."""
     import jax
     import jax.numpy as jnp
 
-    from minfer_jax import kernel_bench as kb
+    from minfer_jax.bench import kernel_timing as kb
 
     calls = []
     f = jax.jit(lambda x: x * 2)

@@ -11,7 +11,7 @@ from minfer_jax.model.config import Config
 from minfer_jax.plan import Plan, PlanError
 from minfer_jax.sampling import Sampler
 from minfer_jax.scheduler import RequestError, TextStream
-from minfer_jax.synthetic import synthetic_model_from_config
+from minfer_jax.bench.synthetic import synthetic_model_from_config
 
 TINY = Config(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256, context_length=1024, vocab_size=300,
               rope_theta=1e6, rms_eps=1e-6, tied_output=False)

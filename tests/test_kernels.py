@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from minfer_jax.kernel_bench import random_planes
+from minfer_jax.bench.kernel_timing import random_planes
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv
 from minfer_jax.quant import int8_words
 from minfer_jax.quant.planes import FORMATS, QType, decode
@@ -295,14 +295,15 @@ def test_dequantize_matches_decode(qtype, n, k):
 
 def test_ops_prefill_variants():
     """auto picks dequant from DEQUANT_MIN_NT tokens; dequant and f16 compute the same decode + f32 dot."""
-    from minfer_jax import kernel_bench, ops
+    from minfer_jax import ops
+    from minfer_jax.bench import kernel_timing
     from minfer_jax.model.weights import QWeight
 
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT) == "dequant"
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT - 1) == "f16"
     assert ops.gemm_variant("dequant", QType.F16, 512) == "f16"  # float weights: nothing to dequantize
-    assert kernel_bench.kernel_kind(512, "pallas", QType.Q6_K) == "dq+gemm"
-    assert kernel_bench.kernel_kind(16, "pallas", QType.Q6_K, "int8") == "gemm-i8"
+    assert kernel_timing.kernel_kind(512, "pallas", QType.Q6_K) == "dq+gemm"
+    assert kernel_timing.kernel_kind(16, "pallas", QType.Q6_K, "int8") == "gemm-i8"
     qtype, n, k = QType.Q6_K, 136, 512
     w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
     x = jax.random.normal(jax.random.PRNGKey(0), (20, k))
@@ -312,9 +313,10 @@ def test_ops_prefill_variants():
 
 
 def test_bench_gemm_choices_are_ops_variants():
-    from minfer_jax import bench, ops
+    from minfer_jax import ops
+    from minfer_jax.bench import cli
 
-    assert bench.GEMM_CHOICES == ops.GEMM_VARIANTS
+    assert cli.GEMM_CHOICES == ops.GEMM_VARIANTS
 
 
 @pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)

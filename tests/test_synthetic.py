@@ -11,15 +11,12 @@ from gguf import GGML_QUANT_SIZES, quants
 from minfer_jax.errors import MinferError, UnsupportedError
 from minfer_jax.gguf import FLOAT_TYPES, SUPPORTED_TYPES, expected_shapes, load_gguf
 from minfer_jax.model.config import Config
-from minfer_jax.synthetic import (
-    FTYPES,
+from minfer_jax.bench.quant_mix import FTYPES, QType, SyntheticSpecError, tensor_types
+from minfer_jax.bench.synthetic import (
     SYNTHETIC_CONFIGS,
-    QType,
-    SyntheticSpecError,
     random_raw_tensor,
     synthetic_model,
     synthetic_model_from_config,
-    tensor_types,
     write_gguf,
 )
 

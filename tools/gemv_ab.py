@@ -7,7 +7,7 @@ against a baseline timed on the same machine in the same run. Each base is a git
 `pallas/gemv.py` and `quant/int8_words.py` are extracted with `git show`, or a directory holding
 those two files (a code variant, or a revision the device copy's stale .git lacks); either goes
 into a temporary package (the rest of minfer_jax is shared: planes, tiles, the reference). Every
-case is timed by kernel_bench.run_case (device timeline) for each base and the working tree, each
+case is timed by bench.kernel_timing.run_case (device timeline) for each base and the working tree, each
 checked against the working tree's reference. Not part of the package.
 """
 
@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 
-from minfer_jax import bench
-from minfer_jax import kernel_bench as KB
+from minfer_jax.bench import kernel_timing as KB
+from minfer_jax.bench import parsing
 from minfer_jax.pallas import gemv as G
 
 DEFAULT_SHAPES = "q4_0:4096x14336,q5_0:4096x14336,q4_k:4096x14336,q6_k:4096x14336,q8_0:4096x14336"
@@ -55,7 +55,7 @@ def add_case_args(ap: argparse.ArgumentParser) -> None:
 
 def parse_cases(a: argparse.Namespace) -> list[tuple]:
     """(qtype, out, in, nt) for every shape x token count."""
-    return [(qt, n, k, nt) for qt, n, k in bench.parse_shapes(a.shapes) for nt in bench.parse_int_range(a.nt, "--nt")]
+    return [(qt, n, k, nt) for qt, n, k in parsing.parse_shapes(a.shapes) for nt in parsing.parse_int_range(a.nt, "--nt")]
 
 
 def main():

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from minfer_jax import bench
-from minfer_jax import kernel_bench as KB
+from minfer_jax.bench import kernel_timing as KB
+from minfer_jax.bench import parsing
 from minfer_jax.pallas import gemv as G
 from minfer_jax.pallas import tiles
 from minfer_jax.quant import int8_words
@@ -99,7 +99,7 @@ def main():
     ap.add_argument("--nt", default="1", help="token counts for --shapes, as scripts/bench.py --nt")
     a = ap.parse_args()
     cases = CASES if a.shapes is None else [
-        (qt, n, k, nt) for qt, n, k in bench.parse_shapes(a.shapes) for nt in bench.parse_int_range(a.nt, "--nt")]
+        (qt, n, k, nt) for qt, n, k in parsing.parse_shapes(a.shapes) for nt in parsing.parse_int_range(a.nt, "--nt")]
     print(jax.devices(), jax.__version__, flush=True)
     tiles.silence_triton_deprecation()
     for qt, n, k, nt in cases:

@@ -16,7 +16,7 @@ import json
 
 from gemv_ab import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
 
-from minfer_jax import kernel_bench as KB
+from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import gemv as G
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 import minfer_jax
 from minfer_jax.sampling import GREEDY
-from minfer_jax.synthetic import synthetic_model
+from minfer_jax.bench.synthetic import synthetic_model
 
 
 def with_fold(m, fold_norm: bool):
@@ -81,7 +81,7 @@ def decode_timeline(spec, tg=16, top=30):
     and device time per token), and the span per token; what a decode step is made of."""
     import collections
 
-    from minfer_jax.kernel_bench import device_kernel_events
+    from minfer_jax.bench.kernel_timing import device_kernel_events
 
     gm = synthetic_model(spec, seed=1)
     m = minfer_jax.load(gguf_model=gm, kernels="pallas", ctx_size=256)

@@ -14,7 +14,7 @@ Two storage modes, chosen per platform by `minfer_jax.load`:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -154,6 +154,37 @@ def fused_runs(qtypes: Sequence, *, fuse: bool = True, dense: bool = False) -> l
     return runs
 
 
+# A layer's row-stacked groups (Layer.qkv, Layer.gate_up), in output order, and its lone matrices.
+QKV_ROLES = ("attn_q", "attn_k", "attn_v")
+GATE_UP_ROLES = ("ffn_gate", "ffn_up")
+_LAYER_MATMULS = (QKV_ROLES, ("attn_output",), GATE_UP_ROLES, ("ffn_down",))
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerMatmul:
+    """One weight of a layer as load_params stores it: one matmul launch."""
+
+    names: tuple[str, ...]  # GGUF tensors stacked along the rows, in order
+    qtype: QType
+    n: int  # out: the members' rows added up
+    k: int  # in
+    role: str  # the members' roles joined by "+", e.g. "attn_q+attn_k"
+
+
+def layer_matmuls(qtypes: Mapping[str, QType], shapes: Mapping[str, Sequence[int]], layer: int, *,
+                  fuse: bool = True, dense: bool = False) -> list[LayerMatmul]:
+    """The matmuls of layer `layer` as loaded (q/k/v and gate/up fused as `fused_runs` says), from
+    tensor types and shapes alone, in the order a token meets them."""
+    out = []
+    for roles in _LAYER_MATMULS:
+        names = [f"blk.{layer}.{r}.weight" for r in roles]
+        for run in fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense):
+            members = tuple(names[i] for i in run)
+            out.append(LayerMatmul(members, QType(qtypes[members[0]]), sum(int(shapes[n][0]) for n in members),
+                                   int(shapes[members[0]][1]), "+".join(roles[i] for i in run)))
+    return out
+
+
 def _group(model: GGUFModel, names: list[str], opts: LoadOptions, device) -> tuple:
     """The weights of a row-stacked group, fused as `fused_runs` says."""
     ts = [model.tensors[n] for n in names]
@@ -185,10 +216,10 @@ def load_params(model: GGUFModel, opts: LoadOptions = LoadOptions(), *, device=N
             p = f"blk.{step}."
             layers.append(Layer(
                 attn_norm=vec(p + "attn_norm.weight"),
-                qkv=_group(model, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], opts, device),
+                qkv=_group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
                 qkv_bias=jnp.concatenate([vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")]),
                 wo=_matrix([t[p + "attn_output.weight"]], opts, device),
                 ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=_group(model, [p + "ffn_gate.weight", p + "ffn_up.weight"], opts, device),
+                gate_up=_group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device),
                 w_down=_matrix([t[p + "ffn_down.weight"]], opts, device)))
     return Params(embed=embed, layers=layers, out_norm=out_norm, output=output)

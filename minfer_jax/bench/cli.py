@@ -1,0 +1,401 @@
+"""scripts/bench.py's command line: flags, their checks, and the two modes' run loops.
+
+Model mode (the default) runs llama-bench's tests (bench.model_tests); kernel mode (--kernels,
+--shapes, --ggml-shapes) times matmul cases (bench.kernel_cases). Every bad input fails with one
+line and exit status 2 before anything heavy runs; a test or case that fails at run time is
+reported on stderr while the others go on (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from minfer_jax.bench.env import Env, ensure_mem_bw, header_line, make_env
+from minfer_jax.bench.fields import KERNEL_FIELDS, MODEL_FIELDS, OUTPUT_FORMATS, model_type
+from minfer_jax.bench.kernel_cases import KernelCase, ggml_cases, model_matmul_cases, run_kernel_case
+from minfer_jax.bench.model_tests import ModelBench, ModelSource, TestSpec, build_tests, context_for
+from minfer_jax.bench.parsing import BenchError, parse_int_range, parse_pg, parse_shapes
+from minfer_jax.bench.printers import Outputs, kernel_md_columns, model_md_columns, open_outputs
+from minfer_jax.errors import MinferError
+
+GEMM_CHOICES = ("auto", "f16", "dequant", "int8")  # ops.GEMM_VARIANTS, spelled out: --help stays jax-free
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        raise BenchError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="bench.py",
+        description="minfer_jax benchmark: llama-bench compatible model tests (ppN, tgN, ppN+tgM) and "
+                    "per-shape kernel timings (--kernels). Timing is taken around compiled executables after "
+                    "a warm-up run; see minfer_jax/bench/ for the exact definitions.",
+        epilog="Multiple values can be given as comma lists or ranges (first-last, first-last+step, "
+               "first-last*mult), as in llama-bench. Examples:\n"
+               "  bench.py -m model.gguf -p 512 -n 128 -r 5\n"
+               "  bench.py --synthetic qwen2.5-7b:q4_k_m -p 512 -n 128 -o md --out rows.json\n"
+               "  bench.py --synthetic qwen2.5-0.5b:q4_k_m --write-gguf /tmp/s.gguf\n"
+               "  bench.py --ggml-shapes\n"
+               "  bench.py --kernels --synthetic qwen2.5-7b:q4_k_m --nt 1,512\n"
+               "  bench.py --shapes q4_k:4096x14336,q8_0:4096x14336 --nt 1,8,512",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _model_args(p.add_argument_group("model"))
+    _test_args(p.add_argument_group("tests (llama-bench)"))
+    _execution_args(p.add_argument_group("execution"))
+    _kernel_args(p.add_argument_group("kernel mode"))
+    _output_args(p.add_argument_group("output"))
+    return p
+
+
+def _model_args(g) -> None:
+    g.add_argument("-m", "--model", action="append", default=[], metavar="FILE",
+                   help="GGUF model path (or 'default', or hf:<repo>:<file>); comma list or repeated")
+    g.add_argument("--synthetic", action="append", default=[], metavar="SPEC",
+                   help="in-memory random-weight model '<config>:<ftype>' (configs: qwen2.5-0.5b, -1.5b, -3b, -7b, "
+                        "-14b; ftypes: q4_k_m, q4_0, q8_0, q6_k, ...); comma list or repeated")
+    g.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="synthetic models only: override the layer count (quick runs)")
+    g.add_argument("--seed", type=int, default=0, help="seed of synthetic weights, random token ids and kernel inputs (default: 0)")
+    g.add_argument("--write-gguf", default=None, metavar="PATH",
+                   help="write the (single) synthetic model as a GGUF file for llama.cpp, then exit; "
+                        "with -p/-n/-pg given explicitly, also run the benchmark")
+
+
+def _test_args(g) -> None:
+    g.add_argument("-p", "--n-prompt", action="append", default=None, metavar="N",
+                   help="prompt sizes for ppN tests (default: 512)")
+    g.add_argument("-n", "--n-gen", action="append", default=None, metavar="N",
+                   help="generation lengths for tgN tests (default: 128)")
+    g.add_argument("-pg", action="append", default=[], metavar="PP,TG",
+                   help="prefill PP tokens then generate TG, timed together: test 'ppPP+tgTG', t/s = (PP+TG) / time; "
+                        "repeat the flag for several pairs")
+    g.add_argument("-r", "--repetitions", type=int, default=5, metavar="N",
+                   help="timed runs per test (kernel mode: timed trials per case) (default: 5)")
+    g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+                   help="KV cache length for every test (default: smallest power of two >= prompt + gen)")
+    g.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each test/case")
+
+
+def _execution_args(g) -> None:
+    g.add_argument("--kernel-impl", choices=("pallas", "interpret", "xla"), default=None,
+                   help="matmul implementation: pallas (Triton kernels, GPU), interpret (the same kernels in "
+                        "Pallas' interpreter: very slow, tiny shapes only) or xla (reference dequant + dot). "
+                        "Default: pallas on GPU, xla elsewhere")
+    g.add_argument("--gemm", choices=GEMM_CHOICES, default="auto",
+                   help="prefill variant for block formats: auto (default: dequant from "
+                        "ops.DEQUANT_MIN_NT tokens, else f16), f16 (weight tiles decoded inside the GEMM), "
+                        "dequant (weights decoded into a transient f16 matrix, then a float GEMM) or int8 "
+                        "(int8 activations x int8 quants; slower on the H200)")
+    g.add_argument("--weights", choices=("quantized", "dense"), default=None,
+                   help="model mode: weight storage on the device (default: quantized for pallas/interpret, dense "
+                        "for xla, as minfer_jax.load)")
+    g.add_argument("--no-compile-cache", action="store_true",
+                   help="disable JAX's persistent compilation cache (compile times then always mean a fresh compile)")
+    g.add_argument("--mem-bw", default="auto", metavar="auto|measure|none|GBPS",
+                   help="device memory bandwidth for '%% bw': auto = table (H200: 4200 GB/s) else measured with a "
+                        "jitted jnp.sum over a large f32 array; or a number in GB/s; or none (default: auto)")
+
+
+def _kernel_args(g) -> None:
+    g.add_argument("--kernels", action="store_true",
+                   help="time each distinct (type, out, in) matmul the model(s) run (fused q/k/v and gate/up as "
+                        "loaded) instead of whole-model tests")
+    g.add_argument("--shapes", default=None, metavar="LIST",
+                   help="explicit kernel cases TYPE:OUTxIN, comma separated, e.g. q4_k:4096x14336,q8_0:4096x14336")
+    g.add_argument("--ggml-shapes", action="store_true",
+                   help="the cases of PERF_TARGETS.md's ggml table (Q4_0/Q5_0/Q8_0/Q4_K/Q6_K 4096x14336, Q4_K "
+                        "4096x4096 and 14336x4096; nt 1, and 8/512 where ggml lists them), with ggml's times")
+    g.add_argument("--nt", default=None, metavar="LIST",
+                   help="token counts per kernel case (default: 1,512; --ggml-shapes: ggml's own)")
+    g.add_argument("--kernel-reps", type=int, default=None, metavar="N",
+                   help="matmul calls unrolled in one timed executable, each on its own weight copy; per-call "
+                        "time = the executable's span on the device timeline / N (default: up to 40, "
+                        "fewer for big matrices)")
+
+
+def _output_args(g) -> None:
+    g.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="md",
+                   help="format printed to stdout (default: md)")
+    g.add_argument("--out", action="append", default=[], metavar="FILE",
+                   help="also write to FILE; format from its extension (.md .csv .json .jsonl), else -o; repeatable")
+    g.add_argument("--progress", action="store_true", help="print progress (compiles, runs) to stderr")
+
+
+def _split_list(values: Iterable[str]) -> list[str]:
+    return [x.strip() for v in values for x in str(v).split(",") if x.strip()]
+
+
+def _int_lists(values: list[str] | None, default: list[int], what: str) -> list[int]:
+    if values is None:
+        return list(default)
+    out: list[int] = []
+    for v in values:
+        out += parse_int_range(v, what)
+    return out
+
+
+def _load_source(kind: str, ref: str, layers: int | None, seed: int, progress: bool) -> ModelSource:
+    if kind == "synthetic":
+        from minfer_jax.bench.synthetic import synthetic_model
+
+        gm = synthetic_model(ref, seed=seed, layers=layers)
+        return ModelSource(gm.path, gm)
+    from minfer_jax.gguf import load_gguf
+    from minfer_jax.model_source import resolve_model
+
+    path = resolve_model(ref, progress=progress)
+    return ModelSource(ref, load_gguf(path))
+
+
+def _validate(args) -> None:
+    if args.repetitions < 1:
+        raise BenchError(f"-r must be >= 1, got {args.repetitions}")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise BenchError(f"-c must be >= 1, got {args.ctx_size}")
+    if args.layers is not None and args.layers < 1:
+        raise BenchError(f"--layers must be >= 1, got {args.layers}")
+    if args.layers is not None and not args.synthetic:
+        raise BenchError("--layers applies to --synthetic models only")
+    if args.kernel_reps is not None and args.kernel_reps < 1:
+        raise BenchError(f"--kernel-reps must be >= 1, got {args.kernel_reps}")
+    if args.write_gguf and len(_split_list(args.synthetic)) != 1:
+        raise BenchError("--write-gguf needs exactly one --synthetic model")
+
+
+def _default_impl() -> str:
+    import jax
+
+    return "pallas" if jax.default_backend() == "gpu" else "xla"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except BenchError as e:
+        print(f"bench.py: error: {e}", file=sys.stderr)
+        return 2
+    except MinferError as e:  # unknown synthetic spec, missing/broken model, context overflow
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"bench.py: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What the command line asks for, parsed and checked."""
+
+    models: list[str]
+    synths: list[str]
+    shapes: list  # [(QType, out, in)] from --shapes
+    kernel_mode: bool
+    nts: list[int] | None  # --nt
+    tests: list[TestSpec]
+    explicit_tests: bool  # -p / -n / -pg given (--write-gguf then also runs them)
+
+
+def _request(args) -> _Request:
+    shapes = parse_shapes(args.shapes) if args.shapes else []
+    nts = parse_int_range(args.nt, "--nt") if args.nt else None
+    if nts is not None and any(n < 1 for n in nts):
+        raise BenchError("--nt values must be >= 1")
+    prompts = _int_lists(args.n_prompt, [512], "-p")
+    gens = _int_lists(args.n_gen, [128], "-n")
+    pgs = [parse_pg(s) for s in args.pg]
+    req = _Request(models=_split_list(args.model), synths=_split_list(args.synthetic), shapes=shapes,
+                   kernel_mode=args.kernels or bool(shapes) or args.ggml_shapes, nts=nts,
+                   tests=build_tests(prompts, gens, pgs),
+                   explicit_tests=args.n_prompt is not None or args.n_gen is not None or bool(args.pg))
+    _check_inputs(args, req)
+    return req
+
+
+def _check_inputs(args, req: _Request) -> None:
+    """Resolve inputs cheaply before anything heavy (every bad input fails here with exit 2)."""
+    from minfer_jax.bench.synthetic import SYNTHETIC_CONFIGS, parse_spec
+
+    for s in req.synths:
+        parse_spec(s)
+    for m in req.models:
+        if m.strip() not in ("default",) and not m.startswith("hf:") and not os.path.exists(m):
+            raise BenchError(f"model file not found: {m}")
+    if args.write_gguf and req.kernel_mode:
+        raise BenchError("--write-gguf cannot be combined with kernel mode")
+    if req.kernel_mode:
+        if args.kernels and not (req.models or req.synths or req.shapes or args.ggml_shapes):
+            raise BenchError("--kernels needs -m MODEL, --synthetic SPEC, --shapes LIST or --ggml-shapes")
+    elif not (req.models or req.synths):
+        raise BenchError("give -m MODEL or --synthetic SPEC (or --kernels/--shapes/--ggml-shapes for kernel mode)")
+    if not req.kernel_mode and not req.tests and not args.write_gguf:
+        raise BenchError("no tests: every -p/-n/-pg value is 0")
+    if not req.kernel_mode:
+        limits = [SYNTHETIC_CONFIGS[parse_spec(s)[0]].context_length for s in req.synths] or [1 << 62]
+        for t in req.tests:  # N > context -> exit 2 before loading anything (files: checked after reading them)
+            context_for(t, args.ctx_size, min(limits))
+
+
+def _kernel_impl(args) -> str:
+    impl = args.kernel_impl or _default_impl()
+    import jax
+
+    if impl == "pallas" and jax.default_backend() != "gpu":
+        raise BenchError(f"--kernel-impl pallas needs a GPU (backend here: {jax.default_backend()}); "
+                         "use interpret or xla")
+    return impl
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    _validate(args)
+    req = _request(args)
+    log = (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)) if args.progress else (lambda s: None)
+    if args.no_compile_cache:
+        from minfer_jax.runtime import COMPILATION_CACHE_ENV
+
+        os.environ[COMPILATION_CACHE_ENV] = "off"
+    impl = _kernel_impl(args)
+    command = " ".join(shlex.quote(a) for a in ["scripts/bench.py", *argv])
+    preloaded: dict[tuple[str, str], ModelSource] = {}
+    if args.write_gguf:
+        preloaded = _write_gguf(args, req.synths[0])
+        if not req.explicit_tests:
+            return 0
+    env = make_env(args.mem_bw, command)
+    if req.kernel_mode:
+        return _run_kernels(args, req, env, impl, log)
+    return _run_models(args, req, env, impl, log, preloaded)
+
+
+def _write_gguf(args, spec: str) -> dict[tuple[str, str], ModelSource]:
+    """--write-gguf: build the synthetic model, write it; it is then reused by the model tests."""
+    from minfer_jax.bench.synthetic import write_gguf
+
+    src = _load_source("synthetic", spec, args.layers, args.seed, args.progress)
+    write_gguf(src.gguf, args.write_gguf, progress=args.progress)
+    size = os.path.getsize(args.write_gguf)
+    print(f"wrote {src.label} ({model_type(src.gguf)}) to {args.write_gguf} ({size} bytes)", file=sys.stderr)
+    return {("synthetic", spec): src}
+
+
+def _footer(env: Env) -> str:
+    return f"build: {env.build_commit} ({env.build_number})"
+
+
+def _report_failure(what: str, e: Exception) -> None:
+    """One stderr line for a test/case that failed while the run goes on."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    print(f"bench.py: {what} failed: {type(e).__name__}: {first}"[:2000], file=sys.stderr)
+
+
+# ---- kernel mode ---------------------------------------------------------------------------
+
+def _kernel_cases(args, req: _Request) -> list[KernelCase]:
+    """--ggml-shapes, then --shapes, then every synthetic model's and model file's matmuls."""
+    from minfer_jax.bench.synthetic import synthetic_shapes
+
+    cases: list[KernelCase] = []
+    default_nts = req.nts or [1, 512]
+    if args.ggml_shapes:
+        cases += ggml_cases(req.nts)
+    for qt, n, k in req.shapes:
+        cases.append(KernelCase(qt, n, k, tuple(default_nts), source="--shapes"))
+    for s in req.synths:
+        types, shp, tied, label = synthetic_shapes(s, args.layers)
+        cases += model_matmul_cases(types, shp, tied, default_nts, label)
+    for m in req.models:
+        from minfer_jax.gguf import load_gguf
+        from minfer_jax.model_source import resolve_model
+
+        gm = load_gguf(resolve_model(m, progress=args.progress))
+        cases += model_matmul_cases({n: t.qtype for n, t in gm.tensors.items()},
+                                    {n: t.shape for n, t in gm.tensors.items()}, gm.config.tied_output,
+                                    default_nts, m)
+    return cases
+
+
+def _run_kernels(args, req: _Request, env: Env, impl: str, log: Callable[[str], None]) -> int:
+    from minfer_jax import ops
+
+    cases = _kernel_cases(args, req)
+    if any(nt <= ops.GEMV_MAX_NT for c in cases for nt in c.nts):
+        ensure_mem_bw(env)
+    out = open_outputs(args.output, args.out, KERNEL_FIELDS, kernel_md_columns(env), ("samples_us",),
+                       header_line(env, "kernels", impl), footer=_footer(env))
+    failed = 0
+    try:
+        for case in cases:
+            for nt in case.nts:
+                log(f"kernel {case.qtype.name} {case.n}x{case.k} nt={nt} ({impl})")
+                try:
+                    row = run_kernel_case(case, nt, env, impl=impl, gemm=args.gemm, trials=args.repetitions,
+                                          reps=args.kernel_reps, warmup=not args.no_warmup, seed=args.seed)
+                except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
+                    failed += 1
+                    _report_failure(f"case {case.qtype.name}:{case.n}x{case.k} nt={nt}", e)
+                    continue
+                out.row(row)
+    finally:
+        out.close()
+    return 1 if failed else 0
+
+
+# ---- model mode ----------------------------------------------------------------------------
+
+def _run_models(args, req: _Request, env: Env, impl: str, log: Callable[[str], None],
+                preloaded: dict[tuple[str, str], ModelSource]) -> int:
+    from minfer_jax.runtime import load
+
+    sources = [("model", m) for m in req.models] + [("synthetic", s) for s in req.synths]
+    if any(t.n_gen and not t.n_prompt for t in req.tests):
+        ensure_mem_bw(env)
+    out: Outputs | None = None
+    failed = 0
+    try:
+        for kind, ref in sources:
+            log(f"loading {ref}")
+            t0 = time.perf_counter()
+            src = preloaded.pop((kind, ref), None) or _load_source(
+                kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress)
+            ctxs = [context_for(t, args.ctx_size, src.gguf.config.context_length) for t in req.tests]
+            model = load(gguf_model=src.gguf, ctx_size=max(ctxs), kernels=impl, weights=args.weights,
+                         gemm=args.gemm, device=env.device, progress=args.progress)
+            log(f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} weights, "
+                f"{model.weight_nbytes / 1e9:.3f} GB on the device")
+            if out is None:
+                out = open_outputs(args.output, args.out, MODEL_FIELDS, model_md_columns(env),
+                                   ("samples_ns", "samples_ts"), header_line(env, "model", impl), footer=_footer(env))
+            failed += _run_tests(ModelBench(model, src, env, reps=args.repetitions, ctx=args.ctx_size,
+                                             seed=args.seed, warmup=not args.no_warmup, log=log),
+                                 req.tests, out)
+            del model  # before the next model loads
+    finally:
+        if out is not None:
+            out.close()
+    return 1 if failed else 0
+
+
+def _run_tests(mb: ModelBench, tests: list[TestSpec], out: Outputs) -> int:
+    """Every test on one model; returns how many failed (bad input still ends the run)."""
+    failed = 0
+    for t in tests:
+        try:
+            row = mb.run(t)
+        except BenchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - report, keep going with the other tests
+            failed += 1
+            _report_failure(f"test {t.name} on {mb.source.label}", e)
+            continue
+        out.row(row)
+    return failed

@@ -1,0 +1,247 @@
+"""Whole-model tests as llama-bench runs them (ppN, tgN, ppN+tgM), timed around compiled executables.
+
+pp is ONE prefill executable of the prompt's bucket (a power of two >= 16; a prompt of another
+length is padded and reported with its real N), tg is ONE decode executable that runs all N
+steps on the device. The KV cache (length: smallest power of two >= prompt + gen, or -c) is
+allocated before the timer, fresh for every run; executables are compiled once per model and
+reused across runs and tests. A row carries every llama-bench field, then minfer_jax's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from minfer_jax.bench.env import Env, utc_stamp
+from minfer_jax.bench.fields import model_size_params, model_type, test_name
+from minfer_jax.bench.parsing import BenchError
+
+
+def pow2ceil(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _layer_matmul_elems(cfg) -> int:
+    d, kv, ff = cfg.d_model, cfg.kv_dim, cfg.d_ff
+    return cfg.n_layers * (2 * d * d + 2 * kv * d + 3 * ff * d)
+
+
+def decode_weight_bytes(params) -> int:
+    """Device weight bytes one decode token reads: everything but an untied embedding table
+    (only one of its rows is gathered); a tied table is read in full as the head."""
+    from minfer_jax.model.weights import params_nbytes
+
+    total = params_nbytes(params)
+    if params.output is not None:
+        total -= params.embed.nbytes
+    return int(total)
+
+
+@dataclasses.dataclass(frozen=True)
+class TestSpec:
+    n_prompt: int
+    n_gen: int
+
+    @property
+    def name(self) -> str:
+        return test_name(self.n_prompt, self.n_gen)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_prompt + self.n_gen
+
+
+def build_tests(prompts: Sequence[int], gens: Sequence[int], pgs: Sequence[tuple[int, int]]) -> list[TestSpec]:
+    """llama-bench's instance order: every pp, then every tg, then every pg (zeros skipped)."""
+    tests = [TestSpec(n, 0) for n in prompts if n > 0]
+    tests += [TestSpec(0, n) for n in gens if n > 0]
+    tests += [TestSpec(p, g) for p, g in pgs if p > 0 or g > 0]
+    return tests
+
+
+def context_for(test: TestSpec, ctx: int | None, model_ctx: int) -> int:
+    """Cache length for a test: -c, else the smallest power of two >= prompt + gen tokens."""
+    need = test.n_tokens
+    if ctx is not None:
+        if need > ctx:
+            raise BenchError(f"test {test.name} needs {need} tokens of context, more than -c {ctx}")
+        n_ctx = ctx
+    else:
+        n_ctx = pow2ceil(need)
+    if n_ctx > model_ctx:
+        raise BenchError(f"test {test.name} needs a cache of {n_ctx} tokens, more than the model's trained "
+                         f"context of {model_ctx}")
+    return n_ctx
+
+
+def _llama_stdev(v: Sequence[float]) -> float:
+    return float(np.std(np.asarray(v, np.float64), ddof=1)) if len(v) > 1 else 0.0
+
+
+@dataclasses.dataclass
+class ModelSource:
+    label: str  # model_filename
+    gguf: Any  # GGUFModel
+
+
+@dataclasses.dataclass
+class _Prepared:
+    """One test's compiled executables and device inputs, made before any timing."""
+
+    n_ctx: int
+    bucket: int | None
+    compile_s: float
+    run_once: Callable[[], int]  # one timed run (fresh cache, then the executables), ns
+
+
+class ModelBench:
+    """One loaded model: compiles each executable once, times tests, yields llama-bench rows."""
+
+    def __init__(self, model, source: ModelSource, env: Env, *, reps: int, ctx: int | None, seed: int,
+                 warmup: bool, log: Callable[[str], None]):
+        self.model = model
+        self.source = source
+        self.env = env
+        self.reps = reps
+        self.ctx = ctx
+        self.seed = seed
+        self.warmup = warmup
+        self.log = log
+        self.compile_s: dict[tuple, float] = {}
+        self.size, self.n_params = model_size_params(source.gguf)
+        self.mtype = model_type(source.gguf)
+        self.bytes_per_token = decode_weight_bytes(model.params)
+
+    # -- executables ------------------------------------------------------------------------
+    def _exe(self, kind: str, size: int, n_ctx: int):
+        from minfer_jax.sampling import GREEDY
+
+        key = (kind, size, n_ctx)
+        if key not in self.compile_s:
+            self.log(f"compiling {kind} {'bucket' if kind == 'prefill' else 'steps'}={size} ctx={n_ctx} ...")
+        if kind == "prefill":
+            exe, dt = self.model.prefill_executable(size, n_ctx, GREEDY)
+        else:
+            exe, dt = self.model.decode_executable(size, n_ctx, GREEDY)
+        if key not in self.compile_s:
+            self.compile_s[key] = dt
+            self.log(f"  compiled in {dt:.2f} s")
+        return exe, self.compile_s[key]
+
+    # -- one test ---------------------------------------------------------------------------
+    def run(self, test: TestSpec) -> dict:
+        """Prepare, warm up, time `reps` runs and return the test's row."""
+        n_ctx = context_for(test, self.ctx, self.model.config.context_length)
+        test_time = utc_stamp()
+        prep = self._prepare(test, n_ctx)
+        samples = self._time(test, prep.run_once)
+        return self._row(test, prep, samples, test_time)
+
+    def _prepare(self, test: TestSpec, n_ctx: int) -> _Prepared:
+        """Compile (or reuse) the test's executables, put its inputs on the device, build one run."""
+        import jax
+
+        from minfer_jax.engine import bucket_for
+
+        m = self.model
+        cfg = m.config
+        rng = np.random.default_rng(self.seed)
+        dev = self.env.device
+        put = lambda a: jax.device_put(a, dev)
+
+        compile_total = 0.0
+        bucket = None
+        pre = dec = None
+        if test.n_prompt:
+            bucket = bucket_for(test.n_prompt, n_ctx)
+            pre, dt = self._exe("prefill", bucket, n_ctx)
+            compile_total += dt
+            tokens = np.zeros((bucket,), np.int32)
+            tokens[:test.n_prompt] = rng.integers(0, cfg.vocab_size, test.n_prompt)
+            tokens_d = put(tokens)
+            n_valid_d = put(np.int32(test.n_prompt))
+        if test.n_gen:
+            dec, dt = self._exe("decode", test.n_gen, n_ctx)
+            compile_total += dt
+            first_tok_d = put(np.int32(rng.integers(0, cfg.vocab_size)))
+            gen_pos_d = put(np.int32(test.n_prompt))
+        zero_d = put(np.int32(0))
+        key_d = put(np.asarray(jax.random.PRNGKey(self.seed)))
+        hist_d = put(np.zeros((0,), np.int32))
+        params = m.params
+
+        def fresh_cache():
+            return jax.block_until_ready(m.new_cache(n_ctx))
+
+        def once() -> int:
+            cache = fresh_cache()
+            t0 = time.perf_counter_ns()
+            if pre is not None:
+                tok, _, cache = pre(params, cache, tokens_d, zero_d, n_valid_d, key_d, hist_d)
+                if dec is not None:
+                    out = dec(params, cache, tok, gen_pos_d, key_d, hist_d)
+                else:
+                    out = (tok, cache)
+            else:
+                out = dec(params, cache, first_tok_d, zero_d, key_d, hist_d)
+            jax.block_until_ready(out)
+            dt = time.perf_counter_ns() - t0
+            del out
+            return dt
+
+        return _Prepared(n_ctx, bucket, compile_total, once)
+
+    def _time(self, test: TestSpec, once: Callable[[], int]) -> list[int]:
+        """The warm-up run (unless --no-warmup), then `reps` timed runs in ns."""
+        if self.warmup:
+            self.log(f"{test.name}: warm-up run")
+            once()
+        samples = []
+        for i in range(self.reps):
+            samples.append(once())
+            self.log(f"{test.name}: run {i + 1}/{self.reps}: {samples[-1] / 1e6:.3f} ms")
+        return samples
+
+    def _row(self, test: TestSpec, prep: _Prepared, samples: list[int], test_time: str) -> dict:
+        """llama-bench's fields (test::get_fields(), in order), then minfer_jax's columns."""
+        m, env, cfg, bucket = self.model, self.env, self.model.config, prep.bucket
+        ts = [1e9 * test.n_tokens / s for s in samples]
+        avg_ns = int(sum(samples) // len(samples))
+        gbps, pct, tflops = self._rates(test, avg_ns * 1e-9, cfg)
+        cache_type = np.dtype(m.cache_dtype).name.replace("float", "f")
+        return {
+            "build_commit": env.build_commit, "build_number": env.build_number, "cpu_info": env.cpu_info,
+            "gpu_info": env.gpu_info, "backends": env.backend, "model_filename": self.source.label,
+            "model_type": self.mtype, "model_size": self.size, "model_n_params": self.n_params,
+            "n_batch": bucket or 1, "n_ubatch": bucket or 1, "n_threads": env.n_threads, "cpu_mask": "0x0",
+            "cpu_strict": False, "poll": 50, "type_k": cache_type, "type_v": cache_type,
+            "n_gpu_layers": 0 if env.is_cpu_backend else 99, "n_cpu_moe": 0, "split_mode": "none", "main_gpu": 0,
+            "no_kv_offload": False, "flash_attn": False, "devices": "auto", "tensor_split": "0.00",
+            "tensor_buft_overrides": "none", "use_mmap": False, "embeddings": False, "no_op_offload": 0,
+            "no_host": False, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": 0,
+            "test_time": test_time, "avg_ns": avg_ns, "stddev_ns": int(_llama_stdev(samples)),
+            "avg_ts": float(np.mean(ts)), "stddev_ts": _llama_stdev(ts),
+            # minfer_jax's own columns
+            "test": test.name, "jax_version": env.jax_version, "device": env.device_label,
+            "kernels": m.impl.kernels, "weight_mode": m.weight_mode, "n_ctx": prep.n_ctx, "bucket": bucket,
+            "compile_s": prep.compile_s, "weight_bytes_per_token": self.bytes_per_token, "weight_gbps": gbps,
+            "mem_bw_gbps": None if env.mem_bw is None else env.mem_bw / 1e9, "pct_mem_bw": pct,
+            "matmul_tflops": tflops, "peak_mem_bytes": env.peak_mem(), "command": env.command,
+            "samples_ns": samples, "samples_ts": ts,
+        }
+
+    def _rates(self, test: TestSpec, avg_s: float, cfg) -> tuple[float | None, float | None, float | None]:
+        """(weight GB/s, % of memory bandwidth) for tg tests, matmul TFLOP/s for pp tests."""
+        gbps = pct = tflops = None
+        if test.n_gen and not test.n_prompt and avg_s > 0:
+            gbps = self.bytes_per_token * test.n_gen / avg_s / 1e9
+            if self.env.mem_bw:
+                pct = 100.0 * gbps * 1e9 / self.env.mem_bw
+        if test.n_prompt and not test.n_gen and avg_s > 0:
+            flops = 2.0 * test.n_prompt * _layer_matmul_elems(cfg) + 2.0 * cfg.vocab_size * cfg.d_model
+            tflops = flops / avg_s / 1e12
+        return gbps, pct, tflops
