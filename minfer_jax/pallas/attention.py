@@ -74,7 +74,8 @@ def check_cache(k_cache: jax.Array, v_cache: jax.Array, n_heads: int, head_dim: 
     """Raise AttentionShapeError unless k/v are [n_slots, Hkv, max_len, head_dim] and Hkv divides n_heads."""
     if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
         raise AttentionShapeError(f"k_cache {k_cache.shape} {k_cache.dtype} and v_cache {v_cache.shape} "
-                                  f"{v_cache.dtype} must be one [n_slots, n_kv_heads, max_len, head_dim] shape and dtype")
+                                  f"{v_cache.dtype} must share one [n_slots, n_kv_heads, max_len, head_dim] "
+                                  "shape and dtype")
     n_kv, head = k_cache.shape[1], k_cache.shape[3]
     if head != head_dim or head_dim & (head_dim - 1) or head_dim < 16:
         raise AttentionShapeError(f"head_dim {head_dim} (cache {head}) must match and be a power of two >= 16")

@@ -1,0 +1,306 @@
+"""GPU: chunk (prefill) and decode attention, our Pallas kernels beside what jax ships, on one H200.
+
+usage: PYTHONPATH=. python tools/attention_bench.py [--only chunk|decode] [--models 0.5b,7b]
+           [--ts 512,1024,2048] [--starts 0,4096,16384,30720] [--batches 1,8,32]
+           [--lengths 4096,16384,32768] [--reps 4] [--check] [--out FILE.md]
+
+Every candidate runs `reps` times unrolled in one executable, each call on its own f16 cache copy
+(so K/V stream from HBM, not L2, and XLA cannot merge calls); a time is the device-timeline span of
+the executable / reps (kernel_bench.device_span_us), best of 3 trials. Caches are [1 or B slots,
+Hkv, 32768, hd] (a 32k context), so the kernels must bound their own reads to [0, len).
+
+chunk: q [T, H, hd] at positions start .. start+T-1, keys [0, start+T). Candidates:
+  ours bq/bk/warps     minfer_jax.pallas.attention.chunk_attention (one executable for all starts)
+  cudnn mask           jax.nn.dot_product_attention(implementation="cudnn") with a [T, S] bool mask
+                       (cuDNN's causal mask is top-left, no offset: the offset mask goes in as a bias)
+  cudnn causal/none    cuDNN's own causal mask: exact only at start 0; at start > 0 "none" (no mask,
+                       T*S work, a lower bound of what an offset-causal cuDNN call could cost)
+  pallas mha           jax.experimental.pallas.ops.gpu.attention.mha (no GQA: K/V repeated to H heads;
+                       causal top-left only: causal at start 0, non-causal lower bound otherwise)
+  mgpu                 attention_mgpu.attention (Hopper Mosaic GPU; same causal caveat)
+  xla                  the dense jnp path (attention.chunk_attention_reference) on the static slice [0, S)
+  external candidates get K/V already as [1, S, Hkv, hd] (their layout); the row "layout copy" is
+  what gathering that from our cache costs per call.
+decode: q [B, 1, H, hd], lengths all equal. Candidates: ours (k_splits list), jax's
+  decode_attention.gqa (K/V as [B, 32768, Hkv, hd], kv_seq_len = lengths), cudnn with
+  key_value_seq_lengths, xla (decode_attention_reference over the whole slot). GB/s = K/V bytes of
+  [0, len) per call / time.
+--check: our kernels vs their references on f16 caches with junk past the visible range: max abs
+  error, PASS/FAIL (tolerance 2e-2: p is rounded to f16 before the PV dot). Not part of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minfer_jax import kernel_bench as KB
+from minfer_jax.pallas import attention as A
+from minfer_jax.pallas import decode_attention as D
+
+MODELS = {"0.5b": (14, 2, 64), "1.5b": (12, 2, 128), "7b": (28, 4, 128), "32b": (40, 8, 128)}  # H, Hkv, hd
+MAX_LEN = 32768  # cache positions per slot (--max-len overrides it for smoke runs)
+CHUNK_CONFIGS = [(64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2)]  # block_q, block_k, warps, stages
+DECODE_SPLITS = [8, 16, 32, 64]
+CHECK_TOL = 2e-2
+
+
+def span_us(fn, inputs: list, trials: int = 3) -> float:
+    """Device time of one fn(*inputs[i]), from one executable running all of them unrolled."""
+    exe = jax.jit(lambda xs: [fn(*x) for x in xs])
+    run = lambda: jax.block_until_ready(exe(inputs))  # noqa: E731
+    run()
+    spans = [KB.device_span_us(run) for _ in range(trials)]
+    if spans[0] is None:  # no GPU trace (CPU smoke run): host clock
+        t = time.perf_counter()
+        run()
+        return (time.perf_counter() - t) * 1e6 / len(inputs)
+    return min(spans) / len(inputs)
+
+
+def random_cache(key, n_slots, n_kv, head_dim, dtype=jnp.float16):
+    kk, kv = jax.random.split(key)
+    shape = (n_slots, n_kv, MAX_LEN, head_dim)
+    return jax.random.normal(kk, shape, dtype), jax.random.normal(kv, shape, dtype)
+
+
+class Table:
+    """Markdown rows, rewritten to --out after each one (a timeout keeps what was measured)."""
+
+    def __init__(self, out: str | None):
+        self.out, self.sections = out, []
+
+    def section(self, title: str, header: list[str]):
+        self.sections.append([f"\n### {title}\n", "| " + " | ".join(header) + " |",
+                              "|" + "---|" * len(header)])
+        self._flush()
+
+    def row(self, cells: list):
+        line = "| " + " | ".join(str(c) for c in cells) + " |"
+        self.sections[-1].append(line)
+        print(line, flush=True)
+        self._flush()
+
+    def _flush(self):
+        if self.out:
+            with open(self.out, "w") as fh:
+                fh.write("\n".join(line for s in self.sections for line in s) + "\n")
+
+
+def tflops(flops: float):
+    return lambda us: f"{flops / us / 1e6:.3g}"
+
+
+def gbps(nbytes: float):
+    return lambda us: f"{nbytes / us / 1e3:.4g}"
+
+
+def attempt(table: Table, cells: list, run, rate):
+    """One candidate's row: time run() and rate(us), or the error's first line."""
+    try:
+        us = run()
+        table.row(cells + [f"{us:.1f}", rate(us)])
+    except Exception as e:  # noqa: BLE001 - one failing candidate must not stop the others
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:160].replace("|", "/")
+        table.row(cells + ["-", f"FAILED: {type(e).__name__}: {msg}"])
+
+
+def external_chunk_candidates(h, hkv, hd, t, start):
+    """(name, fn(q4, k4, v4)) for the candidates that take [1, T, H, hd] / [1, S, Hkv, hd] inputs."""
+    s = start + t
+    q_pos = start + jnp.arange(t)
+    mask = (jnp.arange(s)[None, :] <= q_pos[:, None])[None, None]  # [1, 1, T, S]
+    cands = [("cudnn mask", lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn"))]
+    exact = start == 0
+    cands.append((f"cudnn {'causal' if exact else 'none (lower bound)'}",
+                  lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=exact, implementation="cudnn")))
+
+    def pallas_mha(q, k, v):
+        from jax.experimental.pallas.ops.gpu import attention as mha_mod
+        rep = h // hkv
+        bs = mha_mod.BlockSizes(block_q=128, block_k=64)
+        return mha_mod.mha(q, jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2), None, sm_scale=hd ** -0.5,
+                           causal=exact, block_sizes=bs)
+
+    def mgpu(q, k, v):
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as M
+        cfg = M.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=exact)
+        return M.attention(q * (hd ** -0.5), k, v, cfg)  # it applies no sm_scale of its own
+
+    cands.append((f"pallas mha {'causal' if exact else 'non-causal (lower bound)'}", pallas_mha))
+    cands.append((f"mgpu {'causal' if exact else 'non-causal (lower bound)'}", mgpu))
+    return cands
+
+
+def bthd_layout(k, v, s: int):
+    """Slot 0's K/V [0, s) of our cache as [1, s, Hkv, hd], the layout cuDNN / mha / mgpu take."""
+    return k[0, :, :s].transpose(1, 0, 2)[None], v[0, :, :s].transpose(1, 0, 2)[None]
+
+
+def bench_chunk(a, table: Table):
+    table.section("chunk attention (prefill), f16 cache of 32768 positions, one slot",
+                  ["model", "T", "start", "candidate", "us", "TFLOP/s"])
+    for model in a.models:
+        h, hkv, hd = MODELS[model]
+        caches = [random_cache(jax.random.PRNGKey(i), 1, hkv, hd) for i in range(a.reps)]
+        for t in a.ts:
+            qs = [jax.random.normal(jax.random.PRNGKey(100 + i), (t, h, hd), jnp.float16) for i in range(a.reps)]
+            for start in a.starts:
+                if start + t > MAX_LEN:
+                    continue
+                s = start + t
+                flops = 4.0 * t * (start + (t + 1) / 2) * h * hd  # QK and PV over the visible keys
+                cells = [model, t, start]
+                start_a = jnp.int32(start)
+                slot0 = jnp.int32(0)
+                for bq, bk, warps, stages in CHUNK_CONFIGS:
+                    fn = functools.partial(A.chunk_attention, block_q=bq, block_k=bk, num_warps=warps,
+                                           num_stages=stages, interpret=a.interpret)
+                    ins = [(q, k, v, slot0, start_a) for q, (k, v) in zip(qs, caches)]
+                    attempt(table, cells + [f"ours bq{bq} bk{bk} w{warps} s{stages}"],
+                            lambda: span_us(fn, ins), tflops(flops))
+                layout = functools.partial(bthd_layout, s=s)
+                attempt(table, cells + ["layout copy (K/V to [1, S, Hkv, hd])"],
+                        lambda: span_us(layout, caches), lambda us: "n/a")
+                ext_in = [(q[None], *layout(k, v)) for q, (k, v) in zip(qs, caches)]
+                for name, fn in external_chunk_candidates(h, hkv, hd, t, start):
+                    attempt(table, cells + [name], lambda: span_us(fn, ext_in), tflops(flops))
+                xla_in = [(q, k[:, :, :s], v[:, :, :s], slot0, start_a) for q, (k, v) in zip(qs, caches)]
+                attempt(table, cells + ["xla (dense, static slice [0, S))"],
+                        lambda: span_us(A.chunk_attention_reference, xla_in), tflops(flops))
+                del ext_in, xla_in
+
+
+def bench_decode(a, table: Table):
+    table.section("decode attention (1 query token per row), f16 caches of 32768 positions per slot",
+                  ["model", "B", "len", "candidate", "us", "K/V GB/s"])
+    for model in a.models:
+        h, hkv, hd = MODELS[model]
+        for b in a.batches:
+            copy_bytes = 2 * b * hkv * MAX_LEN * hd * 2
+            reps = max(2, min(a.reps, int(24e9 // copy_bytes)))
+            caches = [random_cache(jax.random.PRNGKey(i), b, hkv, hd) for i in range(reps)]
+            qs = [jax.random.normal(jax.random.PRNGKey(200 + i), (b, 1, h, hd), jnp.float16) for i in range(reps)]
+            slots = jnp.arange(b, dtype=jnp.int32)
+            for length in a.lengths:
+                cells = [model, b, length]
+                kv_bytes = 2.0 * b * hkv * length * hd * 2
+                lens = jnp.full((b,), length, jnp.int32)
+                ins = [(q, k, v, slots, lens) for q, (k, v) in zip(qs, caches)]
+                for splits in a.splits:
+                    fn = functools.partial(D.decode_attention, k_splits=splits, interpret=a.interpret)
+                    attempt(table, cells + [f"ours k_splits {splits} bk64"], lambda: span_us(fn, ins), gbps(kv_bytes))
+                ext_in = [(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), lens) for q, (k, v) in zip(qs, caches)]
+
+                def gqa(q, k, v, n):
+                    from jax.experimental.pallas.ops.gpu import decode_attention as G
+                    return G.gqa(q[:, 0], k, v, kv_seq_len=n, k_splits=16)
+
+                attempt(table, cells + ["jax pallas decode_attention.gqa k_splits 16"], lambda: span_us(gqa, ext_in),
+                        gbps(kv_bytes))
+                cudnn = lambda q, k, v, n: jax.nn.dot_product_attention(  # noqa: E731
+                    q, k, v, query_seq_lengths=jnp.ones_like(n), key_value_seq_lengths=n, implementation="cudnn")
+                attempt(table, cells + ["cudnn key_value_seq_lengths"], lambda: span_us(cudnn, ext_in),
+                        gbps(kv_bytes))
+                attempt(table, cells + ["xla (dense over the whole slot)"],
+                        lambda: span_us(D.decode_attention_reference, ins), gbps(kv_bytes))
+                del ext_in
+            del caches
+
+
+def junk_cache(key, n_slots, n_kv, max_len, hd, visible: dict[int, int]):
+    """f16 k/v: random below visible[slot], 3e4 / -3e4 junk elsewhere."""
+    k, v = (jax.random.normal(kk, (n_slots, n_kv, max_len, hd), jnp.float16) for kk in jax.random.split(key))
+    mask = np.zeros((n_slots, 1, max_len, 1), bool)
+    for slot, n in visible.items():
+        mask[slot, 0, :n] = True
+    return jnp.where(mask, k, jnp.float16(3e4)), jnp.where(mask, v, jnp.float16(-3e4))
+
+
+def run_checks() -> bool:
+    """Our kernels vs their references at a few shapes on f16 caches; prints PASS/FAIL lines."""
+    ok = True
+
+    def report(name, got, ref):
+        nonlocal ok
+        err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - ref)))
+        good = bool(np.isfinite(err)) and err < CHECK_TOL
+        ok &= good
+        print(f"{'PASS' if good else 'FAIL'} {name}: max abs err {err:.2e}", flush=True)
+
+    chunk_cases = [("0.5b", 64, 4097 - 64, {}), ("0.5b", 512, 1000, {}), ("7b", 512, 3000, {}),
+                   ("7b", 16, 0, {"block_q": 16, "block_k": 16}), ("1.5b", 256, 255, {"block_q": 128, "block_k": 128}),
+                   ("32b", 128, 700, {}), ("7b", 2048, 4096, {"block_q": 128, "block_k": 128, "num_warps": 8})]
+    for model, t, start, blocks in chunk_cases:
+        h, hkv, hd = MODELS[model]
+        try:
+            k, v = junk_cache(jax.random.PRNGKey(t), 3, hkv, 8192, hd, {1: start + t})
+            q = jax.random.normal(jax.random.PRNGKey(start), (t, h, hd), jnp.float16)
+            got = A.chunk_attention(q, k, v, jnp.int32(1), jnp.int32(start), **blocks)
+            report(f"chunk {model} T={t} start={start} {blocks}", got,
+                   A.chunk_attention_reference(q, k, v, jnp.int32(1), jnp.int32(start)))
+        except Exception:  # noqa: BLE001
+            ok = False
+            print(f"FAIL chunk {model} T={t} start={start}: {traceback.format_exc().splitlines()[-1]}", flush=True)
+    decode_cases = [("0.5b", (1, 17, 4097), 1, None), ("7b", (255, 4097, 8), 8, 8), ("0.5b", (300, 9000), 3, 64),
+                    ("32b", (5000,), 1, None)]
+    for model, lengths, nq, splits in decode_cases:
+        h, hkv, hd = MODELS[model]
+        try:
+            slots = list(range(len(lengths)))[::-1]
+            k, v = junk_cache(jax.random.PRNGKey(nq), len(lengths), hkv, 9216, hd, dict(zip(slots, lengths)))
+            q = jax.random.normal(jax.random.PRNGKey(7), (len(lengths), nq, h, hd), jnp.float16)
+            s_a, l_a = jnp.array(slots, jnp.int32), jnp.array(lengths, jnp.int32)
+            got = D.decode_attention(q, k, v, s_a, l_a, k_splits=splits)
+            report(f"decode {model} lengths={lengths} nq={nq} k_splits={splits}", got,
+                   D.decode_attention_reference(q, k, v, s_a, l_a))
+        except Exception:  # noqa: BLE001
+            ok = False
+            print(f"FAIL decode {model} lengths={lengths} nq={nq}: {traceback.format_exc().splitlines()[-1]}",
+                  flush=True)
+    print("CHECK", "PASS" if ok else "FAIL", flush=True)
+    return ok
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None) -> int:
+    global MAX_LEN
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=["chunk", "decode", "none"], default=None)
+    ap.add_argument("--models", default="0.5b,7b")
+    ap.add_argument("--ts", type=ints, default=[512, 1024, 2048])
+    ap.add_argument("--starts", type=ints, default=[0, 4096, 16384, 30720])
+    ap.add_argument("--batches", type=ints, default=[1, 8, 32])
+    ap.add_argument("--lengths", type=ints, default=[4096, 16384, 32768])
+    ap.add_argument("--splits", type=ints, default=DECODE_SPLITS)
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--max-len", type=int, default=MAX_LEN)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--interpret", action="store_true", help="our kernels interpreted (CPU smoke run of this script)")
+    a = ap.parse_args(argv)
+    a.models = [m for m in a.models.split(",") if m]
+    MAX_LEN = a.max_len
+    print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
+    ok = run_checks() if a.check else True
+    table = Table(a.out)
+    if a.only in (None, "chunk"):
+        bench_chunk(a, table)
+    if a.only in (None, "decode"):
+        bench_decode(a, table)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
