@@ -56,6 +56,8 @@ CHUNK_CASES = [
     (64, 2, 2, 64, 191, 256, {"block_q": 128, "block_k": 128}),  # 255 keys, ratio 1
     (64, 7, 1, 64, 4097 - 64, 4352, {}),  # 4097 keys, chunk mid-cache
     (16, 4, 1, 128, 4097 - 16, 4352, {"block_k": 128}),
+    (32, 7, 1, 64, 4097 - 32, 4352, {"k_splits": 3}),  # key-split programs, merged
+    (64, 4, 1, 128, 150, 256, {"block_q": 32, "block_k": 32, "k_splits": 4}),  # early row blocks: empty splits
 ]
 
 
@@ -124,9 +126,9 @@ def test_merge_splits_matches_one_softmax():
         mi = s[:, lo:hi].max(axis=1) if hi > lo else np.full(3, attention.M_INIT)
         p = np.exp2(s[:, lo:hi] - mi[:, None])
         o.append(p @ v[lo:hi]), m.append(mi), l.append(p.sum(axis=1))
-    got = decode_attention.merge_splits(jnp.asarray(np.stack(o)[None, None], jnp.float32),
-                                        jnp.asarray(np.stack(m)[None, None], jnp.float32),
-                                        jnp.asarray(np.stack(l)[None, None], jnp.float32))[0, 0]
+    got = attention.merge_splits(jnp.asarray(np.stack(o)[None, None], jnp.float32),
+                                  jnp.asarray(np.stack(m)[None, None], jnp.float32),
+                                  jnp.asarray(np.stack(l)[None, None], jnp.float32))[0, 0]
     p = np.exp2(s - s.max(axis=1, keepdims=True))
     np.testing.assert_allclose(np.asarray(got), (p / p.sum(axis=1, keepdims=True)) @ v, atol=1e-5)
 

@@ -10,7 +10,7 @@ the executable / reps (kernel_bench.device_span_us), best of 3 trials. Caches ar
 Hkv, 32768, hd] (a 32k context), so the kernels must bound their own reads to [0, len).
 
 chunk: q [T, H, hd] at positions start .. start+T-1, keys [0, start+T). Candidates:
-  ours bq/bk/warps     minfer_jax.pallas.attention.chunk_attention (one executable for all starts)
+  ours bq/bk/w/s/split minfer_jax.pallas.attention.chunk_attention (one executable for all starts)
   cudnn mask           jax.nn.dot_product_attention(implementation="cudnn") with a [T, S] bool mask
                        (cuDNN's causal mask is top-left, no offset: the offset mask goes in as a bias)
   cudnn causal/none    cuDNN's own causal mask: exact only at start 0; at start > 0 "none" (no mask,
@@ -48,7 +48,9 @@ from minfer_jax.pallas import decode_attention as D
 
 MODELS = {"0.5b": (14, 2, 64), "1.5b": (12, 2, 128), "7b": (28, 4, 128), "32b": (40, 8, 128)}  # H, Hkv, hd
 MAX_LEN = 32768  # cache positions per slot (--max-len overrides it for smoke runs)
-CHUNK_CONFIGS = [(64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2)]  # block_q, block_k, warps, stages
+# block_q, block_k, warps, stages, k_splits (key-split programs: more of them where Hkv * row blocks is few)
+CHUNK_CONFIGS = [(64, 64, 4, 2, 1), (128, 64, 4, 2, 1), (128, 128, 8, 2, 1), (64, 64, 4, 3, 1), (64, 64, 4, 2, 2),
+                 (64, 64, 4, 2, 4)]
 DECODE_SPLITS = [8, 16, 32, 64]
 CHECK_TOL = 2e-2
 
@@ -146,7 +148,7 @@ def bthd_layout(k, v, s: int):
 
 
 def bench_chunk(a, table: Table):
-    table.section("chunk attention (prefill), f16 cache of 32768 positions, one slot",
+    table.section(f"chunk attention (prefill), f16 cache of {MAX_LEN} positions, one slot",
                   ["model", "T", "start", "candidate", "us", "TFLOP/s"])
     for model in a.models:
         h, hkv, hd = MODELS[model]
@@ -161,11 +163,11 @@ def bench_chunk(a, table: Table):
                 cells = [model, t, start]
                 start_a = jnp.int32(start)
                 slot0 = jnp.int32(0)
-                for bq, bk, warps, stages in CHUNK_CONFIGS:
+                for bq, bk, warps, stages, splits in CHUNK_CONFIGS:
                     fn = functools.partial(A.chunk_attention, block_q=bq, block_k=bk, num_warps=warps,
-                                           num_stages=stages, interpret=a.interpret)
+                                           num_stages=stages, k_splits=splits, interpret=a.interpret)
                     ins = [(q, k, v, slot0, start_a) for q, (k, v) in zip(qs, caches)]
-                    attempt(table, cells + [f"ours bq{bq} bk{bk} w{warps} s{stages}"],
+                    attempt(table, cells + [f"ours bq{bq} bk{bk} w{warps} s{stages} split{splits}"],
                             lambda: span_us(fn, ins), tflops(flops))
                 layout = functools.partial(bthd_layout, s=s)
                 attempt(table, cells + ["layout copy (K/V to [1, S, Hkv, hd])"],
@@ -180,7 +182,7 @@ def bench_chunk(a, table: Table):
 
 
 def bench_decode(a, table: Table):
-    table.section("decode attention (1 query token per row), f16 caches of 32768 positions per slot",
+    table.section(f"decode attention (1 query token per row), f16 caches of {MAX_LEN} positions per slot",
                   ["model", "B", "len", "candidate", "us", "K/V GB/s"])
     for model in a.models:
         h, hkv, hd = MODELS[model]
@@ -238,7 +240,8 @@ def run_checks() -> bool:
 
     chunk_cases = [("0.5b", 64, 4097 - 64, {}), ("0.5b", 512, 1000, {}), ("7b", 512, 3000, {}),
                    ("7b", 16, 0, {"block_q": 16, "block_k": 16}), ("1.5b", 256, 255, {"block_q": 128, "block_k": 128}),
-                   ("32b", 128, 700, {}), ("7b", 2048, 4096, {"block_q": 128, "block_k": 128, "num_warps": 8})]
+                   ("32b", 128, 700, {}), ("7b", 2048, 4096, {"block_q": 128, "block_k": 128, "num_warps": 8}),
+                   ("0.5b", 1024, 5000, {"k_splits": 4}), ("7b", 512, 7000, {"k_splits": 2, "num_stages": 3})]
     for model, t, start, blocks in chunk_cases:
         h, hkv, hd = MODELS[model]
         try:

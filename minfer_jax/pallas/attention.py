@@ -47,6 +47,7 @@ class ChunkConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    k_splits: int = 1  # programs per row block, each on a share of the key tiles (merged in jnp)
 
 
 # Defaults per head_dim, jax's mha defaults scaled to our row counts (rows = T * rep); replaced by
@@ -58,11 +59,15 @@ CHUNK_CONFIGS = {
 
 
 def chunk_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
-                 num_warps: int | None = None, num_stages: int | None = None) -> ChunkConfig:
+                 num_warps: int | None = None, num_stages: int | None = None,
+                 k_splits: int | None = None) -> ChunkConfig:
     """The table's config for head_dim with any given field overriding it."""
     base = CHUNK_CONFIGS.get(head_dim, CHUNK_CONFIGS[128])
     cfg = ChunkConfig(block_q=block_q or base.block_q, block_k=block_k or base.block_k,
-                      num_warps=num_warps or base.num_warps, num_stages=num_stages or base.num_stages)
+                      num_warps=num_warps or base.num_warps, num_stages=num_stages or base.num_stages,
+                      k_splits=k_splits or base.k_splits)
+    if cfg.k_splits < 1:
+        raise AttentionShapeError(f"k_splits={cfg.k_splits} must be >= 1")
     for name in ("block_q", "block_k"):
         value = getattr(cfg, name)
         if value < 16 or value & (value - 1):
@@ -101,10 +106,10 @@ def scores(q: jax.Array, k: jax.Array, qk_scale: float) -> jax.Array:
 
 
 @functools.cache
-def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, qk_scale: float):
+def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int, qk_scale: float):
     """One kernel closure per configuration (jax#40847)."""
 
-    def kernel(q_ref, k_ref, v_ref, meta_ref, o_ref):
+    def kernel(q_ref, k_ref, v_ref, meta_ref, o_ref, *stat_refs):
         h = pl.program_id(0)
         i = n_blocks - 1 - pl.program_id(1)  # the longest (last) row blocks start first
         slot, start = meta_ref[0], meta_ref[1]
@@ -116,11 +121,15 @@ def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: in
         last_pos = start + jnp.minimum(lax.div(row0 + block_q - 1, rep), t_len - 1)
         n_open = lax.div(first_pos + 1, block_k)  # tiles every row of the block sees whole
         n_tiles = lax.div(last_pos + block_k, block_k)  # ceil((last_pos + 1) / block_k)
+        lo, hi = 0, n_tiles
+        if k_splits > 1:  # this program's share of the key tiles
+            per_split = lax.div(n_tiles + k_splits - 1, k_splits)
+            lo = pl.program_id(2) * per_split
+            hi = jnp.minimum(lo + per_split, n_tiles)
 
         def step(j, carry, masked: bool):
             k0 = pl.multiple_of(j * block_k, block_k)
-            k = k_ref[slot, h, pl.ds(k0, block_k), :]
-            s = scores(q, k, qk_scale)
+            s = scores(q, k_ref[slot, h, pl.ds(k0, block_k), :], qk_scale)
             if masked:
                 keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
                 s = jnp.where(keys[None, :] <= q_pos[:, None], s, -jnp.inf)
@@ -128,24 +137,39 @@ def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: in
 
         carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.full((block_q,), M_INIT, jnp.float32),
                  jnp.zeros((block_q,), jnp.float32))
-        carry = lax.fori_loop(0, n_open, functools.partial(step, masked=False), carry)
-        acc, _, l = lax.fori_loop(n_open, n_tiles, functools.partial(step, masked=True), carry)
-        o_ref[...] = acc / l[:, None]
+        carry = lax.fori_loop(lo, jnp.minimum(hi, n_open), functools.partial(step, masked=False), carry)
+        acc, m, l = lax.fori_loop(jnp.maximum(lo, n_open), hi, functools.partial(step, masked=True), carry)
+        if k_splits == 1:
+            o_ref[...] = acc / l[:, None]
+        else:  # unnormalized partials, merged by merge_splits
+            o_ref[...] = acc
+            stat_refs[0][...] = m
+            stat_refs[1][...] = l
 
     return kernel
 
 
+def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
+    """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, l [..., S, rows]
+    base-2 running max and sum (an empty split has m = M_INIT, l = 0, o = 0) -> [..., rows, hd]."""
+    m_all = jnp.max(m, axis=-2, keepdims=True)
+    weight = jnp.exp2(m - m_all)  # [..., S, rows]
+    total = jnp.sum(weight * l, axis=-2)
+    return jnp.sum(weight[..., None] * o, axis=-3) / total[..., None]
+
+
 def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, start, *,
                     sm_scale: float | None = None, block_q: int | None = None, block_k: int | None = None,
-                    num_warps: int | None = None, num_stages: int | None = None,
+                    num_warps: int | None = None, num_stages: int | None = None, k_splits: int | None = None,
                     interpret: bool = False) -> jax.Array:
     """q [T, H, hd] at positions start .. start+T-1 of cache slot `slot` (both traced int32
-    scalars) over the cache's keys 0 .. start+t -> [T, H, hd] float32."""
+    scalars) over the cache's keys 0 .. start+t -> [T, H, hd] float32. The caller keeps
+    start + T <= max_len (start is traced, so it cannot be checked here)."""
     t_len, n_heads, head_dim = q.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if t_len < MIN_T or t_len > MAX_T or t_len & (t_len - 1):
         raise AttentionShapeError(f"chunk length T={t_len} must be a power of two in [{MIN_T}, {MAX_T}]")
-    cfg = chunk_config(head_dim, block_q, block_k, num_warps, num_stages)
+    cfg = chunk_config(head_dim, block_q, block_k, num_warps, num_stages, k_splits)
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}")
     scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
@@ -166,19 +190,32 @@ def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkCo
 
     qg = q.reshape(t_len, n_kv, rep, head_dim).transpose(1, 0, 2, 3).reshape(n_kv, n_rows, head_dim)
     qg = jnp.pad(qg.astype(k_cache.dtype), ((0, 0), (0, rows_pad - n_rows), (0, 0)))  # [Hkv, rows_pad, hd]
-    kernel = _chunk_kernel(rep, t_len, n_blocks, block_q, cfg.block_k, sm_scale * LOG2_E)
-    row_block = pl.BlockSpec((None, block_q, head_dim), lambda h, i: (h, n_blocks - 1 - i, 0))
-    whole_cache = pl.BlockSpec(k_cache.shape, lambda h, i: (0, 0, 0, 0))
-    out = pl.pallas_call(
+    splits = cfg.k_splits
+    kernel = _chunk_kernel(rep, t_len, n_blocks, block_q, cfg.block_k, splits, sm_scale * LOG2_E)
+    whole_cache = pl.BlockSpec(k_cache.shape, lambda h, i, s: (0, 0, 0, 0))
+    in_specs = [pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, n_blocks - 1 - i, 0)),
+                whole_cache, whole_cache, pl.BlockSpec((2,), lambda h, i, s: (0,))]
+    if splits == 1:
+        out_shape = [jax.ShapeDtypeStruct((n_kv, rows_pad, head_dim), jnp.float32)]
+        out_specs = [in_specs[0]]
+    else:
+        part = (n_kv, splits, rows_pad)
+        out_shape = [jax.ShapeDtypeStruct(part + (head_dim,), jnp.float32), jax.ShapeDtypeStruct(part, jnp.float32),
+                     jax.ShapeDtypeStruct(part, jnp.float32)]
+        stat_spec = pl.BlockSpec((None, None, block_q), lambda h, i, s: (h, s, n_blocks - 1 - i))
+        out_specs = [pl.BlockSpec((None, None, block_q, head_dim), lambda h, i, s: (h, s, n_blocks - 1 - i, 0)),
+                     stat_spec, stat_spec]
+    parts = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((n_kv, rows_pad, head_dim), jnp.float32),
-        grid=(n_kv, n_blocks),
-        in_specs=[row_block, whole_cache, whole_cache, pl.BlockSpec((2,), lambda h, i: (0,))],
-        out_specs=row_block,
+        out_shape=out_shape,
+        grid=(n_kv, n_blocks, splits),
+        in_specs=in_specs,
+        out_specs=out_specs,
         compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
         interpret=interpret,
         name="chunk_attention",
     )(qg, k_cache, v_cache, meta)
+    out = parts[0] if splits == 1 else merge_splits(*parts)  # [Hkv, rows_pad, hd]
     out = out[:, :n_rows].reshape(n_kv, t_len, rep, head_dim).transpose(1, 0, 2, 3)
     return out.reshape(t_len, n_heads, head_dim)
 

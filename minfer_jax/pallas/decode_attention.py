@@ -24,8 +24,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
-from minfer_jax.pallas.attention import (LOG2_E, M_INIT, AttentionShapeError, check_cache, online_softmax_step,
-                                         scores)
+from minfer_jax.pallas.attention import (LOG2_E, M_INIT, AttentionShapeError, check_cache, merge_splits,
+                                         online_softmax_step, scores)
 
 MAX_NQ = 8
 MIN_ROWS = 16  # Triton dot tiles need >= 16 rows
@@ -143,15 +143,6 @@ def _decode_attention(q, k_cache, v_cache, slots, lengths, *, sm_scale: float, c
     out = merge_splits(o, m, l)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
     out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nq, n_heads, head_dim)
-
-
-def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
-    """Log-sum-exp merge over axis 2 of split partials: o [..., S, rows, hd] unnormalized, m, l
-    [..., S, rows] base-2 running max and sum (an empty split has m = M_INIT, l = 0, o = 0)."""
-    m_all = jnp.max(m, axis=2, keepdims=True)
-    weight = jnp.exp2(m - m_all)  # [..., S, rows]
-    total = jnp.sum(weight * l, axis=2)
-    return jnp.sum(weight[..., None] * o, axis=2) / total[..., None]
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale",))
