@@ -55,9 +55,16 @@ DECODE_SPLITS = [8, 16, 32, 64]
 CHECK_TOL = 2e-2
 
 
+@functools.cache
+def unrolled(fn):
+    """jit of [fn(*x) for x in xs]; cached per fn, so a kernel with traced positions compiles once
+    for every start / length of one shape."""
+    return jax.jit(lambda xs: [fn(*x) for x in xs])
+
+
 def span_us(fn, inputs: list, trials: int = 3) -> float:
     """Device time of one fn(*inputs[i]), from one executable running all of them unrolled."""
-    exe = jax.jit(lambda xs: [fn(*x) for x in xs])
+    exe = unrolled(fn)
     run = lambda: jax.block_until_ready(exe(inputs))  # noqa: E731
     run()
     spans = [KB.device_span_us(run) for _ in range(trials)]
@@ -153,6 +160,8 @@ def bench_chunk(a, table: Table):
     for model in a.models:
         h, hkv, hd = MODELS[model]
         caches = [random_cache(jax.random.PRNGKey(i), 1, hkv, hd) for i in range(a.reps)]
+        ours = {c: functools.partial(A.chunk_attention, block_q=c[0], block_k=c[1], num_warps=c[2], num_stages=c[3],
+                                     k_splits=c[4], interpret=a.interpret) for c in CHUNK_CONFIGS}
         for t in a.ts:
             qs = [jax.random.normal(jax.random.PRNGKey(100 + i), (t, h, hd), jnp.float16) for i in range(a.reps)]
             for start in a.starts:
@@ -163,10 +172,8 @@ def bench_chunk(a, table: Table):
                 cells = [model, t, start]
                 start_a = jnp.int32(start)
                 slot0 = jnp.int32(0)
-                for bq, bk, warps, stages, splits in CHUNK_CONFIGS:
-                    fn = functools.partial(A.chunk_attention, block_q=bq, block_k=bk, num_warps=warps,
-                                           num_stages=stages, k_splits=splits, interpret=a.interpret)
-                    ins = [(q, k, v, slot0, start_a) for q, (k, v) in zip(qs, caches)]
+                ins = [(q, k, v, slot0, start_a) for q, (k, v) in zip(qs, caches)]
+                for (bq, bk, warps, stages, splits), fn in ours.items():
                     attempt(table, cells + [f"ours bq{bq} bk{bk} w{warps} s{stages} split{splits}"],
                             lambda: span_us(fn, ins), tflops(flops))
                 layout = functools.partial(bthd_layout, s=s)
@@ -181,6 +188,18 @@ def bench_chunk(a, table: Table):
                 del ext_in, xla_in
 
 
+def jax_gqa(q, k, v, lengths):
+    """jax's Pallas flash-decoding: q [B, 1, H, hd], k/v [B, S, Hkv, hd]."""
+    from jax.experimental.pallas.ops.gpu import decode_attention as G
+    return G.gqa(q[:, 0], k, v, kv_seq_len=lengths, k_splits=16)
+
+
+def cudnn_decode(q, k, v, lengths):
+    """cuDNN with a key padding mask: q [B, 1, H, hd], k/v [B, S, Hkv, hd]."""
+    return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=jnp.ones_like(lengths),
+                                        key_value_seq_lengths=lengths, implementation="cudnn")
+
+
 def bench_decode(a, table: Table):
     table.section(f"decode attention (1 query token per row), f16 caches of {MAX_LEN} positions per slot",
                   ["model", "B", "len", "candidate", "us", "K/V GB/s"])
@@ -192,25 +211,18 @@ def bench_decode(a, table: Table):
             caches = [random_cache(jax.random.PRNGKey(i), b, hkv, hd) for i in range(reps)]
             qs = [jax.random.normal(jax.random.PRNGKey(200 + i), (b, 1, h, hd), jnp.float16) for i in range(reps)]
             slots = jnp.arange(b, dtype=jnp.int32)
+            ours = {n: functools.partial(D.decode_attention, k_splits=n, interpret=a.interpret) for n in a.splits}
             for length in a.lengths:
                 cells = [model, b, length]
                 kv_bytes = 2.0 * b * hkv * length * hd * 2
                 lens = jnp.full((b,), length, jnp.int32)
                 ins = [(q, k, v, slots, lens) for q, (k, v) in zip(qs, caches)]
-                for splits in a.splits:
-                    fn = functools.partial(D.decode_attention, k_splits=splits, interpret=a.interpret)
+                for splits, fn in ours.items():
                     attempt(table, cells + [f"ours k_splits {splits} bk64"], lambda: span_us(fn, ins), gbps(kv_bytes))
                 ext_in = [(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), lens) for q, (k, v) in zip(qs, caches)]
-
-                def gqa(q, k, v, n):
-                    from jax.experimental.pallas.ops.gpu import decode_attention as G
-                    return G.gqa(q[:, 0], k, v, kv_seq_len=n, k_splits=16)
-
-                attempt(table, cells + ["jax pallas decode_attention.gqa k_splits 16"], lambda: span_us(gqa, ext_in),
-                        gbps(kv_bytes))
-                cudnn = lambda q, k, v, n: jax.nn.dot_product_attention(  # noqa: E731
-                    q, k, v, query_seq_lengths=jnp.ones_like(n), key_value_seq_lengths=n, implementation="cudnn")
-                attempt(table, cells + ["cudnn key_value_seq_lengths"], lambda: span_us(cudnn, ext_in),
+                attempt(table, cells + ["jax pallas decode_attention.gqa k_splits 16"],
+                        lambda: span_us(jax_gqa, ext_in), gbps(kv_bytes))
+                attempt(table, cells + ["cudnn key_value_seq_lengths"], lambda: span_us(cudnn_decode, ext_in),
                         gbps(kv_bytes))
                 attempt(table, cells + ["xla (dense over the whole slot)"],
                         lambda: span_us(D.decode_attention_reference, ins), gbps(kv_bytes))
