@@ -178,3 +178,30 @@ def test_decode_attention_rejects_unsupported_shapes():
         decode_attention.decode_attention(jnp.zeros((1, 1, 4, 32)), k, k, 0, 9, interpret=INTERPRET)
     with pytest.raises(MinferError, match="block_k=48"):
         decode_attention.decode_attention(jnp.zeros((1, 1, 4, 64)), k, k, 0, 9, block_k=48, interpret=INTERPRET)
+
+
+def lower_for_gpu(fn, *avals):
+    """Lower fn for CUDA on any host (jax.export): runs the Pallas Triton lowering rules (power-of-two
+    load/store sizes, indexers) that interpret mode skips; Triton's own compile still needs a GPU."""
+    from jax import export
+    checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    return export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*avals).mlir_module()
+
+
+@pytest.mark.parametrize("model", [(14, 2, 64), (28, 4, 128), (40, 8, 128)])  # 0.5B, 7B, 32B heads
+def test_kernels_lower_to_triton(model):
+    n_heads, n_kv, head_dim = model
+    f16, i32 = jnp.float16, jax.ShapeDtypeStruct((), jnp.int32)
+    cache = jax.ShapeDtypeStruct((3, n_kv, 4096, head_dim), f16)
+    for t_len, blocks in ((512, {}), (16, {"block_q": 16, "block_k": 16}), (2048, {"k_splits": 4}),
+                          (1024, {"block_q": 128, "block_k": 128, "num_warps": 8})):
+        q = jax.ShapeDtypeStruct((t_len, n_heads, head_dim), f16)
+        text = lower_for_gpu(lambda q, k, v, s, p: attention.chunk_attention(q, k, v, s, p, **blocks),
+                             q, cache, cache, i32, i32)
+        assert "chunk_attention" in text
+    for batch, nq, splits in ((1, 1, None), (5, 8, 7), (64, 3, 2)):
+        q = jax.ShapeDtypeStruct((batch, nq, n_heads, head_dim), f16)
+        rows = jax.ShapeDtypeStruct((batch,), jnp.int32)
+        text = lower_for_gpu(lambda q, k, v, s, n: decode_attention.decode_attention(q, k, v, s, n, k_splits=splits),
+                             q, cache, cache, rows, rows)
+        assert "decode_attention" in text
