@@ -115,6 +115,17 @@ def test_decode_attention(lengths, slots, nq, n_heads, n_kv, head_dim, max_len, 
     chex.assert_trees_all_equal(got, clean)
 
 
+def test_decode_attention_unused_rows_are_zero():
+    """A batch row of length 0 (a free slot in a fixed-size decode batch) gives zeros, not NaN."""
+    k, v = filled_cache(jax.random.PRNGKey(3), 1, 256, 64, {1: 40})
+    q = jax.random.normal(jax.random.PRNGKey(4), (2, 1, 7, 64))
+    slots, lengths = jnp.array([1, 0], jnp.int32), jnp.array([40, 0], jnp.int32)
+    got = decode_attention.decode_attention(q, k, v, slots, lengths, k_splits=2, interpret=INTERPRET)
+    chex.assert_trees_all_equal(got[1], jnp.zeros_like(got[1]))
+    ref = decode_attention.decode_attention_reference(q[:1], k, v, slots[:1], lengths[:1])
+    chex.assert_trees_all_close(got[:1], ref, atol=ATOL, rtol=0)
+
+
 def test_merge_splits_matches_one_softmax():
     """Merging split partials (one of them empty) equals the softmax over all keys at once."""
     rng = np.random.default_rng(0)

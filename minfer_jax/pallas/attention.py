@@ -75,6 +75,10 @@ def chunk_config(head_dim: int, block_q: int | None = None, block_k: int | None 
     return cfg
 
 
+def next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def check_cache(k_cache: jax.Array, v_cache: jax.Array, n_heads: int, head_dim: int) -> None:
     """Raise AttentionShapeError unless k/v are [n_slots, Hkv, max_len, head_dim] and Hkv divides n_heads."""
     if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
@@ -151,10 +155,12 @@ def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: in
 
 def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
     """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, l [..., S, rows]
-    base-2 running max and sum (an empty split has m = M_INIT, l = 0, o = 0) -> [..., rows, hd]."""
+    base-2 running max and sum (an empty split has m = M_INIT, l = 0, o = 0) -> [..., rows, hd].
+    A row that saw no key at all (an unused decode row of length 0) comes out as zeros, not NaN."""
     m_all = jnp.max(m, axis=-2, keepdims=True)
     weight = jnp.exp2(m - m_all)  # [..., S, rows]
     total = jnp.sum(weight * l, axis=-2)
+    total = jnp.where(total > 0, total, 1.0)
     return jnp.sum(weight[..., None] * o, axis=-3) / total[..., None]
 
 
@@ -183,7 +189,7 @@ def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkCo
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
     n_rows = t_len * rep
-    block_q = min(cfg.block_q, pl.next_power_of_2(n_rows))
+    block_q = min(cfg.block_q, next_pow2(n_rows))
     rows_pad = tiles.round_up(n_rows, block_q)
     n_blocks = rows_pad // block_q
     tiles.silence_triton_deprecation()

@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
 from minfer_jax.pallas.attention import (LOG2_E, M_INIT, AttentionShapeError, check_cache, merge_splits,
-                                         online_softmax_step, scores)
+                                         next_pow2, online_softmax_step, scores)
 
 MAX_NQ = 8
 MIN_ROWS = 16  # Triton dot tiles need >= 16 rows
@@ -48,7 +48,7 @@ class DecodeConfig:
 def decode_config(batch: int, n_kv_heads: int, k_splits: int | None = None, block_k: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None) -> DecodeConfig:
     """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding them."""
-    splits = k_splits or max(1, min(MAX_SPLITS, pl.next_power_of_2(-(-TARGET_PROGRAMS // (batch * n_kv_heads)))))
+    splits = k_splits or max(1, min(MAX_SPLITS, next_pow2(-(-TARGET_PROGRAMS // (batch * n_kv_heads)))))
     cfg = DecodeConfig(k_splits=splits, block_k=block_k or 64, num_warps=num_warps or 4, num_stages=num_stages or 2)
     if cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
         raise AttentionShapeError(f"block_k={cfg.block_k} must be a power of two >= 16 (Triton dot tiles)")
@@ -94,7 +94,8 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots
                      num_warps: int | None = None, num_stages: int | None = None,
                      interpret: bool = False) -> jax.Array:
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
-    in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32."""
+    in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
+    unused batch row) reads nothing and returns zeros."""
     if q.ndim != 4:
         raise AttentionShapeError(f"q has shape {q.shape}; expected [B, nq, H, head_dim]")
     batch, nq, n_heads, head_dim = q.shape
@@ -116,7 +117,7 @@ def _decode_attention(q, k_cache, v_cache, slots, lengths, *, sm_scale: float, c
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
     n_rows = nq * rep
-    rows = max(MIN_ROWS, pl.next_power_of_2(n_rows))
+    rows = max(MIN_ROWS, next_pow2(n_rows))
     splits = cfg.k_splits
     tiles.silence_triton_deprecation()
 
