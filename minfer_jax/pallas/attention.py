@@ -110,8 +110,9 @@ def scores(q: jax.Array, k: jax.Array, qk_scale: float) -> jax.Array:
 
 
 @functools.cache
-def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int, qk_scale: float):
-    """One kernel closure per configuration (jax#40847)."""
+def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int, qk_scale: float,
+                  grid_key: tuple):
+    """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847)."""
 
     def kernel(q_ref, k_ref, v_ref, meta_ref, o_ref, *stat_refs):
         h = pl.program_id(0)
@@ -197,7 +198,8 @@ def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkCo
     qg = q.reshape(t_len, n_kv, rep, head_dim).transpose(1, 0, 2, 3).reshape(n_kv, n_rows, head_dim)
     qg = jnp.pad(qg.astype(k_cache.dtype), ((0, 0), (0, rows_pad - n_rows), (0, 0)))  # [Hkv, rows_pad, hd]
     splits = cfg.k_splits
-    kernel = _chunk_kernel(rep, t_len, n_blocks, block_q, cfg.block_k, splits, sm_scale * LOG2_E)
+    kernel = _chunk_kernel(rep, t_len, n_blocks, block_q, cfg.block_k, splits, sm_scale * LOG2_E,
+                           (k_cache.shape, str(k_cache.dtype)))
     whole_cache = pl.BlockSpec(k_cache.shape, lambda h, i, s: (0, 0, 0, 0))
     in_specs = [pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, n_blocks - 1 - i, 0)),
                 whole_cache, whole_cache, pl.BlockSpec((2,), lambda h, i, s: (0,))]

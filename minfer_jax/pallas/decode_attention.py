@@ -58,8 +58,8 @@ def decode_config(batch: int, n_kv_heads: int, k_splits: int | None = None, bloc
 
 
 @functools.cache
-def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk_scale: float):
-    """One kernel closure per configuration (jax#40847)."""
+def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk_scale: float, grid_key: tuple):
+    """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847)."""
 
     def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, o_ref, m_ref, l_ref):
         b, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -123,7 +123,8 @@ def _decode_attention(q, k_cache, v_cache, slots, lengths, *, sm_scale: float, c
 
     qg = q.reshape(batch, nq, n_kv, rep, head_dim).transpose(0, 2, 1, 3, 4).reshape(batch, n_kv, n_rows, head_dim)
     qg = jnp.pad(qg.astype(k_cache.dtype), ((0, 0), (0, 0), (0, rows - n_rows), (0, 0)))  # [B, Hkv, rows, hd]
-    kernel = _decode_kernel(rep, nq, rows, splits, cfg.block_k, sm_scale * LOG2_E)
+    kernel = _decode_kernel(rep, nq, rows, splits, cfg.block_k, sm_scale * LOG2_E,
+                            (batch, k_cache.shape, str(k_cache.dtype)))
     whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, s: (0, 0, 0, 0))
     per_row = pl.BlockSpec((batch,), lambda b, h, s: (0,))
     part_shape = (batch, n_kv, splits, rows)
