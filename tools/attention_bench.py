@@ -6,7 +6,7 @@ usage: PYTHONPATH=. python tools/attention_bench.py [--only chunk|decode] [--mod
 
 Every candidate runs `reps` times unrolled in one executable, each call on its own f16 cache copy
 (so K/V stream from HBM, not L2, and XLA cannot merge calls); a time is the device-timeline span of
-the executable / reps (kernel_bench.device_span_us), best of 3 trials. Caches are [1 or B slots,
+the executable / reps (kernel_bench.device_span_us), best of --trials (2) traces. Caches are [1 or B slots,
 Hkv, 32768, hd] (a 32k context), so the kernels must bound their own reads to [0, len).
 
 chunk: q [T, H, hd] at positions start .. start+T-1, keys [0, start+T). Candidates:
@@ -48,9 +48,8 @@ from minfer_jax.pallas import decode_attention as D
 
 MODELS = {"0.5b": (14, 2, 64), "1.5b": (12, 2, 128), "7b": (28, 4, 128), "32b": (40, 8, 128)}  # H, Hkv, hd
 MAX_LEN = 32768  # cache positions per slot (--max-len overrides it for smoke runs)
-# block_q, block_k, warps, stages, k_splits (key-split programs: more of them where Hkv * row blocks is few)
-CHUNK_CONFIGS = [(64, 64, 4, 2, 1), (128, 64, 4, 2, 1), (128, 128, 8, 2, 1), (64, 64, 4, 3, 1), (64, 64, 4, 2, 2),
-                 (64, 64, 4, 2, 4)]
+# block_q/block_k/warps/stages/k_splits (key-split programs: more of them where Hkv * row blocks is few)
+CHUNK_CONFIGS = "64/64/4/2/1,128/64/4/2/1,128/128/8/2/1,64/64/4/2/4"
 DECODE_SPLITS = [8, 16, 32, 64]
 CHECK_TOL = 1e-2
 
@@ -62,12 +61,15 @@ def unrolled(fn):
     return jax.jit(lambda xs: [fn(*x) for x in xs])
 
 
-def span_us(fn, inputs: list, trials: int = 3) -> float:
+TRIALS = 2  # device-span traces per timing (--trials); each trace costs host time, so few
+
+
+def span_us(fn, inputs: list, trials: int | None = None) -> float:
     """Device time of one fn(*inputs[i]), from one executable running all of them unrolled."""
     exe = unrolled(fn)
     run = lambda: jax.block_until_ready(exe(inputs))  # noqa: E731
     run()
-    spans = [KB.device_span_us(run) for _ in range(trials)]
+    spans = [KB.device_span_us(run) for _ in range(trials or TRIALS)]
     if spans[0] is None:  # no GPU trace (CPU smoke run): host clock
         t = time.perf_counter()
         run()
@@ -161,7 +163,7 @@ def bench_chunk(a, table: Table):
         h, hkv, hd = MODELS[model]
         caches = [random_cache(jax.random.PRNGKey(i), 1, hkv, hd) for i in range(a.reps)]
         ours = {c: functools.partial(A.chunk_attention, block_q=c[0], block_k=c[1], num_warps=c[2], num_stages=c[3],
-                                     k_splits=c[4], interpret=a.interpret) for c in CHUNK_CONFIGS}
+                                     k_splits=c[4], interpret=a.interpret) for c in a.chunk_configs}
         for t in a.ts:
             qs = [jax.random.normal(jax.random.PRNGKey(100 + i), (t, h, hd), jnp.float16) for i in range(a.reps)]
             for start in a.starts:
@@ -290,7 +292,7 @@ def ints(text: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    global MAX_LEN
+    global MAX_LEN, TRIALS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["chunk", "decode", "none"], default=None)
     ap.add_argument("--models", default="0.5b,7b")
@@ -299,14 +301,17 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=ints, default=[1, 8, 32])
     ap.add_argument("--lengths", type=ints, default=[4096, 16384, 32768])
     ap.add_argument("--splits", type=ints, default=DECODE_SPLITS)
+    ap.add_argument("--chunk-configs", default=CHUNK_CONFIGS, help="bq/bk/warps/stages/splits,... for ours")
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--trials", type=int, default=TRIALS)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--max-len", type=int, default=MAX_LEN)
     ap.add_argument("--out", default=None)
     ap.add_argument("--interpret", action="store_true", help="our kernels interpreted (CPU smoke run of this script)")
     a = ap.parse_args(argv)
     a.models = [m for m in a.models.split(",") if m]
-    MAX_LEN = a.max_len
+    MAX_LEN, TRIALS = a.max_len, a.trials
+    a.chunk_configs = [tuple(int(x) for x in c.split("/")) for c in a.chunk_configs.split(",") if c]
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
     ok = run_checks(a.interpret) if a.check else True
     table = Table(a.out)
