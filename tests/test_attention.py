@@ -61,6 +61,7 @@ CHUNK_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("t_len,n_heads,n_kv,head_dim,start,max_len,blocks", CHUNK_CASES)
 def test_chunk_attention(t_len, n_heads, n_kv, head_dim, start, max_len, blocks):
     slot = 2
@@ -93,6 +94,7 @@ DECODE_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lengths,slots,nq,n_heads,n_kv,head_dim,max_len,k_splits", DECODE_CASES)
 def test_decode_attention(lengths, slots, nq, n_heads, n_kv, head_dim, max_len, k_splits):
     key = jax.random.PRNGKey(sum(lengths) + nq)
