@@ -56,7 +56,7 @@ CHUNK_CASES = [
     (64, 2, 2, 64, 191, 256, {"block_q": 128, "block_k": 128}),  # 255 keys, ratio 1
     (64, 7, 1, 64, 4097 - 64, 4352, {}),  # 4097 keys, chunk mid-cache
     (16, 4, 1, 128, 4097 - 16, 4352, {"block_k": 128}),
-    (32, 7, 1, 64, 4097 - 32, 4352, {"k_splits": 3}),  # key-split programs, merged
+    (32, 7, 1, 128, 4097 - 32, 4352, {"k_splits": 3}),  # key-split programs, merged; the 7B's ratio and hd
     (64, 4, 1, 128, 150, 256, {"block_q": 32, "block_k": 32, "k_splits": 4}),  # early row blocks: empty splits
 ]
 
@@ -90,7 +90,7 @@ DECODE_CASES = [
     ((17, 255, 3), (1, 3, 0), 3, 8, 2, 128, 256, 4),
     ((4097, 8), (0, 2), 8, 2, 2, 64, 4352, 8),  # ratio 1, nq 8
     ((4097,), (3,), 1, 4, 1, 128, 4352, 16),
-    ((300, 4097), (1, 2), 8, 7, 1, 64, 4352, 3),  # 56 rows padded to 64, splits not a power of two
+    ((300, 4097), (1, 2), 8, 7, 1, 128, 4352, 3),  # 56 rows padded to 64, splits not a power of two
 ]
 
 
