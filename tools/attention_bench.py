@@ -2,7 +2,8 @@
 
 usage: PYTHONPATH=. python tools/attention_bench.py [--only chunk|decode] [--models 0.5b,7b]
            [--ts 512,1024,2048] [--starts 0,4096,16384,30720] [--batches 1,8,32]
-           [--lengths 4096,16384,32768] [--reps 4] [--check] [--out FILE.md]
+           [--lengths 4096,16384,32768] [--nqs 1] [--splits 8,16,32,64] [--chunk-configs ...]
+           [--reps 4] [--trials 2] [--check] [--out FILE.md]
 
 Every candidate runs `reps` times unrolled in one executable, each call on its own f16 cache copy
 (so K/V stream from HBM, not L2, and XLA cannot merge calls); a time is the device-timeline span of
@@ -22,10 +23,10 @@ chunk: q [T, H, hd] at positions start .. start+T-1, keys [0, start+T). Candidat
   xla                  the dense jnp path (attention.chunk_attention_reference) on the static slice [0, S)
   external candidates get K/V already as [1, S, Hkv, hd] (their layout); the row "layout copy" is
   what gathering that from our cache costs per call.
-decode: q [B, 1, H, hd], lengths all equal. Candidates: ours (k_splits list), jax's
+decode: q [B, nq, H, hd], lengths all equal. Candidates: ours (k_splits list), jax's
   decode_attention.gqa (K/V as [B, 32768, Hkv, hd], kv_seq_len = lengths), cudnn with
-  key_value_seq_lengths, xla (decode_attention_reference over the whole slot). GB/s = K/V bytes of
-  [0, len) per call / time.
+  key_value_seq_lengths (those two at nq = 1 only), xla (decode_attention_reference over the whole
+  slot). GB/s = K/V bytes of [0, len) per call / time.
 --check: our kernels vs their references on f16 caches with junk past the visible range: max abs
   error, PASS/FAIL (tolerance 1e-2: p is rounded to f16 before the PV dot). Not part of the package.
 """
@@ -205,33 +206,35 @@ def cudnn_decode(q, k, v, lengths):
 
 
 def bench_decode(a, table: Table):
-    table.section(f"decode attention (1 query token per row), f16 caches of {MAX_LEN} positions per slot",
-                  ["model", "B", "len", "candidate", "us", "K/V GB/s"])
+    table.section(f"decode attention, f16 caches of {MAX_LEN} positions per slot, all rows at one length",
+                  ["model", "B", "nq", "len", "candidate", "us", "K/V GB/s"])
     for model in a.models:
         h, hkv, hd = MODELS[model]
         for b in a.batches:
             copy_bytes = 2 * b * hkv * MAX_LEN * hd * 2
             reps = max(2, min(a.reps, int(24e9 // copy_bytes)))
             caches = [random_cache(jax.random.PRNGKey(i), b, hkv, hd) for i in range(reps)]
-            qs = [jax.random.normal(jax.random.PRNGKey(200 + i), (b, 1, h, hd), jnp.float16) for i in range(reps)]
+            ext_caches = [(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)) for k, v in caches]  # [B, S, Hkv, hd]
             slots = jnp.arange(b, dtype=jnp.int32)
             ours = {n: functools.partial(D.decode_attention, k_splits=n, interpret=a.interpret) for n in a.splits}
-            for length in a.lengths:
-                cells = [model, b, length]
-                kv_bytes = 2.0 * b * hkv * length * hd * 2
-                lens = jnp.full((b,), length, jnp.int32)
-                ins = [(q, k, v, slots, lens) for q, (k, v) in zip(qs, caches)]
-                for splits, fn in ours.items():
-                    attempt(table, cells + [f"ours k_splits {splits} bk64"], lambda: span_us(fn, ins), gbps(kv_bytes))
-                ext_in = [(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), lens) for q, (k, v) in zip(qs, caches)]
-                attempt(table, cells + ["jax pallas decode_attention.gqa k_splits 16"],
-                        lambda: span_us(jax_gqa, ext_in), gbps(kv_bytes))
-                attempt(table, cells + ["cudnn key_value_seq_lengths"], lambda: span_us(cudnn_decode, ext_in),
-                        gbps(kv_bytes))
-                attempt(table, cells + ["xla (dense over the whole slot)"],
-                        lambda: span_us(D.decode_attention_reference, ins), gbps(kv_bytes))
-                del ext_in
-            del caches
+            for nq in a.nqs:
+                qs = [jax.random.normal(jax.random.PRNGKey(200 + i), (b, nq, h, hd), jnp.float16) for i in range(reps)]
+                for length in a.lengths:
+                    cells = [model, b, nq, length]
+                    rate = gbps(2.0 * b * hkv * length * hd * 2)
+                    lens = jnp.full((b,), length, jnp.int32)
+                    ins = [(q, k, v, slots, lens) for q, (k, v) in zip(qs, caches)]
+                    for splits, fn in ours.items():
+                        attempt(table, cells + [f"ours k_splits {splits} bk64"], lambda: span_us(fn, ins), rate)
+                    if nq == 1:  # jax's gqa and this cuDNN call have no causal offset for several tokens
+                        ext_in = [(q, k, v, lens) for q, (k, v) in zip(qs, ext_caches)]
+                        attempt(table, cells + ["jax pallas decode_attention.gqa k_splits 16"],
+                                lambda: span_us(jax_gqa, ext_in), rate)
+                        attempt(table, cells + ["cudnn key_value_seq_lengths"], lambda: span_us(cudnn_decode, ext_in),
+                                rate)
+                    attempt(table, cells + ["xla (dense over the whole slot)"],
+                            lambda: span_us(D.decode_attention_reference, ins), rate)
+            del caches, ext_caches
 
 
 def junk_cache(key, n_slots, n_kv, max_len, hd, visible: dict[int, int]):
@@ -303,6 +306,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=ints, default=[1, 8, 32])
     ap.add_argument("--lengths", type=ints, default=[4096, 16384, 32768])
     ap.add_argument("--splits", type=ints, default=DECODE_SPLITS)
+    ap.add_argument("--nqs", type=ints, default=[1], help="decode query tokens per row (1..8)")
     ap.add_argument("--chunk-configs", default=CHUNK_CONFIGS, help="bq/bk/warps/stages/splits,... for ours")
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--trials", type=int, default=TRIALS)
