@@ -1,0 +1,246 @@
+"""Chunk (prefill) attention: causal GQA flash attention of T queries over one cache slot.
+
+Cache layout (shared with decode_attention.py and the engine): k_cache, v_cache
+[n_slots, n_kv_heads, max_len, head_dim]; slot s holds one sequence, position p at [s, :, p, :].
+The chunk's own K/V are already in the cache at [slot, :, start:start+T, :]; query t (absolute
+position start+t) sees keys 0 .. start+t. Keys past start+T-1 may hold anything: they are masked by
+position (jnp.where to -inf), never by multiplication, and no key tile past start+T is read.
+
+Rows of a KV group: the rep = H / Hkv query heads sharing a KV head and the T positions are
+flattened into one row axis, row = t * rep + r (ratios 5, 6, 7 are not powers of two), padded to
+the row block. Grid (Hkv, row blocks): each program loads its [block_q, hd] query rows once and
+walks the keys of its KV head in [block_k, hd] tiles (one read of a tile serves all heads of the
+group whose rows are in the block), with an online softmax in base 2 and f32 accumulation. The
+key loop bound is traced (start, slot reach the kernel as a small int32 array), so one executable
+serves every chunk position; tiles wholly visible to every row of the block skip the mask.
+Modelled on jax.experimental.pallas.ops.gpu.attention (mha_forward_kernel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from minfer_jax.errors import MinferError
+from minfer_jax.pallas import tiles
+
+LOG2_E = math.log2(math.e)  # exp(x) = exp2(x * log2 e): scores are kept in base 2
+M_INIT = float(jnp.finfo(jnp.float32).min)  # finite running max: exp2(M_INIT - m) is 0, never NaN
+MIN_T, MAX_T = 16, 2048
+
+
+class AttentionShapeError(MinferError):
+    """Arrays handed to an attention kernel do not have the shapes or dtypes it supports."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkConfig:
+    """Tiles of one chunk-attention executable (block_q rows of a KV group, block_k keys)."""
+
+    block_q: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    k_splits: int = 1  # programs per row block, each on a share of the key tiles (merged in jnp)
+
+
+# Defaults per head_dim, jax's mha defaults scaled to our row counts (rows = T * rep); replaced by
+# measured ones from tools/attention_bench.py (docs/BENCHMARKS.md) once the lead has run it.
+CHUNK_CONFIGS = {
+    64: ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2),
+    128: ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2),
+}
+
+
+def chunk_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
+                 num_warps: int | None = None, num_stages: int | None = None,
+                 k_splits: int | None = None) -> ChunkConfig:
+    """The table's config for head_dim with any given field overriding it."""
+    base = CHUNK_CONFIGS.get(head_dim, CHUNK_CONFIGS[128])
+    cfg = ChunkConfig(block_q=block_q or base.block_q, block_k=block_k or base.block_k,
+                      num_warps=num_warps or base.num_warps, num_stages=num_stages or base.num_stages,
+                      k_splits=k_splits or base.k_splits)
+    if cfg.k_splits < 1:
+        raise AttentionShapeError(f"k_splits={cfg.k_splits} must be >= 1")
+    for name in ("block_q", "block_k"):
+        value = getattr(cfg, name)
+        if value < 16 or value & (value - 1):
+            raise AttentionShapeError(f"{name}={value} must be a power of two >= 16 (Triton dot tiles)")
+    return cfg
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def check_cache(k_cache: jax.Array, v_cache: jax.Array, n_heads: int, head_dim: int) -> None:
+    """Raise AttentionShapeError unless k/v are [n_slots, Hkv, max_len, head_dim] and Hkv divides n_heads."""
+    if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise AttentionShapeError(f"k_cache {k_cache.shape} {k_cache.dtype} and v_cache {v_cache.shape} "
+                                  f"{v_cache.dtype} must share one [n_slots, n_kv_heads, max_len, head_dim] "
+                                  "shape and dtype")
+    n_kv, head = k_cache.shape[1], k_cache.shape[3]
+    if head != head_dim or head_dim & (head_dim - 1) or head_dim < 16:
+        raise AttentionShapeError(f"head_dim {head_dim} (cache {head}) must match and be a power of two >= 16")
+    if n_heads % n_kv:
+        raise AttentionShapeError(f"{n_heads} query heads are not a multiple of {n_kv} KV heads")
+
+
+def online_softmax_step(carry, s, v):
+    """One key tile of the online softmax: s [rows, bk] base-2 scores (-inf where masked),
+    v [bk, hd]; carry (acc [rows, hd] f32, m [rows] running max, l [rows] running sum)."""
+    acc, m_prev, l_prev = carry
+    m_next = jnp.maximum(m_prev, jnp.max(s, axis=1))
+    correction = jnp.exp2(m_prev - m_next)
+    p = jnp.exp2(s - m_next[:, None])
+    l_next = correction * l_prev + jnp.sum(p, axis=1)
+    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return correction[:, None] * acc + pv, m_next, l_next
+
+
+def scores(q: jax.Array, k: jax.Array, qk_scale: float) -> jax.Array:
+    """q [rows, hd] . k [bk, hd]^T in f32, times qk_scale (sm_scale * log2 e)."""
+    return lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * qk_scale
+
+
+@functools.cache
+def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int, qk_scale: float,
+                  grid_key: tuple):
+    """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847)."""
+
+    def kernel(q_ref, k_ref, v_ref, meta_ref, o_ref, *stat_refs):
+        h = pl.program_id(0)
+        i = n_blocks - 1 - pl.program_id(1)  # the longest (last) row blocks start first
+        slot, start = meta_ref[0], meta_ref[1]
+        q = q_ref[...]  # [block_q, hd] in the cache dtype
+        row0 = i * block_q
+        rows = row0 + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
+        q_pos = start + jnp.minimum(lax.div(rows, rep), t_len - 1)  # padded rows act as the last query
+        first_pos = start + lax.div(row0, rep)
+        last_pos = start + jnp.minimum(lax.div(row0 + block_q - 1, rep), t_len - 1)
+        n_open = lax.div(first_pos + 1, block_k)  # tiles every row of the block sees whole
+        n_tiles = lax.div(last_pos + block_k, block_k)  # ceil((last_pos + 1) / block_k)
+        lo, hi = 0, n_tiles
+        if k_splits > 1:  # this program's share of the key tiles
+            per_split = lax.div(n_tiles + k_splits - 1, k_splits)
+            lo = pl.program_id(2) * per_split
+            hi = jnp.minimum(lo + per_split, n_tiles)
+
+        def step(j, carry, masked: bool):
+            k0 = pl.multiple_of(j * block_k, block_k)
+            s = scores(q, k_ref[slot, h, pl.ds(k0, block_k), :], qk_scale)
+            if masked:
+                keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
+                s = jnp.where(keys[None, :] <= q_pos[:, None], s, -jnp.inf)
+            return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
+
+        carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.full((block_q,), M_INIT, jnp.float32),
+                 jnp.zeros((block_q,), jnp.float32))
+        carry = lax.fori_loop(lo, jnp.minimum(hi, n_open), functools.partial(step, masked=False), carry)
+        acc, m, l = lax.fori_loop(jnp.maximum(lo, n_open), hi, functools.partial(step, masked=True), carry)
+        if k_splits == 1:
+            o_ref[...] = acc / l[:, None]
+        else:  # unnormalized partials, merged by merge_splits
+            o_ref[...] = acc
+            stat_refs[0][...] = m
+            stat_refs[1][...] = l
+
+    return kernel
+
+
+def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
+    """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, l [..., S, rows]
+    base-2 running max and sum (an empty split has m = M_INIT, l = 0, o = 0) -> [..., rows, hd].
+    A row that saw no key at all (an unused decode row of length 0) comes out as zeros, not NaN."""
+    m_all = jnp.max(m, axis=-2, keepdims=True)
+    weight = jnp.exp2(m - m_all)  # [..., S, rows]
+    total = jnp.sum(weight * l, axis=-2)
+    total = jnp.where(total > 0, total, 1.0)
+    return jnp.sum(weight[..., None] * o, axis=-3) / total[..., None]
+
+
+def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, start, *,
+                    sm_scale: float | None = None, block_q: int | None = None, block_k: int | None = None,
+                    num_warps: int | None = None, num_stages: int | None = None, k_splits: int | None = None,
+                    interpret: bool = False) -> jax.Array:
+    """q [T, H, hd] at positions start .. start+T-1 of cache slot `slot` (both traced int32
+    scalars) over the cache's keys 0 .. start+t -> [T, H, hd] float32. The caller keeps
+    start + T <= max_len (start is traced, so it cannot be checked here)."""
+    t_len, n_heads, head_dim = q.shape
+    check_cache(k_cache, v_cache, n_heads, head_dim)
+    if t_len < MIN_T or t_len > MAX_T or t_len & (t_len - 1):
+        raise AttentionShapeError(f"chunk length T={t_len} must be a power of two in [{MIN_T}, {MAX_T}]")
+    cfg = chunk_config(head_dim, block_q, block_k, num_warps, num_stages, k_splits)
+    if k_cache.shape[2] % cfg.block_k:
+        raise AttentionShapeError(f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}")
+    scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
+    meta = jnp.stack([jnp.asarray(slot, jnp.int32), jnp.asarray(start, jnp.int32)])
+    return _chunk_attention(q, k_cache, v_cache, meta, sm_scale=scale, cfg=cfg, interpret=interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "cfg", "interpret"))
+def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkConfig, interpret: bool):
+    t_len, n_heads, head_dim = q.shape
+    n_kv = k_cache.shape[1]
+    rep = n_heads // n_kv
+    n_rows = t_len * rep
+    block_q = min(cfg.block_q, next_pow2(n_rows))
+    rows_pad = tiles.round_up(n_rows, block_q)
+    n_blocks = rows_pad // block_q
+    tiles.silence_triton_deprecation()
+
+    qg = q.reshape(t_len, n_kv, rep, head_dim).transpose(1, 0, 2, 3).reshape(n_kv, n_rows, head_dim)
+    qg = jnp.pad(qg.astype(k_cache.dtype), ((0, 0), (0, rows_pad - n_rows), (0, 0)))  # [Hkv, rows_pad, hd]
+    splits = cfg.k_splits
+    kernel = _chunk_kernel(rep, t_len, n_blocks, block_q, cfg.block_k, splits, sm_scale * LOG2_E,
+                           (k_cache.shape, str(k_cache.dtype)))
+    whole_cache = pl.BlockSpec(k_cache.shape, lambda h, i, s: (0, 0, 0, 0))
+    in_specs = [pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, n_blocks - 1 - i, 0)),
+                whole_cache, whole_cache, pl.BlockSpec((2,), lambda h, i, s: (0,))]
+    if splits == 1:
+        out_shape = [jax.ShapeDtypeStruct((n_kv, rows_pad, head_dim), jnp.float32)]
+        out_specs = [in_specs[0]]
+    else:
+        part = (n_kv, splits, rows_pad)
+        out_shape = [jax.ShapeDtypeStruct(part + (head_dim,), jnp.float32), jax.ShapeDtypeStruct(part, jnp.float32),
+                     jax.ShapeDtypeStruct(part, jnp.float32)]
+        stat_spec = pl.BlockSpec((None, None, block_q), lambda h, i, s: (h, s, n_blocks - 1 - i))
+        out_specs = [pl.BlockSpec((None, None, block_q, head_dim), lambda h, i, s: (h, s, n_blocks - 1 - i, 0)),
+                     stat_spec, stat_spec]
+    parts = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=(n_kv, n_blocks, splits),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
+        interpret=interpret,
+        name="chunk_attention",
+    )(qg, k_cache, v_cache, meta)
+    out = parts[0] if splits == 1 else merge_splits(*parts)  # [Hkv, rows_pad, hd]
+    out = out[:, :n_rows].reshape(n_kv, t_len, rep, head_dim).transpose(1, 0, 2, 3)
+    return out.reshape(t_len, n_heads, head_dim)
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale",))
+def chunk_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, start, *,
+                              sm_scale: float | None = None) -> jax.Array:
+    """The kernel's math in plain jnp over the slot's whole cache row (f32, dense softmax):
+    q [T, H, hd] at positions start .. start+T-1 -> [T, H, hd] float32."""
+    t_len, n_heads, head_dim = q.shape
+    n_kv, max_len = k_cache.shape[1], k_cache.shape[2]
+    scale = head_dim ** -0.5 if sm_scale is None else sm_scale
+    k = k_cache[slot].astype(jnp.float32)  # [Hkv, S, hd]
+    v = v_cache[slot].astype(jnp.float32)
+    qg = q.astype(k_cache.dtype).astype(jnp.float32).reshape(t_len, n_kv, n_heads // n_kv, head_dim)
+    s = jnp.einsum("tgrd,gsd->grts", qg, k) * scale
+    q_pos = start + jnp.arange(t_len)
+    visible = jnp.arange(max_len)[None, :] <= q_pos[:, None]  # [T, S]
+    p = jax.nn.softmax(jnp.where(visible[None, None], s, -jnp.inf), axis=-1)
+    return jnp.einsum("grts,gsd->tgrd", p, v).reshape(t_len, n_heads, head_dim)
