@@ -78,6 +78,10 @@ def _test_args(g) -> None:
     g.add_argument("-pg", action="append", default=[], metavar="PP,TG",
                    help="prefill PP tokens then generate TG, timed together: test 'ppPP+tgTG', t/s = (PP+TG) / time; "
                         "repeat the flag for several pairs")
+    g.add_argument("-d", "--n-depth", action="append", default=None, metavar="N",
+                   help="tokens already in the cache before each timed test, filled untimed (list; default 0)")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
+                   help="prefill chunk: tokens per prefill executable, a power of two (default: the platform's)")
     g.add_argument("-r", "--repetitions", type=int, default=5, metavar="N",
                    help="timed runs per test (kernel mode: timed trials per case) (default: 5)")
     g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
@@ -213,9 +217,12 @@ def _request(args) -> _Request:
     prompts = _int_lists(args.n_prompt, [512], "-p")
     gens = _int_lists(args.n_gen, [128], "-n")
     pgs = [parse_pg(s) for s in args.pg]
+    depths = _int_lists(args.n_depth, [0], "-d")
+    if any(d < 0 for d in depths):
+        raise BenchError("-d values must be >= 0")
     req = _Request(models=_split_list(args.model), synths=_split_list(args.synthetic), shapes=shapes,
                    kernel_mode=args.kernels or bool(shapes) or args.ggml_shapes, nts=nts,
-                   tests=build_tests(prompts, gens, pgs),
+                   tests=build_tests(prompts, gens, pgs, depths),
                    explicit_tests=args.n_prompt is not None or args.n_gen is not None or bool(args.pg))
     _check_inputs(args, req)
     return req
@@ -369,7 +376,7 @@ def _run_models(args, req: _Request, env: Env, impl: str, log: Callable[[str], N
                 kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress)
             ctxs = [context_for(t, args.ctx_size, src.gguf.config.context_length) for t in req.tests]
             model = load(gguf_model=src.gguf, ctx_size=max(ctxs), kernels=impl, weights=args.weights,
-                         gemm=args.gemm, device=env.device, progress=args.progress)
+                         gemm=args.gemm, device=env.device, progress=args.progress, prefill_chunk=args.ubatch_size)
             log(f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} weights, "
                 f"{model.weight_nbytes / 1e9:.3f} GB on the device")
             if out is None:

@@ -45,13 +45,15 @@ KERNEL_FIELDS = [
 OUTPUT_FORMATS = ("md", "csv", "json", "jsonl")
 
 
-def test_name(n_prompt: int, n_gen: int) -> str:
-    """llama-bench's markdown test label."""
+def test_name(n_prompt: int, n_gen: int, n_depth: int = 0) -> str:
+    """llama-bench's markdown test label ("pp512", "tg128 @ d4096")."""
     if n_prompt > 0 and n_gen == 0:
-        return f"pp{n_prompt}"
-    if n_gen > 0 and n_prompt == 0:
-        return f"tg{n_gen}"
-    return f"pp{n_prompt}+tg{n_gen}"
+        name = f"pp{n_prompt}"
+    elif n_gen > 0 and n_prompt == 0:
+        name = f"tg{n_gen}"
+    else:
+        name = f"pp{n_prompt}+tg{n_gen}"
+    return f"{name} @ d{n_depth}" if n_depth else name
 
 
 # llama_ftype_name() for the file types minfer_jax can hold (src/llama-model-loader.cpp).

@@ -1,10 +1,12 @@
-"""Whole-model tests as llama-bench runs them (ppN, tgN, ppN+tgM), timed around compiled executables.
+"""Whole-model tests as llama-bench runs them (ppN, tgN, ppN+tgM, each optionally @ dD), timed
+around the engine's own executables (engine_runs.py).
 
-pp is ONE prefill executable of the prompt's bucket (a power of two >= 16; a prompt of another
-length is padded and reported with its real N), tg is ONE decode executable that runs all N
-steps on the device. The KV cache (length: smallest power of two >= prompt + gen, or -c) is
-allocated before the timer, fresh for every run; executables are compiled once per model and
-reused across runs and tests. A row carries every llama-bench field, then minfer_jax's own.
+pp runs the prompt in the plan's prefill chunks (the last padded to a power of two >= 16), tg is
+ONE decode executable that runs all N steps on the device; with a depth D the sequence's first D
+positions are filled by untimed prefill chunks first. The KV cache (positions: smallest power of
+two >= D + prompt + gen, or -c) is allocated before the timer, fresh for every run; executables
+are compiled once per model and reused across runs and tests. A row carries every llama-bench
+field, then minfer_jax's own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from minfer_jax.bench.engine_runs import time_sequence
 from minfer_jax.bench.env import Env, utc_stamp
 from minfer_jax.bench.fields import model_size_params, model_type, test_name
 from minfer_jax.bench.parsing import BenchError
@@ -45,33 +48,38 @@ def decode_weight_bytes(params) -> int:
 class TestSpec:
     n_prompt: int
     n_gen: int
+    n_depth: int = 0  # positions already in the cache when the timed part starts (llama-bench -d)
 
     @property
     def name(self) -> str:
-        return test_name(self.n_prompt, self.n_gen)
+        return test_name(self.n_prompt, self.n_gen, self.n_depth)
 
     @property
     def n_tokens(self) -> int:
         return self.n_prompt + self.n_gen
 
 
-def build_tests(prompts: Sequence[int], gens: Sequence[int], pgs: Sequence[tuple[int, int]]) -> list[TestSpec]:
-    """llama-bench's instance order: every pp, then every tg, then every pg (zeros skipped)."""
-    tests = [TestSpec(n, 0) for n in prompts if n > 0]
-    tests += [TestSpec(0, n) for n in gens if n > 0]
-    tests += [TestSpec(p, g) for p, g in pgs if p > 0 or g > 0]
+def build_tests(prompts: Sequence[int], gens: Sequence[int], pgs: Sequence[tuple[int, int]],
+                depths: Sequence[int] = (0,)) -> list[TestSpec]:
+    """llama-bench's instance order: every pp, then every tg, then every pg (zeros skipped), per depth."""
+    tests = []
+    for d in depths:
+        tests += [TestSpec(n, 0, d) for n in prompts if n > 0]
+        tests += [TestSpec(0, n, d) for n in gens if n > 0]
+        tests += [TestSpec(p, g, d) for p, g in pgs if p > 0 or g > 0]
     return tests
 
 
 def context_for(test: TestSpec, ctx: int | None, model_ctx: int) -> int:
-    """Cache length for a test: -c, else the smallest power of two >= prompt + gen tokens."""
-    need = test.n_tokens
+    """Cache length for a test: -c, else the smallest power of two >= depth + prompt + gen tokens
+    (at most the model's trained context when that is enough)."""
+    need = test.n_depth + test.n_tokens
     if ctx is not None:
         if need > ctx:
             raise BenchError(f"test {test.name} needs {need} tokens of context, more than -c {ctx}")
         n_ctx = ctx
     else:
-        n_ctx = pow2ceil(need)
+        n_ctx = pow2ceil(need) if pow2ceil(need) <= model_ctx else need
     if n_ctx > model_ctx:
         raise BenchError(f"test {test.name} needs a cache of {n_ctx} tokens, more than the model's trained "
                          f"context of {model_ctx}")
@@ -86,16 +94,6 @@ def _llama_stdev(v: Sequence[float]) -> float:
 class ModelSource:
     label: str  # model_filename
     gguf: Any  # GGUFModel
-
-
-@dataclasses.dataclass
-class _Prepared:
-    """One test's compiled executables and device inputs, made before any timing."""
-
-    n_ctx: int
-    bucket: int | None
-    compile_s: float
-    run_once: Callable[[], int]  # one timed run (fresh cache, then the executables), ns
 
 
 class ModelBench:
@@ -116,99 +114,21 @@ class ModelBench:
         self.mtype = model_type(source.gguf)
         self.bytes_per_token = decode_weight_bytes(model.params)
 
-    # -- executables ------------------------------------------------------------------------
-    def _exe(self, kind: str, size: int, n_ctx: int):
-        from minfer_jax.sampling import GREEDY
-
-        key = (kind, size, n_ctx)
-        if key not in self.compile_s:
-            self.log(f"compiling {kind} {'bucket' if kind == 'prefill' else 'steps'}={size} ctx={n_ctx} ...")
-        if kind == "prefill":
-            exe, dt = self.model.prefill_executable(size, n_ctx, GREEDY)
-        else:
-            exe, dt = self.model.decode_executable(size, n_ctx, GREEDY)
-        if key not in self.compile_s:
-            self.compile_s[key] = dt
-            self.log(f"  compiled in {dt:.2f} s")
-        return exe, self.compile_s[key]
-
     # -- one test ---------------------------------------------------------------------------
     def run(self, test: TestSpec) -> dict:
-        """Prepare, warm up, time `reps` runs and return the test's row."""
+        """Compile, warm up, time `reps` runs and return the test's row."""
         n_ctx = context_for(test, self.ctx, self.model.config.context_length)
         test_time = utc_stamp()
-        prep = self._prepare(test, n_ctx)
-        samples = self._time(test, prep.run_once)
-        return self._row(test, prep, samples, test_time)
+        self.log(f"{test.name}: context {n_ctx}")
+        samples, compile_s, plan = time_sequence(
+            self.model, n_prompt=test.n_prompt, n_gen=test.n_gen, depth=test.n_depth, n_ctx=n_ctx, reps=self.reps,
+            warmup=self.warmup, seed=self.seed, log=lambda s: self.log(f"{test.name}: {s}"))
+        return self._row(test, n_ctx, plan.chunk if test.n_prompt else None, compile_s, samples, test_time)
 
-    def _prepare(self, test: TestSpec, n_ctx: int) -> _Prepared:
-        """Compile (or reuse) the test's executables, put its inputs on the device, build one run."""
-        import jax
-
-        from minfer_jax.engine import bucket_for
-
-        m = self.model
-        cfg = m.config
-        rng = np.random.default_rng(self.seed)
-        dev = self.env.device
-        put = lambda a: jax.device_put(a, dev)
-
-        compile_total = 0.0
-        bucket = None
-        pre = dec = None
-        if test.n_prompt:
-            bucket = bucket_for(test.n_prompt, n_ctx)
-            pre, dt = self._exe("prefill", bucket, n_ctx)
-            compile_total += dt
-            tokens = np.zeros((bucket,), np.int32)
-            tokens[:test.n_prompt] = rng.integers(0, cfg.vocab_size, test.n_prompt)
-            tokens_d = put(tokens)
-            n_valid_d = put(np.int32(test.n_prompt))
-        if test.n_gen:
-            dec, dt = self._exe("decode", test.n_gen, n_ctx)
-            compile_total += dt
-            first_tok_d = put(np.int32(rng.integers(0, cfg.vocab_size)))
-            gen_pos_d = put(np.int32(test.n_prompt))
-        zero_d = put(np.int32(0))
-        key_d = put(np.asarray(jax.random.PRNGKey(self.seed)))
-        hist_d = put(np.zeros((0,), np.int32))
-        params = m.params
-
-        def fresh_cache():
-            return jax.block_until_ready(m.new_cache(n_ctx))
-
-        def once() -> int:
-            cache = fresh_cache()
-            t0 = time.perf_counter_ns()
-            if pre is not None:
-                tok, _, cache = pre(params, cache, tokens_d, zero_d, n_valid_d, key_d, hist_d)
-                if dec is not None:
-                    out = dec(params, cache, tok, gen_pos_d, key_d, hist_d)
-                else:
-                    out = (tok, cache)
-            else:
-                out = dec(params, cache, first_tok_d, zero_d, key_d, hist_d)
-            jax.block_until_ready(out)
-            dt = time.perf_counter_ns() - t0
-            del out
-            return dt
-
-        return _Prepared(n_ctx, bucket, compile_total, once)
-
-    def _time(self, test: TestSpec, once: Callable[[], int]) -> list[int]:
-        """The warm-up run (unless --no-warmup), then `reps` timed runs in ns."""
-        if self.warmup:
-            self.log(f"{test.name}: warm-up run")
-            once()
-        samples = []
-        for i in range(self.reps):
-            samples.append(once())
-            self.log(f"{test.name}: run {i + 1}/{self.reps}: {samples[-1] / 1e6:.3f} ms")
-        return samples
-
-    def _row(self, test: TestSpec, prep: _Prepared, samples: list[int], test_time: str) -> dict:
+    def _row(self, test: TestSpec, n_ctx: int, chunk: int | None, compile_s: float, samples: list[int],
+             test_time: str) -> dict:
         """llama-bench's fields (test::get_fields(), in order), then minfer_jax's columns."""
-        m, env, cfg, bucket = self.model, self.env, self.model.config, prep.bucket
+        m, env, cfg = self.model, self.env, self.model.config
         ts = [1e9 * test.n_tokens / s for s in samples]
         avg_ns = int(sum(samples) // len(samples))
         gbps, pct, tflops = self._rates(test, avg_ns * 1e-9, cfg)
@@ -217,18 +137,18 @@ class ModelBench:
             "build_commit": env.build_commit, "build_number": env.build_number, "cpu_info": env.cpu_info,
             "gpu_info": env.gpu_info, "backends": env.backend, "model_filename": self.source.label,
             "model_type": self.mtype, "model_size": self.size, "model_n_params": self.n_params,
-            "n_batch": bucket or 1, "n_ubatch": bucket or 1, "n_threads": env.n_threads, "cpu_mask": "0x0",
+            "n_batch": chunk or 1, "n_ubatch": chunk or 1, "n_threads": env.n_threads, "cpu_mask": "0x0",
             "cpu_strict": False, "poll": 50, "type_k": cache_type, "type_v": cache_type,
             "n_gpu_layers": 0 if env.is_cpu_backend else 99, "n_cpu_moe": 0, "split_mode": "none", "main_gpu": 0,
-            "no_kv_offload": False, "flash_attn": False, "devices": "auto", "tensor_split": "0.00",
+            "no_kv_offload": False, "flash_attn": m.impl.kernels != "xla", "devices": "auto", "tensor_split": "0.00",
             "tensor_buft_overrides": "none", "use_mmap": False, "embeddings": False, "no_op_offload": 0,
-            "no_host": False, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": 0,
+            "no_host": False, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": test.n_depth,
             "test_time": test_time, "avg_ns": avg_ns, "stddev_ns": int(_llama_stdev(samples)),
             "avg_ts": float(np.mean(ts)), "stddev_ts": _llama_stdev(ts),
             # minfer_jax's own columns
             "test": test.name, "jax_version": env.jax_version, "device": env.device_label,
-            "kernels": m.impl.kernels, "weight_mode": m.weight_mode, "n_ctx": prep.n_ctx, "bucket": bucket,
-            "compile_s": prep.compile_s, "weight_bytes_per_token": self.bytes_per_token, "weight_gbps": gbps,
+            "kernels": m.impl.kernels, "weight_mode": m.weight_mode, "n_ctx": n_ctx, "bucket": chunk,
+            "compile_s": compile_s, "weight_bytes_per_token": self.bytes_per_token, "weight_gbps": gbps,
             "mem_bw_gbps": None if env.mem_bw is None else env.mem_bw / 1e9, "pct_mem_bw": pct,
             "matmul_tflops": tflops, "peak_mem_bytes": env.peak_mem(), "command": env.command,
             "samples_ns": samples, "samples_ts": ts,
