@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax import kernel_bench as KB
+from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import attention as A
 from minfer_jax.pallas import decode_attention as D
 
