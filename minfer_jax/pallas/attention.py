@@ -50,19 +50,21 @@ class ChunkConfig:
     k_splits: int = 1  # programs per row block, each on a share of the key tiles (merged in jnp)
 
 
-# Defaults per head_dim, jax's mha defaults scaled to our row counts (rows = T * rep); replaced by
-# measured ones from tools/attention_bench.py (docs/BENCHMARKS.md) once the lead has run it.
+# Per (head_dim, chunks up to 512 tokens / longer ones), the fastest measured on the H200
+# (docs/BENCHMARKS.md, "Chunk attention"): key splits for the 0.5B's two KV heads, wider tiles at 128.
 CHUNK_CONFIGS = {
-    64: ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2),
-    128: ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2),
+    (64, 512): ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2, k_splits=4),
+    (64, 2048): ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2, k_splits=4),
+    (128, 512): ChunkConfig(block_q=128, block_k=128, num_warps=8, num_stages=2),
+    (128, 2048): ChunkConfig(block_q=128, block_k=64, num_warps=4, num_stages=2),
 }
 
 
 def chunk_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
                  num_warps: int | None = None, num_stages: int | None = None,
-                 k_splits: int | None = None) -> ChunkConfig:
-    """The table's config for head_dim with any given field overriding it."""
-    base = CHUNK_CONFIGS.get(head_dim, CHUNK_CONFIGS[128])
+                 k_splits: int | None = None, t_len: int = 512) -> ChunkConfig:
+    """The table's config for head_dim and chunk length with any given field overriding it."""
+    base = CHUNK_CONFIGS.get((head_dim if head_dim <= 64 else 128, 512 if t_len <= 512 else 2048))
     cfg = ChunkConfig(block_q=block_q or base.block_q, block_k=block_k or base.block_k,
                       num_warps=num_warps or base.num_warps, num_stages=num_stages or base.num_stages,
                       k_splits=k_splits or base.k_splits)
@@ -176,7 +178,7 @@ def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, 
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if t_len < MIN_T or t_len > MAX_T or t_len & (t_len - 1):
         raise AttentionShapeError(f"chunk length T={t_len} must be a power of two in [{MIN_T}, {MAX_T}]")
-    cfg = chunk_config(head_dim, block_q, block_k, num_warps, num_stages, k_splits)
+    cfg = chunk_config(head_dim, block_q, block_k, num_warps, num_stages, k_splits, t_len=q.shape[0])
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}")
     scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
