@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     _test_args(p.add_argument_group("tests (llama-bench)"))
     _execution_args(p.add_argument_group("execution"))
     _kernel_args(p.add_argument_group("kernel mode"))
+    _batched_args(p.add_argument_group("batched mode (llama-batched-bench)"))
     _output_args(p.add_argument_group("output"))
     return p
 
@@ -124,6 +125,15 @@ def _kernel_args(g) -> None:
                    help="matmul calls unrolled in one timed executable, each on its own weight copy; per-call "
                         "time = the executable's span on the device timeline / N (default: up to 40, "
                         "fewer for big matrices)")
+
+
+def _batched_args(g) -> None:
+    g.add_argument("--batched", action="store_true",
+                   help="llama-batched-bench's table: B sequences of -npp prompt tokens, -ntg decoded together")
+    g.add_argument("-npp", action="append", default=None, metavar="N", help="prompt tokens per sequence (default 512)")
+    g.add_argument("-ntg", action="append", default=None, metavar="N", help="tokens generated per sequence (default 128)")
+    g.add_argument("-npl", action="append", default=None, metavar="B",
+                   help="sequences decoded at once, a list (default 1,2,4,8,16,32)")
 
 
 def _output_args(g) -> None:
@@ -279,6 +289,8 @@ def _main(argv: list[str]) -> int:
         if not req.explicit_tests:
             return 0
     env = make_env(args.mem_bw, command)
+    if args.batched:
+        return _run_batched(args, req, impl, log)
     if req.kernel_mode:
         return _run_kernels(args, req, env, impl, log)
     return _run_models(args, req, env, impl, log, preloaded)
@@ -390,6 +402,32 @@ def _run_models(args, req: _Request, env: Env, impl: str, log: Callable[[str], N
         if out is not None:
             out.close()
     return 1 if failed else 0
+
+
+def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> int:
+    from minfer_jax.bench import batched
+    from minfer_jax.runtime import load
+
+    pps, tgs = _int_lists(args.npp, [512], "-npp"), _int_lists(args.ntg, [128], "-ntg")
+    npls = _int_lists(args.npl, [1, 2, 4, 8, 16, 32], "-npl")
+    if min(pps) < 1 or min(tgs) < 0 or not all(1 <= b <= 64 for b in npls):
+        raise BenchError("-npp must be >= 1, -ntg >= 0 and -npl values in 1..64")
+    files = [open(f, "w") for f in args.out]
+    try:
+        for kind, ref in [("model", m) for m in req.models] + [("synthetic", s) for s in req.synths]:
+            src = _load_source(kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress)
+            need = max(pps) + max(tgs) + 1
+            if need > src.gguf.config.context_length:
+                raise BenchError(f"-npp + -ntg = {need - 1} tokens exceed the model's context "
+                                 f"{src.gguf.config.context_length}")
+            model = load(gguf_model=src.gguf, ctx_size=need, kernels=impl, weights=args.weights, gemm=args.gemm,
+                         progress=args.progress, prefill_chunk=args.ubatch_size)
+            batched.run(model, src.label, pps, tgs, npls, seed=args.seed, out_files=files, log=log)
+            del model
+    finally:
+        for f in files:
+            f.close()
+    return 0
 
 
 def _run_tests(mb: ModelBench, tests: list[TestSpec], out: Outputs) -> int:
