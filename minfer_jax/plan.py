@@ -24,7 +24,7 @@ MIN_BUCKET = 16  # smallest padded prompt chunk
 MIN_SPAN = 256  # smallest attention window an XLA decode executable is compiled for
 CACHE_ALIGN = 256  # cache positions per slot are a multiple of this (attention kernel blocks)
 MAX_SEQS = 64  # sequences one batch decodes at once
-DEFAULT_CHUNK = {"gpu": 512, "cpu": 256}  # prefill chunk per platform (docs/BENCHMARKS.md)
+DEFAULT_CHUNK = {"gpu": 2048, "cpu": 256}  # prefill chunk per platform (docs/BENCHMARKS.md, "Prefill chunk")
 DECODE_STEPS = 16  # tokens per decode executable: the host sees tokens once per chunk
 
 
