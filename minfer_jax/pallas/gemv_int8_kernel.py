@@ -7,8 +7,8 @@ per-input scale of the same view, e.g. a folded RMSNorm weight) and `prequantize
 already quantized by int8_words.quantize_x: words + scales). Both build the same step; only the x
 source differs.
 
-The order of loads in a step is measured and must not drift (a refactor that moved the per-group
-field loads before the quant words slowed Q4_0 12.6 -> 15.1 us: docs/BENCHMARKS.md, GEMV choices
+The order of loads in a step is measured and must not drift (moving the per-group field loads
+before the quant words once slowed Q4_0 by a fifth: docs/BENCHMARKS.md, GEMV choices
 [G-load-order]): [x, if x_first], quant words and per-group fields (the views' order), coarse
 fields, [x quantized, if x_first], decode, then per token [x loaded and quantized] and the sums.
 Coarse planes (one value per `per` groups, e.g. a K-quant's d) arrive as whole rows and are
