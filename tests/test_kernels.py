@@ -157,6 +157,19 @@ def test_gemv_one_token_config_is_one_step_per_program():
     assert cfg.splits == 1
 
 
+def test_tuning_has_one_row_per_format():
+    """gemv_tuning.TUNING: an integer-path row for every format with int8 words, a float row for the rest."""
+    from minfer_jax.pallas import gemv_tuning
+
+    assert set(gemv_tuning.TUNING) == set(FORMATS)
+    for qtype, row in gemv_tuning.TUNING.items():
+        assert isinstance(row, gemv_tuning.Int8Row) == (qtype in int8_words.SPECS), qtype.name
+    # the tile rules per path: 3-D only pre-quantized and where the row says so, flat words the other pre-quantized
+    q4k, q3k = gemv_tuning.TUNING[QType.Q4_K], gemv_tuning.TUNING[QType.Q3_K]
+    assert [q4k.tile_shapes(False), q4k.tile_shapes(True), q3k.tile_shapes(True)] == [(False, False), (True, False),
+                                                                                      (False, True)]
+
+
 @pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q5_1, QType.Q4_K, QType.Q6_K, QType.Q3_K])
 @pytest.mark.parametrize("nt", [1, 3])
 def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):

@@ -1,7 +1,7 @@
 """The whole model through the Pallas kernels (interpreted, or compiled: tests/kernel_mode.py)
-against the XLA reference path, on a tiny random-weight model: prefill through dequantize + GEMM, decode through the GEMV with the
-RMSNorm folded into it (and not); layer 1 has a Q6_K v beside Q4_K q and k, so its q/k/v run as
-two fused matmuls ([q; k] and v)."""
+against the XLA reference path, on a tiny random-weight model: prefill through dequantize +
+GEMM, decode through the GEMV with the RMSNorm folded into it (and not); layer 1 has a Q6_K v
+beside Q4_K q and k, so its q/k/v run as two fused matmuls ([q; k] and v)."""
 
 import dataclasses
 
