@@ -1,21 +1,23 @@
-"""The one matmul every weight goes through, and the static dispatch that picks its kernel.
+"""The one matmul every weight goes through, and the one static decision of which kernel runs it.
 
 `matmul(x, w, impl)` with x [..., K] and w a weight [N, K] returns [..., N] f32. The token count
-nt = prod(x.shape[:-1]) is a Python int at trace time, so the choice is made once per shape
-bucket and compiled into that bucket's executable:
+nt = prod(x.shape[:-1]) is a Python int at trace time, so `route(w, nt, impl)` is decided once
+per shape bucket and compiled into that bucket's executable. Its kinds (Route.kind):
 
-    dense weight (CPU "dense" mode)   -> XLA dot
-    QWeight, impl.kernels == "xla"    -> reference: whole-matrix decode + XLA dot
-    QWeight, nt <= GEMV_MAX_NT        -> Pallas GEMV (pallas/gemv.py)
-    QWeight, nt >  GEMV_MAX_NT        -> prefill, by impl.gemm:
-        "auto" (default)  -> "dequant" for nt >= DEQUANT_MIN_NT, else "f16"
-        "f16"             -> Pallas GEMM decoding weight tiles in-kernel (pallas/gemm.py)
-        "dequant"         -> Pallas dequantization into a transient f16 matrix
-                             (pallas/dequant.py), then the same GEMM on float weights
-        "int8"            -> int8 activations x int8 quants (pallas/gemm_int8.py; block
-                             formats; opt-in: slower on the H200, docs/BENCHMARKS.md)
-Float weights (F16/BF16/F32) always take the plain GEMM. `norm_matmuls` is the same dispatch for
-matmuls that read an RMSNorm's output: on the GEMV path the norm is folded into them.
+    "dense"       dense weight (CPU "dense" mode)   -> XLA dot
+    "xla"         QWeight, impl.kernels == "xla"    -> reference: whole-matrix decode + XLA dot
+    "gemv"        block format, nt <= GEMV_MAX_NT   -> integer Pallas GEMV (pallas/gemv.py)
+    "gemv-float"  float format, nt <= GEMV_MAX_NT   -> float Pallas GEMV (pallas/gemv.py)
+    QWeight, nt > GEMV_MAX_NT                       -> prefill, by impl.gemm:
+      "dq+gemm"   "auto" (default, nt >= DEQUANT_MIN_NT) or "dequant": Pallas dequantization into
+                  a transient f16 matrix (pallas/dequant.py), then the GEMM on float weights
+      "gemm"      "f16" (or "auto" below DEQUANT_MIN_NT): Pallas GEMM decoding weight tiles
+                  in-kernel (pallas/gemm.py); float weights always take it
+      "gemm-i8"   "int8": int8 activations x int8 quants (pallas/gemm_int8.py; block formats;
+                  opt-in: slower on the H200, docs/BENCHMARKS.md)
+`norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where every one
+is "gemv" and impl.fold_norm is set, the norm is folded into them (Route.fold_norm, "gemv+fold").
+The kernel benchmark asks it too (`kernel_case`: the route, its kernel call and its reference).
 
 "pallas" runs the Triton kernels on the GPU; "interpret" runs the same kernels in Pallas'
 interpreter (CPU tests of the full model through the kernels).
@@ -29,19 +31,15 @@ import math
 import jax
 import jax.numpy as jnp
 
-from minfer_jax.model.weights import DenseWeight, QWeight, Weight
-from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, tiles
-from minfer_jax.quant import int8_words
+from minfer_jax.model.weights import DenseWeight, Weight
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words, tiles
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
 KERNEL_MODES = ("pallas", "interpret", "xla")
 GEMM_VARIANTS = ("auto", "f16", "dequant", "int8")
-# "auto": from this many tokens dequantize-then-GEMM. On the H200 it won at every token count
-# swept, 16 .. 512 (4096 x 14336: Q4_K 169 vs 363 us at 16 tokens, 182 vs 362 at 512; Q4_0 154
-# vs 162 and 171 vs 276): the f16 write costs less than decoding every weight tile once per token
-# block, and a 16-token in-kernel GEMM has only Npad / bn programs (docs/BENCHMARKS.md). So every
-# prefill size (nt > GEMV_MAX_NT) takes it; "f16" stays selectable.
+# "auto": from this many tokens dequantize-then-GEMM; it won at every prefill size swept, so every
+# nt > GEMV_MAX_NT takes it; "f16" stays selectable (docs/BENCHMARKS.md, GEMV choices [G-dequant-nt]).
 DEQUANT_MIN_NT = GEMV_MAX_NT + 1
 _FLOAT_QTYPE = {jnp.dtype(jnp.float16): QType.F16, jnp.dtype(jnp.bfloat16): QType.BF16,
                 jnp.dtype(jnp.float32): QType.F32}
@@ -55,8 +53,7 @@ class Impl:
     gemv_max_nt: int = GEMV_MAX_NT
     gemm: str = "auto"  # prefill variant: "auto" | "f16" (decode in-kernel) | "dequant" | "int8"
     # GEMV path: RMSNorm folded into the matmuls that read it (norm_matmuls). Off by default: on
-    # the H200 it did not pay (0.5B tg128 1,034 / 1,045 tok/s folded vs 1,059 not; XLA keeps the
-    # rsqrt reduction as its own fusion, and every GEMV program loads the norm weight too).
+    # the H200 it did not pay (docs/BENCHMARKS.md, GEMV choices [G-fold-norm]).
     fold_norm: bool = False
 
     def __post_init__(self):
@@ -73,48 +70,41 @@ def default_impl(platform: str | None = None) -> Impl:
     return Impl(kernels="pallas" if platform == "gpu" else "xla")
 
 
-def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
-    """x [..., K] . w[N, K]^T -> [..., N] float32."""
-    lead, k = x.shape[:-1], x.shape[-1]
-    nt = math.prod(lead)
-    x2 = x.reshape(nt, k)
+ROUTE_KINDS = ("dense", "xla", "gemv", "gemv-float", "gemm", "dq+gemm", "gemm-i8")
+_PREFILL_KINDS = {"f16": "gemm", "dequant": "dq+gemm", "int8": "gemm-i8"}  # gemm_variant -> Route.kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """Which kernel runs one matmul: static, fixed at trace time by the weight, nt and Impl."""
+
+    kind: str  # one of ROUTE_KINDS
+    fold_norm: bool = False  # "gemv" only: the RMSNorm before it folded into x (norm_matmuls)
+
+    @property
+    def label(self) -> str:
+        """The kind, "+fold" appended when the norm is folded in (e.g. "gemv+fold")."""
+        return self.kind + ("+fold" if self.fold_norm else "")
+
+
+def route(w: Weight, nt: int, impl: Impl, *, after_norm: bool = False) -> Route:
+    """The kernel matmul(x, w, impl) runs for nt tokens; after_norm: x is an RMSNorm's output
+    (norm_matmuls), so the route is "gemv+fold" where impl.fold_norm lets it be."""
     if isinstance(w, DenseWeight):
-        wm = w.w if w.transposed else w.w.T  # [K, N]
-        y = jnp.dot(x2.astype(wm.dtype), wm, preferred_element_type=jnp.float32)
-    else:
-        n = w.shape[0]
-        if impl.kernels == "xla":
-            y = tiles.dequant_matmul_reference(x2, w.planes, qtype=w.qtype, n_out=n)
-        elif nt <= impl.gemv_max_nt:
-            y = gemv.gemv(x2, w.planes, qtype=w.qtype, n_out=n, interpret=impl.kernels == "interpret")
-        else:
-            y = _prefill_matmul(x2, w, gemm_variant(impl.gemm, w.qtype, nt), impl.kernels == "interpret")
-    return y.reshape(*lead, y.shape[-1])
+        return Route("dense")
+    return _quantized_route(w.qtype, nt, impl, after_norm)
 
 
-def norm_matmuls(x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl) -> list[jax.Array]:
-    """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w] f32.
-
-    On the GEMV path (kernels, nt <= gemv_max_nt, block-format weights, impl.fold_norm) the norm
-    is folded into the matmuls: W (r g x) = r (W (g x)) with r = rsqrt(mean(x^2) + eps) one scalar
-    per token, so each GEMV scales x by g as it loads it and r multiplies the outputs in the
-    fusion that already adds the split-K partial sums. The fusion that wrote the normalized x (one
-    launch per norm in every decode step) is gone; r's reduction over x remains.
-    """
-    lead, k = x.shape[:-1], x.shape[-1]
-    nt = math.prod(lead)
-    # Block formats only: their GEMV keeps g * x in f32 up to its per-group int8 quantization,
+def _quantized_route(qtype: QType, nt: int, impl: Impl, after_norm: bool = False) -> Route:
+    if impl.kernels == "xla":
+        return Route("xla")
+    if nt > impl.gemv_max_nt:
+        return Route(_PREFILL_KINDS[gemm_variant(impl.gemm, qtype, nt)])
+    if qtype not in int8_words.SPECS:
+        return Route("gemv-float")
+    # Block formats only fold: their GEMV keeps g * x in f32 up to its per-group int8 quantization,
     # while float weights would round the unnormalized g * x to f16 (residual outliers overflow).
-    fold = (impl.fold_norm and impl.kernels != "xla" and nt <= impl.gemv_max_nt
-            and all(isinstance(w, QWeight) and w.qtype in int8_words.SPECS for w in weights))
-    if not fold:
-        h = rms_norm(x, norm_weight, eps)
-        return [matmul(h, w, impl) for w in weights]
-    x2 = x.reshape(nt, k).astype(jnp.float32)
-    r = jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + eps)  # [nt, 1]
-    interpret = impl.kernels == "interpret"
-    return [(gemv.gemv(x2, w.planes, qtype=w.qtype, n_out=w.shape[0], x_scale=norm_weight, interpret=interpret)
-             * r).reshape(*lead, w.shape[0]) for w in weights]
+    return Route("gemv", fold_norm=after_norm and impl.fold_norm)
 
 
 def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
@@ -126,14 +116,82 @@ def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
     return requested
 
 
-def _prefill_matmul(x: jax.Array, w, variant: str, interpret: bool) -> jax.Array:
-    n = w.shape[0]
-    if variant == "int8":
-        return gemm_int8.gemm_int8(x, w.planes, qtype=w.qtype, n_out=n, interpret=interpret)
-    if variant == "dequant":
-        wd = dequant.dequantize(w.planes, qtype=w.qtype, interpret=interpret)  # [Npad, K] f16, transient
-        return gemm.gemm(x, {"w": wd}, qtype=_FLOAT_QTYPE[wd.dtype], n_out=n, interpret=interpret)
-    return gemm.gemm(x, w.planes, qtype=w.qtype, n_out=n, interpret=interpret)
+def route_call(r: Route, qtype: QType, n_out: int, impl: Impl):
+    """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K]]) -> [nt, n_out] f32
+    (x_scale: "gemv+fold" only, the norm weight)."""
+    kw = dict(qtype=qtype, n_out=n_out)
+    interpret = impl.kernels == "interpret"
+    if r.kind == "xla":
+        return lambda x, planes: tiles.dequant_matmul_reference(x, planes, **kw)
+    if r.kind == "gemv":
+        return lambda x, planes, x_scale=None: gemv.gemv_int8(x, planes, x_scale=x_scale, interpret=interpret, **kw)
+    if r.kind == "gemv-float":
+        return lambda x, planes: gemv.gemv_float(x, planes, interpret=interpret, **kw)
+    if r.kind == "gemm":
+        return lambda x, planes: gemm.gemm(x, planes, interpret=interpret, **kw)
+    if r.kind == "dq+gemm":
+        return lambda x, planes: _dequant_gemm(x, planes, qtype, n_out, interpret)
+    if r.kind == "gemm-i8":
+        return lambda x, planes: gemm_int8.gemm_int8(x, planes, interpret=interpret, **kw)
+    raise ValueError(f"route_call takes a quantized weight's route, not {r.kind!r}")
+
+
+def route_reference(r: Route, qtype: QType, n_out: int):
+    """The jnp reference of exactly what route_call(r, ...) computes, (x, planes) -> [nt, n_out] f32:
+    the integer GEMV's own (same activation quantization, exact integer sums), the int8 GEMM's, or
+    whole-matrix decode in the compute dtype + one f32-accumulated dot (float GEMV, both f16 GEMM
+    variants, the XLA path)."""
+    fn = {"gemv": gemv.gemv_int8_reference, "gemm-i8": gemm_int8.gemm_int8_reference}.get(
+        r.kind, tiles.dequant_matmul_reference)
+    return lambda x, planes: fn(x, planes, qtype=qtype, n_out=n_out)
+
+
+def kernel_case(qtype: QType, n: int, nt: int, impl: Impl):
+    """What the kernel benchmark times for a [n, K] weight of qtype and nt tokens: (the route
+    ops.matmul takes, its kernel call (x, planes), that call's jnp reference (x, planes))."""
+    r = _quantized_route(QType(qtype), nt, impl)
+    return r, route_call(r, QType(qtype), n, impl), route_reference(r, QType(qtype), n)
+
+
+def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
+    """x [..., K] . w[N, K]^T -> [..., N] float32, through route(w, nt, impl)'s kernel."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    nt = math.prod(lead)
+    x2 = x.reshape(nt, k)
+    r = route(w, nt, impl)
+    if r.kind == "dense":
+        wm = w.w if w.transposed else w.w.T  # [K, N]
+        y = jnp.dot(x2.astype(wm.dtype), wm, preferred_element_type=jnp.float32)
+    else:
+        y = route_call(r, w.qtype, w.shape[0], impl)(x2, w.planes)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def norm_matmuls(x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl) -> list[jax.Array]:
+    """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w] f32.
+
+    Where every weight's route is "gemv+fold" (kernels, nt <= gemv_max_nt, block formats,
+    impl.fold_norm) the norm is folded into the matmuls: W (r g x) = r (W (g x)) with r =
+    rsqrt(mean(x^2) + eps) one scalar per token, so each GEMV scales x by g as it loads it and r
+    multiplies the outputs in the fusion that already adds the split-K partial sums. The fusion
+    that wrote the normalized x (one launch per norm in every decode step) is gone; r's reduction
+    over x remains.
+    """
+    lead, k = x.shape[:-1], x.shape[-1]
+    nt = math.prod(lead)
+    routes = [route(w, nt, impl, after_norm=True) for w in weights]
+    if not all(r.fold_norm for r in routes):
+        h = rms_norm(x, norm_weight, eps)
+        return [matmul(h, w, impl) for w in weights]
+    x2 = x.reshape(nt, k).astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + eps)  # [nt, 1]
+    return [(route_call(rt, w.qtype, w.shape[0], impl)(x2, w.planes, norm_weight) * r).reshape(*lead, w.shape[0])
+            for rt, w in zip(routes, weights)]
+
+
+def _dequant_gemm(x: jax.Array, planes, qtype: QType, n_out: int, interpret: bool) -> jax.Array:
+    wd = dequant.dequantize(planes, qtype=qtype, interpret=interpret)  # [Npad, K] f16, transient
+    return gemm.gemm(x, {"w": wd}, qtype=_FLOAT_QTYPE[wd.dtype], n_out=n_out, interpret=interpret)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:

@@ -67,6 +67,7 @@ class Model:
     weight_mode: str
     chunk: int = plan_mod.DEFAULT_CHUNK["cpu"]  # prefill chunk (tokens per executable)
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
+    _compile_seconds: dict = dataclasses.field(default_factory=dict, repr=False)
     _scheduler: Scheduler | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -88,7 +89,12 @@ class Model:
             return exe, 0.0
         t0 = time.perf_counter()
         exe = self._compiled[key] = key.lower(self).compile()
-        return exe, time.perf_counter() - t0
+        dt = self._compile_seconds[key] = time.perf_counter() - t0
+        return exe, dt
+
+    def compile_seconds(self, key) -> float:
+        """What compiling this executable cost when it was compiled (0 if it was not)."""
+        return self._compile_seconds.get(key, 0.0)
 
     def is_compiled(self, key) -> bool:
         return key in self._compiled

@@ -1,4 +1,5 @@
-"""Pallas GEMV / GEMM kernels vs their jnp references, in interpret mode (CPU).
+"""Pallas GEMV / GEMM kernels vs their jnp references, interpreted on the CPU or compiled on a GPU
+(tests/kernel_mode.py: MINFER_TEST_KERNELS=compiled), and ops.route's every branch.
 
 Every format x token counts x shapes with tails: K = 896 and 4864 (the 0.5B widths; K-quants
 need K % 256 == 0, so they use 512 and 4864), N not a multiple of any row block. Each kernel and
@@ -16,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kernel_mode import INTERPRET, KERNELS
 from minfer_jax.bench.kernel_timing import random_planes
-from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv
-from minfer_jax.quant import int8_words
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words
 from minfer_jax.quant.planes import FORMATS, QType, decode
 
 K_QUANTS = {QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K}
@@ -29,6 +30,13 @@ def shapes_for(qtype):
 
 
 CASES = [(q, n, k) for q in FORMATS for n, k in shapes_for(q)]
+
+
+def gemv_family(qtype):
+    """The GEMV entry point of qtype's family and its reference (ops.route picks the same family)."""
+    if qtype in int8_words.SPECS:
+        return gemv.gemv_int8, gemv.gemv_int8_reference
+    return gemv.gemv_float, gemv.gemv_float_reference
 
 
 @functools.cache
@@ -49,8 +57,9 @@ def check(got, ref, qtype):
 def test_gemv_matches_reference(qtype, n, k, nt):
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k), jnp.float32)
-    got = gemv.gemv(x, w, qtype=qtype, n_out=n, interpret=True)
-    check(got, gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
+    kernel, reference = gemv_family(qtype)
+    got = kernel(x, w, qtype=qtype, n_out=n, interpret=INTERPRET)
+    check(got, reference(x, w, qtype=qtype, n_out=n), qtype)
     if qtype in int8_words.SPECS:  # int8 activations: within their quantization error of the f16 decode
         f16 = gemm.gemm_reference(x, w, qtype=qtype, n_out=n)
         chex.assert_trees_all_close(got, f16, atol=2e-2 * float(jnp.max(jnp.abs(f16))), rtol=0)
@@ -64,7 +73,7 @@ GEMM_CASES = [(q, n, k, nt) for q, n, k in CASES for nt in (9, 16, 100, 512) if 
 def test_gemm_matches_reference(qtype, n, k, nt):
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k), jnp.float32)
-    got = gemm.gemm(x, w, qtype=qtype, n_out=n, interpret=True)
+    got = gemm.gemm(x, w, qtype=qtype, n_out=n, interpret=INTERPRET)
     check(got, gemm.gemm_reference(x, w, qtype=qtype, n_out=n), qtype)
 
 
@@ -72,9 +81,9 @@ def test_gemv_split_k_and_explicit_config():
     qtype, n, k = QType.Q4_0, 256, 2048
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(0), (2, k))
-    ref = gemv.gemv_reference(x, w, qtype=qtype, n_out=n)
+    ref = gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n)
     for cfg in [gemv.GemvConfig(bn=32, bk=128, splits=4), gemv.GemvConfig(bn=64, bk=256, splits=1)]:
-        check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True), ref, qtype)
+        check(gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET), ref, qtype)
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q4_K, QType.F16], ids=lambda q: q.name)
@@ -85,7 +94,7 @@ def test_gemm_explicit_configs(qtype):
     x = jax.random.normal(jax.random.PRNGKey(1), (40, k))
     ref = gemm.gemm_reference(x, w, qtype=qtype, n_out=n)
     for cfg in [gemm.GemmConfig(bm=32, bn=64, bk=256, num_stages=3), gemm.GemmConfig(bm=16, bn=128, bk=256)]:
-        check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True), ref, qtype)
+        check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET), ref, qtype)
 
 
 @pytest.mark.parametrize("qtype", sorted(K_QUANTS, key=lambda q: q.value), ids=lambda q: q.name)
@@ -98,8 +107,8 @@ def test_gemv_k_split_inside_super_blocks(qtype, nt):
     x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k))
     group = int8_words.SPECS[qtype].group
     cfg = gemv.GemvConfig(bn=16, bk=4 * group, splits=k // group // 4)
-    check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True),
-          gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
+    check(gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
+          gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n), qtype)
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q4_0, QType.Q3_K])
@@ -115,8 +124,8 @@ def test_gemv_prequantized_tile_shapes(qtype):
         cfg = dataclasses.replace(cfg, bn=64)
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(5), (nt, k))
-    check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True),
-          gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
+    check(gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
+          gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n), qtype)
 
 
 def test_gemv_one_token_config_is_one_step_per_program():
@@ -148,6 +157,19 @@ def test_gemv_one_token_config_is_one_step_per_program():
     assert cfg.splits == 1
 
 
+def test_tuning_has_one_row_per_format():
+    """gemv_tuning.TUNING: an integer-path row for every format with int8 words, a float row for the rest."""
+    from minfer_jax.pallas import gemv_tuning
+
+    assert set(gemv_tuning.TUNING) == set(FORMATS)
+    for qtype, row in gemv_tuning.TUNING.items():
+        assert isinstance(row, gemv_tuning.Int8Row) == (qtype in int8_words.SPECS), qtype.name
+    # the tile rules per path: 3-D only pre-quantized and where the row says so, flat words the other pre-quantized
+    q4k, q3k = gemv_tuning.TUNING[QType.Q4_K], gemv_tuning.TUNING[QType.Q3_K]
+    assert [q4k.tile_shapes(False), q4k.tile_shapes(True), q3k.tile_shapes(True)] == [(False, False), (True, False),
+                                                                                      (False, True)]
+
+
 @pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q5_1, QType.Q4_K, QType.Q6_K, QType.Q3_K])
 @pytest.mark.parametrize("nt", [1, 3])
 def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):
@@ -156,11 +178,11 @@ def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):
     n, k = 130, 1024
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(5), (nt, k), jnp.float32)
-    ref = gemv.gemv_reference(x, w, qtype=qtype, n_out=n)
+    ref = gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n)
     base = gemv.choose_config(qtype, n, k, nt)
     for prequant in (False, True):
         cfg = dataclasses.replace(base, prequant=prequant)
-        check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True), ref, qtype)
+        check(gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET), ref, qtype)
 
 
 @pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K, QType.Q6_K, QType.Q8_0, QType.F16])
@@ -176,8 +198,8 @@ def test_norm_folded_into_gemv(qtype, nt):
     ws = [QWeight(random_planes(jax.random.PRNGKey(s), qtype, n, k), qtype, (n, k)) for s in (6, 7)]
     x = jax.random.normal(jax.random.PRNGKey(8), (nt, k), jnp.float32) * 30.0  # a residual stream's scale
     g = 1.0 + 0.5 * jax.random.normal(jax.random.PRNGKey(9), (k,), jnp.float32)
-    folded = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl("interpret", fold_norm=True))
-    plain = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl("interpret", fold_norm=False))
+    folded = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl(KERNELS, fold_norm=True))
+    plain = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl(KERNELS, fold_norm=False))
     for a, b in zip(folded, plain):
         chex.assert_shape(a, (nt, n))
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5 * float(jnp.max(jnp.abs(b))))
@@ -186,14 +208,15 @@ def test_norm_folded_into_gemv(qtype, nt):
 def test_gemv_rejects_too_many_tokens():
     w = planes_for(QType.Q8_0, 200, 896)
     with pytest.raises(ValueError, match="1 .. 16 tokens"):
-        gemv.gemv(jnp.ones((17, 896)), w, qtype=QType.Q8_0, n_out=200, interpret=True)
+        gemv.gemv_int8(jnp.ones((17, 896)), w, qtype=QType.Q8_0, n_out=200, interpret=INTERPRET)
 
 
 def test_kernel_is_traced_once_per_configuration():
     """A repeated call with the same shapes must not retrace (one executable per bucket)."""
     qtype, n, k = QType.Q4_K, 128, 512
     w = planes_for(qtype, n, k)
-    traced = chex.assert_max_traces(n=1)(lambda x, w: gemv.gemv(x, w, qtype=qtype, n_out=n, interpret=True))
+    traced = chex.assert_max_traces(n=1)(
+        lambda x, w: gemv.gemv_int8(x, w, qtype=qtype, n_out=n, interpret=INTERPRET))
     f = jax.jit(traced)
     for seed in range(3):
         f(jax.random.normal(jax.random.PRNGKey(seed), (1, k)), w).block_until_ready()
@@ -233,7 +256,7 @@ def test_int8_reference_within_quantization_error(qtype):
     ints = ints.at[..., 0].set(127)
     x_grid = (ints.astype(jnp.float32) * steps).reshape(2, 4864)
     want = x_grid @ decode(qtype, w, jnp.float32)[:136].T
-    got = int8_words.int8_dot_reference(x_grid, w, qtype=qtype, n_out=136)
+    got = gemv.gemv_int8_reference(x_grid, w, qtype=qtype, n_out=136)
     chex.assert_trees_all_close(got, want, atol=1e-5 * float(jnp.max(jnp.abs(want))), rtol=0)
 
 
@@ -245,8 +268,8 @@ def test_both_float_one_token_paths(qtype, path):
     w = planes_for(qtype, n, k)
     cfg = dataclasses.replace(gemv.choose_config(qtype, n, k), fma=path == "fma")
     x = jax.random.normal(jax.random.PRNGKey(6), (1, k))
-    check(gemv.gemv(x, w, qtype=qtype, n_out=n, config=cfg, interpret=True),
-          gemv.gemv_reference(x, w, qtype=qtype, n_out=n), qtype)
+    check(gemv.gemv_float(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
+          gemv.gemv_float_reference(x, w, qtype=qtype, n_out=n), qtype)
 
 
 BLOCK_FORMATS = [q for q in FORMATS if q not in (QType.F32, QType.F16, QType.BF16)]
@@ -259,7 +282,7 @@ def test_gemm_int8_matches_reference(qtype, n, k, nt):
     the activation-quantization error (~1/127 per value) of the f16 path."""
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(nt + 7), (nt, k), jnp.float32)
-    got = gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, interpret=True)
+    got = gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, interpret=INTERPRET)
     check(got, gemm_int8.gemm_int8_reference(x, w, qtype=qtype, n_out=n), qtype)
     f16 = gemm.gemm_reference(x, w, qtype=qtype, n_out=n)
     chex.assert_trees_all_close(got, f16, atol=2e-2 * float(jnp.max(jnp.abs(f16))), rtol=0)
@@ -272,8 +295,8 @@ def test_ops_routes_prefill_to_int8_only_when_asked():
     qtype, n, k = QType.Q4_K, 136, 512
     w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
     x = jax.random.normal(jax.random.PRNGKey(0), (12, k))
-    y16 = ops.matmul(x, w, ops.Impl(kernels="interpret"))
-    y8 = ops.matmul(x, w, ops.Impl(kernels="interpret", gemm="int8"))
+    y16 = ops.matmul(x, w, ops.Impl(kernels=KERNELS))
+    y8 = ops.matmul(x, w, ops.Impl(kernels=KERNELS, gemm="int8"))
     np.testing.assert_allclose(np.asarray(y16), np.asarray(gemm.gemm_reference(x, w.planes, qtype=qtype, n_out=n)),
                                rtol=1e-3, atol=1e-3 * float(jnp.max(jnp.abs(y16))))
     np.testing.assert_allclose(np.asarray(y8), np.asarray(gemm_int8.gemm_int8_reference(x, w.planes, qtype=qtype,
@@ -289,27 +312,26 @@ def test_dequantize_matches_decode(qtype, n, k):
     w = planes_for(qtype, n, k)
     ref = dequant.dequantize_reference(w, qtype=qtype)
     for cfg in (None, dequant.DequantConfig(bn=16, bk=128 if k % 256 else 256)):
-        got = dequant.dequantize(w, qtype=qtype, config=cfg, interpret=True)
+        got = dequant.dequantize(w, qtype=qtype, config=cfg, interpret=INTERPRET)
         chex.assert_trees_all_equal(got, ref)
 
 
 def test_ops_prefill_variants():
     """auto picks dequant from DEQUANT_MIN_NT tokens; dequant and f16 compute the same decode + f32 dot."""
     from minfer_jax import ops
-    from minfer_jax.bench import kernel_timing
     from minfer_jax.model.weights import QWeight
 
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT) == "dequant"
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT - 1) == "f16"
     assert ops.gemm_variant("dequant", QType.F16, 512) == "f16"  # float weights: nothing to dequantize
-    assert kernel_timing.kernel_kind(512, "pallas", QType.Q6_K) == "dq+gemm"
-    assert kernel_timing.kernel_kind(16, "pallas", QType.Q6_K, "int8") == "gemm-i8"
+    assert ops.kernel_case(QType.Q6_K, 136, 512, ops.Impl("pallas"))[0].kind == "dq+gemm"
+    assert ops.kernel_case(QType.Q6_K, 136, 16, ops.Impl("pallas", gemm="int8"))[0].kind == "gemm-i8"
     qtype, n, k = QType.Q6_K, 136, 512
     w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
     x = jax.random.normal(jax.random.PRNGKey(0), (20, k))
     ref = gemm.gemm_reference(x, w.planes, qtype=qtype, n_out=n)
     for variant in ("dequant", "f16"):
-        check(ops.matmul(x, w, ops.Impl(kernels="interpret", gemm=variant)), ref, qtype)
+        check(ops.matmul(x, w, ops.Impl(kernels=KERNELS, gemm=variant)), ref, qtype)
 
 
 def test_bench_gemm_choices_are_ops_variants():
@@ -322,15 +344,87 @@ def test_bench_gemm_choices_are_ops_variants():
 @pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("nt", [1, 2, 3])
 def test_gemv_x_first_either_order(qtype, nt):
-    """x loaded before or after the weight tiles (gemv.X_FIRST picks per format): same sums, with a
+    """x loaded before or after the weight tiles (gemv_tuning.TUNING picks per format): same sums, with a
     folded per-input scale too, on the in-kernel and the pre-quantized path."""
     n, k = 136, 2560
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k))
     scale = 1.0 + jax.random.uniform(jax.random.PRNGKey(7), (k,))
-    ref = gemv.gemv_reference(x, w, qtype=qtype, n_out=n, x_scale=scale)
+    ref = gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n, x_scale=scale)
     cfg = gemv.choose_config(qtype, n, k, nt)
     for x_first in (False, True):
-        got = gemv.gemv(x, w, qtype=qtype, n_out=n, x_scale=scale, interpret=True,
+        got = gemv.gemv_int8(x, w, qtype=qtype, n_out=n, x_scale=scale, interpret=INTERPRET,
                         config=dataclasses.replace(cfg, x_first=x_first))
         check(got, ref, qtype)
+
+
+# ------------------------------------------------------------------------------------------ ops.route
+
+def _qweight(qtype, n=128, k=256):
+    from minfer_jax.model.weights import QWeight
+
+    return QWeight(planes_for(qtype, n, k), qtype, (n, k))
+
+
+@pytest.mark.parametrize("qtype,nt,impl,want", [
+    (QType.Q4_K, 1, dict(kernels="xla"), "xla"),
+    (QType.Q4_K, 512, dict(kernels="xla", gemm="int8"), "xla"),  # the XLA path ignores the GEMM variant
+    (QType.Q4_0, 1, {}, "gemv"),
+    (QType.Q6_K, 8, {}, "gemv"),  # the last GEMV token count
+    (QType.F16, 1, {}, "gemv-float"),
+    (QType.BF16, 8, {}, "gemv-float"),
+    (QType.Q4_K, 9, {}, "dq+gemm"),  # "auto": dequantize from DEQUANT_MIN_NT on
+    (QType.Q4_K, 5, dict(gemv_max_nt=4), "gemm"),  # past a lowered GEMV limit: "auto" below DEQUANT_MIN_NT
+    (QType.Q4_K, 12, dict(gemv_max_nt=16), "gemv"),  # ... or a raised one: still the GEMV
+    (QType.Q4_K, 16, dict(gemm="f16"), "gemm"),
+    (QType.Q4_K, 16, dict(gemm="dequant"), "dq+gemm"),
+    (QType.Q4_K, 16, dict(gemm="int8"), "gemm-i8"),
+    (QType.F16, 512, dict(gemm="dequant"), "gemm"),  # float weights: nothing to dequantize
+    (QType.F32, 16, dict(gemm="int8"), "gemm"),  # ... nor integers to multiply
+], ids=lambda v: getattr(v, "name", str(v)))
+def test_route_every_branch(qtype, nt, impl, want):
+    from minfer_jax import ops
+
+    impl = ops.Impl(**{"kernels": "pallas", **impl})
+    r = ops.route(_qweight(qtype), nt, impl)
+    assert (r.kind, r.fold_norm, r.label) == (want, False, want)
+    assert r.kind in ops.ROUTE_KINDS
+    assert ops.kernel_case(qtype, 128, nt, impl)[0] == r  # the benchmark's route is the model's
+
+
+def test_route_dense_and_norm_folding():
+    from minfer_jax import ops
+    from minfer_jax.model.weights import DenseWeight
+
+    dense = DenseWeight(jnp.zeros((256, 128)), transposed=True)
+    assert ops.route(dense, 1, ops.Impl("pallas", fold_norm=True), after_norm=True) == ops.Route("dense")
+    fold = ops.Impl("pallas", fold_norm=True)
+    r = ops.route(_qweight(QType.Q5_0), 3, fold, after_norm=True)
+    assert (r.kind, r.fold_norm, r.label) == ("gemv", True, "gemv+fold")
+    assert not ops.route(_qweight(QType.Q5_0), 3, fold).fold_norm  # x not a norm's output
+    assert not ops.route(_qweight(QType.Q5_0), 3, ops.Impl("pallas"), after_norm=True).fold_norm  # fold_norm off
+    assert ops.route(_qweight(QType.F16), 1, fold, after_norm=True) == ops.Route("gemv-float")  # float: never
+    assert ops.route(_qweight(QType.Q5_0), 9, fold, after_norm=True) == ops.Route("dq+gemm")  # prefill: never
+    assert ops.route(_qweight(QType.Q5_0), 1, ops.Impl("xla", fold_norm=True), after_norm=True) == ops.Route("xla")
+    with pytest.raises(ValueError, match="dense"):
+        ops.route_call(ops.Route("dense"), QType.F32, 128, fold)
+
+
+@pytest.mark.parametrize("qtype,nt,gemm_variant,want", [
+    (QType.Q4_0, 2, "auto", "gemv"), (QType.F16, 1, "auto", "gemv-float"), (QType.Q4_K, 9, "auto", "dq+gemm"),
+    (QType.Q4_K, 9, "f16", "gemm"), (QType.Q6_K, 9, "int8", "gemm-i8"), (QType.Q8_0, 3, "xla", "xla"),
+], ids=lambda v: getattr(v, "name", str(v)))
+def test_kernel_case_call_matches_its_reference(qtype, nt, gemm_variant, want):
+    """Every quantized route's kernel call against the reference kernel_case pairs it with, and
+    ops.matmul on the same weight computes exactly the route's call."""
+    from minfer_jax import ops
+
+    kernels = "xla" if gemm_variant == "xla" else KERNELS
+    impl = ops.Impl(kernels, gemm="auto" if gemm_variant == "xla" else gemm_variant)
+    w = _qweight(qtype)
+    r, call, reference = ops.kernel_case(qtype, 128, nt, impl)
+    assert r.kind == want
+    x = jax.random.normal(jax.random.PRNGKey(nt), (nt, 256), jnp.float32)
+    got = call(x, w.planes)
+    check(got, reference(x, w.planes), qtype)
+    np.testing.assert_array_equal(np.asarray(ops.matmul(x, w, impl)), np.asarray(got))

@@ -1,7 +1,7 @@
-"""The whole model through the Pallas kernels (interpret mode) against the XLA reference path, on a
-tiny random-weight model: prefill through dequantize + GEMM, decode through the GEMV with the
-RMSNorm folded into it (and not); layer 1 has a Q6_K v beside Q4_K q and k, so its q/k/v run as
-two fused matmuls ([q; k] and v)."""
+"""The whole model through the Pallas kernels (interpreted, or compiled: tests/kernel_mode.py)
+against the XLA reference path, on a tiny random-weight model: prefill through dequantize +
+GEMM, decode through the GEMV with the RMSNorm folded into it (and not); layer 1 has a Q6_K v
+beside Q4_K q and k, so its q/k/v run as two fused matmuls ([q; k] and v)."""
 
 import dataclasses
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import minfer_jax
+from kernel_mode import KERNELS
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, fused_runs, load_params
 from minfer_jax.bench.synthetic import synthetic_model_from_config
@@ -25,7 +26,7 @@ def tiny_gguf():
 @pytest.fixture(scope="module")
 def tiny_models(tiny_gguf):
     load = lambda k: minfer_jax.load(gguf_model=tiny_gguf, kernels=k, weights="quantized", ctx_size=64)  # noqa: E731
-    return load("interpret"), load("xla")
+    return load(KERNELS), load("xla")
 
 
 @pytest.mark.parametrize("fold_norm", [True, False])

@@ -2,6 +2,12 @@
 host loop, and peak device memory against weights + KV cache (issue 15/16 acceptance figures).
 
     PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-7b:q4_k_m --ctx 32768 --prompt 32000 --gen 128
+    PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-0.5b:q4_k_m --layers 2 --parity 2500
+
+--parity N: greedy tokens of an N-token prompt through the Pallas kernels against the XLA
+reference path (same quantized weights); a divergence is reported with the reference's top-2
+logit gap at that position (a near-tie when the gap is below the paths' logit difference).
+--batched B,...: llama-batched-bench rows (-npp 512 -ntg 128) on the same loaded model.
 """
 
 from __future__ import annotations
@@ -25,8 +31,14 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--short", type=int, default=16, help="tokens of the short prompt (decode speed)")
     ap.add_argument("--ubatch", type=int, default=None)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--parity", type=int, default=0, metavar="N")
+    ap.add_argument("--batched", default="", metavar="B,...")
     a = ap.parse_args()
-    gm = synthetic_model(a.synthetic)
+    gm = synthetic_model(a.synthetic, layers=a.layers)
+    if a.parity:
+        print(json.dumps(parity(gm, a.parity, a.gen), indent=1), flush=True)
+        return
     m = minfer_jax.load(gguf_model=gm, ctx_size=a.ctx, prefill_chunk=a.ubatch)
     rng = np.random.default_rng(0)
     vocab = m.config.vocab_size
@@ -44,7 +56,31 @@ def main() -> None:
     mem = rows["memory"]
     if mem["peak_bytes"]:
         mem["workspace_bytes"] = mem["peak_bytes"] - mem["weight_bytes"] - mem["kv_cache_bytes"]
-    print(json.dumps({"model": a.synthetic, "ctx": a.ctx, "chunk": m.chunk, **rows}, indent=1))
+    print(json.dumps({"model": a.synthetic, "ctx": a.ctx, "chunk": m.chunk, **rows}, indent=1), flush=True)
+    if a.batched:
+        from minfer_jax.bench import batched
+
+        batched.run(m, a.synthetic, [512], [128], [int(b) for b in a.batched.split(",")], seed=0, out_files=[],
+                    log=lambda s: None)
+
+
+def parity(gm, n: int, gen: int) -> dict:
+    """Greedy tokens of an n-token prompt, kernels vs the XLA path, and the first divergence's margin."""
+    ctx = n + gen + 16
+    kern = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels="pallas", weights="quantized")
+    ref = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels="xla", weights="quantized")
+    ids = [int(t) for t in np.random.default_rng(1).integers(0, gm.config.vocab_size, n)]
+    a = minfer_jax.generate(kern, ids, max_new_tokens=gen).tokens
+    b = minfer_jax.generate(ref, ids, max_new_tokens=gen).tokens
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    out = dict(prompt=n, generated=len(a), identical_prefix=same, identical=a == b)
+    seq = ids + b[:same + 1]
+    lk, lr = kern.logits(seq)[n - 1:], ref.logits(seq)[n - 1:]
+    out["max_abs_logit_diff"] = float(np.max(np.abs(lk - lr)))
+    if same < len(a):
+        top2 = np.sort(lr[same])[-2:]
+        out["ref_top2_gap_at_divergence"] = float(top2[1] - top2[0])
+    return out
 
 
 if __name__ == "__main__":

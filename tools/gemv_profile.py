@@ -25,8 +25,9 @@ from jax.experimental import pallas as pl
 from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.bench import parsing
 from minfer_jax.pallas import gemv as G
+from minfer_jax.pallas import gemv_tuning
 from minfer_jax.pallas import tiles
-from minfer_jax.quant import int8_words
+from minfer_jax.pallas import int8_words
 from minfer_jax.quant.planes import QType as Q
 
 CASES = [(Q.Q4_0, 4096, 14336, 1), (Q.Q4_K, 4096, 14336, 1), (Q.Q6_K, 4096, 14336, 1), (Q.Q8_0, 4096, 14336, 1),
@@ -79,7 +80,7 @@ def variants(qt, n, k, nt):
             out.append(("gemv", dataclasses.replace(base, num_warps=w)))
         for bn, w in ((64, 4), (64, 8)):
             out.append(("gemv", dataclasses.replace(base, bn=bn, num_warps=w,
-                                                    splits=G._one_step_splits(base.splits, 4096 // bn))))
+                                                    splits=gemv_tuning.one_step_splits(base.splits, 4096 // bn))))
     out.append(("stream", base))
     return out
 
@@ -87,7 +88,7 @@ def variants(qt, n, k, nt):
 def fn_for(kind, qt, n, cfg):
     if kind == "stream":
         return lambda x, w: stream(x, w, qtype=qt, cfg=cfg)
-    return lambda x, w: G.gemv(x, w, qtype=qt, n_out=n, config=cfg)
+    return lambda x, w: G.gemv_int8(x, w, qtype=qt, n_out=n, config=cfg)
 
 
 def main():

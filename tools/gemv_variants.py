@@ -53,8 +53,8 @@ def main():
         base = G.choose_config(qt, n, k, nt)
         for v in variants:
             cfg = dataclasses.replace(base, **v)
-            f = lambda x, w, cfg=cfg: G.gemv(x, w, qtype=qt, n_out=n, config=cfg)  # noqa: E731
-            r = lambda x, w: G.gemv_reference(x, w, qtype=qt, n_out=n)  # noqa: E731
+            f = lambda x, w, cfg=cfg: G.gemv_int8(x, w, qtype=qt, n_out=n, config=cfg)  # noqa: E731
+            r = lambda x, w: G.gemv_int8_reference(x, w, qtype=qt, n_out=n)  # noqa: E731
             tag = ",".join(f"{k}={val}" for k, val in v.items()) or "default"
             try:
                 res = KB.run_case(qt, n, k, nt, f, r, impl="gemv", reps=a.reps)

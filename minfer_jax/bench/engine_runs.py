@@ -36,10 +36,14 @@ class Runner:
         self.rng = np.random.default_rng(self.seed)
         self.rows1 = RowSettings.of([GREEDY], [0])
         self.history = np.zeros((0,), np.int32)
+        self.seen = set()
 
     def exe(self, key):
-        exe, dt = self.model.executable(key)
-        self.compile_s += dt
+        """The key's executable; compile_s sums each key's compile cost once (now or earlier)."""
+        exe, _ = self.model.executable(key)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.compile_s += self.model.compile_seconds(key)
         return exe
 
     def fresh(self):

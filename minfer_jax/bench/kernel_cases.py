@@ -97,15 +97,16 @@ def auto_kernel_reps(wbytes: int, env: Env, impl: str) -> int:
 def run_kernel_case(case: KernelCase, nt: int, env: Env, *, impl: str, trials: int, reps: int | None,
                     warmup: bool, seed: int, gemm: str = "auto") -> dict:
     """Time one case at nt tokens (bench.kernel_timing.run_case) and return its row (KERNEL_FIELDS)."""
+    from minfer_jax import ops
     from minfer_jax.bench import kernel_timing as kb
 
+    route, call, reference = ops.kernel_case(case.qtype, case.n, nt, ops.Impl(kernels=impl, gemm=gemm))
     wbytes = kb.weight_nbytes(case.qtype, case.n, case.k)
     nreps = reps or auto_kernel_reps(wbytes, env, impl)
     test_time = utc_stamp()
-    res = kb.run_case(case.qtype, case.n, case.k, nt, kb.dispatch_matmul(case.qtype, case.n, case.k, impl, gemm),
-                      kb.reference_matmul(case.qtype, case.n, nt, impl, gemm), impl=impl, reps=nreps, trials=trials,
+    res = kb.run_case(case.qtype, case.n, case.k, nt, call, reference, impl=impl, reps=nreps, trials=trials,
                       seed=seed, warmup=warmup)
-    kind = kb.kernel_kind(nt, impl, case.qtype, gemm)
+    kind = route.kind
     avg = res.avg_us
     gbps = wbytes / avg / 1e3 if avg > 0 else None
     pct = 100.0 * gbps * 1e9 / env.mem_bw if (gbps and env.mem_bw) else None

@@ -14,9 +14,8 @@ grows with reps and cannot be subtracted away: on the H200 it read 18-22 us per 
 call whose kernels take 12.6 us on the device timeline (docs/BENCHMARKS.md). Without device
 events (CPU, interpret mode) the host clock is used, with the fixed cost cancelled by a second
 executable of reps / 4 calls: per call = (t_reps - t_base) / (reps - base).
-`dispatch_matmul` routes a case exactly as ops.matmul does (GEMV for nt <= GEMV_MAX_NT, else
-GEMM, or the XLA reference) and `reference_matmul` is the jnp reference of exactly that kernel's
-arithmetic (its rel err is the parity check); scripts/bench.py --kernels reports these cases.
+The kernel call and its jnp reference come from `ops.kernel_case`, the route ops.matmul takes
+(the reference's rel err is the parity check); scripts/bench.py --kernels reports these cases.
 """
 
 from __future__ import annotations
@@ -84,48 +83,6 @@ class KernelResult:
     def stddev_us(self) -> float:
         """Sample standard deviation over trials (0 for one trial), as llama-bench's stdev()."""
         return float(np.std(self.samples_us, ddof=1)) if len(self.samples_us) > 1 else 0.0
-
-
-GEMM_KINDS = {"f16": "gemm", "dequant": "dq+gemm", "int8": "gemm-i8"}  # ops' prefill variant -> kind
-
-
-def kernel_kind(nt: int, impl: str, qtype: QType, gemm: str = "auto") -> str:
-    """What ops.matmul runs for a weight of qtype and nt tokens: "xla" (reference), "gemv", or the
-    prefill variant: "gemm" (decode in-kernel), "dq+gemm" (dequantize, then GEMM), "gemm-i8"."""
-    from minfer_jax import ops
-
-    if impl == "xla":
-        return "xla"
-    if nt <= ops.GEMV_MAX_NT:
-        return "gemv"
-    return GEMM_KINDS[ops.gemm_variant(gemm, QType(qtype), nt)]
-
-
-def dispatch_matmul(qtype: QType, n: int, k: int, impl: str, gemm: str = "auto"):
-    """matmul(x, planes) through ops.matmul's dispatch (impl "pallas" | "interpret" | "xla")."""
-    from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
-
-    qt = QType(qtype)
-    impl_ = ops.Impl(kernels=impl, gemm=gemm)
-    return lambda x, planes: ops.matmul(x, QWeight(planes, qt, (n, k)), impl_)
-
-
-def reference_matmul(qtype: QType, n: int, nt: int, impl: str, gemm: str = "auto"):
-    """The jnp reference of whatever dispatch_matmul runs for this case: the GEMV's own (integer
-    formulation for block formats), the int8 GEMM's, or whole-matrix decode in the compute dtype
-    + one f32-accumulated dot (both f16 GEMM variants and the XLA path)."""
-    from minfer_jax.pallas import gemm_int8, gemv, tiles
-
-    qt = QType(qtype)
-    kind = kernel_kind(nt, impl, qt, gemm)
-    if kind == "gemv":
-        fn = gemv.gemv_reference
-    elif kind == "gemm-i8":
-        fn = gemm_int8.gemm_int8_reference
-    else:
-        fn = tiles.dequant_matmul_reference
-    return lambda x, planes: fn(x, planes, qtype=qt, n_out=n)
 
 
 def device_kernel_events(run) -> list[tuple[float, float, str]]:

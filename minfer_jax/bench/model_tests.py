@@ -123,9 +123,10 @@ class ModelBench:
         samples, compile_s, plan = time_sequence(
             self.model, n_prompt=test.n_prompt, n_gen=test.n_gen, depth=test.n_depth, n_ctx=n_ctx, reps=self.reps,
             warmup=self.warmup, seed=self.seed, log=lambda s: self.log(f"{test.name}: {s}"))
-        return self._row(test, n_ctx, plan.chunk if test.n_prompt else None, compile_s, samples, test_time)
+        bucket = max((b for _, b, _ in plan.chunks(test.n_prompt, test.n_depth)), default=None)
+        return self._row(test, n_ctx, bucket, compile_s, samples, test_time)
 
-    def _row(self, test: TestSpec, n_ctx: int, chunk: int | None, compile_s: float, samples: list[int],
+    def _row(self, test: TestSpec, n_ctx: int, bucket: int | None, compile_s: float, samples: list[int],
              test_time: str) -> dict:
         """llama-bench's fields (test::get_fields(), in order), then minfer_jax's columns."""
         m, env, cfg = self.model, self.env, self.model.config
@@ -137,7 +138,7 @@ class ModelBench:
             "build_commit": env.build_commit, "build_number": env.build_number, "cpu_info": env.cpu_info,
             "gpu_info": env.gpu_info, "backends": env.backend, "model_filename": self.source.label,
             "model_type": self.mtype, "model_size": self.size, "model_n_params": self.n_params,
-            "n_batch": chunk or 1, "n_ubatch": chunk or 1, "n_threads": env.n_threads, "cpu_mask": "0x0",
+            "n_batch": bucket or 1, "n_ubatch": bucket or 1, "n_threads": env.n_threads, "cpu_mask": "0x0",
             "cpu_strict": False, "poll": 50, "type_k": cache_type, "type_v": cache_type,
             "n_gpu_layers": 0 if env.is_cpu_backend else 99, "n_cpu_moe": 0, "split_mode": "none", "main_gpu": 0,
             "no_kv_offload": False, "flash_attn": m.impl.kernels != "xla", "devices": "auto", "tensor_split": "0.00",
@@ -147,7 +148,7 @@ class ModelBench:
             "avg_ts": float(np.mean(ts)), "stddev_ts": _llama_stdev(ts),
             # minfer_jax's own columns
             "test": test.name, "jax_version": env.jax_version, "device": env.device_label,
-            "kernels": m.impl.kernels, "weight_mode": m.weight_mode, "n_ctx": n_ctx, "bucket": chunk,
+            "kernels": m.impl.kernels, "weight_mode": m.weight_mode, "n_ctx": n_ctx, "bucket": bucket,
             "compile_s": compile_s, "weight_bytes_per_token": self.bytes_per_token, "weight_gbps": gbps,
             "mem_bw_gbps": None if env.mem_bw is None else env.mem_bw / 1e9, "pct_mem_bw": pct,
             "matmul_tflops": tflops, "peak_mem_bytes": env.peak_mem(), "command": env.command,

@@ -23,7 +23,7 @@ bytes per 256 weights, +2.3 .. 3.6 %), so weights stay well inside 1.1x the file
 `decode` (values) and `decode_ints` (integers, scale, offset) are the single definition of each
 format's arithmetic on planes. The f16 GEMM and the float GEMV call them on loaded tiles, the
 references on whole arrays (f32, bit-exact with gguf-py); the integer GEMV's word tricks
-(quant/int8_words.py) are tested against references built on decode_ints.
+(pallas/int8_words.py) are tested against references built on decode_ints.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Block formats as int8x4 words, for the integer-dot GEMV (pallas/gemv.py; llama.cpp's MMVQ idea).
+"""Block formats as int8x4 words: the integer GEMV's kernel-side layouts (pallas/gemv.py; llama.cpp's MMVQ idea).
 
 Every block format is, per output row and per scale group of `group` weights (quant.planes):
 
@@ -21,7 +21,7 @@ step (`quantize_slots`), so both dp4a operands hold the same four weights.
 Views. A quant plane [Npad, K / wpc] of uint32 words is reshaped (free, outside the kernel) to
 [Npad, K / group, words per group] (always the first view), a per-group field to [Npad, K / group]
 (2-D tiles) or [Npad, K / group, 1] (3-D tiles: the value then meets its group's words by a size-1
-broadcast rather than an expand_dims; which the GEMV uses is measured, pallas/gemv.py). Fields
+broadcast rather than an expand_dims; which the GEMV uses is measured, pallas/gemv_tuning.py). Fields
 coarser than a group (K-quant super-block d, dmin; Q3_K's high-bit word shared by two groups) are
 gathered per group inside the kernel (`coarse`: plane -> groups per plane column), to the same
 shape as the per-group fields.
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from minfer_jax.quant.planes import QType, decode_ints
+from minfer_jax.quant.planes import QType
 
 F32 = jnp.float32
 M4 = 0x0F0F0F0F  # low nibble of every byte
@@ -55,7 +55,6 @@ class WordSpec:
     # tensors [bn, G, x_words] of int8x4, a f32, b f32 or None), per-group values (fields, parity,
     # a, b) [bn, G] for 2-D tiles or [bn, G, 1] for 3-D ones
     fn: Callable = dataclasses.field(compare=False)
-    exact_round: bool = True  # x rounded by round_to_int (else floor(v + 0.5) by conversions)
 
     def view_tails(self, dims3: bool, flat_words: bool = False) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """(plane, trailing tile shape) for 2-D or 3-D per-group tiles; flat_words: one-word quant
@@ -69,9 +68,8 @@ class WordSpec:
 # x rounding without conversion instructions (F2I / FRND run at a quarter of the FP32 rate on
 # sm_90): for |v| < 2^22, v + 1.5 * 2^23 lands in [2^23, 2^24), where the f32 ulp is 1, so the add
 # rounds v to the nearest integer (ties to even) and the low mantissa bits hold it. Bit-identical
-# on every backend (an IEEE f32 add and an integer subtract). Measured per format (H200, one
-# token, 4096 x 14336, vs floor(v + 0.5) by conversion instructions): Q4_K 15.6 vs 16.1 us, Q5_K
-# 22.4 vs 24.1, Q8_0 19.8 vs 20.3, but Q4_0 13.8 vs 12.7: WordSpec.exact_round.
+# on every backend (an IEEE f32 add and an integer subtract). Which formats use it is a tuning
+# choice (gemv_tuning.Int8Row.exact_round; measured: docs/BENCHMARKS.md, GEMV choices [G-round]).
 MAGIC = 12582912.0  # 1.5 * 2^23
 MAGIC_BITS = 0x4B400000
 
@@ -126,8 +124,8 @@ def _q5(t):
 
 def _q5_0(t, parity):
     # Bytes q - 16 as signed int8 (offset 0, so no offset term): with the 5th bit set that is the
-    # low nibble, with it clear 0xF0 | nibble (the inverted bit times 15 fills bits 4..7). H200,
-    # 4096 x 14336: 2 tokens 21.9 vs 23.2 us, 8 tokens 35.4 vs 37.4, one 19.2 vs 19.4.
+    # low nibble, with it clear 0xF0 | nibble (the inverted bit times 15 fills bits 4..7).
+    # Measured faster than unsigned words: docs/BENCHMARKS.md, GEMV choices [G-q5_0-signed].
     lo, hi = _nibbles(t["qs"])
     h_lo, h_hi = _q5_high(t["qh"])
     return [lo | ((h_lo ^ 0x10101010) * 15), hi | ((h_hi ^ 0x10101010) * 15)], _f(t["d"]), None
@@ -177,7 +175,7 @@ def _q3_k(t, parity):
 
 SPECS: dict[QType, WordSpec] = {
     QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", ())), (), _q8_0),
-    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0, exact_round=False),
+    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0),
     QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", ()), ("m", ())), (), _q4_1),
     QType.Q5_0: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0),  # signed words
     QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ()), ("m", ())), (), _q5_1),
@@ -202,9 +200,9 @@ def dp4a_emulated(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- activation side
-# x is quantized inside the GEMV kernel, per program and step, from a free view of the f32
-# activations: a separate XLA prepass cost 2-3 extra launches per matmul, which the
-# launch-bound 0.5B decode could not afford (tg128 588 vs 842 t/s with the f32 kernel it replaced).
+# For few tokens x is quantized inside the GEMV kernel, per program and step, from a free view of
+# the f32 activations (one launch fewer per matmul; docs/BENCHMARKS.md, GEMV choices
+# [G-prequant-nt]); from gemv_tuning.PREQUANT_MIN_NT tokens on by quantize_x before the kernel.
 
 def x_view(qtype: QType, x: jax.Array) -> jax.Array:
     """x [nt, K] -> f32 [nt, G, x_words, 4, x_slots]: the group's position w * 4 * slots + b * slots + s
@@ -246,7 +244,7 @@ def quantize_slots(xs: list[jax.Array], offset: int, exact_round: bool = True):
     return words, dx, offset * dx * sum_q.astype(F32), xsum
 
 
-def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def quantize_x(qtype: QType, x: jax.Array, exact_round: bool) -> tuple[jax.Array, jax.Array]:
     """x [nt, K] -> quantize_slots on whole arrays, laid out for the GEMV's pre-quantized path:
     words [nt, G, x_slots, x_words] int32 (a slot's words of a group contiguous: one vector load)
     and scales [nt, 4, G, 1] f32 (dx, xo, xsum, 0: each a contiguous run over the groups; the
@@ -255,8 +253,7 @@ def quantize_x(qtype: QType, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     nt, k = x.shape
     g = k // spec.group
     xv = x_view(qtype, x).reshape(nt * g, spec.x_words, 4, spec.x_slots)
-    words, dx, xo, xsum = quantize_slots([xv[..., s] for s in range(spec.x_slots)], spec.offset,
-                                         spec.exact_round)
+    words, dx, xo, xsum = quantize_slots([xv[..., s] for s in range(spec.x_slots)], spec.offset, exact_round)
     xw = jnp.stack(words, axis=1).reshape(nt, g, spec.x_slots, spec.x_words)
     xsc = jnp.stack([dx, xo, xsum, jnp.zeros_like(dx)], axis=0).reshape(4, nt, g, 1).transpose(1, 0, 2, 3)
     return xw, xsc
@@ -271,26 +268,3 @@ def word_planes(qtype: QType, planes, dims3: bool = False, flat_words: bool = Fa
     for name, _ in SPECS[qtype].coarse:
         out[name] = planes[name]
     return out
-
-
-def int8_dot_reference(x: jax.Array, planes, *, qtype: QType, n_out: int) -> jax.Array:
-    """What the int8 GEMV computes, on whole arrays with planes.decode_ints (not the word tricks):
-    x [nt, K] -> [nt, n_out] f32 from the same quantized activations and exact integer sums."""
-    spec = SPECS[qtype]
-    nt, k = x.shape
-    g = k // spec.group
-    xv = x_view(qtype, x)
-    q, a, b = decode_ints(qtype, planes, F32)  # q [Npad, K] (offset applied), a/b [Npad, G]
-    q = (q[:n_out] - spec.offset).reshape(n_out, g, spec.group)  # raw integers, as the kernel multiplies them
-    ys = []
-    for t in range(nt):
-        words, dx, xo, xsum = quantize_slots([xv[t, ..., s] for s in range(spec.x_slots)], spec.offset,
-                                             spec.exact_round)
-        xq = lax.bitcast_convert_type(jnp.stack(words, axis=0), jnp.int8)  # [S, G, W, 4]
-        xq = xq.transpose(1, 2, 3, 0).reshape(g, spec.group).astype(jnp.int32)  # natural order in the group
-        s = jnp.einsum("gk,ngk->ng", xq, q, preferred_element_type=jnp.int32).astype(F32)  # [N, G]
-        y = jnp.sum(a[:n_out] * (s * dx[None, :] + xo[None, :]), axis=-1)
-        if b is not None:
-            y = y + b[:n_out] @ xsum
-        ys.append(y)
-    return jnp.stack(ys)

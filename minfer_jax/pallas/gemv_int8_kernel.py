@@ -1,0 +1,147 @@
+"""The integer GEMV's kernel bodies: one program's step over gt groups of bn rows, for every token.
+
+Per step of gt groups, acc[t] [bn, gt] += a * (dx * S + xo) + b * xs for each token t, with S the
+dp4a sums of the weights' int8x4 words (int8_words) and x's. Two factories, one per way x
+arrives: `in_kernel_x_kernel` (x as f32, quantized here per step and token, optionally times a
+per-input scale of the same view, e.g. a folded RMSNorm weight) and `prequantized_x_kernel` (x
+already quantized by int8_words.quantize_x: words + scales). Both build the same step; only the x
+source differs.
+
+The order of loads in a step is measured and must not drift (moving the per-group field loads
+before the quant words once slowed Q4_0 by a fifth: docs/BENCHMARKS.md, GEMV choices
+[G-load-order]): [x, if x_first], quant words and per-group fields (the views' order), coarse
+fields, [x quantized, if x_first], decode, then per token [x loaded and quantized] and the sums.
+Coarse planes (one value per `per` groups, e.g. a K-quant's d) arrive as whole rows and are
+gathered at absolute group numbers, so a K split need not align to their columns [G-coarse-rows].
+Per-group values (fields, x scales, S, accumulators) are [bn, gt] tiles, or [bn, gt, 1] (`dims3`:
+meeting the words by size-1 broadcasts; gemv_tuning.Int8Row.tile_shapes says when). S goes to f32
+by a conversion instruction [G-round].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from minfer_jax.pallas import int8_words, tiles
+from minfer_jax.quant.planes import QType
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One program's share of the work: ntp tokens x bn rows, n_steps steps of gt groups."""
+
+    qtype: QType
+    ntp: int  # tokens, padded to a power of two
+    bn: int
+    gt: int
+    n_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _XSource:
+    """How a kernel gets one token's x for gt groups: `load` (refs as stored) then `prepare`
+    (-> x words per slot [1, gt, x_words], dx, xo, xsum [1, gt(, 1)])."""
+
+    n_refs: int
+    load: Callable  # (x_refs, tok, g0) -> raw
+    prepare: Callable  # raw -> (words, dx, xo, xsum)
+
+
+# One kernel closure per configuration (jax#40847: a shared function object can reuse a trace).
+
+@functools.cache
+def in_kernel_x_kernel(block: Block, exact_round: bool, scaled: bool, dot4: Callable, x_first: bool):
+    """x as f32 views [ntp, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
+    quantized per step and token; per-group values as [bn, gt] tiles."""
+    spec = int8_words.SPECS[block.qtype]
+    gt = block.gt
+
+    def load(x_refs, tok, g0):  # one load per slot: [gt, x_words, 4] f32 each
+        xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
+        if scaled:
+            xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
+        return xs
+
+    def prepare(raw):
+        words, dx, xo, xsum = int8_words.quantize_slots(raw, spec.offset, exact_round)
+        return [w[None] for w in words], dx[None], xo[None], xsum[None]
+
+    return _kernel(block, _XSource(2 if scaled else 1, load, prepare), False, False, dot4, x_first)
+
+
+@functools.cache
+def prequantized_x_kernel(block: Block, dims3: bool, dot4: Callable, x_first: bool):
+    """x as quantize_x's words [ntp, G, x_slots, x_words] and scales [ntp, 4, G, 1]; per-group
+    values as [bn, gt, 1] tiles with dims3, else [bn, gt] with one-word quant views flat."""
+    spec = int8_words.SPECS[block.qtype]
+    gt = block.gt
+
+    def load(x_refs, tok, g0):
+        xw_ref, xsc_ref = x_refs
+        if dims3:  # the token axis kept: x broadcasts over the rows as loaded
+            t1 = pl.ds(tok, 1)
+            words = [xw_ref[t1, pl.ds(g0, gt), slot, :] for slot in range(spec.x_slots)]
+            return (words, *(xsc_ref[t1, c, pl.ds(g0, gt), :] for c in range(3)))
+        # 2-D tiles: [1, gt, ...] slices measured far slower for Q8_0 [G-prequant-tiles]
+        words = [xw_ref[tok, pl.ds(g0, gt), slot, :][None] for slot in range(spec.x_slots)]
+        return (words, *(xsc_ref[tok, c, pl.ds(g0, gt), 0][None] for c in range(3)))
+
+    return _kernel(block, _XSource(2, load, lambda raw: raw), dims3, not dims3, dot4, x_first)
+
+
+def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callable, x_first: bool):
+    spec = int8_words.SPECS[block.qtype]
+    ntp, bn, gt = block.ntp, block.bn, block.gt
+    col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)  # [r, gt] -> per-group shape
+
+    def kernel(*refs):
+        *in_refs, o_ref = refs
+        x_refs, plane_refs = in_refs[:x_src.n_refs], in_refs[x_src.n_refs:]
+        views = dict(zip([n for n, _ in spec.views], plane_refs))
+        coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views):]))
+        split_g0 = pl.program_id(1) * (block.n_steps * gt)  # this split's first group
+
+        def step(j, accs):
+            g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
+            x_raw = [x_src.load(x_refs, tok, g0) for tok in range(ntp)] if x_first else None
+            t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
+                 for name, tail in spec.view_tails(dims3, flat)}  # [bn, gt, *tail]
+            groups = col((split_g0 + g0 + lax.iota(jnp.int32, gt))[None, :])  # [1, gt(, 1)] absolute
+            rows = col(lax.iota(jnp.int32, bn)[:, None])
+            for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
+                t[name] = coarse[name][rows, groups // per]  # [bn, gt(, 1)]
+            xq = [x_src.prepare(raw) for raw in x_raw] if x_first else None
+            words, a, b = spec.fn(t, groups % 2)  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
+            out = []
+            for tok in range(ntp):  # the weight words above serve every token
+                xw, dx, xo, xsum = xq[tok] if x_first else x_src.prepare(x_src.load(x_refs, tok, g0))
+                out.append(accs[tok] + _token_sums(spec, words, a, b, xw, dx, xo, xsum, dot4, dims3))
+            return tuple(out)
+
+        accs = tuple(jnp.zeros((bn, gt, 1) if dims3 else (bn, gt), jnp.float32) for _ in range(ntp))
+        accs = tiles.k_steps(block.n_steps, step, accs)
+        for tok in range(ntp):
+            acc = jnp.sum(accs[tok], axis=2) if dims3 else accs[tok]
+            o_ref[tok, :] = jnp.sum(acc, axis=1)
+
+    return kernel
+
+
+def _token_sums(spec, words, a, b, xw, dx, xo, xsum, dot4, dims3: bool):
+    """One token's a * (dx * S + xo) + b * xsum per group [bn, gt(, 1)], S by dp4a on the words."""
+    s = jnp.zeros(words[0].shape, jnp.int32)
+    for w, x in zip(words, xw):
+        s = dot4(w, jnp.broadcast_to(x, w.shape), s)
+    v = jnp.sum(s, axis=-1, keepdims=dims3).astype(jnp.float32) * dx  # [bn, gt(, 1)]
+    if spec.offset:
+        v = v + xo
+    v = a * v
+    if b is not None:
+        v = v + b * xsum
+    return v

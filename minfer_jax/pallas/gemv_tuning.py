@@ -1,0 +1,139 @@
+"""GEMV policy: one frozen tuning row per weight format (TUNING) and the per-shape GemvConfig it gives.
+
+Everything the GEMV decides per format lives in its row; everything shared by all formats of a
+path is a named constant below. Every value was measured on the H200; the evidence is one row
+each in docs/BENCHMARKS.md, section "GEMV choices", under the key the comment names ([G-...]).
+
+Integer path (block formats): every program one straight-line step of INT8_STEP_WEIGHTS weights
+per row (no K loop: all its loads issue at once), K split into as many chunks as that takes.
+For few tokens x is quantized inside every program; from PREQUANT_MIN_NT tokens on by one XLA
+fusion before the kernel, where a few formats take other tiles (Int8Row.prequant_*).
+Float formats: a [bn, bk] decoded tile per step, K split to about TARGET_PROGRAMS programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from minfer_jax.pallas import int8_words, tiles
+from minfer_jax.quant.planes import QType
+
+NT_PAD = 16  # x rows fed to the float formats' dot: Triton needs >= 16 on every dot side
+MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
+OFF = MAX_NT + 1  # an Int8Row token threshold past every default-routed token count: the choice is off
+
+INT8_STEP_WEIGHTS = 512  # weights per row in a program's one step [G-step]
+INT8_BN_TOKENS = 32  # rows per program from 2 tokens on [G-step]
+INT8_MAX_PROGRAMS = 16384  # cap on row blocks x K splits [G-step]
+PREQUANT_MIN_NT = 3  # from this token count on, x is quantized before the kernel [G-prequant-nt]
+PREQUANT_MIN_PROGRAMS = 896  # prequant_rows / prequant_steps only while this many programs remain [G-prequant-tiles]
+
+TARGET_PROGRAMS = 1024  # float formats: ~8 programs per SM on the H200's 132 SMs [G-float-split]
+TILE_ELEMS = 8192  # float formats: bn * bk ceiling (decoded tile + intermediates in registers)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    """One call's resolved blocks and path (choose_config's answer; tools may pass their own)."""
+
+    bn: int
+    bk: int  # weights per step (integer path: groups per step * group)
+    splits: int
+    num_warps: int = 4
+    num_stages: int = 1  # Triton's software pipelining of these loads measured slower [G-stages]
+    fma: bool = False  # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator [G-fma]
+    prequant: bool = False  # integer path: x quantized by XLA before the kernel (int8_words.quantize_x)
+    x_first: bool = False  # integer path: x loaded (and quantized) before the weights are decoded [G-x-first]
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8Row:
+    """A block format's integer-path choices (the columns of TUNING)."""
+
+    rows_one_token: int  # bn at one token: 16-weight groups (heavier decode) take 16 [G-step]
+    x_first_from: int  # in-kernel x: loaded before the weights from this token count on [G-x-first]
+    prequant_x_first_from: int  # pre-quantized x: the same [G-x-first-prequant]
+    prequant_rows: int  # pre-quantized x: rows per program [G-prequant-tiles]
+    prequant_steps: int  # pre-quantized x: steps per program (a K loop) [G-prequant-tiles]
+    prequant_3d: bool  # pre-quantized x: per-group values as [bn, gt, 1] tiles [G-prequant-tiles]
+    exact_round: bool  # x rounded by int8_words.round_to_int, else floor(v + 0.5) [G-round]
+
+    def config(self, qtype: QType, n: int, k: int, nt: int) -> GemvConfig:
+        npad = tiles.round_up(n, 128)
+        group = int8_words.SPECS[qtype].group
+        gt = tiles.pow2_divisor(k // group, INT8_STEP_WEIGHTS // group)
+        prequant = nt >= PREQUANT_MIN_NT
+        bn = self.rows_one_token if nt == 1 else INT8_BN_TOKENS
+        chunks, steps = k // (gt * group), 1
+        if prequant:
+            # fewer, longer programs only where as many programs remain as where it was measured
+            if (npad // self.prequant_rows) * chunks >= PREQUANT_MIN_PROGRAMS:
+                bn = self.prequant_rows
+            steps = tiles.pow2_divisor(chunks, self.prequant_steps)
+            while steps > 1 and (npad // bn) * (chunks // steps) < PREQUANT_MIN_PROGRAMS:
+                steps //= 2
+        splits = one_step_splits(chunks // steps, npad // bn)
+        x_first = nt >= (self.prequant_x_first_from if prequant else self.x_first_from)
+        return GemvConfig(bn=bn, bk=gt * group, splits=splits, prequant=prequant, x_first=x_first)
+
+    def tile_shapes(self, prequant: bool) -> tuple[bool, bool]:
+        """(dims3, flat): per-group values as [bn, gt, 1] tiles (prequant_3d rows, pre-quantized x);
+        one-word quant views (Q2_K, Q3_K) as [bn, gt] on the other pre-quantized kernels [G-flat-words]."""
+        dims3 = prequant and self.prequant_3d
+        return dims3, prequant and not dims3
+
+
+@dataclasses.dataclass(frozen=True)
+class FloatRow:
+    """A float format's choices: tile width and the one-token multiply-add path."""
+
+    max_bk: int = 256  # weights per step, at most
+    fma_nt: int = 1  # token count that multiply-adds on CUDA cores instead of the 16-row dot [G-fma]
+
+    def config(self, qtype: QType, n: int, k: int, nt: int) -> GemvConfig:
+        npad = tiles.round_up(n, 128)
+        bk = tiles.pow2_divisor(k, self.max_bk)
+        bn = max(16, min(64, TILE_ELEMS // bk))
+        return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == self.fma_nt)
+
+
+TUNING: dict[QType, Int8Row | FloatRow] = {
+    #                   rows at  x first from        pre-quantized x
+    #                   1 token  in-kernel prequant  rows steps 3-D    exact_round
+    QType.Q8_0: Int8Row(32,      2,        OFF,      32,  1,    False, True),
+    QType.Q4_0: Int8Row(32,      2,        3,        64,  1,    True,  False),
+    QType.Q4_1: Int8Row(32,      2,        8,        32,  1,    False, True),
+    QType.Q5_0: Int8Row(32,      1,        OFF,      32,  1,    False, True),
+    QType.Q5_1: Int8Row(32,      1,        OFF,      32,  1,    False, True),
+    QType.Q4_K: Int8Row(32,      OFF,      8,        32,  4,    True,  True),
+    QType.Q5_K: Int8Row(32,      1,        OFF,      32,  1,    False, True),
+    QType.Q6_K: Int8Row(16,      1,        3,        32,  1,    False, True),
+    QType.Q3_K: Int8Row(16,      1,        OFF,      32,  1,    False, True),
+    QType.Q2_K: Int8Row(16,      OFF,      OFF,      32,  1,    False, True),
+    QType.F32: FloatRow(),
+    QType.F16: FloatRow(),
+    QType.BF16: FloatRow(),
+}
+
+
+def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
+    """Blocks and path for one weight shape and token count: the format's TUNING row applied."""
+    return TUNING[qtype].config(qtype, n, k, nt)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _splits(chunks: int, programs: int) -> int:
+    """The K split (a divisor of chunks) whose program count lands nearest TARGET_PROGRAMS (in
+    ratio): a prime chunk count may overshoot rather than leave the GPU idle [G-float-split]."""
+    return min(_divisors(chunks), key=lambda d: (abs(math.log(programs * d / TARGET_PROGRAMS)), d))
+
+
+def one_step_splits(chunks: int, row_programs: int) -> int:
+    """Integer path: the K split that gives every program a single step (no K loop: straight-line
+    code whose loads all issue at once), capped at INT8_MAX_PROGRAMS (then the largest divisor
+    of chunks under the cap)."""
+    return max((d for d in _divisors(chunks) if row_programs * d <= INT8_MAX_PROGRAMS), default=1)
