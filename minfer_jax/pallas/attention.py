@@ -30,6 +30,8 @@ from jax.experimental import pallas as pl
 from minfer_jax.errors import MinferError
 from minfer_jax.pallas import tiles
 
+HIGHEST = lax.Precision.HIGHEST  # references: exact f32 products on every backend (the GPU default is TF32)
+
 LOG2_E = math.log2(math.e)  # exp(x) = exp2(x * log2 e): scores are kept in base 2
 M_INIT = float(jnp.finfo(jnp.float32).min)  # finite running max: exp2(M_INIT - m) is 0, never NaN
 MIN_T, MAX_T = 16, 2048
@@ -62,9 +64,14 @@ CHUNK_CONFIGS = {
 
 def chunk_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
                  num_warps: int | None = None, num_stages: int | None = None,
-                 k_splits: int | None = None, t_len: int = 512) -> ChunkConfig:
-    """The table's config for head_dim and chunk length with any given field overriding it."""
+                 k_splits: int | None = None, t_len: int = 512, wide_cache: bool = False) -> ChunkConfig:
+    """The table's config for head_dim and chunk length with any given field overriding it.
+
+    wide_cache (f32 K/V): the table's tiles at most 64 x 64, since 128 x 128 f32 tiles asked for
+    256 KB of shared memory on the H200 (227 KB available)."""
     base = CHUNK_CONFIGS.get((head_dim if head_dim <= 64 else 128, 512 if t_len <= 512 else 2048))
+    if wide_cache:
+        base = dataclasses.replace(base, block_q=min(base.block_q, 64), block_k=min(base.block_k, 64))
     cfg = ChunkConfig(block_q=block_q or base.block_q, block_k=block_k or base.block_k,
                       num_warps=num_warps or base.num_warps, num_stages=num_stages or base.num_stages,
                       k_splits=k_splits or base.k_splits)
@@ -178,7 +185,8 @@ def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, 
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if t_len < MIN_T or t_len > MAX_T or t_len & (t_len - 1):
         raise AttentionShapeError(f"chunk length T={t_len} must be a power of two in [{MIN_T}, {MAX_T}]")
-    cfg = chunk_config(head_dim, block_q, block_k, num_warps, num_stages, k_splits, t_len=q.shape[0])
+    cfg = chunk_config(head_dim, block_q, block_k, num_warps, num_stages, k_splits, t_len=t_len,
+                       wide_cache=k_cache.dtype.itemsize > 2)
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}")
     scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
@@ -241,8 +249,8 @@ def chunk_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Arr
     k = k_cache[slot].astype(jnp.float32)  # [Hkv, S, hd]
     v = v_cache[slot].astype(jnp.float32)
     qg = q.astype(k_cache.dtype).astype(jnp.float32).reshape(t_len, n_kv, n_heads // n_kv, head_dim)
-    s = jnp.einsum("tgrd,gsd->grts", qg, k) * scale
+    s = jnp.einsum("tgrd,gsd->grts", qg, k, precision=HIGHEST) * scale
     q_pos = start + jnp.arange(t_len)
     visible = jnp.arange(max_len)[None, :] <= q_pos[:, None]  # [T, S]
     p = jax.nn.softmax(jnp.where(visible[None, None], s, -jnp.inf), axis=-1)
-    return jnp.einsum("grts,gsd->tgrd", p, v).reshape(t_len, n_heads, head_dim)
+    return jnp.einsum("grts,gsd->tgrd", p, v, precision=HIGHEST).reshape(t_len, n_heads, head_dim)

@@ -24,7 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
-from minfer_jax.pallas.attention import (LOG2_E, M_INIT, AttentionShapeError, check_cache, merge_splits,
+from minfer_jax.pallas.attention import (HIGHEST, LOG2_E, M_INIT, AttentionShapeError, check_cache, merge_splits,
                                          next_pow2, online_softmax_step, scores)
 
 MAX_NQ = 8
@@ -159,8 +159,8 @@ def decode_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
     k = k_cache[slots].astype(jnp.float32)  # [B, Hkv, S, hd]
     v = v_cache[slots].astype(jnp.float32)
     qg = q.astype(k_cache.dtype).astype(jnp.float32).reshape(batch, nq, n_kv, n_heads // n_kv, head_dim)
-    s = jnp.einsum("bjgrd,bgsd->bgrjs", qg, k) * scale
+    s = jnp.einsum("bjgrd,bgsd->bgrjs", qg, k, precision=HIGHEST) * scale
     q_pos = lengths[:, None] - nq + jnp.arange(nq)[None, :]  # [B, nq]
     visible = jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None]  # [B, nq, S]
     p = jax.nn.softmax(jnp.where(visible[:, None, None], s, -jnp.inf), axis=-1)
-    return jnp.einsum("bgrjs,bgsd->bjgrd", p, v).reshape(batch, nq, n_heads, head_dim)
+    return jnp.einsum("bgrjs,bgsd->bjgrd", p, v, precision=HIGHEST).reshape(batch, nq, n_heads, head_dim)
