@@ -55,5 +55,5 @@ def render(backend) -> str:
                      [({}, running)])
     lines += _family("requests_queued", "gauge", "Requests waiting for a free KV slot.", [({}, queued)])
     lines += _family("kv_slots_used", "gauge", "KV cache slots in use.", [({}, used)])
-    lines += _family("kv_slots_total", "gauge", "KV cache slots (-np).", [({}, s.n_parallel)])
+    lines += _family("kv_slots_capacity", "gauge", "KV cache slots in all (-np).", [({}, s.n_parallel)])
     return "\n".join(lines) + "\n"
