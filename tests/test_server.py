@@ -483,3 +483,16 @@ def test_serve_script_errors(tmp_path):
     missing = subprocess.run([sys.executable, script, "-m", str(tmp_path / "nope.gguf"), "--port", str(free_port()),
                               "--log-level", "critical"], capture_output=True, text=True, env=env, timeout=120)
     assert missing.returncode == 1 and "error: the model failed to load" in missing.stderr, missing.stderr
+
+
+def test_synthetic_models_get_a_placeholder_tokenizer():
+    """serve.py -m synthetic:<spec> (the H200 load benchmarks' 7B): real shapes, text to stream."""
+    from minfer_jax import generate
+    from minfer_jax.server.backend import ServerSettingsError, load_model
+
+    model = load_model("synthetic:qwen2.5-0.5b:q8_0:layers=1:seed=3", ctx_size=64)
+    assert model.config.n_layers == 1 and model.tokenizer is not None
+    out = generate(model, [1, 2, 3], max_new_tokens=2)
+    assert out.text == model.tokenizer.decode(out.tokens, skip_special=True) and out.text
+    with pytest.raises(ServerSettingsError, match="layers="):
+        load_model("synthetic:qwen2.5-0.5b:q8_0:layers=x")

@@ -32,7 +32,7 @@ class ServerSettingsError(MinferError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-    model: str | None = None  # -m: path, hf:repo:file, or None for the built-in default
+    model: str | None = None  # -m: path, hf:repo:file, synthetic:<spec> (load_model), None: the built-in default
     n_parallel: int = 1  # -np: sequences decoded at once (KV cache slots)
     ctx_size: int = 0  # -c: total context over all slots (0: DEFAULT_SLOT_CTX per slot)
     n_predict: int = -1  # -n: default max_tokens (-1: until the slot's context is full)
@@ -66,6 +66,29 @@ class ServerSettings:
     @property
     def queue_limit(self) -> int:
         return 4 * self.n_parallel if self.max_queued is None else self.max_queued
+
+
+def load_model(ref: str | None, **kwargs):
+    """minfer_jax.load(ref), or for 'synthetic:<config>:<ftype>[:layers=N][:seed=S]' a random-weight
+    model of real shapes with synthetic.placeholder_vocab as its tokenizer (what write_gguf writes):
+    for benchmarks, whose prompts are token ids and whose text is never read."""
+    from minfer_jax.runtime import load
+
+    if not (ref or "").startswith("synthetic:"):
+        return load(ref, **kwargs)
+    from minfer_jax import synthetic
+
+    parts, extra = ref.split(":"), {}
+    while parts[-1].startswith(("layers=", "seed=")):
+        key, _, value = parts.pop().partition("=")
+        if not value.isdigit():
+            raise ServerSettingsError(f"{ref!r}: {key}= needs a non-negative integer, got {value!r}")
+        extra[key] = int(value)
+    gm = synthetic.synthetic_model(":".join(parts), **extra)
+    tokens, types, merges = synthetic.placeholder_vocab(gm.config.vocab_size)
+    gm.metadata.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
+                        "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges})
+    return load(gguf_model=gm, **kwargs)
 
 
 class Throughput:
@@ -174,9 +197,7 @@ class Backend:
 
     def _load(self) -> None:
         try:
-            loader = self.loader
-            if loader is None:
-                from minfer_jax.runtime import load as loader
+            loader = self.loader or load_model
             s = self.settings
             model = loader(s.model, ctx_size=s.slot_ctx, kernels=s.kernels, progress=False)
             from minfer_jax.scheduler import Scheduler

@@ -3,7 +3,8 @@
 Flags follow llama-server's spelling: -m, --host, --port, -np/--parallel, -c/--ctx-size (the
 total context, divided among the -np slots), -n/--n-predict, -a/--alias, --api-key, --no-warmup.
 The port opens before the model has loaded (/health answers 503 until it has). A bad flag prints
-one `error:` line and exits with 2; a model that fails to load stops the server with exit 1.
+one `error:` line and exits with 2; a model that fails to load stops the server with exit 1;
+SIGINT (Ctrl-C) shuts down gracefully and exits with 130.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from minfer_jax.errors import MinferError
 PROG = "serve.py"
 EXIT_LOAD_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGINT, after uvicorn's graceful shutdown
 
 EPILOG = """\
 examples:
@@ -41,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="OpenAI-compatible HTTP server for a Qwen2-family GGUF model (minfer_jax).",
                 epilog=EPILOG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", metavar="REF", default=None,
-                   help="GGUF path or hf:<repo>:<file> (default: the built-in model, the `model` extra)")
+                   help="GGUF path or hf:<repo>:<file> (default: the built-in model, the `model` extra); "
+                        "synthetic:<config>:<ftype>[:layers=N] serves random weights of real shapes (benchmarks)")
     p.add_argument("-a", "--alias", metavar="NAME", default=None, help="model id for /v1/models (default: file name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
@@ -100,5 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(settings, on_fatal=on_fatal)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled once it has shut down
+        return EXIT_INTERRUPTED
     return EXIT_LOAD_FAILED if app.state.backend.error is not None else 0
