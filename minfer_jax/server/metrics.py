@@ -29,10 +29,10 @@ def render(backend) -> str:
     s, sched = backend.settings, backend.scheduler
     with backend.lock:
         requests_total, prompt_total = backend.requests_total, backend.prompt_tokens_total
-        finished = dict(backend.finished)
+        finished, live = dict(backend.finished), backend.live
     if sched is not None:
-        queued = len(sched.waiting) + sched.incoming.qsize()
         running = len(sched.prefilling) + len(sched.decoding)
+        queued = max(live - running, 0)  # accepted, not done, holding no slot (also while being admitted)
         used = s.n_parallel - len(sched.free_slots)
         tokens_out = sched.tokens_out
     else:
@@ -53,7 +53,7 @@ def render(backend) -> str:
                      [({"reason": r}, finished.get(r, 0)) for r in sorted(set(STOP_REASONS) | set(finished))])
     lines += _family("requests_running", "gauge", "Requests holding a KV slot (prefilling or decoding).",
                      [({}, running)])
-    lines += _family("requests_queued", "gauge", "Requests waiting for a free KV slot.", [({}, queued)])
+    lines += _family("requests_queued", "gauge", "Requests accepted and waiting for a KV slot.", [({}, queued)])
     lines += _family("kv_slots_used", "gauge", "KV cache slots in use.", [({}, used)])
     lines += _family("kv_slots_capacity", "gauge", "KV cache slots in all (-np).", [({}, s.n_parallel)])
     return "\n".join(lines) + "\n"
