@@ -215,7 +215,8 @@ def test_completion_streamed_equals_non_streamed(client, tokenizer):
     assert client.completions.create(model="tiny", prompt=ids, max_tokens=24, temperature=0).choices[0].text == \
         choice.text
     none = client.completions.create(model="tiny", prompt=prompt, max_tokens=0)
-    assert none.choices[0].text == "" and none.usage.completion_tokens == 0 and none.choices[0].finish_reason == "length"
+    assert none.choices[0].text == "" and none.usage.completion_tokens == 0
+    assert none.choices[0].finish_reason == "length"
 
 
 @pytest.mark.real_model
@@ -237,8 +238,8 @@ def test_chat_applies_the_chat_template(server, client, tokenizer):
     assert "".join(c.choices[0].delta.content or "" for c in stream) == chat.choices[0].message.content
     assert stream[-1].choices[0].finish_reason == chat.choices[0].finish_reason
     parts = [{"type": "text", "text": "Name "}, {"type": "text", "text": "a prime."}]  # content as parts
-    with_parts = client.chat.completions.create(model="tiny", messages=[messages[0], {"role": "user", "content": parts}],
-                                                max_tokens=20, temperature=0)
+    with_parts = client.chat.completions.create(model="tiny", max_tokens=20, temperature=0,
+                                                messages=[messages[0], {"role": "user", "content": parts}])
     assert with_parts.choices[0].message.content == chat.choices[0].message.content
 
 

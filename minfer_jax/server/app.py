@@ -109,91 +109,82 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool):
 async def _wait(request: Request, handle: Handle) -> bool:
     """Wait for a non-streamed request; False (and cancelled) when its client went away first."""
     try:
-        while not handle.finished.done():
-            await asyncio.wait({handle.finished}, timeout=DISCONNECT_POLL_S)
-            if not handle.finished.done() and await request.is_disconnected():
+        while not handle.done.done():
+            await asyncio.wait({handle.done}, timeout=DISCONNECT_POLL_S)
+            if not handle.done.done() and await request.is_disconnected():
                 return False
         return True
     finally:
         handle.cancel()
 
 
-def create_app(settings: ServerSettings, *, loader=None, on_fatal=None) -> FastAPI:
-    """The app for these settings; the model starts loading when the app starts (its lifespan)."""
-    backend = Backend(settings, loader=loader, on_fatal=on_fatal)
+def _authorize(backend: Backend, request: Request) -> None:
+    key = backend.settings.api_key
+    if key is None:
+        return
+    got = request.headers.get("authorization", "").encode()
+    if not secrets.compare_digest(got, f"Bearer {key}".encode()):
+        raise ApiError(401, "invalid API key: send 'Authorization: Bearer <key>'", "authentication_error",
+                       code="invalid_api_key")
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_):
-        backend.start()
-        try:
-            yield
-        finally:
-            await run_in_threadpool(backend.close)
 
-    app = FastAPI(title="minfer_jax", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.backend = backend
-    _install_error_handlers(app)
+def _ready(backend: Backend, request: Request) -> Backend:
+    _authorize(backend, request)
+    if not backend.ready.is_set():
+        raise ApiError(503, "Loading model", "unavailable_error", code=503)
+    return backend
 
-    def authorize(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        got = request.headers.get("authorization", "").encode()
-        if not secrets.compare_digest(got, f"Bearer {settings.api_key}".encode()):
-            raise ApiError(401, "invalid API key: send 'Authorization: Bearer <key>'", "authentication_error",
-                           code="invalid_api_key")
 
-    def ready(request: Request) -> Backend:
-        authorize(request)
-        if not backend.ready.is_set():
-            raise ApiError(503, "Loading model", "unavailable_error", code=503)
-        return backend
+async def _generate(backend: Backend, request: Request, kind: str, body, ids: list[int]):
+    """Submit one validated request; its SSE stream, or its JSON once done."""
+    from minfer_jax.runtime import sampler_of
 
-    async def generate(request: Request, kind: str, body, ids: list[int]):
-        from minfer_jax.runtime import sampler_of
+    sampler = sampler_of(body.temperature, body.top_k, body.top_p, body.min_p, body.repeat_penalty,
+                         body.repeat_last_n)
+    try:
+        handle = backend.submit(ids, max_tokens=body.max_tokens, sampler=sampler, seed=body.seed,
+                                stop=body.stops, stream=body.stream)
+    except ServerBusy:
+        raise
+    except MinferError as e:  # the scheduler's checks: empty prompt, over the context, bad token id
+        raise BadRequest(str(e), "messages" if kind == "chat" else "prompt") from None
+    reply = Reply(kind, backend.model_id)
+    if body.stream:
+        return StreamingResponse(_stream(handle, reply, body.include_usage), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    if not await _wait(request, handle):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+    req = handle.req
+    if req.error is not None:
+        raise ApiError(500, f"generation failed: {type(req.error).__name__}: {req.error}", "server_error")
+    result = req.result()
+    return JSONResponse(reply.full(result.text, result.stop_reason, len(result.prompt_tokens), len(result.tokens)))
 
-        sampler = sampler_of(body.temperature, body.top_k, body.top_p, body.min_p, body.repeat_penalty,
-                             body.repeat_last_n)
-        try:
-            handle = backend.submit(ids, max_tokens=body.max_tokens, sampler=sampler, seed=body.seed,
-                                    stop=body.stops, stream=body.stream)
-        except ServerBusy:
-            raise
-        except MinferError as e:  # the scheduler's checks: empty prompt, over the context, bad token id
-            raise BadRequest(str(e), "messages" if kind == "chat" else "prompt") from None
-        reply = Reply(kind, backend.model_id)
-        if body.stream:
-            return StreamingResponse(_stream(handle, reply, body.include_usage), media_type="text/event-stream",
-                                     headers=SSE_HEADERS)
-        if not await _wait(request, handle):
-            return Response(status_code=499)  # nginx's "client closed request": nobody reads it
-        req = handle.req
-        if req.error is not None:
-            raise ApiError(500, f"generation failed: {type(req.error).__name__}: {req.error}", "server_error")
-        result = req.result()
-        return JSONResponse(reply.full(result.text, result.stop_reason, len(result.prompt_tokens),
-                                       len(result.tokens)))
 
+def _add_generation_routes(app: FastAPI, backend: Backend) -> None:
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
     async def completions(request: Request):
-        model = ready(request).model
+        model = _ready(backend, request).model
         body = parse(CompletionRequest, await request.body())
         ids = await run_in_threadpool(_text_prompt_ids, model, body.prompt)
-        return await generate(request, "text", body, ids)
+        return await _generate(backend, request, "text", body, ids)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(request: Request):
-        model = ready(request).model
+        model = _ready(backend, request).model
         body = parse(ChatCompletionRequest, await request.body())
         messages = [m.as_template_message() for m in body.messages]
         ids = await run_in_threadpool(_chat_prompt_ids, model, messages)
-        return await generate(request, "chat", body, ids)
+        return await _generate(backend, request, "chat", body, ids)
 
+
+def _add_info_routes(app: FastAPI, backend: Backend) -> None:
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
     async def models(request: Request):
-        b = ready(request)
+        b = _ready(backend, request)
         cfg, plan = b.model.config, b.scheduler.plan
         meta = {"n_vocab": cfg.vocab_size, "n_ctx": plan.ctx, "n_ctx_train": cfg.context_length,
                 "n_parallel": plan.n_seqs, "n_embd": cfg.d_model}
@@ -212,7 +203,25 @@ def create_app(settings: ServerSettings, *, loader=None, on_fatal=None) -> FastA
 
     @app.get("/metrics")
     async def prometheus(request: Request):
-        authorize(request)
+        _authorize(backend, request)
         return PlainTextResponse(metrics.render(backend), media_type=metrics.CONTENT_TYPE)
 
+
+def create_app(settings: ServerSettings, *, loader=None, on_fatal=None) -> FastAPI:
+    """The app for these settings; the model starts loading when the app starts (its lifespan)."""
+    backend = Backend(settings, loader=loader, on_fatal=on_fatal)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_):
+        backend.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(backend.close)
+
+    app = FastAPI(title="minfer_jax", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.backend = backend
+    _install_error_handlers(app)
+    _add_generation_routes(app, backend)
+    _add_info_routes(app, backend)
     return app

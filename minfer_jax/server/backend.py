@@ -126,7 +126,7 @@ class Handle:
         self.loop, self.stream = loop, stream
         self.on_progress, self.on_finished = on_progress, on_finished
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()  # streamed pieces, then None
-        self.finished: asyncio.Future = loop.create_future()  # set once the request is done
+        self.done: asyncio.Future = loop.create_future()  # resolved once the request is done
         self.req = None
         self._closed = False
 
@@ -145,8 +145,8 @@ class Handle:
         self._call(self._resolve)
 
     def _resolve(self) -> None:
-        if not self.finished.done():
-            self.finished.set_result(None)
+        if not self.done.done():
+            self.done.set_result(None)
 
     def _put(self, item) -> None:
         self._call(self.queue.put_nowait, item)
@@ -184,7 +184,7 @@ class Backend:
         self.lock = threading.Lock()
         self.live = 0  # submitted, not yet done
         self.requests_total = 0
-        self.finished: collections.Counter[str] = collections.Counter()
+        self.finish_reasons: collections.Counter[str] = collections.Counter()
         self.prompt_tokens_total = 0
         self.throughput = Throughput()
         self.started = time.time()
@@ -282,5 +282,5 @@ class Backend:
         """A request is done (scheduler thread): update the counters behind /metrics."""
         with self.lock:
             self.live -= 1
-            self.finished[req.stream.reason if req.stream is not None else "error"] += 1
+            self.finish_reasons[req.stream.reason if req.stream is not None else "error"] += 1
         self._progress()

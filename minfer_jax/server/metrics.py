@@ -29,7 +29,7 @@ def render(backend) -> str:
     s, sched = backend.settings, backend.scheduler
     with backend.lock:
         requests_total, prompt_total = backend.requests_total, backend.prompt_tokens_total
-        finished, live = dict(backend.finished), backend.live
+        finished, live = dict(backend.finish_reasons), backend.live
     if sched is not None:
         running = len(sched.prefilling) + len(sched.decoding)
         queued = max(live - running, 0)  # accepted, not done, holding no slot (also while being admitted)
