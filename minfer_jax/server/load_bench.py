@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests-per-client", type=int, default=4, help="measured requests per client (default 4)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the model to load")
+    p.add_argument("--ready-timeout", type=float, default=420.0, help="seconds to wait for the model to load (default 420)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for each warm-up and each run")
     p.add_argument("--out", default=None, help="markdown table file")
     p.add_argument("--json", default=None, help="JSON file of every run")
