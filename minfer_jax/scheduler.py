@@ -95,11 +95,13 @@ class Request:
     """One generation: prompt and settings in, streamed text and a GenerationResult out."""
 
     def __init__(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampler: Sampler, seed: int,
-                 stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None):
+                 stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None,
+                 on_done: Callable[[Request], None] | None = None):
         self.id = next(_ids)
         self.prompt = [int(t) for t in prompt_ids]
         self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
         self.stop, self.on_text = tuple(stop), on_text
+        self.on_done = on_done  # called from the loop's thread once done is set (must not raise)
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._cancel = False
@@ -151,10 +153,11 @@ class Scheduler:
 
     # -- submitting ------------------------------------------------------------------------
     def submit(self, prompt_ids: Sequence[int], *, max_new_tokens: int = 128, sampler: Sampler | None = None,
-               seed: int = 0, stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None) -> Request:
+               seed: int = 0, stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None,
+               on_done: Callable[[Request], None] | None = None) -> Request:
         """Queue a generation (thread-safe); the loop picks it up at its next step."""
         req = Request(prompt_ids, max_new_tokens=max_new_tokens, sampler=sampler or Sampler(temperature=0.0),
-                      seed=seed, stop=stop, on_text=on_text)
+                      seed=seed, stop=stop, on_text=on_text, on_done=on_done)
         self.check(req)
         self.incoming.put(req)
         self._wake.set()
@@ -223,8 +226,7 @@ class Scheduler:
         req.stream = TextStream(self.model.tokenizer, max_new_tokens=req.max_new_tokens, limit=plan.ctx - n,
                                 stop=req.stop)
         if req.max_new_tokens == 0:
-            req.stream.reason = "length"
-            req.done.set()
+            self._finish(req, "length")
             return
         self._ensure_state(req.sampler.history_len)
         req.times["compile"] = self.compile(self.needed(n, req.max_new_tokens, req.sampler))
@@ -362,6 +364,8 @@ class Scheduler:
         if req._t0 is not None:
             req.times["compile"] += self.compile_s - req._compile_marks[0]
         req.done.set()
+        if req.on_done is not None:
+            req.on_done(req)
 
     def _fail_all(self, error: BaseException) -> None:
         live = list(itertools.chain(self.waiting, self.prefilling, self.decoding))

@@ -1,0 +1,286 @@
+"""The server's side of the engine: loads the model in the background, runs the scheduler's loop
+thread, admits requests (or refuses them when the queue is full) and bridges each request's text
+from the loop thread into the asyncio event loop that serves it.
+
+The scheduler (minfer_jax.scheduler) is the one host loop; this module only owns its thread and
+the bookkeeping the HTTP side needs (live requests, counters for /metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from minfer_jax.errors import MinferError
+
+DEFAULT_SLOT_CTX = 4096  # tokens per slot when -c is 0 (capped by the model's trained context)
+THROUGHPUT_WINDOW_S = 10.0  # tokens/s on /metrics: tokens generated over about this many seconds
+
+
+class ServerBusy(MinferError):
+    """Every slot is busy and the queue is full: the client should retry later (HTTP 429)."""
+
+
+class ServerSettingsError(MinferError, ValueError):
+    """A server setting outside what the engine supports (-np, -c, ...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    model: str | None = None  # -m: path, hf:repo:file, synthetic:<spec> (load_model), None: the built-in default
+    n_parallel: int = 1  # -np: sequences decoded at once (KV cache slots)
+    ctx_size: int = 0  # -c: total context over all slots (0: DEFAULT_SLOT_CTX per slot)
+    n_predict: int = -1  # -n: default max_tokens (-1: until the slot's context is full)
+    max_queued: int | None = None  # requests waiting for a slot beyond the running ones (None: 4 x -np)
+    decode_steps: int = 16  # tokens per decode executable: text streams once per such chunk
+    alias: str | None = None  # the model id /v1/models reports (default: the file's name)
+    api_key: str | None = None
+    warmup: bool = True  # compile the first executables before /health says ok
+    kernels: str | None = None  # minfer_jax.load(kernels=...): None picks the platform's default
+
+    def __post_init__(self):
+        from minfer_jax.plan import MAX_SEQS
+
+        if not 1 <= self.n_parallel <= MAX_SEQS:
+            raise ServerSettingsError(f"-np/--parallel must be in 1..{MAX_SEQS}, got {self.n_parallel}")
+        if self.ctx_size < 0 or (self.ctx_size and self.ctx_size < self.n_parallel * 16):
+            raise ServerSettingsError(f"-c/--ctx-size {self.ctx_size} leaves fewer than 16 tokens for each of "
+                                      f"{self.n_parallel} slots (use 0 for {DEFAULT_SLOT_CTX} per slot)")
+        if self.n_predict < -1:
+            raise ServerSettingsError(f"-n/--n-predict must be >= -1, got {self.n_predict}")
+        if self.max_queued is not None and self.max_queued < 0:
+            raise ServerSettingsError(f"--max-queued must be >= 0, got {self.max_queued}")
+        if not 1 <= self.decode_steps <= 256:
+            raise ServerSettingsError(f"--decode-steps must be in 1..256, got {self.decode_steps}")
+
+    @property
+    def slot_ctx(self) -> int | None:
+        """Tokens per slot (None: the loader's default), -c divided among -np like llama-server."""
+        return self.ctx_size // self.n_parallel if self.ctx_size else None
+
+    @property
+    def queue_limit(self) -> int:
+        return 4 * self.n_parallel if self.max_queued is None else self.max_queued
+
+
+def load_model(ref: str | None, **kwargs):
+    """minfer_jax.load(ref), or for 'synthetic:<config>:<ftype>[:layers=N][:seed=S]' a random-weight
+    model of real shapes with synthetic.placeholder_vocab as its tokenizer (what write_gguf writes):
+    for benchmarks, whose prompts are token ids and whose text is never read."""
+    from minfer_jax.runtime import load
+
+    if not (ref or "").startswith("synthetic:"):
+        return load(ref, **kwargs)
+    from minfer_jax import synthetic
+
+    parts, extra = ref.split(":"), {}
+    while parts[-1].startswith(("layers=", "seed=")):
+        key, _, value = parts.pop().partition("=")
+        if not value.isdigit():
+            raise ServerSettingsError(f"{ref!r}: {key}= needs a non-negative integer, got {value!r}")
+        extra[key] = int(value)
+    gm = synthetic.synthetic_model(":".join(parts), **extra)
+    tokens, types, merges = synthetic.placeholder_vocab(gm.config.vocab_size)
+    gm.metadata.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
+                        "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges})
+    return load(gguf_model=gm, **kwargs)
+
+
+class Throughput:
+    """Tokens per second over the last `window` seconds, from samples of a growing counter."""
+
+    def __init__(self, window: float = THROUGHPUT_WINDOW_S):
+        self.window = window
+        self.samples: collections.deque[tuple[float, int]] = collections.deque([(time.monotonic(), 0)])
+        self.lock = threading.Lock()
+
+    def note(self, total: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            self.samples.append((now, total))
+            # keep one sample at or before the window's start: the baseline of the rate
+            while len(self.samples) > 2 and self.samples[1][0] <= now - self.window:
+                self.samples.popleft()
+
+    def rate(self, total: int, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            base_t, base_total = self.samples[0]
+            for t, n in self.samples:  # the latest sample at or before the window's start
+                if t <= now - self.window:
+                    base_t, base_total = t, n
+        span = max(now - base_t, self.window)
+        return max(total - base_total, 0) / span
+
+
+class Handle:
+    """One submitted request as the event loop sees it: text pieces in an asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: bool, on_progress: Callable[[], None],
+                 on_finished: Callable):
+        self.loop, self.stream = loop, stream
+        self.on_progress, self.on_finished = on_progress, on_finished
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()  # streamed pieces, then None
+        self.done: asyncio.Future = loop.create_future()  # resolved once the request is done
+        self.req = None
+        self._closed = False
+
+    # called from the scheduler's thread: must never raise into the loop
+    def on_text(self, piece: str) -> None:
+        self.on_progress()
+        if self.stream:
+            self._put(piece)
+
+    def on_done(self, req) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.on_finished(req)
+        self._put(None)
+        self._call(self._resolve)
+
+    def _resolve(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _put(self, item) -> None:
+        self._call(self.queue.put_nowait, item)
+
+    def _call(self, fn, *args) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop has closed: nobody is listening any more
+            pass
+
+    async def pieces(self):
+        """Text pieces as they become final; ends when the request is done."""
+        while (piece := await self.queue.get()) is not None:
+            yield piece
+
+    def cancel(self) -> None:
+        """The client went away: free the slot (no-op once the request is done)."""
+        if self.req is not None and not self.req.done.is_set():
+            self.req.cancel()
+
+
+class Backend:
+    """Model + scheduler + loop thread, loaded in the background (see the module docstring)."""
+
+    def __init__(self, settings: ServerSettings, loader: Callable | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None):
+        self.settings = settings
+        self.loader = loader
+        self.on_fatal = on_fatal
+        self.model = self.scheduler = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.lock = threading.Lock()
+        self.live = 0  # submitted, not yet done
+        self.requests_total = 0
+        self.finish_reasons: collections.Counter[str] = collections.Counter()
+        self.prompt_tokens_total = 0
+        self.throughput = Throughput()
+        self.started = time.time()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        t = threading.Thread(target=self._load, name="minfer-load", daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _load(self) -> None:
+        try:
+            loader = self.loader or load_model
+            s = self.settings
+            model = loader(s.model, ctx_size=s.slot_ctx, kernels=s.kernels, progress=False)
+            from minfer_jax.scheduler import Scheduler
+
+            sched = Scheduler(model, model.plan(s.n_parallel, s.slot_ctx, s.decode_steps))
+            if s.warmup:
+                self._warm(model, sched)
+            loop = threading.Thread(target=sched.serve_forever, args=(self.stop,), name="minfer-loop", daemon=True)
+            self.threads.append(loop)
+            self.model, self.scheduler = model, sched
+            loop.start()
+            self.ready.set()
+        except BaseException as e:  # any failure to load ends the server (llama-server exits too)
+            self.error = e
+            if self.on_fatal is not None:
+                self.on_fatal(e)
+
+    @staticmethod
+    def _warm(model, sched) -> None:
+        """One short request with the default sampler: compiles prefill and single-row decode."""
+        from minfer_jax.runtime import sampler_of
+
+        token = model.tokenizer.bos_id if model.tokenizer is not None and model.tokenizer.bos_id is not None else 0
+        req = sched.submit([token], max_new_tokens=2, sampler=sampler_of(0.8), seed=0)
+        sched.run([req])
+        req.result()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.stop.set()
+        sched = self.scheduler
+        if sched is not None:
+            for req in list(sched.waiting) + list(sched.prefilling) + list(sched.decoding):
+                req.cancel()
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.ready.is_set() else ("error" if self.error is not None else "loading")
+
+    @property
+    def model_id(self) -> str:
+        import os
+
+        if self.settings.alias:
+            return self.settings.alias
+        if self.model is not None:
+            return os.path.basename(str(self.model.source))
+        return os.path.basename(self.settings.model or "default")
+
+    # -- requests --------------------------------------------------------------------------------
+    def submit(self, prompt_ids: Sequence[int], *, max_tokens: int | None, sampler, seed: int | None,
+               stop: Sequence[str], stream: bool) -> Handle:
+        """Queue one generation; ServerBusy when the queue is full, MinferError for a bad request."""
+        sched, s = self.scheduler, self.settings
+        limit = s.n_parallel + s.queue_limit
+        handle = Handle(asyncio.get_running_loop(), stream, self._progress, self._finished)
+        with self.lock:
+            if self.live >= limit:
+                raise ServerBusy(f"{self.live} requests are running or queued (the limit is {limit}: "
+                                 f"{s.n_parallel} slots + {s.queue_limit} queued); retry later")
+            self.live += 1
+        n = s.n_predict if max_tokens is None else max_tokens
+        try:
+            handle.req = sched.submit(prompt_ids, max_new_tokens=sched.plan.ctx if n < 0 else n, sampler=sampler,
+                                      seed=secrets.randbits(32) if seed is None or seed < 0 else seed, stop=stop,
+                                      on_text=handle.on_text, on_done=handle.on_done)
+        except BaseException:
+            with self.lock:
+                self.live -= 1
+            raise
+        with self.lock:
+            self.requests_total += 1
+            self.prompt_tokens_total += len(handle.req.prompt)
+        return handle
+
+    def _progress(self) -> None:
+        self.throughput.note(self.scheduler.tokens_out)
+
+    def _finished(self, req) -> None:
+        """A request is done (scheduler thread): update the counters behind /metrics."""
+        with self.lock:
+            self.live -= 1
+            self.finish_reasons[req.stream.reason if req.stream is not None else "error"] += 1
+        self._progress()

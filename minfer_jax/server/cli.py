@@ -1,0 +1,110 @@
+"""`python scripts/serve.py` (also `python -m minfer_jax.server`): the OpenAI-compatible server.
+
+Flags follow llama-server's spelling: -m, --host, --port, -np/--parallel, -c/--ctx-size (the
+total context, divided among the -np slots), -n/--n-predict, -a/--alias, --api-key, --no-warmup.
+The port opens before the model has loaded (/health answers 503 until it has). A bad flag prints
+one `error:` line and exits with 2; a model that fails to load stops the server with exit 1;
+SIGINT (Ctrl-C) shuts down gracefully and exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from minfer_jax.errors import MinferError
+
+PROG = "serve.py"
+EXIT_LOAD_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGINT, after uvicorn's graceful shutdown
+
+EPILOG = """\
+examples:
+  %(prog)s -m model.gguf --host 127.0.0.1 --port 8080 -np 8 -c 32768
+  %(prog)s -np 4 --api-key secret          # the built-in default model, 4 slots of 4096 tokens
+endpoints: POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, /metrics
+"""
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + message
+        raise _UsageError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from minfer_jax.server.backend import DEFAULT_SLOT_CTX
+
+    p = _Parser(prog=PROG, description="OpenAI-compatible HTTP server for a Qwen2-family GGUF model (minfer_jax).",
+                epilog=EPILOG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", metavar="REF", default=None,
+                   help="GGUF path or hf:<repo>:<file> (default: the built-in model, the `model` extra); "
+                        "synthetic:<config>:<ftype>[:layers=N] serves random weights of real shapes (benchmarks)")
+    p.add_argument("-a", "--alias", metavar="NAME", default=None, help="model id for /v1/models (default: file name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
+                   help="sequences decoded at once: KV cache slots (default 1)")
+    p.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N",
+                   help=f"total context in tokens, divided among the -np slots (default 0: {DEFAULT_SLOT_CTX} "
+                        "per slot, at most the model's trained context)")
+    p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
+                   help="default max_tokens of a request (default -1: until the slot's context is full)")
+    p.add_argument("--max-queued", type=int, default=None, metavar="N",
+                   help="requests that may wait for a slot; more get 429 (default 4 x -np)")
+    p.add_argument("--decode-steps", type=int, default=16, metavar="N",
+                   help="tokens per decode executable; text streams once per such chunk (default 16)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
+    p.add_argument("--backend", "--kernels", dest="backend", default="auto",
+                   choices=("auto", "pallas", "interpret", "xla"),
+                   help="quantized matmuls: pallas (GPU kernels), interpret, xla; auto = pallas on a GPU, else xla")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip compiling the first executables before /health reports ok")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (default info)")
+    return p
+
+
+def settings_from(args):
+    from minfer_jax.server.backend import ServerSettings
+
+    if not 0 <= args.port <= 65535:
+        raise _UsageError(f"--port must be in 0..65535, got {args.port}")
+    return ServerSettings(model=args.model, n_parallel=args.parallel, ctx_size=args.ctx_size,
+                          n_predict=args.n_predict, max_queued=args.max_queued, decode_steps=args.decode_steps,
+                          alias=args.alias, api_key=args.api_key, warmup=args.warmup,
+                          kernels=None if args.backend == "auto" else args.backend)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        settings = settings_from(args)
+    except (_UsageError, MinferError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    import uvicorn
+
+    from minfer_jax.server.app import create_app
+
+    server: uvicorn.Server | None = None
+
+    def on_fatal(error: BaseException) -> None:
+        print(f"error: the model failed to load: {type(error).__name__}: {error}", file=sys.stderr)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, on_fatal=on_fatal)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled once it has shut down
+        return EXIT_INTERRUPTED
+    return EXIT_LOAD_FAILED if app.state.backend.error is not None else 0

@@ -1,0 +1,59 @@
+"""GET /metrics: the server's state in Prometheus' text exposition format (version 0.0.4).
+
+Counters end in `_total`; gauges are read at scrape time. Reading the scheduler's queues from the
+event loop's thread is safe: each `len()` is one atomic read under the GIL (a scrape may see a
+request move from one queue to the next, never a torn value).
+"""
+
+from __future__ import annotations
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PREFIX = "minfer_"
+STOP_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")  # scheduler.TextStream's and more
+
+
+def _family(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]) -> list[str]:
+    lines = [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}"]
+    for labels, value in samples:
+        tag = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        lines.append(f"{PREFIX}{name}{{{tag}}} {_number(value)}" if tag else f"{PREFIX}{name} {_number(value)}")
+    return lines
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def render(backend) -> str:
+    """The exposition text for one Backend (zeros before the model has loaded)."""
+    s, sched = backend.settings, backend.scheduler
+    with backend.lock:
+        requests_total, prompt_total = backend.requests_total, backend.prompt_tokens_total
+        finished, live = dict(backend.finish_reasons), backend.live
+    if sched is not None:
+        running = len(sched.prefilling) + len(sched.decoding)
+        queued = max(live - running, 0)  # accepted, not done, holding no slot (also while being admitted)
+        used = s.n_parallel - len(sched.free_slots)
+        tokens_out = sched.tokens_out
+    else:
+        queued = running = used = tokens_out = 0
+    lines = []
+    lines += _family("ready", "gauge", "1 once the model is loaded and the server accepts requests.",
+                     [({}, float(backend.ready.is_set()))])
+    lines += _family("tokens_per_second", "gauge",
+                     f"Tokens generated per second over the last {backend.throughput.window:g} s, all requests.",
+                     [({}, backend.throughput.rate(tokens_out))])
+    lines += _family("tokens_generated_total", "counter", "Tokens generated (sampled and delivered) since start.",
+                     [({}, tokens_out)])
+    lines += _family("prompt_tokens_total", "counter", "Prompt tokens of accepted requests since start.",
+                     [({}, prompt_total)])
+    lines += _family("requests_total", "counter", "Requests accepted (queued for generation) since start.",
+                     [({}, requests_total)])
+    lines += _family("requests_finished_total", "counter", "Requests finished, by stop reason.",
+                     [({"reason": r}, finished.get(r, 0)) for r in sorted(set(STOP_REASONS) | set(finished))])
+    lines += _family("requests_running", "gauge", "Requests holding a KV slot (prefilling or decoding).",
+                     [({}, running)])
+    lines += _family("requests_queued", "gauge", "Requests accepted and waiting for a KV slot.", [({}, queued)])
+    lines += _family("kv_slots_used", "gauge", "KV cache slots in use.", [({}, used)])
+    lines += _family("kv_slots_capacity", "gauge", "KV cache slots in all (-np).", [({}, s.n_parallel)])
+    return "\n".join(lines) + "\n"

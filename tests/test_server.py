@@ -1,0 +1,500 @@
+"""The OpenAI-compatible server (minfer_jax.server), run for real: scripts/serve.py in a subprocess.
+
+The model is a tiny random-weight Qwen2 (2 layers, d_model 64) written as a GGUF file that carries
+the real 0.5B's tokenizer and chat template (its tokenizer.* metadata): the real 0.5B decodes at a
+few tokens/s on CI's busy 2 cores, this one at ~150, and what the server does with text (chat
+template, stop strings, streaming, usage) is the same. Its text is gibberish, but greedy and
+deterministic, which is all the comparisons need. Clients are the `openai` package and raw httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SLOT_CTX = 512
+
+
+# -- the model and the server processes -------------------------------------------------------------
+def write_tiny_gguf(path: Path, tokenizer_meta: dict, seed: int = 1) -> None:
+    """A 2-layer d_model-64 random Qwen2 with the given tokenizer.* metadata, as a GGUF file."""
+    import gguf
+
+    from minfer_jax.gguf import ARCHITECTURE
+    from minfer_jax.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config
+
+    cfg = dataclasses.replace(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
+                              d_ff=128)
+    gm = synthetic_model_from_config(cfg, "q8_0", seed=seed)
+    w = gguf.GGUFWriter(os.fspath(path), arch=ARCHITECTURE)
+    w.add_block_count(cfg.n_layers)
+    w.add_context_length(cfg.context_length)
+    w.add_embedding_length(cfg.d_model)
+    w.add_feed_forward_length(cfg.d_ff)
+    w.add_head_count(cfg.n_heads)
+    w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_eps)
+    m = tokenizer_meta
+    w.add_tokenizer_model(m["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(m["tokenizer.ggml.pre"])
+    w.add_token_list(m["tokenizer.ggml.tokens"])
+    w.add_token_types(m["tokenizer.ggml.token_type"])
+    w.add_token_merges(m["tokenizer.ggml.merges"])
+    w.add_bos_token_id(m["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(m["tokenizer.ggml.eos_token_id"])
+    w.add_pad_token_id(m["tokenizer.ggml.padding_token_id"])
+    w.add_add_bos_token(m["tokenizer.ggml.add_bos_token"])
+    w.add_chat_template(m["tokenizer.chat_template"])
+    for name, t in gm.tensors.items():
+        data = np.ascontiguousarray(t.data)
+        w.add_tensor(name, data, raw_dtype=t.qtype if data.dtype == np.uint8 else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """scripts/serve.py on 127.0.0.1 and a free port, its output in a log file."""
+
+    def __init__(self, model: Path, log: Path, xla_cache: str, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log
+        env = {**os.environ, "PYTHONPATH": str(REPO), "MINFER_COMPILATION_CACHE": xla_cache}
+        cmd = [sys.executable, str(REPO / "scripts" / "serve.py"), "-m", str(model), "--port", str(self.port),
+               "--log-level", "warning", *args]
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.health_seen: list[tuple[int, dict]] = []  # (status, body) of each /health answer until ready
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited with {self.proc.returncode}:\n{self.log_tail()}"
+            try:
+                r = httpx.get(f"{self.url}/health", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.02)  # the port is not open yet
+                continue
+            if not self.health_seen or self.health_seen[-1][0] != r.status_code:
+                self.health_seen.append((r.status_code, r.json()))
+            if r.status_code == 200:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"server not ready after {timeout} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        self.log.flush()
+        return self.log_path.read_text()[-n:]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(real_model, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("server_model") / "tiny.gguf"
+    write_tiny_gguf(path, {k: v for k, v in real_model.metadata.items() if k.startswith("tokenizer.")})
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(real_model):
+    from minfer_jax.tokenizer import Tokenizer
+
+    return Tokenizer.from_model(real_model)
+
+
+@pytest.fixture(scope="module")
+def xla_cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("server_xla_cache"))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, xla_cache, tmp_path_factory):
+    """8 slots of SLOT_CTX tokens; room for 64 queued requests (the concurrency test sends 64)."""
+    s = ServerProcess(tiny_model, tmp_path_factory.mktemp("server_log") / "server.log", xla_cache,
+                      "-np", "8", "-c", str(8 * SLOT_CTX), "--max-queued", "64", "-a", "tiny")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def metrics(url: str, **kw) -> dict[str, float]:
+    """GET /metrics parsed: {'name' or 'name{labels}': value}."""
+    r = httpx.get(f"{url}/metrics", timeout=10, **kw)
+    assert r.status_code == 200, r.text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in r.text.splitlines() if line and not line.startswith("#")}
+
+
+def wait_idle(url: str, timeout: float = 60.0, **kw) -> dict[str, float]:
+    """Poll /metrics until no request runs or waits; returns the last scrape."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(url, **kw)
+        if m["minfer_kv_slots_used"] == m["minfer_requests_running"] == m["minfer_requests_queued"] == 0:
+            return m
+        assert time.monotonic() < deadline, f"still busy after {timeout} s: {m}"
+        time.sleep(0.1)
+
+
+# -- tests --------------------------------------------------------------------------------------------
+@pytest.mark.real_model
+def test_health_answers_503_while_loading_then_ok(server):
+    statuses = [s for s, _ in server.health_seen]
+    assert statuses[0] == 503 and statuses[-1] == 200, server.health_seen
+    body = server.health_seen[0][1]
+    assert body["error"]["type"] == "unavailable_error" and body["error"]["message"] == "Loading model"
+    assert server.health_seen[-1][1] == {"status": "ok"}
+
+
+@pytest.mark.real_model
+def test_models_lists_the_served_model(server, client):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny"]
+    meta = httpx.get(f"{server.url}/v1/models").json()["data"][0]["meta"]
+    assert meta["n_parallel"] == 8 and meta["n_ctx"] == SLOT_CTX and meta["n_vocab"] == 151936
+
+
+@pytest.mark.real_model
+def test_completion_streamed_equals_non_streamed(client, tokenizer):
+    prompt = "def fibonacci(n):"
+    full = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+    choice = full.choices[0]
+    assert full.object == "text_completion" and full.model == "tiny" and choice.text
+    assert full.usage.prompt_tokens == len(tokenizer.encode(prompt))
+    assert 0 < full.usage.completion_tokens <= 24
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+    assert choice.finish_reason == ("length" if full.usage.completion_tokens == 24 else "stop")
+
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) >= 2  # streamed in pieces, not at once
+
+    ids = tokenizer.encode(prompt)  # a token-id prompt is the same prompt
+    assert client.completions.create(model="tiny", prompt=ids, max_tokens=24, temperature=0).choices[0].text == \
+        choice.text
+    none = client.completions.create(model="tiny", prompt=prompt, max_tokens=0)
+    assert none.choices[0].text == "" and none.usage.completion_tokens == 0
+    assert none.choices[0].finish_reason == "length"
+
+
+@pytest.mark.real_model
+def test_chat_applies_the_chat_template(server, client, tokenizer):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
+    rendered = tokenizer.apply_chat_template(messages)
+    assert "<|im_start|>system\nYou are terse.<|im_end|>" in rendered and rendered.endswith("<|im_start|>assistant\n")
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0)
+    assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
+    assert chat.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special=False))
+    # the same tokens as a plain completion of the rendered template: the template is what was applied
+    plain = client.completions.create(model="tiny", prompt=rendered, max_tokens=20, temperature=0)
+    assert chat.choices[0].message.content == plain.choices[0].text
+    assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+
+    stream = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0,
+                                                 stream=True))
+    assert stream[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == chat.choices[0].message.content
+    assert stream[-1].choices[0].finish_reason == chat.choices[0].finish_reason
+    parts = [{"type": "text", "text": "Name "}, {"type": "text", "text": "a prime."}]  # content as parts
+    with_parts = client.chat.completions.create(model="tiny", max_tokens=20, temperature=0,
+                                                messages=[messages[0], {"role": "user", "content": parts}])
+    assert with_parts.choices[0].message.content == chat.choices[0].message.content
+
+
+@pytest.mark.real_model
+def test_stop_strings_end_the_text_before_them(server, client):
+    prompt = "The quick brown fox"
+    text = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0).choices[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    cut = text.find(stop)
+    assert cut > 0, (text, stop)
+    for stops in (stop, [stop, "\x00never"]):
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0, stop=stops)
+        assert out.choices[0].text == text[:cut] and out.choices[0].finish_reason == "stop"
+        streamed = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0, stop=stops,
+                                             stream=True)
+        pieces = [c.choices[0] for c in streamed]
+        assert "".join(p.text for p in pieces) == text[:cut] and pieces[-1].finish_reason == "stop"
+
+
+BAD_REQUESTS = [  # (endpoint, raw body, param named in the error)
+    ("completions", b'{"prompt": "hi", "temperature": NaN}', "temperature"),
+    ("completions", b'{"prompt": "hi", "max_tokens": 4', None),  # not JSON
+    ("completions", b'["prompt"]', None),
+    ("completions", b'{"max_tokens": 4}', "prompt"),
+    ("completions", b'{"prompt": "hi", "temperature": "hot"}', "temperature"),
+    ("completions", b'{"prompt": "hi", "max_tokens": 4.5}', "max_tokens"),
+    ("completions", b'{"prompt": "hi", "stream": "yes"}', "stream"),
+    ("completions", b'{"prompt": "hi", "top_p": 1.5}', "top_p"),
+    ("completions", b'{"prompt": "hi", "temperature": -1}', "temperature"),
+    ("completions", b'{"prompt": "hi", "max_tokens": -5}', "max_tokens"),
+    ("completions", b'{"prompt": "hi", "seed": 1e400}', "seed"),
+    ("completions", b'{"prompt": "hi", "stop": [1]}', "stop.0"),
+    ("completions", b'{"prompt": "hi", "n": 2}', "n"),
+    ("completions", b'{"prompt": "hi", "logprobs": 3}', "logprobs"),
+    ("completions", b'{"prompt": ""}', "prompt"),
+    ("completions", b'{"prompt": []}', "prompt"),
+    ("completions", b'{"prompt": [1, true]}', "prompt.1"),
+    ("completions", b'{"prompt": [151936]}', "prompt"),  # outside the vocabulary
+    ("completions", json.dumps({"prompt": "hello " * SLOT_CTX}).encode(), "prompt"),  # over the context
+    ("chat/completions", b'{"messages": []}', "messages"),
+    ("chat/completions", b'{"messages": [{"role": "robot", "content": "hi"}]}', "messages.0.role"),
+    ("chat/completions", b'{"messages": [{"role": "user", "content": 7}]}', "messages.0.content"),
+    ("chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}',
+     "tools"),
+]
+
+
+@pytest.mark.real_model
+def test_malformed_requests_get_400_with_an_openai_error_body(server, client):
+    for endpoint, raw, param in BAD_REQUESTS:
+        r = httpx.post(f"{server.url}/v1/{endpoint}", content=raw, headers={"Content-Type": "application/json"},
+                       timeout=30)
+        assert r.status_code == 400, (raw, r.status_code, r.text)
+        body = r.json()
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+        err = body["error"]
+        assert err["type"] == "invalid_request_error" and err["code"] is None and err["param"] == param, (raw, err)
+        assert isinstance(err["message"], str) and len(err["message"]) > 10, err
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model="tiny", prompt="word " * SLOT_CTX, max_tokens=4)
+    r = httpx.get(f"{server.url}/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    wait_idle(server.url)
+
+
+async def _stream_text(client: openai.AsyncOpenAI, prompt: list[int], max_tokens: int) -> tuple[str, str]:
+    stream = await client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                             stream=True)
+    text, reason = [], None
+    async for chunk in stream:
+        text.append(chunk.choices[0].text)
+        reason = chunk.choices[0].finish_reason or reason
+    return "".join(text), reason
+
+
+async def _concurrently(url: str, prompts: list[list[int]], max_tokens: int):
+    """All prompts streamed at once; also the most slots in use and requests queued seen meanwhile."""
+    seen = {"slots": 0.0, "queued": 0.0}
+    async with httpx.AsyncClient(timeout=10) as poller:
+        async def poll():
+            while True:
+                text = (await poller.get(f"{url}/metrics")).text
+                for name, key in (("minfer_kv_slots_used", "slots"), ("minfer_requests_queued", "queued")):
+                    seen[key] = max(seen[key], float(re.search(rf"^{name} (\S+)$", text, re.M).group(1)))
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(poll())
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+        try:
+            results = await asyncio.gather(*(_stream_text(client, p, max_tokens) for p in prompts))
+        finally:
+            watcher.cancel()
+            await client.close()
+    return results, seen
+
+
+@pytest.mark.real_model
+def test_64_concurrent_streaming_clients_each_get_their_own_text(server, client):
+    # token-id prompts of 1..4 tokens, each ending in its own token (the tiny model mostly echoes the last one)
+    prompts = [[1000 + 97 * i, 5000 + 211 * i, 20000 + 1009 * i][-(1 + i % 3):] for i in range(64)]
+    alone = [client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0).choices[0]
+             for p in prompts]
+    assert len({a.text for a in alone}) >= 48, "prompts should give distinct texts, or the test proves little"
+    t0 = time.perf_counter()
+    results, seen = asyncio.run(_concurrently(server.url, prompts, 12))
+    elapsed = time.perf_counter() - t0
+    for i, ((text, reason), ref) in enumerate(zip(results, alone)):
+        assert text == ref.text and reason == ref.finish_reason, (i, prompts[i], text, ref.text)
+    assert seen["slots"] == 8 and seen["queued"] > 0, seen  # they really shared batches and waited in the queue
+    print(f"64 streams in {elapsed:.1f} s; most slots used {seen['slots']:.0f}, most queued {seen['queued']:.0f}")
+    wait_idle(server.url)
+
+
+CLIENT_SCRIPT = r"""
+import sys, httpx
+body = {"prompt": sys.argv[2], "max_tokens": -1, "temperature": 0, "stream": sys.argv[3] == "stream"}
+with httpx.Client(timeout=300) as c:
+    with c.stream("POST", sys.argv[1] + "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            pass
+"""
+
+
+@pytest.mark.real_model
+def test_clients_killed_mid_stream_free_every_slot(server, client):
+    before = metrics(server.url)
+    ref = client.completions.create(model="tiny", prompt="after the storm", max_tokens=16, temperature=0).choices[0]
+    # 10 client processes on 8 slots (two wait in the queue), streaming and not, killed once connected
+    procs = [subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, server.url, f"victim {i}",
+                               "stream" if i % 3 else "wait"]) for i in range(10)]
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until all 10 are in: 8 holding a slot, 2 waiting for one
+            busy = metrics(server.url)
+            if (busy["minfer_kv_slots_used"], busy["minfer_requests_queued"]) == (8, 2):
+                break
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), busy
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    # and clients of this process that hang up mid-stream (the openai client, then raw httpx)
+    stream = client.completions.create(model="tiny", prompt="hang up", max_tokens=-1, temperature=0, stream=True)
+    next(iter(stream))
+    stream.close()
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=30,
+                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1, "stream": True}) as r:
+        next(r.iter_lines())
+    idle = wait_idle(server.url)
+    cancelled = 'minfer_requests_finished_total{reason="cancelled"}'
+    finished = {k: idle[k] - before[k] for k in idle if k.startswith("minfer_requests_finished")}
+    assert finished[cancelled] == 12, str(finished)
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    again = client.completions.create(model="tiny", prompt="after the storm", max_tokens=16, temperature=0).choices[0]
+    assert again.text == ref.text
+
+
+@pytest.mark.real_model
+def test_metrics_are_prometheus_text(server, client):
+    client.completions.create(model="tiny", prompt="count the tokens", max_tokens=8, temperature=0)
+    r = httpx.get(f"{server.url}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    declared: dict[str, str] = {}
+    helped = set()
+    for line in r.text.rstrip("\n").split("\n"):
+        if line.startswith("# HELP "):
+            helped.add(line.split()[2])
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert kind in ("counter", "gauge") and name in helped, line
+            assert name.endswith("_total") == (kind == "counter"), line
+            declared[name] = kind
+        else:
+            m = re.fullmatch(r'([a-z_]+)(\{[a-z_]+="[a-z_]+"(,[a-z_]+="[a-z_]+")*\})? (-?[0-9.]+(e[-+]?[0-9]+)?)', line)
+            assert m and m.group(1) in declared, line
+    for name in ("tokens_per_second", "tokens_generated_total", "requests_total", "requests_running",
+                 "requests_queued", "kv_slots_used", "kv_slots_capacity"):
+        assert f"minfer_{name}" in declared, name
+    m = metrics(server.url)
+    assert m["minfer_kv_slots_capacity"] == 8 and m["minfer_ready"] == 1
+    assert m["minfer_tokens_generated_total"] > 0 and m["minfer_tokens_per_second"] > 0
+    assert m["minfer_requests_total"] >= sum(v for k, v in m.items() if k.startswith("minfer_requests_finished"))
+
+
+@pytest.mark.real_model
+def test_load_test_reports_its_figures(server, tmp_path, capsys):
+    from minfer_jax.server import load_test
+
+    out = tmp_path / "load.json"
+    rc = load_test.main(["--url", server.url, "--clients", "4", "--requests", "8", "--max-tokens", "8",
+                         "--prompt-tokens", "24", "--json", str(out)])
+    table = capsys.readouterr().out
+    assert rc == 0 and "| TTFT p50 ms |" in table, table
+    s = json.loads(out.read_text())
+    assert s["ok"] == 8 and s["failed"] == 0 and 8 <= s["completion_tokens"] <= 64, s
+    assert s["tokens_per_s"] > 0 and 0 < s["ttft_ms_p50"] <= s["ttft_ms_p99"], s
+    assert s["itl_ms_p50"] <= s["itl_ms_p99"] and s["tpot_ms_p50"] > 0, s
+    assert load_test.main(["--url", "http://192.0.2.1:8080", "--requests", "1"]) == 2  # loopback only
+    assert "must point at this machine" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def small_server(tiny_model, xla_cache, tmp_path_factory):
+    """One slot, one queued request, an API key, no warm-up."""
+    s = ServerProcess(tiny_model, tmp_path_factory.mktemp("small_log") / "server.log", xla_cache,
+                      "-np", "1", "-c", "256", "--max-queued", "1", "--api-key", "sesame", "--no-warmup")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.mark.real_model
+def test_a_full_queue_gets_429_and_the_api_key_is_checked(small_server):
+    url, auth = small_server.url, {"Authorization": "Bearer sesame"}
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{url}/health").status_code == 200  # /health needs no key
+    body = {"prompt": "keep going", "max_tokens": -1, "temperature": 0, "stream": True}
+    with httpx.Client(headers=auth, timeout=60) as c:
+        with c.stream("POST", f"{url}/v1/completions", json=body) as first, \
+                c.stream("POST", f"{url}/v1/completions", json=body) as second:
+            assert first.status_code == second.status_code == 200
+            r = c.post(f"{url}/v1/completions", json={"prompt": "one too many", "max_tokens": 2})
+            assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+            assert r.json()["error"]["type"] == "rate_limit_error" and "limit is 2" in r.json()["error"]["message"]
+    wait_idle(url, headers=auth)
+    ok = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0).completions.create(
+        model="x", prompt="now there is room", max_tokens=4, temperature=0)
+    assert ok.usage.completion_tokens <= 4 and ok.choices[0].finish_reason in ("length", "stop")
+
+
+@pytest.mark.real_model
+def test_serve_script_errors(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MINFER_COMPILATION_CACHE": "off"}
+    script = str(REPO / "scripts" / "serve.py")
+    bad = subprocess.run([sys.executable, script, "-np", "0"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: -np/--parallel must be in 1..64, got 0"], bad.stderr
+    missing = subprocess.run([sys.executable, script, "-m", str(tmp_path / "nope.gguf"), "--port", str(free_port()),
+                              "--log-level", "critical"], capture_output=True, text=True, env=env, timeout=120)
+    assert missing.returncode == 1 and "error: the model failed to load" in missing.stderr, missing.stderr
+
+
+def test_synthetic_models_get_a_placeholder_tokenizer():
+    """serve.py -m synthetic:<spec> (the H200 load benchmarks' 7B): real shapes, text to stream."""
+    from minfer_jax import generate
+    from minfer_jax.server.backend import ServerSettingsError, load_model
+
+    model = load_model("synthetic:qwen2.5-0.5b:q8_0:layers=1:seed=3", ctx_size=64)
+    assert model.config.n_layers == 1 and model.tokenizer is not None
+    out = generate(model, [1, 2, 3], max_new_tokens=2)
+    assert out.text == model.tokenizer.decode(out.tokens, skip_special=True) and out.text
+    with pytest.raises(ServerSettingsError, match="layers="):
+        load_model("synthetic:qwen2.5-0.5b:q8_0:layers=x")
