@@ -129,7 +129,7 @@ class DecodeKey:
 
     @property
     def label(self) -> str:
-        return f"decode [{self.rows} x {self.n_steps}]"
+        return f"decode [{self.n_steps}]" if self.rows == 1 else f"decode [{self.rows} rows x {self.n_steps}]"
 
     def lower(self, model):
         vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
