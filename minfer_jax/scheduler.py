@@ -170,8 +170,8 @@ class Scheduler:
         if req.max_new_tokens < 0:
             raise RequestError(f"max_new_tokens must be >= 0, got {req.max_new_tokens}")
         if n >= ctx:
-            raise ContextOverflowError(f"prompt of {n} tokens leaves no room to generate in a context of {ctx} "
-                                       "tokens (use a larger context)")
+            raise ContextOverflowError(f"the prompt is {n} tokens but the context holds {ctx}, which leaves no room "
+                                       "to generate; use a larger context (-c, ctx_size) or a shorter prompt")
         vocab = self.model.config.vocab_size
         bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
         if bad is not None:

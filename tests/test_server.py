@@ -36,7 +36,7 @@ def write_tiny_gguf(path: Path, tokenizer_meta: dict, seed: int = 1) -> None:
     import gguf
 
     from minfer_jax.gguf import ARCHITECTURE
-    from minfer_jax.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config
+    from minfer_jax.bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config
 
     cfg = dataclasses.replace(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
                               d_ff=128)
