@@ -28,3 +28,10 @@ class ContextOverflowError(MinferError):
 
 class TemplateError(MinferError):
     """The chat template failed to render or tried something the sandbox forbids."""
+
+
+class InvalidArgumentError(MinferError, ValueError):
+    """An argument of a public call (load, generate, logits, Sampler, Config, Impl, the CLI) is out of range.
+
+    Also a ValueError, so callers written against the plain ValueError these calls raised before keep working.
+    """
