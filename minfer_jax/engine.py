@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import ops
-from minfer_jax.errors import ContextOverflowError
+from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.qwen2 import forward, forward_hidden, logits_from_hidden
@@ -142,9 +142,9 @@ def run_generation(model, prompt_ids: Sequence[int], *, max_new_tokens: int, sam
     tok = model.tokenizer
     prompt_ids = [int(t) for t in prompt_ids]
     if not prompt_ids:
-        raise ValueError("the prompt is empty: give at least one token")
+        raise InvalidArgumentError("the prompt is empty: give at least one token")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        raise InvalidArgumentError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     max_len = max_len or model.ctx_size
     n = len(prompt_ids)
     if n >= max_len:

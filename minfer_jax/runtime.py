@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import engine as gen
-from minfer_jax import ops
-from minfer_jax.errors import ContextOverflowError
+from minfer_jax import ops, validate
+from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.gguf import GGUFModel, load_gguf
 from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
@@ -124,9 +124,7 @@ class Model:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits at every position of one prefill: [n, vocab] float32."""
-        ids = [int(t) for t in token_ids]
-        if not ids:
-            raise ValueError("logits() needs at least one token")
+        ids = validate.token_ids(token_ids, self.config.vocab_size)
         n = len(ids)
         if n > self.ctx_size:
             raise ContextOverflowError(f"{n} tokens do not fit in the context of {self.ctx_size} tokens")
@@ -166,27 +164,29 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     (default min(4096, trained context)). gemm: prefill variant, "auto", "f16", "dequant" or "int8" (ops.Impl).
     gguf_model: an already parsed GGUFModel (e.g. synthetic).
     """
+    device = device or jax.devices()[0]
+    platform = device.platform
+    validate.load_arguments(ctx_size=ctx_size, weights=weights, kernels=kernels, gemm=gemm, platform=platform)
     from minfer_jax.model_source import resolve_model
     from minfer_jax.tokenizer import Tokenizer
 
     enable_compilation_cache()
-    device = device or jax.devices()[0]
-    platform = device.platform
     if gguf_model is None:
         source = resolve_model(None if path is None else os.fspath(path), progress=progress)
         gguf_model = load_gguf(source)
     source = gguf_model.path
     cfg = gguf_model.config
     impl = dataclasses.replace(ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform), gemm=gemm)
-    if impl.kernels == "pallas" and platform != "gpu":
-        raise ValueError(f"kernels='pallas' needs a GPU, but the device is {platform}; "
-                         "use kernels='interpret' (slow) or 'xla'")
     mode = weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
     ctx = ctx_size or min(DEFAULT_CTX, cfg.context_length)
     if not 1 <= ctx <= cfg.context_length:
         raise ContextOverflowError(f"ctx_size {ctx} is outside 1..{cfg.context_length} (the model's trained context)")
     if cache_dtype is None:
         cache_dtype = jnp.float16 if platform == "gpu" else jnp.float32
+    validate.fits_in_memory(  # before the weights move: a claimed context of 2**26 must not start allocating
+        f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim}",
+        validate.kv_cache_bytes(cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize),
+        validate.memory_limit_bytes(device), already=gguf_model.file_size)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -204,16 +204,21 @@ def generate(model: Model, prompt: str | Sequence[int], *, max_new_tokens: int =
              repeat_last_n: int = 64, seed: int = 0, stop: Sequence[str] = (), chat: bool = False,
              on_text: Callable[[str], None] | None = None, chunk: int = 16) -> gen.GenerationResult:
     """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token ids."""
+    validate.generate_arguments(
+        ctx_size=model.ctx_size, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop, chat=chat,
+        on_text=on_text, chunk=chunk)
     if isinstance(prompt, str):
+        validate.text("prompt", prompt)
         if model.tokenizer is None:
-            raise ValueError("this model has no tokenizer metadata: pass token ids")
+            raise InvalidArgumentError("this model has no tokenizer metadata: pass token ids")
         if chat:
             prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
             ids = model.tokenizer.encode(prompt, add_special=False)
         else:
             ids = model.tokenizer.encode(prompt)
     else:
-        ids = [int(t) for t in prompt]
+        ids = validate.token_ids(prompt, model.config.vocab_size, "prompt")
     sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                       repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
     if sampler.greedy:  # filters are irrelevant when greedy: one executable for all greedy calls
