@@ -118,12 +118,12 @@ class _FastReader(GGUFReader):
             if item_type == GGUFValueType.ARRAY:
                 raise GGUFError("arrays of arrays are not supported")
             _check_count("array", length, _ITEM_MIN_BYTES.get(item_type, 1), self._size - orig_offs - 12,
-                         MAX_ARRAY_LEN)
+                         MAX_ARRAY_LEN, self._size)
         return super()._get_field_parts(orig_offs, raw_type)
 
     def _build_fields(self, offs, count):
         count = int(count)
-        _check_count("metadata entry", count, _KV_MIN_BYTES, self._size - offs, MAX_METADATA_ENTRIES)
+        _check_count("metadata entry", count, _KV_MIN_BYTES, self._size - offs, MAX_METADATA_ENTRIES, self._size)
         for i in range(count):
             where = f"metadata entry {i} of {count} (at byte {offs})"
             try:
@@ -139,7 +139,7 @@ class _FastReader(GGUFReader):
 
     def _build_tensor_info(self, offs, count):
         count = int(count)
-        _check_count("tensor info", count, _TENSOR_INFO_MIN_BYTES, self._size - offs, MAX_TENSORS)
+        _check_count("tensor info", count, _TENSOR_INFO_MIN_BYTES, self._size - offs, MAX_TENSORS, self._size)
         fields = []
         for i in range(count):
             where = f"tensor info {i} of {count} (at byte {offs})"
@@ -203,11 +203,12 @@ _ITEM_MIN_BYTES = {int(GGUFValueType.STRING): 8, int(GGUFValueType.UINT16): 2, i
                    int(GGUFValueType.UINT64): 8, int(GGUFValueType.INT64): 8, int(GGUFValueType.FLOAT64): 8}
 
 
-def _check_count(what: str, count: int, min_bytes: int, bytes_left: int, limit: int) -> None:
+def _check_count(what: str, count: int, min_bytes: int, bytes_left: int, limit: int, file_size: int) -> None:
     """Refuse a count the rest of the file cannot hold (or above `limit`) before parsing any item."""
     if count > limit or count * min_bytes > max(bytes_left, 0):
-        raise GGUFError(f"{what} count {count} is impossible: the limit is {limit}, and {count} items of at "
-                        f"least {min_bytes} bytes need more than the {max(bytes_left, 0)} bytes left in the file")
+        raise GGUFError(f"{what} count {count} is impossible (truncated or corrupt file): the limit is {limit}, "
+                        f"and {count} items of at least {min_bytes} bytes need more than the {max(bytes_left, 0)} "
+                        f"bytes left; the file has only {file_size} bytes")
 _DTYPES = {t: np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32,
                                     np.uint64, np.int64, np.float16, np.float32, np.float64, np.bool_)}
 # What gguf-py (and numpy under it) raises on garbage; all of it becomes a GGUFError.
@@ -244,7 +245,7 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
     return meta
 
 
-_STR, _INT, _FLOAT, _BOOL, _STRS, _INTS = "string", "integer", "number", "bool", "array of string", "array of integer"
+_STR, _INT, _FLOAT, _BOOL, _STRS, _INTS = "str", "int", "float", "bool", "array of str", "array of int"
 # What each key this package reads must hold (llama.cpp's types); other keys pass unchecked.
 METADATA_KINDS = {
     "general.architecture": _STR, "general.name": _STR, "general.alignment": _INT, "general.file_type": _INT,
@@ -282,7 +283,7 @@ def check_metadata_types(meta: Mapping[str, Any], path: str) -> None:
             raise GGUFError(f"{path}: {v}")
         if not _KIND_CHECKS[kind](v):
             shown = f"an array of {len(v)}" if isinstance(v, list) else f"{type(v).__name__} {v!r:.60}"
-            raise GGUFError(f"{path}: metadata '{key}' must be a {kind}, got {shown}")
+            raise GGUFError(f"{path}: metadata '{key}' should be {kind}, got {shown}")
 
 
 def _meta(meta: Mapping[str, Any], key: str, path: str, kind: type, default: Any = None) -> Any:

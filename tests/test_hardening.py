@@ -118,7 +118,7 @@ def test_trained_context_of_2_to_the_40_is_a_gguf_error(tmp_path):
 
 def test_metadata_of_the_wrong_type_is_a_gguf_error(tmp_path):
     path = tiny_gguf(tmp_path / "pre.gguf", meta={"tokenizer.ggml.pre": ["qwen2", "x"]})
-    _refused(lambda: load_gguf(path), "tokenizer.ggml.pre", "string", exc=GGUFError)
+    _refused(lambda: load_gguf(path), "tokenizer.ggml.pre", "should be str", exc=GGUFError)
     path = tiny_gguf(tmp_path / "bos.gguf", meta={"tokenizer.ggml.add_bos_token": "yes"})
     _refused(lambda: load_gguf(path), "tokenizer.ggml.add_bos_token", exc=GGUFError)
 
@@ -146,8 +146,9 @@ def test_merge_whose_join_is_not_a_token_is_a_gguf_error(tmp_path):
     "{% set ns = namespace(x=3) %}{% for i in range(60) %}{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x > 0 }}",
 ])
 def test_template_bombs_fail_fast(template):
-    _refused(lambda: bounded(lambda: render_chat_template(template, []), seconds=3.0, megabytes=200),
-             exc=TemplateError)
+    loops = template.startswith("{% for")  # time only: tracemalloc would slow the 2M loop steps ~7x
+    _refused(lambda: bounded(lambda: render_chat_template(template, []), seconds=4.0,
+                             megabytes=None if loops else 200), exc=TemplateError)
 
 
 def test_huge_template_source_is_refused_before_compiling():
