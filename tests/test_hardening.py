@@ -188,3 +188,48 @@ def test_kv_cache_larger_than_memory_is_refused_at_load(tmp_path):
 def test_sandbox_refuses_hidden_attributes(template):
     _refused(lambda: render_chat_template(template, [{"role": "user", "content": "hi"}]), "attribute",
              exc=TemplateError)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI: one `error:` line and status 2, never a traceback
+
+
+def _cli(monkeypatch, *argv, stdin: bytes = b""):
+    import io
+    import sys
+
+    from minfer_jax import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    rc = cli.main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("argv, stdin, expect", [
+    (["-p", "abc\udcff"], b"", "UTF-8"),
+    (["-sys", "be \udce9", "-p", "hi"], b"", "UTF-8"),
+    (["--stop", "\udc80", "-p", "hi"], b"", "UTF-8"),
+    ([], b"caf\xe9 au lait", "UTF-8"),
+    (["--repeat-last-n", "2000000000", "-p", "hi"], b"", "--repeat-last-n 2000000000"),
+    (["-n", "99999999999", "-p", "hi"], b"", "-n/--n-predict"),
+    (["-c", "99999999999", "-p", "hi"], b"", "-c/--ctx-size"),
+    (["--top-k", "99999999999", "-p", "hi"], b"", "--top-k"),
+    (["--temp", "nan", "-p", "hi"], b"", "--temp"),
+    (["--top-p", "nan", "-p", "hi"], b"", "--top-p"),
+    (["-p", ""], b"", "empty"),
+])
+def test_cli_bad_input_is_one_error_line(monkeypatch, tiny_path, argv, stdin, expect):
+    rc, out, err = _cli(monkeypatch, "-m", str(tiny_path), "--temp", "0", *argv, stdin=stdin)
+    assert rc == 2 and out == "", (rc, out, err)
+    lines = [line for line in err.splitlines() if not line.startswith("warning: ")]  # -c 4096 > 128
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], err
+
+
+def test_cli_ctx_0_with_a_huge_trained_context(monkeypatch, tmp_path):
+    path = tiny_gguf(tmp_path / "long.gguf", meta={"qwen2.context_length": 2**30})
+    rc, out, err = bounded(lambda: _cli(monkeypatch, "-m", str(path), "-c", "0", "-p", "hi"), seconds=20.0,
+                           megabytes=None)
+    assert rc == 2 and "KV cache" in err and err.count("\n") == 1, err
