@@ -56,6 +56,7 @@ MAX_SEQUENCE = 1 << 22  # longest str/list an operator may build, in items (4M c
 MAX_INT_ARG = 1 << 20  # largest size-like int for str methods/filters (ljust, center, ...)
 MAX_EXPONENT = 4096  # largest int exponent for `**`
 MAX_OUTPUT = 1 << 24  # characters of rendered output
+MAX_BUILT = 1 << 25  # items all operators, calls and filters of one render may build, summed (a memory bound)
 MAX_INT_BITS = 1 << 16  # largest int `*` / `**` may build (~20k digits)
 MAX_TEMPLATE_CHARS = 1 << 17  # template source: real ones are 1-20 KB; compile time grows with size
 MAX_BATCH_INPUT = 1 << 16  # items `batch`/`slice` may split (each item becomes a list)
@@ -73,7 +74,16 @@ class _RenderGuard:
     def __init__(self) -> None:
         self.steps = 0
         self.deadline = time.monotonic() + MAX_SECONDS
+        self.built_items = 0
         self.sizes: dict[int, tuple[Any, int]] = {}  # id -> (container, _size): kept alive, so ids stay unique
+
+    def built(self, value: Any) -> Any:
+        """Charge a value an operator, call or filter built; the sum over a render bounds its memory."""
+        if isinstance(value, (*_SIZED, dict)):
+            self.built_items += _size(value)
+            if self.built_items > MAX_BUILT:
+                raise SecurityError(f"chat template built more than {MAX_BUILT} items in one render")
+        return value
 
     def spend(self, n: int = 1) -> None:
         self.steps += n
@@ -81,6 +91,11 @@ class _RenderGuard:
             raise SecurityError(f"chat template exceeded {MAX_STEPS} steps (runaway loop?)")
         if time.monotonic() > self.deadline:
             raise SecurityError(f"chat template ran longer than {MAX_SECONDS:g} s")
+
+
+def _built(value: Any) -> Any:
+    guard = _current_guard.get(None)
+    return value if guard is None else guard.built(value)
 
 
 def _spend(n: int = 1) -> None:
@@ -237,7 +252,7 @@ def _guarded_concat(*values: Any) -> str:
     size = sum(_size(v) for v in values)
     if size > MAX_SEQUENCE:
         raise SecurityError(f"chat template tried to build a {size}-item string with ~")
-    return "".join(map(str, values))
+    return _built("".join(map(str, values)))
 
 
 def _finalize(value: Any) -> Any:
@@ -285,12 +300,12 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
         owner = getattr(method, "__self__", None)
         if isinstance(owner, str):
             _check_str_method(owner, getattr(method, "__name__", ""), args, kwargs)
-        return super().call(__context, __obj, *args, **kwargs)
+        return _built(super().call(__context, __obj, *args, **kwargs))
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _spend()
         _check_binop(operator, left, right)
-        return super().call_binop(context, operator, left, right)
+        return _built(super().call_binop(context, operator, left, right))
 
 
 class _BoundedNamespace(Namespace):
@@ -339,7 +354,7 @@ def _guarded_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise SecurityError(f"chat template split a {len(args[skip - 1])}-item value (limit {MAX_BATCH_INPUT})")
         if len(args) >= skip:
             _check_filter_product(fn.__name__, args[skip - 1], args[skip:], kwargs)
-        return fn(*args, **kwargs)
+        return _built(fn(*args, **kwargs))
 
     return guarded
 

@@ -197,8 +197,9 @@ def _validate(args) -> None:
         raise _UsageError(f"--min-p must be in [0, 1], got {args.min_p}")
     if not (math.isfinite(args.repeat_penalty) and args.repeat_penalty > 0):
         raise _UsageError(f"--repeat-penalty must be > 0, got {args.repeat_penalty}")
-    if args.repeat_last_n < -1:
-        raise _UsageError(f"--repeat-last-n must be -1 (the context size) or >= 0, got {args.repeat_last_n}")
+    if not -1 <= args.repeat_last_n <= validate.INT32_MAX:
+        raise _UsageError(f"--repeat-last-n must be -1 (the context size) or in 0..{validate.INT32_MAX} (larger "
+                          f"than the context means the context), got {args.repeat_last_n}")
     if not -1 <= args.seed < 2**32:
         raise _UsageError(f"-s/--seed must be -1 (random) or in 0..{2**32 - 1}, got {args.seed}")
     for flag, value in (("-p/--prompt", args.prompt), ("-sys/--system-prompt", args.system_prompt),
@@ -268,10 +269,7 @@ def _choose_ctx(requested: int, trained: int, err) -> int:
 def _make_sampler(args, ctx: int):
     from minfer_jax.sampling import GREEDY, Sampler
 
-    last_n = ctx if args.repeat_last_n == -1 else args.repeat_last_n
-    if last_n > ctx:  # the history is a device array of this many slots
-        raise _UsageError(f"--repeat-last-n {last_n} is larger than the context of {ctx} tokens "
-                          "(-1 = the whole context)")
+    last_n = ctx if args.repeat_last_n == -1 else min(args.repeat_last_n, ctx)  # a device array of this many slots
     if args.temp <= 0:  # greedy: the filters do not matter, so every greedy run shares one executable
         return dataclasses.replace(GREEDY, repeat_penalty=args.repeat_penalty, repeat_last_n=last_n)
     return Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -296,8 +294,6 @@ def _run(args, out, err) -> int:
     gguf_model = load_gguf(path)
     trained = gguf_model.config.context_length
     ctx = _choose_ctx(args.ctx_size, trained, err)
-    if args.repeat_last_n != -1:
-        _make_sampler(args, ctx)  # a bad sampler flag fails before the weights load
     model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress)  # bounds the KV cache
     sampler = _make_sampler(args, ctx)
     load_s = time.perf_counter() - t0

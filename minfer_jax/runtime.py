@@ -205,9 +205,10 @@ def generate(model: Model, prompt: str | Sequence[int], *, max_new_tokens: int =
              on_text: Callable[[str], None] | None = None, chunk: int = 16) -> gen.GenerationResult:
     """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token ids."""
     validate.generate_arguments(
-        ctx_size=model.ctx_size, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop, chat=chat,
         on_text=on_text, chunk=chunk)
+    repeat_last_n = min(repeat_last_n, model.ctx_size)  # no more history exists: a device array that long is waste
     if isinstance(prompt, str):
         validate.text("prompt", prompt)
         if model.tokenizer is None:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from minfer_jax import validate
 
 FULL_SORT_CAP = 4096  # top-p/min-p without top-k consider at most this many candidates
-MAX_REPEAT_LAST_N = 1 << 20  # history slots on the device; generate() also bounds it by the context
+MAX_REPEAT_LAST_N = 1 << 24  # history slots on the device (64 MiB); generate() and the CLI clamp it to the context
 
 
 @dataclasses.dataclass(frozen=True)

@@ -155,7 +155,7 @@ def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, plat
     choice("gemm", gemm, LOAD_GEMMS)
 
 
-def generate_arguments(*, ctx_size: int, max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any,
+def generate_arguments(*, max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any,
                        min_p: Any, repeat_penalty: Any, repeat_last_n: Any, seed: Any, stop: Any, chat: Any,
                        on_text: Any, chunk: Any) -> None:
     """runtime.generate's settings; the sampler's own fields are checked again by Sampler."""
@@ -165,7 +165,7 @@ def generate_arguments(*, ctx_size: int, max_new_tokens: Any, temperature: Any, 
     number("top_p", top_p, 0.0, 1.0, lo_open=True)
     number("min_p", min_p, 0.0, 1.0)
     number("repeat_penalty", repeat_penalty, 0.0, lo_open=True)
-    integer("repeat_last_n", repeat_last_n, 0, ctx_size)  # history beyond the context sees nothing
+    integer("repeat_last_n", repeat_last_n, 0, INT32_MAX)  # generate() clamps it to the context
     globals()["seed"](seed)
     stop_strings(stop)
     if not isinstance(chat, bool):

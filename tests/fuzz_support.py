@@ -10,6 +10,7 @@ longer or allocated more (tracemalloc peak) than the bound.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 import tracemalloc
@@ -67,7 +68,7 @@ def tiny_gguf(path: str | os.PathLike, *, cfg: Config = TINY, tokens: list[str] 
     replace (a Python value gguf-py can type: str, bool, int -> uint32, float -> float32, list), or
     None to drop the key.
     """
-    model = synthetic_model_from_config(cfg, "f32", seed=0, threads=1)
+    model = _weights(cfg)
     vocab, types, merges = placeholder_vocab(cfg.vocab_size)
     if tokens is not None:
         vocab, types = tokens, [1] * len(tokens)
@@ -94,6 +95,11 @@ def tiny_gguf(path: str | os.PathLike, *, cfg: Config = TINY, tokens: list[str] 
     w.write_tensors_to_file(progress=False)
     w.close()
     return Path(path)
+
+
+@functools.cache
+def _weights(cfg: Config):
+    return synthetic_model_from_config(cfg, "f32", seed=0, threads=1)
 
 
 def _add_value(w: gguf.GGUFWriter, key: str, value) -> None:

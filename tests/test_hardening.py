@@ -213,7 +213,7 @@ def _cli(monkeypatch, *argv, stdin: bytes = b""):
     (["-sys", "be \udce9", "-p", "hi"], b"", "UTF-8"),
     (["--stop", "\udc80", "-p", "hi"], b"", "UTF-8"),
     ([], b"caf\xe9 au lait", "UTF-8"),
-    (["--repeat-last-n", "2000000000", "-p", "hi"], b"", "--repeat-last-n 2000000000"),
+    (["--repeat-last-n", "99999999999", "-p", "hi"], b"", "--repeat-last-n"),
     (["-n", "99999999999", "-p", "hi"], b"", "-n/--n-predict"),
     (["-c", "99999999999", "-p", "hi"], b"", "-c/--ctx-size"),
     (["--top-k", "99999999999", "-p", "hi"], b"", "--top-k"),
@@ -226,6 +226,13 @@ def test_cli_bad_input_is_one_error_line(monkeypatch, tiny_path, argv, stdin, ex
     assert rc == 2 and out == "", (rc, out, err)
     lines = [line for line in err.splitlines() if not line.startswith("warning: ")]  # -c 4096 > 128
     assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], err
+
+
+def test_cli_repeat_last_n_past_the_context_is_the_context(monkeypatch, tiny_path):
+    rc, out, err = bounded(lambda: _cli(monkeypatch, "-m", str(tiny_path), "--temp", "0", "-n", "3", "--repeat-penalty",
+                                        "1.1", "--repeat-last-n", "2000000000", "-p", "hi", "-v"),
+                           seconds=60.0, megabytes=None)
+    assert rc == 0 and "over the last 4096 tokens" not in err and "over the last 128 tokens" in err, err
 
 
 def test_cli_ctx_0_with_a_huge_trained_context(monkeypatch, tmp_path):
