@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -39,12 +40,15 @@ def fuzz_settings(ci_examples: int, deadline_ms: int | None = 5000) -> settings:
                                            HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
 
-def bounded(fn, *, seconds: float = 5.0, megabytes: float | None = 64.0):
-    """fn() with its wall time and Python-heap peak (tracemalloc: numpy buffers included) bounded.
+def bounded(fn, *, seconds: float = 5.0, megabytes: float | None = 64.0, rss: bool = False):
+    """fn() with its wall time and memory peak bounded.
 
-    megabytes=None: time only (tracemalloc makes pure-Python loops ~7x slower).
+    Memory is the Python-heap peak from tracemalloc (numpy buffers included), or with rss=True the
+    growth of the resident set sampled every 2 ms by a thread (tracemalloc makes pure-Python work
+    ~7x slower, too slow for template renders); megabytes=None: time only.
     """
-    if megabytes is not None:
+    sampler = _RssPeak() if rss and megabytes is not None else None
+    if megabytes is not None and sampler is None:
         tracemalloc.start()
     t0 = time.perf_counter()
     try:
@@ -52,12 +56,39 @@ def bounded(fn, *, seconds: float = 5.0, megabytes: float | None = 64.0):
     finally:
         elapsed = time.perf_counter() - t0
         peak = 0
-        if megabytes is not None:
+        if sampler is not None:
+            peak = sampler.stop()
+        elif megabytes is not None:
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
         assert elapsed <= seconds, f"took {elapsed:.2f} s (bound {seconds} s)"
         assert megabytes is None or peak <= megabytes * 2**20, \
             f"allocated {peak / 2**20:.1f} MiB at peak (bound {megabytes} MiB)"
+
+
+class _RssPeak:
+    """Largest growth of this process' resident set over its size at start, sampled by a thread."""
+
+    def __init__(self) -> None:
+        self._base = self._peak = _rss_bytes()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.002):
+            self._peak = max(self._peak, _rss_bytes())
+
+    def stop(self) -> int:
+        self._peak = max(self._peak, _rss_bytes())
+        self._done.set()
+        self._thread.join()
+        return self._peak - self._base
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def tiny_gguf(path: str | os.PathLike, *, cfg: Config = TINY, tokens: list[str] | None = None,

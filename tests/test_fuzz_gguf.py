@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from fuzz_support import bounded, fuzz_settings, tiny_gguf
@@ -83,8 +83,10 @@ def _use(path) -> None:
 def _check(path) -> None:
     try:
         bounded(lambda: _use(path), seconds=5.0, megabytes=48)
-    except MinferError:
-        pass
+    except MinferError as e:
+        event(f"refused: {type(e).__name__}")
+        return
+    event("loaded and used")
 
 
 @fuzz_settings(150, deadline_ms=None)

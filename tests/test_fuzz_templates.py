@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from fuzz_support import FUZZ_EXAMPLES_ENV, bounded, fuzz_settings
@@ -84,9 +84,11 @@ def templates(draw, depth: int = 0):
 def test_fuzz_templates(template, monkeypatch_steps):
     try:
         out = bounded(lambda: render_chat_template(template, MESSAGES), seconds=chat_template.MAX_SECONDS + 2,
-                      megabytes=400)
+                      megabytes=400, rss=True)
     except TemplateError:
+        event("refused")
         return
+    event("rendered")
     assert isinstance(out, str) and len(out) <= MAX_OUTPUT
 
 
@@ -96,7 +98,8 @@ def test_fuzz_templates(template, monkeypatch_steps):
 def test_fuzz_template_syntax(template, monkeypatch_steps):
     """Arbitrary template text: rendered or TemplateError (syntax errors, undefined calls ...), never anything else."""
     try:
-        out = bounded(lambda: render_chat_template(template, MESSAGES), seconds=chat_template.MAX_SECONDS + 2)
+        out = bounded(lambda: render_chat_template(template, MESSAGES), seconds=chat_template.MAX_SECONDS + 2,
+                      megabytes=400, rss=True)
     except TemplateError:
         return
     assert isinstance(out, str)
