@@ -6,8 +6,8 @@
     print(out.text)
 """
 
-from minfer_jax.errors import (ContextOverflowError, GGUFError, MinferError, ModelNotFoundError,
-                               TemplateError, UnsupportedError)
+from minfer_jax.errors import (ContextOverflowError, GGUFError, InvalidArgumentError, MinferError,
+                               ModelNotFoundError, TemplateError, UnsupportedError)
 from minfer_jax.engine import GenerationResult, decode_loop, prefill_step, prompt_logits
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
@@ -17,7 +17,8 @@ from minfer_jax.sampling import GREEDY, Sampler
 __version__ = "0.1.0"
 
 __all__ = [
-    "Config", "ContextOverflowError", "GGUFError", "GREEDY", "GenerationResult", "Impl", "MinferError", "Model",
+    "Config", "ContextOverflowError", "GGUFError", "GREEDY", "GenerationResult", "Impl", "InvalidArgumentError",
+    "MinferError", "Model",
     "ModelNotFoundError", "Sampler", "TemplateError", "UnsupportedError", "decode_loop", "generate", "load",
     "prefill_step", "prompt_logits",
 ]

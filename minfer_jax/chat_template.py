@@ -3,14 +3,18 @@
 A chat template is code that came with a model file from the internet, so it is treated as
 hostile:
 - `ImmutableSandboxedEnvironment` keeps it away from Python internals (dunder attributes,
-  `str.format` tricks, mutating `messages`); any such attempt raises at once instead of
+  `str.format` tricks, mutating `messages`); any such attempt, and any private name asked of
+  an object that lacks it (`messages['__dict__']`, `|attr('_x')`), raises at once instead of
   rendering as an empty Undefined, so a probe cannot fail silently and keep probing;
 - resource bombs are bounded: `range` (jinja's 100k per range, plus a per-render total), the
-  `*`, `**`, `+`, `%` operators, size parameters of str methods and filters, format widths
-  and namespace stores (no gigabyte strings, no huge powers); a step budget and a wall-clock
-  limit are checked on every call, operator and range, and the output size is capped. This
-  bounds the known bombs; it is not a hard CPU/memory limit (only a separate process gives
-  that);
+  `*`, `**`, `+`, `%` and `~` operators (sizes count nested contents: `['x' * 4000000] * 1000`
+  is 4e9 items), int growth in bits, size parameters of str methods and filters, format widths
+  (nested ones too) and namespace stores; a step budget and a wall-clock limit are checked on
+  every call, operator, range item and loop iteration (the parsed template is rewritten so each
+  `{% for %}` and `~` passes through a guard), every value printed is size-checked, and the items
+  built over the whole render are summed and capped (a memory bound). The source itself is
+  limited to MAX_TEMPLATE_CHARS before compiling. This bounds the known bombs; it is not a hard
+  CPU/memory limit (only a separate process gives that);
 - every failure, whatever Python or Jinja raised, leaves as `minfer_jax.errors.TemplateError`.
 
 The dialect matches transformers: trim_blocks/lstrip_blocks, `loopcontrols`, a `tojson` filter

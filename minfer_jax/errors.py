@@ -1,7 +1,7 @@
 """The one exception family minfer_jax raises on purpose.
 
 Every error a user can cause (a broken file, an unknown quant type, a missing model, a prompt
-longer than the context) is a `MinferError`, with a message that names the file or tensor and
+longer than the context, an argument out of range) is a `MinferError`, with a message that names the file or tensor and
 what was expected. Anything else escaping the package is a bug.
 """
 
