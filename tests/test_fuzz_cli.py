@@ -40,7 +40,7 @@ def command_lines(draw):
         action = draw(st.sampled_from(["set", "set", "add_switch", "drop", "stdin"]))
         if action == "set":
             flag, value = draw(st.sampled_from(FLAGS)), draw(st.sampled_from(VALUES))
-            if flag in argv and flag != "--stop":
+            if flag in argv[:-1] and flag != "--stop":
                 argv[argv.index(flag) + 1] = value
             else:
                 argv += [flag, value]
