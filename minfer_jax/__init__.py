@@ -6,8 +6,8 @@
     print(out.text)
 """
 
-from minfer_jax.errors import (ContextOverflowError, GGUFError, MinferError, ModelNotFoundError,
-                               TemplateError, UnsupportedError)
+from minfer_jax.errors import (ContextOverflowError, GGUFError, InvalidArgumentError, MinferError,
+                               ModelNotFoundError, TemplateError, UnsupportedError)
 from minfer_jax.engine import GenerationResult, SlotState, decode_chunk, prefill_chunk, prompt_logits
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
@@ -19,7 +19,8 @@ from minfer_jax.sampling import GREEDY, Sampler
 __version__ = "0.1.0"
 
 __all__ = [
-    "Config", "ContextOverflowError", "GGUFError", "GREEDY", "GenerationResult", "Impl", "MinferError", "Model",
-    "ModelNotFoundError", "Plan", "Request", "Sampler", "Scheduler", "SlotState", "TemplateError", "UnsupportedError",
-    "decode_chunk", "generate", "generate_batch", "load", "prefill_chunk", "prompt_logits",
+    "Config", "ContextOverflowError", "GGUFError", "GREEDY", "GenerationResult", "Impl", "InvalidArgumentError",
+    "MinferError", "Model", "ModelNotFoundError", "Plan", "Request", "Sampler", "Scheduler", "SlotState",
+    "TemplateError", "UnsupportedError", "decode_chunk", "generate", "generate_batch", "load", "prefill_chunk",
+    "prompt_logits",
 ]

@@ -3,14 +3,18 @@
 A chat template is code that came with a model file from the internet, so it is treated as
 hostile:
 - `ImmutableSandboxedEnvironment` keeps it away from Python internals (dunder attributes,
-  `str.format` tricks, mutating `messages`); any such attempt raises at once instead of
+  `str.format` tricks, mutating `messages`); any such attempt, and any private name asked of
+  an object that lacks it (`messages['__dict__']`, `|attr('_x')`), raises at once instead of
   rendering as an empty Undefined, so a probe cannot fail silently and keep probing;
 - resource bombs are bounded: `range` (jinja's 100k per range, plus a per-render total), the
-  `*`, `**`, `+`, `%` operators, size parameters of str methods and filters, format widths
-  and namespace stores (no gigabyte strings, no huge powers); a step budget and a wall-clock
-  limit are checked on every call, operator and range, and the output size is capped. This
-  bounds the known bombs; it is not a hard CPU/memory limit (only a separate process gives
-  that);
+  `*`, `**`, `+`, `%` and `~` operators (sizes count nested contents: `['x' * 4000000] * 1000`
+  is 4e9 items), int growth in bits, size parameters of str methods and filters, format widths
+  (nested ones too) and namespace stores; a step budget and a wall-clock limit are checked on
+  every call, operator, range item and loop iteration (the parsed template is rewritten so each
+  `{% for %}` and `~` passes through a guard), every value printed is size-checked, and the items
+  built over the whole render are summed and capped (a memory bound). The source itself is
+  limited to MAX_TEMPLATE_CHARS before compiling. This bounds the known bombs; it is not a hard
+  CPU/memory limit (only a separate process gives that);
 - every failure, whatever Python or Jinja raised, leaves as `minfer_jax.errors.TemplateError`.
 
 The dialect matches transformers: trim_blocks/lstrip_blocks, `loopcontrols`, a `tojson` filter
@@ -25,15 +29,18 @@ import datetime
 import functools
 import json
 import re
+import string
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jinja2
 import jinja2.ext
+from jinja2 import nodes
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 from jinja2.utils import Namespace, generate_lorem_ipsum
+from jinja2.visitor import NodeTransformer
 
 from minfer_jax.errors import TemplateError
 
@@ -53,6 +60,11 @@ MAX_SEQUENCE = 1 << 22  # longest str/list an operator may build, in items (4M c
 MAX_INT_ARG = 1 << 20  # largest size-like int for str methods/filters (ljust, center, ...)
 MAX_EXPONENT = 4096  # largest int exponent for `**`
 MAX_OUTPUT = 1 << 24  # characters of rendered output
+MAX_BUILT = 1 << 25  # items all operators, calls and filters of one render may build, summed (a memory bound)
+MAX_INT_BITS = 1 << 16  # largest int `*` / `**` may build (~20k digits)
+MAX_TEMPLATE_CHARS = 1 << 16  # template source: real ones are 1-20 KB; 64K compiles in ~1.5 s on a busy CPU
+MAX_BATCH_INPUT = 1 << 16  # items `batch`/`slice` may split (each item becomes a list)
+_LOOP_GUARD, _CONCAT_GUARD = "_minfer_loop", "_minfer_concat"  # globals the compiled template calls
 
 _SIZED = (str, list, tuple)
 
@@ -66,6 +78,16 @@ class _RenderGuard:
     def __init__(self) -> None:
         self.steps = 0
         self.deadline = time.monotonic() + MAX_SECONDS
+        self.built_items = 0
+        self.sizes: dict[int, tuple[Any, int]] = {}  # id -> (container, _size): kept alive, so ids stay unique
+
+    def built(self, value: Any) -> Any:
+        """Charge a value an operator, call or filter built; the sum over a render bounds its memory."""
+        if isinstance(value, (*_SIZED, dict)):
+            self.built_items += _size(value)
+            if self.built_items > MAX_BUILT:
+                raise SecurityError(f"chat template built more than {MAX_BUILT} items in one render")
+        return value
 
     def spend(self, n: int = 1) -> None:
         self.steps += n
@@ -75,6 +97,11 @@ class _RenderGuard:
             raise SecurityError(f"chat template ran longer than {MAX_SECONDS:g} s")
 
 
+def _built(value: Any) -> Any:
+    guard = _current_guard.get(None)
+    return value if guard is None else guard.built(value)
+
+
 def _spend(n: int = 1) -> None:
     """Charge the current render; a no-op outside `render_chat_template` (e.g. compile time)."""
     guard = _current_guard.get(None)
@@ -82,11 +109,35 @@ def _spend(n: int = 1) -> None:
         guard.spend(n)
 
 
+def _size(value: Any, limit: int = MAX_SEQUENCE) -> int:
+    """Items `value` stands for when printed or joined: a str its length, a container its items and
+    their contents (`['x' * 4000000] * 1000` is 4e9, not 1000); stops counting once past limit."""
+    if isinstance(value, str):
+        return len(value)
+    if not isinstance(value, (list, tuple, dict)):
+        return 1
+    guard = _current_guard.get(None)
+    known = guard.sizes.get(id(value)) if guard is not None else None
+    if known is not None and known[0] is value:
+        return known[1]
+    total = len(value)
+    for item in (value.items() if isinstance(value, dict) else value):
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, (list, tuple, dict)):
+            total += _size(item, limit - total)
+        if total > limit:
+            return total
+    if guard is not None:  # containers cannot change inside the immutable sandbox: walk each once
+        guard.sizes[id(value)] = (value, total)
+    return total
+
+
 def _check_sizes(values: Iterable[Any]) -> None:
     """Refuse oversized strings/lists as arguments: they only exist to amplify further."""
     for value in values:
-        if isinstance(value, _SIZED) and len(value) > MAX_SEQUENCE:
-            raise SecurityError(f"chat template passed a {len(value)}-item value to a call")
+        if isinstance(value, (*_SIZED, dict)) and (size := _size(value)) > MAX_SEQUENCE:
+            raise SecurityError(f"chat template passed a value of {size}+ items to a call (limit {MAX_SEQUENCE})")
 
 
 def _check_ints(values: Iterable[Any]) -> None:
@@ -120,38 +171,118 @@ def _check_str_method(text: str, name: str, args: Sequence[Any], kwargs: Mapping
         for number in _FORMAT_SPEC_NUMBER.findall(text):
             if int(number) > MAX_INT_ARG:
                 raise SecurityError(f"chat template used a format width of {number}")
+        values = (*args, *kwargs.values())
+        if "{" in text.partition(":")[2] or any("{" in spec for spec in _format_specs(text)):
+            _check_ints(values)  # '{:{}}'.format('x', 3000000000): the width is an argument
+        size = len(text) + sum(_size(v) for v in values) * max(1, text.count("{"))
+        if size > MAX_SEQUENCE:
+            raise SecurityError(f"chat template tried to build a {size}-item string with str.{name}")
         return
     _check_ints((*args, *kwargs.values()))
     if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
         size = len(text) + text.count(args[0]) * len(args[1])
     elif name == "join" and args and isinstance(args[0], _SIZED):
-        size = len(text) * len(args[0])
+        size = len(text) * len(args[0]) + _size(args[0])
     else:
         return
     if size > MAX_SEQUENCE:
         raise SecurityError(f"chat template tried to build a {size}-item string with str.{name}")
 
 
+def _format_specs(text: str) -> list[str]:
+    try:
+        return [spec or "" for _, _, spec, _ in string.Formatter().parse(text)]
+    except ValueError:  # a malformed format string: str.format itself reports it
+        return []
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_binop(operator: str, left: Any, right: Any) -> None:
-    """Refuse `'x' * 10**9`, `10 ** 10 ** 9` and runaway `+` concatenation before computing them."""
+    """Refuse `'x' * 10**9`, `10 ** 10 ** 9`, runaway `+` and big-int growth before computing them."""
     if operator == "*":
         for seq, count in ((left, right), (right, left)):
-            if isinstance(seq, _SIZED) and isinstance(count, int) and len(seq) * count > MAX_SEQUENCE:
-                raise SecurityError(f"chat template tried to build a {len(seq) * count}-item sequence")
+            if isinstance(seq, _SIZED) and _is_int(count) and _size(seq) * count > MAX_SEQUENCE:
+                raise SecurityError(f"chat template tried to build a {_size(seq) * count}-item sequence")
+        if _is_int(left) and _is_int(right) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise SecurityError(f"chat template tried to build an int of over {MAX_INT_BITS} bits")
     elif operator == "**":
-        if isinstance(right, int) and abs(right) > MAX_EXPONENT and isinstance(left, int) and abs(left) > 1:
+        if _is_int(right) and abs(right) > MAX_EXPONENT and _is_int(left) and abs(left) > 1:
             raise SecurityError(f"chat template tried to raise to the power {right}")
+        if _is_int(left) and _is_int(right) and right > 0 and left.bit_length() * right > MAX_INT_BITS:
+            raise SecurityError(f"chat template tried to build an int of over {MAX_INT_BITS} bits")
     elif operator == "+":
-        if isinstance(left, _SIZED) and isinstance(right, _SIZED) and len(left) + len(right) > MAX_SEQUENCE:
-            raise SecurityError(f"chat template tried to build a {len(left) + len(right)}-item sequence")
+        if isinstance(left, _SIZED) and isinstance(right, _SIZED) and _size(left) + _size(right) > MAX_SEQUENCE:
+            raise SecurityError(f"chat template tried to build a {_size(left) + _size(right)}-item sequence")
     elif operator == "%" and isinstance(left, str):
         _check_printf(left, right)
+        if len(left) + _size(right) * max(1, left.count("%")) > MAX_SEQUENCE:
+            raise SecurityError("chat template tried to build an oversized string with %")
+
+
+def _private(name: Any) -> bool:
+    return isinstance(name, str) and name.startswith("_")
+
+
+class _Guards(NodeTransformer):
+    """Rewrites a parsed template so loops and `~` pass through the render budget.
+
+    `{% for %}` over a long string or list calls nothing per item, so a nested loop would never
+    reach a step check; `a ~ b` joins in one C call. Each loop's iterable is wrapped in
+    _LOOP_GUARD (one step per item) and each `~` becomes _CONCAT_GUARD (size checked first).
+    """
+
+    def visit_For(self, node: nodes.For) -> nodes.Node:
+        node = self.generic_visit(node)
+        node.iter = nodes.Call(nodes.Name(_LOOP_GUARD, "load"), [node.iter], [], None, None,
+                               lineno=node.lineno)
+        return node
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+        node = self.generic_visit(node)
+        return nodes.Call(nodes.Name(_CONCAT_GUARD, "load"), list(node.nodes), [], None, None,
+                          lineno=node.lineno)
+
+
+def _guarded_loop(iterable: Any) -> Iterator[Any]:
+    for item in iterable:
+        _spend()
+        yield item
+
+
+def _guarded_concat(*values: Any) -> str:
+    size = sum(_size(v) for v in values)
+    if size > MAX_SEQUENCE:
+        raise SecurityError(f"chat template tried to build a {size}-item string with ~")
+    return _built("".join(map(str, values)))
+
+
+def _finalize(value: Any) -> Any:
+    """Every `{{ }}` value before it becomes text: a list standing for gigabytes is refused here."""
+    if isinstance(value, (list, tuple, dict)) and (size := _size(value, MAX_OUTPUT)) > MAX_OUTPUT:
+        raise SecurityError(f"chat template tried to print a value of {size}+ characters")
+    return value
 
 
 class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
     """The sandbox with unsafe access made fatal and with operator and call budgets."""
 
     intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        return _Guards().visit(super()._parse(source, name, filename))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        # `messages['__dict__']`: the stock sandbox falls back to an attribute and, finding none,
+        # renders ''. A private name is refused unless obj really holds that key.
+        if _private(argument):
+            try:
+                return obj[argument]
+            except (TypeError, LookupError):
+                raise SecurityError(f"access to private attribute {argument!r} is not allowed") from None
+        return super().getitem(obj, argument)
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         # Private names are refused even where they do not exist (`namespace().__init__` would
@@ -173,12 +304,12 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
         owner = getattr(method, "__self__", None)
         if isinstance(owner, str):
             _check_str_method(owner, getattr(method, "__name__", ""), args, kwargs)
-        return super().call(__context, __obj, *args, **kwargs)
+        return _built(super().call(__context, __obj, *args, **kwargs))
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _spend()
         _check_binop(operator, left, right)
-        return super().call_binop(context, operator, left, right)
+        return _built(super().call_binop(context, operator, left, right))
 
 
 class _BoundedNamespace(Namespace):
@@ -191,8 +322,8 @@ class _BoundedNamespace(Namespace):
 
     def __setitem__(self, name: str, value: Any) -> None:
         _spend()
-        if isinstance(value, _SIZED) and len(value) > MAX_SEQUENCE:
-            raise SecurityError(f"chat template stored a {len(value)}-item value in a namespace")
+        if isinstance(value, (*_SIZED, dict)) and _size(value) > MAX_SEQUENCE:
+            raise SecurityError(f"chat template stored a {_size(value)}-item value in a namespace")
         super().__setitem__(name, value)
 
 
@@ -220,9 +351,14 @@ def _guarded_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
         _check_sizes((*args, *kwargs.values()))
         if fn.__name__ != "do_format":  # format's arguments are data, checked by _check_printf
             _check_ints((*args[skip:], *kwargs.values()))
+        if fn.__name__ == "do_attr" and len(args) > skip and _private(args[skip]):
+            raise SecurityError(f"access to private attribute {args[skip]!r} is not allowed")
+        if fn.__name__ in ("do_batch", "do_slice") and len(args) >= skip and isinstance(args[skip - 1], _SIZED) \
+                and len(args[skip - 1]) > MAX_BATCH_INPUT:
+            raise SecurityError(f"chat template split a {len(args[skip - 1])}-item value (limit {MAX_BATCH_INPUT})")
         if len(args) >= skip:
             _check_filter_product(fn.__name__, args[skip - 1], args[skip:], kwargs)
-        return fn(*args, **kwargs)
+        return _built(fn(*args, **kwargs))
 
     return guarded
 
@@ -238,7 +374,7 @@ def _check_filter_product(name: str, value: Any, args: Sequence[Any], kwargs: Ma
               "do_indent": lambda: str(value).count("\n") + 1}
     if name in pieces:
         longest = max((len(p) for p in params if isinstance(p, str)), default=0)
-        size = pieces[name]() * longest
+        size = pieces[name]() * longest + (_size(value) if name == "do_join" else 0)  # join: its items too
         if size > MAX_SEQUENCE:
             raise SecurityError(f"chat template tried to build a {size}-item string with a filter")
 
@@ -271,12 +407,13 @@ def _environment() -> _ChatTemplateEnvironment:
     """The one sandbox, built on first use (not at import) and shared: it is read-only."""
     env = _ChatTemplateEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
-        undefined=jinja2.Undefined, autoescape=False,
+        undefined=jinja2.Undefined, autoescape=False, finalize=_finalize,
     )
     env.filters["tojson"] = _tojson
     env.filters = {name: _guarded_filter(fn) for name, fn in env.filters.items()}
     env.globals.update(range=_bounded_range, namespace=_BoundedNamespace, lipsum=_bounded_lipsum,
-                       raise_exception=_raise_exception, strftime_now=_strftime_now)
+                       raise_exception=_raise_exception, strftime_now=_strftime_now,
+                       **{_LOOP_GUARD: _guarded_loop, _CONCAT_GUARD: _guarded_concat})
     return env
 
 
@@ -319,7 +456,12 @@ def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
     """
     if not isinstance(template, str):
         raise TemplateError(f"chat template must be a string, got {type(template).__name__}")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise TemplateError(f"chat template has {len(template)} characters, more than the limit of "
+                            f"{MAX_TEMPLATE_CHARS} (real templates have a few thousand)")
     compiled = _compile(template)
+    if isinstance(messages, (str, bytes, Mapping)) or not all(isinstance(m, Mapping) for m in messages):
+        raise TemplateError("messages must be a list of mappings ({'role': ..., 'content': ...})")
     context = {"bos_token": "", "eos_token": "", **extra,
                "messages": [dict(m) for m in messages],
                "add_generation_prompt": bool(add_generation_prompt)}

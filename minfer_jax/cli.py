@@ -28,7 +28,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from minfer_jax.errors import ContextOverflowError, MinferError
+from minfer_jax import validate
+from minfer_jax.errors import ContextOverflowError, InvalidArgumentError, MinferError
 from minfer_jax.gguf import load_gguf
 from minfer_jax.model_source import resolve_model
 from minfer_jax.runtime import load  # module attributes: tests substitute an already loaded model
@@ -59,7 +60,7 @@ With --chat and stdin piped (not a terminal), stdin is one user message (no inte
 """
 
 
-class _UsageError(Exception):
+class _UsageError(InvalidArgumentError):
     """A bad command line: reported as one `error:` line, exit status 2."""
 
 
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="replace")  # never die on a character the terminal cannot show
     try:
         return _run(args, sys.stdout, err)
-    except (_UsageError, MinferError, ValueError) as e:
+    except MinferError as e:  # every user error; anything else is a bug and keeps its traceback
         return _fail(err, str(e))
     except KeyboardInterrupt:
         _newline_if_needed(sys.stdout)
@@ -169,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fail(err, message: str) -> int:
     line = " ".join(message.split()) or "unknown error"
+    line = line.encode("utf-8", "backslashreplace").decode("utf-8")  # undecodable input echoed in the message
     err.write(f"error: {line}\n")
     err.flush()
     return EXIT_USAGE
@@ -179,24 +181,41 @@ def _fail(err, message: str) -> int:
 
 
 def _validate(args) -> None:
-    if args.n_predict < -1:
-        raise _UsageError(f"-n/--n-predict must be -1 (unlimited) or >= 0, got {args.n_predict}")
-    if args.ctx_size < 0:
-        raise _UsageError(f"-c/--ctx-size must be >= 0 (0 = the model's trained context), got {args.ctx_size}")
+    if not -1 <= args.n_predict <= validate.INT32_MAX:
+        raise _UsageError(f"-n/--n-predict must be -1 (unlimited) or in 0..{validate.INT32_MAX}, got {args.n_predict}")
+    if not 0 <= args.ctx_size <= validate.INT32_MAX:
+        raise _UsageError(f"-c/--ctx-size must be in 0..{validate.INT32_MAX} (0 = the model's trained context), "
+                          f"got {args.ctx_size}")
     if not math.isfinite(args.temp):
         raise _UsageError(f"--temp must be a finite number, got {args.temp}")
-    if args.top_k < 0:
-        raise _UsageError(f"--top-k must be >= 0 (0 = off), got {args.top_k}")
+    if not 0 <= args.top_k <= validate.INT32_MAX:
+        raise _UsageError(f"--top-k must be in 0..{validate.INT32_MAX} (0 = off), got {args.top_k}")
     if not 0.0 < args.top_p <= 1.0:
         raise _UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 0.0 <= args.min_p <= 1.0:
         raise _UsageError(f"--min-p must be in [0, 1], got {args.min_p}")
     if not (math.isfinite(args.repeat_penalty) and args.repeat_penalty > 0):
         raise _UsageError(f"--repeat-penalty must be > 0, got {args.repeat_penalty}")
-    if args.repeat_last_n < -1:
-        raise _UsageError(f"--repeat-last-n must be -1 (the context size) or >= 0, got {args.repeat_last_n}")
+    if not -1 <= args.repeat_last_n <= validate.INT32_MAX:
+        raise _UsageError(f"--repeat-last-n must be -1 (the context size) or in 0..{validate.INT32_MAX} (larger "
+                          f"than the context means the context), got {args.repeat_last_n}")
     if not -1 <= args.seed < 2**32:
         raise _UsageError(f"-s/--seed must be -1 (random) or in 0..{2**32 - 1}, got {args.seed}")
+    for flag, value in (("-p/--prompt", args.prompt), ("-sys/--system-prompt", args.system_prompt),
+                        *(("--stop", s) for s in args.stop)):
+        if value is not None:
+            _text(flag, value)
+    if len(args.stop) > validate.MAX_STOP_STRINGS or any(len(s) > validate.MAX_STOP_CHARS for s in args.stop):
+        raise _UsageError(f"--stop: at most {validate.MAX_STOP_STRINGS} strings of at most "
+                          f"{validate.MAX_STOP_CHARS} characters")
+
+
+def _text(flag: str, value: str) -> str:
+    """Text from the command line or stdin: undecodable bytes arrive as lone surrogates."""
+    try:
+        return validate.text(flag, value)
+    except InvalidArgumentError as e:
+        raise _UsageError(f"{e}; pass UTF-8 text") from None
 
 
 def _stdin_is_tty() -> bool:
@@ -220,10 +239,21 @@ def _read_prompt(args, chat: bool) -> str | None:
         except UnicodeDecodeError as e:
             raise _UsageError(f"prompt file {args.file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     if sys.stdin is not None and not _stdin_is_tty():
-        return _strip_one_newline(sys.stdin.read())
+        return _strip_one_newline(_read_stdin())
     if chat:
         return None
     raise _UsageError("no prompt: give -p TEXT or -f FILE, pipe text on stdin, or use --chat for an interactive chat")
+
+
+def _read_stdin() -> str:
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream without bytes under it (tests, embedding)
+        return _text("stdin", sys.stdin.read())
+    data = buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _UsageError(f"stdin is not UTF-8 text ({e.reason} at byte {e.start}); pass UTF-8 text") from None
 
 
 def _choose_ctx(requested: int, trained: int, err) -> int:
@@ -238,7 +268,7 @@ def _choose_ctx(requested: int, trained: int, err) -> int:
 def _make_sampler(args, ctx: int):
     from minfer_jax.sampling import GREEDY, Sampler
 
-    last_n = ctx if args.repeat_last_n == -1 else args.repeat_last_n
+    last_n = ctx if args.repeat_last_n == -1 else min(args.repeat_last_n, ctx)  # a device array of this many slots
     if args.temp <= 0:  # greedy: the filters do not matter, so every greedy run shares one executable
         return dataclasses.replace(GREEDY, repeat_penalty=args.repeat_penalty, repeat_last_n=last_n)
     return Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -263,8 +293,8 @@ def _run(args, out, err) -> int:
     gguf_model = load_gguf(path)
     trained = gguf_model.config.context_length
     ctx = _choose_ctx(args.ctx_size, trained, err)
+    model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress)  # bounds the KV cache
     sampler = _make_sampler(args, ctx)
-    model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress)
     load_s = time.perf_counter() - t0
     if model.tokenizer is None:
         raise MinferError(f"{path}: the GGUF has no tokenizer metadata (tokenizer.ggml.*); the CLI needs one")
@@ -292,6 +322,8 @@ def _run(args, out, err) -> int:
         ids = tok.encode(prompt)
         if args.display_prompt:
             session.write(prompt)
+    if not ids:
+        raise _UsageError("the prompt is empty (it encodes to no tokens)")
     result = session.generate(ids)
     if not args.stream:
         session.write(result.text)
@@ -501,6 +533,11 @@ def _interactive(session: _Session, base: list[dict]) -> int:
         if command == "/reset":
             history = list(base)
             err.write("(history cleared)\n")
+            continue
+        try:
+            _text("the message", text)
+        except _UsageError as e:
+            err.write(f"error: {str(e).encode('utf-8', 'backslashreplace').decode()}\n")
             continue
         history.append({"role": "user", "content": text})
         ids = tok.encode(tok.apply_chat_template(history), add_special=False)

@@ -1,7 +1,7 @@
 """The one exception family minfer_jax raises on purpose.
 
 Every error a user can cause (a broken file, an unknown quant type, a missing model, a prompt
-longer than the context) is a `MinferError`, with a message that names the file or tensor and
+longer than the context, an argument out of range) is a `MinferError`, with a message that names the file or tensor and
 what was expected. Anything else escaping the package is a bug.
 """
 
@@ -28,3 +28,10 @@ class ContextOverflowError(MinferError):
 
 class TemplateError(MinferError):
     """The chat template failed to render or tried something the sandbox forbids."""
+
+
+class InvalidArgumentError(MinferError, ValueError):
+    """An argument of a public call (load, generate, logits, Sampler, Config, Impl, the CLI) is out of range.
+
+    Also a ValueError, so callers written against the plain ValueError these calls raised before keep working.
+    """

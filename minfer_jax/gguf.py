@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from minfer_jax.errors import GGUFError, UnsupportedError
+from minfer_jax.errors import GGUFError, InvalidArgumentError, UnsupportedError
 from minfer_jax.model.config import Config
 
 QType = GGMLQuantizationType
@@ -109,8 +109,21 @@ class _FastReader(GGUFReader):
             arr = arr.view(dt.newbyteorder(order))
         return arr
 
+    def _get_field_parts(self, orig_offs, raw_type):
+        # An array's length is checked against the bytes left before gguf-py loops over it: parsing
+        # costs ~130 bytes of memory per item, so one corrupt length must not parse the whole file.
+        if int(raw_type) == GGUFValueType.ARRAY:
+            item_type = int(self._get(orig_offs, np.uint32)[0])
+            length = int(self._get(orig_offs + 4, np.uint64)[0])
+            if item_type == GGUFValueType.ARRAY:
+                raise GGUFError("arrays of arrays are not supported")
+            _check_count("array", length, _ITEM_MIN_BYTES.get(item_type, 1), self._size - orig_offs - 12,
+                         MAX_ARRAY_LEN, self._size)
+        return super()._get_field_parts(orig_offs, raw_type)
+
     def _build_fields(self, offs, count):
         count = int(count)
+        _check_count("metadata entry", count, _KV_MIN_BYTES, self._size - offs, MAX_METADATA_ENTRIES, self._size)
         for i in range(count):
             where = f"metadata entry {i} of {count} (at byte {offs})"
             try:
@@ -126,6 +139,7 @@ class _FastReader(GGUFReader):
 
     def _build_tensor_info(self, offs, count):
         count = int(count)
+        _check_count("tensor info", count, _TENSOR_INFO_MIN_BYTES, self._size - offs, MAX_TENSORS, self._size)
         fields = []
         for i in range(count):
             where = f"tensor info {i} of {count} (at byte {offs})"
@@ -177,6 +191,24 @@ class _FastReader(GGUFReader):
 
 
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+# Counts the parser accepts, far above real files (Qwen2.5: ~150k tokens and merges, ~30 keys, ~290-970
+# tensors): each is also bounded by the bytes left in the file, at the smallest encoding of one item.
+MAX_ARRAY_LEN = 1 << 21
+MAX_METADATA_ENTRIES = 1 << 16
+MAX_TENSORS = 1 << 16
+_KV_MIN_BYTES = 8 + 1 + 4 + 1  # key length, a 1-byte key, value type, a 1-byte value
+_TENSOR_INFO_MIN_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, name, n_dims, one dim, type, offset
+_ITEM_MIN_BYTES = {int(GGUFValueType.STRING): 8, int(GGUFValueType.UINT16): 2, int(GGUFValueType.INT16): 2,
+                   int(GGUFValueType.UINT32): 4, int(GGUFValueType.INT32): 4, int(GGUFValueType.FLOAT32): 4,
+                   int(GGUFValueType.UINT64): 8, int(GGUFValueType.INT64): 8, int(GGUFValueType.FLOAT64): 8}
+
+
+def _check_count(what: str, count: int, min_bytes: int, bytes_left: int, limit: int, file_size: int) -> None:
+    """Refuse a count the rest of the file cannot hold (or above `limit`) before parsing any item."""
+    if count > limit or count * min_bytes > max(bytes_left, 0):
+        raise GGUFError(f"{what} count {count} is impossible (truncated or corrupt file): the limit is {limit}, "
+                        f"and {count} items of at least {min_bytes} bytes need more than the {max(bytes_left, 0)} "
+                        f"bytes left; the file has only {file_size} bytes")
 _DTYPES = {t: np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32,
                                     np.uint64, np.int64, np.float16, np.float32, np.float64, np.bool_)}
 # What gguf-py (and numpy under it) raises on garbage; all of it becomes a GGUFError.
@@ -211,6 +243,47 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001  a malformed value: keep the key, report on use
             meta[key] = GGUFError(f"metadata '{key}' cannot be decoded: {e}")
     return meta
+
+
+_STR, _INT, _FLOAT, _BOOL, _STRS, _INTS = "str", "int", "float", "bool", "array of str", "array of int"
+# What each key this package reads must hold (llama.cpp's types); other keys pass unchecked.
+METADATA_KINDS = {
+    "general.architecture": _STR, "general.name": _STR, "general.alignment": _INT, "general.file_type": _INT,
+    "general.quantization_version": _INT,
+    **{f"{ARCHITECTURE}.{k}": _INT for k in ("block_count", "context_length", "embedding_length",
+                                             "feed_forward_length", "attention.head_count",
+                                             "attention.head_count_kv")},
+    f"{ARCHITECTURE}.rope.freq_base": _FLOAT, f"{ARCHITECTURE}.attention.layer_norm_rms_epsilon": _FLOAT,
+    "tokenizer.ggml.model": _STR, "tokenizer.ggml.pre": _STR, "tokenizer.chat_template": _STR,
+    "tokenizer.ggml.tokens": _STRS, "tokenizer.ggml.merges": _STRS, "tokenizer.ggml.token_type": _INTS,
+    **{f"tokenizer.ggml.{k}_token_id": _INT for k in ("bos", "eos", "eot", "eom", "padding", "unknown")},
+    "tokenizer.ggml.add_bos_token": _BOOL, "tokenizer.ggml.add_eos_token": _BOOL,
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+_KIND_CHECKS = {
+    _STR: lambda v: isinstance(v, str), _BOOL: lambda v: isinstance(v, bool), _INT: _is_int,
+    _FLOAT: lambda v: _is_int(v) or isinstance(v, (float, np.floating)),
+    _STRS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    _INTS: lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
+}
+
+
+def check_metadata_types(meta: Mapping[str, Any], path: str) -> None:
+    """Every key of METADATA_KINDS present in `meta` holds its kind (an array as a whole: every item)."""
+    for key, kind in METADATA_KINDS.items():
+        if key not in meta:
+            continue
+        v = meta[key]
+        if isinstance(v, GGUFError):
+            raise GGUFError(f"{path}: {v}")
+        if not _KIND_CHECKS[kind](v):
+            shown = f"an array of {len(v)}" if isinstance(v, list) else f"{type(v).__name__} {v!r:.60}"
+            raise GGUFError(f"{path}: metadata '{key}' should be {kind}, got {shown}")
 
 
 def _meta(meta: Mapping[str, Any], key: str, path: str, kind: type, default: Any = None) -> Any:
@@ -255,7 +328,7 @@ def config_from_metadata(meta: Mapping[str, Any], path: str, vocab_size: int, ti
             rms_eps=_meta(meta, f"{a}.attention.layer_norm_rms_epsilon", path, float, default=1e-6),
             tied_output=tied,
         )
-    except ValueError as e:
+    except InvalidArgumentError as e:
         raise GGUFError(f"{path}: inconsistent hyper-parameters: {e}") from None
 
 
@@ -326,6 +399,7 @@ def load_gguf(path: str | os.PathLike) -> GGUFModel:
     path = os.fspath(path)
     reader = open_reader(path)
     meta = read_metadata(reader)
+    check_metadata_types(meta, path)
     raw = {t.name: t for t in reader.tensors}
 
     embd = raw.get("token_embd.weight")
@@ -338,6 +412,10 @@ def load_gguf(path: str | os.PathLike) -> GGUFModel:
                         "expected 2 dimensions (vocab_size, d_model)")
     vocab = int(embd.shape[-1])
     cfg = config_from_metadata(meta, path, vocab, tied="output.weight" not in raw)
+    n_tokens = len(meta.get("tokenizer.ggml.tokens", ()))
+    if n_tokens > vocab:  # its ids past the table would be clamped by the gather, not refused
+        raise GGUFError(f"{path}: the tokenizer has {n_tokens} tokens but 'token_embd.weight' has only {vocab} "
+                        f"rows (ids {vocab}..{n_tokens - 1} could not be embedded)")
 
     tensors: dict[str, RawTensor] = {}
     for name, want in _iter_expected_shapes(cfg):

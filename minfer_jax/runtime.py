@@ -20,17 +20,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax import ops
+from minfer_jax import ops, validate
 from minfer_jax import plan as plan_mod
 from minfer_jax.engine import GenerationResult
-from minfer_jax.errors import ContextOverflowError
+from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.gguf import GGUFModel, load_gguf
 from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
 from minfer_jax.plan import Plan
 from minfer_jax.sampling import GREEDY, Sampler
-from minfer_jax.scheduler import RequestError, Scheduler
+from minfer_jax.scheduler import Scheduler
 
 DEFAULT_CTX = 4096
 COMPILATION_CACHE_ENV = "MINFER_COMPILATION_CACHE"  # a directory, or "0"/"off" to disable
@@ -115,9 +115,7 @@ class Model:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits at every position of one prompt, run in prefill chunks: [n, vocab] float32."""
-        ids = [int(t) for t in token_ids]
-        if not ids:
-            raise ContextOverflowError("logits() needs at least one token")
+        ids = validate.token_ids(token_ids, self.config.vocab_size)
         if len(ids) > self.ctx_size:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit in the context of {self.ctx_size} tokens")
         plan = self.plan()
@@ -145,27 +143,31 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
     gguf_model: an already parsed GGUFModel (e.g. synthetic).
     """
+    device = device or jax.devices()[0]
+    platform = device.platform
+    validate.load_arguments(ctx_size=ctx_size, weights=weights, kernels=kernels, gemm=gemm, platform=platform)
     from minfer_jax.model_source import resolve_model
     from minfer_jax.tokenizer import Tokenizer
 
     enable_compilation_cache()
-    device = device or jax.devices()[0]
-    platform = device.platform
     if gguf_model is None:
         source = resolve_model(None if path is None else os.fspath(path), progress=progress)
         gguf_model = load_gguf(source)
     source = gguf_model.path
     cfg = gguf_model.config
     impl = dataclasses.replace(ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform), gemm=gemm)
-    if impl.kernels == "pallas" and platform != "gpu":
-        raise ValueError(f"kernels='pallas' needs a GPU, but the device is {platform}; "
-                         "use kernels='interpret' (slow) or 'xla'")
     mode = weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
     ctx = ctx_size or min(DEFAULT_CTX, cfg.context_length)
     if not 1 <= ctx <= cfg.context_length:
         raise ContextOverflowError(f"ctx_size {ctx} is outside 1..{cfg.context_length} (the model's trained context)")
     if cache_dtype is None:
         cache_dtype = jnp.float16 if platform == "gpu" else jnp.float32
+    validate.fits_in_memory(  # before the weights move: a claimed context of 2**26 must not start allocating
+        f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim}",
+        validate.kv_cache_bytes(cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize),
+        validate.memory_limit_bytes(device), already=gguf_model.file_size)
+    chunk = prefill_chunk or plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"])
+    Plan(ctx=ctx, chunk=chunk)  # validates the chunk before any weight moves
     bar = None
     if progress:
         from tqdm import tqdm
@@ -174,8 +176,6 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     opts = LoadOptions(mode=mode, dense_dtype=dense_dtype, wide_dtype=wide_dtype)
     params = load_params(gguf_model, opts, device=device, progress=bar)
     tokenizer = Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None
-    chunk = prefill_chunk or plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"])
-    Plan(ctx=ctx, chunk=chunk)  # validates the chunk before any weight moves
     return Model(config=cfg, params=params, tokenizer=tokenizer, impl=impl, ctx_size=ctx,
                  cache_dtype=jnp.dtype(cache_dtype), source=source, weight_mode=mode, chunk=chunk)
 
@@ -192,9 +192,10 @@ def sampler_of(temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, m
 def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
     """A text prompt tokenized (with chat=True wrapped in the chat template), or token ids as given."""
     if not isinstance(prompt, str):
-        return [int(t) for t in prompt]
+        return validate.token_ids(prompt, model.config.vocab_size, "prompt")
+    validate.text("prompt", prompt)
     if model.tokenizer is None:
-        raise RequestError("this model has no tokenizer metadata: pass token ids")
+        raise InvalidArgumentError("this model has no tokenizer metadata: pass token ids")
     if chat:
         text = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         return model.tokenizer.encode(text, add_special=False)
@@ -210,6 +211,11 @@ def generate(model: Model, prompt: str | Sequence[int], *, max_new_tokens: int =
 
     decode_steps: tokens per decode executable (text streams to on_text once per such chunk).
     """
+    validate.generate_arguments(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop, chat=chat,
+        on_text=on_text, chunk=decode_steps)
+    repeat_last_n = min(repeat_last_n, model.ctx_size)  # no more history exists: a device array that long is waste
     sampler = sampler_of(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
     sched = model.scheduler(1, decode_steps=decode_steps)
     req = sched.submit(prompt_ids(model, prompt, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=seed,
@@ -230,9 +236,16 @@ def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, max_
     prompts = list(prompts)
     if not prompts:
         return []
-    seeds = [seed] * len(prompts) if isinstance(seed, int) else [int(s) for s in seed]
+    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
-        raise RequestError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        raise InvalidArgumentError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    validate.generate_arguments(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=0, stop=stop, chat=chat,
+        on_text=None, chunk=decode_steps)
+    seeds = [validate.seed(s) for s in seeds]
+    validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
+    repeat_last_n = min(repeat_last_n, model.ctx_size)
     sampler = sampler_of(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
     sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
     reqs = [sched.submit(prompt_ids(model, p, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=s,

@@ -11,7 +11,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from minfer_jax import validate
+
 FULL_SORT_CAP = 4096  # top-p/min-p without top-k consider at most this many candidates
+MAX_REPEAT_LAST_N = 1 << 24  # history slots on the device (64 MiB); generate() and the CLI clamp it to the context
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,16 +27,17 @@ class Sampler:
     repeat_last_n: int = 64
 
     def __post_init__(self):
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repeat_penalty <= 0:
-            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.repeat_last_n < 0:
-            raise ValueError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        # Plain Python values: the sampler is a static jit argument, hashed and compared per call.
+        fields = {
+            "temperature": validate.number("temperature", self.temperature),
+            "top_k": validate.integer("top_k", self.top_k, 0, validate.INT32_MAX),
+            "top_p": validate.number("top_p", self.top_p, 0.0, 1.0, lo_open=True),
+            "min_p": validate.number("min_p", self.min_p, 0.0, 1.0),
+            "repeat_penalty": validate.number("repeat_penalty", self.repeat_penalty, 0.0, lo_open=True),
+            "repeat_last_n": validate.integer("repeat_last_n", self.repeat_last_n, 0, MAX_REPEAT_LAST_N),
+        }
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:

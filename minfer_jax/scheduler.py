@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import engine
-from minfer_jax.errors import ContextOverflowError, MinferError
+from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import init_cache
 from minfer_jax.plan import Plan, pow2_at_least
 from minfer_jax.sampling import RowSettings, Sampler, SamplerMode
@@ -36,7 +36,7 @@ from minfer_jax.sampling import RowSettings, Sampler, SamplerMode
 _ids = itertools.count()
 
 
-class RequestError(MinferError, ValueError):
+class RequestError(InvalidArgumentError):
     """A request the scheduler cannot run (empty prompt, bad limits)."""
 
 

@@ -20,11 +20,13 @@ rewrite. llama.cpp's test vectors for the qwen2 vocab (tests/data/tokenizer) mat
 from __future__ import annotations
 
 import codecs
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from minfer_jax.chat_template import CHATML_TEMPLATE, render_chat_template
-from minfer_jax.errors import GGUFError, UnsupportedError
+from minfer_jax import validate
+from minfer_jax.errors import GGUFError, InvalidArgumentError, UnsupportedError
 
 # The split regex of Qwen2's tokenizer.json (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2).
 QWEN2_PATTERN = (
@@ -96,9 +98,13 @@ def _token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]:
 def _require_list(meta: Mapping[str, Any], key: str, item_type: type, source: str) -> list:
     """A metadata array that must exist and hold `item_type` values."""
     value = meta.get(key)
-    if not isinstance(value, (list, tuple)) or (value and not isinstance(value[0], item_type)):
+    if not isinstance(value, (list, tuple)):
         raise GGUFError(f"{source}: metadata {key!r} must be an array of {item_type.__name__}, "
                         f"got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, item_type) or isinstance(item, bool):
+            raise GGUFError(f"{source}: metadata {key!r} must be an array of {item_type.__name__}, "
+                            f"but item #{i} is {type(item).__name__} {item!r:.60}")
     return list(value)
 
 
@@ -107,7 +113,7 @@ def _optional_id(meta: Mapping[str, Any], key: str, n_vocab: int, source: str) -
     value = meta.get(key)
     if value is None:
         return None
-    if not isinstance(value, int) or not 0 <= value < n_vocab:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < n_vocab:
         raise GGUFError(f"{source}: metadata {key!r} = {value!r} is not a token id "
                         f"(vocabulary has {n_vocab} tokens)")
     return value
@@ -124,18 +130,27 @@ def _pre_pattern(meta: Mapping[str, Any], source: str) -> str:
         raise UnsupportedError(f"{source}: tokenizer model {model!r} is not supported "
                                "(only 'gpt2' byte-level BPE, as used by Qwen2-family models)")
     pre = meta.get("tokenizer.ggml.pre", "qwen2")
-    if pre not in PRE_TOKENIZER_PATTERNS:
+    if not isinstance(pre, str) or pre not in PRE_TOKENIZER_PATTERNS:
         raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported "
                                f"(known: {', '.join(sorted(PRE_TOKENIZER_PATTERNS))})")
     return PRE_TOKENIZER_PATTERNS[pre]
 
 
-def _split_merges(merges: list[str], source: str) -> list[tuple[str, str]]:
-    """'Ġ t' -> ('Ġ', 't'); byte-level tokens never contain a space, so one split is exact."""
+def _split_merges(merges: list[str], tokens: list[str], source: str) -> list[tuple[str, str]]:
+    """'Ġ t' -> ('Ġ', 't'); byte-level tokens never contain a space, so one split is exact.
+
+    Both halves and their join must be tokens: tokenizers panics (a BaseException) on a merge
+    whose result is not in the vocabulary.
+    """
     pairs = [tuple(m.split(" ", 1)) for m in merges]
+    vocab = set(tokens)
     for i, pair in enumerate(pairs):
         if len(pair) != 2:
             raise GGUFError(f"{source}: merge #{i} {merges[i]!r} is not two tokens separated by a space")
+        for piece in (*pair, pair[0] + pair[1]):
+            if piece not in vocab:
+                raise GGUFError(f"{source}: merge #{i} {merges[i]!r} needs the token {piece!r}, "
+                                "which is not in the vocabulary")
     return pairs
 
 
@@ -192,12 +207,17 @@ class Tokenizer:
         if not tokens:
             raise GGUFError(f"{source}: metadata 'tokenizer.ggml.tokens' is empty")
         types = _token_types(meta, len(tokens), source)
-        merges = _split_merges(_require_list(meta, "tokenizer.ggml.merges", str, source), source)
+        merges = _split_merges(_require_list(meta, "tokenizer.ggml.merges", str, source), tokens, source)
         bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", len(tokens), source)
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+        add_bos = meta.get("tokenizer.ggml.add_bos_token", False)
+        if not isinstance(add_bos, bool):
+            raise GGUFError(f"{source}: metadata 'tokenizer.ggml.add_bos_token' must be a bool, got {add_bos!r:.60}")
         if add_bos and bos_id is None:
             raise GGUFError(f"{source}: add_bos_token is set but there is no bos_token_id")
         template = meta.get("tokenizer.chat_template") or CHATML_TEMPLATE
+        if not isinstance(template, str):
+            raise GGUFError(f"{source}: metadata 'tokenizer.chat_template' must be a string, "
+                            f"got {type(template).__name__}")
         return cls(backend=_build_backend(tokens, types, merges, pattern, source), tokens=tokens,
                    types=types, bos_id=bos_id, add_bos=add_bos,
                    eos_id=_optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source),
@@ -238,9 +258,14 @@ class Tokenizer:
         true for DeepSeek-R1-Distill). Text already rendered by a chat template that starts
         with `bos_token` should be encoded with add_special=False, as transformers does.
         """
-        if not isinstance(text, str):
-            raise TypeError(f"encode() takes a str, got {type(text).__name__}")
-        ids = self._backend.encode(text, add_special_tokens=False).ids
+        validate.text("the text to encode", text)
+        try:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
+        except BaseException as e:  # tokenizers' PanicException is a BaseException: the vocab is broken
+            if type(e).__name__ != "PanicException":
+                raise
+            raise GGUFError(f"{self.source}: the tokenizer failed on this text ({e}); its vocabulary or merges "
+                            "are inconsistent") from None
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         return ids
@@ -272,9 +297,11 @@ class Tokenizer:
 
     def _check_id(self, token_id: int) -> int:
         """Reject ids outside the vocabulary (a negative id would silently index from the end)."""
+        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+            raise InvalidArgumentError(f"token id must be an int, got {token_id!r:.60} ({type(token_id).__name__})")
         i = int(token_id)
         if not 0 <= i < len(self._tokens):
-            raise ValueError(f"token id {i} is outside the vocabulary (0..{len(self._tokens) - 1})")
+            raise InvalidArgumentError(f"token id {i} is outside the vocabulary (0..{len(self._tokens) - 1})")
         return i
 
     def __repr__(self) -> str:

@@ -164,9 +164,9 @@ RESOURCE_BOMBS = {
     "huge_power": ("{{ 2 ** (10 ** 10) }}", "power"),
     "ljust": ("{{ ''.ljust(10**9) }}", "1000000000"),
     "center_filter": ("{{ 'x'|center(10**9) }}", "1000000000"),
-    "namespace_doubling": ("{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "namespace"),
+    "namespace_doubling": ("{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "with ~"),
     "list_doubling": ("{% set ns = namespace(l=[1]) %}{% for i in range(100) %}{% set ns.l = ns.l + ns.l %}{% endfor %}", "sequence"),
-    "macro_doubling": ("{% macro f(s) %}{{ f(s ~ s) }}{% endmacro %}{{ f('x') }}", "call"),
+    "macro_doubling": ("{% macro f(s) %}{{ f(s ~ s) }}{% endmacro %}{{ f('x') }}", "with ~"),
     "output_flood": ("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}", "output"),
     "printf_width": ("{{ '%999999999d' % 1 }}", "width"),
     "printf_star": ("{{ '%*d'|format(10**9, 1) }}", "1000000000"),
@@ -174,7 +174,7 @@ RESOURCE_BOMBS = {
     "expandtabs": ("{{ '\t'.expandtabs(10**9) }}", "1000000000"),
     "str_replace_product": ("{{ ('a' * 4000000).replace('', 'b' * 4000000) }}", "str.replace"),
     "replace_filter_product": ("{{ ('a' * 4000000)|replace('a', 'b' * 4000000) }}", "filter"),
-    "join_product": ("{{ (['a'] * 4000000)|join('x' * 4000000) }}", "filter"),
+    "join_product": ("{{ (['a'] * 4000000)|join('x' * 4000000) }}", "sequence"),
     "lipsum": ("{{ lipsum(n=10**6) }}", "size"),
 }
 

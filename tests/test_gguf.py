@@ -307,10 +307,12 @@ def test_wrong_rank_token_embd(tmp_path):
 
 
 def test_more_layers_than_tensors(tmp_path):
-    """A block_count far beyond the tensors fails at the first missing tensor, fast."""
-    p = write_tiny_gguf(tmp_path / "layers.gguf", meta={"qwen2.block_count": ("uint32", 2**31)})
+    """A block_count beyond the tensors fails at the first missing tensor; one beyond any model at once."""
+    p = write_tiny_gguf(tmp_path / "layers.gguf", meta={"qwen2.block_count": ("uint32", 4096)})
     t0 = time.perf_counter()
     _err(p, ["required tensor 'blk.2.attn_norm.weight' is missing"])
+    p = write_tiny_gguf(tmp_path / "layers.gguf", meta={"qwen2.block_count": ("uint32", 2**31)})
+    _err(p, ["n_layers", "1..4096", str(2**31)])
     assert time.perf_counter() - t0 < 2.0
 
 
@@ -353,8 +355,8 @@ def test_garbage_metadata(tmp_path, key, spec, expect):
 
 
 @pytest.mark.parametrize("meta,expect", [
-    ({"qwen2.attention.head_count": ("uint32", 0)}, "n_heads must be a positive int"),
-    ({"qwen2.attention.head_count": ("uint32", 5)}, "not a multiple of n_heads 5"),
+    ({"qwen2.attention.head_count": ("uint32", 0)}, "n_heads must be an int in 1..4096, got 0"),
+    ({"qwen2.attention.head_count": ("uint32", 5)}, "not an even multiple of n_heads 5"),
     ({"qwen2.attention.head_count_kv": ("uint32", 3)}, "not a multiple of n_kv_heads 3"),
 ])
 def test_inconsistent_hparams(tmp_path, meta, expect):

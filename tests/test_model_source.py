@@ -198,6 +198,30 @@ def test_corrupted_cache_with_stale_marker_is_rebuilt(fake, monkeypatch):
     assert ms.is_default_model_cached()
 
 
+@pytest.mark.parametrize("how", ["in_place", "replaced"])
+def test_flipped_byte_with_restored_mtime_is_detected(fake, monkeypatch, how):
+    """Same size, same mtime (restored with utime, or a copy put in place): the marker no longer vouches."""
+    resolve_model(None)
+    st = fake.target.stat()
+    blob = bytearray(fake.target.read_bytes())
+    blob[1234] ^= 0x01
+    if how == "in_place":
+        with open(fake.target, "r+b") as f:
+            f.seek(1234)
+            f.write(bytes(blob[1234:1235]))
+    else:
+        other = fake.target.with_name("other.bin")
+        other.write_bytes(bytes(blob))
+        os.replace(other, fake.target)
+    os.utime(fake.target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert fake.target.stat().st_size == st.st_size and fake.target.stat().st_mtime_ns == st.st_mtime_ns
+    assert not ms.is_default_model_cached()
+    assembled = _count_calls(monkeypatch, "_assemble")
+    assert Path(resolve_model(None)).read_bytes() == fake.data
+    assert len(assembled) == 1
+    assert ms.is_default_model_cached()
+
+
 def test_touched_cache_is_rehashed_not_rebuilt(fake, monkeypatch):
     resolve_model(None)
     ino = fake.target.stat().st_ino

@@ -273,7 +273,7 @@ def test_synthetic_qwen2_family_pre_tokenizers(pre):
     ({"tokenizer.ggml.tokens": None}, GGUFError, "tokenizer.ggml.tokens"),
     ({"tokenizer.ggml.token_type": [1, 1]}, GGUFError, "token types"),
     ({"tokenizer.ggml.merges": ["he"]}, GGUFError, "merge #0"),
-    ({"tokenizer.ggml.merges": ["x y"]}, GGUFError, "merges do not fit"),
+    ({"tokenizer.ggml.merges": ["x y"]}, GGUFError, "needs the token 'xy'"),
     ({"tokenizer.ggml.bos_token_id": 10**6}, GGUFError, "bos_token_id"),
     ({"tokenizer.ggml.bos_token_id": None}, GGUFError, "add_bos_token"),
 ])

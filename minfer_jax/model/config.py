@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from minfer_jax import validate
+from minfer_jax.errors import InvalidArgumentError
+
+# Upper bounds far above any Qwen2 model (72B: 80 layers, d_model 8192, 64 heads, ff 29568,
+# vocab 152k, context 128k-1M) that keep every derived size (layers x context x heads) an int32-sized
+# product per axis; the KV cache's bytes are checked against the device at load (runtime.load).
+_LIMITS = {"n_layers": 1 << 12, "d_model": 1 << 17, "n_heads": 1 << 12, "n_kv_heads": 1 << 12, "d_ff": 1 << 20,
+           "context_length": validate.INT32_MAX, "vocab_size": validate.INT32_MAX}
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -21,14 +30,15 @@ class Config:
     tied_output: bool  # no output.weight: the head reuses token_embd.weight
 
     def __post_init__(self):
-        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "context_length", "vocab_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"Config.{name} must be a positive int, got {v!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} is not a multiple of n_heads {self.n_heads}")
+        for name, hi in _LIMITS.items():
+            validate.integer(f"Config.{name}", getattr(self, name), 1, hi)
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise InvalidArgumentError(f"Config.d_model {self.d_model} is not an even multiple of n_heads "
+                                       f"{self.n_heads} (RoPE needs an even head_dim)")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+            raise InvalidArgumentError(f"Config.n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        validate.number("Config.rope_theta", self.rope_theta, 0.0, lo_open=True)
+        validate.number("Config.rms_eps", self.rms_eps, 0.0, lo_open=True)
 
     @property
     def head_dim(self) -> int:

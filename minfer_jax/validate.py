@@ -1,0 +1,175 @@
+"""Checks for the values a user hands to a public call: plain functions, one InvalidArgumentError each.
+
+Every public boundary (load, generate, Model.logits, Sampler, Config, Impl, the tokenizer, the
+CLI, and a server translating JSON requests) checks its arguments here, so one message style names
+the argument, the value and the limit: "top_k must be an int in 0..2147483647, got 2.5 (float)".
+Each function returns the checked value in its canonical type (a Python int or float).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from minfer_jax.errors import InvalidArgumentError
+
+INT32_MAX = 2**31 - 1  # positions, ids and counts reach the device as int32
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what jax.random.PRNGKey accepts
+MAX_CHUNK = 1024  # decode steps per on-device call: more only delays streaming and stop checks
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 1024
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def integer(name: str, value: Any, lo: int, hi: int) -> int:
+    """An int (numpy ints too; not bool, not float) in lo..hi."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidArgumentError(f"{name} must be an int in {lo}..{hi}, got {_shown(value)}")
+    value = int(value)
+    if not lo <= value <= hi:
+        raise InvalidArgumentError(f"{name} must be an int in {lo}..{hi}, got {value}")
+    return value
+
+
+def number(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf, *,
+           lo_open: bool = False) -> float:
+    """A finite real number (not bool) in [lo, hi], or (lo, hi] with lo_open."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidArgumentError(f"{name} must be a finite number, got {_shown(value)}")
+    value = float(value)
+    low_ok = value > lo if lo_open else value >= lo
+    if not (math.isfinite(value) and low_ok and value <= hi):
+        where = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise InvalidArgumentError(f"{name} must be a finite number in {where}, got {value!r}")
+    return value
+
+
+def choice(name: str, value: Any, options: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in options:
+        raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, options))}, got {_shown(value)}")
+    return value
+
+
+def text(name: str, value: Any) -> str:
+    """A str that is valid Unicode (no lone surrogates: they cannot be encoded to UTF-8)."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{name} must be a str, got {_shown(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(
+            f"{name} is not valid UTF-8 text: {value[e.start:e.end]!r} at character {e.start} is a lone "
+            "surrogate (undecodable input bytes?)") from None
+    return value
+
+
+def token_ids(value: Any, vocab_size: int, name: str = "token ids") -> list[int]:
+    """A non-empty sequence of ints, each a token id in 0..vocab_size-1."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidArgumentError(f"{name} must be a sequence of ints, got {_shown(value)}")
+    ids = list(value)
+    if not ids:
+        raise InvalidArgumentError(f"{name} are empty: give at least one token")
+    out = []
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise InvalidArgumentError(f"{name}: token id #{i} must be an int, got {_shown(t)}")
+        t = int(t)
+        if not 0 <= t < vocab_size:
+            raise InvalidArgumentError(
+                f"{name}: token id #{i} is {t}, outside the vocabulary 0..{vocab_size - 1} ({vocab_size} tokens)")
+        out.append(t)
+    return out
+
+
+def stop_strings(value: Any) -> tuple[str, ...]:
+    """A sequence of at most MAX_STOP_STRINGS str, each at most MAX_STOP_CHARS long."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidArgumentError(f"stop must be a list of strings (not one string), got {_shown(value)}")
+    items = list(value)
+    if len(items) > MAX_STOP_STRINGS:
+        raise InvalidArgumentError(f"stop has {len(items)} strings, at most {MAX_STOP_STRINGS} are allowed")
+    for i, s in enumerate(items):
+        text(f"stop[{i}]", s)
+        if len(s) > MAX_STOP_CHARS:
+            raise InvalidArgumentError(f"stop[{i}] has {len(s)} characters, at most {MAX_STOP_CHARS} are allowed")
+    return tuple(items)
+
+
+def seed(value: Any) -> int:
+    return integer("seed", value, SEED_MIN, SEED_MAX)
+
+
+def kv_cache_bytes(n_layers: int, ctx: int, n_kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """Bytes of a K and a V cache of ctx slots (model/cache.py's layout)."""
+    return 2 * n_layers * ctx * n_kv_heads * head_dim * itemsize
+
+
+def memory_limit_bytes(device: Any = None) -> int | None:
+    """What the device can hold: its allocator's limit on an accelerator, physical RAM on a CPU."""
+    stats = None
+    if device is not None and getattr(device, "platform", "cpu") != "cpu":
+        try:
+            stats = device.memory_stats()
+        except Exception:  # noqa: BLE001  backends without memory stats: no device bound
+            stats = None
+        if stats and stats.get("bytes_limit"):
+            return int(stats["bytes_limit"])
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def fits_in_memory(what: str, nbytes: int, limit: int | None, already: int = 0) -> None:
+    """Refuse an allocation of nbytes (plus `already` resident bytes) that exceeds limit."""
+    if limit is not None and nbytes + already > limit:
+        raise InvalidArgumentError(
+            f"{what} needs {nbytes} bytes ({nbytes / 2**30:.1f} GiB){f' on top of {already / 2**30:.1f} GiB of weights' if already else ''}, "
+            f"more than the device's {limit} bytes ({limit / 2**30:.1f} GiB); use a smaller context (ctx_size / -c)")
+
+
+LOAD_WEIGHT_MODES = ("quantized", "dense")
+LOAD_KERNELS = ("pallas", "interpret", "xla")
+LOAD_GEMMS = ("auto", "f16", "dequant", "int8")
+
+
+def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, platform: str) -> None:
+    """runtime.load's options (the context against the model is checked once the file is read)."""
+    if ctx_size is not None:
+        integer("ctx_size", ctx_size, 1, INT32_MAX)
+    if weights is not None:
+        choice("weights", weights, LOAD_WEIGHT_MODES)
+    if kernels is not None:
+        choice("kernels", kernels, LOAD_KERNELS)
+        if kernels == "pallas" and platform != "gpu":
+            raise InvalidArgumentError(f"kernels='pallas' needs a GPU, but the device is {platform}; "
+                                       "use kernels='interpret' (slow) or 'xla'")
+    choice("gemm", gemm, LOAD_GEMMS)
+
+
+def generate_arguments(*, max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any,
+                       min_p: Any, repeat_penalty: Any, repeat_last_n: Any, seed: Any, stop: Any, chat: Any,
+                       on_text: Any, chunk: Any) -> None:
+    """runtime.generate's settings; the sampler's own fields are checked again by Sampler."""
+    integer("max_new_tokens", max_new_tokens, 0, INT32_MAX)
+    number("temperature", temperature)
+    integer("top_k", top_k, 0, INT32_MAX)
+    number("top_p", top_p, 0.0, 1.0, lo_open=True)
+    number("min_p", min_p, 0.0, 1.0)
+    number("repeat_penalty", repeat_penalty, 0.0, lo_open=True)
+    integer("repeat_last_n", repeat_last_n, 0, INT32_MAX)  # generate() clamps it to the context
+    globals()["seed"](seed)
+    stop_strings(stop)
+    if not isinstance(chat, bool):
+        raise InvalidArgumentError(f"chat must be a bool, got {_shown(chat)}")
+    if on_text is not None and not callable(on_text):
+        raise InvalidArgumentError(f"on_text must be a callable or None, got {_shown(on_text)}")
+    integer("chunk", chunk, 1, MAX_CHUNK)
