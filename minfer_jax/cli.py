@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("auto", "pallas", "interpret", "xla"),
                    help="quantized matmul implementation: pallas (GPU kernels), interpret (the same kernels in "
                         "Pallas' interpreter, slow), xla (dequantize + XLA dot); auto = pallas on a GPU, else xla")
+    m.add_argument("-tp", "--tensor-parallel", type=int, default=None, metavar="N",
+                   help="split the weights and KV cache over N devices (tensor parallelism; default: one device)")
 
     q = p.add_argument_group("prompt")
     src = q.add_mutually_exclusive_group()
@@ -264,7 +266,8 @@ def _run(args, out, err) -> int:
     trained = gguf_model.config.context_length
     ctx = _choose_ctx(args.ctx_size, trained, err)
     sampler = _make_sampler(args, ctx)
-    model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress)
+    model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress,
+                 tensor_parallel=args.tensor_parallel)
     load_s = time.perf_counter() - t0
     if model.tokenizer is None:
         raise MinferError(f"{path}: the GGUF has no tokenizer metadata (tokenizer.ggml.*); the CLI needs one")

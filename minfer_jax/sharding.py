@@ -74,8 +74,15 @@ def _blocks_of(model: GGUFModel, role: str) -> int:
     return max(get_format(model.tensors[f"blk.{i}.{role}.weight"].qtype).block for i in range(model.config.n_layers))
 
 
-def plan_split(model: GGUFModel, degree: int) -> Split:
-    cfg, n = model.config, degree
+def split_of(model: GGUFModel, degree: int) -> Split:
+    """The split of a GGUF's matrices (block widths from its ffn_down / attn_output formats)."""
+    return plan_split(model.config, degree, o_block=_blocks_of(model, "attn_output"),
+                      ff_block=_blocks_of(model, "ffn_down"))
+
+
+def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Split:
+    """Shard rows and K windows for `degree` shards; K splits fall on o_block / ff_block weights."""
+    n = degree
     if cfg.n_heads % n:
         raise ShardingError(f"tensor_parallel {n} does not divide the model's {cfg.n_heads} query heads")
     if cfg.n_kv_heads % n and n % cfg.n_kv_heads:
@@ -83,12 +90,12 @@ def plan_split(model: GGUFModel, degree: int) -> Split:
     heads, hd = cfg.n_heads // n, cfg.head_dim
     kv_heads = max(1, cfg.n_kv_heads // n)
     kv_first = tuple(s * kv_heads if cfg.n_kv_heads >= n else s * cfg.n_kv_heads // n for s in range(n))
-    fb = _blocks_of(model, "ffn_down")
+    fb = ff_block
     nb = cfg.d_ff // fb
     counts = [nb // n + (s < nb % n) for s in range(n)]  # whole down blocks per shard
     starts = np.cumsum([0] + counts)
     ff_ranges = tuple((int(starts[s]) * fb, int(starts[s + 1]) * fb) for s in range(n))
-    ob = _blocks_of(model, "attn_output")
+    ob = o_block
     owned = [(s * heads * hd, (s + 1) * heads * hd) for s in range(n)]
     o_starts = tuple(a // ob * ob for a, _ in owned)
     o_width = max(-(-b // ob) * ob - w for (_, b), w in zip(owned, o_starts))
@@ -236,5 +243,5 @@ class TensorParallel:
 
 
 def tensor_parallel(model: GGUFModel, degree: int, devices=None) -> TensorParallel:
-    split = plan_split(model, degree)
+    split = split_of(model, degree)
     return TensorParallel(make_mesh(degree, devices), split, model.config, local_config(model.config, split))
