@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("auto", "pallas", "interpret", "xla"),
                    help="quantized matmul implementation: pallas (GPU kernels), interpret (the same kernels in "
                         "Pallas' interpreter, slow), xla (dequantize + XLA dot); auto = pallas on a GPU, else xla")
+    m.add_argument("-tp", "--tensor-parallel", type=int, default=None, metavar="N",
+                   help="split the weights and KV cache over N devices (tensor parallelism; default: one device)")
 
     q = p.add_argument_group("prompt")
     src = q.add_mutually_exclusive_group()
@@ -293,7 +295,8 @@ def _run(args, out, err) -> int:
     gguf_model = load_gguf(path)
     trained = gguf_model.config.context_length
     ctx = _choose_ctx(args.ctx_size, trained, err)
-    model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress)  # bounds the KV cache
+    model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress,  # bounds the KV cache
+                 tensor_parallel=args.tensor_parallel)
     sampler = _make_sampler(args, ctx)
     load_s = time.perf_counter() - t0
     if model.tokenizer is None:

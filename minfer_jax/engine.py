@@ -44,17 +44,17 @@ def init_slot_state(n_slots: int, history: int) -> SlotState:
 
 def prefill_chunk(params: Params, cache: KVCache, state: SlotState, tokens: jax.Array, slot: jax.Array,
                   start: jax.Array, n_valid: jax.Array, history: jax.Array, rows: RowSettings, *, cfg: Config,
-                  impl: ops.Impl, mode: SamplerMode):
+                  impl: ops.Impl, mode: SamplerMode, par=None):
     """Run tokens [C] (the first n_valid real) of sequence `slot` from position `start`.
 
     Samples the token after the last valid one with the slot's settings `rows` ([1] each) and its
     history [W] (the prompt's tail) and stores both in `state`, so decode can follow without the
     host. Returns (token, state, cache); only the last chunk of a prompt's token matters.
     """
-    h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl)  # [C, d]
+    h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)  # [C, d]
     last = jax.lax.dynamic_slice_in_dim(h, n_valid - 1, 1, axis=0)  # [1, d]: one row through the head
     logits = logits_from_hidden(params, last, impl)
-    token = sample_rows(logits, (start + n_valid)[None], rows, history[None], mode)
+    token = _sample(par, logits, (start + n_valid)[None], rows, history[None], mode)
     history = push_history(history[None], token)[0]
     state = SlotState(last_token=state.last_token.at[slot].set(token[0]), history=state.history.at[slot].set(history))
     return token[0], state, cache
@@ -62,7 +62,7 @@ def prefill_chunk(params: Params, cache: KVCache, state: SlotState, tokens: jax.
 
 def decode_chunk(params: Params, cache: KVCache, state: SlotState, slots: jax.Array, positions: jax.Array,
                  rows: RowSettings, *, cfg: Config, impl: ops.Impl, mode: SamplerMode, n_steps: int,
-                 span: int | None = None):
+                 span: int | None = None, par=None):
     """Advance rows [B] (slot slots[b], feeding its last token at positions[b]) by n_steps tokens.
 
     span (static, XLA path): attend over cache positions [0, span) (positions + n_steps <= span).
@@ -71,8 +71,8 @@ def decode_chunk(params: Params, cache: KVCache, state: SlotState, slots: jax.Ar
     def step(i, carry):
         out, tokens, history, cache = carry
         pos = positions + i
-        logits, cache = forward_decode(params, tokens, slots, pos, cache, cfg, impl, span)
-        nxt = sample_rows(logits, pos + 1, rows, history, mode)
+        logits, cache = forward_decode(params, tokens, slots, pos, cache, cfg, impl, span, par)
+        nxt = _sample(par, logits, pos + 1, rows, history, mode)
         return out.at[i].set(nxt), nxt, push_history(history, nxt), cache
 
     out = jnp.zeros((n_steps, slots.shape[0]), jnp.int32)
@@ -83,10 +83,18 @@ def decode_chunk(params: Params, cache: KVCache, state: SlotState, slots: jax.Ar
 
 
 def prompt_logits(params: Params, cache: KVCache, tokens: jax.Array, slot: jax.Array, start: jax.Array, *,
-                  cfg: Config, impl: ops.Impl):
+                  cfg: Config, impl: ops.Impl, par=None):
     """Logits at every position of tokens [T] of sequence `slot` from `start`: ([T, vocab] f32, cache)."""
-    h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl)
-    return logits_from_hidden(params, h, impl), cache
+    h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)
+    logits = logits_from_hidden(params, h, impl)
+    return (logits if par is None else par.full_logits(logits)), cache
+
+
+def _sample(par, logits, positions, rows, history, mode):
+    """sample_rows on one device; inside shard_map (par) from this shard's vocabulary slice."""
+    if par is None:
+        return sample_rows(logits, positions, rows, history, mode)
+    return par.sample_rows(logits, positions, rows, history, mode)
 
 
 @dataclasses.dataclass

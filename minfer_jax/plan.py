@@ -112,7 +112,7 @@ class PrefillKey:
 
     def lower(self, model):
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        fn = _prefill_jit(model.config, model.impl, self.mode)
+        fn = _prefill_jit(model.config, model.impl, self.mode, model.tp)
         return fn.lower(model.params, _cache(model, self), _state(self, self.mode),
                         jax.ShapeDtypeStruct((self.bucket,), jnp.int32), i32, i32, i32,
                         jax.ShapeDtypeStruct((self.mode.history,), jnp.int32), _rows(1))
@@ -133,7 +133,7 @@ class DecodeKey:
 
     def lower(self, model):
         vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
-        fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span)
+        fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span, model.tp)
         return fn.lower(model.params, _cache(model, self), _state(self, self.mode), vec, vec, _rows(self.rows))
 
 
@@ -149,11 +149,13 @@ class LogitsKey:
 
     def lower(self, model):
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        return _logits_jit(model.config, model.impl).lower(
+        return _logits_jit(model.config, model.impl, model.tp).lower(
             model.params, _cache(model, self), jax.ShapeDtypeStruct((self.bucket,), jnp.int32), i32, i32)
 
 
 def _cache(model, key):
+    if model.tp is not None:
+        return model.tp.cache_spec(key.n_slots, key.cache_len, model.cache_dtype)
     return cache_spec(model.config, key.n_slots, key.cache_len, model.cache_dtype)
 
 
@@ -169,17 +171,24 @@ def _rows(n: int):
 
 
 # Jitted step functions, built once per static configuration (never per call); cache and state donated.
-@functools.cache
-def _prefill_jit(cfg, impl, mode):
-    return jax.jit(functools.partial(engine.prefill_chunk, cfg=cfg, impl=impl, mode=mode), donate_argnums=(1, 2))
+# tp (sharding.TensorParallel): the step runs per shard inside shard_map, with the shard's Config.
+def _step(fn, kind, cfg, tp, **static):
+    if tp is None:
+        return functools.partial(fn, cfg=cfg, **static)
+    return tp.shard_step(functools.partial(fn, cfg=tp.local, **static), kind)
 
 
 @functools.cache
-def _decode_jit(cfg, impl, mode, n_steps, span):
-    return jax.jit(functools.partial(engine.decode_chunk, cfg=cfg, impl=impl, mode=mode, n_steps=n_steps, span=span),
+def _prefill_jit(cfg, impl, mode, tp=None):
+    return jax.jit(_step(engine.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode), donate_argnums=(1, 2))
+
+
+@functools.cache
+def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
+    return jax.jit(_step(engine.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span),
                    donate_argnums=(1, 2))
 
 
 @functools.cache
-def _logits_jit(cfg, impl):
-    return jax.jit(functools.partial(engine.prompt_logits, cfg=cfg, impl=impl), donate_argnums=(1,))
+def _logits_jit(cfg, impl, tp=None):
+    return jax.jit(_step(engine.prompt_logits, "logits", cfg, tp, impl=impl), donate_argnums=(1,))

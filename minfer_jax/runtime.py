@@ -66,6 +66,7 @@ class Model:
     source: str
     weight_mode: str
     chunk: int = plan_mod.DEFAULT_CHUNK["cpu"]  # prefill chunk (tokens per executable)
+    tp: object = None  # sharding.TensorParallel: params and cache split over its mesh; None: one device
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     _compile_seconds: dict = dataclasses.field(default_factory=dict, repr=False)
     _scheduler: Scheduler | None = dataclasses.field(default=None, repr=False)
@@ -75,6 +76,8 @@ class Model:
         return params_nbytes(self.params)
 
     def new_cache(self, n_slots: int = 1, max_len: int | None = None) -> KVCache:
+        if self.tp is not None:
+            return self.tp.init_cache(n_slots, max_len or self.plan().cache_len, self.cache_dtype)
         return init_cache(self.config, n_slots, max_len or self.plan().cache_len, self.cache_dtype)
 
     # -- the plan and its executables ------------------------------------------------------------
@@ -132,7 +135,7 @@ class Model:
 def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, weights: str | None = None,
          dense_dtype: str = "float32", wide_dtype: str = "float32", kernels: str | None = None,
          gemm: str = "auto", cache_dtype=None, device=None, progress: bool = False, gguf_model: GGUFModel | None = None,
-         prefill_chunk: int | None = None) -> Model:
+         prefill_chunk: int | None = None, tensor_parallel: int | None = None) -> Model:
     """Load a Qwen2 GGUF (None: the built-in default model) onto the default device.
 
     weights: "quantized" (default with kernels) keeps GGUF formats on the device; "dense" (default
@@ -141,7 +144,8 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     (default min(4096, trained context); any value up to the trained context). gemm: prefill
     variant, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per prefill
     executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
-    gguf_model: an already parsed GGUFModel (e.g. synthetic).
+    gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
+    and the KV cache over this many devices (sharding.py; None: the one device).
     """
     device = device or jax.devices()[0]
     platform = device.platform
@@ -174,10 +178,17 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
 
         bar = functools.partial(tqdm, desc="loading weights", unit="layer", leave=False)
     opts = LoadOptions(mode=mode, dense_dtype=dense_dtype, wide_dtype=wide_dtype)
-    params = load_params(gguf_model, opts, device=device, progress=bar)
+    tp = None
+    if tensor_parallel is None:
+        params = load_params(gguf_model, opts, device=device, progress=bar)
+    else:
+        from minfer_jax import sharding
+
+        tp = sharding.tensor_parallel(gguf_model, tensor_parallel)
+        params = sharding.shard_params(gguf_model, tp.split, tp.mesh, opts)
     tokenizer = Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None
     return Model(config=cfg, params=params, tokenizer=tokenizer, impl=impl, ctx_size=ctx,
-                 cache_dtype=jnp.dtype(cache_dtype), source=source, weight_mode=mode, chunk=chunk)
+                 cache_dtype=jnp.dtype(cache_dtype), source=source, weight_mode=mode, chunk=chunk, tp=tp)
 
 
 def sampler_of(temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,

@@ -29,7 +29,6 @@ import numpy as np
 
 from minfer_jax import engine
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
-from minfer_jax.model.cache import init_cache
 from minfer_jax.plan import Plan, pow2_at_least
 from minfer_jax.sampling import RowSettings, Sampler, SamplerMode
 
@@ -267,7 +266,7 @@ class Scheduler:
         width = max(self.history_width, pow2_at_least(history_len) if history_len else 0)
         if self.cache is None:
             m, p = self.model, self.plan
-            self.cache = init_cache(m.config, p.n_slots, p.cache_len, m.cache_dtype)
+            self.cache = m.new_cache(p.n_slots, p.cache_len)
             self.state = engine.init_slot_state(p.n_slots, width)
         elif width > self.history_width:  # a longer repeat-penalty window: pad every slot's history
             pad = jnp.full((self.plan.n_slots, width - self.history_width), -1, jnp.int32)

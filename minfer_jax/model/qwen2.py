@@ -48,27 +48,33 @@ def _qkv(x: jax.Array, layer: Layer, positions: jax.Array, cfg: Config, impl: op
     return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
 
 
-def _ffn(x: jax.Array, layer: Layer, cfg: Config, impl: ops.Impl) -> jax.Array:
+def _row_matmul(par, which: str, x: jax.Array, w, impl: ops.Impl) -> jax.Array:
+    """o ("attn_out") and down ("ffn_out"): one device's matmul, or a shard's partial product + all-reduce."""
+    return ops.matmul(x, w, impl) if par is None else par.row_matmul(which, x, w, impl)
+
+
+def _ffn(x: jax.Array, layer: Layer, cfg: Config, impl: ops.Impl, par=None) -> jax.Array:
     gate_up = jnp.concatenate(ops.norm_matmuls(x, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl),
                               axis=-1)  # [T, 2ff]
     gate, up = gate_up[:, :cfg.d_ff], gate_up[:, cfg.d_ff:]
-    return x + ops.matmul(jax.nn.silu(gate) * up, layer.w_down, impl)
+    return x + _row_matmul(par, "ffn_out", jax.nn.silu(gate) * up, layer.w_down, impl)
 
 
 def _layers(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache, cfg: Config,
-            impl: ops.Impl, attend: Callable) -> tuple[jax.Array, KVCache]:
-    """Embed, run every layer (unrolled) with `attend(i, q, k, v, k_cache, v_cache)`, final norm."""
+            impl: ops.Impl, attend: Callable, par=None) -> tuple[jax.Array, KVCache]:
+    """Embed, run every layer (unrolled) with `attend(i, q, k, v, k_cache, v_cache)`, final norm.
+    par: None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)."""
     x = embed_rows(params.embed, tokens)  # [T, d]
     ks, vs = list(cache.k), list(cache.v)
     for i, layer in enumerate(params.layers):  # unrolled at trace time
         q, k, v = _qkv(x, layer, positions, cfg, impl)
         ks[i], vs[i], att = attend(q, k.astype(ks[i].dtype), v.astype(vs[i].dtype), ks[i], vs[i])
-        x = _ffn(x + ops.matmul(att, layer.wo, impl), layer, cfg, impl)
+        x = _ffn(x + _row_matmul(par, "attn_out", att, layer.wo, impl), layer, cfg, impl, par)
     return ops.rms_norm(x, params.out_norm, cfg.rms_eps), KVCache(k=tuple(ks), v=tuple(vs))
 
 
 def forward_chunk(params: Params, tokens: jax.Array, slot: jax.Array, start: jax.Array, cache: KVCache,
-                  cfg: Config, impl: ops.Impl) -> tuple[jax.Array, KVCache]:
+                  cfg: Config, impl: ops.Impl, par=None) -> tuple[jax.Array, KVCache]:
     """tokens [T] of sequence `slot` at positions start + [0, T) -> final normed hidden [T, d], cache."""
     positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
 
@@ -78,21 +84,22 @@ def forward_chunk(params: Params, tokens: jax.Array, slot: jax.Array, start: jax
         v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 0, 1)[None], at)
         return k_cache, v_cache, attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl)
 
-    return _layers(params, tokens, positions, cache, cfg, impl, attend)
+    return _layers(params, tokens, positions, cache, cfg, impl, attend, par)
 
 
 def forward_decode(params: Params, tokens: jax.Array, slots: jax.Array, positions: jax.Array, cache: KVCache,
-                   cfg: Config, impl: ops.Impl, span: int | None = None) -> tuple[jax.Array, KVCache]:
+                   cfg: Config, impl: ops.Impl, span: int | None = None, par=None) -> tuple[jax.Array, KVCache]:
     """tokens [B], row b in slot slots[b] at position positions[b] -> logits [B, vocab] f32, cache.
 
     span (static, XLA path): attend over cache positions [0, span) only; every position < span.
+    par (inside shard_map): the logits are this shard's vocabulary slice [B, vocab / TP].
     """
     def attend(q, k, v, k_cache, v_cache):
         k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence
         v_cache = v_cache.at[slots, :, positions].set(v)
         return k_cache, v_cache, attention.decode_attention(q, k_cache, v_cache, slots, positions, cfg, impl, span)
 
-    h, cache = _layers(params, tokens, positions, cache, cfg, impl, attend)
+    h, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par)
     return logits_from_hidden(params, h, impl), cache
 
 
