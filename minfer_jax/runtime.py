@@ -225,7 +225,7 @@ def generate(model: Model, prompt: str | Sequence[int], *, max_new_tokens: int =
     validate.generate_arguments(
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop, chat=chat,
-        on_text=on_text, chunk=decode_steps)
+        on_text=on_text, decode_steps=decode_steps)
     repeat_last_n = min(repeat_last_n, model.ctx_size)  # no more history exists: a device array that long is waste
     sampler = sampler_of(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
     sched = model.scheduler(1, decode_steps=decode_steps)
@@ -253,7 +253,7 @@ def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, max_
     validate.generate_arguments(
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=0, stop=stop, chat=chat,
-        on_text=None, chunk=decode_steps)
+        on_text=None, decode_steps=decode_steps)
     seeds = [validate.seed(s) for s in seeds]
     validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
     repeat_last_n = min(repeat_last_n, model.ctx_size)

@@ -18,7 +18,7 @@ from minfer_jax.errors import InvalidArgumentError
 
 INT32_MAX = 2**31 - 1  # positions, ids and counts reach the device as int32
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what jax.random.PRNGKey accepts
-MAX_CHUNK = 1024  # decode steps per on-device call: more only delays streaming and stop checks
+MAX_DECODE_STEPS = 1024  # decode steps per on-device call: more only delays streaming and stop checks
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 1024
 
 
@@ -157,7 +157,7 @@ def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, plat
 
 def generate_arguments(*, max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any,
                        min_p: Any, repeat_penalty: Any, repeat_last_n: Any, seed: Any, stop: Any, chat: Any,
-                       on_text: Any, chunk: Any) -> None:
+                       on_text: Any, decode_steps: Any) -> None:
     """runtime.generate's settings; the sampler's own fields are checked again by Sampler."""
     integer("max_new_tokens", max_new_tokens, 0, INT32_MAX)
     number("temperature", temperature)
@@ -172,4 +172,4 @@ def generate_arguments(*, max_new_tokens: Any, temperature: Any, top_k: Any, top
         raise InvalidArgumentError(f"chat must be a bool, got {_shown(chat)}")
     if on_text is not None and not callable(on_text):
         raise InvalidArgumentError(f"on_text must be a callable or None, got {_shown(on_text)}")
-    integer("chunk", chunk, 1, MAX_CHUNK)
+    integer("decode_steps", decode_steps, 1, MAX_DECODE_STEPS)

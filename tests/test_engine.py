@@ -115,10 +115,13 @@ def test_lengths_and_context_limit(tiny_gguf):
         assert len(r.tokens) == n and r.stop_reason == "length"
     with pytest.raises(minfer_jax.ContextOverflowError):
         minfer_jax.generate(m, prompt(40), max_new_tokens=1)
-    with pytest.raises(RequestError, match="outside the vocabulary"):
+    with pytest.raises(minfer_jax.InvalidArgumentError, match="outside the vocabulary"):
         minfer_jax.generate(m, [1, TINY.vocab_size], max_new_tokens=1)
-    with pytest.raises(RequestError, match="empty"):
+    with pytest.raises(minfer_jax.InvalidArgumentError, match="empty"):
         minfer_jax.generate(m, [], max_new_tokens=1)
+    sched = minfer_jax.Scheduler(m, m.plan())
+    with pytest.raises(RequestError, match="outside the vocabulary"):  # the scheduler's own check (server path)
+        sched.submit([1, TINY.vocab_size], max_new_tokens=1)
 
 
 @pytest.mark.real_model

@@ -27,11 +27,11 @@ HOSTILE = st.sampled_from([math.nan, math.inf, -math.inf, -1, -1.0, 0, 0.5, 1.5,
                            10**12, -(2**63) - 1, True, False, None, "3", "", b"1", [1], 1e308, -0.0, 1e-320])
 BASES = [
     dict(max_new_tokens=3, temperature=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, repeat_last_n=64,
-         seed=0, stop=(), chat=False, chunk=4),
+         seed=0, stop=(), chat=False, decode_steps=4),
     dict(max_new_tokens=5, temperature=0.7, top_k=5, top_p=0.9, min_p=0.0, repeat_penalty=1.0, repeat_last_n=64,
-         seed=7, stop=("a",), chat=False, chunk=4),
+         seed=7, stop=("a",), chat=False, decode_steps=4),
     dict(max_new_tokens=2, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.3, repeat_last_n=8,
-         seed=3, stop=(), chat=True, chunk=16),
+         seed=3, stop=(), chat=True, decode_steps=16),
 ]
 IDS = st.lists(st.one_of(st.integers(0, VOCAB - 1), st.integers(-2**40, 2**40), st.sampled_from([-1, VOCAB, 2**31 - 1]),
                          st.booleans(), st.floats(), st.none()), max_size=12)

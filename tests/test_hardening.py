@@ -81,7 +81,7 @@ def test_tokenizer_larger_than_the_embedding_is_refused_at_load(tmp_path):
     ({"max_new_tokens": NAN}, "max_new_tokens"), ({"top_p": NAN}, "top_p"), ({"min_p": NAN}, "min_p"),
     ({"temperature": math.inf}, "temperature"), ({"top_k": 2.5}, "top_k"), ({"repeat_last_n": 1.5}, "repeat_last_n"),
     ({"seed": 2**70}, "seed"), ({"seed": 1.5}, "seed"), ({"max_new_tokens": True}, "max_new_tokens"),
-    ({"chunk": 0}, "chunk"), ({"chunk": 10**6}, "chunk"), ({"repeat_last_n": 10**12, "repeat_penalty": 1.1},
+    ({"decode_steps": 0}, "decode_steps"), ({"decode_steps": 10**6}, "decode_steps"), ({"repeat_last_n": 10**12, "repeat_penalty": 1.1},
                                                           "repeat_last_n"),
     ({"stop": "ab"}, "stop"), ({"stop": [3]}, "stop"),
 ])

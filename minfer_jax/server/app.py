@@ -75,7 +75,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 def _text_prompt_ids(model, prompt) -> list[int]:
     from minfer_jax.runtime import prompt_ids
 
-    return prompt_ids(model, prompt)
+    try:
+        return prompt_ids(model, prompt)
+    except MinferError as e:  # token ids outside the vocabulary, text that is not valid UTF-8
+        raise BadRequest(str(e), "prompt") from None
 
 
 def _chat_prompt_ids(model, messages: list[dict]) -> list[int]:
