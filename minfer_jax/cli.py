@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import itertools
 import math
 import os
 import secrets
 import sys
-import threading
 import time
 from collections.abc import Sequence
 
@@ -32,12 +30,12 @@ from minfer_jax import validate
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError, MinferError
 from minfer_jax.gguf import load_gguf
 from minfer_jax.model_source import resolve_model
+from minfer_jax.cli_session import _Session, _summary
 from minfer_jax.runtime import load  # module attributes: tests substitute an already loaded model
 
 PROG = "minfer-generate"
 DEFAULT_N_PREDICT = 128
 DEFAULT_CTX = 4096
-CHUNK = 16  # tokens per on-device decode call: text streams out once per chunk
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
@@ -351,141 +349,6 @@ def _newline_if_needed(out, session: _Session | None = None) -> None:
         if session is None or (session.wrote_any and not session.last_char_newline):
             out.write("\n")
         out.flush()
-
-
-# -------------------------------------------------------------------------------------------------
-# generation with compile messages and timing
-
-
-@dataclasses.dataclass
-class _Totals:
-    prompt_tokens: int = 0
-    prefill_s: float = 0.0
-    generated: int = 0
-    decode_tokens: int = 0  # generated tokens that came out of decode (the first comes from prefill)
-    decode_s: float = 0.0
-    compile_s: float = 0.0
-    stop_reason: str = "-"
-    turns: int = 0
-
-    def add(self, other: _Totals) -> None:
-        for f in dataclasses.fields(self):
-            if f.name != "stop_reason":
-                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        self.stop_reason = other.stop_reason
-
-
-def _rate(n: int, s: float) -> str:
-    return f"{n / s:.1f} tok/s" if s > 0 and n > 0 else "n/a tok/s"
-
-
-def _summary(t: _Totals) -> str:
-    return (f"prompt: {t.prompt_tokens} tokens, {_rate(t.prompt_tokens, t.prefill_s)} ({t.prefill_s:.2f} s) | "
-            f"generated: {t.generated} tokens, {_rate(t.decode_tokens, t.decode_s)} ({t.decode_s:.2f} s)\n"
-            f"compile: {t.compile_s:.2f} s | stop: {t.stop_reason}\n")
-
-
-@dataclasses.dataclass(eq=False)
-class _Session:
-    model: object
-    sampler: object
-    seed: int
-    max_len: int
-    n_predict: int
-    stop: tuple
-    stream: bool
-    out: object
-    err: object
-    verbose: bool
-    totals: _Totals = dataclasses.field(default_factory=_Totals)
-    last: _Totals | None = None
-    partial: list = dataclasses.field(default_factory=list)  # text streamed by the current reply
-    wrote_any: bool = False
-    last_char_newline: bool = False
-
-    def write(self, text: str) -> None:
-        if not text:
-            return
-        self.out.write(text)
-        self.out.flush()
-        self.wrote_any = True
-        self.last_char_newline = text.endswith("\n")
-
-    def _on_text(self, text: str) -> None:
-        self.partial.append(text)
-        self.write(text)
-
-    def generate(self, ids: Sequence[int], *, turn: int = 0):
-        max_new = self.n_predict if self.n_predict >= 0 else self.max_len
-        self.partial = []
-        result, compile_s = self._produce(ids, max_new, (self.seed + turn) % 2**32)
-        self.last = _Totals(prompt_tokens=result.n_prompt, prefill_s=result.prefill_s,
-                            generated=len(result.tokens), decode_tokens=max(len(result.tokens) - 1, 0),
-                            decode_s=result.decode_s, compile_s=compile_s + result.compile_s,
-                            stop_reason=result.stop_reason, turns=1)
-        self.totals.add(self.last)
-        return result
-
-    def _produce(self, ids: Sequence[int], max_new: int, seed: int):
-        """One generation through the model's scheduler: (GenerationResult, seconds compiling ahead)."""
-        sched = self.model.scheduler(1, ctx=self.max_len, decode_steps=CHUNK)
-        req = sched.submit(ids, max_new_tokens=max_new, sampler=self.sampler, seed=seed, stop=self.stop,
-                           on_text=self._on_text if self.stream else None)
-        compile_s = self._compile_ahead(sched, len(ids), max_new)
-        sched.run([req])
-        return req.result(), compile_s
-
-    def _compile_ahead(self, sched, n: int, max_new: int) -> float:
-        """Compile what the scheduler says this generation runs first, with a message on stderr."""
-        todo = [k for k in sched.needed(n, max_new, self.sampler) if not self.model.is_compiled(k)]
-        if not todo:
-            return 0.0
-        what = " + ".join(k.label for k in todo)
-        with _Spinner(self.err, f"compiling {what} (context {self.max_len})") as spin:
-            sched.compile(todo)
-        return spin.elapsed
-
-
-class _Spinner:
-    """'compiling ...' on stderr: an animated line on a terminal, two plain lines otherwise."""
-
-    def __init__(self, err, message: str):
-        self.err, self.message = err, message
-        self.animate = bool(getattr(err, "isatty", lambda: False)())
-        self._stop = threading.Event()
-        self._thread = None
-        self.elapsed = 0.0
-
-    def _spin(self):
-        for ch in itertools.cycle("|/-\\"):
-            with contextlib.suppress(Exception):
-                self.err.write(f"\r{self.message} ... {ch} {time.perf_counter() - self._t0:4.0f} s")
-                self.err.flush()
-            if self._stop.wait(0.2):
-                return
-
-    def __enter__(self):
-        self._t0 = time.perf_counter()
-        if self.animate:
-            self._thread = threading.Thread(target=self._spin, daemon=True)
-            self._thread.start()
-        else:
-            self.err.write(f"{self.message} ...\n")
-            self.err.flush()
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.elapsed = time.perf_counter() - self._t0
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        status = f"done in {self.elapsed:.1f} s" if exc_type is None else "interrupted"
-        if self.animate:
-            self.err.write(f"\r\033[K{self.message} ... {status}\n")
-        else:
-            self.err.write(f"compiled in {self.elapsed:.1f} s\n" if exc_type is None else "compile interrupted\n")
-        self.err.flush()
-        return False
 
 
 # -------------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

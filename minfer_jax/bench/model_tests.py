@@ -12,7 +12,6 @@ field, then minfer_jax's own.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
