@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import sys
 import time
 import traceback
