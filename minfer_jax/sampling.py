@@ -1,4 +1,5 @@
-"""Token sampling as a small frozen dataclass: static (hashable) so each setting compiles once.
+"""Token sampling: a user's settings as a small frozen dataclass (`Sampler`), and the engine's
+`sample_rows`, which draws one token for each row of a batch from per-row settings arrays.
 
 Order of operations follows llama.cpp's default sampler chain: repetition penalty over the last
 `repeat_last_n` tokens -> top-k -> top-p -> min-p -> temperature -> draw. temperature <= 0 is greedy.
@@ -60,33 +61,7 @@ def apply_repeat_penalty(logits: jax.Array, history: jax.Array, penalty: float) 
     return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
-def sample(logits: jax.Array, key: jax.Array, sampler: Sampler, history: jax.Array | None = None) -> jax.Array:
-    """logits [vocab] f32 -> token id (int32 scalar)."""
-    logits = logits.astype(jnp.float32)
-    if history is not None and sampler.repeat_penalty != 1.0:
-        logits = apply_repeat_penalty(logits, history, sampler.repeat_penalty)
-    if sampler.greedy:
-        return jnp.argmax(logits).astype(jnp.int32)
-    vocab = logits.shape[-1]
-    filtered = sampler.top_k > 0 or sampler.top_p < 1.0 or sampler.min_p > 0.0
-    if not filtered:
-        return jax.random.categorical(key, logits / sampler.temperature).astype(jnp.int32)
-    k = min(sampler.top_k if sampler.top_k > 0 else FULL_SORT_CAP, vocab)
-    vals, ids = jax.lax.top_k(logits, k)  # [k] descending
-    probs = jax.nn.softmax(vals)
-    keep = jnp.ones((k,), bool)
-    if sampler.top_p < 1.0:
-        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-        before = jnp.cumsum(probs) - probs
-        keep &= before < sampler.top_p
-    if sampler.min_p > 0.0:
-        keep &= probs >= sampler.min_p * probs[0]
-    masked = jnp.where(keep, vals / sampler.temperature, -jnp.inf)
-    choice = jax.random.categorical(key, masked)
-    return ids[choice].astype(jnp.int32)
-
-
-# -- many rows at once: the sampler of the batched engine ------------------------------------------
+# -- the engine's sampler: many rows at once ---------------------------------------------------------
 # Settings travel as arrays (one row per sequence) so a batch of different samplers shares one
 # executable; only their shape is static (`SamplerMode`). A row's random key is derived from its
 # seed and the position of the token it draws, so a sequence samples the same tokens whatever
