@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import openai
 import pytest
 
@@ -33,41 +32,11 @@ SLOT_CTX = 512
 # -- the model and the server processes -------------------------------------------------------------
 def write_tiny_gguf(path: Path, tokenizer_meta: dict, seed: int = 1) -> None:
     """A 2-layer d_model-64 random Qwen2 with the given tokenizer.* metadata, as a GGUF file."""
-    import gguf
-
-    from minfer_jax.gguf import ARCHITECTURE
-    from minfer_jax.bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config
+    from minfer_jax.bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config, write_gguf
 
     cfg = dataclasses.replace(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
                               d_ff=128)
-    gm = synthetic_model_from_config(cfg, "q8_0", seed=seed)
-    w = gguf.GGUFWriter(os.fspath(path), arch=ARCHITECTURE)
-    w.add_block_count(cfg.n_layers)
-    w.add_context_length(cfg.context_length)
-    w.add_embedding_length(cfg.d_model)
-    w.add_feed_forward_length(cfg.d_ff)
-    w.add_head_count(cfg.n_heads)
-    w.add_head_count_kv(cfg.n_kv_heads)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.rms_eps)
-    m = tokenizer_meta
-    w.add_tokenizer_model(m["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(m["tokenizer.ggml.pre"])
-    w.add_token_list(m["tokenizer.ggml.tokens"])
-    w.add_token_types(m["tokenizer.ggml.token_type"])
-    w.add_token_merges(m["tokenizer.ggml.merges"])
-    w.add_bos_token_id(m["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(m["tokenizer.ggml.eos_token_id"])
-    w.add_pad_token_id(m["tokenizer.ggml.padding_token_id"])
-    w.add_add_bos_token(m["tokenizer.ggml.add_bos_token"])
-    w.add_chat_template(m["tokenizer.chat_template"])
-    for name, t in gm.tensors.items():
-        data = np.ascontiguousarray(t.data)
-        w.add_tensor(name, data, raw_dtype=t.qtype if data.dtype == np.uint8 else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=False)
-    w.close()
+    write_gguf(synthetic_model_from_config(cfg, "q8_0", seed=seed), path, progress=False, tokenizer=tokenizer_meta)
 
 
 def free_port() -> int:

@@ -371,8 +371,12 @@ def placeholder_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]
     return tokens, types, merges
 
 
-def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True) -> None:
+def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True,
+               tokenizer: dict | None = None) -> None:
     """Write `model` as a GGUF file that load_gguf reads back identically (config, types, shapes, bytes).
+
+    tokenizer: tokenizer.* metadata to write (e.g. a real model's, chat template included) instead of
+    the placeholder vocab.
 
     Metadata: general.architecture/name/file_type/quantization_version, the qwen2.* hyper-parameters
     from model.config, and a placeholder tokenizer section (tokenizer.ggml.model 'gpt2', pre 'qwen2',
@@ -404,18 +408,15 @@ def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True)
     w.add_file_type(int(meta.get("general.file_type", LlamaFileType.GUESSED)))
     w.add_quantization_version(int(meta.get("general.quantization_version", 2)))
 
-    tokens, token_types, merges = placeholder_vocab(cfg.vocab_size)
-    ids = _special_ids(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(token_types)
-    if merges:
-        w.add_token_merges(merges)
-    w.add_bos_token_id(ids["bos_token_id"])
-    w.add_eos_token_id(ids["eos_token_id"])
-    w.add_pad_token_id(ids["padding_token_id"])
-    w.add_add_bos_token(False)
+    if tokenizer is None:
+        tokens, token_types, merges = placeholder_vocab(cfg.vocab_size)
+        ids = _special_ids(cfg.vocab_size)
+        tokenizer = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
+                     "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.merges": merges,
+                     "tokenizer.ggml.bos_token_id": ids["bos_token_id"],
+                     "tokenizer.ggml.eos_token_id": ids["eos_token_id"],
+                     "tokenizer.ggml.padding_token_id": ids["padding_token_id"], "tokenizer.ggml.add_bos_token": False}
+    _write_tokenizer(w, tokenizer)
 
     for name, t in model.tensors.items():
         data = np.ascontiguousarray(t.data)
@@ -427,3 +428,19 @@ def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True)
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=progress)
     w.close()
+
+
+def _write_tokenizer(w, meta: dict) -> None:
+    """tokenizer.* metadata (a real model's, or the placeholder vocab) into a GGUFWriter."""
+    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    if meta.get("tokenizer.ggml.merges"):
+        w.add_token_merges(meta["tokenizer.ggml.merges"])
+    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    w.add_pad_token_id(meta["tokenizer.ggml.padding_token_id"])
+    w.add_add_bos_token(meta["tokenizer.ggml.add_bos_token"])
+    if "tokenizer.chat_template" in meta:
+        w.add_chat_template(meta["tokenizer.chat_template"])
