@@ -16,7 +16,6 @@ import jax
 import numpy as np
 
 from minfer_jax import engine
-from minfer_jax.model.cache import init_cache
 from minfer_jax.plan import Plan
 from minfer_jax.sampling import GREEDY, RowSettings, SamplerMode
 
@@ -48,7 +47,7 @@ class Runner:
 
     def fresh(self):
         m, p = self.model, self.plan
-        cache = init_cache(m.config, p.n_slots, p.cache_len, m.cache_dtype)
+        cache = m.new_cache(p.n_slots, p.cache_len)  # sharded under tensor parallelism
         return jax.block_until_ready((cache, engine.init_slot_state(p.n_slots, 0)))
 
     def prepare(self, n_prompt: int, start: int, rows: int = 1) -> list:
