@@ -26,16 +26,12 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax import engine
-from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
+from minfer_jax import engine, validate
+from minfer_jax.errors import ContextOverflowError
 from minfer_jax.plan import Plan, pow2_at_least
 from minfer_jax.sampling import RowSettings, Sampler, SamplerMode
 
 _ids = itertools.count()
-
-
-class RequestError(InvalidArgumentError):
-    """A request the scheduler cannot run (empty prompt, bad limits)."""
 
 
 class TextStream:
@@ -154,6 +150,8 @@ class Scheduler:
                seed: int = 0, stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None,
                on_done: Callable[[Request], None] | None = None) -> Request:
         """Queue a generation (thread-safe); the loop picks it up at its next step."""
+        prompt_ids = validate.token_ids(prompt_ids, self.model.config.vocab_size, "prompt")
+        validate.integer("max_new_tokens", max_new_tokens, 0, validate.INT32_MAX)
         req = Request(prompt_ids, max_new_tokens=max_new_tokens, sampler=sampler or Sampler(temperature=0.0),
                       seed=seed, stop=stop, on_text=on_text, on_done=on_done)
         self.check(req)
@@ -162,18 +160,11 @@ class Scheduler:
         return req
 
     def check(self, req: Request) -> None:
+        """The context check (ids and limits are validated by submit)."""
         n, ctx = len(req.prompt), self.plan.ctx
-        if n == 0:
-            raise RequestError("the prompt is empty: give at least one token")
-        if req.max_new_tokens < 0:
-            raise RequestError(f"max_new_tokens must be >= 0, got {req.max_new_tokens}")
         if n >= ctx:
             raise ContextOverflowError(f"the prompt is {n} tokens but the context holds {ctx}, which leaves no room "
                                        "to generate; use a larger context (-c, ctx_size) or a shorter prompt")
-        vocab = self.model.config.vocab_size
-        bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
 
     @property
     def busy(self) -> bool:

@@ -10,7 +10,7 @@ import minfer_jax
 from minfer_jax.model.config import Config
 from minfer_jax.plan import Plan, PlanError
 from minfer_jax.sampling import Sampler
-from minfer_jax.scheduler import RequestError, TextStream
+from minfer_jax.scheduler import TextStream
 from minfer_jax.bench.synthetic import synthetic_model_from_config
 
 TINY = Config(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256, context_length=1024, vocab_size=300,
@@ -120,7 +120,7 @@ def test_lengths_and_context_limit(tiny_gguf):
     with pytest.raises(minfer_jax.InvalidArgumentError, match="empty"):
         minfer_jax.generate(m, [], max_new_tokens=1)
     sched = minfer_jax.Scheduler(m, m.plan())
-    with pytest.raises(RequestError, match="outside the vocabulary"):  # the scheduler's own check (server path)
+    with pytest.raises(minfer_jax.InvalidArgumentError, match="outside the vocabulary"):  # submit's own check
         sched.submit([1, TINY.vocab_size], max_new_tokens=1)
 
 
