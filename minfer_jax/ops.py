@@ -8,11 +8,13 @@ per shape bucket and compiled into that bucket's executable. Its kinds (Route.ki
     "xla"         QWeight, impl.kernels == "xla"    -> reference: whole-matrix decode + XLA dot
     "gemv"        block format, nt <= GEMV_MAX_NT   -> integer Pallas GEMV (pallas/gemv.py)
     "gemv-float"  float format, nt <= GEMV_MAX_NT   -> float Pallas GEMV (pallas/gemv.py)
-    QWeight, nt > GEMV_MAX_NT                       -> prefill, by impl.gemm:
-      "dq+gemm"   "auto" (default, nt >= DEQUANT_MIN_NT) or "dequant": Pallas dequantization into
-                  a transient f16 matrix (pallas/dequant.py), then the GEMM on float weights
-      "gemm"      "f16" (or "auto" below DEQUANT_MIN_NT): Pallas GEMM decoding weight tiles
-                  in-kernel (pallas/gemm.py); float weights always take it
+    QWeight, nt > GEMV_MAX_NT                       -> GEMM, by impl.gemm:
+      "gemm"      "f16", or "auto" below DEQUANT_MIN_NT (a decode batch of 9 .. 64 rows): Pallas
+                  GEMM decoding weight tiles in-kernel (pallas/gemm.py, K split for few tokens);
+                  float weights always take it
+      "dq+gemm"   "auto" from DEQUANT_MIN_NT tokens (prefill chunks) or "dequant": Pallas
+                  dequantization into a transient f16 matrix (pallas/dequant.py), then the GEMM
+                  on float weights
       "gemm-i8"   "int8": int8 activations x int8 quants (pallas/gemm_int8.py; block formats;
                   opt-in: slower on the H200, docs/BENCHMARKS.md)
 `norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where every one
@@ -40,9 +42,10 @@ from minfer_jax.quant.planes import QType, get_format
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
 KERNEL_MODES = ("pallas", "interpret", "xla")
 GEMM_VARIANTS = ("auto", "f16", "dequant", "int8")
-# "auto": from this many tokens dequantize-then-GEMM; it won at every prefill size swept, so every
-# nt > GEMV_MAX_NT takes it; "f16" stays selectable (docs/BENCHMARKS.md, GEMV choices [G-dequant-nt]).
-DEQUANT_MIN_NT = GEMV_MAX_NT + 1
+# "auto": up to gemm.FEW_TOKEN_MAX_NT tokens the in-kernel-decode GEMM with a K split (batched
+# decode, [G-few-tokens]); from this many on dequantize-then-GEMM, which won at every prefill size
+# swept against the unsplit GEMM (docs/BENCHMARKS.md, GEMV choices [G-dequant-nt]).
+DEQUANT_MIN_NT = gemm.FEW_TOKEN_MAX_NT + 1
 _FLOAT_QTYPE = {jnp.dtype(jnp.float16): QType.F16, jnp.dtype(jnp.bfloat16): QType.BF16,
                 jnp.dtype(jnp.float32): QType.F32}
 

@@ -20,7 +20,7 @@ import pytest
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax.bench.kernel_timing import random_planes
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words
-from minfer_jax.quant.planes import FORMATS, QType, decode
+from minfer_jax.quant.planes import FORMATS, QType, decode, get_format
 
 K_QUANTS = {QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K}
 
@@ -95,6 +95,32 @@ def test_gemm_explicit_configs(qtype):
     ref = gemm.gemm_reference(x, w, qtype=qtype, n_out=n)
     for cfg in [gemm.GemmConfig(bm=32, bn=64, bk=256, num_stages=3), gemm.GemmConfig(bm=16, bn=128, bk=256)]:
         check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET), ref, qtype)
+
+
+@pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
+def test_gemm_few_tokens_split_k(qtype):
+    """A decode batch (9 .. 64 rows): K split into whole blocks, partial sums added, integers to f16
+    by the bit trick; every split count and both GEMM variants match their references."""
+    n, k = 128, 1024
+    cfg = gemm.choose_config(qtype, 16, n, k)
+    assert cfg.magic_half and cfg.bm == 16 and cfg.splits > 1 and (k // cfg.splits) % get_format(qtype).block == 0
+    assert gemm.choose_config(qtype, 16, 18944, 3584).splits == 2  # 296 row blocks: split once to ~528 programs
+    assert gemm.choose_config(qtype, gemm.FEW_TOKEN_MAX_NT + 1, n, k).splits == 1  # prefill tiles
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(3), (24, k))
+    ref, ref8 = (f(x, w, qtype=qtype, n_out=n) for f in (gemm.gemm_reference, gemm_int8.gemm_int8_reference))
+    for splits in (1, 2, 4):
+        c = dataclasses.replace(cfg, bm=32, splits=splits, magic_half=splits != 2)
+        check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=c, interpret=INTERPRET), ref, qtype)
+        c8 = gemm_int8.Int8GemmConfig(bm=32, bn=64, num_warps=4, splits=splits)
+        check(gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, config=c8, interpret=INTERPRET), ref8, qtype)
+
+
+def test_int_to_half_is_exact():
+    from minfer_jax.quant.planes import int_to_half
+
+    q = jnp.arange(-512, 512, dtype=jnp.int32)
+    chex.assert_trees_all_equal(int_to_half(q), q.astype(jnp.float16))
 
 
 @pytest.mark.parametrize("qtype", sorted(K_QUANTS, key=lambda q: q.value), ids=lambda q: q.name)
@@ -373,7 +399,9 @@ def _qweight(qtype, n=128, k=256):
     (QType.Q6_K, 8, {}, "gemv"),  # the last GEMV token count
     (QType.F16, 1, {}, "gemv-float"),
     (QType.BF16, 8, {}, "gemv-float"),
-    (QType.Q4_K, 9, {}, "dq+gemm"),  # "auto": dequantize from DEQUANT_MIN_NT on
+    (QType.Q4_K, 9, {}, "gemm"),  # "auto": a decode batch past the GEMV, the split in-kernel GEMM
+    (QType.Q4_K, 64, {}, "gemm"),  # ... up to DEQUANT_MIN_NT - 1 tokens
+    (QType.Q4_K, 65, {}, "dq+gemm"),  # ... then dequantize first
     (QType.Q4_K, 5, dict(gemv_max_nt=4), "gemm"),  # past a lowered GEMV limit: "auto" below DEQUANT_MIN_NT
     (QType.Q4_K, 12, dict(gemv_max_nt=16), "gemv"),  # ... or a raised one: still the GEMV
     (QType.Q4_K, 16, dict(gemm="f16"), "gemm"),
@@ -404,15 +432,15 @@ def test_route_dense_and_norm_folding():
     assert not ops.route(_qweight(QType.Q5_0), 3, fold).fold_norm  # x not a norm's output
     assert not ops.route(_qweight(QType.Q5_0), 3, ops.Impl("pallas"), after_norm=True).fold_norm  # fold_norm off
     assert ops.route(_qweight(QType.F16), 1, fold, after_norm=True) == ops.Route("gemv-float")  # float: never
-    assert ops.route(_qweight(QType.Q5_0), 9, fold, after_norm=True) == ops.Route("dq+gemm")  # prefill: never
+    assert ops.route(_qweight(QType.Q5_0), 9, fold, after_norm=True) == ops.Route("gemm")  # past the GEMV: never
     assert ops.route(_qweight(QType.Q5_0), 1, ops.Impl("xla", fold_norm=True), after_norm=True) == ops.Route("xla")
     with pytest.raises(ValueError, match="dense"):
         ops.route_call(ops.Route("dense"), QType.F32, 128, fold)
 
 
 @pytest.mark.parametrize("qtype,nt,gemm_variant,want", [
-    (QType.Q4_0, 2, "auto", "gemv"), (QType.F16, 1, "auto", "gemv-float"), (QType.Q4_K, 9, "auto", "dq+gemm"),
-    (QType.Q4_K, 9, "f16", "gemm"), (QType.Q6_K, 9, "int8", "gemm-i8"), (QType.Q8_0, 3, "xla", "xla"),
+    (QType.Q4_0, 2, "auto", "gemv"), (QType.F16, 1, "auto", "gemv-float"), (QType.Q4_K, 9, "auto", "gemm"),
+    (QType.Q4_K, 9, "dequant", "dq+gemm"), (QType.Q6_K, 9, "int8", "gemm-i8"), (QType.Q8_0, 3, "xla", "xla"),
 ], ids=lambda v: getattr(v, "name", str(v)))
 def test_kernel_case_call_matches_its_reference(qtype, nt, gemm_variant, want):
     """Every quantized route's kernel call against the reference kernel_case pairs it with, and

@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import json
 
-from gemv_ab import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
+from cases import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
 
 from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import gemv as G

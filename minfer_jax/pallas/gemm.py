@@ -1,22 +1,25 @@
-"""Prefill GEMM: y[M, N] = x[M, K] . W[N, K]^T for M >= 9 tokens, weight tiles decoded in-kernel.
+"""GEMM: y[M, N] = x[M, K] . W[N, K]^T for M >= 9 tokens, weight tiles decoded in-kernel.
 
-ops.matmul runs it on a quantized weight's planes (the "f16" variant) or, by default, on the
-transient f16 matrix pallas/dequant.py made of them (the "dequant" variant: W is then an F16
-weight and the tile decode is a plain load).
+ops.matmul runs it on a quantized weight's planes (the "f16" variant: by default for 9 ..
+FEW_TOKEN_MAX_NT tokens, i.e. batched decode) or, for longer prefill chunks, on the transient
+f16 matrix pallas/dequant.py made of them (the "dequant" variant: W is then an F16 weight and the
+tile decode is a plain load).
 
 Layout expected (quant.planes): each plane [Npad, K / wpc], rows padded to ROW_ALIGN; x is padded
 by the wrapper to a multiple of bm rows (prefill buckets are powers of two, so usually it is).
 
-Grid (Mpad / bm, Npad / bn), the token axis fastest so that programs running together share a
-weight tile (decoded from L2 rather than HBM). Each program walks K in bk steps: the x tile
-[bm, bk] and the weight tile decoded into the compute dtype [bn, bk] meet in one tensor-core dot
-with f32 accumulation; the decoded tile never leaves registers.
+Grid (Mpad / bm, Npad / bn, splits), the token axis fastest so that programs running together
+share a weight tile (decoded from L2 rather than HBM). Each program walks its K range in bk
+steps: the x tile [bm, bk] and the weight tile decoded into the compute dtype [bn, bk] meet in one
+tensor-core dot with f32 accumulation; the decoded tile never leaves registers. Few tokens split
+K (splits > 1) so that enough programs run; XLA adds the partial sums.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +37,8 @@ class GemmConfig:
     bk: int
     num_warps: int = 8
     num_stages: int = 2
+    splits: int = 1  # K split: partial sums [splits, M, N] added by XLA (few tokens: more programs)
+    magic_half: bool = False  # integers to f16 by planes.int_to_half's bit trick
 
 
 # Tiles (bn, bk, num_warps, num_stages) from the H200 sweeps at 512 x 4096 x 14336
@@ -48,11 +53,22 @@ SUPERBLOCK_TILE = (128, 128, 8, 3)
 HALF_TILE = (128, 64, 8, 4)
 F32_TILE = (128, 64, 8, 3)
 
+# Few tokens (a decode batch of 9 .. FEW_TOKEN_MAX_NT rows, block formats): one token block of
+# bm = nt rows, narrow 64 x 128 weight tiles on 4 warps, 3 stages, integers to f16 by the bit trick,
+# and K split until about FEW_TOKEN_PROGRAMS programs run (Npad / bn alone leaves most SMs idle).
+# H200, Q4_K / Q6_K at the 7B's shapes, 16 .. 64 tokens: 1.3-2.8x the dequantize-then-GEMM route
+# (docs/BENCHMARKS.md, GEMV choices [G-few-tokens]).
+FEW_TOKEN_MAX_NT = 64
+FEW_TOKEN_TILE = (64, 128, 4, 3)
+FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132
+
 
 def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     """Tile sizes for one GEMM shape (tuned on the H200; docs/BENCHMARKS.md)."""
     bm = min(128, max(16, tiles.pow2_divisor(tiles.round_up(m, 16), 128)))
     fmt = get_format(qtype)
+    if fmt.ints is not None and m <= FEW_TOKEN_MAX_NT:
+        return _few_token_config(fmt, bm, n, k)
     if fmt.block == 256:
         bn, bk, warps, stages = SUPERBLOCK_TILE
     elif fmt.block == 32:
@@ -62,22 +78,34 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     return GemmConfig(bm=bm, bn=bn, bk=tiles.pow2_divisor(k, bk), num_warps=warps, num_stages=stages)
 
 
+def _few_token_config(fmt, bm: int, n: int, k: int) -> GemmConfig:
+    bn, bk, warps, stages = FEW_TOKEN_TILE
+    bk = tiles.pow2_divisor(k, bk)
+    programs = tiles.round_up(n, 128) // bn
+    chunks = k // max(bk, fmt.block)  # a K split holds whole blocks (the K-quants' d is one per 256)
+    splits = 1
+    if programs < FEW_TOKEN_PROGRAMS:
+        splits = min((d for d in range(1, chunks + 1) if chunks % d == 0),
+                     key=lambda d: (abs(math.log(programs * d / FEW_TOKEN_PROGRAMS)), d))
+    return GemmConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages, splits=splits, magic_half=True)
+
+
 @functools.cache
-def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype):
+def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, magic_half: bool = False):
     """One kernel closure per configuration (jax#40847: a shared function object can reuse a trace)."""
     fmt = get_format(qtype)
     n_k = k // bk
+    dn = (((1,), (1,)), ((), ()))
 
     def kernel(x_ref, *refs):
         *plane_refs, o_ref = refs
 
         def step(j, acc):
             k0 = j * bk
-            w = tiles.load_weight_tile(fmt, plane_refs, 0, bn, k0, bk, compute_dtype)  # [bn, bk]
+            w = tiles.load_weight_tile(fmt, plane_refs, 0, bn, k0, bk, compute_dtype, magic_half)  # [bn, bk]
             kx = k0 if isinstance(k0, int) else pl.multiple_of(k0, bk)
             xt = x_ref[:, pl.ds(kx, bk)]  # [bm, bk]
-            return acc + lax.dot_general(xt, w, (((1,), (1,)), ((), ())),
-                                         preferred_element_type=jnp.float32)  # [bm, bn]
+            return acc + lax.dot_general(xt, w, dn, preferred_element_type=jnp.float32)  # [bm, bn]
 
         acc = jnp.zeros((bm, bn), jnp.float32)
         o_ref[...] = tiles.k_steps(n_k, step, acc)
@@ -95,34 +123,38 @@ def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmCo
     arrays = tiles.plane_arrays(fmt, planes)
     npad = arrays[0].shape[0]
     mpad = tiles.round_up(m, cfg.bm)
-    assert npad % cfg.bn == 0 and k % cfg.bk == 0, (cfg, npad, k)
+    k_split = k // cfg.splits
+    assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % max(cfg.bk, fmt.block) == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()
 
     xp = tiles.cast_rows(x, mpad, fmt.compute_dtype)  # [Mpad, K]
-    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k, fmt.compute_dtype)
+    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.magic_half)
     out = tiled_call(kernel, [xp], arrays, fmt, cfg.bm, cfg.bn, cfg.num_warps, cfg.num_stages, interpret,
-                     f"gemm_{fmt.name.lower()}")
+                     f"gemm_{fmt.name.lower()}", splits=cfg.splits)
     return out[:m, :n_out]
 
 
 def tiled_call(kernel, token_inputs, plane_arrays, fmt, bm: int, bn: int, num_warps: int, num_stages: int,
-               interpret: bool, name: str) -> jax.Array:
-    """Grid (Mpad / bm, Npad / bn), token blocks fastest: token-side inputs [Mpad, cols] blocked by
-    rows, planes blocked by weight rows, output [Mpad, Npad] f32. Shared by both GEMM variants."""
+               interpret: bool, name: str, splits: int = 1) -> jax.Array:
+    """Grid (Mpad / bm, Npad / bn, splits), token blocks fastest: token-side inputs [Mpad, cols]
+    blocked by rows, planes blocked by weight rows, both by K range when split; output [Mpad, Npad]
+    f32 (with splits > 1 the partial sums [splits, Mpad, Npad] added by XLA). Shared by both GEMM
+    variants; every input's columns must be proportional to K (so a K range is a column block)."""
     mpad, npad = token_inputs[0].shape[0], plane_arrays[0].shape[0]
     k = plane_arrays[0].shape[1] * fmt.planes[0].wpc
-    in_specs = [pl.BlockSpec((bm, t.shape[1]), lambda i, j: (i, 0)) for t in token_inputs]
-    in_specs += [pl.BlockSpec((bn, k // p.wpc), lambda i, j: (j, 0)) for p in fmt.planes]
-    return pl.pallas_call(
+    in_specs = [pl.BlockSpec((bm, t.shape[1] // splits), lambda i, j, s: (i, s)) for t in token_inputs]
+    in_specs += [pl.BlockSpec((bn, k // splits // p.wpc), lambda i, j, s: (j, s)) for p in fmt.planes]
+    out = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((mpad, npad), jnp.float32),
-        grid=(mpad // bm, npad // bn),
+        out_shape=jax.ShapeDtypeStruct((splits, mpad, npad), jnp.float32),
+        grid=(mpad // bm, npad // bn, splits),
         in_specs=in_specs,
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((None, bm, bn), lambda i, j, s: (s, i, j)),
         compiler_params=tiles.compiler_params(num_warps, num_stages),
         interpret=interpret,
         name=name,
     )(*token_inputs, *plane_arrays)
+    return out[0] if splits == 1 else out.sum(axis=0)
 
 
 # The jnp reference this kernel is tested against: the same decode on the whole matrix, one dot.

@@ -40,6 +40,7 @@ class Int8GemmConfig:
     bn: int
     num_warps: int = 8
     num_stages: int = 1
+    splits: int = 1  # K split (gemm.tiled_call)
 
 
 def group_size(qtype: QType) -> int:
@@ -115,12 +116,13 @@ def gemm_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: I
     npad = arrays[0].shape[0]
     mpad = tiles.round_up(m, cfg.bm)
     g = group_size(qtype)
-    assert npad % cfg.bn == 0 and k % XBLOCK == 0, (cfg, npad, k)
+    k_split = k // cfg.splits
+    assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % max(XBLOCK, fmt.block) == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()
 
     xq, xs, xsum = quantize_activations(jnp.pad(x, ((0, mpad - m), (0, 0))), g)
-    out = tiled_call(_kernel(qtype, cfg.bm, cfg.bn, k), [xq, xs, xsum], arrays, fmt, cfg.bm, cfg.bn,
-                     cfg.num_warps, cfg.num_stages, interpret, f"gemm_int8_{fmt.name.lower()}")
+    out = tiled_call(_kernel(qtype, cfg.bm, cfg.bn, k_split), [xq, xs, xsum], arrays, fmt, cfg.bm, cfg.bn,
+                     cfg.num_warps, cfg.num_stages, interpret, f"gemm_int8_{fmt.name.lower()}", splits=cfg.splits)
     return out[:m, :n_out]
 
 

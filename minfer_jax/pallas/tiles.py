@@ -31,9 +31,9 @@ def load_plane_tiles(fmt: Format, plane_refs, r0, bn: int, k0, bk: int) -> dict[
     return tiles
 
 
-def load_weight_tile(fmt: Format, plane_refs, r0, bn: int, k0, bk: int, dtype) -> jax.Array:
+def load_weight_tile(fmt: Format, plane_refs, r0, bn: int, k0, bk: int, dtype, magic_half: bool = False) -> jax.Array:
     """Decode rows [r0, r0+bn) x weights [k0, k0+bk) of a weight into values [bn, bk] of dtype."""
-    return decode(fmt.qtype, load_plane_tiles(fmt, plane_refs, r0, bn, k0, bk), dtype)
+    return decode(fmt.qtype, load_plane_tiles(fmt, plane_refs, r0, bn, k0, bk), dtype, magic_half=magic_half)
 
 
 def k_steps(n_steps: int, step, init):
