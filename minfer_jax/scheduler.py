@@ -4,8 +4,9 @@
 the plan of executables; `generate()`, `generate_batch()`, the CLI and the server all run through
 it. Each `step()`:
   1. admits waiting requests into free slots (and drops cancelled ones),
-  2. dispatches one prefill chunk of the oldest prefilling request (prompts interleave with
-     decoding, a chunk at a time),
+  2. dispatches prefill chunks, oldest prefilling request first, up to `plan.chunk` prompt
+     tokens (at least one chunk): prompts interleave with decoding, and short prompts arriving
+     together (a server's clients) start together instead of one per decode chunk,
   3. dispatches one decode chunk (`plan.decode_steps` tokens) for every decoding sequence,
   4. only then reads the tokens of the previous chunk: JAX dispatches asynchronously, so the
      device runs chunk k while the host detokenizes chunk k - 1 and checks its stops. A stop
@@ -264,9 +265,16 @@ class Scheduler:
         self.history_width = width
 
     def _dispatch_prefill(self) -> bool:
-        if not self.prefilling:
-            return False
-        req = self.prefilling[0]
+        """Prefill chunks up to plan.chunk prompt tokens this step (at least one chunk)."""
+        budget = self.plan.chunk
+        dispatched = False
+        while self.prefilling and budget > 0:
+            budget -= self._dispatch_prefill_chunk(self.prefilling[0])
+            dispatched = True
+        return dispatched
+
+    def _dispatch_prefill_chunk(self, req: Request) -> int:
+        """Dispatch req's next prompt chunk; returns its bucket (tokens of prefill work)."""
         start, bucket, n_valid = req.chunks.pop(0)
         tokens = np.zeros((bucket,), np.int32)
         tokens[:n_valid] = req.prompt[start:start + n_valid]
@@ -283,7 +291,7 @@ class Scheduler:
             req.produced = 1
             self.decoding.append(req)
             self.inflight.append(("first", req, token))
-        return True
+        return bucket
 
     def _dispatch_decode(self) -> bool:
         rows = [r for r in self.decoding if not r.finished and r.produced < r.limit]

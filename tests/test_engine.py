@@ -106,6 +106,24 @@ def test_requests_join_and_leave_between_steps(chunked):
     assert sorted(sched.free_slots) == [0, 1] and not sched.busy
 
 
+def test_short_prompts_prefill_together_up_to_the_chunk_budget(tiny_gguf):
+    """Prompts waiting together start in the same step while their chunks fit plan.chunk tokens (a
+    server's clients arriving at once), instead of one prompt per decode chunk; a long prompt still
+    takes one budget per step."""
+    m = load(tiny_gguf, chunk=32)
+    sched = minfer_jax.Scheduler(m, m.plan(n_seqs=4, decode_steps=4))
+    reqs = [sched.submit(prompt(5, 10 + i), max_new_tokens=6) for i in range(3)]  # 16-token buckets: 2 fit in 32
+    long = sched.submit(prompt(80, 13), max_new_tokens=6)  # chunks of 32, 32, 16
+    sched.step()
+    assert [r in sched.decoding for r in reqs] == [True, True, False] and long in sched.prefilling
+    sched.step()  # the third short prompt (16) and the long prompt's first chunk (32)
+    assert reqs[2] in sched.decoding and len(long.chunks) == 2
+    sched.run([*reqs, long])
+    for i, r in enumerate(reqs):
+        assert r.result().tokens == minfer_jax.generate(m, prompt(5, 10 + i), max_new_tokens=6).tokens
+    assert long.result().tokens == minfer_jax.generate(m, prompt(80, 13), max_new_tokens=6).tokens
+
+
 def test_lengths_and_context_limit(tiny_gguf):
     m = load(tiny_gguf, chunk=16, ctx=40)
     r = minfer_jax.generate(m, prompt(30), max_new_tokens=100, decode_steps=4)
