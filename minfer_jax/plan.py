@@ -95,6 +95,21 @@ class Plan:
     def decode_key(self, n_active: int, end: int, mode: SamplerMode) -> DecodeKey:
         return DecodeKey(self.rows(n_active), self.decode_steps, self.n_slots, self.cache_len, mode, self.span(end))
 
+    def serving_keys(self, modes) -> list:
+        """Every executable a long-running server meets for these sampler modes: each prefill bucket
+        a prompt of up to ctx tokens can take and decode at every row count up to n_seqs (the XLA
+        path's smallest attention window), so no request waits for a compile mid-serving."""
+        buckets, b = [], MIN_BUCKET
+        while b <= min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET)):
+            buckets.append(b)
+            b *= 2
+        rows, r = [], 1
+        while r <= self.rows(self.n_seqs):
+            rows.append(r)
+            r *= 2
+        return list(dict.fromkeys([self.prefill_key(b, m) for m in modes for b in buckets] +
+                                  [self.decode_key(r, self.decode_steps + 1, m) for m in modes for r in rows]))
+
     def logits_key(self, bucket: int) -> LogitsKey:
         return LogitsKey(bucket, self.n_slots, self.cache_len)
 

@@ -124,6 +124,21 @@ def test_short_prompts_prefill_together_up_to_the_chunk_budget(tiny_gguf):
     assert long.result().tokens == minfer_jax.generate(m, prompt(80, 13), max_new_tokens=6).tokens
 
 
+def test_serving_keys_leave_nothing_to_compile(tiny_gguf):
+    """What the server warms up (plan.serving_keys) is every executable its requests then run."""
+    m = load(tiny_gguf, chunk=32, ctx=200)
+    sched = minfer_jax.Scheduler(m, m.plan(n_seqs=4, ctx=200, decode_steps=4))
+    greedy = Sampler(temperature=0.0)  # what submit() uses without a sampler
+    keys = sched.plan.serving_keys([sched.mode([greedy])])
+    assert len(keys) == 2 + 3  # prefill 16, 32; decode at 1, 2, 4 rows
+    sched.compile(keys)
+    before = dict(m._compiled)
+    reqs = [sched.submit(prompt(n, n), max_new_tokens=7) for n in (3, 20, 45, 70, 9)]  # 5 requests, 4 slots
+    sched.run(reqs)
+    assert all(r.result().stop_reason == "length" for r in reqs)
+    assert dict(m._compiled) == before
+
+
 def test_lengths_and_context_limit(tiny_gguf):
     m = load(tiny_gguf, chunk=16, ctx=40)
     r = minfer_jax.generate(m, prompt(30), max_new_tokens=100, decode_steps=4)

@@ -217,11 +217,16 @@ class Backend:
 
     @staticmethod
     def _warm(model, sched) -> None:
-        """One short request with the default sampler: compiles prefill and single-row decode."""
+        """Compile every executable serving meets with greedy and the default sampler (each prefill
+        bucket, decode at every row count: a compile mid-serving would stall every client for
+        seconds), then run one short request through them."""
         from minfer_jax.runtime import sampler_of
+        from minfer_jax.server.schemas import DEFAULT_TEMPERATURE
 
+        samplers = [sampler_of(0.0), sampler_of(DEFAULT_TEMPERATURE)]
+        sched.compile(sched.plan.serving_keys([sched.mode([s]) for s in samplers]))
         token = model.tokenizer.bos_id if model.tokenizer is not None and model.tokenizer.bos_id is not None else 0
-        req = sched.submit([token], max_new_tokens=2, sampler=sampler_of(0.8), seed=0)
+        req = sched.submit([token], max_new_tokens=2, sampler=samplers[1], seed=0)
         sched.run([req])
         req.result()
 

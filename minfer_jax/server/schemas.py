@@ -74,6 +74,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+DEFAULT_TEMPERATURE = 0.8  # llama-server's; the server warms up its executables for it and for greedy
+
+
 class _Generation(BaseModel):
     """Fields common to /v1/completions and /v1/chat/completions (llama-server's defaults)."""
 
@@ -81,7 +84,7 @@ class _Generation(BaseModel):
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=-1, le=MAX_TOKENS_LIMIT)  # -1: until the context is full
-    temperature: float = Field(0.8, ge=0.0, le=2.0)  # 0: greedy
+    temperature: float = Field(DEFAULT_TEMPERATURE, ge=0.0, le=2.0)  # 0: greedy
     top_k: int = Field(40, ge=0, le=MAX_TOKENS_LIMIT)
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     min_p: float = Field(0.05, ge=0.0, le=1.0)
