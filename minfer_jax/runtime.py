@@ -141,8 +141,8 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     weights: "quantized" (default with kernels) keeps GGUF formats on the device; "dense" (default
     on CPU) dequantizes once (weights.LoadOptions: dense_dtype / wide_dtype). kernels: "pallas" |
     "interpret" | "xla" (default: pallas on GPU, xla elsewhere). ctx_size: KV cache length
-    (default min(4096, trained context); any value up to the trained context). gemm: prefill
-    variant, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per prefill
+    (default min(4096, trained context); any value up to the trained context). gemm: GEMM
+    variant past 8 tokens, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per prefill
     executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
     gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
     and the KV cache over this many devices (sharding.py; None: the one device).

@@ -96,8 +96,8 @@ def _execution_args(g) -> None:
                         "Pallas' interpreter: very slow, tiny shapes only) or xla (reference dequant + dot). "
                         "Default: pallas on GPU, xla elsewhere")
     g.add_argument("--gemm", choices=GEMM_CHOICES, default="auto",
-                   help="prefill variant for block formats: auto (default: dequant from "
-                        "ops.DEQUANT_MIN_NT tokens, else f16), f16 (weight tiles decoded inside the GEMM), "
+                   help="GEMM variant past 8 tokens for block formats: auto (default: the split f16 GEMM up to "
+                        "64 tokens, dequant beyond), f16 (weight tiles decoded inside the GEMM), "
                         "dequant (weights decoded into a transient f16 matrix, then a float GEMM) or int8 "
                         "(int8 activations x int8 quants; slower on the H200)")
     g.add_argument("--weights", choices=("quantized", "dense"), default=None,
