@@ -106,6 +106,7 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     compile_s: float
+    cached_tokens: int = 0  # prompt tokens whose K/V a previous request left in the slot (not prefilled again)
 
     @property
     def n_prompt(self) -> int:

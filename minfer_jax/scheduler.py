@@ -4,7 +4,8 @@
 the plan of executables; `generate()`, `generate_batch()`, the CLI and the server all run through
 it. Each `step()`:
   1. admits waiting requests into free slots (and drops cancelled ones),
-  2. dispatches prefill chunks, oldest prefilling request first, up to `plan.chunk` prompt
+  2. dispatches prefill chunks (from the end of the longest prefix a free slot still holds:
+     a shared system prompt or a conversation's earlier turns are not prefilled again), oldest prefilling request first, up to `plan.chunk` prompt
      tokens (at least one chunk): prompts interleave with decoding, and short prompts arriving
      together (a server's clients) start together instead of one per decode chunk,
   3. dispatches one decode chunk (`plan.decode_steps` tokens) for every decoding sequence,
@@ -105,6 +106,7 @@ class Request:
         self.slot: int | None = None
         self.chunks: list[tuple[int, int, int]] = []
         self.produced = 0  # tokens sampled by dispatched work (the first by the last prefill chunk)
+        self.cached = 0  # prompt tokens reused from the slot's previous sequence (prefix reuse)
         self.limit = 0  # most tokens this sequence may produce (max_new_tokens, or the context's room)
         self.times = dict(prefill=0.0, decode=0.0, compile=0.0)
         self._t0 = self._t_first = None  # prefill dispatched / first token read
@@ -126,7 +128,8 @@ class Request:
         s = self.stream
         return engine.GenerationResult(tokens=list(s.tokens), text=s.text, prompt_tokens=self.prompt,
                                        stop_reason=s.reason, prefill_s=self.times["prefill"],
-                                       decode_s=self.times["decode"], compile_s=self.times["compile"])
+                                       decode_s=self.times["decode"], compile_s=self.times["compile"],
+                                       cached_tokens=self.cached)
 
 
 class Scheduler:
@@ -137,6 +140,8 @@ class Scheduler:
         self.cache = self.state = None  # allocated on first use, donated through every step
         self.history_width = 0
         self.free_slots = list(range(plan.n_seqs))
+        # per free slot, the tokens whose K/V it still holds at positions [0, len) (prefix reuse)
+        self.slot_tokens: dict[int, list[int]] = {}
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
@@ -220,10 +225,27 @@ class Scheduler:
             return
         self._ensure_state(req.sampler.history_len)
         req.times["compile"] = self.compile(self.needed(n, req.max_new_tokens, req.sampler))
-        req.slot = self.free_slots.pop(0)
-        req.chunks = plan.chunks(n)
+        req.slot, req.cached = self._take_slot(req.prompt)
+        req.chunks = plan.chunks(n - req.cached, req.cached)
         req._t0, req._compile_marks = time.perf_counter(), (self.compile_s, self.compile_s)
         self.prefilling.append(req)
+
+    def _take_slot(self, prompt: list[int]) -> tuple[int, int]:
+        """The free slot whose kept tokens share the longest prefix with prompt, and how many of
+        them to reuse (at least one prompt token is prefilled: it yields the first token's
+        logits). Without a match: a slot that keeps nothing, else the one freed longest ago."""
+        def shared(slot: int) -> int:
+            kept = self.slot_tokens.get(slot, ())
+            n = 0
+            for a, b in zip(kept, prompt):
+                if a != b:
+                    break
+                n += 1
+            return n
+
+        best = max(self.free_slots, key=lambda s: (shared(s), s not in self.slot_tokens))
+        self.free_slots.remove(best)
+        return best, min(shared(best), len(prompt) - 1)
 
     # -- what to compile ---------------------------------------------------------------------
     def mode(self, samplers: Sequence[Sampler]) -> SamplerMode:
@@ -354,6 +376,7 @@ class Scheduler:
         if req in self.decoding:
             self.decoding.remove(req)
         if req.slot is not None:
+            self.slot_tokens[req.slot] = self._kept_tokens(req)
             self.free_slots.append(req.slot)
             req.slot = None
         if req._t_first is not None:
@@ -364,11 +387,23 @@ class Scheduler:
         if req.on_done is not None:
             req.on_done(req)
 
+    @staticmethod
+    def _kept_tokens(req: Request) -> list[int]:
+        """The tokens whose K/V req's slot holds at [0, len) once req ends: the prompt up to the
+        first chunk not dispatched, then every generated token that was fed back (all but the
+        last one produced; a token a late stop discarded lies past them)."""
+        written = req.chunks[0][0] if req.chunks else len(req.prompt)
+        kept = req.prompt[:written]
+        if written == len(req.prompt) and req.stream is not None:
+            kept += list(req.stream.tokens)[:-1]
+        return kept
+
     def _fail_all(self, error: BaseException) -> None:
         live = list(itertools.chain(self.waiting, self.prefilling, self.decoding))
         for req in live:
             req.error = error
             self._finish(req, "error")
         self.inflight.clear()
+        self.slot_tokens.clear()
         self.cache = self.state = None  # donated buffers may be gone: start from a fresh cache
         self.history_width = 0

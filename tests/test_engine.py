@@ -139,6 +139,27 @@ def test_serving_keys_leave_nothing_to_compile(tiny_gguf):
     assert dict(m._compiled) == before
 
 
+def test_prefix_reuse_skips_what_a_slot_still_holds(chunked):
+    """A prompt that starts like a finished sequence (a shared system prompt, or the conversation so
+    far) prefills only past the shared prefix in that sequence's slot, and gets the same tokens as
+    when run alone; a prompt that shares nothing takes a slot that keeps nothing."""
+    sched = minfer_jax.Scheduler(chunked, chunked.plan(n_seqs=2, decode_steps=4))
+    system = prompt(37, 20)
+    first = sched.submit(system + prompt(5, 21), max_new_tokens=6)
+    sched.run([first])
+    other = sched.submit(prompt(9, 22), max_new_tokens=3)  # shares nothing: the empty slot
+    turn = first.prompt + first.result().tokens + prompt(4, 23)  # the conversation so far + a new message
+    again = sched.submit(turn, max_new_tokens=6)
+    sched.run([other, again])
+    sibling = sched.submit(system + prompt(6, 24), max_new_tokens=6)  # the same system prompt, another question
+    sched.run([sibling])
+    assert other.result().cached_tokens == 0
+    assert again.result().cached_tokens == len(first.prompt) + len(first.result().tokens) - 1
+    assert sibling.result().cached_tokens == len(system)
+    for r in (first, other, again, sibling):
+        assert r.result().tokens == minfer_jax.generate(chunked, r.prompt, max_new_tokens=len(r.result().tokens)).tokens
+
+
 def test_lengths_and_context_limit(tiny_gguf):
     m = load(tiny_gguf, chunk=16, ctx=40)
     r = minfer_jax.generate(m, prompt(30), max_new_tokens=100, decode_steps=4)

@@ -200,6 +200,8 @@ def test_chat_applies_the_chat_template(server, client, tokenizer):
     plain = client.completions.create(model="tiny", prompt=rendered, max_tokens=20, temperature=0)
     assert chat.choices[0].message.content == plain.choices[0].text
     assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+    # the chat request's slot still held the prompt's K/V: only its last token was prefilled again
+    assert plain.usage.prompt_tokens_details.cached_tokens == plain.usage.prompt_tokens - 1
 
     stream = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0,
                                                  stream=True))
@@ -370,7 +372,8 @@ def test_clients_killed_mid_stream_free_every_slot(server, client):
 
 @pytest.mark.real_model
 def test_metrics_are_prometheus_text(server, client):
-    client.completions.create(model="tiny", prompt="count the tokens", max_tokens=8, temperature=0)
+    for _ in range(2):  # the second reuses the first's prompt from its slot
+        client.completions.create(model="tiny", prompt="count the tokens", max_tokens=8, temperature=0)
     r = httpx.get(f"{server.url}/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     declared: dict[str, str] = {}
@@ -393,6 +396,7 @@ def test_metrics_are_prometheus_text(server, client):
     assert m["minfer_kv_slots_capacity"] == 8 and m["minfer_ready"] == 1
     assert m["minfer_tokens_generated_total"] > 0 and m["minfer_tokens_per_second"] > 0
     assert m["minfer_requests_total"] >= sum(v for k, v in m.items() if k.startswith("minfer_requests_finished"))
+    assert 0 < m["minfer_prompt_tokens_cached_total"] < m["minfer_prompt_tokens_total"]  # the second request's reuse
 
 
 @pytest.mark.real_model

@@ -103,7 +103,7 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool):
         result = req.result()
         yield sse(reply.chunk(reason=result.stop_reason))
         if include_usage:
-            yield sse(reply.usage_chunk(len(result.prompt_tokens), len(result.tokens)))
+            yield sse(reply.usage_chunk(len(result.prompt_tokens), len(result.tokens), result.cached_tokens))
         yield sse("[DONE]")
     finally:
         handle.cancel()
@@ -161,7 +161,8 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
     if req.error is not None:
         raise ApiError(500, f"generation failed: {type(req.error).__name__}: {req.error}", "server_error")
     result = req.result()
-    return JSONResponse(reply.full(result.text, result.stop_reason, len(result.prompt_tokens), len(result.tokens)))
+    return JSONResponse(reply.full(result.text, result.stop_reason, len(result.prompt_tokens), len(result.tokens),
+                                  result.cached_tokens))
 
 
 def _add_generation_routes(app: FastAPI, backend: Backend) -> None:

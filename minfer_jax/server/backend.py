@@ -186,6 +186,7 @@ class Backend:
         self.requests_total = 0
         self.finish_reasons: collections.Counter[str] = collections.Counter()
         self.prompt_tokens_total = 0
+        self.prompt_tokens_cached = 0  # of those, reused from a slot (Request.cached)
         self.throughput = Throughput()
         self.started = time.time()
 
@@ -288,4 +289,5 @@ class Backend:
         with self.lock:
             self.live -= 1
             self.finish_reasons[req.stream.reason if req.stream is not None else "error"] += 1
+            self.prompt_tokens_cached += req.cached
         self._progress()

@@ -29,6 +29,7 @@ def render(backend) -> str:
     s, sched = backend.settings, backend.scheduler
     with backend.lock:
         requests_total, prompt_total = backend.requests_total, backend.prompt_tokens_total
+        cached_total = backend.prompt_tokens_cached
         finished, live = dict(backend.finish_reasons), backend.live
     if sched is not None:
         running = len(sched.prefilling) + len(sched.decoding)
@@ -47,6 +48,9 @@ def render(backend) -> str:
                      [({}, tokens_out)])
     lines += _family("prompt_tokens_total", "counter", "Prompt tokens of accepted requests since start.",
                      [({}, prompt_total)])
+    lines += _family("prompt_tokens_cached_total", "counter",
+                     "Prompt tokens whose K/V a slot still held from an earlier request (not prefilled again).",
+                     [({}, cached_total)])
     lines += _family("requests_total", "counter", "Requests accepted (queued for generation) since start.",
                      [({}, requests_total)])
     lines += _family("requests_finished_total", "counter", "Requests finished, by stop reason.",

@@ -22,9 +22,11 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; cached_tokens: prompt tokens reused from a slot (not prefilled again)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 class Reply:
@@ -37,7 +39,7 @@ class Reply:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
+    def full(self, text: str, reason: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
         """The non-streamed response."""
         finish = FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
@@ -47,7 +49,7 @@ class Reply:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
             head = self._head("text_completion")
-        return {**head, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
+        return {**head, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
     def chunk(self, text: str | None = None, reason: str | None = None, *, role: bool = False) -> dict:
         """One streamed chunk: a text piece, the opening role (chat), or the final finish_reason."""
@@ -59,10 +61,10 @@ class Reply:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
         """stream_options.include_usage: the last chunk, with no choices."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+        return {**self._head(obj), "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def sse(obj: dict | str) -> str:
