@@ -66,9 +66,11 @@ class Plan:
 
     @property
     def cache_len(self) -> int:
-        """Positions per slot: the context plus one decode chunk past it, in whole chunks."""
+        """Positions per slot: the context plus one decode chunk (at least a smallest prefill
+        bucket) past it, in whole chunks."""
         align = max(self.chunk, CACHE_ALIGN)
-        return -(-(self.ctx + self.decode_steps) // align) * align
+        # >= MIN_BUCKET past ctx: a padded chunk starting anywhere before ctx fits
+        return -(-(self.ctx + max(self.decode_steps, MIN_BUCKET)) // align) * align
 
     def chunks(self, n: int, start: int = 0) -> list[tuple[int, int, int]]:
         """(start, padded length, real tokens) of each prefill chunk of n tokens from `start`."""
@@ -77,7 +79,12 @@ class Plan:
         out = []
         while n > 0:
             size = min(n, self.chunk)
-            out.append((start, min(pow2_at_least(size, MIN_BUCKET), self.chunk), size))
+            bucket = min(pow2_at_least(size, MIN_BUCKET), self.chunk)
+            # a chunk from an unaligned start (prefix reuse) must not pad past the slot's end
+            while start + bucket > self.cache_len and bucket > MIN_BUCKET:
+                bucket //= 2
+                size = min(size, bucket)
+            out.append((start, bucket, size))
             start, n = start + size, n - size
         return out
 

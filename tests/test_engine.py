@@ -53,6 +53,22 @@ def test_plan_chunks_buckets_and_cache_length():
         plan.chunks(101)
 
 
+def test_chunks_from_any_start_stay_inside_the_slot():
+    """Prefix reuse starts a prompt's chunks anywhere: they cover it exactly and never pad past the
+    slot's cache positions (the padded tail of a 2048 bucket from 2775 would)."""
+    rng = np.random.default_rng(0)
+    for ctx, chunk, steps in ((3800, 2048, 16), (300, 256, 1), (5000, 512, 4)):
+        plan = Plan(ctx=ctx, chunk=chunk, decode_steps=steps)
+        for _ in range(300):
+            start = int(rng.integers(0, ctx))
+            n = int(rng.integers(1, ctx - start + 1))
+            chunks = plan.chunks(n, start)
+            assert chunks[0][0] == start and sum(size for _, _, size in chunks) == n
+            assert all(s + b <= plan.cache_len and size <= b <= chunk for s, b, size in chunks)
+            assert all(b & (b - 1) == 0 for _, b, _ in chunks)
+    assert Plan(ctx=3800, chunk=2048).chunks(1025, 2775) == [(2775, 1024, 1024), (3799, 16, 1)]
+
+
 @pytest.mark.parametrize("n", [15, 16, 17, 40, 100])
 def test_chunked_prefill_matches_one_shot(tiny_gguf, chunked, n):
     """Prompts that cross chunk boundaries: the same greedy tokens and logits as one chunk."""

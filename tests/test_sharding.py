@@ -105,7 +105,7 @@ def test_sharded_model_matches_one_device(kernels):
     for tp in DEGREES:
         got = res[str(tp)]
         assert got["tokens"] == res["one"]["tokens"], (tp, got, res["one"])
-        assert got["logit_err"] <= 1e-4 * res["one"]["logit_max"], (tp, got)  # f32 psum order only
+        assert got["logit_err"] <= 3e-4 * res["one"]["logit_max"], (tp, got)  # f32 order (psum, K splits per shard shape), then a flipped f16 rounding of x
     if kernels == "xla":
         assert res["sampled_tp4"] == res["one"]["sampled"]  # sampled rows: over the gathered vocabulary
         assert res["tied_tp2"] == res["tied_one"]  # tied head: token_embd split by vocabulary as the head
