@@ -1,6 +1,7 @@
 """The whole model through the Pallas kernels (interpreted, or compiled: tests/kernel_mode.py)
-against the XLA reference path, on a tiny random-weight model: prefill through dequantize +
-GEMM, decode through the GEMV with the RMSNorm folded into it (and not); layer 1 has a Q6_K v
+against the XLA reference path, on a tiny random-weight model: prefill through the split GEMM,
+decode through the GEMV with the RMSNorm folded into it (and not) and, for a 16-row batch,
+through the split GEMM; layer 1 has a Q6_K v
 beside Q4_K q and k, so its q/k/v run as two fused matmuls ([q; k] and v)."""
 
 import dataclasses
@@ -10,6 +11,7 @@ import pytest
 
 import minfer_jax
 from kernel_mode import KERNELS
+from minfer_jax import ops
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, fused_runs, load_params
 from minfer_jax.bench.synthetic import synthetic_model_from_config
@@ -40,6 +42,17 @@ def test_kernel_path_matches_reference_path(tiny_models, fold_norm):
     seq = prompt + want[:3]  # the last position's logits come from the decode-sized (GEMV) path too
     lk, lr = np.asarray(kern.logits(seq)), np.asarray(ref.logits(seq))
     np.testing.assert_allclose(lk, lr, atol=2e-2 * float(np.max(np.abs(lr))))
+
+
+def test_batched_decode_through_the_kernels_matches_each_sequence_alone(tiny_models):
+    """10 sequences decode as one 16-row batch (the split few-token GEMM, not the GEMV) and each
+    gets the greedy tokens the XLA reference path gives it alone."""
+    kern, ref = tiny_models
+    prompts = [[(7 * i + 3 * j) % TINY.vocab_size for j in range(3 + i)] for i in range(10)]
+    batch = minfer_jax.generate_batch(kern, prompts, max_new_tokens=5, decode_steps=4)
+    assert any(getattr(key, "rows", 0) == 16 for key in kern._compiled)  # one 16-row decode executable
+    assert ops.route(kern.params.layers[0].w_down, 16, kern.impl).kind == "gemm"
+    assert [r.tokens for r in batch] == [minfer_jax.generate(ref, p, max_new_tokens=5).tokens for p in prompts]
 
 
 def test_neighbours_of_one_format_are_fused(tiny_models, tiny_gguf):
