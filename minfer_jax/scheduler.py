@@ -4,10 +4,11 @@
 the plan of executables; `generate()`, `generate_batch()`, the CLI and the server all run through
 it. Each `step()`:
   1. admits waiting requests into free slots (and drops cancelled ones),
-  2. dispatches prefill chunks (from the end of the longest prefix a free slot still holds:
-     a shared system prompt or a conversation's earlier turns are not prefilled again), oldest prefilling request first, up to `plan.chunk` prompt
+  2. dispatches prefill chunks, oldest prefilling request first, up to `plan.chunk` prompt
      tokens (at least one chunk): prompts interleave with decoding, and short prompts arriving
-     together (a server's clients) start together instead of one per decode chunk,
+     together (a server's clients) start together instead of one per decode chunk. A prompt
+     starts where the longest prefix its slot still holds ends (prefix reuse: a shared system
+     prompt or a conversation's earlier turns are not prefilled again),
   3. dispatches one decode chunk (`plan.decode_steps` tokens) for every decoding sequence,
   4. only then reads the tokens of the previous chunk: JAX dispatches asynchronously, so the
      device runs chunk k while the host detokenizes chunk k - 1 and checks its stops. A stop

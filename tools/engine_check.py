@@ -8,6 +8,9 @@ host loop, and peak device memory against weights + KV cache (issue 15/16 accept
 reference path (same quantized weights); a divergence is reported with the reference's top-2
 logit gap at that position (a near-tie when the gap is below the paths' logit difference).
 --batched B,...: llama-batched-bench rows (-npp 512 -ntg 128) on the same loaded model.
+--batch-parity B: B prompts decoded as one batch through the kernels (B > 8: the split GEMM)
+against each alone (B = 1: the GEMV); per row the identical prefix and, at a divergence, the
+lone run's top-2 logit gap (issue 16: each sequence's greedy tokens alone or batched).
 """
 
 from __future__ import annotations
@@ -34,8 +37,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--parity", type=int, default=0, metavar="N")
     ap.add_argument("--batched", default="", metavar="B,...")
+    ap.add_argument("--batch-parity", type=int, default=0, metavar="B")
     a = ap.parse_args()
     gm = synthetic_model(a.synthetic, layers=a.layers)
+    if a.batch_parity:
+        print(json.dumps(batch_parity(gm, a.batch_parity, a.gen, a.ctx), indent=1), flush=True)
+        return
     if a.parity:
         print(json.dumps(parity(gm, a.parity, a.gen), indent=1), flush=True)
         return
@@ -81,6 +88,25 @@ def parity(gm, n: int, gen: int) -> dict:
         top2 = np.sort(lr[same])[-2:]
         out["ref_top2_gap_at_divergence"] = float(top2[1] - top2[0])
     return out
+
+
+def batch_parity(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -> dict:
+    """Greedy tokens of n_seqs random prompts (5 .. 64 tokens) batched vs alone, both through the kernels."""
+    m = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
+    rng = np.random.default_rng(2)
+    prompts = [[int(t) for t in rng.integers(0, gm.config.vocab_size, int(rng.integers(5, 65)))]
+               for _ in range(n_seqs)]
+    batch = minfer_jax.generate_batch(m, prompts, max_new_tokens=gen)
+    rows = []
+    for p, r in zip(prompts, batch):
+        alone = minfer_jax.generate(m, p, max_new_tokens=gen).tokens
+        same = next((i for i, (x, y) in enumerate(zip(r.tokens, alone)) if x != y), min(len(r.tokens), len(alone)))
+        row = dict(prompt=len(p), identical_prefix=same, identical=r.tokens == alone)
+        if not row["identical"] and same < len(alone):
+            top2 = np.sort(np.asarray(m.logits(p + alone[:same]))[-1])[-2:]
+            row["alone_top2_gap_at_divergence"] = float(top2[1] - top2[0])
+        rows.append(row)
+    return dict(n_seqs=n_seqs, generated=gen, identical_rows=sum(r["identical"] for r in rows), rows=rows)
 
 
 if __name__ == "__main__":
