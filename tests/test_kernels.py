@@ -106,6 +106,8 @@ def test_gemm_few_tokens_split_k(qtype):
     assert cfg.magic_half and cfg.bm == 16 and cfg.splits > 1 and (k // cfg.splits) % get_format(qtype).block == 0
     assert gemm.choose_config(qtype, 16, 18944, 3584).splits == 2  # 296 row blocks: split once to ~528 programs
     assert gemm.choose_config(qtype, gemm.FEW_TOKEN_MAX_NT + 1, n, k).splits == 1  # prefill tiles
+    f16 = gemm.choose_config(QType.F16, 16, 3584, 3584)  # float weights: their own tile, split too
+    assert (f16.bn, f16.splits, f16.magic_half) == (gemm.HALF_TILE[0], 14, False)
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(3), (24, k))
     ref, ref8 = (f(x, w, qtype=qtype, n_out=n) for f in (gemm.gemm_reference, gemm_int8.gemm_int8_reference))

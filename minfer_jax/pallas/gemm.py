@@ -53,11 +53,12 @@ SUPERBLOCK_TILE = (128, 128, 8, 3)
 HALF_TILE = (128, 64, 8, 4)
 F32_TILE = (128, 64, 8, 3)
 
-# Few tokens (a decode batch of 9 .. FEW_TOKEN_MAX_NT rows, block formats): one token block of
-# bm = nt rows, narrow 64 x 128 weight tiles on 4 warps, 3 stages, integers to f16 by the bit trick,
-# and K split until about FEW_TOKEN_PROGRAMS programs run (Npad / bn alone leaves most SMs idle).
+# Few tokens (a decode batch of 9 .. FEW_TOKEN_MAX_NT rows): one token block of bm = nt rows and K
+# split until about FEW_TOKEN_PROGRAMS programs run (Npad / bn alone leaves most SMs idle); block
+# formats take narrow 64 x 128 weight tiles on 4 warps, 3 stages, integers to f16 by the bit trick.
 # H200, Q4_K / Q6_K at the 7B's shapes, 16 .. 64 tokens: 1.3-2.8x the dequantize-then-GEMM route
-# (docs/BENCHMARKS.md, GEMV choices [G-few-tokens]).
+# (docs/BENCHMARKS.md, GEMV choices [G-few-tokens]). Float weights keep their tile, split the same
+# way (not measured on the GPU: unsplit, 16 tokens of a 3584-row matrix run 28 programs).
 FEW_TOKEN_MAX_NT = 64
 FEW_TOKEN_TILE = (64, 128, 4, 3)
 FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132
@@ -67,27 +68,30 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     """Tile sizes for one GEMM shape (tuned on the H200; docs/BENCHMARKS.md)."""
     bm = min(128, max(16, tiles.pow2_divisor(tiles.round_up(m, 16), 128)))
     fmt = get_format(qtype)
-    if fmt.ints is not None and m <= FEW_TOKEN_MAX_NT:
-        return _few_token_config(fmt, bm, n, k)
     if fmt.block == 256:
         bn, bk, warps, stages = SUPERBLOCK_TILE
     elif fmt.block == 32:
         bn, bk, warps, stages = SMALL_BLOCK_TILE
     else:
         bn, bk, warps, stages = F32_TILE if fmt.compute_dtype == jnp.float32 else HALF_TILE
-    return GemmConfig(bm=bm, bn=bn, bk=tiles.pow2_divisor(k, bk), num_warps=warps, num_stages=stages)
-
-
-def _few_token_config(fmt, bm: int, n: int, k: int) -> GemmConfig:
-    bn, bk, warps, stages = FEW_TOKEN_TILE
+    if m > FEW_TOKEN_MAX_NT:
+        return GemmConfig(bm=bm, bn=bn, bk=tiles.pow2_divisor(k, bk), num_warps=warps, num_stages=stages)
+    if fmt.ints is not None:  # block formats: the few-token tile (float weights keep theirs: unmeasured)
+        bn, bk, warps, stages = FEW_TOKEN_TILE
     bk = tiles.pow2_divisor(k, bk)
+    return GemmConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages,
+                      splits=few_token_splits(fmt, n, k, bn, bk), magic_half=fmt.ints is not None)
+
+
+def few_token_splits(fmt, n: int, k: int, bn: int, bk: int) -> int:
+    """The K split (a divisor of the K steps, each split whole blocks: the K-quants' d is one per
+    256) whose program count lands nearest FEW_TOKEN_PROGRAMS; 1 when the rows alone reach it."""
     programs = tiles.round_up(n, 128) // bn
-    chunks = k // max(bk, fmt.block)  # a K split holds whole blocks (the K-quants' d is one per 256)
-    splits = 1
-    if programs < FEW_TOKEN_PROGRAMS:
-        splits = min((d for d in range(1, chunks + 1) if chunks % d == 0),
-                     key=lambda d: (abs(math.log(programs * d / FEW_TOKEN_PROGRAMS)), d))
-    return GemmConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages, splits=splits, magic_half=True)
+    chunks = k // max(bk, fmt.block)
+    if programs >= FEW_TOKEN_PROGRAMS:
+        return 1
+    return min((d for d in range(1, chunks + 1) if chunks % d == 0),
+               key=lambda d: (abs(math.log(programs * d / FEW_TOKEN_PROGRAMS)), d))
 
 
 @functools.cache
