@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import logging
 import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from minfer_jax.errors import MinferError
+
+_log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: lines appear with its own
 
 DEFAULT_SLOT_CTX = 4096  # tokens per slot when -c is 0 (capped by the model's trained context)
 THROUGHPUT_WINDOW_S = 10.0  # tokens/s on /metrics: tokens generated over about this many seconds
@@ -205,7 +208,10 @@ class Backend:
 
             sched = Scheduler(model, model.plan(s.n_parallel, s.slot_ctx, s.decode_steps))
             if s.warmup:
-                self._warm(model, sched)
+                t0 = time.perf_counter()
+                n = self._warm(model, sched)
+                _log.info("warm-up: %d executables ready in %.1f s (later starts read JAX's compilation cache)",
+                          n, time.perf_counter() - t0)
             loop = threading.Thread(target=sched.serve_forever, args=(self.stop,), name="minfer-loop", daemon=True)
             self.threads.append(loop)
             self.model, self.scheduler = model, sched
@@ -217,7 +223,7 @@ class Backend:
                 self.on_fatal(e)
 
     @staticmethod
-    def _warm(model, sched) -> None:
+    def _warm(model, sched) -> int:
         """Compile every executable serving meets with greedy and the default sampler (each prefill
         bucket, decode at every row count: a compile mid-serving would stall every client for
         seconds), then run one short request through them."""
@@ -225,11 +231,13 @@ class Backend:
         from minfer_jax.server.schemas import DEFAULT_TEMPERATURE
 
         samplers = [sampler_of(0.0), sampler_of(DEFAULT_TEMPERATURE)]
-        sched.compile(sched.plan.serving_keys([sched.mode([s]) for s in samplers]))
+        keys = sched.plan.serving_keys([sched.mode([s]) for s in samplers])
+        sched.compile(keys)
         token = model.tokenizer.bos_id if model.tokenizer is not None and model.tokenizer.bos_id is not None else 0
         req = sched.submit([token], max_new_tokens=2, sampler=samplers[1], seed=0)
         sched.run([req])
         req.result()
+        return len(keys)
 
     def close(self, timeout: float = 10.0) -> None:
         self.stop.set()
