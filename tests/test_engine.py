@@ -176,6 +176,21 @@ def test_prefix_reuse_skips_what_a_slot_still_holds(chunked):
         assert r.result().tokens == minfer_jax.generate(chunked, r.prompt, max_new_tokens=len(r.result().tokens)).tokens
 
 
+def test_prefix_reuse_after_a_cancel_mid_prefill(chunked):
+    """A request cancelled between its prompt chunks leaves only the dispatched chunks' K/V to reuse."""
+    sched = minfer_jax.Scheduler(chunked, chunked.plan(n_seqs=1, decode_steps=4))
+    long = prompt(60, 30)  # chunks of 16
+    doomed = sched.submit(long, max_new_tokens=5)
+    sched.step()  # one 16-token chunk: the whole per-step budget
+    doomed.cancel()
+    sched.run([doomed])
+    assert doomed.result().stop_reason == "cancelled" and sched.slot_tokens[0] == long[:16]
+    again = sched.submit(long, max_new_tokens=5)
+    sched.run([again])
+    assert again.result().cached_tokens == 16
+    assert again.result().tokens == minfer_jax.generate(chunked, long, max_new_tokens=5).tokens
+
+
 def test_lengths_and_context_limit(tiny_gguf):
     m = load(tiny_gguf, chunk=16, ctx=40)
     r = minfer_jax.generate(m, prompt(30), max_new_tokens=100, decode_steps=4)
