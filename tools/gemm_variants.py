@@ -16,7 +16,6 @@ Every case is checked against its jnp reference. Not part of the package.
 import argparse
 import dataclasses
 import json
-import math
 
 import jax.numpy as jnp
 from cases import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
@@ -40,11 +39,6 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return kind, fields
 
 
-def _splits(chunks: int, programs: int, target: int) -> int:
-    divs = [d for d in range(1, chunks + 1) if chunks % d == 0]
-    return min(divs, key=lambda d: (abs(math.log(programs * d / target)), d))
-
-
 def build(kind: str, fields: dict, qt, n: int, k: int, nt: int, interpret: bool = False):
     """(label, call (x, planes) -> y, reference (x, planes) -> y) of one variant on one case."""
     impl = ops.Impl(kernels="interpret" if interpret else "pallas")
@@ -64,10 +58,10 @@ def build(kind: str, fields: dict, qt, n: int, k: int, nt: int, interpret: bool 
     fields = dict(fields)
     target = fields.pop("programs", None)
     cfg = dataclasses.replace(mod.choose_config(qt, nt, n, k), **fields)
-    if target:
-        step = max(cfg.bk if kind == "gemm" else gemm_int8.XBLOCK, get_format(qt).block)  # a split holds whole blocks
-        programs = tiles.round_up(nt, cfg.bm) // cfg.bm * tiles.round_up(n, 128) // cfg.bn
-        cfg = dataclasses.replace(cfg, splits=_splits(k // step, programs, target))
+    if target:  # the product's own split rule (whole blocks per split), at this program target
+        bk = cfg.bk if kind == "gemm" else gemm_int8.XBLOCK
+        cfg = dataclasses.replace(cfg, splits=gemm.few_token_splits(get_format(qt), n, k, cfg.bn, bk, target,
+                                                                    tiles.round_up(nt, cfg.bm) // cfg.bm))
     fn = gemm.gemm if kind == "gemm" else gemm_int8.gemm_int8
     ref = gemm.gemm_reference if kind == "gemm" else gemm_int8.gemm_int8_reference
     return (f"{kind}:{cfg}", lambda x, w: fn(x, w, qtype=qt, n_out=n, config=cfg, interpret=interpret),

@@ -83,15 +83,16 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
                       splits=few_token_splits(fmt, n, k, bn, bk), magic_half=fmt.ints is not None)
 
 
-def few_token_splits(fmt, n: int, k: int, bn: int, bk: int) -> int:
+def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int = FEW_TOKEN_PROGRAMS,
+                     token_blocks: int = 1) -> int:
     """The K split (a divisor of the K steps, each split whole blocks: the K-quants' d is one per
-    256) whose program count lands nearest FEW_TOKEN_PROGRAMS; 1 when the rows alone reach it."""
-    programs = tiles.round_up(n, 128) // bn
+    256) whose program count lands nearest `target`; 1 when the rows alone reach it."""
+    programs = token_blocks * tiles.round_up(n, 128) // bn
     chunks = k // max(bk, fmt.block)
-    if programs >= FEW_TOKEN_PROGRAMS:
+    if programs >= target:
         return 1
     return min((d for d in range(1, chunks + 1) if chunks % d == 0),
-               key=lambda d: (abs(math.log(programs * d / FEW_TOKEN_PROGRAMS)), d))
+               key=lambda d: (abs(math.log(programs * d / target)), d))
 
 
 @functools.cache
