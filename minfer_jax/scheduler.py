@@ -225,8 +225,8 @@ class Scheduler:
             self._finish(req, "length")
             return
         self._ensure_state(req.sampler.history_len)
-        req.times["compile"] = self.compile(self.needed(n, req.max_new_tokens, req.sampler))
         req.slot, req.cached = self._take_slot(req.prompt)
+        req.times["compile"] = self.compile(self.needed(n, req.max_new_tokens, req.sampler, start=req.cached))
         req.chunks = plan.chunks(n - req.cached, req.cached)
         req._t0, req._compile_marks = time.perf_counter(), (self.compile_s, self.compile_s)
         self.prefilling.append(req)
@@ -252,12 +252,13 @@ class Scheduler:
     def mode(self, samplers: Sequence[Sampler]) -> SamplerMode:
         return SamplerMode.of(samplers, self.history_width, self.model.config.vocab_size)
 
-    def needed(self, n_prompt: int, max_new: int, sampler: Sampler) -> list:
-        """The executables a request of n_prompt tokens will run first (for compile-ahead messages)."""
+    def needed(self, n_prompt: int, max_new: int, sampler: Sampler, start: int = 0) -> list:
+        """The executables a request of n_prompt tokens will run first (for compile-ahead messages);
+        start: prompt tokens a slot already holds (prefix reuse)."""
         plan = self.plan
         width = max(self.history_width, pow2_at_least(sampler.history_len) if sampler.history_len else 0)
         mode = SamplerMode.of([sampler], width, self.model.config.vocab_size)
-        keys = list(dict.fromkeys(plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt)))
+        keys = list(dict.fromkeys(plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt - start, start)))
         if max_new > 1:
             others = [r.sampler for r in self.decoding]
             batch_mode = SamplerMode.of(others + [sampler], width, self.model.config.vocab_size)

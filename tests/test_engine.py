@@ -82,10 +82,11 @@ def test_chunked_prefill_matches_one_shot(tiny_gguf, chunked, n):
 
 def test_prompt_length_does_not_add_prefill_executables(tiny_gguf):
     m = load(tiny_gguf, chunk=32)
-    minfer_jax.generate(m, prompt(20), max_new_tokens=2)
-    minfer_jax.generate(m, prompt(45), max_new_tokens=2)
+    # distinct seeds: prompts sharing a prefix would reuse it (generate() keeps the model's scheduler)
+    minfer_jax.generate(m, prompt(20, 41), max_new_tokens=2)
+    minfer_jax.generate(m, prompt(45, 42), max_new_tokens=2)
     before = {k for k in m._compiled if k.label.startswith("prefill")}
-    minfer_jax.generate(m, prompt(300), max_new_tokens=2)  # ten chunks
+    minfer_jax.generate(m, prompt(300, 43), max_new_tokens=2)  # ten chunks
     after = {k for k in m._compiled if k.label.startswith("prefill")}
     assert after == before and {k.bucket for k in after} == {16, 32}
 
