@@ -17,6 +17,7 @@ CHUNK = 16  # tokens per on-device decode call: text streams out once per chunk
 @dataclasses.dataclass
 class _Totals:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of those, reused from the previous turn's K/V (not prefilled)
     prefill_s: float = 0.0
     generated: int = 0
     decode_tokens: int = 0  # generated tokens that came out of decode (the first comes from prefill)
@@ -37,7 +38,9 @@ def _rate(n: int, s: float) -> str:
 
 
 def _summary(t: _Totals) -> str:
-    return (f"prompt: {t.prompt_tokens} tokens, {_rate(t.prompt_tokens, t.prefill_s)} ({t.prefill_s:.2f} s) | "
+    cached = f" ({t.cached_tokens} reused)" if t.cached_tokens else ""
+    return (f"prompt: {t.prompt_tokens} tokens{cached}, {_rate(t.prompt_tokens - t.cached_tokens, t.prefill_s)} "
+            f"({t.prefill_s:.2f} s) | "
             f"generated: {t.generated} tokens, {_rate(t.decode_tokens, t.decode_s)} ({t.decode_s:.2f} s)\n"
             f"compile: {t.compile_s:.2f} s | stop: {t.stop_reason}\n")
 
@@ -76,10 +79,10 @@ class _Session:
         max_new = self.n_predict if self.n_predict >= 0 else self.max_len
         self.partial = []
         result, compile_s = self._produce(ids, max_new, (self.seed + turn) % 2**32)
-        self.last = _Totals(prompt_tokens=result.n_prompt, prefill_s=result.prefill_s,
-                            generated=len(result.tokens), decode_tokens=max(len(result.tokens) - 1, 0),
-                            decode_s=result.decode_s, compile_s=compile_s + result.compile_s,
-                            stop_reason=result.stop_reason, turns=1)
+        self.last = _Totals(prompt_tokens=result.n_prompt, cached_tokens=result.cached_tokens,
+                            prefill_s=result.prefill_s, generated=len(result.tokens),
+                            decode_tokens=max(len(result.tokens) - 1, 0), decode_s=result.decode_s,
+                            compile_s=compile_s + result.compile_s, stop_reason=result.stop_reason, turns=1)
         self.totals.add(self.last)
         return result
 

@@ -114,7 +114,9 @@ class GenerationResult:
 
     @property
     def prefill_tps(self) -> float:
-        return self.n_prompt / self.prefill_s if self.prefill_s > 0 else float("nan")
+        """Prompt tokens prefilled (reused ones excluded) per second."""
+        n = self.n_prompt - self.cached_tokens
+        return n / self.prefill_s if self.prefill_s > 0 else float("nan")
 
     @property
     def decode_tps(self) -> float:

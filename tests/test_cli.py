@@ -309,3 +309,12 @@ def test_script_greedy_end_to_end(real_model_path, xla_cache):
     assert re.search(r"prompt: 4 tokens, [\d.]+ tok/s .*generated: 32 tokens, [\d.]+ tok/s", proc.stderr)
     assert re.search(r"compile: [\d.]+ s \| stop: length", proc.stderr)
     assert "if n" not in proc.stderr  # the text goes to stdout only
+
+
+def test_summary_counts_reused_prompt_tokens_apart():
+    """A turn that reuses the last turn's K/V reports its prefill rate over the tokens it prefilled."""
+    from minfer_jax.cli_session import _summary, _Totals
+
+    line = _summary(_Totals(prompt_tokens=10, cached_tokens=6, prefill_s=2.0, stop_reason="eos"))
+    assert line.startswith("prompt: 10 tokens (6 reused), 2.0 tok/s (2.00 s)")
+    assert _summary(_Totals(prompt_tokens=4, prefill_s=1.0)).startswith("prompt: 4 tokens, 4.0 tok/s")
