@@ -51,9 +51,10 @@ def main() -> None:
     vocab = m.config.vocab_size
     rows = {}
     for name, n in (("short", a.short), ("long", a.prompt)):
-        ids = [int(t) for t in rng.integers(0, vocab, n)]
-        minfer_jax.generate(m, ids, max_new_tokens=a.gen)  # compiles
+        warm, ids = ([int(t) for t in rng.integers(0, vocab, n)] for _ in range(2))  # distinct: no prefix reuse
+        minfer_jax.generate(m, warm, max_new_tokens=a.gen)  # compiles
         r = minfer_jax.generate(m, ids, max_new_tokens=a.gen)
+        assert r.cached_tokens == 0, r.cached_tokens
         rows[name] = dict(prompt=n, generated=len(r.tokens), prefill_tps=r.prefill_tps, decode_tps=r.decode_tps,
                           prefill_s=r.prefill_s, decode_s=r.decode_s)
     stats = jax.devices()[0].memory_stats() or {}

@@ -22,7 +22,8 @@ def run(spec: str, tp: int, pp: int, tg: int, layers: int | None) -> dict:
     gm = synthetic_model(spec, layers=layers)
     model = minfer_jax.load(gguf_model=gm, ctx_size=pp + tg + 64, tensor_parallel=tp)
     prompt = [(7 * i + 3) % gm.config.vocab_size for i in range(pp)]
-    minfer_jax.generate(model, prompt, max_new_tokens=tg)  # compile
+    warm = [(7 * i + 4) % gm.config.vocab_size for i in range(pp)]  # no shared prefix: timed without reuse
+    minfer_jax.generate(model, warm, max_new_tokens=tg)  # compile
     res = minfer_jax.generate(model, prompt, max_new_tokens=tg)
     return {"tp": tp, "pp_tps": res.prefill_tps, "tg_tps": res.decode_tps, "tokens": res.tokens,
             "weight_gib": model.weight_nbytes / 2**30}
