@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -88,11 +87,7 @@ def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int = FEW_TO
     """The K split (a divisor of the K steps, each split whole blocks: the K-quants' d is one per
     256) whose program count lands nearest `target`; 1 when the rows alone reach it."""
     programs = token_blocks * tiles.round_up(n, 128) // bn
-    chunks = k // max(bk, fmt.block)
-    if programs >= target:
-        return 1
-    return min((d for d in range(1, chunks + 1) if chunks % d == 0),
-               key=lambda d: (abs(math.log(programs * d / target)), d))
+    return 1 if programs >= target else tiles.nearest_split(k // max(bk, fmt.block), programs, target)
 
 
 @functools.cache

@@ -14,7 +14,6 @@ Float formats: a [bn, bk] decoded tile per step, K split to about TARGET_PROGRAM
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from minfer_jax.pallas import int8_words, tiles
 from minfer_jax.quant.planes import QType
@@ -127,9 +126,8 @@ def _divisors(n: int) -> list[int]:
 
 
 def _splits(chunks: int, programs: int) -> int:
-    """The K split (a divisor of chunks) whose program count lands nearest TARGET_PROGRAMS (in
-    ratio): a prime chunk count may overshoot rather than leave the GPU idle [G-float-split]."""
-    return min(_divisors(chunks), key=lambda d: (abs(math.log(programs * d / TARGET_PROGRAMS)), d))
+    """The K split (a divisor of chunks) whose program count lands nearest TARGET_PROGRAMS [G-float-split]."""
+    return tiles.nearest_split(chunks, programs, TARGET_PROGRAMS)
 
 
 def one_step_splits(chunks: int, row_programs: int) -> int:

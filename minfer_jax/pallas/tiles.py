@@ -11,6 +11,7 @@ function the reference path runs on whole arrays.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import jax
@@ -45,6 +46,13 @@ def k_steps(n_steps: int, step, init):
 def plane_arrays(fmt: Format, planes) -> list[jax.Array]:
     """Planes in the format's declared order (the order kernels receive their refs in)."""
     return [planes[p.name] for p in fmt.planes]
+
+
+def nearest_split(chunks: int, programs: int, target: int) -> int:
+    """The divisor d of chunks whose program count programs * d lands nearest target (in ratio;
+    ties to the smaller d): a prime chunk count may overshoot rather than leave the GPU idle."""
+    divisors = [d for d in range(1, chunks + 1) if chunks % d == 0]
+    return min(divisors, key=lambda d: (abs(math.log(programs * d / target)), d))
 
 
 def pow2_divisor(n: int, cap: int) -> int:
