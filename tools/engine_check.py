@@ -11,26 +11,34 @@ logit gap at that position (a near-tie when the gap is below the paths' logit di
 --batch-parity B: B prompts decoded as one batch through the kernels (B > 8: the split GEMM)
 against each alone (B = 1: the GEMV); per row the identical prefix and, at a divergence, the
 lone run's top-2 logit gap (issue 16: each sequence's greedy tokens alone or batched).
+--profile B,...: where a decode step's device time goes at batch B (GPU kernels on the
+jax.profiler timeline, summed by name over --gen steps of B sequences).
+-m FILE replaces --synthetic for --batch-parity and --profile (a real model: fewer near-ties).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import jax
 import numpy as np
 
 import minfer_jax
+from minfer_jax.bench.kernel_timing import device_kernel_events
 from minfer_jax.bench.synthetic import synthetic_model
+from minfer_jax.gguf import load_gguf
 from minfer_jax.model.cache import cache_nbytes
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--synthetic", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--synthetic")
+    src.add_argument("-m", "--model", help="a GGUF file (--batch-parity and --profile)")
     ap.add_argument("--ctx", type=int, required=True)
-    ap.add_argument("--prompt", type=int, required=True, help="tokens of the long prompt")
+    ap.add_argument("--prompt", type=int, default=0, help="tokens of the long prompt")
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--short", type=int, default=16, help="tokens of the short prompt (decode speed)")
     ap.add_argument("--ubatch", type=int, default=None)
@@ -38,11 +46,19 @@ def main() -> None:
     ap.add_argument("--parity", type=int, default=0, metavar="N")
     ap.add_argument("--batched", default="", metavar="B,...")
     ap.add_argument("--batch-parity", type=int, default=0, metavar="B")
+    ap.add_argument("--profile", default="", metavar="B,...")
+    ap.add_argument("--kernels", default="pallas", help="pallas (GPU) | interpret (a CPU smoke test)")
     a = ap.parse_args()
-    gm = synthetic_model(a.synthetic, layers=a.layers)
+    gm = synthetic_model(a.synthetic, layers=a.layers) if a.synthetic else load_gguf(a.model)
     if a.batch_parity:
-        print(json.dumps(batch_parity(gm, a.batch_parity, a.gen, a.ctx), indent=1), flush=True)
+        print(json.dumps(batch_parity(gm, a.batch_parity, a.gen, a.ctx, a.kernels), indent=1), flush=True)
+    if a.profile:
+        for b in (int(v) for v in a.profile.split(",")):
+            print(step_profile(gm, b, a.gen, a.ctx, a.kernels), flush=True)
+    if a.batch_parity or a.profile:
         return
+    if a.model or not a.prompt:
+        ap.error("the speed and memory check needs --synthetic and --prompt")
     if a.parity:
         print(json.dumps(parity(gm, a.parity, a.gen), indent=1), flush=True)
         return
@@ -94,20 +110,54 @@ def parity(gm, n: int, gen: int) -> dict:
 def batch_parity(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -> dict:
     """Greedy tokens of n_seqs random prompts (5 .. 64 tokens) batched vs alone, both through the kernels."""
     m = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
+    # a model of its own for the lone runs: on `m` they would reuse the batch's prompt prefixes
+    m_alone = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
     rng = np.random.default_rng(2)
     prompts = [[int(t) for t in rng.integers(0, gm.config.vocab_size, int(rng.integers(5, 65)))]
                for _ in range(n_seqs)]
     batch = minfer_jax.generate_batch(m, prompts, max_new_tokens=gen)
     rows = []
     for p, r in zip(prompts, batch):
-        alone = minfer_jax.generate(m, p, max_new_tokens=gen).tokens
+        alone = minfer_jax.generate(m_alone, p, max_new_tokens=gen).tokens
         same = next((i for i, (x, y) in enumerate(zip(r.tokens, alone)) if x != y), min(len(r.tokens), len(alone)))
         row = dict(prompt=len(p), identical_prefix=same, identical=r.tokens == alone)
         if not row["identical"] and same < len(alone):
-            top2 = np.sort(np.asarray(m.logits(p + alone[:same]))[-1])[-2:]
+            top2 = np.sort(np.asarray(m_alone.logits(p + alone[:same]))[-1])[-2:]
             row["alone_top2_gap_at_divergence"] = float(top2[1] - top2[0])
         rows.append(row)
     return dict(n_seqs=n_seqs, generated=gen, identical_rows=sum(r["identical"] for r in rows), rows=rows)
+
+
+def step_profile(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -> str:
+    """A markdown table: GPU time per kernel name over `gen` decode steps of n_seqs sequences.
+
+    The timed generate_batch repeats the warm-up's prompts, so prefix reuse leaves one prompt
+    token each to prefill and the trace is (nearly) all decode."""
+    m = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
+    rng = np.random.default_rng(3)
+    prompts = [[int(t) for t in rng.integers(0, gm.config.vocab_size, 64)] for _ in range(n_seqs)]
+
+    def run():
+        return minfer_jax.generate_batch(m, prompts, max_new_tokens=gen)
+
+    run()  # compiles; records every slot's prompt for reuse
+    events = device_kernel_events(run)
+    return kernel_table(events, gen, n_seqs) if events else f"B={n_seqs}: no GPU events in the trace"
+
+
+def kernel_table(events: list, steps: int, n_seqs: int) -> str:
+    """(start ns, duration ns, name) events summed by name (numeric suffixes dropped), per step."""
+    by_name: dict[str, list[float]] = {}
+    for _, dur, name in events:
+        by_name.setdefault(re.sub(r"[._]?\d+$", "", name), []).append(dur / 1e3)
+    total = sum(sum(v) for v in by_name.values())
+    span = (max(s + d for s, d, _ in events) - events[0][0]) / 1e3
+    lines = [f"B={n_seqs}: {steps} steps, kernels {total / 1e3:.1f} ms, span {span / 1e3:.1f} ms, "
+             f"{total / steps:.0f} us of kernels per step ({n_seqs * steps / span * 1e6:.0f} tok/s over the span)",
+             "", "| kernel | calls | us per step | share |", "|---|---:|---:|---:|"]
+    for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:25]:
+        lines.append(f"| {name[:60]} | {len(durs)} | {sum(durs) / steps:.1f} | {sum(durs) / total:.1%} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ by the wrapper to a multiple of bm rows (prefill buckets are powers of two, so u
 Grid (Mpad / bm, Npad / bn, splits), the token axis fastest so that programs running together
 share a weight tile (decoded from L2 rather than HBM). Each program walks its K range in bk
 steps: the x tile [bm, bk] and the weight tile decoded into the compute dtype [bn, bk] meet in one
-tensor-core dot with f32 accumulation; the decoded tile never leaves registers. Few tokens split
-K (splits > 1) so that enough programs run; XLA adds the partial sums.
+tensor-core dot with f32 accumulation. Few tokens split K (splits > 1) so that enough programs
+run; XLA adds the partial sums. Formats with a nibble plane then decode nibble-major: per K step
+eight dots, one per nibble index i, of [bn, bk / 8] weights 8 j + i against x's columns that the
+wrapper permuted to match (a dot's sum is order-free), so the decoded tile is never reshaped.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
-from minfer_jax.quant.planes import QType, get_format
+from minfer_jax.quant.planes import NIBBLE_PLANES, QType, get_format, int_to_half, nibble_ints, nibble_scales
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,7 @@ class GemmConfig:
     num_stages: int = 2
     splits: int = 1  # K split: partial sums [splits, M, N] added by XLA (few tokens: more programs)
     magic_half: bool = False  # integers to f16 by planes.int_to_half's bit trick
+    nibble_major: bool = False  # one dot per nibble index on x's permuted columns (planes.NIBBLE_PLANES)
 
 
 # Tiles (bn, bk, num_warps, num_stages) from the H200 sweeps at 512 x 4096 x 14336
@@ -61,6 +64,11 @@ F32_TILE = (128, 64, 8, 3)
 FEW_TOKEN_MAX_NT = 64
 FEW_TOKEN_TILE = (64, 128, 4, 3)
 FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132
+# Formats with a nibble plane decode it nibble-major (`nibble_major`): one dot per nibble index
+# on [bn, bk / 8] words, with no reshape of the decoded tile (reshaped, it reached the dot through
+# one scalar shared-memory store per weight: 38 % of the Q4_K kernel's stall samples under Nsight
+# Compute). H200, Q4_K at 16 / 32 tokens: 37888 x 3584 117 -> 79 / 129 -> 96 us (docs/BENCHMARKS.md).
+NIBBLE_MIN_BK = 128  # 16 words per dot: the f16 tensor-core dot's smallest K
 
 
 def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
@@ -79,7 +87,8 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
         bn, bk, warps, stages = FEW_TOKEN_TILE
     bk = tiles.pow2_divisor(k, bk)
     return GemmConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages,
-                      splits=few_token_splits(fmt, n, k, bn, bk), magic_half=fmt.ints is not None)
+                      splits=few_token_splits(fmt, n, k, bn, bk), magic_half=fmt.ints is not None,
+                      nibble_major=qtype in NIBBLE_PLANES and bk >= NIBBLE_MIN_BK)
 
 
 def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int = FEW_TOKEN_PROGRAMS,
@@ -91,19 +100,31 @@ def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int = FEW_TO
 
 
 @functools.cache
-def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, magic_half: bool = False):
+def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, magic_half: bool = False,
+            nibble_major: bool = False):
     """One kernel closure per configuration (jax#40847: a shared function object can reuse a trace)."""
     fmt = get_format(qtype)
     n_k = k // bk
     dn = (((1,), (1,)), ((), ()))
+    words = bk // 8
 
     def kernel(x_ref, *refs):
         *plane_refs, o_ref = refs
 
         def step(j, acc):
             k0 = j * bk
-            w = tiles.load_weight_tile(fmt, plane_refs, 0, bn, k0, bk, compute_dtype, magic_half)  # [bn, bk]
             kx = k0 if isinstance(k0, int) else pl.multiple_of(k0, bk)
+            if nibble_major:  # x's columns kx + i * words + j hold x[kx + 8 j + i] (permute_nibble_major)
+                t = tiles.load_plane_tiles(fmt, plane_refs, 0, bn, k0, bk)
+                a, b = nibble_scales(qtype, t, compute_dtype)  # [bn, words]
+                for i in range(8):
+                    q = nibble_ints(qtype, t, i)
+                    q = int_to_half(q) if magic_half else q.astype(compute_dtype)
+                    w = q * a if b is None else q * a + b  # [bn, words]: weights 8 j + i
+                    xi = x_ref[:, pl.ds(kx + i * words, words)]  # [bm, words]
+                    acc = acc + lax.dot_general(xi, w, dn, preferred_element_type=jnp.float32)
+                return acc
+            w = tiles.load_weight_tile(fmt, plane_refs, 0, bn, k0, bk, compute_dtype, magic_half)  # [bn, bk]
             xt = x_ref[:, pl.ds(kx, bk)]  # [bm, bk]
             return acc + lax.dot_general(xt, w, dn, preferred_element_type=jnp.float32)  # [bm, bn]
 
@@ -128,10 +149,20 @@ def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmCo
     tiles.silence_triton_deprecation()
 
     xp = tiles.cast_rows(x, mpad, fmt.compute_dtype)  # [Mpad, K]
-    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.magic_half)
+    if cfg.nibble_major:
+        assert qtype in NIBBLE_PLANES and cfg.bk >= NIBBLE_MIN_BK and fmt.compute_dtype == jnp.float16, cfg
+        xp = permute_nibble_major(xp, cfg.bk)
+    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.magic_half, cfg.nibble_major)
     out = tiled_call(kernel, [xp], arrays, fmt, cfg.bm, cfg.bn, cfg.num_warps, cfg.num_stages, interpret,
                      f"gemm_{fmt.name.lower()}", splits=cfg.splits)
     return out[:m, :n_out]
+
+
+def permute_nibble_major(x: jax.Array, bk: int) -> jax.Array:
+    """x [M, K] -> columns permuted within each K step of bk: column i * (bk / 8) + j <- 8 j + i
+    (the nibble-major kernel's dot for nibble i then reads one contiguous column block)."""
+    m, k = x.shape
+    return x.reshape(m, k // bk, bk // 8, 8).transpose(0, 1, 3, 2).reshape(m, k)
 
 
 def tiled_call(kernel, token_inputs, plane_arrays, fmt, bm: int, bn: int, num_warps: int, num_stages: int,

@@ -316,9 +316,12 @@ def _ints_q3_k(t, dtype):
             None)
 
 
+def _scales_q4_k(t, dtype):
+    return superblock_scale(t["sc"], t["d"], dtype), -superblock_scale(t["m"], t["dmin"], dtype)
+
+
 def _ints_q4_k(t, dtype):
-    return (unpack(t["qs"], 4), superblock_scale(t["sc"], t["d"], dtype),
-            -superblock_scale(t["m"], t["dmin"], dtype))
+    return (unpack(t["qs"], 4), *_scales_q4_k(t, dtype))
 
 
 def _ints_q5_k(t, dtype):
@@ -329,6 +332,47 @@ def _ints_q5_k(t, dtype):
 def _ints_q6_k(t, dtype):
     return ((unpack(t["ql"], 4) | (unpack(t["qh"], 2, _q6h_order) << 4)) - 32, superblock_scale(t["sc"], t["d"], dtype),
             None)
+
+
+# Nibble-major decode (the few-token GEMM, pallas/gemm.py): for one nibble index i, the weights
+# 8 j + i of a tile as [bn, W] over its W nibble words (j < W = bk / 8), scales and offsets per
+# word. No reshape of the tile: that kernel's dot takes x with its K-columns permuted to match.
+# Formats whose low bits are one natural-order nibble plane: qtype -> (its plane, scales per word).
+
+def _per_word(v: jax.Array, words: int) -> jax.Array:
+    """[r, G] per-group values -> [r, words], each repeated over its group's words."""
+    r, g = v.shape
+    return jnp.broadcast_to(v[:, :, None], (r, g, words // g)).reshape(r, words)
+
+
+NIBBLE_PLANES = {QType.Q4_0: "qs", QType.Q4_1: "qs", QType.Q4_K: "qs", QType.Q6_K: "ql"}
+
+
+def nibble_scales(qtype: QType, tiles: Mapping[str, jax.Array], dtype):
+    """(a, b or None) [bn, W] per nibble word of the tile, in gguf-py's product order."""
+    words = tiles[NIBBLE_PLANES[qtype]].shape[1]
+    if qtype == QType.Q4_0:
+        a, b = tiles["d"].astype(dtype), None
+    elif qtype == QType.Q4_1:
+        a, b = tiles["d"].astype(dtype), tiles["m"].astype(dtype)
+    elif qtype == QType.Q4_K:
+        a, b = _scales_q4_k(tiles, dtype)
+    else:
+        a, b = superblock_scale(tiles["sc"], tiles["d"], dtype), None
+    return _per_word(a, words), None if b is None else _per_word(b, words)
+
+
+def nibble_ints(qtype: QType, tiles: Mapping[str, jax.Array], i: int) -> jax.Array:
+    """int32 q [bn, W] of weights 8 j + i (the format's offset applied)."""
+    words = tiles[NIBBLE_PLANES[qtype]]
+    q = ((words >> jnp.uint32(4 * i)) & jnp.uint32(15)).astype(jnp.int32)
+    if qtype == QType.Q4_0:
+        return q - 8
+    if qtype == QType.Q6_K:  # high 2 bits: word j // 2 of qh, field 4 (i // 2) + 2 (j % 2) + i % 2
+        qh = _per_word(tiles["qh"], words.shape[1])
+        shift = 2 * (4 * (i >> 1) + (i & 1)) + 4 * (jax.lax.iota(jnp.int32, words.shape[1]) & 1)
+        return (q | (((qh >> shift.astype(jnp.uint32)[None, :]) & jnp.uint32(3)).astype(jnp.int32) << 4)) - 32
+    return q
 
 
 _U8, _I8, _U32, _F16 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint32), np.dtype(np.float16)
