@@ -120,7 +120,7 @@ def batch_parity(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -
     for p, r in zip(prompts, batch):
         alone = minfer_jax.generate(m_alone, p, max_new_tokens=gen).tokens
         same = next((i for i, (x, y) in enumerate(zip(r.tokens, alone)) if x != y), min(len(r.tokens), len(alone)))
-        row = dict(prompt=len(p), identical_prefix=same, identical=r.tokens == alone)
+        row = dict(prompt=len(p), tokens=len(alone), identical_prefix=same, identical=r.tokens == alone)
         if not row["identical"] and same < len(alone):
             top2 = np.sort(np.asarray(m_alone.logits(p + alone[:same]))[-1])[-2:]
             row["alone_top2_gap_at_divergence"] = float(top2[1] - top2[0])
