@@ -67,7 +67,7 @@ FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132
 # Formats with a nibble plane decode it nibble-major (`nibble_major`): one dot per nibble index
 # on [bn, bk / 8] words, with no reshape of the decoded tile (reshaped, it reached the dot through
 # one scalar shared-memory store per weight: 38 % of the Q4_K kernel's stall samples under Nsight
-# Compute). H200, Q4_K at 16 / 32 tokens: 37888 x 3584 117 -> 79 / 129 -> 96 us (docs/BENCHMARKS.md).
+# Compute). H200, Q4_K 37888 x 3584 at 16 / 32 tokens: 115 -> 79 / 129 -> 101 us ([G-nibble-major]).
 NIBBLE_MIN_BK = 128  # 16 words per dot: the f16 tensor-core dot's smallest K
 
 

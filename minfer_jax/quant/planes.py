@@ -337,7 +337,7 @@ def _ints_q6_k(t, dtype):
 # Nibble-major decode (the few-token GEMM, pallas/gemm.py): for one nibble index i, the weights
 # 8 j + i of a tile as [bn, W] over its W nibble words (j < W = bk / 8), scales and offsets per
 # word. No reshape of the tile: that kernel's dot takes x with its K-columns permuted to match.
-# Formats whose low bits are one natural-order nibble plane: qtype -> (its plane, scales per word).
+# NIBBLE_PLANES: the formats whose low bits are one natural-order nibble plane -> that plane.
 
 def _per_word(v: jax.Array, words: int) -> jax.Array:
     """[r, G] per-group values -> [r, words], each repeated over its group's words."""
