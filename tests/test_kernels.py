@@ -111,7 +111,7 @@ def test_gemm_few_tokens_split_k(qtype):
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(3), (24, k))
     ref, ref8 = (f(x, w, qtype=qtype, n_out=n) for f in (gemm.gemm_reference, gemm_int8.gemm_int8_reference))
-    assert cfg.nibble_major == (qtype in NIBBLE_PLANES)
+    assert cfg.nibble_major == (qtype in gemm.NIBBLE_MAJOR)
     for splits in (1, 2, 4):
         c = dataclasses.replace(cfg, bm=32, splits=splits, magic_half=splits != 2, nibble_major=cfg.nibble_major and splits != 4)
         check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=c, interpret=INTERPRET), ref, qtype)

@@ -64,10 +64,13 @@ F32_TILE = (128, 64, 8, 3)
 FEW_TOKEN_MAX_NT = 64
 FEW_TOKEN_TILE = (64, 128, 4, 3)
 FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132
-# Formats with a nibble plane decode it nibble-major (`nibble_major`): one dot per nibble index
-# on [bn, bk / 8] words, with no reshape of the decoded tile (reshaped, it reached the dot through
-# one scalar shared-memory store per weight: 38 % of the Q4_K kernel's stall samples under Nsight
-# Compute). H200, Q4_K 37888 x 3584 at 16 / 32 tokens: 115 -> 79 / 129 -> 101 us ([G-nibble-major]).
+# Formats measured to gain from decoding their nibble plane nibble-major (`nibble_major`): one dot
+# per nibble index on [bn, bk / 8] words, with no reshape of the decoded tile (reshaped, it reached
+# the dot through one scalar shared-memory store per weight: 38 % of the Q4_K kernel's stall
+# samples under Nsight Compute). H200, Q4_K 37888 x 3584 at 16 / 32 tokens: 115 -> 79 / 129 ->
+# 101 us ([G-nibble-major]). Q5_0, Q5_1, Q5_K can too (planes.NIBBLE_PLANES; interpret-tested
+# only, not yet compiled on the GPU, so off).
+NIBBLE_MAJOR = frozenset({QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
 NIBBLE_MIN_BK = 128  # 16 words per dot: the f16 tensor-core dot's smallest K
 
 
@@ -88,7 +91,7 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     bk = tiles.pow2_divisor(k, bk)
     return GemmConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages,
                       splits=few_token_splits(fmt, n, k, bn, bk), magic_half=fmt.ints is not None,
-                      nibble_major=qtype in NIBBLE_PLANES and bk >= NIBBLE_MIN_BK)
+                      nibble_major=qtype in NIBBLE_MAJOR and bk >= NIBBLE_MIN_BK)
 
 
 def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int = FEW_TOKEN_PROGRAMS,

@@ -345,34 +345,38 @@ def _per_word(v: jax.Array, words: int) -> jax.Array:
     return jnp.broadcast_to(v[:, :, None], (r, g, words // g)).reshape(r, words)
 
 
-NIBBLE_PLANES = {QType.Q4_0: "qs", QType.Q4_1: "qs", QType.Q4_K: "qs", QType.Q6_K: "ql"}
+NIBBLE_PLANES = {q: "qs" for q in (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K)}
+NIBBLE_PLANES[QType.Q6_K] = "ql"
+_NIBBLE_OFFSET = {QType.Q4_0: 8, QType.Q5_0: 16, QType.Q6_K: 32}  # subtracted from the assembled integer
 
 
 def nibble_scales(qtype: QType, tiles: Mapping[str, jax.Array], dtype):
     """(a, b or None) [bn, W] per nibble word of the tile, in gguf-py's product order."""
     words = tiles[NIBBLE_PLANES[qtype]].shape[1]
-    if qtype == QType.Q4_0:
-        a, b = tiles["d"].astype(dtype), None
-    elif qtype == QType.Q4_1:
-        a, b = tiles["d"].astype(dtype), tiles["m"].astype(dtype)
-    elif qtype == QType.Q4_K:
+    if qtype in (QType.Q4_K, QType.Q5_K):
         a, b = _scales_q4_k(tiles, dtype)
-    else:
+    elif qtype == QType.Q6_K:
         a, b = superblock_scale(tiles["sc"], tiles["d"], dtype), None
+    else:  # Q4_0, Q4_1, Q5_0, Q5_1: d (and m) per 32-weight block
+        a, b = tiles["d"].astype(dtype), tiles["m"].astype(dtype) if "m" in tiles else None
     return _per_word(a, words), None if b is None else _per_word(b, words)
 
 
 def nibble_ints(qtype: QType, tiles: Mapping[str, jax.Array], i: int) -> jax.Array:
-    """int32 q [bn, W] of weights 8 j + i (the format's offset applied)."""
+    """int32 q [bn, W] of weights 8 j + i (high bits and the format's offset applied)."""
     words = tiles[NIBBLE_PLANES[qtype]]
+    n_words = words.shape[1]
+    j = jax.lax.iota(jnp.int32, n_words)
     q = ((words >> jnp.uint32(4 * i)) & jnp.uint32(15)).astype(jnp.int32)
-    if qtype == QType.Q4_0:
-        return q - 8
-    if qtype == QType.Q6_K:  # high 2 bits: word j // 2 of qh, field 4 (i // 2) + 2 (j % 2) + i % 2
-        qh = _per_word(tiles["qh"], words.shape[1])
-        shift = 2 * (4 * (i >> 1) + (i & 1)) + 4 * (jax.lax.iota(jnp.int32, words.shape[1]) & 1)
-        return (q | (((qh >> shift.astype(jnp.uint32)[None, :]) & jnp.uint32(3)).astype(jnp.int32) << 4)) - 32
-    return q
+    if qtype == QType.Q6_K:  # 2 high bits: word j // 2 of qh, field 4 (i // 2) + 2 (j % 2) + i % 2 (_q6h_order)
+        shift, mask = 2 * (4 * (i >> 1) + (i & 1)) + 4 * (j & 1), 3
+    elif "qh" in tiles:  # Q5_*: 1 high bit: word j // 4 of qh, bit 8 (i // 2) + 4 (i % 2) + j % 4 (_q5h_order)
+        shift, mask = 8 * (i >> 1) + 4 * (i & 1) + (j & 3), 1
+    else:
+        return q - _NIBBLE_OFFSET.get(qtype, 0)
+    qh = _per_word(tiles["qh"], n_words)
+    high = ((qh >> shift.astype(jnp.uint32)[None, :]) & jnp.uint32(mask)).astype(jnp.int32)
+    return (q | (high << 4)) - _NIBBLE_OFFSET.get(qtype, 0)
 
 
 _U8, _I8, _U32, _F16 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint32), np.dtype(np.float16)
