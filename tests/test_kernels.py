@@ -20,7 +20,8 @@ import pytest
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax.bench.kernel_timing import random_planes
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words
-from minfer_jax.quant.planes import FORMATS, NIBBLE_PLANES, QType, decode, get_format, nibble_ints, nibble_scales
+from minfer_jax.quant.planes import (FIELD_PLANES, FORMATS, QType, decode, field_ints, field_scales, fields_per_word,
+                                     get_format)
 
 K_QUANTS = {QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K}
 
@@ -111,29 +112,30 @@ def test_gemm_few_tokens_split_k(qtype):
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(3), (24, k))
     ref, ref8 = (f(x, w, qtype=qtype, n_out=n) for f in (gemm.gemm_reference, gemm_int8.gemm_int8_reference))
-    assert cfg.nibble_major == (qtype in gemm.NIBBLE_MAJOR)
+    assert cfg.field_major == (qtype in gemm.FIELD_MAJOR)
     for splits in (1, 2, 4):
-        c = dataclasses.replace(cfg, bm=32, splits=splits, magic_half=splits != 2, nibble_major=cfg.nibble_major and splits != 4)
+        c = dataclasses.replace(cfg, bm=32, splits=splits, magic_half=splits != 2, field_major=cfg.field_major and splits != 4)
         check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=c, interpret=INTERPRET), ref, qtype)
         c8 = gemm_int8.Int8GemmConfig(bm=32, bn=64, num_warps=4, splits=splits)
         check(gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, config=c8, interpret=INTERPRET), ref8, qtype)
 
 
-@pytest.mark.parametrize("qtype", sorted(NIBBLE_PLANES, key=lambda q: q.value), ids=lambda q: q.name)
-def test_nibble_major_decode(qtype):
-    """Per nibble index i, nibble_ints * nibble_scales are exactly the decoded weights 8 j + i, and
-    the nibble-major few-token GEMM (x permuted to match) gives the reference's product."""
+@pytest.mark.parametrize("qtype", sorted(FIELD_PLANES, key=lambda q: q.value), ids=lambda q: q.name)
+def test_field_major_decode(qtype):
+    """Per field index i, field_ints * field_scales are exactly the decoded weights per j + i, and
+    the field-major few-token GEMM (x permuted to match) gives the reference's product."""
     n, k = 136, 1024
+    per = fields_per_word(qtype)
     w = planes_for(qtype, n, k)
     full = decode(qtype, w, jnp.float16)
-    a, b = nibble_scales(qtype, w, jnp.float16)
-    for i in range(8):
-        q = nibble_ints(qtype, w, i).astype(jnp.float16)
-        chex.assert_trees_all_equal(q * a if b is None else q * a + b, full[:, i::8])
+    a, b = field_scales(qtype, w, jnp.float16)
+    for i in range(per):
+        q = field_ints(qtype, w, i).astype(jnp.float16)
+        chex.assert_trees_all_equal(q * a if b is None else q * a + b, full[:, i::per])
+    perm = gemm.permute_field_major(jnp.arange(2 * 256)[None], 256, per)[0]
+    assert list(perm[:3]) == [0, per, 2 * per] and list(perm[256 // per:][:2]) == [1, per + 1] and int(perm[256]) == 256
     x = jax.random.normal(jax.random.PRNGKey(4), (16, k))
-    perm = gemm.permute_nibble_major(jnp.arange(2 * 256)[None], 256)[0]
-    assert list(perm[:3]) == [0, 8, 16] and list(perm[32:34]) == [1, 9] and int(perm[256]) == 256
-    cfg = gemm.GemmConfig(bm=16, bn=64, bk=256, num_warps=4, num_stages=3, splits=2, magic_half=True, nibble_major=True)
+    cfg = gemm.GemmConfig(bm=16, bn=64, bk=256, num_warps=4, num_stages=3, splits=2, magic_half=True, field_major=True)
     check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
           gemm.gemm_reference(x, w, qtype=qtype, n_out=n), qtype)
 

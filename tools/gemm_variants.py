@@ -33,7 +33,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
         name, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--variants: {item!r} is not FIELD=INT")
-        fields[name.strip()] = bool(int(value)) if name.strip() in ("magic_half", "nibble_major") else int(value)
+        fields[name.strip()] = bool(int(value)) if name.strip() in ("magic_half", "field_major") else int(value)
     if not (kind in ("route", "dq", "gemm", "i8") or (kind.startswith("gemv") and kind[4:].isdigit())):
         raise SystemExit(f"--variants: unknown kind {kind!r}")
     return kind, fields

@@ -12,9 +12,10 @@ Grid (Mpad / bm, Npad / bn, splits), the token axis fastest so that programs run
 share a weight tile (decoded from L2 rather than HBM). Each program walks its K range in bk
 steps: the x tile [bm, bk] and the weight tile decoded into the compute dtype [bn, bk] meet in one
 tensor-core dot with f32 accumulation. Few tokens split K (splits > 1) so that enough programs
-run; XLA adds the partial sums. Formats with a nibble plane then decode nibble-major: per K step
-eight dots, one per nibble index i, of [bn, bk / 8] weights 8 j + i against x's columns that the
-wrapper permuted to match (a dot's sum is order-free), so the decoded tile is never reshaped.
+run; XLA adds the partial sums. Formats whose quants sit in one plane of fields (nibbles, bytes)
+then decode field-major: per K step one dot per field index i (8 for nibbles), of the [bn, W]
+weights 8 j + i, against x's columns that the wrapper permuted to match (a dot's sum is
+order-free), so the decoded tile is never reshaped.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
-from minfer_jax.quant.planes import NIBBLE_PLANES, QType, get_format, int_to_half, nibble_ints, nibble_scales
+from minfer_jax.quant.planes import QType, field_ints, field_scales, fields_per_word, get_format, int_to_half
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,7 @@ class GemmConfig:
     num_stages: int = 2
     splits: int = 1  # K split: partial sums [splits, M, N] added by XLA (few tokens: more programs)
     magic_half: bool = False  # integers to f16 by planes.int_to_half's bit trick
-    nibble_major: bool = False  # one dot per nibble index on x's permuted columns (planes.NIBBLE_PLANES)
+    field_major: bool = False  # one dot per field index on x's permuted columns (planes.FIELD_PLANES)
 
 
 # Tiles (bn, bk, num_warps, num_stages) from the H200 sweeps at 512 x 4096 x 14336
@@ -64,14 +65,14 @@ F32_TILE = (128, 64, 8, 3)
 FEW_TOKEN_MAX_NT = 64
 FEW_TOKEN_TILE = (64, 128, 4, 3)
 FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132
-# Formats measured to gain from decoding their nibble plane nibble-major (`nibble_major`): one dot
-# per nibble index on [bn, bk / 8] words, with no reshape of the decoded tile (reshaped, it reached
-# the dot through one scalar shared-memory store per weight: 38 % of the Q4_K kernel's stall
-# samples under Nsight Compute). H200, Q4_K 37888 x 3584 at 16 / 32 tokens: 115 -> 79 / 129 ->
-# 101 us ([G-nibble-major]). Q5_0, Q5_1, Q5_K can too (planes.NIBBLE_PLANES; interpret-tested
-# only, not yet compiled on the GPU, so off).
-NIBBLE_MAJOR = frozenset({QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
-NIBBLE_MIN_BK = 128  # 16 words per dot: the f16 tensor-core dot's smallest K
+# Formats measured to gain from the field-major decode (`field_major`): one dot per nibble index
+# on [bn, bk / 8] words, with no reshape of the decoded tile (reshaped, it reached the dot through
+# one scalar shared-memory store per weight: 38 % of the Q4_K kernel's stall samples under Nsight
+# Compute). H200, Q4_K 37888 x 3584 at 16 / 32 tokens: 115 -> 79 / 129 -> 101 us
+# ([G-field-major]). Q5_0, Q5_1, Q5_K and Q8_0 can too (planes.FIELD_PLANES) but are
+# interpret-tested only, not yet compiled on the GPU, so off.
+FIELD_MAJOR = frozenset({QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
+FIELD_MIN_WORDS = 16  # words per field dot: the f16 tensor-core dot's smallest K
 
 
 def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
@@ -91,7 +92,7 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     bk = tiles.pow2_divisor(k, bk)
     return GemmConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages,
                       splits=few_token_splits(fmt, n, k, bn, bk), magic_half=fmt.ints is not None,
-                      nibble_major=qtype in NIBBLE_MAJOR and bk >= NIBBLE_MIN_BK)
+                      field_major=qtype in FIELD_MAJOR and bk // fields_per_word(qtype) >= FIELD_MIN_WORDS)
 
 
 def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int = FEW_TOKEN_PROGRAMS,
@@ -104,12 +105,13 @@ def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int = FEW_TO
 
 @functools.cache
 def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, magic_half: bool = False,
-            nibble_major: bool = False):
+            field_major: bool = False):
     """One kernel closure per configuration (jax#40847: a shared function object can reuse a trace)."""
     fmt = get_format(qtype)
     n_k = k // bk
     dn = (((1,), (1,)), ((), ()))
-    words = bk // 8
+    per = fields_per_word(qtype) if field_major else 1
+    words = bk // per
 
     def kernel(x_ref, *refs):
         *plane_refs, o_ref = refs
@@ -117,13 +119,13 @@ def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, magi
         def step(j, acc):
             k0 = j * bk
             kx = k0 if isinstance(k0, int) else pl.multiple_of(k0, bk)
-            if nibble_major:  # x's columns kx + i * words + j hold x[kx + 8 j + i] (permute_nibble_major)
+            if field_major:  # x's columns kx + i * words + j hold x[kx + per j + i] (permute_field_major)
                 t = tiles.load_plane_tiles(fmt, plane_refs, 0, bn, k0, bk)
-                a, b = nibble_scales(qtype, t, compute_dtype)  # [bn, words]
-                for i in range(8):
-                    q = nibble_ints(qtype, t, i)
+                a, b = field_scales(qtype, t, compute_dtype)  # [bn, words]
+                for i in range(per):
+                    q = field_ints(qtype, t, i)
                     q = int_to_half(q) if magic_half else q.astype(compute_dtype)
-                    w = q * a if b is None else q * a + b  # [bn, words]: weights 8 j + i
+                    w = q * a if b is None else q * a + b  # [bn, words]: weights per j + i
                     xi = x_ref[:, pl.ds(kx + i * words, words)]  # [bm, words]
                     acc = acc + lax.dot_general(xi, w, dn, preferred_element_type=jnp.float32)
                 return acc
@@ -152,20 +154,21 @@ def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmCo
     tiles.silence_triton_deprecation()
 
     xp = tiles.cast_rows(x, mpad, fmt.compute_dtype)  # [Mpad, K]
-    if cfg.nibble_major:
-        assert qtype in NIBBLE_PLANES and cfg.bk >= NIBBLE_MIN_BK and fmt.compute_dtype == jnp.float16, cfg
-        xp = permute_nibble_major(xp, cfg.bk)
-    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.magic_half, cfg.nibble_major)
+    if cfg.field_major:
+        per = fields_per_word(qtype)
+        assert cfg.bk // per >= FIELD_MIN_WORDS and fmt.compute_dtype == jnp.float16, cfg
+        xp = permute_field_major(xp, cfg.bk, per)
+    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.magic_half, cfg.field_major)
     out = tiled_call(kernel, [xp], arrays, fmt, cfg.bm, cfg.bn, cfg.num_warps, cfg.num_stages, interpret,
                      f"gemm_{fmt.name.lower()}", splits=cfg.splits)
     return out[:m, :n_out]
 
 
-def permute_nibble_major(x: jax.Array, bk: int) -> jax.Array:
-    """x [M, K] -> columns permuted within each K step of bk: column i * (bk / 8) + j <- 8 j + i
-    (the nibble-major kernel's dot for nibble i then reads one contiguous column block)."""
+def permute_field_major(x: jax.Array, bk: int, per: int) -> jax.Array:
+    """x [M, K] -> columns permuted within each K step of bk: column i * (bk / per) + j <- per j + i
+    (the field-major kernel's dot for field i then reads one contiguous column block)."""
     m, k = x.shape
-    return x.reshape(m, k // bk, bk // 8, 8).transpose(0, 1, 3, 2).reshape(m, k)
+    return x.reshape(m, k // bk, bk // per, per).transpose(0, 1, 3, 2).reshape(m, k)
 
 
 def tiled_call(kernel, token_inputs, plane_arrays, fmt, bm: int, bn: int, num_warps: int, num_stages: int,

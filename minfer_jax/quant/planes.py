@@ -334,10 +334,11 @@ def _ints_q6_k(t, dtype):
             None)
 
 
-# Nibble-major decode (the few-token GEMM, pallas/gemm.py): for one nibble index i, the weights
-# 8 j + i of a tile as [bn, W] over its W nibble words (j < W = bk / 8), scales and offsets per
-# word. No reshape of the tile: that kernel's dot takes x with its K-columns permuted to match.
-# NIBBLE_PLANES: the formats whose low bits are one natural-order nibble plane -> that plane.
+# Field-major decode (the few-token GEMM, pallas/gemm.py): a format's low-bit plane holds `per`
+# fields per word in natural order (8 nibbles; Q8_0: 4 bytes). For one field index i, the weights
+# per * j + i of a tile come out as [bn, W] over the tile's W words, with scales and offsets per
+# word, and no reshape of the tile: that kernel's dot takes x with its K-columns permuted to match.
+# FIELD_PLANES: qtype -> (that plane, bits per field).
 
 def _per_word(v: jax.Array, words: int) -> jax.Array:
     """[r, G] per-group values -> [r, words], each repeated over its group's words."""
@@ -345,38 +346,45 @@ def _per_word(v: jax.Array, words: int) -> jax.Array:
     return jnp.broadcast_to(v[:, :, None], (r, g, words // g)).reshape(r, words)
 
 
-NIBBLE_PLANES = {q: "qs" for q in (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K)}
-NIBBLE_PLANES[QType.Q6_K] = "ql"
-_NIBBLE_OFFSET = {QType.Q4_0: 8, QType.Q5_0: 16, QType.Q6_K: 32}  # subtracted from the assembled integer
+FIELD_PLANES = {q: ("qs", 4) for q in (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K)}
+FIELD_PLANES.update({QType.Q6_K: ("ql", 4), QType.Q8_0: ("q", 8)})
+_FIELD_OFFSET = {QType.Q4_0: 8, QType.Q5_0: 16, QType.Q6_K: 32}  # subtracted from the assembled integer
 
 
-def nibble_scales(qtype: QType, tiles: Mapping[str, jax.Array], dtype):
-    """(a, b or None) [bn, W] per nibble word of the tile, in gguf-py's product order."""
-    words = tiles[NIBBLE_PLANES[qtype]].shape[1]
+def fields_per_word(qtype: QType) -> int:
+    return 32 // FIELD_PLANES[qtype][1]
+
+
+def field_scales(qtype: QType, tiles: Mapping[str, jax.Array], dtype):
+    """(a, b or None) [bn, W] per word of the tile's field plane, in gguf-py's product order."""
+    words = tiles[FIELD_PLANES[qtype][0]].shape[1]
     if qtype in (QType.Q4_K, QType.Q5_K):
         a, b = _scales_q4_k(tiles, dtype)
     elif qtype == QType.Q6_K:
         a, b = superblock_scale(tiles["sc"], tiles["d"], dtype), None
-    else:  # Q4_0, Q4_1, Q5_0, Q5_1: d (and m) per 32-weight block
+    else:  # Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: d (and m) per 32-weight block
         a, b = tiles["d"].astype(dtype), tiles["m"].astype(dtype) if "m" in tiles else None
     return _per_word(a, words), None if b is None else _per_word(b, words)
 
 
-def nibble_ints(qtype: QType, tiles: Mapping[str, jax.Array], i: int) -> jax.Array:
-    """int32 q [bn, W] of weights 8 j + i (high bits and the format's offset applied)."""
-    words = tiles[NIBBLE_PLANES[qtype]]
+def field_ints(qtype: QType, tiles: Mapping[str, jax.Array], i: int) -> jax.Array:
+    """int32 q [bn, W] of weights per * j + i (high bits and the format's offset applied)."""
+    plane, bits = FIELD_PLANES[qtype]
+    words = tiles[plane]
     n_words = words.shape[1]
     j = jax.lax.iota(jnp.int32, n_words)
-    q = ((words >> jnp.uint32(4 * i)) & jnp.uint32(15)).astype(jnp.int32)
+    q = ((words >> jnp.uint32(bits * i)) & jnp.uint32((1 << bits) - 1)).astype(jnp.int32)
+    if qtype == QType.Q8_0:
+        return (q ^ 0x80) - 0x80  # bytes -> signed
     if qtype == QType.Q6_K:  # 2 high bits: word j // 2 of qh, field 4 (i // 2) + 2 (j % 2) + i % 2 (_q6h_order)
         shift, mask = 2 * (4 * (i >> 1) + (i & 1)) + 4 * (j & 1), 3
     elif "qh" in tiles:  # Q5_*: 1 high bit: word j // 4 of qh, bit 8 (i // 2) + 4 (i % 2) + j % 4 (_q5h_order)
         shift, mask = 8 * (i >> 1) + 4 * (i & 1) + (j & 3), 1
     else:
-        return q - _NIBBLE_OFFSET.get(qtype, 0)
+        return q - _FIELD_OFFSET.get(qtype, 0)
     qh = _per_word(tiles["qh"], n_words)
     high = ((qh >> shift.astype(jnp.uint32)[None, :]) & jnp.uint32(mask)).astype(jnp.int32)
-    return (q | (high << 4)) - _NIBBLE_OFFSET.get(qtype, 0)
+    return (q | (high << 4)) - _FIELD_OFFSET.get(qtype, 0)
 
 
 _U8, _I8, _U32, _F16 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint32), np.dtype(np.float16)
