@@ -13,9 +13,9 @@ share a weight tile (decoded from L2 rather than HBM). Each program walks its K 
 steps: the x tile [bm, bk] and the weight tile decoded into the compute dtype [bn, bk] meet in one
 tensor-core dot with f32 accumulation. Few tokens split K (splits > 1) so that enough programs
 run; XLA adds the partial sums. Formats whose quants sit in one plane of fields (nibbles, bytes)
-then decode field-major: per K step one dot per field index i (8 for nibbles), of the [bn, W]
-weights 8 j + i, against x's columns that the wrapper permuted to match (a dot's sum is
-order-free), so the decoded tile is never reshaped.
+then decode field-major: per K step one dot per field index i (8 for nibbles, 4 for bytes), of
+the [bn, W] weights per * j + i, against x's columns that the wrapper permuted to match (a dot's
+sum is order-free), so the decoded tile is never reshaped.
 """
 
 from __future__ import annotations
