@@ -114,7 +114,8 @@ def test_gemm_few_tokens_split_k(qtype):
     ref, ref8 = (f(x, w, qtype=qtype, n_out=n) for f in (gemm.gemm_reference, gemm_int8.gemm_int8_reference))
     assert cfg.field_major == (qtype in gemm.FIELD_MAJOR)
     for splits in (1, 2, 4):
-        c = dataclasses.replace(cfg, bm=32, splits=splits, magic_half=splits != 2, field_major=cfg.field_major and splits != 4)
+        c = dataclasses.replace(cfg, bm=32, splits=splits, magic_half=splits != 2,
+                                field_major=cfg.field_major and splits != 4)
         check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=c, interpret=INTERPRET), ref, qtype)
         c8 = gemm_int8.Int8GemmConfig(bm=32, bn=64, num_warps=4, splits=splits)
         check(gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, config=c8, interpret=INTERPRET), ref8, qtype)
