@@ -147,10 +147,11 @@ def step_profile(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -
 
 
 def kernel_table(events: list, steps: int, n_seqs: int) -> str:
-    """(start ns, duration ns, name) events summed by name (numeric suffixes dropped), per step."""
+    """(start ns, duration ns, name) events summed by name, per step. Instance suffixes (".3",
+    "_12") are dropped, but not a format's own digit (gemm_q4_0 and gemm_q4_1 stay apart)."""
     by_name: dict[str, list[float]] = {}
     for _, dur, name in events:
-        by_name.setdefault(re.sub(r"[._]?\d+$", "", name), []).append(dur / 1e3)
+        by_name.setdefault(re.sub(r"(?<!q\d)[._]\d+$", "", name), []).append(dur / 1e3)
     total = sum(sum(v) for v in by_name.values())
     span = (max(s + d for s, d, _ in events) - events[0][0]) / 1e3
     lines = [f"B={n_seqs}: {steps} steps, kernels {total / 1e3:.1f} ms, span {span / 1e3:.1f} ms, "
