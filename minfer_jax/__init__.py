@@ -8,13 +8,13 @@
 
 from minfer_jax.errors import (ContextOverflowError, GGUFError, InvalidArgumentError, MinferError,
                                ModelNotFoundError, TemplateError, UnsupportedError)
-from minfer_jax.engine import GenerationResult, SlotState, decode_chunk, prefill_chunk, prompt_logits
+from minfer_jax.engine.steps import GenerationResult, SlotState, decode_chunk, prefill_chunk, prompt_logits
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
-from minfer_jax.plan import Plan
-from minfer_jax.runtime import Model, generate, generate_batch, load
-from minfer_jax.scheduler import Request, Scheduler
-from minfer_jax.sampling import GREEDY, Sampler
+from minfer_jax.engine.plan import Plan
+from minfer_jax.engine.runtime import Model, generate, generate_batch, load
+from minfer_jax.engine.scheduler import Request, Scheduler
+from minfer_jax.engine.sampling import GREEDY, Sampler
 
 __version__ = "0.1.0"
 

@@ -14,7 +14,7 @@ def real_model_path() -> str:
     env = os.environ.get("MINFER_TEST_MODEL")
     if env:
         return env
-    from minfer_jax.model_source import resolve_model
+    from minfer_jax.files.model_source import resolve_model
 
     return resolve_model(None)
 
@@ -22,6 +22,6 @@ def real_model_path() -> str:
 @pytest.fixture(scope="session")
 def real_model(real_model_path):
     """The parsed and validated real GGUF (config, metadata, mmap'd tensors)."""
-    from minfer_jax.gguf import load_gguf
+    from minfer_jax.files.gguf import load_gguf
 
     return load_gguf(real_model_path)

@@ -21,9 +21,9 @@ import gguf
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from minfer_jax.gguf import ARCHITECTURE
+from minfer_jax.files.gguf import ARCHITECTURE
 from minfer_jax.model.config import Config
-from minfer_jax.bench.synthetic import placeholder_vocab, synthetic_model_from_config
+from minfer_jax.files.synthetic import placeholder_vocab, synthetic_model_from_config
 
 FUZZ_EXAMPLES_ENV = "MINFER_FUZZ_EXAMPLES"
 TINY = Config(n_layers=1, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, context_length=128, vocab_size=300,

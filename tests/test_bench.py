@@ -14,7 +14,7 @@ import pytest
 from kernel_mode import KERNELS
 
 from minfer_jax.bench import cli, fields, kernel_cases, model_tests, parsing
-from minfer_jax.bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
+from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--synthetic", "qwen2.5-0.5b:q4_0", "--layers", "1"]
@@ -128,7 +128,7 @@ def test_write_gguf(tmp_path):
     rc, out, err = run_main(TINY + ["--write-gguf", str(path)])
     assert rc == 0, err
     assert out == ""  # no -p/-n/-pg given: write, then exit
-    from minfer_jax.gguf import load_gguf
+    from minfer_jax.files.gguf import load_gguf
 
     back, mem = load_gguf(str(path)), synthetic_model("qwen2.5-0.5b:q4_0", layers=1)
     assert back.config == mem.config
@@ -195,8 +195,8 @@ def test_kernel_cases_are_the_loaders_weights():
     """model_matmul_cases counts exactly the weights load_params builds: same fusion, types, shapes."""
     import collections
 
-    from minfer_jax.bench.quant_mix import tensor_types
-    from minfer_jax.bench.synthetic import synthetic_model_from_config
+    from minfer_jax.files.quant_mix import tensor_types
+    from minfer_jax.files.synthetic import synthetic_model_from_config
     from minfer_jax.model.config import Config
     from minfer_jax.model.weights import load_params
 

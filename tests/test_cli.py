@@ -1,4 +1,4 @@
-"""The command-line interface (minfer_jax.cli, scripts/generate.py).
+"""The command-line interface (minfer_jax.cli.generate, scripts/generate.py).
 
 Most tests run `cli.main(argv)` in-process against one real model loaded once for the module
 (`cli.load` is replaced by a function returning it, `cli.load_gguf` by a memoized parse; model
@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from minfer_jax import GenerationResult, cli
+from minfer_jax import GenerationResult
+
+from minfer_jax.cli import generate as cli
 
 REPO = Path(__file__).resolve().parents[1]
 FIB = "def fibonacci(n):"
@@ -44,7 +46,7 @@ def xla_cache(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def shared_model(real_model_path, xla_cache):
-    from minfer_jax.runtime import load
+    from minfer_jax.engine.runtime import load
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MINFER_COMPILATION_CACHE", xla_cache)
@@ -77,7 +79,7 @@ def run_cli(shared_model, real_model_path, monkeypatch):
 
 @functools.cache
 def _parsed_gguf(path):
-    from minfer_jax.gguf import load_gguf
+    from minfer_jax.files.gguf import load_gguf
 
     return load_gguf(path)
 
@@ -313,7 +315,7 @@ def test_script_greedy_end_to_end(real_model_path, xla_cache):
 
 def test_summary_counts_reused_prompt_tokens_apart():
     """A turn that reuses the last turn's K/V reports its prefill rate over the tokens it prefilled."""
-    from minfer_jax.cli_session import _summary, _Totals
+    from minfer_jax.cli.chat import _summary, _Totals
 
     line = _summary(_Totals(prompt_tokens=10, cached_tokens=6, prefill_s=2.0, stop_reason="eos"))
     assert line.startswith("prompt: 10 tokens (6 reused), 2.0 tok/s (2.00 s)")

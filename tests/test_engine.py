@@ -8,10 +8,10 @@ import pytest
 
 import minfer_jax
 from minfer_jax.model.config import Config
-from minfer_jax.plan import Plan, PlanError
-from minfer_jax.sampling import Sampler
-from minfer_jax.scheduler import TextStream
-from minfer_jax.bench.synthetic import synthetic_model_from_config
+from minfer_jax.engine.plan import Plan, PlanError
+from minfer_jax.engine.sampling import Sampler
+from minfer_jax.engine.scheduler import TextStream
+from minfer_jax.files.synthetic import synthetic_model_from_config
 
 TINY = Config(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256, context_length=1024, vocab_size=300,
               rope_theta=1e6, rms_eps=1e-6, tied_output=False)
@@ -221,7 +221,7 @@ def test_lengths_and_context_limit(tiny_gguf):
 
 @pytest.mark.real_model
 def test_text_stream_stops_across_chunks_and_holds_back(real_model):
-    from minfer_jax.tokenizer import Tokenizer
+    from minfer_jax.files.tokenizer import Tokenizer
 
     tok = Tokenizer.from_model(real_model)
     ids = tok.encode("def fibonacci(n):\n    if n <= 1:\n        return n", add_special=False)

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from fuzz_support import TINY, bounded, fuzz_settings, tiny_gguf
 from minfer_jax import MinferError, generate, load
-from minfer_jax.gguf import load_gguf
-from minfer_jax.sampling import Sampler
+from minfer_jax.files.gguf import load_gguf
+from minfer_jax.engine.sampling import Sampler
 
 VOCAB, CTX = TINY.vocab_size, TINY.context_length
 HOSTILE = st.sampled_from([math.nan, math.inf, -math.inf, -1, -1.0, 0, 0.5, 1.5, 2**31 - 1, 2**31, 2**63, 2**64,

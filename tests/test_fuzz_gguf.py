@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from fuzz_support import bounded, fuzz_settings, tiny_gguf
 from minfer_jax.errors import MinferError
-from minfer_jax.gguf import load_gguf, open_reader
-from minfer_jax.tokenizer import Tokenizer
+from minfer_jax.files.gguf import load_gguf, open_reader
+from minfer_jax.files.tokenizer import Tokenizer
 
 HOSTILE_WORDS = [0, 1, 2, 7, 8, 12, 255, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**62, 2**63, 2**64 - 1]
 

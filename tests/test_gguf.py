@@ -1,4 +1,4 @@
-"""Validation of minfer_jax.gguf.load_gguf: every broken file is a GGUFError naming what is wrong."""
+"""Validation of minfer_jax.files.gguf.load_gguf: every broken file is a GGUFError naming what is wrong."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minfer_jax.errors import GGUFError, UnsupportedError
-from minfer_jax.gguf import GGUFModel, expected_shapes, load_gguf
+from minfer_jax.files.gguf import GGUFModel, expected_shapes, load_gguf
 
 # Tiny Qwen2: 2 layers, d_model 64, 4 heads (head_dim 16), 2 KV heads, ff 128, vocab 256.
 N_LAYERS, D, N_HEADS, N_KV, FF, VOCAB = 2, 64, 4, 2, 128, 256

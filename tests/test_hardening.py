@@ -14,13 +14,13 @@ import pytest
 
 from fuzz_support import TINY, bounded, tiny_gguf
 from minfer_jax import MinferError, generate, load
-from minfer_jax.chat_template import render_chat_template
+from minfer_jax.files.chat_template import render_chat_template
 from minfer_jax.errors import GGUFError, InvalidArgumentError, TemplateError
-from minfer_jax.gguf import load_gguf
+from minfer_jax.files.gguf import load_gguf
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
-from minfer_jax.sampling import Sampler
-from minfer_jax.tokenizer import Tokenizer
+from minfer_jax.engine.sampling import Sampler
+from minfer_jax.files.tokenizer import Tokenizer
 
 NAN = float("nan")
 
@@ -198,7 +198,7 @@ def _cli(monkeypatch, *argv, stdin: bytes = b""):
     import io
     import sys
 
-    from minfer_jax import cli
+    from minfer_jax.cli import generate as cli
 
     out, err = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import functools
 
 import minfer_jax
-from minfer_jax import engine as gen
+from minfer_jax.engine import steps as gen
 from minfer_jax.model.qwen2 import forward_decode
-from minfer_jax.sampling import GREEDY, RowSettings, SamplerMode
+from minfer_jax.engine.sampling import GREEDY, RowSettings, SamplerMode
 
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, counting from zero.\"\"\"\n"
 
@@ -166,7 +166,7 @@ def test_stop_string_eos_and_context_limits(model):
 
 
 def model_gguf(model):
-    from minfer_jax.gguf import load_gguf
+    from minfer_jax.files.gguf import load_gguf
 
     return load_gguf(model.source)
 
@@ -206,7 +206,7 @@ def test_quantized_weights_stay_within_file_size_and_agree_with_dense(model, rea
 
 def test_step_functions_compose_inside_a_user_jit():
     """prefill_chunk and decode_chunk are pure: a caller can jit them together with its own code."""
-    from minfer_jax.bench.synthetic import synthetic_model
+    from minfer_jax.files.synthetic import synthetic_model
 
     gm = synthetic_model("qwen2.5-0.5b:q8_0", layers=1, seed=2)
     m = minfer_jax.load(gguf_model=gm, weights="quantized", kernels="xla", ctx_size=64)
@@ -215,7 +215,7 @@ def test_step_functions_compose_inside_a_user_jit():
 
     @jax.jit
     def prefill_then_decode(params, cache, prompt):
-        state = minfer_jax.engine.init_slot_state(1, 0)
+        state = minfer_jax.engine.steps.init_slot_state(1, 0)
         zero = jnp.int32(0)
         tok, state, cache = minfer_jax.prefill_chunk(params, cache, state, prompt, zero, zero,
                                                      jnp.int32(prompt.shape[0]), jnp.zeros((0,), jnp.int32), rows,

@@ -1,4 +1,4 @@
-"""minfer_jax.model_source: the built-in model's assembly and cache, local paths, hf: refs."""
+"""minfer_jax.files.model_source: the built-in model's assembly and cache, local paths, hf: refs."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from minfer_jax import model_source as ms
+from minfer_jax.files import model_source as ms
 from minfer_jax.errors import MinferError, ModelNotFoundError
-from minfer_jax.model_source import ModelPart, default_model_cache_path, resolve_model
+from minfer_jax.files.model_source import ModelPart, default_model_cache_path, resolve_model
 
 _GET_PART_PATH = '''import os
 def get_part_path():

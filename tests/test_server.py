@@ -32,7 +32,7 @@ SLOT_CTX = 512
 # -- the model and the server processes -------------------------------------------------------------
 def write_tiny_gguf(path: Path, tokenizer_meta: dict, seed: int = 1) -> None:
     """A 2-layer d_model-64 random Qwen2 with the given tokenizer.* metadata, as a GGUF file."""
-    from minfer_jax.bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config, write_gguf
+    from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config, write_gguf
 
     cfg = dataclasses.replace(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
                               d_ff=128)
@@ -98,7 +98,7 @@ def tiny_model(real_model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer(real_model):
-    from minfer_jax.tokenizer import Tokenizer
+    from minfer_jax.files.tokenizer import Tokenizer
 
     return Tokenizer.from_model(real_model)
 

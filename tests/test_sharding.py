@@ -28,7 +28,7 @@ DEGREES = (1, 2, 4)
 
 
 def test_7b_split_at_tp2_and_tp4():
-    from minfer_jax.sharding import plan_split
+    from minfer_jax.engine.sharding import plan_split
 
     s2 = plan_split(QWEN25_7B, 2, o_block=256, ff_block=256)
     assert (s2.heads, s2.kv_heads, s2.kv_first) == (14, 2, (0, 2))
@@ -44,7 +44,7 @@ def test_7b_split_at_tp2_and_tp4():
 
 
 def test_kv_heads_below_degree_are_copied():
-    from minfer_jax.sharding import plan_split
+    from minfer_jax.engine.sharding import plan_split
 
     s = plan_split(TINY, 4, o_block=256, ff_block=256)
     assert (s.heads, s.kv_heads, s.kv_first) == (1, 1, (0, 0, 1, 1))  # query heads 0,1 read KV head 0
@@ -58,7 +58,7 @@ def test_kv_heads_below_degree_are_copied():
 def test_impossible_splits_name_the_values(cfg_change, degree, match):
     import dataclasses
 
-    from minfer_jax.sharding import ShardingError, plan_split
+    from minfer_jax.engine.sharding import ShardingError, plan_split
 
     with pytest.raises(ShardingError, match=match):
         plan_split(dataclasses.replace(TINY, **cfg_change), degree, o_block=256, ff_block=256)
@@ -66,7 +66,7 @@ def test_impossible_splits_name_the_values(cfg_change, degree, match):
 
 def test_more_devices_than_exist_is_an_error():
     from minfer_jax.errors import MinferError
-    from minfer_jax.sharding import make_mesh
+    from minfer_jax.engine.sharding import make_mesh
 
     with pytest.raises(MinferError, match=r"tensor_parallel must be an integer in 1\.\.1"):
         make_mesh(2, devices=["only-one"])
@@ -74,10 +74,10 @@ def test_more_devices_than_exist_is_an_error():
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F32"])
 def test_raw_cuts_decode_to_the_slices(qtype):
-    from minfer_jax.bench.synthetic import random_raw_tensor
+    from minfer_jax.files.synthetic import random_raw_tensor
     from minfer_jax.quant import ggml
     from minfer_jax.quant.planes import QType
-    from minfer_jax.sharding import _k_window, _rows
+    from minfer_jax.engine.sharding import _k_window, _rows
 
     t = random_raw_tensor("w", QType[qtype], (6, 768), np.random.default_rng(1))
     full = np.asarray(ggml.dequantize(t.data, t.qtype, t.shape))
@@ -118,7 +118,7 @@ def _model_results(kernels: str) -> dict:
     import jax
 
     import minfer_jax
-    from minfer_jax.bench.synthetic import synthetic_model_from_config
+    from minfer_jax.files.synthetic import synthetic_model_from_config
 
     assert len(jax.devices()) == 4, jax.devices()
     gm = synthetic_model_from_config(TINY, "q4_k_m", seed=5)

@@ -9,10 +9,10 @@ import pytest
 from gguf import GGML_QUANT_SIZES, quants
 
 from minfer_jax.errors import MinferError, UnsupportedError
-from minfer_jax.gguf import FLOAT_TYPES, SUPPORTED_TYPES, expected_shapes, load_gguf
+from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, expected_shapes, load_gguf
 from minfer_jax.model.config import Config
-from minfer_jax.bench.quant_mix import FTYPES, QType, SyntheticSpecError, tensor_types
-from minfer_jax.bench.synthetic import (
+from minfer_jax.files.quant_mix import FTYPES, QType, SyntheticSpecError, tensor_types
+from minfer_jax.files.synthetic import (
     SYNTHETIC_CONFIGS,
     random_raw_tensor,
     synthetic_model,

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minfer_jax.errors import GGUFError, UnsupportedError
-from minfer_jax.tokenizer import Tokenizer
+from minfer_jax.files.tokenizer import Tokenizer
 
 DATA = Path(__file__).parent / "data" / "tokenizer"
 IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643

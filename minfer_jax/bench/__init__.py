@@ -31,6 +31,4 @@ One job per module:
   kernel_cases   which matmuls to time (ggml's rows, a model's as loaded) and one case's row
   kernel_timing  one matmul timed inside one executable, its reference, device-timeline spans
   printers       md / csv / json / jsonl output
-  synthetic      random-weight Qwen2.5 models of the real shapes, GGUF writer
-  quant_mix      llama.cpp's per-tensor type choice for a file type (synthetic's type mix)
 """

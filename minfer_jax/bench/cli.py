@@ -159,12 +159,12 @@ def _int_lists(values: list[str] | None, default: list[int], what: str) -> list[
 
 def _load_source(kind: str, ref: str, layers: int | None, seed: int, progress: bool) -> ModelSource:
     if kind == "synthetic":
-        from minfer_jax.bench.synthetic import synthetic_model
+        from minfer_jax.files.synthetic import synthetic_model
 
         gm = synthetic_model(ref, seed=seed, layers=layers)
         return ModelSource(gm.path, gm)
-    from minfer_jax.gguf import load_gguf
-    from minfer_jax.model_source import resolve_model
+    from minfer_jax.files.gguf import load_gguf
+    from minfer_jax.files.model_source import resolve_model
 
     path = resolve_model(ref, progress=progress)
     return ModelSource(ref, load_gguf(path))
@@ -240,7 +240,7 @@ def _request(args) -> _Request:
 
 def _check_inputs(args, req: _Request) -> None:
     """Resolve inputs cheaply before anything heavy (every bad input fails here with exit 2)."""
-    from minfer_jax.bench.synthetic import SYNTHETIC_CONFIGS, parse_spec
+    from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, parse_spec
 
     for s in req.synths:
         parse_spec(s)
@@ -278,7 +278,7 @@ def _main(argv: list[str]) -> int:
     req = _request(args)
     log = (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)) if args.progress else (lambda s: None)
     if args.no_compile_cache:
-        from minfer_jax.runtime import COMPILATION_CACHE_ENV
+        from minfer_jax.engine.runtime import COMPILATION_CACHE_ENV
 
         os.environ[COMPILATION_CACHE_ENV] = "off"
     impl = _kernel_impl(args)
@@ -298,7 +298,7 @@ def _main(argv: list[str]) -> int:
 
 def _write_gguf(args, spec: str) -> dict[tuple[str, str], ModelSource]:
     """--write-gguf: build the synthetic model, write it; it is then reused by the model tests."""
-    from minfer_jax.bench.synthetic import write_gguf
+    from minfer_jax.files.synthetic import write_gguf
 
     src = _load_source("synthetic", spec, args.layers, args.seed, args.progress)
     write_gguf(src.gguf, args.write_gguf, progress=args.progress)
@@ -321,7 +321,7 @@ def _report_failure(what: str, e: Exception) -> None:
 
 def _kernel_cases(args, req: _Request) -> list[KernelCase]:
     """--ggml-shapes, then --shapes, then every synthetic model's and model file's matmuls."""
-    from minfer_jax.bench.synthetic import synthetic_shapes
+    from minfer_jax.files.synthetic import synthetic_shapes
 
     cases: list[KernelCase] = []
     default_nts = req.nts or [1, 512]
@@ -333,8 +333,8 @@ def _kernel_cases(args, req: _Request) -> list[KernelCase]:
         types, shp, tied, label = synthetic_shapes(s, args.layers)
         cases += model_matmul_cases(types, shp, tied, default_nts, label)
     for m in req.models:
-        from minfer_jax.gguf import load_gguf
-        from minfer_jax.model_source import resolve_model
+        from minfer_jax.files.gguf import load_gguf
+        from minfer_jax.files.model_source import resolve_model
 
         gm = load_gguf(resolve_model(m, progress=args.progress))
         cases += model_matmul_cases({n: t.qtype for n, t in gm.tensors.items()},
@@ -373,7 +373,7 @@ def _run_kernels(args, req: _Request, env: Env, impl: str, log: Callable[[str], 
 
 def _run_models(args, req: _Request, env: Env, impl: str, log: Callable[[str], None],
                 preloaded: dict[tuple[str, str], ModelSource]) -> int:
-    from minfer_jax.runtime import load
+    from minfer_jax.engine.runtime import load
 
     sources = [("model", m) for m in req.models] + [("synthetic", s) for s in req.synths]
     if any(t.n_gen and not t.n_prompt for t in req.tests):
@@ -406,7 +406,7 @@ def _run_models(args, req: _Request, env: Env, impl: str, log: Callable[[str], N
 
 def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> int:
     from minfer_jax.bench import batched
-    from minfer_jax.runtime import load
+    from minfer_jax.engine.runtime import load
 
     pps, tgs = _int_lists(args.npp, [512], "-npp"), _int_lists(args.ntg, [128], "-ntg")
     npls = _int_lists(args.npl, [1, 2, 4, 8, 16, 32], "-npl")

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from minfer_jax import engine
-from minfer_jax.plan import Plan
-from minfer_jax.sampling import GREEDY, RowSettings, SamplerMode
+from minfer_jax.engine import steps
+from minfer_jax.engine.plan import Plan
+from minfer_jax.engine.sampling import GREEDY, RowSettings, SamplerMode
 
 GREEDY_MODE = SamplerMode()
 
@@ -48,7 +48,7 @@ class Runner:
     def fresh(self):
         m, p = self.model, self.plan
         cache = m.new_cache(p.n_slots, p.cache_len)  # sharded under tensor parallelism
-        return jax.block_until_ready((cache, engine.init_slot_state(p.n_slots, 0)))
+        return jax.block_until_ready((cache, steps.init_slot_state(p.n_slots, 0)))
 
     def prepare(self, n_prompt: int, start: int, rows: int = 1) -> list:
         """Compile the prefill buckets of n_prompt tokens from `start` and the decode rows; the chunks."""

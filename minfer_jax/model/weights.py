@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax.gguf import GGUFModel, QType, RawTensor
+from minfer_jax.files.gguf import GGUFModel, QType, RawTensor
 from minfer_jax.quant import ggml
 from minfer_jax.quant.planes import repack
 

@@ -73,7 +73,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _text_prompt_ids(model, prompt) -> list[int]:
-    from minfer_jax.runtime import prompt_ids
+    from minfer_jax.engine.runtime import prompt_ids
 
     try:
         return prompt_ids(model, prompt)
@@ -140,7 +140,7 @@ def _ready(backend: Backend, request: Request) -> Backend:
 
 async def _generate(backend: Backend, request: Request, kind: str, body, ids: list[int]):
     """Submit one validated request; its SSE stream, or its JSON once done."""
-    from minfer_jax.runtime import sampler_of
+    from minfer_jax.engine.runtime import sampler_of
 
     sampler = sampler_of(body.temperature, body.top_k, body.top_p, body.min_p, body.repeat_penalty,
                          body.repeat_last_n)

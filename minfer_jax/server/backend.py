@@ -2,7 +2,7 @@
 thread, admits requests (or refuses them when the queue is full) and bridges each request's text
 from the loop thread into the asyncio event loop that serves it.
 
-The scheduler (minfer_jax.scheduler) is the one host loop; this module only owns its thread and
+The scheduler (minfer_jax.engine.scheduler) is the one host loop; this module only owns its thread and
 the bookkeeping the HTTP side needs (live requests, counters for /metrics).
 """
 
@@ -47,7 +47,7 @@ class ServerSettings:
     kernels: str | None = None  # minfer_jax.load(kernels=...): None picks the platform's default
 
     def __post_init__(self):
-        from minfer_jax.plan import MAX_SEQS
+        from minfer_jax.engine.plan import MAX_SEQS
 
         if not 1 <= self.n_parallel <= MAX_SEQS:
             raise ServerSettingsError(f"-np/--parallel must be in 1..{MAX_SEQS}, got {self.n_parallel}")
@@ -75,7 +75,7 @@ def load_model(ref: str | None, **kwargs):
     """minfer_jax.load(ref), or for 'synthetic:<config>:<ftype>[:layers=N][:seed=S]' a random-weight
     model of real shapes with synthetic.placeholder_vocab as its tokenizer (what write_gguf writes):
     for benchmarks, whose prompts are token ids and whose text is never read."""
-    from minfer_jax.runtime import load
+    from minfer_jax.engine.runtime import load
 
     if not (ref or "").startswith("synthetic:"):
         return load(ref, **kwargs)
@@ -204,7 +204,7 @@ class Backend:
             loader = self.loader or load_model
             s = self.settings
             model = loader(s.model, ctx_size=s.slot_ctx, kernels=s.kernels, progress=False)
-            from minfer_jax.scheduler import Scheduler
+            from minfer_jax.engine.scheduler import Scheduler
 
             sched = Scheduler(model, model.plan(s.n_parallel, s.slot_ctx, s.decode_steps))
             if s.warmup:
@@ -227,7 +227,7 @@ class Backend:
         """Compile every executable serving meets with greedy and the default sampler (each prefill
         bucket, decode at every row count: a compile mid-serving would stall every client for
         seconds), then run one short request through them."""
-        from minfer_jax.runtime import sampler_of
+        from minfer_jax.engine.runtime import sampler_of
         from minfer_jax.server.schemas import DEFAULT_TEMPERATURE
 
         samplers = [sampler_of(0.0), sampler_of(DEFAULT_TEMPERATURE)]

@@ -28,10 +28,10 @@ from collections.abc import Sequence
 
 from minfer_jax import validate
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError, MinferError
-from minfer_jax.gguf import load_gguf
-from minfer_jax.model_source import resolve_model
-from minfer_jax.cli_session import _Session, _summary
-from minfer_jax.runtime import load  # module attributes: tests substitute an already loaded model
+from minfer_jax.files.gguf import load_gguf
+from minfer_jax.files.model_source import resolve_model
+from minfer_jax.cli.chat import _Session, _summary
+from minfer_jax.engine.runtime import load  # module attributes: tests substitute an already loaded model
 
 PROG = "minfer-generate"
 DEFAULT_N_PREDICT = 128
@@ -266,7 +266,7 @@ def _choose_ctx(requested: int, trained: int, err) -> int:
 
 
 def _make_sampler(args, ctx: int):
-    from minfer_jax.sampling import GREEDY, Sampler
+    from minfer_jax.engine.sampling import GREEDY, Sampler
 
     last_n = ctx if args.repeat_last_n == -1 else min(args.repeat_last_n, ctx)  # a device array of this many slots
     if args.temp <= 0:  # greedy: the filters do not matter, so every greedy run shares one executable

@@ -21,16 +21,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import ops, validate
-from minfer_jax import plan as plan_mod
-from minfer_jax.engine import GenerationResult
+from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine.steps import GenerationResult
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
-from minfer_jax.gguf import GGUFModel, load_gguf
+from minfer_jax.files.gguf import GGUFModel, load_gguf
 from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
-from minfer_jax.plan import Plan
-from minfer_jax.sampling import GREEDY, Sampler
-from minfer_jax.scheduler import Scheduler
+from minfer_jax.engine.plan import Plan
+from minfer_jax.engine.sampling import GREEDY, Sampler
+from minfer_jax.engine.scheduler import Scheduler
 
 DEFAULT_CTX = 4096
 COMPILATION_CACHE_ENV = "MINFER_COMPILATION_CACHE"  # a directory, or "0"/"off" to disable
@@ -43,7 +43,7 @@ def enable_compilation_cache() -> str | None:
         return None
     if jax.config.jax_compilation_cache_dir:
         return jax.config.jax_compilation_cache_dir
-    from minfer_jax.model_source import model_cache_dir
+    from minfer_jax.files.model_source import model_cache_dir
 
     path = setting or os.path.join(model_cache_dir(), "xla")
     try:
@@ -150,8 +150,8 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     device = device or jax.devices()[0]
     platform = device.platform
     validate.load_arguments(ctx_size=ctx_size, weights=weights, kernels=kernels, gemm=gemm, platform=platform)
-    from minfer_jax.model_source import resolve_model
-    from minfer_jax.tokenizer import Tokenizer
+    from minfer_jax.files.model_source import resolve_model
+    from minfer_jax.files.tokenizer import Tokenizer
 
     enable_compilation_cache()
     if gguf_model is None:
@@ -182,7 +182,7 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     if tensor_parallel is None:
         params = load_params(gguf_model, opts, device=device, progress=bar)
     else:
-        from minfer_jax import sharding
+        from minfer_jax.engine import sharding
 
         tp = sharding.tensor_parallel(gguf_model, tensor_parallel)
         params = sharding.shard_params(gguf_model, tp.split, tp.mesh, opts)

@@ -15,10 +15,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from minfer_jax import engine
+from minfer_jax.engine import steps
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
-from minfer_jax.sampling import RowSettings, SamplerMode
+from minfer_jax.engine.sampling import RowSettings, SamplerMode
 
 MIN_BUCKET = 16  # smallest padded prompt chunk
 MIN_SPAN = 256  # smallest attention window an XLA decode executable is compiled for
@@ -182,7 +182,7 @@ def _cache(model, key):
 
 
 def _state(key, mode: SamplerMode):
-    return engine.SlotState(last_token=jax.ShapeDtypeStruct((key.n_slots,), jnp.int32),
+    return steps.SlotState(last_token=jax.ShapeDtypeStruct((key.n_slots,), jnp.int32),
                             history=jax.ShapeDtypeStruct((key.n_slots, mode.history), jnp.int32))
 
 
@@ -202,15 +202,15 @@ def _step(fn, kind, cfg, tp, **static):
 
 @functools.cache
 def _prefill_jit(cfg, impl, mode, tp=None):
-    return jax.jit(_step(engine.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode), donate_argnums=(1, 2))
+    return jax.jit(_step(steps.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode), donate_argnums=(1, 2))
 
 
 @functools.cache
 def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
-    return jax.jit(_step(engine.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span),
+    return jax.jit(_step(steps.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span),
                    donate_argnums=(1, 2))
 
 
 @functools.cache
 def _logits_jit(cfg, impl, tp=None):
-    return jax.jit(_step(engine.prompt_logits, "logits", cfg, tp, impl=impl), donate_argnums=(1,))
+    return jax.jit(_step(steps.prompt_logits, "logits", cfg, tp, impl=impl), donate_argnums=(1,))

@@ -24,7 +24,7 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from minfer_jax.chat_template import CHATML_TEMPLATE, render_chat_template
+from minfer_jax.files.chat_template import CHATML_TEMPLATE, render_chat_template
 from minfer_jax import validate
 from minfer_jax.errors import GGUFError, InvalidArgumentError, UnsupportedError
 
@@ -226,7 +226,7 @@ class Tokenizer:
 
     @classmethod
     def from_model(cls, model: Any) -> Tokenizer:
-        """Build from a loaded `minfer_jax.gguf.GGUFModel`."""
+        """Build from a loaded `minfer_jax.files.gguf.GGUFModel`."""
         return cls.from_metadata(model.metadata, source=str(model.path))
 
     @property

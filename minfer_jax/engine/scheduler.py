@@ -29,10 +29,12 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax import engine, validate
+from minfer_jax import validate
+
+from minfer_jax.engine import steps
 from minfer_jax.errors import ContextOverflowError
-from minfer_jax.plan import Plan, pow2_at_least
-from minfer_jax.sampling import RowSettings, Sampler, SamplerMode
+from minfer_jax.engine.plan import Plan, pow2_at_least
+from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 
 _ids = itertools.count()
 
@@ -121,13 +123,13 @@ class Request:
     def finished(self) -> bool:
         return self.stream is not None and self.stream.reason is not None
 
-    def result(self, timeout: float | None = None) -> engine.GenerationResult:
+    def result(self, timeout: float | None = None) -> steps.GenerationResult:
         if not self.done.wait(timeout):
             raise TimeoutError(f"request {self.id} still running after {timeout} s")
         if self.error is not None:
             raise self.error
         s = self.stream
-        return engine.GenerationResult(tokens=list(s.tokens), text=s.text, prompt_tokens=self.prompt,
+        return steps.GenerationResult(tokens=list(s.tokens), text=s.text, prompt_tokens=self.prompt,
                                        stop_reason=s.reason, prefill_s=self.times["prefill"],
                                        decode_s=self.times["decode"], compile_s=self.times["compile"],
                                        cached_tokens=self.cached)
@@ -282,10 +284,10 @@ class Scheduler:
         if self.cache is None:
             m, p = self.model, self.plan
             self.cache = m.new_cache(p.n_slots, p.cache_len)
-            self.state = engine.init_slot_state(p.n_slots, width)
+            self.state = steps.init_slot_state(p.n_slots, width)
         elif width > self.history_width:  # a longer repeat-penalty window: pad every slot's history
             pad = jnp.full((self.plan.n_slots, width - self.history_width), -1, jnp.int32)
-            self.state = engine.SlotState(self.state.last_token, jnp.concatenate([pad, self.state.history], 1))
+            self.state = steps.SlotState(self.state.last_token, jnp.concatenate([pad, self.state.history], 1))
         self.history_width = width
 
     def _dispatch_prefill(self) -> bool:

@@ -27,9 +27,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from minfer_jax import ops, sampling
+from minfer_jax import ops
+
+from minfer_jax.engine import sampling
 from minfer_jax.errors import MinferError
-from minfer_jax.gguf import GGUFModel, RawTensor
+from minfer_jax.files.gguf import GGUFModel, RawTensor
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, Params, load_params
@@ -173,7 +175,7 @@ def shard_params(model: GGUFModel, split: Split, mesh: Mesh, opts: LoadOptions =
     return jax.tree.map(functools.partial(_assemble, mesh), *shards)
 
 
-# -- the in-shard hooks (qwen2.py / engine.py `par`) and the shard_map wrappers -------------------
+# -- the in-shard hooks (qwen2.py / steps.py `par`) and the shard_map wrappers -------------------
 @dataclasses.dataclass(frozen=True)
 class TensorParallel:
     """Static (hashable) description of a split model; its methods run inside shard_map."""

@@ -1,7 +1,7 @@
 """llama.cpp's per-tensor type choice: which GGML type each tensor of a Qwen2 model gets under a
 llama.cpp file type ("q4_k_m", "q4_0", "q8_0", ...), mirroring llama.cpp's `src/llama-quant.cpp`.
 
-`tensor_types(cfg, ftype)` is the type mix of bench.synthetic's models; `FTYPES` the file types
+`tensor_types(cfg, ftype)` is the type mix of synthetic.py's models; `FTYPES` the file types
 it mirrors.
 """
 
@@ -14,7 +14,7 @@ from typing import Literal
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
 from minfer_jax.errors import MinferError, UnsupportedError
-from minfer_jax.gguf import SUPPORTED_TYPES, expected_shapes
+from minfer_jax.files.gguf import SUPPORTED_TYPES, expected_shapes
 from minfer_jax.model.config import Config
 
 QType = GGMLQuantizationType
