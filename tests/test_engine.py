@@ -156,6 +156,26 @@ def test_serving_keys_leave_nothing_to_compile(tiny_gguf):
     assert dict(m._compiled) == before
 
 
+def test_no_sampler_setting_compiles_once_serving_keys_are_compiled(tiny_gguf):
+    """Sampler settings are traced values of three modes: once plan.serving_keys() is compiled,
+    no setting a request may carry (top_k 3 / 9 / 1000, top-p alone, a long repeat window, ...)
+    compiles anything, alone or mixed in one batch."""
+    m = load(tiny_gguf, chunk=32, ctx=200)
+    sched = minfer_jax.Scheduler(m, m.plan(n_seqs=4, ctx=200, decode_steps=4))
+    keys = sched.plan.serving_keys()
+    assert len(keys) == 2 * 2 + 3 * 3  # prefill 16, 32 (greedy, full); decode 1, 2, 4 rows x 3 modes
+    sched.compile(keys)
+    before = dict(m._compiled)
+    samplers = [Sampler(temperature=0.7, top_k=k, top_p=p, min_p=mp, repeat_penalty=r, repeat_last_n=n)
+                for k, p, mp, r, n in [(3, 1.0, 0.0, 1.0, 64), (9, 0.9, 0.05, 1.0, 64), (1000, 0.95, 0.0, 1.0, 64),
+                                       (0, 0.5, 0.0, 1.0, 64), (40, 0.95, 0.05, 1.3, 200), (0, 1.0, 0.2, 1.0, 0)]]
+    samplers.append(Sampler(temperature=0.0, repeat_penalty=1.2, repeat_last_n=7))
+    reqs = [sched.submit(prompt(5 + 7 * i, 60 + i), max_new_tokens=6, sampler=s, seed=i) for i, s in enumerate(samplers)]
+    sched.run(reqs)
+    assert all(r.result().stop_reason == "length" for r in reqs)
+    assert dict(m._compiled) == before
+
+
 def fresh_run(model, ids, n):
     """ids' greedy tokens through a new scheduler: nothing kept to reuse (generate() keeps the model's)."""
     sched = minfer_jax.Scheduler(model, model.plan(decode_steps=4))

@@ -177,7 +177,7 @@ def test_buckets_compile_once(model):
     import chex
 
     plan = model.plan(ctx=64)
-    mode = SamplerMode(history=0)
+    mode = SamplerMode()
     exe, _ = model.executable(plan.prefill_key(16, mode))
     for n in (3, 9, 16):
         (_, bucket, _), = plan.chunks(n)

@@ -17,9 +17,8 @@ import numpy as np
 
 from minfer_jax.engine import steps
 from minfer_jax.engine.plan import Plan
-from minfer_jax.engine.sampling import GREEDY, RowSettings, SamplerMode
+from minfer_jax.engine.sampling import GREEDY, GREEDY_MODE, RowSettings
 
-GREEDY_MODE = SamplerMode()
 
 
 @dataclasses.dataclass
@@ -34,7 +33,7 @@ class Runner:
     def __post_init__(self):
         self.rng = np.random.default_rng(self.seed)
         self.rows1 = RowSettings.of([GREEDY], [0])
-        self.history = np.zeros((0,), np.int32)
+        self.history = np.full((self.plan.history,), -1, np.int32)
         self.seen = set()
 
     def exe(self, key):
@@ -48,7 +47,7 @@ class Runner:
     def fresh(self):
         m, p = self.model, self.plan
         cache = m.new_cache(p.n_slots, p.cache_len)  # sharded under tensor parallelism
-        return jax.block_until_ready((cache, steps.init_slot_state(p.n_slots, 0)))
+        return jax.block_until_ready((cache, steps.init_slot_state(p.n_slots, p.history)))
 
     def prepare(self, n_prompt: int, start: int, rows: int = 1) -> list:
         """Compile the prefill buckets of n_prompt tokens from `start` and the decode rows; the chunks."""

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from minfer_jax.engine import steps
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
-from minfer_jax.engine.sampling import RowSettings, SamplerMode
+from minfer_jax.engine.sampling import GREEDY_MODE, MODES, RowSettings, SamplerMode
 
 MIN_BUCKET = 16  # smallest padded prompt chunk
 MIN_SPAN = 256  # smallest attention window an XLA decode executable is compiled for
@@ -61,6 +61,12 @@ class Plan:
         return self.n_seqs + (self.n_seqs > 1)  # padded batch rows write into the scratch slot
 
     @property
+    def history(self) -> int:
+        """Repeat-penalty history kept per slot on the device: the whole context, so any
+        repeat_last_n a request may ask for runs in the same executables."""
+        return self.ctx
+
+    @property
     def scratch_slot(self) -> int:
         return self.n_slots - 1
 
@@ -97,15 +103,17 @@ class Plan:
         return min(pow2_at_least(end, MIN_SPAN), self.cache_len) if self.spans else None
 
     def prefill_key(self, bucket: int, mode: SamplerMode) -> PrefillKey:
-        return PrefillKey(bucket, self.n_slots, self.cache_len, mode)
+        return PrefillKey(bucket, self.n_slots, self.cache_len, self.history, prefill_mode(mode))
 
     def decode_key(self, n_active: int, end: int, mode: SamplerMode) -> DecodeKey:
-        return DecodeKey(self.rows(n_active), self.decode_steps, self.n_slots, self.cache_len, mode, self.span(end))
+        return DecodeKey(self.rows(n_active), self.decode_steps, self.n_slots, self.cache_len, self.history, mode,
+                         self.span(end))
 
-    def serving_keys(self, modes) -> list:
-        """Every executable a long-running server meets for these sampler modes: each prefill bucket
-        a prompt of up to ctx tokens can take and decode at every row count up to n_seqs (the XLA
-        path's smallest attention window), so no request waits for a compile mid-serving."""
+    def serving_keys(self, modes=MODES) -> list:
+        """Every executable a long-running server meets (for these sampler modes; by default all
+        three, so no sampler setting is a reason to compile): each prefill bucket a prompt of up to
+        ctx tokens can take and decode at every row count up to n_seqs (the XLA path's smallest
+        attention window)."""
         buckets, b = [], MIN_BUCKET
         while b <= min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET)):
             buckets.append(b)
@@ -121,23 +129,30 @@ class Plan:
         return LogitsKey(bucket, self.n_slots, self.cache_len)
 
 
+def prefill_mode(mode: SamplerMode) -> SamplerMode:
+    """Prefill samples one token per chunk: greedy, or the FULL mode for anything else (its
+    sampler's cost is nothing beside a chunk's, and it halves the prefill executables)."""
+    return GREEDY_MODE if mode == GREEDY_MODE else max(MODES)
+
+
 @dataclasses.dataclass(frozen=True)
 class PrefillKey:
     bucket: int
     n_slots: int
     cache_len: int
+    history: int
     mode: SamplerMode
 
     @property
     def label(self) -> str:
-        return f"prefill [{self.bucket}]"
+        return f"prefill [{self.bucket}] {self.mode.label}"
 
     def lower(self, model):
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
         fn = _prefill_jit(model.config, model.impl, self.mode, model.tp)
-        return fn.lower(model.params, _cache(model, self), _state(self, self.mode),
+        return fn.lower(model.params, _cache(model, self), _state(self),
                         jax.ShapeDtypeStruct((self.bucket,), jnp.int32), i32, i32, i32,
-                        jax.ShapeDtypeStruct((self.mode.history,), jnp.int32), _rows(1))
+                        jax.ShapeDtypeStruct((self.history,), jnp.int32), RowSettings.spec(1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,17 +161,19 @@ class DecodeKey:
     n_steps: int
     n_slots: int
     cache_len: int
+    history: int
     mode: SamplerMode
     span: int | None
 
     @property
     def label(self) -> str:
-        return f"decode [{self.n_steps}]" if self.rows == 1 else f"decode [{self.rows} rows x {self.n_steps}]"
+        shape = f"[{self.n_steps}]" if self.rows == 1 else f"[{self.rows} rows x {self.n_steps}]"
+        return f"decode {shape} {self.mode.label}"
 
     def lower(self, model):
         vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
         fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span, model.tp)
-        return fn.lower(model.params, _cache(model, self), _state(self, self.mode), vec, vec, _rows(self.rows))
+        return fn.lower(model.params, _cache(model, self), _state(self), vec, vec, RowSettings.spec(self.rows))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,15 +198,10 @@ def _cache(model, key):
     return cache_spec(model.config, key.n_slots, key.cache_len, model.cache_dtype)
 
 
-def _state(key, mode: SamplerMode):
+def _state(key):
     return steps.SlotState(last_token=jax.ShapeDtypeStruct((key.n_slots,), jnp.int32),
-                            history=jax.ShapeDtypeStruct((key.n_slots, mode.history), jnp.int32))
+                           history=jax.ShapeDtypeStruct((key.n_slots, key.history), jnp.int32))
 
-
-def _rows(n: int):
-    f32, i32 = jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.int32)
-    return RowSettings(temperature=f32, top_k=i32, top_p=f32, min_p=f32, repeat_penalty=f32,
-                              repeat_last_n=i32, seed=jax.ShapeDtypeStruct((n,), jnp.uint32))
 
 
 # Jitted step functions, built once per static configuration (never per call); cache and state donated.

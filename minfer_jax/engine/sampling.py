@@ -63,9 +63,13 @@ def apply_repeat_penalty(logits: jax.Array, history: jax.Array, penalty: float) 
 
 # -- the engine's sampler: many rows at once ---------------------------------------------------------
 # Settings travel as arrays (one row per sequence) so a batch of different samplers shares one
-# executable; only their shape is static (`SamplerMode`). A row's random key is derived from its
-# seed and the position of the token it draws, so a sequence samples the same tokens whatever
-# batch, chunk or slot it runs in.
+# executable; only three static modes exist (`SamplerMode`), so no setting a request may carry
+# compiles a new executable. A row's random key is derived from its seed and the position of the
+# token it draws, and its draw is a Gumbel-max over the whole vocabulary masked by value
+# thresholds, so a sequence samples the same tokens whatever batch, mode, chunk or slot it runs in.
+
+NARROW_CAP = 64  # candidates the SAMPLED mode sorts: enough for top_k <= 64 (llama.cpp's default 40)
+WIDE_CAP = FULL_SORT_CAP  # the FULL mode's: top_k up to 4096, top-p/min-p without a small top_k
 
 
 @jax.tree_util.register_dataclass
@@ -79,16 +83,17 @@ class RowSettings:
     min_p: jax.Array  # f32
     repeat_penalty: jax.Array  # f32; 1: off
     repeat_last_n: jax.Array  # i32
-    seed: jax.Array  # u32
+    seed: jax.Array  # u32: the seed's low 32 bits
+    seed_hi: jax.Array  # u32: its high 32 bits (0 for seeds below 2**32: their keys are unchanged)
 
     @staticmethod
     def of(samplers, seeds, rows: int | None = None) -> RowSettings:
-        """Host arrays for these samplers (padded with greedy rows up to `rows`)."""
+        """Host arrays for these samplers (padded with greedy rows up to `rows`); seeds in 0..2**64-1."""
         import numpy as np
 
         pad = (rows or len(samplers)) - len(samplers)
         samplers = list(samplers) + [GREEDY] * pad
-        seeds = [int(s) % 2**32 for s in seeds] + [0] * pad
+        seeds = [int(s) % 2**64 for s in seeds] + [0] * pad
 
         def col(name, dtype):
             return np.asarray([getattr(s, name) for s in samplers], dtype)
@@ -97,25 +102,61 @@ class RowSettings:
                            top_p=col("top_p", np.float32), min_p=col("min_p", np.float32),
                            repeat_penalty=col("repeat_penalty", np.float32),
                            repeat_last_n=np.asarray([s.history_len for s in samplers], np.int32),
-                           seed=np.asarray(seeds, np.uint32))
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplerMode:
-    """The static shape of a batch's sampling; one executable per mode."""
-
-    sampled: bool = False  # some row draws (temperature > 0); else every row is greedy
-    top_k_cap: int = 0  # candidates kept for rows with a filter (0: no such row)
-    history: int = 0  # repeat-penalty history width per row (0: none)
+                           seed=np.asarray([s % 2**32 for s in seeds], np.uint32),
+                           seed_hi=np.asarray([s >> 32 for s in seeds], np.uint32))
 
     @staticmethod
-    def of(samplers, history: int, vocab: int) -> SamplerMode:
-        drawn = [s for s in samplers if not s.greedy]
-        filtered = [s for s in drawn if s.top_k > 0 or s.top_p < 1.0 or s.min_p > 0.0]
-        cap = max((min(s.top_k if s.top_k > 0 else FULL_SORT_CAP, vocab) for s in filtered), default=0)
-        if cap:
-            cap = min(1 << (cap - 1).bit_length(), vocab)  # power-of-two buckets: few executables
-        return SamplerMode(sampled=bool(drawn), top_k_cap=cap, history=history)
+    def spec(rows: int) -> RowSettings:
+        """The abstract shapes of `of(...)` for `rows` rows (what an executable is lowered for)."""
+        f32, i32 = jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.int32)
+        u32 = jax.ShapeDtypeStruct((rows,), jnp.uint32)
+        return RowSettings(temperature=f32, top_k=i32, top_p=f32, min_p=f32, repeat_penalty=f32,
+                           repeat_last_n=i32, seed=u32, seed_hi=u32)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class SamplerMode:
+    """The static part of a batch's sampling: one of GREEDY_MODE < SAMPLED_MODE < FULL_MODE, each
+    able to serve every batch a smaller one serves (`covers`). Everything else is traced."""
+
+    rank: int = 0  # 0 greedy, 1 sampled (NARROW_CAP candidates), 2 full (WIDE_CAP, repeat penalty)
+
+    @property
+    def sampled(self) -> bool:  # some row may draw (temperature > 0)
+        return self.rank >= 1
+
+    @property
+    def cap(self) -> int:  # candidates sorted for the top-k / top-p thresholds
+        return WIDE_CAP if self.rank >= 2 else NARROW_CAP
+
+    @property
+    def penalty(self) -> bool:  # the repeat penalty is applied (rows with repeat_penalty 1 are unchanged)
+        return self.rank >= 2
+
+    @property
+    def label(self) -> str:
+        return ("greedy", "sampled", "full")[self.rank]
+
+    def covers(self, other: SamplerMode) -> bool:
+        return self.rank >= other.rank
+
+    @staticmethod
+    def of(samplers) -> SamplerMode:
+        """The smallest mode serving every one of these samplers."""
+        return max((_mode_of(s) for s in samplers), default=GREEDY_MODE)
+
+
+def _mode_of(s: Sampler) -> SamplerMode:
+    if s.history_len:
+        return FULL_MODE
+    if s.greedy:
+        return GREEDY_MODE
+    narrow = 0 < s.top_k <= NARROW_CAP or (s.top_k == 0 and s.top_p >= 1.0)
+    return SAMPLED_MODE if narrow else FULL_MODE
+
+
+GREEDY_MODE, SAMPLED_MODE, FULL_MODE = SamplerMode(0), SamplerMode(1), SamplerMode(2)
+MODES = (GREEDY_MODE, SAMPLED_MODE, FULL_MODE)
 
 
 def push_history(history: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -125,30 +166,54 @@ def push_history(history: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.concatenate([history[:, 1:], tokens[:, None].astype(history.dtype)], axis=1)
 
 
+def row_keys(rows: RowSettings, positions: jax.Array) -> jax.Array:
+    """One PRNG key per row from its 64-bit seed and the position of the token it draws."""
+    def key(lo, hi, pos):
+        k = jax.random.PRNGKey(lo)
+        k = jnp.where(hi != 0, jax.random.fold_in(k, hi), k)
+        return jax.random.fold_in(k, pos)
+
+    return jax.vmap(key)(rows.seed, rows.seed_hi, positions)
+
+
+def keep_mask(logits: jax.Array, rows: RowSettings, cap: int) -> jax.Array:
+    """llama.cpp's top-k -> top-p -> min-p filters as value thresholds: bool [B, vocab].
+
+    The thresholds come from the `cap` largest logits (top-p over the top-k set at temperature 1,
+    min-p relative to the most likely token), so rows whose filters stay within `cap` candidates
+    get the same mask from any cap.
+    """
+    cap = min(cap, logits.shape[-1])
+    vals, _ = jax.lax.top_k(logits, cap)  # [B, cap] descending
+    k = jnp.where(rows.top_k > 0, jnp.minimum(rows.top_k, cap), cap)  # [B]
+    in_k = jnp.arange(cap)[None, :] < k[:, None]
+    probs = jax.nn.softmax(jnp.where(in_k, vals, -jnp.inf), axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # keep the smallest prefix reaching top_p
+    n_top_p = jnp.sum(in_k & (before < rows.top_p[:, None]), axis=-1)  # >= 1
+    at = lambda n: jnp.take_along_axis(vals, (jnp.maximum(n, 1) - 1)[:, None], axis=1)  # noqa: E731
+    ninf = jnp.float32(-jnp.inf)
+    t_k = jnp.where((rows.top_k > 0)[:, None], at(k), ninf)
+    t_p = jnp.where((rows.top_p < 1.0)[:, None], at(n_top_p), ninf)
+    t_min = jnp.where((rows.min_p > 0.0)[:, None], vals[:, :1] + jnp.log(jnp.maximum(rows.min_p, 1e-30))[:, None],
+                      ninf)
+    return logits >= jnp.maximum(jnp.maximum(t_k, t_p), t_min)
+
+
 def sample_rows(logits: jax.Array, positions: jax.Array, rows: RowSettings, history: jax.Array,
                 mode: SamplerMode) -> jax.Array:
     """logits [B, vocab] -> token ids [B] int32; row b draws the token of position positions[b]."""
     logits = logits.astype(jnp.float32)
-    if mode.history:
+    if mode.penalty:
         width = history.shape[1]
         recent = jnp.arange(width)[None, :] >= width - rows.repeat_last_n[:, None]
         logits = jax.vmap(apply_repeat_penalty)(logits, jnp.where(recent, history, -1), rows.repeat_penalty)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if not mode.sampled:
         return greedy
-    keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.PRNGKey(s), p))(rows.seed, positions)
+    keys = row_keys(rows, positions)
     temp = jnp.where(rows.temperature > 0, rows.temperature, 1.0)[:, None]
-    tokens = jax.vmap(jax.random.categorical)(keys, logits / temp).astype(jnp.int32)
-    if mode.top_k_cap:
-        cap = mode.top_k_cap
-        vals, ids = jax.lax.top_k(logits, cap)  # [B, cap] descending
-        k = jnp.where(rows.top_k > 0, jnp.minimum(rows.top_k, cap), cap)[:, None]
-        vals = jnp.where(jnp.arange(cap)[None, :] < k, vals, -jnp.inf)
-        probs = jax.nn.softmax(vals, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # keep the smallest prefix reaching top_p
-        keep = (before < rows.top_p[:, None]) & (probs >= rows.min_p[:, None] * probs[:, :1]) & (vals > -jnp.inf)
-        choice = jax.vmap(jax.random.categorical)(keys, jnp.where(keep, vals / temp, -jnp.inf))
-        picked = jnp.take_along_axis(ids, choice[:, None], axis=1)[:, 0].astype(jnp.int32)
-        filtered = (rows.top_k > 0) | (rows.top_p < 1.0) | (rows.min_p > 0.0)
-        tokens = jnp.where(filtered, picked, tokens)
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)  # [B, vocab]
+    filtered = (rows.top_k > 0) | (rows.top_p < 1.0) | (rows.min_p > 0.0)
+    keep = keep_mask(logits, rows, mode.cap) | ~filtered[:, None]
+    tokens = jnp.argmax(jnp.where(keep, logits / temp + gumbel, -jnp.inf), axis=-1).astype(jnp.int32)
     return jnp.where(rows.temperature > 0, tokens, greedy)

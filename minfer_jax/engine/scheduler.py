@@ -26,14 +26,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import validate
 
 from minfer_jax.engine import steps
 from minfer_jax.errors import ContextOverflowError
-from minfer_jax.engine.plan import Plan, pow2_at_least
+from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 
 _ids = itertools.count()
@@ -141,7 +140,6 @@ class Scheduler:
     def __init__(self, model, plan: Plan):
         self.model, self.plan = model, plan
         self.cache = self.state = None  # allocated on first use, donated through every step
-        self.history_width = 0
         self.free_slots = list(range(plan.n_seqs))
         # per free slot, the tokens whose K/V it still holds at positions [0, len) (prefix reuse)
         self.slot_tokens: dict[int, list[int]] = {}
@@ -226,7 +224,7 @@ class Scheduler:
         if req.max_new_tokens == 0:
             self._finish(req, "length")
             return
-        self._ensure_state(req.sampler.history_len)
+        self._ensure_state()
         req.slot, req.cached = self._take_slot(req.prompt)
         req.times["compile"] = self.compile(self.needed(n, req.max_new_tokens, req.sampler, start=req.cached))
         req.chunks = plan.chunks(n - req.cached, req.cached)
@@ -251,19 +249,18 @@ class Scheduler:
         return best, min(shared(best), len(prompt) - 1)
 
     # -- what to compile ---------------------------------------------------------------------
-    def mode(self, samplers: Sequence[Sampler]) -> SamplerMode:
-        return SamplerMode.of(samplers, self.history_width, self.model.config.vocab_size)
+    @staticmethod
+    def mode(samplers: Sequence[Sampler]) -> SamplerMode:
+        return SamplerMode.of(samplers)
 
     def needed(self, n_prompt: int, max_new: int, sampler: Sampler, start: int = 0) -> list:
         """The executables a request of n_prompt tokens will run first (for compile-ahead messages);
         start: prompt tokens a slot already holds (prefix reuse)."""
         plan = self.plan
-        width = max(self.history_width, pow2_at_least(sampler.history_len) if sampler.history_len else 0)
-        mode = SamplerMode.of([sampler], width, self.model.config.vocab_size)
+        mode = SamplerMode.of([sampler])
         keys = list(dict.fromkeys(plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt - start, start)))
         if max_new > 1:
-            others = [r.sampler for r in self.decoding]
-            batch_mode = SamplerMode.of(others + [sampler], width, self.model.config.vocab_size)
+            batch_mode = SamplerMode.of([r.sampler for r in self.decoding] + [sampler])
             keys.append(plan.decode_key(len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode))
         return keys
 
@@ -279,16 +276,11 @@ class Scheduler:
         return exe
 
     # -- dispatch ------------------------------------------------------------------------------
-    def _ensure_state(self, history_len: int) -> None:
-        width = max(self.history_width, pow2_at_least(history_len) if history_len else 0)
+    def _ensure_state(self) -> None:
         if self.cache is None:
             m, p = self.model, self.plan
             self.cache = m.new_cache(p.n_slots, p.cache_len)
-            self.state = steps.init_slot_state(p.n_slots, width)
-        elif width > self.history_width:  # a longer repeat-penalty window: pad every slot's history
-            pad = jnp.full((self.plan.n_slots, width - self.history_width), -1, jnp.int32)
-            self.state = steps.SlotState(self.state.last_token, jnp.concatenate([pad, self.state.history], 1))
-        self.history_width = width
+            self.state = steps.init_slot_state(p.n_slots, p.history)
 
     def _dispatch_prefill(self) -> bool:
         """Prefill chunks up to plan.chunk prompt tokens this step (at least one chunk)."""
@@ -304,7 +296,7 @@ class Scheduler:
         start, bucket, n_valid = req.chunks.pop(0)
         tokens = np.zeros((bucket,), np.int32)
         tokens[:n_valid] = req.prompt[start:start + n_valid]
-        width = self.history_width
+        width = self.plan.history
         history = np.full((width,), -1, np.int32)
         tail = req.prompt[max(0, start + n_valid - width):start + n_valid] if width else []
         history[width - len(tail):] = tail
@@ -410,4 +402,3 @@ class Scheduler:
         self.inflight.clear()
         self.slot_tokens.clear()
         self.cache = self.state = None  # donated buffers may be gone: start from a fresh cache
-        self.history_width = 0

@@ -206,7 +206,7 @@ class TensorParallel:
 
     def sample_rows(self, local: jax.Array, positions, rows, history, mode: sampling.SamplerMode) -> jax.Array:
         """Greedy batches: argmax per shard, then the TP (max, index) pairs; else over gathered logits."""
-        if mode.sampled or mode.history:
+        if mode.sampled or mode.penalty:
             return sampling.sample_rows(self.full_logits(local), positions, rows, history, mode)
         ids = self._vocab_ids()
         masked = jnp.where(ids < self.config.vocab_size, local.astype(jnp.float32), -jnp.inf)  # [B, Vl]

@@ -76,10 +76,11 @@ def decode_chunk(params: Params, cache: KVCache, state: SlotState, slots: jax.Ar
         return out.at[i].set(nxt), nxt, push_history(history, nxt), cache
 
     out = jnp.zeros((n_steps, slots.shape[0]), jnp.int32)
-    carry = (out, state.last_token[slots], state.history[slots], cache)
-    out, tokens, history, cache = jax.lax.fori_loop(0, n_steps, step, carry)
-    state = SlotState(last_token=state.last_token.at[slots].set(tokens), history=state.history.at[slots].set(history))
-    return out, state, cache
+    # only the penalty reads or grows the history: other modes leave it where it is
+    history = state.history[slots] if mode.penalty else jnp.zeros((slots.shape[0], 0), jnp.int32)
+    out, tokens, history, cache = jax.lax.fori_loop(0, n_steps, step, (out, state.last_token[slots], history, cache))
+    history = state.history.at[slots].set(history) if mode.penalty else state.history
+    return out, SlotState(last_token=state.last_token.at[slots].set(tokens), history=history), cache
 
 
 def prompt_logits(params: Params, cache: KVCache, tokens: jax.Array, slot: jax.Array, start: jax.Array, *,
