@@ -3,6 +3,8 @@ decode and the scheduler's continuous batching, each against running one sequenc
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -174,6 +176,39 @@ def test_no_sampler_setting_compiles_once_serving_keys_are_compiled(tiny_gguf):
     sched.run(reqs)
     assert all(r.result().stop_reason == "length" for r in reqs)
     assert dict(m._compiled) == before
+
+
+def test_ready_keys_stand_in_for_everything_while_the_rest_compiles(tiny_gguf):
+    """A server compiles plan.ready_keys() and serves: every request runs on them (more rows, a
+    larger bucket, the FULL mode) with the tokens its own executables give, nothing compiles on the
+    loop, and the background warm-up then compiles the rest, which later steps use."""
+    import threading
+
+    from minfer_jax.engine.warmup import Warmup, background_order
+
+    m = load(tiny_gguf, chunk=32, ctx=200)
+    plan = m.plan(n_seqs=4, ctx=200, decode_steps=4)
+    sched = minfer_jax.Scheduler(m, plan, compile_in_loop=False)
+    warm = Warmup(m, plan)
+    warm.ready()
+    assert set(m.compiled_keys()) == set(plan.ready_keys())
+    samplers = [Sampler(temperature=0.0), Sampler(**SAMPLED), Sampler(temperature=0.8, top_k=5)]
+    reqs = [sched.submit(prompt(9 + 20 * i, 80 + i), max_new_tokens=6, sampler=s, seed=i) for i, s in enumerate(samplers)]
+    sched.run(reqs)
+    assert set(m.compiled_keys()) == set(plan.ready_keys()) and sched.stand_ins > 0
+    for i, (r, s) in enumerate(zip(reqs, samplers)):
+        alone = load(tiny_gguf, chunk=32, ctx=200)
+        want = minfer_jax.generate(alone, prompt(9 + 20 * i, 80 + i), max_new_tokens=6, seed=i,
+                                   **{f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
+        assert r.result().tokens == want.tokens
+    assert len(background_order(plan)) == len(plan.serving_keys()) - len(plan.ready_keys())
+    warm.start_background(threading.Event()).join(120)
+    assert warm.done.is_set() and warm.error is None
+    assert set(plan.serving_keys()) <= set(m.compiled_keys())
+    used = sched.stand_ins
+    req = sched.submit(prompt(5, 90), max_new_tokens=6)
+    sched.run([req])
+    assert sched.stand_ins == used  # its own executables now exist
 
 
 def fresh_run(model, ids, n):

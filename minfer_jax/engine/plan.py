@@ -125,6 +125,14 @@ class Plan:
         return list(dict.fromkeys([self.prefill_key(b, m) for m in modes for b in buckets] +
                                   [self.decode_key(r, self.decode_steps + 1, m) for m in modes for r in rows]))
 
+    def ready_keys(self) -> list:
+        """The executables that serve every request on their own (the largest prefill bucket and
+        decode at every row, in the FULL mode, over the whole cache): what a server compiles before
+        it says it is ready; `covers` lets them stand in for the rest while those compile."""
+        bucket = min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET))
+        top = max(MODES)
+        return [self.prefill_key(bucket, top), self.decode_key(self.n_seqs, self.cache_len, top)]
+
     def logits_key(self, bucket: int) -> LogitsKey:
         return LogitsKey(bucket, self.n_slots, self.cache_len)
 
@@ -146,6 +154,16 @@ class PrefillKey:
     @property
     def label(self) -> str:
         return f"prefill [{self.bucket}] {self.mode.label}"
+
+    @property
+    def cost(self) -> tuple:
+        return (self.bucket, self.mode)
+
+    def covers(self, other, start: int = 0) -> bool:
+        """This executable can run `other`'s chunk starting at `start` (padded to this bucket)."""
+        return (isinstance(other, PrefillKey) and self.mode.covers(other.mode) and self.bucket >= other.bucket
+                and (self.n_slots, self.cache_len, self.history) == (other.n_slots, other.cache_len, other.history)
+                and start + self.bucket <= self.cache_len)
 
     def lower(self, model):
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
@@ -169,6 +187,19 @@ class DecodeKey:
     def label(self) -> str:
         shape = f"[{self.n_steps}]" if self.rows == 1 else f"[{self.rows} rows x {self.n_steps}]"
         return f"decode {shape} {self.mode.label}"
+
+    def covers(self, other, start: int = 0) -> bool:
+        """This executable can run `other`'s batch (padded to these rows)."""
+        if not isinstance(other, DecodeKey):
+            return False
+        wide_enough = other.span is None if self.span is None else other.span is not None and self.span >= other.span
+        return (self.mode.covers(other.mode) and self.rows >= other.rows
+                and wide_enough and (self.n_steps, self.n_slots, self.cache_len, self.history)
+                == (other.n_steps, other.n_slots, other.cache_len, other.history))
+
+    @property
+    def cost(self) -> tuple:
+        return (self.rows, self.mode, self.span or 0)
 
     def lower(self, model):
         vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)

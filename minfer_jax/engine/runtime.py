@@ -102,6 +102,10 @@ class Model:
     def is_compiled(self, key) -> bool:
         return key in self._compiled
 
+    def compiled_keys(self) -> tuple:
+        """The keys compiled so far (a snapshot: safe while another thread compiles)."""
+        return tuple(self._compiled)
+
     def scheduler(self, n_seqs: int = 1, ctx: int | None = None, decode_steps: int = plan_mod.DECODE_STEPS
                   ) -> Scheduler:
         """The model's host loop for this plan (one at a time: a new plan frees the last one's cache)."""

@@ -137,8 +137,12 @@ class Request:
 class Scheduler:
     """Continuous batching over `plan.n_seqs` cache slots (see the module docstring)."""
 
-    def __init__(self, model, plan: Plan):
+    def __init__(self, model, plan: Plan, *, compile_in_loop: bool = True):
         self.model, self.plan = model, plan
+        # False (a server): never compile on this thread once something compiled covers the key
+        # (plan keys' `covers`); engine/warmup.py compiles the rest in the background
+        self.compile_in_loop = compile_in_loop
+        self.stand_ins = 0  # dispatches that ran on a covering executable instead of their own
         self.cache = self.state = None  # allocated on first use, donated through every step
         self.free_slots = list(range(plan.n_seqs))
         # per free slot, the tokens whose K/V it still holds at positions [0, len) (prefix reuse)
@@ -226,7 +230,8 @@ class Scheduler:
             return
         self._ensure_state()
         req.slot, req.cached = self._take_slot(req.prompt)
-        req.times["compile"] = self.compile(self.needed(n, req.max_new_tokens, req.sampler, start=req.cached))
+        if self.compile_in_loop:
+            req.times["compile"] = self.compile(self.needed(n, req.max_new_tokens, req.sampler, start=req.cached))
         req.chunks = plan.chunks(n - req.cached, req.cached)
         req._t0, req._compile_marks = time.perf_counter(), (self.compile_s, self.compile_s)
         self.prefilling.append(req)
@@ -275,6 +280,17 @@ class Scheduler:
         self.compile_s += dt
         return exe
 
+    def _runnable(self, key, start: int = 0):
+        """The key to run for `key`: itself, or (compile_in_loop off) the cheapest compiled key that
+        covers it while its own is not compiled yet."""
+        if self.compile_in_loop or self.model.is_compiled(key):
+            return key
+        covering = [k for k in self.model.compiled_keys() if type(k) is type(key) and k.covers(key, start)]
+        if not covering:
+            return key  # nothing compiled serves it: compile here (a server compiles plan.ready_keys first)
+        self.stand_ins += 1
+        return min(covering, key=lambda k: k.cost)
+
     # -- dispatch ------------------------------------------------------------------------------
     def _ensure_state(self) -> None:
         if self.cache is None:
@@ -294,13 +310,14 @@ class Scheduler:
     def _dispatch_prefill_chunk(self, req: Request) -> int:
         """Dispatch req's next prompt chunk; returns its bucket (tokens of prefill work)."""
         start, bucket, n_valid = req.chunks.pop(0)
-        tokens = np.zeros((bucket,), np.int32)
+        key = self._runnable(self.plan.prefill_key(bucket, self.mode([req.sampler])), start)
+        tokens = np.zeros((key.bucket,), np.int32)
         tokens[:n_valid] = req.prompt[start:start + n_valid]
         width = self.plan.history
         history = np.full((width,), -1, np.int32)
         tail = req.prompt[max(0, start + n_valid - width):start + n_valid] if width else []
         history[width - len(tail):] = tail
-        exe = self._exe(self.plan.prefill_key(bucket, self.mode([req.sampler])))
+        exe = self._exe(key)
         token, self.state, self.cache = exe(self.model.params, self.cache, self.state, tokens, np.int32(req.slot),
                                             np.int32(start), np.int32(n_valid), history,
                                             RowSettings.of([req.sampler], [req.seed]))
@@ -316,12 +333,13 @@ class Scheduler:
         if not rows:
             return False
         plan, n = self.plan, len(rows)
-        width = plan.rows(n)
+        end = max(len(r.prompt) + r.produced - 1 for r in rows) + plan.decode_steps
+        key = self._runnable(plan.decode_key(n, end, self.mode([r.sampler for r in rows])))
+        width = key.rows
         slots = np.full((width,), plan.scratch_slot, np.int32)
         positions = np.zeros((width,), np.int32)
         for i, r in enumerate(rows):
             slots[i], positions[i] = r.slot, len(r.prompt) + r.produced - 1
-        key = plan.decode_key(n, int(positions.max()) + plan.decode_steps, self.mode([r.sampler for r in rows]))
         exe = self._exe(key)
         out, self.state, self.cache = exe(self.model.params, self.cache, self.state, slots, positions,
                                           RowSettings.of([r.sampler for r in rows], [r.seed for r in rows], width))

@@ -179,7 +179,7 @@ class Backend:
         self.settings = settings
         self.loader = loader
         self.on_fatal = on_fatal
-        self.model = self.scheduler = None
+        self.model = self.scheduler = self.warmup = None
         self.error: BaseException | None = None
         self.ready = threading.Event()
         self.stop = threading.Event()
@@ -205,39 +205,41 @@ class Backend:
             s = self.settings
             model = loader(s.model, ctx_size=s.slot_ctx, kernels=s.kernels, progress=False)
             from minfer_jax.engine.scheduler import Scheduler
+            from minfer_jax.engine.warmup import Warmup
 
-            sched = Scheduler(model, model.plan(s.n_parallel, s.slot_ctx, s.decode_steps))
+            plan = model.plan(s.n_parallel, s.slot_ctx, s.decode_steps)
+            sched = Scheduler(model, plan, compile_in_loop=not s.warmup)
+            warm = self.warmup = Warmup(model, plan, log=_log.info)
             if s.warmup:
                 t0 = time.perf_counter()
-                n = self._warm(model, sched)
-                _log.info("warm-up: %d executables ready in %.1f s (later starts read JAX's compilation cache)",
-                          n, time.perf_counter() - t0)
+                warm.ready()
+                self._trial_run(model, sched)
+                _log.info("ready: %d executables serve every request (%.1f s); %d more compile in the background",
+                          len(plan.ready_keys()), time.perf_counter() - t0, len(warm.plan.serving_keys()) -
+                          len(plan.ready_keys()))
             loop = threading.Thread(target=sched.serve_forever, args=(self.stop,), name="minfer-loop", daemon=True)
             self.threads.append(loop)
             self.model, self.scheduler = model, sched
             loop.start()
             self.ready.set()
+            if s.warmup:
+                self.threads.append(warm.start_background(self.stop))
         except BaseException as e:  # any failure to load ends the server (llama-server exits too)
             self.error = e
             if self.on_fatal is not None:
                 self.on_fatal(e)
 
     @staticmethod
-    def _warm(model, sched) -> int:
-        """Compile every executable serving meets with greedy and the default sampler (each prefill
-        bucket, decode at every row count: a compile mid-serving would stall every client for
-        seconds), then run one short request through them."""
+    def _trial_run(model, sched) -> None:
+        """One short sampled request through the ready set before /health says ok (it runs on
+        those executables: compile_in_loop is off)."""
         from minfer_jax.engine.runtime import sampler_of
         from minfer_jax.server.schemas import DEFAULT_TEMPERATURE
 
-        samplers = [sampler_of(0.0), sampler_of(DEFAULT_TEMPERATURE)]
-        keys = sched.plan.serving_keys([sched.mode([s]) for s in samplers])
-        sched.compile(keys)
         token = model.tokenizer.bos_id if model.tokenizer is not None and model.tokenizer.bos_id is not None else 0
-        req = sched.submit([token], max_new_tokens=2, sampler=samplers[1], seed=0)
+        req = sched.submit([token], max_new_tokens=2, sampler=sampler_of(DEFAULT_TEMPERATURE), seed=0)
         sched.run([req])
         req.result()
-        return len(keys)
 
     def close(self, timeout: float = 10.0) -> None:
         self.stop.set()

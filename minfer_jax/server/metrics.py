@@ -35,9 +35,10 @@ def render(backend) -> str:
         running = len(sched.prefilling) + len(sched.decoding)
         queued = max(live - running, 0)  # accepted, not done, holding no slot (also while being admitted)
         used = s.n_parallel - len(sched.free_slots)
-        tokens_out = sched.tokens_out
+        tokens_out, stand_ins = sched.tokens_out, sched.stand_ins
+        compiled = len(backend.model.compiled_keys())
     else:
-        queued = running = used = tokens_out = 0
+        queued = running = used = tokens_out = stand_ins = compiled = 0
     lines = []
     lines += _family("ready", "gauge", "1 once the model is loaded and the server accepts requests.",
                      [({}, float(backend.ready.is_set()))])
@@ -60,4 +61,8 @@ def render(backend) -> str:
     lines += _family("requests_queued", "gauge", "Requests accepted and waiting for a KV slot.", [({}, queued)])
     lines += _family("kv_slots_used", "gauge", "KV cache slots in use.", [({}, used)])
     lines += _family("kv_slots_capacity", "gauge", "KV cache slots in all (-np).", [({}, s.n_parallel)])
+    lines += _family("executables_compiled", "gauge", "Executables compiled or loaded (the rest compile in the "
+                     "background after start).", [({}, compiled)])
+    lines += _family("stand_in_dispatches_total", "counter", "Steps run on a larger compiled executable while "
+                     "their own was still compiling.", [({}, stand_ins)])
     return "\n".join(lines) + "\n"
