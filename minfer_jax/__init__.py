@@ -8,7 +8,8 @@
 
 from minfer_jax.errors import (ContextOverflowError, GGUFError, InvalidArgumentError, MinferError,
                                ModelNotFoundError, TemplateError, UnsupportedError)
-from minfer_jax.engine.steps import GenerationResult, SlotState, decode_chunk, prefill_chunk, prompt_logits
+from minfer_jax.engine.steps import (GenerationResult, SlotState, StopReason, decode_chunk, prefill_chunk,
+                                     prompt_logits)
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
 from minfer_jax.engine.plan import Plan
@@ -21,6 +22,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Config", "ContextOverflowError", "GGUFError", "GREEDY", "GenerationResult", "Impl", "InvalidArgumentError",
     "MinferError", "Model", "ModelNotFoundError", "Plan", "Request", "Sampler", "Scheduler", "SlotState",
-    "TemplateError", "UnsupportedError", "decode_chunk", "generate", "generate_batch", "load", "prefill_chunk",
+    "StopReason", "TemplateError", "UnsupportedError", "decode_chunk", "generate", "generate_batch", "load", "prefill_chunk",
     "prompt_logits",
 ]

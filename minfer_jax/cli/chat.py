@@ -11,6 +11,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from minfer_jax.engine.steps import StopReason
+
 CHUNK = 16  # tokens per on-device decode call: text streams out once per chunk
 
 
@@ -23,7 +25,7 @@ class _Totals:
     decode_tokens: int = 0  # generated tokens that came out of decode (the first comes from prefill)
     decode_s: float = 0.0
     compile_s: float = 0.0
-    stop_reason: str = "-"
+    stop_reason: StopReason | None = None
     turns: int = 0
 
     def add(self, other: _Totals) -> None:
@@ -42,7 +44,7 @@ def _summary(t: _Totals) -> str:
     return (f"prompt: {t.prompt_tokens} tokens{cached}, {_rate(t.prompt_tokens - t.cached_tokens, t.prefill_s)} "
             f"({t.prefill_s:.2f} s) | "
             f"generated: {t.generated} tokens, {_rate(t.decode_tokens, t.decode_s)} ({t.decode_s:.2f} s)\n"
-            f"compile: {t.compile_s:.2f} s | stop: {t.stop_reason}\n")
+            f"compile: {t.compile_s:.2f} s | stop: {t.stop_reason or '-'}\n")
 
 
 @dataclasses.dataclass(eq=False)

@@ -20,17 +20,20 @@ only shapes (plan.py) pick an executable.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
 
 from minfer_jax import validate
 
 from minfer_jax.engine import steps
+from minfer_jax.engine.steps import StopReason
 from minfer_jax.errors import ContextOverflowError
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
@@ -54,26 +57,26 @@ class TextStream:
         self.tokens: list[int] = []
         self.text = ""
         self.emitted = 0
-        self.reason: str | None = None
+        self.reason: StopReason | None = None
 
     def push(self, token: int) -> None:
         """Take one sampled token (ignored once the sequence has ended)."""
         if self.reason is not None:
             return
         if token in self.eos:
-            self.reason = "eos"
+            self.reason = StopReason.EOS
         else:
             self.tokens.append(token)
             if self.decoder is not None:
                 self.text += self.decoder.step(token)
             cut = self._earliest_stop()
             if cut >= 0:
-                self.text, self.reason = self.text[:cut], "stop"
+                self.text, self.reason = self.text[:cut], StopReason.STOP
             elif len(self.tokens) >= self.limit:  # no cache position left to feed this token
-                self.reason = "context"
+                self.reason = StopReason.CONTEXT
             elif len(self.tokens) >= self.max_new:
-                self.reason = "length"
-        if self.reason is not None and self.reason != "stop" and self.decoder is not None:
+                self.reason = StopReason.LENGTH
+        if self.reason is not None and self.reason != StopReason.STOP and self.decoder is not None:
             self.text += self.decoder.finish()
 
     def _earliest_stop(self) -> int:
@@ -89,6 +92,37 @@ class TextStream:
         return piece
 
 
+@dataclasses.dataclass
+class Timing:
+    """A request's clock, kept by the scheduler: when its prefill was dispatched and its first token
+    read, the loop's compile seconds at each (compiles are subtracted from the phase they stalled),
+    and the seconds each phase took."""
+
+    start: float | None = None  # prefill dispatched (perf_counter)
+    first: float | None = None  # first token read
+    compile_at_start: float = 0.0  # Scheduler.compile_s at start / at first
+    compile_at_first: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    compile_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstToken:
+    """In flight: the token a prompt's last prefill chunk sampled."""
+
+    req: Request
+    token: jax.Array  # [] int32
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeChunk:
+    """In flight: one decode chunk's tokens for its rows, each with how many of them count."""
+
+    rows: list[tuple[Request, int]]  # (request, valid tokens) per row, in row order
+    tokens: jax.Array  # [decode_steps, rows] int32
+
+
 class Request:
     """One generation: prompt and settings in, streamed text and a GenerationResult out."""
 
@@ -102,7 +136,7 @@ class Request:
         self.on_done = on_done  # called from the loop's thread once done is set (must not raise)
         self.done = threading.Event()
         self.error: BaseException | None = None
-        self._cancel = False
+        self._cancelled = False
         # scheduler-side state (touched by the loop's thread only)
         self.stream: TextStream | None = None
         self.slot: int | None = None
@@ -110,13 +144,15 @@ class Request:
         self.produced = 0  # tokens sampled by dispatched work (the first by the last prefill chunk)
         self.cached = 0  # prompt tokens reused from the slot's previous sequence (prefix reuse)
         self.limit = 0  # most tokens this sequence may produce (max_new_tokens, or the context's room)
-        self.times = dict(prefill=0.0, decode=0.0, compile=0.0)
-        self._t0 = self._t_first = None  # prefill dispatched / first token read
-        self._compile_marks = (0.0, 0.0)  # the loop's compile seconds at admission / first token
+        self.timing = Timing()
 
     def cancel(self) -> None:
         """Stop generating (a client went away); the slot is freed at the next step."""
-        self._cancel = True
+        self._cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     @property
     def finished(self) -> bool:
@@ -127,11 +163,10 @@ class Request:
             raise TimeoutError(f"request {self.id} still running after {timeout} s")
         if self.error is not None:
             raise self.error
-        s = self.stream
+        s, t = self.stream, self.timing
         return steps.GenerationResult(tokens=list(s.tokens), text=s.text, prompt_tokens=self.prompt,
-                                       stop_reason=s.reason, prefill_s=self.times["prefill"],
-                                       decode_s=self.times["decode"], compile_s=self.times["compile"],
-                                       cached_tokens=self.cached)
+                                       stop_reason=s.reason, prefill_s=t.prefill_s, decode_s=t.decode_s,
+                                       compile_s=t.compile_s, cached_tokens=self.cached)
 
 
 class Scheduler:
@@ -150,7 +185,7 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
-        self.inflight: collections.deque = collections.deque()  # dispatched, not yet read
+        self.inflight: collections.deque[FirstToken | DecodeChunk] = collections.deque()  # dispatched, not read
         self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self.compile_s = 0.0  # every compile this loop waited for
         self.tokens_out = 0  # tokens handed to requests (metrics)
@@ -204,7 +239,7 @@ class Scheduler:
             self._admit()
             dispatched = self._dispatch_prefill()
             dispatched = self._dispatch_decode() or dispatched
-            keep = 1 if dispatched and self.inflight and self.inflight[-1][0] == "decode" else 0
+            keep = 1 if dispatched and self.inflight and isinstance(self.inflight[-1], DecodeChunk) else 0
             while len(self.inflight) > keep:
                 self._read(self.inflight.popleft())
         except BaseException as e:
@@ -214,8 +249,8 @@ class Scheduler:
     def _admit(self) -> None:
         while not self.incoming.empty():
             self.waiting.append(self.incoming.get())
-        for req in [r for r in itertools.chain(self.waiting, self.prefilling, self.decoding) if r._cancel]:
-            self._finish(req, "cancelled")
+        for req in [r for r in itertools.chain(self.waiting, self.prefilling, self.decoding) if r.cancelled]:
+            self._finish(req, StopReason.CANCELLED)
         while self.waiting and self.free_slots:
             req = self.waiting.popleft()
             self._start(req)
@@ -226,14 +261,14 @@ class Scheduler:
         req.stream = TextStream(self.model.tokenizer, max_new_tokens=req.max_new_tokens, limit=plan.ctx - n,
                                 stop=req.stop)
         if req.max_new_tokens == 0:
-            self._finish(req, "length")
+            self._finish(req, StopReason.LENGTH)
             return
         self._ensure_state()
         req.slot, req.cached = self._take_slot(req.prompt)
         if self.compile_in_loop:
-            req.times["compile"] = self.compile(self.needed(n, req.max_new_tokens, req.sampler, start=req.cached))
+            req.timing.compile_s = self.compile(self.needed(n, req.max_new_tokens, req.sampler, start=req.cached))
         req.chunks = plan.chunks(n - req.cached, req.cached)
-        req._t0, req._compile_marks = time.perf_counter(), (self.compile_s, self.compile_s)
+        req.timing.start, req.timing.compile_at_start = time.perf_counter(), self.compile_s
         self.prefilling.append(req)
 
     def _take_slot(self, prompt: list[int]) -> tuple[int, int]:
@@ -325,7 +360,7 @@ class Scheduler:
             self.prefilling.popleft()
             req.produced = 1
             self.decoding.append(req)
-            self.inflight.append(("first", req, token))
+            self.inflight.append(FirstToken(req, token))
         return bucket
 
     def _dispatch_decode(self) -> bool:
@@ -347,24 +382,23 @@ class Scheduler:
         for r in rows:
             valid.append(min(plan.decode_steps, r.limit - r.produced))
             r.produced += plan.decode_steps
-        self.inflight.append(("decode", list(zip(rows, valid)), out))
+        self.inflight.append(DecodeChunk(list(zip(rows, valid)), out))
         return True
 
     # -- reading results -----------------------------------------------------------------------
-    def _read(self, item) -> None:
-        if item[0] == "first":
-            _, req, token = item
-            token = int(token)  # waits for the prefill
+    def _read(self, item: FirstToken | DecodeChunk) -> None:
+        if isinstance(item, FirstToken):
+            req, token = item.req, int(item.token)  # waits for the prefill
             if req.done.is_set():
                 return
-            req._t_first = time.perf_counter()
-            req.times["prefill"] = req._t_first - req._t0 - (self.compile_s - req._compile_marks[0])
-            req._compile_marks = (req._compile_marks[0], self.compile_s)
+            t = req.timing
+            t.first = time.perf_counter()
+            t.prefill_s = t.first - t.start - (self.compile_s - t.compile_at_start)
+            t.compile_at_first = self.compile_s
             self._deliver(req, [token])
             return
-        _, rows, out = item
-        out = np.asarray(out)  # waits for this chunk (the next one is already queued)
-        for i, (req, valid) in enumerate(rows):
+        out = np.asarray(item.tokens)  # waits for this chunk (the next one is already queued)
+        for i, (req, valid) in enumerate(item.rows):
             if not req.done.is_set():
                 self._deliver(req, out[:valid, i].tolist())
 
@@ -378,7 +412,7 @@ class Scheduler:
         if req.finished:
             self._finish(req, req.stream.reason)
 
-    def _finish(self, req: Request, reason: str) -> None:
+    def _finish(self, req: Request, reason: StopReason) -> None:
         if req.stream is None:
             req.stream = TextStream(None, max_new_tokens=0, limit=0, stop=())
         if req.stream.reason is None:
@@ -393,10 +427,11 @@ class Scheduler:
             self.slot_tokens[req.slot] = self._kept_tokens(req)
             self.free_slots.append(req.slot)
             req.slot = None
-        if req._t_first is not None:
-            req.times["decode"] = time.perf_counter() - req._t_first - (self.compile_s - req._compile_marks[1])
-        if req._t0 is not None:
-            req.times["compile"] += self.compile_s - req._compile_marks[0]
+        t = req.timing
+        if t.first is not None:
+            t.decode_s = time.perf_counter() - t.first - (self.compile_s - t.compile_at_first)
+        if t.start is not None:
+            t.compile_s += self.compile_s - t.compile_at_start
         req.done.set()
         if req.on_done is not None:
             req.on_done(req)
@@ -416,7 +451,7 @@ class Scheduler:
         live = list(itertools.chain(self.waiting, self.prefilling, self.decoding))
         for req in live:
             req.error = error
-            self._finish(req, "error")
+            self._finish(req, StopReason.ERROR)
         self.inflight.clear()
         self.slot_tokens.clear()
         self.cache = self.state = None  # donated buffers may be gone: start from a fresh cache

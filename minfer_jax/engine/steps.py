@@ -17,6 +17,7 @@ next step.
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import jax
 import jax.numpy as jnp
@@ -98,12 +99,23 @@ def _sample(par, logits, positions, rows, history, mode):
     return par.sample_rows(logits, positions, rows, history, mode)
 
 
+class StopReason(enum.StrEnum):
+    """Why a sequence ended; str-valued, so it compares, formats and serializes as its value."""
+
+    EOS = "eos"  # the model sampled an end-of-sequence token
+    STOP = "stop"  # a stop string appeared (cut from the text)
+    LENGTH = "length"  # max_new_tokens generated
+    CONTEXT = "context"  # the sequence filled its cache slot
+    CANCELLED = "cancelled"  # Request.cancel() (a client went away)
+    ERROR = "error"  # the loop failed; the request carries the error
+
+
 @dataclasses.dataclass
 class GenerationResult:
     tokens: list[int]  # generated token ids (stop token excluded)
     text: str  # their text (stop string excluded)
     prompt_tokens: list[int]
-    stop_reason: str  # "eos" | "stop" | "length" | "context" | "cancelled"
+    stop_reason: StopReason
     prefill_s: float
     decode_s: float
     compile_s: float

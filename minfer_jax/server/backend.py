@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from minfer_jax.engine.steps import StopReason
 from minfer_jax.errors import MinferError
 
 _log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: lines appear with its own
@@ -187,7 +188,7 @@ class Backend:
         self.lock = threading.Lock()
         self.live = 0  # submitted, not yet done
         self.requests_total = 0
-        self.finish_reasons: collections.Counter[str] = collections.Counter()
+        self.finish_reasons: collections.Counter[StopReason] = collections.Counter()
         self.prompt_tokens_total = 0
         self.prompt_tokens_cached = 0  # of those, reused from a slot (Request.cached)
         self.throughput = Throughput()
@@ -298,6 +299,6 @@ class Backend:
         """A request is done (scheduler thread): update the counters behind /metrics."""
         with self.lock:
             self.live -= 1
-            self.finish_reasons[req.stream.reason if req.stream is not None else "error"] += 1
+            self.finish_reasons[req.stream.reason if req.stream is not None else StopReason.ERROR] += 1
             self.prompt_tokens_cached += req.cached
         self._progress()

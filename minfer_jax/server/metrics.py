@@ -7,9 +7,11 @@ request move from one queue to the next, never a torn value).
 
 from __future__ import annotations
 
+from minfer_jax.engine.steps import StopReason
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "minfer_"
-STOP_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")  # scheduler.TextStream's and more
+STOP_REASONS = tuple(r.value for r in StopReason)  # each shown, 0 until one finishes so
 
 
 def _family(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]) -> list[str]:

@@ -9,8 +9,11 @@ import json
 import time
 import uuid
 
+from minfer_jax.engine.steps import StopReason
+
 # scheduler stop reasons -> OpenAI finish_reason ("context": the slot is full, which OpenAI calls length)
-FINISH_REASON = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+FINISH_REASON = {StopReason.EOS: "stop", StopReason.STOP: "stop", StopReason.LENGTH: "length",
+                 StopReason.CONTEXT: "length", StopReason.CANCELLED: "stop"}
 
 
 def new_id(kind: str) -> str:
@@ -39,7 +42,7 @@ class Reply:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, reason: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    def full(self, text: str, reason: StopReason, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
         """The non-streamed response."""
         finish = FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
@@ -51,7 +54,7 @@ class Reply:
             head = self._head("text_completion")
         return {**head, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
-    def chunk(self, text: str | None = None, reason: str | None = None, *, role: bool = False) -> dict:
+    def chunk(self, text: str | None = None, reason: StopReason | None = None, *, role: bool = False) -> dict:
         """One streamed chunk: a text piece, the opening role (chat), or the final finish_reason."""
         finish = None if reason is None else FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
