@@ -112,13 +112,15 @@ async def _run_all(client, url: str, bodies: list[dict], clients: int) -> list[T
 
 
 def _bodies(n: int, first: int, prompt_tokens: int, max_tokens: int, vocab: int, temperature: float,
-            seed: int) -> list[dict]:
+            seed: int, ignore_eos: bool = False) -> list[dict]:
     hi = max(vocab - RESERVED_TOP_IDS, 1)
     out = []
     for i in range(first, first + n):
         ids = np.random.default_rng([seed, i]).integers(0, hi, prompt_tokens).tolist()
         out.append({"prompt": ids, "max_tokens": max_tokens, "temperature": temperature, "seed": i,
                     "stream": True, "stream_options": {"include_usage": True}})
+        if ignore_eos:  # llama-server's field: every requested token is generated, as with random weights
+            out[-1]["ignore_eos"] = True
     return out
 
 
@@ -160,7 +162,7 @@ def markdown(summary: dict) -> str:
 
 async def run(url: str, *, clients: int = 8, requests: int = 32, max_tokens: int = 128, prompt_tokens: int = 512,
               warmup: int | None = None, temperature: float = 0.0, seed: int = 0, timeout: float = 600.0,
-              api_key: str | None = None) -> dict:
+              api_key: str | None = None, ignore_eos: bool = False) -> dict:
     """The load test; returns summarize()'s dict (see the module docstring)."""
     import httpx
 
@@ -171,9 +173,9 @@ async def run(url: str, *, clients: int = 8, requests: int = 32, max_tokens: int
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=httpx.Timeout(timeout)) as client:
         vocab = await _vocab(client, url)
         n_warm = clients if warmup is None else warmup
-        warm = _bodies(n_warm, requests, prompt_tokens, max_tokens, vocab, temperature, seed)
+        warm = _bodies(n_warm, requests, prompt_tokens, max_tokens, vocab, temperature, seed, ignore_eos)
         await asyncio.wait_for(_run_all(client, url, warm, clients), timeout)
-        bodies = _bodies(requests, 0, prompt_tokens, max_tokens, vocab, temperature, seed)
+        bodies = _bodies(requests, 0, prompt_tokens, max_tokens, vocab, temperature, seed, ignore_eos)
         t0 = time.perf_counter()
         timings = await asyncio.wait_for(_run_all(client, url, bodies, clients), timeout)
         wall = time.perf_counter() - t0
@@ -195,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for each of warm-up and run (default 600)")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help='add "ignore_eos": true to each request (llama-server: generate every requested token)')
     p.add_argument("--json", metavar="FILE", default=None, help="write the figures as JSON ('-': stdout)")
     p.add_argument("--out", metavar="FILE", default=None, help="also write the markdown table to FILE")
     return p
@@ -208,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = asyncio.run(run(args.url, clients=args.clients, requests=args.requests, max_tokens=args.max_tokens,
                                   prompt_tokens=args.prompt_tokens, warmup=args.warmup,
                                   temperature=args.temperature, seed=args.seed, timeout=args.timeout,
-                                  api_key=args.api_key))
+                                  api_key=args.api_key, ignore_eos=args.ignore_eos))
     except (LoadTestError, OSError, TimeoutError, httpx.HTTPError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
