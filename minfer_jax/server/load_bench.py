@@ -48,6 +48,29 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> float:
     raise load_test.LoadTestError(f"the server was not ready after {timeout:g} s")
 
 
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(f"minfer_{name} "):
+            return float(line.split()[1])
+    return None
+
+
+def _wait_settled(url: str, timeout: float) -> float | None:
+    """Seconds until every planned executable is compiled (None: the server does not say)."""
+    import httpx
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        done, planned = _metric(text, "executables_compiled"), _metric(text, "executables_planned")
+        if done is None or planned is None:
+            return None
+        if done >= planned:
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    raise load_test.LoadTestError(f"the server's background compiles were not done after {timeout:g} s")
+
+
 def _stop(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGINT)
     try:
@@ -69,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--ready-timeout", type=float, default=420.0, help="seconds to wait for the model to load (default 420)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for each warm-up and each run")
+    p.add_argument("--no-settle", dest="settle", action="store_false",
+                   help="measure right after /health (default: first wait until the server's background compiles "
+                        "are done, /metrics' executables_compiled reaching executables_planned)")
     p.add_argument("--out", default=None, help="markdown table file")
     p.add_argument("--json", default=None, help="JSON file of every run")
     p.add_argument("server_args", nargs="*", help="more server flags (after --)")
@@ -90,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ready_s = _wait_healthy(url, proc, args.ready_timeout)
         print(f"server ready after {ready_s:.1f} s: {' '.join(cmd[1:])}", file=sys.stderr)
+        settled_s = _wait_settled(url, args.ready_timeout) if args.settle else None
+        if settled_s is not None:
+            print(f"background compiles done {settled_s:.1f} s after that", file=sys.stderr)
         for n in clients:
             runs.append(asyncio.run(load_test.run(url, clients=n, requests=args.requests_per_client * n,
                                                   max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
@@ -99,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _stop(proc)
     table = load_test.markdown(runs[0]).split("\n")[:2] + [load_test.markdown(r).split("\n")[2] for r in runs]
     head = (f"model `{args.model or 'default'}`, server -np {args.parallel} -c {ctx} {' '.join(args.server_args)}, "
-            f"host {platform.node()}, ready after {ready_s:.1f} s")
+            f"host {platform.node()}, ready after {ready_s:.1f} s"
+            + (f", background compiles done {settled_s:.1f} s later" if settled_s is not None else ""))
     text = head + "\n\n" + "\n".join(table) + "\n"
     print(text)
     if args.out:
@@ -109,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"command": cmd[1:], "ready_s": ready_s, "runs": runs}, f, indent=2)
+            json.dump({"command": cmd[1:], "ready_s": ready_s, "settled_s": settled_s, "runs": runs}, f, indent=2)
     return 0 if all(r["failed"] == 0 for r in runs) else 1
 
 

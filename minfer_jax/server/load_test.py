@@ -140,7 +140,8 @@ def summarize(timings: list[Timing], wall: float, settings: dict) -> dict:
             "errors": sorted({t.error for t in timings if t.error})[:5], "wall_s": wall,
             "completion_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else None,
             "ttft_ms_p50": ms(_pct(ttft, 50)), "ttft_ms_p99": ms(_pct(ttft, 99)),
-            "itl_ms_p50": ms(_pct(itl, 50)), "itl_ms_p99": ms(_pct(itl, 99)),
+            "itl_ms_p50": ms(_pct(itl, 50)), "itl_ms_p99": ms(_pct(itl, 99)), "itl_ms_max": ms(max(itl, default=None)),
+            "tokens_per_event": tokens / max(sum(len(t.events) for t in ok), 1),
             "tpot_ms_p50": ms(_pct(tpot, 50)), "tpot_ms_p99": ms(_pct(tpot, 99)),
             "e2e_s_p50": _pct([t.end - t.sent for t in ok], 50)}
 
@@ -149,7 +150,8 @@ COLUMNS = [("clients", "clients", "d"), ("requests", "requests", "d"), ("ok", "o
            ("prompt_tokens", "PP", "d"), ("max_tokens", "TG", "d"), ("wall_s", "wall s", ".2f"),
            ("completion_tokens", "tokens", "d"), ("tokens_per_s", "tok/s", ".1f"),
            ("ttft_ms_p50", "TTFT p50 ms", ".1f"), ("ttft_ms_p99", "TTFT p99 ms", ".1f"),
-           ("itl_ms_p50", "ITL p50 ms", ".1f"), ("itl_ms_p99", "ITL p99 ms", ".1f"),
+           ("itl_ms_p50", "ITL p50 ms", ".1f"), ("itl_ms_p99", "ITL p99 ms", ".1f"), ("itl_ms_max", "ITL max ms", ".1f"),
+           ("tokens_per_event", "tokens/event", ".2f"),
            ("tpot_ms_p50", "TPOT p50 ms", ".2f"), ("tpot_ms_p99", "TPOT p99 ms", ".2f")]
 
 

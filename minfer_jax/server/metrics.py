@@ -39,8 +39,9 @@ def render(backend) -> str:
         used = s.n_parallel - len(sched.free_slots)
         tokens_out, stand_ins = sched.tokens_out, sched.stand_ins
         compiled = len(backend.model.compiled_keys())
+        planned = len(sched.plan.serving_keys()) if backend.settings.warmup else compiled
     else:
-        queued = running = used = tokens_out = stand_ins = compiled = 0
+        queued = running = used = tokens_out = stand_ins = compiled = planned = 0
     lines = []
     lines += _family("ready", "gauge", "1 once the model is loaded and the server accepts requests.",
                      [({}, float(backend.ready.is_set()))])
@@ -65,6 +66,8 @@ def render(backend) -> str:
     lines += _family("kv_slots_capacity", "gauge", "KV cache slots in all (-np).", [({}, s.n_parallel)])
     lines += _family("executables_compiled", "gauge", "Executables compiled or loaded (the rest compile in the "
                      "background after start).", [({}, compiled)])
+    lines += _family("executables_planned", "gauge", "Executables a server compiles in all (plan.serving_keys).",
+                     [({}, planned)])
     lines += _family("stand_in_dispatches_total", "counter", "Steps run on a larger compiled executable while "
                      "their own was still compiling.", [({}, stand_ins)])
     return "\n".join(lines) + "\n"
