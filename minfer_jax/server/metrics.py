@@ -39,7 +39,7 @@ def render(backend) -> str:
         used = s.n_parallel - len(sched.free_slots)
         tokens_out, stand_ins = sched.tokens_out, sched.stand_ins
         compiled = len(backend.model.compiled_keys())
-        planned = len(sched.plan.serving_keys()) if backend.settings.warmup else compiled
+        planned = len({*sched.plan.serving_keys(), *sched.plan.ready_keys()}) if backend.settings.warmup else compiled
     else:
         queued = running = used = tokens_out = stand_ins = compiled = planned = 0
     lines = []
