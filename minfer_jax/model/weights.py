@@ -13,7 +13,9 @@ Two storage modes, chosen per platform by `minfer_jax.load`:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -23,6 +25,9 @@ import numpy as np
 from minfer_jax.files.gguf import GGUFModel, QType, RawTensor
 from minfer_jax.quant import ggml
 from minfer_jax.quant.planes import repack
+
+
+LOAD_THREADS = min(8, os.cpu_count() or 1)  # tensors repacked / dequantized at once
 
 
 @jax.tree_util.register_dataclass
@@ -204,22 +209,23 @@ def load_params(model: GGUFModel, opts: LoadOptions = LoadOptions(), *, device=N
     def vec(name):
         return jax.device_put(_vector(t[name]), device)
 
-    steps = ["embed", *range(cfg.n_layers), "head"]
-    layers = []
-    for step in (progress(steps) if progress else steps):
-        if step == "embed":
-            embed = _matrix([t["token_embd.weight"]], opts, device)
-        elif step == "head":
-            out_norm = vec("output_norm.weight")
-            output = None if cfg.tied_output else _matrix([t["output.weight"]], opts, device)
-        else:
-            p = f"blk.{step}."
-            layers.append(Layer(
-                attn_norm=vec(p + "attn_norm.weight"),
-                qkv=_group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
-                qkv_bias=jnp.concatenate([vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")]),
-                wo=_matrix([t[p + "attn_output.weight"]], opts, device),
-                ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=_group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device),
-                w_down=_matrix([t[p + "ffn_down.weight"]], opts, device)))
-    return Params(embed=embed, layers=layers, out_norm=out_norm, output=output)
+    def layer(i):
+        p = f"blk.{i}."
+        return Layer(
+            attn_norm=vec(p + "attn_norm.weight"),
+            qkv=_group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
+            qkv_bias=jnp.concatenate([vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")]),
+            wo=_matrix([t[p + "attn_output.weight"]], opts, device),
+            ffn_norm=vec(p + "ffn_norm.weight"),
+            gate_up=_group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device),
+            w_down=_matrix([t[p + "ffn_down.weight"]], opts, device))
+
+    # Repacking is numpy work that releases the GIL: layers in parallel (a 7B's 4.4 GB took minutes
+    # on one core); at most a few layers' host copies live at once.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=LOAD_THREADS) as pool:
+        embed = pool.submit(_matrix, [t["token_embd.weight"]], opts, device)
+        output = None if cfg.tied_output else pool.submit(_matrix, [t["output.weight"]], opts, device)
+        layers = pool.map(layer, range(cfg.n_layers))
+        layers = list(progress(layers) if progress else layers)
+        return Params(embed=embed.result(), layers=layers, out_norm=vec("output_norm.weight"),
+                      output=None if output is None else output.result())

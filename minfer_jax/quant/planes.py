@@ -113,9 +113,10 @@ def _pack(values: np.ndarray, bits: int, order: Callable | None = None) -> np.nd
         permuted[..., order(np.arange(per))] = v
         v = permuted
     v = v.reshape(rows, -1, 8 // bits)  # [rows, bytes, fields per byte]
-    shifts = (np.arange(8 // bits, dtype=np.uint8) * bits)
-    packed = np.bitwise_or.reduce(v << shifts, axis=-1).astype(np.uint8)  # [rows, bytes], little-endian words
-    return np.ascontiguousarray(packed).view("<u4").astype(np.uint32)
+    packed = v[..., 0].copy()  # [rows, bytes], little-endian words
+    for i in range(1, 8 // bits):  # one pass per field: numpy's reduce over a tiny axis is ~10x slower
+        packed |= v[..., i] << np.uint8(i * bits)
+    return packed.view("<u4").astype(np.uint32)
 
 
 def _nibbles_32(qs: np.ndarray) -> np.ndarray:
