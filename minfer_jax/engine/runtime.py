@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import ops, validate
-from minfer_jax.engine import executables
+from minfer_jax.engine import executables, weights_cache
 from minfer_jax.engine import plan as plan_mod
 from minfer_jax.engine.executables import ExecutableRecord, ExecutableStore
 from minfer_jax.engine.phases import PhaseTimer
@@ -86,6 +86,8 @@ class Model:
     tp: object = None  # sharding.TensorParallel: params and cache split over its mesh; None: one device
     store: ExecutableStore | None = dataclasses.field(default=None, repr=False)  # None: compile every start
     startup: dict = dataclasses.field(default_factory=dict)  # load phase -> seconds, in order
+    weights_from: str = "built"  # "cache": mapped from the weights cache (weights_cache.py)
+    weights_saving: object = dataclasses.field(default=None, repr=False)  # the thread writing that cache entry
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     _compile_seconds: dict = dataclasses.field(default_factory=dict, repr=False)
     _records: dict = dataclasses.field(default_factory=dict, repr=False)  # key -> ExecutableRecord
@@ -218,20 +220,25 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     opts = LoadOptions(mode=mode, dense_dtype=dense_dtype, wide_dtype=wide_dtype)
     tp = None
     timer.mark("setup")
-    if tensor_parallel is None:
+    cached = weights_cache.entry_for(gguf_model.path, opts) if tensor_parallel is None else None
+    params = cached.get(device) if cached is not None else None
+    weights_from = "cache" if params is not None else "built"
+    if params is None and tensor_parallel is None:
         params = load_params(gguf_model, opts, device=device, progress=bar)
-    else:
+    elif params is None:
         from minfer_jax.engine import sharding
 
         tp = sharding.tensor_parallel(gguf_model, tensor_parallel)
         params = sharding.shard_params(gguf_model, tp.split, tp.mesh, opts)
     jax.block_until_ready(params)  # the transfer belongs to this phase, not to the first step
     timer.mark("params")
+    saving = cached.put_in_background(params) if cached is not None and weights_from == "built" else None
     tokenizer = Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None
     timer.mark("tokenizer")
     return Model(config=cfg, params=params, tokenizer=tokenizer, impl=impl, ctx_size=ctx,
                  cache_dtype=jnp.dtype(cache_dtype), source=source, weight_mode=mode, chunk=chunk, tp=tp,
-                 store=store, startup=timer.phases)
+                 store=store, startup=timer.phases, weights_from=weights_from,
+                 weights_saving=saving)
 
 
 def sampler_of(temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
