@@ -3,9 +3,11 @@
 `load(path)` resolves the model reference, validates the GGUF, moves the weights to the device
 (quantized planes on a GPU, a dense copy on a CPU: model/weights.py says why) and returns a
 `Model`. The executables a plan names (plan.py) are compiled ahead of time on first use and kept
-on the Model, so each compiles exactly once per process; JAX's persistent compilation cache makes
-the next process start fast. `generate` and `generate_batch` run through the Model's scheduler
-(scheduler.py), the package's one host loop.
+on the Model, so each compiles exactly once per process; the executable store (executables.py)
+lets the next process load them instead of tracing and compiling, and JAX's persistent
+compilation cache catches what the store misses. `Model.startup` holds the load's phase times.
+`generate` and `generate_batch` run through the Model's scheduler (scheduler.py), the package's
+one host loop.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import ops, validate
+from minfer_jax.engine import executables, weights_cache
 from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine.executables import ExecutableRecord, ExecutableStore
+from minfer_jax.engine.phases import PhaseTimer
 from minfer_jax.engine.steps import GenerationResult
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.files.gguf import GGUFModel, load_gguf
@@ -36,22 +41,34 @@ DEFAULT_CTX = 4096
 COMPILATION_CACHE_ENV = "MINFER_COMPILATION_CACHE"  # a directory, or "0"/"off" to disable
 
 
-def enable_compilation_cache() -> str | None:
-    """Turn on JAX's persistent compilation cache (unless disabled or already configured)."""
+def compilation_cache_dir() -> str | None:
+    """The cache directory of this load (None: off): MINFER_COMPILATION_CACHE, else a directory
+    already given to JAX, else <model cache dir>/xla. JAX's cache and the executable store share it."""
     setting = os.environ.get(COMPILATION_CACHE_ENV, "")
     if setting.lower() in ("0", "off", "false", "no"):
         return None
+    if setting:
+        return setting
     if jax.config.jax_compilation_cache_dir:
         return jax.config.jax_compilation_cache_dir
     from minfer_jax.files.model_source import model_cache_dir
 
-    path = setting or os.path.join(model_cache_dir(), "xla")
+    return os.path.join(model_cache_dir(), "xla")
+
+
+def enable_compilation_cache() -> str | None:
+    """Turn on JAX's persistent compilation cache (unless disabled; a directory JAX already uses
+    stays: JAX reads its setting once); returns this load's cache directory."""
+    path = compilation_cache_dir()
+    if path is None:
+        return None
     try:
         os.makedirs(path, exist_ok=True)
     except OSError:
         return None  # a read-only home: run without the cache rather than fail
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return path
 
 
@@ -67,8 +84,13 @@ class Model:
     weight_mode: str
     chunk: int = plan_mod.DEFAULT_CHUNK["cpu"]  # prefill chunk (tokens per executable)
     tp: object = None  # sharding.TensorParallel: params and cache split over its mesh; None: one device
+    store: ExecutableStore | None = dataclasses.field(default=None, repr=False)  # None: compile every start
+    startup: dict = dataclasses.field(default_factory=dict)  # load phase -> seconds, in order
+    weights_from: str = "built"  # "cache": mapped from the weights cache (weights_cache.py)
+    weights_saving: object = dataclasses.field(default=None, repr=False)  # the thread writing that cache entry
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     _compile_seconds: dict = dataclasses.field(default_factory=dict, repr=False)
+    _records: dict = dataclasses.field(default_factory=dict, repr=False)  # key -> ExecutableRecord
     _scheduler: Scheduler | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -86,14 +108,28 @@ class Model:
                     spans=self.impl.kernels == "xla")
 
     def executable(self, key) -> tuple[Callable, float]:
-        """The compiled executable for a plan key (plan.py), compiled on first use: (exe, seconds spent now)."""
+        """The executable for a plan key (plan.py): from memory, else the store, else lowered and
+        compiled (then stored): (exe, seconds spent now)."""
         exe = self._compiled.get(key)
         if exe is not None:
             return exe, 0.0
         t0 = time.perf_counter()
-        exe = self._compiled[key] = key.lower(self).compile()
+        exe, self._records[key] = executables.obtain(self, key, self.store)
+        self._compiled[key] = exe
         dt = self._compile_seconds[key] = time.perf_counter() - t0
         return exe, dt
+
+    def executable_record(self, key) -> ExecutableRecord | None:
+        """Where this executable came from (store / compiled) and its lower/compile/load seconds."""
+        return self._records.get(key)
+
+    @property
+    def compile_stats(self) -> dict:
+        """Executables obtained so far: how many came from the store / were compiled, and the seconds."""
+        recs = list(self._records.values())
+        return dict(store=sum(r.source == "store" for r in recs), compiled=sum(r.source == "compiled" for r in recs),
+                    lower_s=sum(r.lower_s for r in recs), compile_s=sum(r.compile_s for r in recs),
+                    load_s=sum(r.load_s for r in recs), save_s=sum(r.save_s for r in recs))
 
     def compile_seconds(self, key) -> float:
         """What compiling this executable cost when it was compiled (0 if it was not)."""
@@ -151,16 +187,20 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
     and the KV cache over this many devices (sharding.py; None: the one device).
     """
-    device = device or jax.devices()[0]
+    timer = PhaseTimer()
+    device = device or jax.devices()[0]  # the first call starts the backend (CUDA: seconds)
+    timer.mark("backend")
     platform = device.platform
     validate.load_arguments(ctx_size=ctx_size, weights=weights, kernels=kernels, gemm=gemm, platform=platform)
     from minfer_jax.files.model_source import resolve_model
     from minfer_jax.files.tokenizer import Tokenizer
 
-    enable_compilation_cache()
+    store = ExecutableStore.in_cache_dir(enable_compilation_cache())
     if gguf_model is None:
         source = resolve_model(None if path is None else os.fspath(path), progress=progress)
+        timer.mark("resolve")
         gguf_model = load_gguf(source)
+        timer.mark("parse")
     source = gguf_model.path
     cfg = gguf_model.config
     impl = dataclasses.replace(ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform), gemm=gemm)
@@ -183,16 +223,26 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
         bar = functools.partial(tqdm, desc="loading weights", unit="layer", leave=False)
     opts = LoadOptions(mode=mode, dense_dtype=dense_dtype, wide_dtype=wide_dtype)
     tp = None
-    if tensor_parallel is None:
+    timer.mark("setup")
+    cached = weights_cache.entry_for(gguf_model.path, opts) if tensor_parallel is None else None
+    params = cached.get(device) if cached is not None else None
+    weights_from = "cache" if params is not None else "built"
+    if params is None and tensor_parallel is None:
         params = load_params(gguf_model, opts, device=device, progress=bar)
-    else:
+    elif params is None:
         from minfer_jax.engine import sharding
 
         tp = sharding.tensor_parallel(gguf_model, tensor_parallel)
         params = sharding.shard_params(gguf_model, tp.split, tp.mesh, opts)
+    jax.block_until_ready(params)  # the transfer belongs to this phase, not to the first step
+    timer.mark("params")
+    saving = cached.put_in_background(params) if cached is not None and weights_from == "built" else None
     tokenizer = Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None
+    timer.mark("tokenizer")
     return Model(config=cfg, params=params, tokenizer=tokenizer, impl=impl, ctx_size=ctx,
-                 cache_dtype=jnp.dtype(cache_dtype), source=source, weight_mode=mode, chunk=chunk, tp=tp)
+                 cache_dtype=jnp.dtype(cache_dtype), source=source, weight_mode=mode, chunk=chunk, tp=tp,
+                 store=store, startup=timer.phases, weights_from=weights_from,
+                 weights_saving=saving)
 
 
 def sampler_of(temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,

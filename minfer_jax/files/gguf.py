@@ -119,7 +119,37 @@ class _FastReader(GGUFReader):
                 raise GGUFError("arrays of arrays are not supported")
             _check_count("array", length, _ITEM_MIN_BYTES.get(item_type, 1), self._size - orig_offs - 12,
                          MAX_ARRAY_LEN, self._size)
+            if self.byte_order not in self._ORDER_NEEDS_VIEW:
+                return self._array_parts(orig_offs, GGUFValueType(item_type), length)
         return super()._get_field_parts(orig_offs, raw_type)
+
+    def _array_parts(self, orig_offs, item_type, length):
+        """gguf-py's parts of a native-order array, built without its per-item recursion (the 150k
+        tokens, merges and token types of a Qwen2 file: 1.8 s -> 0.5 s). The parts are the same
+        arrays gguf-py makes: [item type, length, then per item its parts]."""
+        head = [self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)]
+        offs = orig_offs + 12
+        nptype = self.gguf_scalar_to_np.get(item_type)
+        if nptype is not None:  # numbers: one view, split into gguf-py's one-element views in C
+            items = self._get(offs, nptype, length)
+            return 12 + int(items.nbytes), [*head, *items.reshape(length, 1)], list(range(2, 2 + length)), \
+                [GGUFValueType.ARRAY, item_type]
+        if item_type != GGUFValueType.STRING:
+            return super()._get_field_parts(orig_offs, GGUFValueType.ARRAY)
+        data, raw, size, u64 = self._data, memoryview(self._data), self._size, _DTYPES[np.uint64]
+        parts = head
+        for _ in range(length):  # per string: its uint64 length, then its bytes
+            if offs + 8 > size:
+                raise GGUFError(f"needs bytes {offs}..{offs + 8} but the file has only {size} bytes "
+                                "(truncated or corrupt file)")
+            end = offs + 8 + int.from_bytes(raw[offs:offs + 8], sys.byteorder)
+            if end > size:
+                raise GGUFError(f"needs bytes {offs + 8}..{end} but the file has only {size} bytes "
+                                "(truncated or corrupt file)")
+            parts.append(data[offs:offs + 8].view(u64))
+            parts.append(data[offs + 8:end])
+            offs = end
+        return offs - orig_offs, parts, list(range(3, 2 + 2 * length, 2)), [GGUFValueType.ARRAY, item_type]
 
     def _build_fields(self, offs, count):
         count = int(count)
