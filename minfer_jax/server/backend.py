@@ -23,6 +23,9 @@ from minfer_jax.errors import MinferError
 _log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: lines appear with its own
 
 DEFAULT_SLOT_CTX = 4096  # tokens per slot when -c is 0 (capped by the model's trained context)
+# One token per event: on the H200 (7B, -np 32) 1 step kept ITL p50 at ~1x TPOT and served 8 / 32
+# clients at 0.80-0.89x / 1.09x the tokens/s of 16 steps (docs/BENCHMARKS.md "Server start and streaming")
+DEFAULT_DECODE_STEPS = 1
 THROUGHPUT_WINDOW_S = 10.0  # tokens/s on /metrics: tokens generated over about this many seconds
 
 
@@ -41,7 +44,7 @@ class ServerSettings:
     ctx_size: int = 0  # -c: total context over all slots (0: DEFAULT_SLOT_CTX per slot)
     n_predict: int = -1  # -n: default max_tokens (-1: until the slot's context is full)
     max_queued: int | None = None  # requests waiting for a slot beyond the running ones (None: 4 x -np)
-    decode_steps: int = 16  # tokens per decode executable: text streams once per such chunk
+    decode_steps: int = DEFAULT_DECODE_STEPS  # tokens per decode executable: text streams once per such chunk
     alias: str | None = None  # the model id /v1/models reports (default: the file's name)
     api_key: str | None = None
     warmup: bool = True  # compile the first executables before /health says ok

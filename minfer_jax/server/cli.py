@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from minfer_jax.server.backend import DEFAULT_SLOT_CTX
+    from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
 
     p = _Parser(prog=PROG, description="OpenAI-compatible HTTP server for a Qwen2-family GGUF model (minfer_jax).",
                 epilog=EPILOG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default max_tokens of a request (default -1: until the slot's context is full)")
     p.add_argument("--max-queued", type=int, default=None, metavar="N",
                    help="requests that may wait for a slot; more get 429 (default 4 x -np)")
-    p.add_argument("--decode-steps", type=int, default=16, metavar="N",
-                   help="tokens per decode executable; text streams once per such chunk (default 16)")
+    p.add_argument("--decode-steps", type=int, default=DEFAULT_DECODE_STEPS, metavar="N",
+                   help="tokens per decode executable; text streams once per such chunk (default "
+                        f"{DEFAULT_DECODE_STEPS}: every token as it is made; 16 trades that for throughput at few "
+                        "clients)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
     p.add_argument("--backend", "--kernels", dest="backend", default="auto",
