@@ -228,10 +228,10 @@ class Backend:
         """Compile every executable serving meets with greedy and the default sampler (each prefill
         bucket, decode at every row count: a compile mid-serving would stall every client for
         seconds), then run one short request through them."""
-        from minfer_jax.engine.runtime import sampler_of
+        from minfer_jax.engine.sampling import sampler_of
         from minfer_jax.server.schemas import DEFAULT_TEMPERATURE
 
-        samplers = [sampler_of(0.0), sampler_of(DEFAULT_TEMPERATURE)]
+        samplers = [sampler_of(), sampler_of(temperature=DEFAULT_TEMPERATURE)]
         keys = sched.plan.serving_keys([sched.mode([s]) for s in samplers])
         sched.compile(keys)
         token = model.tokenizer.bos_id if model.tokenizer is not None and model.tokenizer.bos_id is not None else 0
