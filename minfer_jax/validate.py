@@ -155,17 +155,10 @@ def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, plat
     choice("gemm", gemm, LOAD_GEMMS)
 
 
-def generate_arguments(*, max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any,
-                       min_p: Any, repeat_penalty: Any, repeat_last_n: Any, seed: Any, stop: Any, chat: Any,
-                       on_text: Any, decode_steps: Any) -> None:
-    """runtime.generate's settings; the sampler's own fields are checked again by Sampler."""
+def generate_arguments(*, max_new_tokens: Any, seed: Any, stop: Any, chat: Any, on_text: Any,
+                       decode_steps: Any) -> None:
+    """runtime.generate's settings besides the sampler (Sampler checks its own fields)."""
     integer("max_new_tokens", max_new_tokens, 0, INT32_MAX)
-    number("temperature", temperature)
-    integer("top_k", top_k, 0, INT32_MAX)
-    number("top_p", top_p, 0.0, 1.0, lo_open=True)
-    number("min_p", min_p, 0.0, 1.0)
-    number("repeat_penalty", repeat_penalty, 0.0, lo_open=True)
-    integer("repeat_last_n", repeat_last_n, 0, INT32_MAX)  # generate() clamps it to the context
     globals()["seed"](seed)
     stop_strings(stop)
     if not isinstance(chat, bool):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import math
 import os
 import secrets
@@ -266,13 +265,11 @@ def _choose_ctx(requested: int, trained: int, err) -> int:
 
 
 def _make_sampler(args, ctx: int):
-    from minfer_jax.engine.sampling import GREEDY, Sampler
+    from minfer_jax.engine.sampling import sampler_of
 
-    last_n = ctx if args.repeat_last_n == -1 else min(args.repeat_last_n, ctx)  # a device array of this many slots
-    if args.temp <= 0:  # greedy: the filters do not matter, so every greedy run shares one executable
-        return dataclasses.replace(GREEDY, repeat_penalty=args.repeat_penalty, repeat_last_n=last_n)
-    return Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                   repeat_penalty=args.repeat_penalty, repeat_last_n=last_n)
+    last_n = ctx if args.repeat_last_n == -1 else args.repeat_last_n  # cut to ctx: a device array that long
+    return sampler_of(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                      repeat_penalty=args.repeat_penalty, repeat_last_n=last_n, history_cap=ctx)
 
 
 def _run(args, out, err) -> int:

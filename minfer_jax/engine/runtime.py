@@ -17,6 +17,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,7 @@ from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
 from minfer_jax.engine.plan import Plan
-from minfer_jax.engine.sampling import GREEDY, Sampler
+from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
 from minfer_jax.engine.scheduler import Scheduler
 
 DEFAULT_CTX = 4096
@@ -245,15 +246,6 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
                  weights_saving=saving)
 
 
-def sampler_of(temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-               repeat_penalty: float = 1.0, repeat_last_n: int = 64) -> Sampler:
-    """A Sampler from generate()'s keywords; greedy drops the filters (they do not change argmax)."""
-    if temperature <= 0:
-        return dataclasses.replace(GREEDY, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
-    return Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
-
-
 def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
     """A text prompt tokenized (with chat=True wrapped in the chat template), or token ids as given."""
     if not isinstance(prompt, str):
@@ -267,21 +259,31 @@ def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) ->
     return model.tokenizer.encode(prompt)
 
 
-def generate(model: Model, prompt: str | Sequence[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
-             top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
-             repeat_last_n: int = 64, seed: int = 0, stop: Sequence[str] = (), chat: bool = False,
-             on_text: Callable[[str], None] | None = None,
-             decode_steps: int = plan_mod.DECODE_STEPS) -> GenerationResult:
+def _sampler(model: Model, sampler: Sampler | None, settings: SamplerKeywords) -> Sampler:
+    """generate()'s one sampler: the one given, or one built from its keywords; repeat_last_n cut
+    to the context."""
+    if sampler is None:
+        sampler = sampler_of(history_cap=model.ctx_size, **settings)
+    elif settings:
+        raise InvalidArgumentError(f"pass a sampler or its settings ({', '.join(settings)}), not both")
+    elif not isinstance(sampler, Sampler):
+        raise InvalidArgumentError(f"sampler must be a minfer_jax.Sampler, got {type(sampler).__name__}")
+    return within_context(sampler, model.ctx_size)
+
+
+def generate(model: Model, prompt: str | Sequence[int], *, sampler: Sampler | None = None,
+             max_new_tokens: int = 128, seed: int = 0, stop: Sequence[str] = (), chat: bool = False,
+             on_text: Callable[[str], None] | None = None, decode_steps: int = plan_mod.DECODE_STEPS,
+             **settings: Unpack[SamplerKeywords]) -> GenerationResult:
     """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token ids.
 
-    decode_steps: tokens per decode executable (text streams to on_text once per such chunk).
+    sampler: how tokens are drawn (default greedy); or its fields as keywords (temperature=0.7,
+    top_k=..., as sampling.sampler_of builds them). decode_steps: tokens per decode executable
+    (text streams to on_text once per such chunk).
     """
-    validate.generate_arguments(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop, chat=chat,
-        on_text=on_text, decode_steps=decode_steps)
-    repeat_last_n = min(repeat_last_n, model.ctx_size)  # no more history exists: a device array that long is waste
-    sampler = sampler_of(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
+    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text,
+                                decode_steps=decode_steps)
+    sampler = _sampler(model, sampler, settings)
     sched = model.scheduler(1, decode_steps=decode_steps)
     req = sched.submit(prompt_ids(model, prompt, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=seed,
                        stop=stop, on_text=on_text)
@@ -289,11 +291,11 @@ def generate(model: Model, prompt: str | Sequence[int], *, max_new_tokens: int =
     return req.result()
 
 
-def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 128,
-                   temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                   repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | Sequence[int] = 0,
-                   stop: Sequence[str] = (), chat: bool = False, max_batch: int = plan_mod.MAX_SEQS,
-                   decode_steps: int = plan_mod.DECODE_STEPS) -> list[GenerationResult]:
+def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, sampler: Sampler | None = None,
+                   max_new_tokens: int = 128, seed: int | Sequence[int] = 0, stop: Sequence[str] = (),
+                   chat: bool = False, max_batch: int = plan_mod.MAX_SEQS,
+                   decode_steps: int = plan_mod.DECODE_STEPS, **settings: Unpack[SamplerKeywords]
+                   ) -> list[GenerationResult]:
     """generate() for many prompts at once, decoded together; one result per prompt, in order.
 
     seed: one for all prompts or one per prompt. Each sequence gets the tokens it gets alone.
@@ -304,14 +306,11 @@ def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, max_
     seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise InvalidArgumentError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-    validate.generate_arguments(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=0, stop=stop, chat=chat,
-        on_text=None, decode_steps=decode_steps)
+    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None,
+                                decode_steps=decode_steps)
     seeds = [validate.seed(s) for s in seeds]
     validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
-    repeat_last_n = min(repeat_last_n, model.ctx_size)
-    sampler = sampler_of(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
+    sampler = _sampler(model, sampler, settings)
     sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
     reqs = [sched.submit(prompt_ids(model, p, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=s,
                          stop=stop) for p, s in zip(prompts, seeds)]

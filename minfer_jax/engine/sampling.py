@@ -8,6 +8,7 @@ Order of operations follows llama.cpp's default sampler chain: repetition penalt
 from __future__ import annotations
 
 import dataclasses
+from typing import TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,40 @@ class Sampler:
 
 
 GREEDY = Sampler(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+class SamplerKeywords(TypedDict, total=False):
+    """A Sampler's fields as keywords (generate()'s convenience form)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+
+
+def sampler_of(*, history_cap: int | None = None, **settings: Unpack[SamplerKeywords]) -> Sampler:
+    """A Sampler from keywords, greedy unless a temperature is given; greedy drops the filters
+    (they do not change argmax), so every greedy request shares one executable.
+
+    history_cap (a context's length): repeat_last_n beyond it is cut to it (no more history
+    exists), so any int up to INT32_MAX is accepted there, not only MAX_REPEAT_LAST_N.
+    """
+    if history_cap is not None and "repeat_last_n" in settings:
+        n = validate.integer("repeat_last_n", settings["repeat_last_n"], 0, validate.INT32_MAX)
+        settings["repeat_last_n"] = min(n, history_cap)
+    s = Sampler(**{"temperature": 0.0, **settings})
+    if s.greedy:
+        return dataclasses.replace(GREEDY, repeat_penalty=s.repeat_penalty, repeat_last_n=s.repeat_last_n)
+    return s
+
+
+def within_context(sampler: Sampler, ctx: int) -> Sampler:
+    """sampler with repeat_last_n cut to ctx (a device array longer than the context is waste)."""
+    if sampler.repeat_last_n <= ctx:
+        return sampler
+    return dataclasses.replace(sampler, repeat_last_n=ctx)
 
 
 def apply_repeat_penalty(logits: jax.Array, history: jax.Array, penalty: float) -> jax.Array:

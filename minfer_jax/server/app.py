@@ -140,10 +140,10 @@ def _ready(backend: Backend, request: Request) -> Backend:
 
 async def _generate(backend: Backend, request: Request, kind: str, body, ids: list[int]):
     """Submit one validated request; its SSE stream, or its JSON once done."""
-    from minfer_jax.engine.runtime import sampler_of
+    from minfer_jax.engine.sampling import sampler_of
 
-    sampler = sampler_of(body.temperature, body.top_k, body.top_p, body.min_p, body.repeat_penalty,
-                         body.repeat_last_n)
+    sampler = sampler_of(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+                         repeat_penalty=body.repeat_penalty, repeat_last_n=body.repeat_last_n)
     try:
         handle = backend.submit(ids, max_tokens=body.max_tokens, sampler=sampler, seed=body.seed,
                                 stop=body.stops, stream=body.stream)

@@ -237,11 +237,12 @@ class Backend:
     def _trial_run(model, sched) -> None:
         """One short sampled request through the ready set before /health says ok (it runs on
         those executables: compile_in_loop is off)."""
-        from minfer_jax.engine.runtime import sampler_of
+        from minfer_jax.engine.sampling import sampler_of
         from minfer_jax.server.schemas import DEFAULT_TEMPERATURE
 
         token = model.tokenizer.bos_id if model.tokenizer is not None and model.tokenizer.bos_id is not None else 0
-        req = sched.submit([token], max_new_tokens=2, sampler=sampler_of(DEFAULT_TEMPERATURE), seed=0)
+        req = sched.submit([token], max_new_tokens=2, sampler=sampler_of(temperature=DEFAULT_TEMPERATURE),
+                           seed=0)
         sched.run([req])
         req.result()
 
