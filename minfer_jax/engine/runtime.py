@@ -141,7 +141,8 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     weights: "quantized" (default with kernels) keeps GGUF formats on the device; "dense" (default
     on CPU) dequantizes once (weights.LoadOptions: dense_dtype / wide_dtype). kernels: "pallas" |
     "interpret" | "xla" (default: pallas on GPU, xla elsewhere). ctx_size: KV cache length
-    (default min(4096, trained context); any value up to the trained context). gemm: GEMM
+    (default min(4096, trained context); a larger value is clamped to the trained context, which
+    Model.ctx_size then holds). gemm: GEMM
     variant past 8 tokens, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per prefill
     executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
     gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
@@ -149,7 +150,8 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     """
     device = device or jax.devices()[0]
     platform = device.platform
-    validate.load_arguments(ctx_size=ctx_size, weights=weights, kernels=kernels, gemm=gemm, platform=platform)
+    validate.load_arguments(ctx_size=ctx_size, weights=weights, kernels=kernels, gemm=gemm, prefill_chunk=prefill_chunk,
+                            platform=platform)
     from minfer_jax.files.model_source import resolve_model
     from minfer_jax.files.tokenizer import Tokenizer
 
@@ -161,16 +163,14 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     cfg = gguf_model.config
     impl = dataclasses.replace(ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform), gemm=gemm)
     mode = weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
-    ctx = ctx_size or min(DEFAULT_CTX, cfg.context_length)
-    if not 1 <= ctx <= cfg.context_length:
-        raise ContextOverflowError(f"ctx_size {ctx} is outside 1..{cfg.context_length} (the model's trained context)")
+    ctx = min(ctx_size, cfg.context_length) if ctx_size else min(DEFAULT_CTX, cfg.context_length)  # clamped, like -c
     if cache_dtype is None:
         cache_dtype = jnp.float16 if platform == "gpu" else jnp.float32
     validate.fits_in_memory(  # before the weights move: a claimed context of 2**26 must not start allocating
         f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim}",
         validate.kv_cache_bytes(cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize),
         validate.memory_limit_bytes(device), already=gguf_model.file_size)
-    chunk = prefill_chunk or plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"])
+    chunk = plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"]) if prefill_chunk is None else prefill_chunk
     Plan(ctx=ctx, chunk=chunk)  # validates the chunk before any weight moves
     bar = None
     if progress:
@@ -213,6 +213,14 @@ def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) ->
     return model.tokenizer.encode(prompt)
 
 
+def _clamped(model: Model, max_new_tokens: int, top_k: int, repeat_last_n: int) -> tuple[int, int, int]:
+    """The extreme-value policy (validate.clamped_count): past the context or the vocabulary = all of it."""
+    ctx = model.ctx_size
+    return (validate.clamped_count("max_new_tokens", max_new_tokens, ctx, all_of="the context"),
+            validate.clamped_count("top_k", top_k, model.config.vocab_size, all_of="the vocabulary", minus_one=False),
+            validate.clamped_count("repeat_last_n", repeat_last_n, ctx, all_of="the context"))
+
+
 def generate(model: Model, prompt: str | Sequence[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
              repeat_last_n: int = 64, seed: int = 0, stop: Sequence[str] = (), chat: bool = False,
@@ -221,12 +229,14 @@ def generate(model: Model, prompt: str | Sequence[int], *, max_new_tokens: int =
     """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token ids.
 
     decode_steps: tokens per decode executable (text streams to on_text once per such chunk).
+    max_new_tokens and repeat_last_n of -1 or past the context mean the context, top_k past the
+    vocabulary the vocabulary (clamped, as in llama.cpp; README "Extreme values").
     """
     validate.generate_arguments(
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed, stop=stop, chat=chat,
         on_text=on_text, decode_steps=decode_steps)
-    repeat_last_n = min(repeat_last_n, model.ctx_size)  # no more history exists: a device array that long is waste
+    max_new_tokens, top_k, repeat_last_n = _clamped(model, max_new_tokens, top_k, repeat_last_n)
     sampler = sampler_of(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
     sched = model.scheduler(1, decode_steps=decode_steps)
     req = sched.submit(prompt_ids(model, prompt, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=seed,
@@ -256,7 +266,7 @@ def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, max_
         on_text=None, decode_steps=decode_steps)
     seeds = [validate.seed(s) for s in seeds]
     validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
-    repeat_last_n = min(repeat_last_n, model.ctx_size)
+    max_new_tokens, top_k, repeat_last_n = _clamped(model, max_new_tokens, top_k, repeat_last_n)
     sampler = sampler_of(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n)
     sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
     reqs = [sched.submit(prompt_ids(model, p, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=s,
