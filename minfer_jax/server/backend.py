@@ -79,7 +79,7 @@ def load_model(ref: str | None, **kwargs):
 
     if not (ref or "").startswith("synthetic:"):
         return load(ref, **kwargs)
-    from minfer_jax.bench import synthetic
+    from minfer_jax.files import synthetic
 
     parts, extra = ref.split(":"), {}
     while parts[-1].startswith(("layers=", "seed=")):
@@ -206,7 +206,10 @@ class Backend:
             model = loader(s.model, ctx_size=s.slot_ctx, kernels=s.kernels, progress=False)
             from minfer_jax.engine.scheduler import Scheduler
 
-            sched = Scheduler(model, model.plan(s.n_parallel, s.slot_ctx, s.decode_steps))
+            if s.slot_ctx is not None and model.ctx_size < s.slot_ctx:  # clamped like -c of the CLI and load()
+                _log.warning("-c/--ctx-size: %d tokens per slot is more than the model's trained context; using %d",
+                             s.slot_ctx, model.ctx_size)
+            sched = Scheduler(model, model.plan(s.n_parallel, model.ctx_size, s.decode_steps))
             if s.warmup:
                 t0 = time.perf_counter()
                 n = self._warm(model, sched)
