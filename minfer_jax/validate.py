@@ -38,6 +38,20 @@ def integer(name: str, value: Any, lo: int, hi: int) -> int:
     return value
 
 
+def clamped_count(name: str, value: Any, limit: int, *, all_of: str, minus_one: bool = True) -> int:
+    """An extreme but meaningful count, clamped like llama.cpp: any int >= 0 (and -1 with minus_one),
+    where -1 and anything above `limit` mean all of it (`all_of` names what: "the vocabulary").
+
+    The one policy of the API, the CLI and the server for top_k, max_new_tokens / -n / max_tokens and
+    repeat_last_n: a value past what exists is what exists, never an error."""
+    lo = -1 if minus_one else 0
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
+        more = f"; -1 or more than {all_of} means all of it" if minus_one else f"; more than {all_of} means all of it"
+        raise InvalidArgumentError(f"{name} must be an int >= {lo}{more}, got {_shown(value)}")
+    value = int(value)
+    return limit if value == -1 or value > limit else value
+
+
 def number(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf, *,
            lo_open: bool = False) -> float:
     """A finite real number (not bool) in [lo, hi], or (lo, hi] with lo_open."""
@@ -141,10 +155,20 @@ LOAD_KERNELS = ("pallas", "interpret", "xla")
 LOAD_GEMMS = ("auto", "f16", "dequant", "int8")
 
 
-def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, platform: str) -> None:
-    """runtime.load's options (the context against the model is checked once the file is read)."""
+def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, prefill_chunk: Any,
+                   platform: str) -> None:
+    """runtime.load's options (ctx_size past the trained context is clamped to it once the file is read)."""
     if ctx_size is not None:
-        integer("ctx_size", ctx_size, 1, INT32_MAX)
+        clamped_count("ctx_size", ctx_size, INT32_MAX, all_of="the trained context", minus_one=False)
+        if ctx_size == 0:
+            raise InvalidArgumentError("ctx_size must be >= 1 (or None for the default), got 0")
+    if prefill_chunk is not None:
+        from minfer_jax.engine.plan import Plan, PlanError
+
+        try:
+            Plan(ctx=1, chunk=prefill_chunk)  # the plan decides which chunk sizes exist
+        except PlanError as e:
+            raise InvalidArgumentError(f"prefill_chunk (tokens per prefill executable): {e}") from None
     if weights is not None:
         choice("weights", weights, LOAD_WEIGHT_MODES)
     if kernels is not None:
@@ -158,7 +182,7 @@ def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, plat
 def generate_arguments(*, max_new_tokens: Any, seed: Any, stop: Any, chat: Any, on_text: Any,
                        decode_steps: Any) -> None:
     """runtime.generate's settings besides the sampler (Sampler checks its own fields)."""
-    integer("max_new_tokens", max_new_tokens, 0, INT32_MAX)
+    clamped_count("max_new_tokens", max_new_tokens, INT32_MAX, all_of="the context")  # generate() clamps to it
     globals()["seed"](seed)
     stop_strings(stop)
     if not isinstance(chat, bool):

@@ -178,6 +178,30 @@ RESOURCE_BOMBS = {
     "lipsum": ("{{ lipsum(n=10**6) }}", "size"),
 }
 
+# Issue 25: bombs through a filter's or method's argument (each past 4 GB in ~2 s before), and
+# filters that ran for seconds on a few MB. Each must stop within the render budget, small.
+ARGUMENT_BOMBS = {
+    "indent_width": ("{{ ('a\n' * 4000)|indent(1000000) }}", "indent"),
+    "expandtabs_product": ("{{ ('\t' * 4000).expandtabs(1000000) }}", "expandtabs"),
+    "nested_format_spec": ("{{ '{:{}{}}'.format('x', 99999, 99999) }}", "9999999999"),
+    "format_fields": ("{{ ('{:1000000}' * 4000).format(*(['x'] * 4000)) }}", "str.format"),
+    "printf_filter_sum": ("{{ ('%-1000000s' * 4000)|format(*(['x'] * 4000)) }}", "with %"),
+    "printf_operator_sum": ("{{ ('%-1000000s' * 4000) % (('x',) * 4000) }}", "with %"),
+    "printf_big_ints": ("{{ ('%d' * 4000) % ((7 ** 4000,) * 4000) }}", "with %"),
+    "tojson_separator": ("{{ (range(4000)|list)|tojson(separators=('x' * 40000, ':')) }}", "separator"),
+    "tojson_indent": ("{{ [[[[[[[[1]]]]]]]]|tojson(indent=1000000) }}", "indent"),
+    "tojson_escapes": ("{{ ('\u00e9' * 1000000)|tojson(ensure_ascii=True) }}", "tojson"),  # 6 characters each
+    "translate_table": ("{{ ('abc' * 1000000).translate({97: 'x' * 1000}) }}", "translate"),
+    "wordwrap_string": ("{{ ('abc ' * 10000)|wordwrap(1, wrapstring='x' * 100000) }}", "wordwrap"),
+    "bytes_repeat": ("{{ (('x' * 4000000).encode('utf-8') * 100)|length }}", "sequence"),
+    "slice_count": ("{{ [1, 2, 3]|slice(1000000)|list|length }}", "slices"),
+    "striptags_brackets": ("{{ ('<>' * 2000000)|striptags }}", "striptags"),
+    "striptags_comments": ("{{ ('<!---->' * 500000)|striptags }}", "striptags"),
+    "urlize_big": ("{{ ('a.com ' * 100000)|urlize }}", "urlize"),
+    "title_4mb": ("{{ ('abc ' * 1000000)|title }}", "title"),
+    "max_4mb": ("{{ ('a' * 4000000)|max }}", "max"),
+}
+
 
 @pytest.mark.parametrize("template", SANDBOX_ESCAPES.values(), ids=SANDBOX_ESCAPES.keys())
 def test_sandbox_escape_is_a_clear_template_error(template):
@@ -190,6 +214,45 @@ def test_sandbox_escape_is_a_clear_template_error(template):
 def test_resource_bombs_are_stopped(template, match):
     with pytest.raises(TemplateError, match=match):
         render_chat_template(template, USER)
+
+
+@pytest.mark.parametrize(("template", "match"), ARGUMENT_BOMBS.values(), ids=ARGUMENT_BOMBS.keys())
+def test_argument_bombs_stop_within_the_budget(template, match):
+    from fuzz_support import bounded
+
+    with pytest.raises(TemplateError, match=match):
+        bounded(lambda: render_chat_template(template, USER), seconds=chat_template.MAX_SECONDS, megabytes=200,
+                rss=True)
+
+
+def test_filters_within_their_bounds_still_work():
+    out = render_chat_template(
+        "{{ 'a\nb'|indent(2, first=True) }}|{{ '\tx'.expandtabs(4) }}|{{ '{:>{}}'.format('x', 3) }}|"
+        "{{ '%-3s|%05.1f' % ('k', 2.5) }}|{{ {'a': [1]}|tojson(separators=(',', ':')) }}|"
+        "{{ ('<b>bold</b> ' * 3)|striptags }}|{{ 'see https://a.com'|urlize }}", USER)
+    assert out == ('  a\n  b|    x|  x|k  |002.5|{"a":[1]}|bold bold bold|'
+                   'see <a href="https://a.com" rel="noopener">https://a.com</a>')
+
+
+def test_striptags_matches_markupsafe_3():
+    """Ours is markupsafe 3's algorithm, linear whatever markupsafe is installed; compare the two."""
+    import importlib.metadata
+
+    import markupsafe
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from fuzz_support import fuzz_settings
+
+    if int(importlib.metadata.version("markupsafe").split(".")[0]) < 3:
+        pytest.skip("markupsafe < 3 strips with another algorithm")
+
+    @fuzz_settings(300)
+    @given(text=st.text(alphabet="<>!-a &;", max_size=40))
+    def same(text):
+        assert chat_template._striptags(text) == markupsafe.Markup(text).striptags()
+
+    same()
 
 
 @pytest.mark.parametrize("template", [

@@ -81,14 +81,35 @@ def test_tokenizer_larger_than_the_embedding_is_refused_at_load(tmp_path):
     ({"max_new_tokens": NAN}, "max_new_tokens"), ({"top_p": NAN}, "top_p"), ({"min_p": NAN}, "min_p"),
     ({"temperature": math.inf}, "temperature"), ({"top_k": 2.5}, "top_k"), ({"repeat_last_n": 1.5}, "repeat_last_n"),
     ({"seed": 2**70}, "seed"), ({"seed": 1.5}, "seed"), ({"max_new_tokens": True}, "max_new_tokens"),
-    ({"decode_steps": 0}, "decode_steps"), ({"decode_steps": 10**6}, "decode_steps"), ({"repeat_last_n": 10**12, "repeat_penalty": 1.1},
-                                                          "repeat_last_n"),
-    ({"stop": "ab"}, "stop"), ({"stop": [3]}, "stop"),
+    ({"decode_steps": 0}, "decode_steps"), ({"decode_steps": 10**6}, "decode_steps"),
+    ({"repeat_last_n": -2, "repeat_penalty": 1.1}, "repeat_last_n"), ({"top_k": -1}, "top_k"),
+    ({"max_new_tokens": -2}, "max_new_tokens"), ({"stop": "ab"}, "stop"), ({"stop": [3]}, "stop"),
+    ({"stop": ["\udc80"]}, "UTF-8"),
 ])
 def test_generate_refuses_bad_settings(model, kwargs, name):
     err = _refused(lambda: bounded(lambda: generate(model, [1, 2], max_new_tokens=kwargs.pop("max_new_tokens", 2),
                                                     **kwargs), seconds=2.0), name)
     assert isinstance(err, ValueError)  # InvalidArgumentError keeps `except ValueError` callers working
+
+
+@pytest.mark.parametrize("kwargs", [{"max_new_tokens": 10**18}, {"max_new_tokens": -1}, {"top_k": 10**12},
+                                    {"repeat_last_n": 2_000_000_000, "repeat_penalty": 1.1}])
+def test_extreme_counts_are_clamped_like_llama_cpp(model, kwargs):
+    """Past the context or the vocabulary means all of it: the same tokens as the limit itself."""
+    base = dict(temperature=0.7, seed=5, max_new_tokens=4)
+    out = bounded(lambda: generate(model, [1, 2], **{**base, **kwargs}), seconds=60.0, megabytes=None)
+    limit = {"max_new_tokens": TINY.context_length, "top_k": TINY.vocab_size, "repeat_last_n": TINY.context_length}
+    same = {**base, **{k: limit[k] if k in limit else v for k, v in kwargs.items()}}
+    assert out.tokens == generate(model, [1, 2], **same).tokens
+    if "max_new_tokens" in kwargs:
+        assert out.stop_reason in ("context", "eos") and len(out.tokens) >= 1
+
+
+def test_load_clamps_the_context_and_checks_prefill_chunk(tiny_path):
+    assert load(tiny_path, kernels="xla", ctx_size=10**9).ctx_size == TINY.context_length
+    for chunk in (0, 1, -1, 1_000_000, 24, 2.0, True):
+        _refused(lambda: load(tiny_path, kernels="xla", prefill_chunk=chunk), "prefill_chunk", "16..65536"
+                 if chunk != 24 else "power of two", exc=InvalidArgumentError)
 
 
 def test_prompt_with_a_lone_surrogate(model):
@@ -97,7 +118,7 @@ def test_prompt_with_a_lone_surrogate(model):
     _refused(lambda: model.tokenizer.encode(b"bytes"), "str")
 
 
-@pytest.mark.parametrize("kwargs", [{"ctx_size": 2.5}, {"ctx_size": 0}, {"ctx_size": True}, {"ctx_size": 10**9},
+@pytest.mark.parametrize("kwargs", [{"ctx_size": 2.5}, {"ctx_size": 0}, {"ctx_size": True}, {"ctx_size": -5},
                                     {"weights": "fp8"}, {"kernels": "cuda"}, {"gemm": "fast"}])
 def test_load_refuses_bad_arguments(tiny_path, kwargs):
     _refused(lambda: load(tiny_path, **kwargs), next(iter(kwargs)).split("_")[0])
@@ -213,10 +234,10 @@ def _cli(monkeypatch, *argv, stdin: bytes = b""):
     (["-sys", "be \udce9", "-p", "hi"], b"", "UTF-8"),
     (["--stop", "\udc80", "-p", "hi"], b"", "UTF-8"),
     ([], b"caf\xe9 au lait", "UTF-8"),
-    (["--repeat-last-n", "99999999999", "-p", "hi"], b"", "--repeat-last-n"),
-    (["-n", "99999999999", "-p", "hi"], b"", "-n/--n-predict"),
-    (["-c", "99999999999", "-p", "hi"], b"", "-c/--ctx-size"),
-    (["--top-k", "99999999999", "-p", "hi"], b"", "--top-k"),
+    (["--repeat-last-n", "-2", "-p", "hi"], b"", "--repeat-last-n"),
+    (["-n", "-2", "-p", "hi"], b"", "-n/--n-predict"),
+    (["-c", "-1", "-p", "hi"], b"", "-c/--ctx-size"),
+    (["--top-k", "-1", "-p", "hi"], b"", "--top-k"),
     (["--temp", "nan", "-p", "hi"], b"", "--temp"),
     (["--top-p", "nan", "-p", "hi"], b"", "--top-p"),
     (["-p", ""], b"", "empty"),
@@ -226,6 +247,15 @@ def test_cli_bad_input_is_one_error_line(monkeypatch, tiny_path, argv, stdin, ex
     assert rc == 2 and out == "", (rc, out, err)
     lines = [line for line in err.splitlines() if not line.startswith("warning: ")]  # -c 4096 > 128
     assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], err
+
+
+@pytest.mark.parametrize("argv", [["-n", "99999999999"], ["-n", str(2 * 10**9)], ["--top-k", "99999999999"],
+                                  ["--top-k", str(2 * 10**9)], ["-c", "99999999999"],
+                                  ["--repeat-last-n", str(2 * 10**9), "--repeat-penalty", "1.1"]])
+def test_cli_extreme_counts_are_clamped(monkeypatch, tiny_path, argv):
+    rc, out, err = bounded(lambda: _cli(monkeypatch, "-m", str(tiny_path), "--temp", "0.7", "-s", "3", "-p", "hi",
+                                        *argv), seconds=60.0, megabytes=None)
+    assert rc == 0 and "error" not in err, err
 
 
 def test_cli_repeat_last_n_past_the_context_is_the_context(monkeypatch, tiny_path):

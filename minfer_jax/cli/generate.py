@@ -180,24 +180,25 @@ def _fail(err, message: str) -> int:
 
 
 def _validate(args) -> None:
-    if not -1 <= args.n_predict <= validate.INT32_MAX:
-        raise _UsageError(f"-n/--n-predict must be -1 (unlimited) or in 0..{validate.INT32_MAX}, got {args.n_predict}")
-    if not 0 <= args.ctx_size <= validate.INT32_MAX:
-        raise _UsageError(f"-c/--ctx-size must be in 0..{validate.INT32_MAX} (0 = the model's trained context), "
+    # extreme counts are clamped (validate.clamped_count): only what means nothing is refused
+    if args.n_predict < -1:
+        raise _UsageError(f"-n/--n-predict must be -1 (until the context is full) or >= 0, got {args.n_predict}")
+    if args.ctx_size < 0:
+        raise _UsageError(f"-c/--ctx-size must be >= 0 (0 = the model's trained context; more is clamped to it), "
                           f"got {args.ctx_size}")
     if not math.isfinite(args.temp):
         raise _UsageError(f"--temp must be a finite number, got {args.temp}")
-    if not 0 <= args.top_k <= validate.INT32_MAX:
-        raise _UsageError(f"--top-k must be in 0..{validate.INT32_MAX} (0 = off), got {args.top_k}")
+    if args.top_k < 0:
+        raise _UsageError(f"--top-k must be >= 0 (0 = off; more than the vocabulary means all of it), got {args.top_k}")
     if not 0.0 < args.top_p <= 1.0:
         raise _UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 0.0 <= args.min_p <= 1.0:
         raise _UsageError(f"--min-p must be in [0, 1], got {args.min_p}")
     if not (math.isfinite(args.repeat_penalty) and args.repeat_penalty > 0):
         raise _UsageError(f"--repeat-penalty must be > 0, got {args.repeat_penalty}")
-    if not -1 <= args.repeat_last_n <= validate.INT32_MAX:
-        raise _UsageError(f"--repeat-last-n must be -1 (the context size) or in 0..{validate.INT32_MAX} (larger "
-                          f"than the context means the context), got {args.repeat_last_n}")
+    if args.repeat_last_n < -1:
+        raise _UsageError(f"--repeat-last-n must be -1 (the context size) or >= 0 (more than the context means the "
+                          f"context), got {args.repeat_last_n}")
     if not -1 <= args.seed < 2**32:
         raise _UsageError(f"-s/--seed must be -1 (random) or in 0..{2**32 - 1}, got {args.seed}")
     for flag, value in (("-p/--prompt", args.prompt), ("-sys/--system-prompt", args.system_prompt),
@@ -264,12 +265,12 @@ def _choose_ctx(requested: int, trained: int, err) -> int:
     return requested
 
 
-def _make_sampler(args, ctx: int):
+def _make_sampler(args, ctx: int, vocab_size: int):
     from minfer_jax.engine.sampling import sampler_of
 
-    last_n = ctx if args.repeat_last_n == -1 else args.repeat_last_n  # cut to ctx: a device array that long
     return sampler_of(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                      repeat_penalty=args.repeat_penalty, repeat_last_n=last_n, history_cap=ctx)
+                      repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, history_cap=ctx,
+                      vocab=vocab_size)
 
 
 def _run(args, out, err) -> int:
@@ -292,7 +293,7 @@ def _run(args, out, err) -> int:
     ctx = _choose_ctx(args.ctx_size, trained, err)
     model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress,  # bounds the KV cache
                  tensor_parallel=args.tensor_parallel)
-    sampler = _make_sampler(args, ctx)
+    sampler = _make_sampler(args, ctx, model.config.vocab_size)
     load_s = time.perf_counter() - t0
     if model.tokenizer is None:
         raise MinferError(f"{path}: the GGUF has no tokenizer metadata (tokenizer.ggml.*); the CLI needs one")
@@ -307,7 +308,8 @@ def _run(args, out, err) -> int:
                   f"({model.weight_nbytes / 2**20:.0f} MiB), context {max_len}, loaded in {load_s:.1f} s\n"
                   f"seed: {seed}\n"
                   f"sampler: {_describe_sampler(sampler)}\n")
-    session = _Session(model=model, sampler=sampler, seed=seed, max_len=max_len, n_predict=args.n_predict,
+    n_predict = validate.clamped_count("-n/--n-predict", args.n_predict, max_len, all_of="the context")
+    session = _Session(model=model, sampler=sampler, seed=seed, max_len=max_len, n_predict=n_predict,
                        stop=tuple(args.stop), stream=args.stream, out=out, err=err, verbose=args.verbose)
     tok = model.tokenizer
     base = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []

@@ -182,7 +182,8 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     weights: "quantized" (default with kernels) keeps GGUF formats on the device; "dense" (default
     on CPU) dequantizes once (weights.LoadOptions: dense_dtype / wide_dtype). kernels: "pallas" |
     "interpret" | "xla" (default: pallas on GPU, xla elsewhere). ctx_size: KV cache length
-    (default min(4096, trained context); any value up to the trained context). gemm: GEMM
+    (default min(4096, trained context); a larger value is clamped to the trained context, which
+    Model.ctx_size then holds). gemm: GEMM
     variant past 8 tokens, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per prefill
     executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
     gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
@@ -192,7 +193,8 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     device = device or jax.devices()[0]  # the first call starts the backend (CUDA: seconds)
     timer.mark("backend")
     platform = device.platform
-    validate.load_arguments(ctx_size=ctx_size, weights=weights, kernels=kernels, gemm=gemm, platform=platform)
+    validate.load_arguments(ctx_size=ctx_size, weights=weights, kernels=kernels, gemm=gemm, prefill_chunk=prefill_chunk,
+                            platform=platform)
     from minfer_jax.files.model_source import resolve_model
     from minfer_jax.files.tokenizer import Tokenizer
 
@@ -206,16 +208,14 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     cfg = gguf_model.config
     impl = dataclasses.replace(ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform), gemm=gemm)
     mode = weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
-    ctx = ctx_size or min(DEFAULT_CTX, cfg.context_length)
-    if not 1 <= ctx <= cfg.context_length:
-        raise ContextOverflowError(f"ctx_size {ctx} is outside 1..{cfg.context_length} (the model's trained context)")
+    ctx = min(ctx_size, cfg.context_length) if ctx_size else min(DEFAULT_CTX, cfg.context_length)  # clamped, like -c
     if cache_dtype is None:
         cache_dtype = jnp.float16 if platform == "gpu" else jnp.float32
     validate.fits_in_memory(  # before the weights move: a claimed context of 2**26 must not start allocating
         f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim}",
         validate.kv_cache_bytes(cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize),
         validate.memory_limit_bytes(device), already=gguf_model.file_size)
-    chunk = prefill_chunk or plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"])
+    chunk = plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"]) if prefill_chunk is None else prefill_chunk
     Plan(ctx=ctx, chunk=chunk)  # validates the chunk before any weight moves
     bar = None
     if progress:
@@ -260,15 +260,15 @@ def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) ->
 
 
 def _sampler(model: Model, sampler: Sampler | None, settings: SamplerKeywords) -> Sampler:
-    """generate()'s one sampler: the one given, or one built from its keywords; repeat_last_n cut
-    to the context."""
+    """generate()'s one sampler: the one given, or one built from its keywords; past the context
+    or the vocabulary means all of it (validate.clamped_count; README "Extreme values")."""
     if sampler is None:
-        sampler = sampler_of(history_cap=model.ctx_size, **settings)
+        sampler = sampler_of(history_cap=model.ctx_size, vocab=model.config.vocab_size, **settings)
     elif settings:
         raise InvalidArgumentError(f"pass a sampler or its settings ({', '.join(settings)}), not both")
     elif not isinstance(sampler, Sampler):
         raise InvalidArgumentError(f"sampler must be a minfer_jax.Sampler, got {type(sampler).__name__}")
-    return within_context(sampler, model.ctx_size)
+    return within_context(sampler, model.ctx_size, model.config.vocab_size)
 
 
 def generate(model: Model, prompt: str | Sequence[int], *, sampler: Sampler | None = None,
@@ -279,11 +279,13 @@ def generate(model: Model, prompt: str | Sequence[int], *, sampler: Sampler | No
 
     sampler: how tokens are drawn (default greedy); or its fields as keywords (temperature=0.7,
     top_k=..., as sampling.sampler_of builds them). decode_steps: tokens per decode executable
-    (text streams to on_text once per such chunk).
+    (text streams to on_text once per such chunk). max_new_tokens and repeat_last_n of -1 or past
+    the context mean the context, top_k past the vocabulary the vocabulary (clamped, as in llama.cpp).
     """
     validate.generate_arguments(max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text,
                                 decode_steps=decode_steps)
     sampler = _sampler(model, sampler, settings)
+    max_new_tokens = validate.clamped_count("max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context")
     sched = model.scheduler(1, decode_steps=decode_steps)
     req = sched.submit(prompt_ids(model, prompt, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=seed,
                        stop=stop, on_text=on_text)
@@ -311,6 +313,7 @@ def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, samp
     seeds = [validate.seed(s) for s in seeds]
     validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
     sampler = _sampler(model, sampler, settings)
+    max_new_tokens = validate.clamped_count("max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context")
     sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
     reqs = [sched.submit(prompt_ids(model, p, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=s,
                          stop=stop) for p, s in zip(prompts, seeds)]

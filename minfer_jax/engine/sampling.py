@@ -65,27 +65,33 @@ class SamplerKeywords(TypedDict, total=False):
     repeat_last_n: int
 
 
-def sampler_of(*, history_cap: int | None = None, **settings: Unpack[SamplerKeywords]) -> Sampler:
+def sampler_of(*, history_cap: int | None = None, vocab: int | None = None,
+               **settings: Unpack[SamplerKeywords]) -> Sampler:
     """A Sampler from keywords, greedy unless a temperature is given; greedy drops the filters
     (they do not change argmax), so every greedy request shares one executable.
 
-    history_cap (a context's length): repeat_last_n beyond it is cut to it (no more history
-    exists), so any int up to INT32_MAX is accepted there, not only MAX_REPEAT_LAST_N.
+    history_cap (a context's length) and vocab: the extreme-value policy (validate.clamped_count):
+    repeat_last_n of -1 or past the context is the context, top_k past the vocabulary is all of it.
     """
     if history_cap is not None and "repeat_last_n" in settings:
-        n = validate.integer("repeat_last_n", settings["repeat_last_n"], 0, validate.INT32_MAX)
-        settings["repeat_last_n"] = min(n, history_cap)
+        settings["repeat_last_n"] = validate.clamped_count("repeat_last_n", settings["repeat_last_n"], history_cap,
+                                                           all_of="the context")
+    if vocab is not None and "top_k" in settings:
+        settings["top_k"] = validate.clamped_count("top_k", settings["top_k"], vocab, all_of="the vocabulary",
+                                                   minus_one=False)
     s = Sampler(**{"temperature": 0.0, **settings})
     if s.greedy:
         return dataclasses.replace(GREEDY, repeat_penalty=s.repeat_penalty, repeat_last_n=s.repeat_last_n)
     return s
 
 
-def within_context(sampler: Sampler, ctx: int) -> Sampler:
-    """sampler with repeat_last_n cut to ctx (a device array longer than the context is waste)."""
-    if sampler.repeat_last_n <= ctx:
+def within_context(sampler: Sampler, ctx: int, vocab: int | None = None) -> Sampler:
+    """sampler with repeat_last_n cut to ctx (a device array longer than the context is waste) and
+    top_k to the vocabulary."""
+    top_k = sampler.top_k if vocab is None else min(sampler.top_k, vocab)
+    if sampler.repeat_last_n <= ctx and top_k == sampler.top_k:
         return sampler
-    return dataclasses.replace(sampler, repeat_last_n=ctx)
+    return dataclasses.replace(sampler, repeat_last_n=min(sampler.repeat_last_n, ctx), top_k=top_k)
 
 
 def apply_repeat_penalty(logits: jax.Array, history: jax.Array, penalty: float) -> jax.Array:

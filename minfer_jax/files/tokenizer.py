@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import codecs
 import numbers
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -192,6 +193,11 @@ class Tokenizer:
         self._types = types
         self._bytes = _token_bytes(tokens, types)
         self._control_ids = frozenset(i for i, k in enumerate(types) if k == TOKEN_CONTROL)
+        # text a prefix's last characters could still turn into (count_at_least): an added token, plus lookahead
+        self._unsettled_chars = max((len(t) for t, k in zip(tokens, types) if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED)),
+                                    default=0) + 2
+        self._literal = None  # the backend with CONTROL tokens as plain text, built on first use
+        self._literal_lock = threading.Lock()
         self.bos_id = bos_id
         self._eos_id = eos_id
         self.add_bos = add_bos
@@ -251,24 +257,56 @@ class Tokenizer:
         """Whether the id is a CONTROL token (<|im_start|>, <|endoftext|>, ...)."""
         return token_id in self._control_ids
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; special-token text inside it becomes the special ids.
 
         add_special prepends BOS when the file asks for it (add_bos_token; false for Qwen,
         true for DeepSeek-R1-Distill). Text already rendered by a chat template that starts
         with `bos_token` should be encoded with add_special=False, as transformers does.
+        parse_special=False keeps CONTROL-token text literal (`<|im_start|>` typed by a user
+        becomes the tokens of its characters, so it cannot forge a role boundary); USER_DEFINED
+        tokens such as `<tool_call>` still match, as in transformers' split_special_tokens.
         """
         validate.text("the text to encode", text)
+        ids = self._run(self._backend if parse_special else self._literal_backend(), text).ids
+        if add_special and self.add_bos:
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def count_at_least(self, prefix: str, parse_special: bool = True) -> int:
+        """A lower bound on the tokens of any text that starts with `prefix` (what encode would
+        give it with add_special=False): its tokens, less those of the pre-tokens reaching into
+        its last few characters, which more text could merge, split or complete into an added
+        token. Lets a caller refuse a huge prompt after encoding only a prefix of it."""
+        validate.text("the text to encode", prefix)
+        enc = self._run(self._backend if parse_special else self._literal_backend(), prefix)
+        settled_end = len(prefix) - self._unsettled_chars
+        words = enc.word_ids
+        for j, (_, end) in enumerate(enc.offsets):
+            if end > settled_end:  # the first token that may change; its pre-token's earlier tokens too
+                while j > 0 and words[j] is not None and words[j - 1] == words[j]:
+                    j -= 1
+                return j
+        return len(enc.ids)
+
+    def _run(self, backend: Any, text: str) -> Any:
         try:
-            ids = self._backend.encode(text, add_special_tokens=False).ids
+            return backend.encode(text, add_special_tokens=False)
         except BaseException as e:  # tokenizers' PanicException is a BaseException: the vocab is broken
             if type(e).__name__ != "PanicException":
                 raise
             raise GGUFError(f"{self.source}: the tokenizer failed on this text ({e}); its vocabulary or merges "
                             "are inconsistent") from None
-        if add_special and self.add_bos:
-            ids.insert(0, self.bos_id)
-        return ids
+
+    def _literal_backend(self) -> Any:
+        with self._literal_lock:
+            if self._literal is None:
+                from tokenizers import Tokenizer as Backend
+
+                literal = Backend.from_str(self._backend.to_str())
+                literal.encode_special_tokens = True  # special=True added tokens (CONTROL) split as text
+                self._literal = literal
+            return self._literal
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """Text of `ids`; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""

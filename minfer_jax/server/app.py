@@ -7,8 +7,15 @@ The port opens at once; the model loads in a background thread, and until it has
 and every /v1 route answer 503. Every error is an OpenAI-style body
 {"error": {"message", "type", "param", "code"}}: 400 for a malformed request or any MinferError
 of the engine (prompt over the context, token id outside the vocabulary, ...), 401 for a wrong
-API key, 429 when every slot is busy and the queue is full. A client that disconnects cancels its
-request, which frees its slot at the scheduler's next step.
+API key, 403 for a Host or Origin refused and 415 for a body that is not JSON (guards.py), 413 for
+a body over its limit (limits.py), 429 when every slot is busy and the queue is full. A client that
+disconnects cancels its request, which frees its slot at the scheduler's next step.
+
+A generation request, in order: the key, the limits (the body read in pieces up to its limit),
+then in worker threads, so that /health and running streams never wait for them: JSON parsing with
+the cheap counts checked first, the prompt's length in characters, tokenization that stops as soon
+as a prefix shows the prompt cannot fit (files/prompts.py), the chat template (its own 1 s budget)
+with message content kept literal unless --parse-special-in-content.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minfer_jax import validate
 from minfer_jax.errors import MinferError
 from minfer_jax.server import metrics
 from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSettings
+from minfer_jax.server.guards import AccessGuard, AccessPolicy
+from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, longest_token_chars
 from minfer_jax.server.openai_format import Reply, error_body, sse
 from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, CompletionRequest, parse
 
@@ -51,7 +61,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(BadRequest)
     async def _bad(_, e: BadRequest):
-        return _error_response(ApiError(400, str(e), "invalid_request_error", e.param))
+        return _error_response(ApiError(e.status, str(e), "invalid_request_error", e.param))
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, _):
+        client_gone(request)
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(ServerBusy)
     async def _busy(_, e: ServerBusy):
@@ -72,21 +87,31 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error"))
 
 
-def _text_prompt_ids(model, prompt) -> list[int]:
-    from minfer_jax.engine.runtime import prompt_ids
+def _text_prompt_ids(model, prompt: str | list[int], limit: int) -> list[int]:
+    """A completion's prompt as ids: text tokenized (at most `limit` tokens), ids checked."""
+    from minfer_jax.files.prompts import encode_within
 
     try:
-        return prompt_ids(model, prompt)
-    except MinferError as e:  # token ids outside the vocabulary, text that is not valid UTF-8
+        if not isinstance(prompt, str):
+            return validate.token_ids(prompt, model.config.vocab_size, "prompt")
+        if model.tokenizer is None:
+            raise BadRequest("this model has no tokenizer: send the prompt as token ids", "prompt")
+        return encode_within(model.tokenizer, prompt, limit)
+    except MinferError as e:  # token ids outside the vocabulary, more tokens than the context holds
         raise BadRequest(str(e), "prompt") from None
 
 
-def _chat_prompt_ids(model, messages: list[dict]) -> list[int]:
-    tok = model.tokenizer
-    if tok is None:
+def _chat_prompt_ids(model, messages: list[dict], limit: int, literal: bool) -> list[int]:
+    """Messages rendered with the chat template and tokenized (at most `limit` tokens)."""
+    from minfer_jax.files.prompts import encode_chat
+
+    if model.tokenizer is None:
         raise BadRequest("this model has no tokenizer (and so no chat template): use /v1/completions with "
                          "token ids", "messages")
-    return tok.encode(tok.apply_chat_template(messages), add_special=False)
+    try:
+        return encode_chat(model.tokenizer, messages, limit, literal=literal)
+    except MinferError as e:  # the template refused or failed, more tokens than the context holds
+        raise BadRequest(str(e), "messages") from None
 
 
 async def _stream(handle: Handle, reply: Reply, include_usage: bool):
@@ -142,11 +167,16 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
     """Submit one validated request; its SSE stream, or its JSON once done."""
     from minfer_jax.engine.sampling import sampler_of
 
+    ctx, vocab = backend.scheduler.plan.ctx, backend.model.config.vocab_size
+    # extreme counts are clamped (validate.clamped_count), as generate() and the CLI do
+    wanted = backend.settings.n_predict if body.max_tokens is None else body.max_tokens
+    max_tokens = validate.clamped_count("max_tokens", wanted, ctx, all_of="the context")
     sampler = sampler_of(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
-                         repeat_penalty=body.repeat_penalty, repeat_last_n=body.repeat_last_n)
+                         repeat_penalty=body.repeat_penalty, repeat_last_n=body.repeat_last_n, history_cap=ctx,
+                         vocab=vocab)
     try:
-        handle = backend.submit(ids, max_tokens=body.max_tokens, sampler=sampler, seed=body.seed,
-                                stop=body.stops, stream=body.stream)
+        handle = backend.submit(ids, max_tokens=max_tokens, sampler=sampler, seed=body.seed, stop=body.stops,
+                                stream=body.stream)
     except ServerBusy:
         raise
     except MinferError as e:  # the scheduler's checks: empty prompt, over the context, bad token id
@@ -165,22 +195,49 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
                                   result.cached_tokens))
 
 
-def _add_generation_routes(app: FastAPI, backend: Backend) -> None:
+class _Admission:
+    """The request limits for the loaded model: flags with their defaults resolved, once, on the
+    first request after the model has loaded (the longest token needs its vocabulary)."""
+
+    def __init__(self, backend: Backend, limits: RequestLimits):
+        self.backend, self.limits = backend, limits
+        self.resolved: RequestLimits | None = None
+
+    async def limits_for(self, request: Request) -> RequestLimits:
+        backend = _ready(self.backend, request)
+        if self.resolved is None:
+            tok = backend.model.tokenizer
+            longest = 1 if tok is None else await run_in_threadpool(longest_token_chars, tok)
+            self.resolved = self.limits.for_model(backend.scheduler.plan.ctx, longest)
+        return self.resolved
+
+
+def _add_generation_routes(app: FastAPI, backend: Backend, admission: _Admission, literal_content: bool) -> None:
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
     async def completions(request: Request):
-        model = _ready(backend, request).model
-        body = parse(CompletionRequest, await request.body())
-        ids = await run_in_threadpool(_text_prompt_ids, model, body.prompt)
+        limits = await admission.limits_for(request)
+        ctx = backend.scheduler.plan.ctx
+        raw = await limits.read_body(request)
+        body = await run_in_threadpool(parse, CompletionRequest, raw, lambda data: limits.check_json(data, ctx))
+        del raw  # the largest copy of the prompt: not kept while the request runs
+        ids = await run_in_threadpool(_text_prompt_ids, backend.model, body.prompt, ctx - 1)
+        body.prompt = ids
         return await _generate(backend, request, "text", body, ids)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(request: Request):
-        model = _ready(backend, request).model
-        body = parse(ChatCompletionRequest, await request.body())
+        limits = await admission.limits_for(request)
+        ctx = backend.scheduler.plan.ctx
+        raw = await limits.read_body(request)
+        body = await run_in_threadpool(parse, ChatCompletionRequest, raw, lambda data: limits.check_json(data, ctx))
+        del raw
         messages = [m.as_template_message() for m in body.messages]
-        ids = await run_in_threadpool(_chat_prompt_ids, model, messages)
+        body.messages = []
+        limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
+        ids = await run_in_threadpool(_chat_prompt_ids, backend.model, messages, ctx - 1, literal_content)
+        del messages
         return await _generate(backend, request, "chat", body, ids)
 
 
@@ -211,9 +268,16 @@ def _add_info_routes(app: FastAPI, backend: Backend) -> None:
         return PlainTextResponse(metrics.render(backend), media_type=metrics.CONTENT_TYPE)
 
 
-def create_app(settings: ServerSettings, *, loader=None, on_fatal=None) -> FastAPI:
-    """The app for these settings; the model starts loading when the app starts (its lifespan)."""
+def create_app(settings: ServerSettings, *, loader=None, on_fatal=None, limits: RequestLimits = RequestLimits(),
+               access: AccessPolicy | None = None, literal_content: bool = True) -> FastAPI:
+    """The app for these settings; the model starts loading when the app starts (its lifespan).
+
+    limits: what one request may cost (limits.py); access: Host/Origin/Content-Type checks
+    (guards.py; default: loopback names only unless settings has an API key); literal_content:
+    special-token text in chat message content stays text (files/prompts.py)."""
     backend = Backend(settings, loader=loader, on_fatal=on_fatal)
+    if access is None:
+        access = AccessPolicy.build(api_key=settings.api_key, listen_host="127.0.0.1")
 
     @contextlib.asynccontextmanager
     async def lifespan(_):
@@ -225,7 +289,8 @@ def create_app(settings: ServerSettings, *, loader=None, on_fatal=None) -> FastA
 
     app = FastAPI(title="minfer_jax", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backend = backend
+    app.add_middleware(AccessGuard, policy=access)
     _install_error_handlers(app)
-    _add_generation_routes(app, backend)
+    _add_generation_routes(app, backend, _Admission(backend, limits), literal_content)
     _add_info_routes(app, backend)
     return app

@@ -211,7 +211,10 @@ class Backend:
             from minfer_jax.engine.scheduler import Scheduler
             from minfer_jax.engine.warmup import Warmup
 
-            plan = model.plan(s.n_parallel, s.slot_ctx, s.decode_steps)
+            if s.slot_ctx is not None and model.ctx_size < s.slot_ctx:  # clamped like -c of the CLI and load()
+                _log.warning("-c/--ctx-size: %d tokens per slot is more than the model's trained context; using %d",
+                             s.slot_ctx, model.ctx_size)
+            plan = model.plan(s.n_parallel, model.ctx_size, s.decode_steps)
             sched = Scheduler(model, plan, compile_in_loop=not s.warmup)
             warm = self.warmup = Warmup(model, plan, log=_log.info)
             if s.warmup:

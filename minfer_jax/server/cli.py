@@ -2,6 +2,9 @@
 
 Flags follow llama-server's spelling: -m, --host, --port, -np/--parallel, -c/--ctx-size (the
 total context, divided among the -np slots), -n/--n-predict, -a/--alias, --api-key, --no-warmup.
+Request limits (limits.py: --max-body-bytes, --max-prompt-chars, --max-messages) and access
+checks (guards.py: --allowed-hosts, --any-content-type) have no llama-server spelling;
+--parse-special-in-content makes special-token text in chat messages control tokens again.
 The port opens before the model has loaded (/health answers 503 until it has). A bad flag prints
 one `error:` line and exits with 2; a model that fails to load stops the server with exit 1;
 SIGINT (Ctrl-C) shuts down gracefully and exits with 130.
@@ -39,6 +42,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
+    from minfer_jax.server.limits import DEFAULT_MAX_MESSAGES
 
     p = _Parser(prog=PROG, description="OpenAI-compatible HTTP server for a Qwen2-family GGUF model (minfer_jax).",
                 epilog=EPILOG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,6 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "clients)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
+    p.add_argument("--max-body-bytes", type=int, default=0, metavar="N",
+                   help="largest request body; more gets 413 (default 0: 8 bytes per --max-prompt-chars, >= 1 MiB)")
+    p.add_argument("--max-prompt-chars", type=int, default=0, metavar="N",
+                   help="longest prompt (or chat messages' content) in characters, refused before tokenizing "
+                        "(default 0: the slot's context x the longest token, what could fit)")
+    p.add_argument("--max-messages", type=int, default=DEFAULT_MAX_MESSAGES, metavar="N",
+                   help=f"most messages in a chat request (default {DEFAULT_MAX_MESSAGES}, OpenAI's)")
+    p.add_argument("--allowed-hosts", default="", metavar="H1,H2",
+                   help="without --api-key, Host/Origin names answered besides localhost, 127.0.0.1, ::1 and "
+                        "the --host address ('*': any; default: none)")
+    p.add_argument("--any-content-type", action="store_true",
+                   help="accept POST bodies whatever their Content-Type (default: application/json only)")
+    p.add_argument("--parse-special-in-content", action="store_true",
+                   help="let special-token text in chat message content (<|im_start|>, ...) become control "
+                        "tokens, as transformers and llama-server do (default: it stays literal text)")
     p.add_argument("--backend", "--kernels", dest="backend", default="auto",
                    choices=("auto", "pallas", "interpret", "xla"),
                    help="quantized matmuls: pallas (GPU kernels), interpret, xla; auto = pallas on a GPU, else xla")
@@ -84,10 +103,33 @@ def settings_from(args):
                           kernels=None if args.backend == "auto" else args.backend)
 
 
+def http_options_from(args) -> dict:
+    """create_app's request limits, access policy and chat-content mode from the flags."""
+    from minfer_jax.server.guards import AccessPolicy
+    from minfer_jax.server.limits import RequestLimits
+
+    limits = RequestLimits(max_body_bytes=args.max_body_bytes, max_prompt_chars=args.max_prompt_chars,
+                           max_messages=args.max_messages)
+    access = AccessPolicy.build(api_key=args.api_key, listen_host=args.host, extra_hosts=args.allowed_hosts.split(","),
+                                any_content_type=args.any_content_type)
+    return {"limits": limits, "access": access, "literal_content": not args.parse_special_in_content}
+
+
+def _warn_open(args, access) -> None:
+    """A server on every interface without a key still answers only loopback Host names: say so."""
+    from minfer_jax.server.guards import WILDCARD_ADDRESSES, host_name
+
+    if access.allowed_hosts is not None and host_name(args.host) in WILDCARD_ADDRESSES:
+        print(f"warning: listening on {args.host} without --api-key: only requests addressed to "
+              f"{', '.join(sorted(access.allowed_hosts))} are answered (--api-key or --allowed-hosts for others)",
+              file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         settings = settings_from(args)
+        http = http_options_from(args)
     except (_UsageError, MinferError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -102,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(settings, on_fatal=on_fatal)
+    _warn_open(args, http["access"])
+    app = create_app(settings, on_fatal=on_fatal, **http)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))
     try:
