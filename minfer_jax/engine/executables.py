@@ -129,6 +129,12 @@ class ExecutableStore:
     def path(self, digest: str) -> Path:
         return self.directory / f"{digest}{_SUFFIX}"
 
+    def holds(self, model, key) -> bool:
+        try:
+            return self.path(fingerprint(model, key)).is_file()
+        except Exception:  # noqa: BLE001  no fingerprint: it would compile
+            return False
+
     def get(self, digest: str, devices):
         """The deserialized executable, or None (absent, unreadable or not loadable here)."""
         path = self.path(digest)

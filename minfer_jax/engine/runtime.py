@@ -119,6 +119,10 @@ class Model:
         dt = self._compile_seconds[key] = time.perf_counter() - t0
         return exe, dt
 
+    def in_store(self, key) -> bool:
+        """Whether the executable store holds this key (it would load, not compile)."""
+        return key in self._compiled or (self.store is not None and self.store.holds(self, key))
+
     def executable_record(self, key) -> ExecutableRecord | None:
         """Where this executable came from (store / compiled) and its lower/compile/load seconds."""
         return self._records.get(key)
