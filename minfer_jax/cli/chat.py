@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from minfer_jax.engine.phases import format_phase, process_age
+from minfer_jax.engine.phases import format_executable, process_age
 
 CHUNK = 16  # tokens per on-device decode call: text streams out once per chunk
 
@@ -114,9 +114,7 @@ class _Session:
             for k in todo:
                 rec = self.model.executable_record(k)
                 if rec is not None:
-                    self.err.write(format_phase(f"executable {rec.label} ({rec.source}: lower {rec.lower_s:.2f}, "
-                                                f"compile {rec.compile_s:.2f}, store load {rec.load_s:.2f}, "
-                                                f"save {rec.save_s:.2f})", rec.total_s) + "\n")
+                    self.err.write(format_executable(rec) + "\n")
         return spin.elapsed
 
 

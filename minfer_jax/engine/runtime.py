@@ -120,12 +120,17 @@ class Model:
         return exe, dt
 
     def in_store(self, key) -> bool:
-        """Whether the executable store holds this key (it would load, not compile)."""
-        return key in self._compiled or (self.store is not None and self.store.holds(self, key))
+        """Whether the executable store holds this key (a first use loads it instead of compiling)."""
+        return self.store is not None and self.store.holds(self, key)
 
     def executable_record(self, key) -> ExecutableRecord | None:
         """Where this executable came from (store / compiled) and its lower/compile/load seconds."""
         return self._records.get(key)
+
+    @property
+    def executable_records(self) -> list[ExecutableRecord]:
+        """Every executable obtained so far, in order: its source and seconds."""
+        return list(self._records.values())
 
     @property
     def compile_stats(self) -> dict:
