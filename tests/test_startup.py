@@ -188,6 +188,55 @@ def test_unserializable_backend_falls_back_to_compiling(caches, tiny_gguf, monke
         assert run(m)[0] == tokens and m.compile_stats["compiled"] == 2 and m.compile_stats["store"] == 0
 
 
+_JAX_CACHE_RUN = """
+import json, sys, jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+import minfer_jax
+from minfer_jax.files.gguf import load_gguf
+m = minfer_jax.load(gguf_model=load_gguf(sys.argv[2]), kernels="xla", weights="quantized", ctx_size=256,
+                    prefill_chunk=16)
+out = minfer_jax.generate(m, [5, 17, 42, 99, 7], max_new_tokens=20)
+print(json.dumps(dict(tokens=out.tokens, sources=[r.source for r in m.executable_records])))
+"""
+
+
+def test_a_jax_cache_hit_never_enters_the_store(tiny_gguf, tmp_path):
+    """An executable JAX's persistent cache hands back is not stored (on the CPU its re-serialized
+    copy has lost its code), and the run it serves computes the same tokens. Fresh processes: JAX
+    reads its cache setting once per process."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(tiny_gguf, path, progress=False)
+
+    def run_in(store_dir):
+        env = dict(os.environ, MINFER_COMPILATION_CACHE=str(store_dir), MINFER_WEIGHTS_CACHE="0")
+        proc = subprocess.run([sys.executable, "-c", _JAX_CACHE_RUN, str(tmp_path / "jax"), str(path)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first = run_in(tmp_path / "a")  # JAX's cache empty: fresh compiles, stored
+    assert first["sources"] == ["compiled", "compiled"] and len(list((tmp_path / "a").glob("*/*.exe"))) == 2
+    second = run_in(tmp_path / "b")  # JAX's cache warm, this store empty: JAX's copies, not stored
+    assert second["sources"] == ["jax-cache", "jax-cache"] and not list((tmp_path / "b").glob("*/*.exe"))
+    assert second["tokens"] == first["tokens"]
+    third = run_in(tmp_path / "a")
+    assert third["sources"] == ["store", "store"] and third["tokens"] == first["tokens"]
+
+
+def test_the_store_replaces_jax_cache_on_cpu(tiny_gguf, caches):
+    import minfer_jax.engine.runtime as runtime
+
+    assert not executables.jax_cache_useful("cpu") and executables.jax_cache_useful("gpu")
+    if jax.default_backend() == "cpu" and not jax.config.jax_compilation_cache_dir:
+        runtime.enable_compilation_cache("cpu")
+        assert not jax.config.jax_compilation_cache_dir
+
+
 def test_cache_off_means_no_store(tiny_gguf, monkeypatch):
     monkeypatch.setenv("MINFER_COMPILATION_CACHE", "0")
     assert load(tiny_gguf).store is None

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROMPT = "def fibonacci(n):"
 DEFAULT_TOKENS = 64
 _PHASE = re.compile(r"startup: (.+) (\d+(?:\.\d+)?) s$")
-_EXE = re.compile(r"executable (.+) \((\w+): lower ([\d.]+), compile ([\d.]+), store load ([\d.]+), save ([\d.]+)\)")
+_EXE = re.compile(r"executable (.+) \(([\w-]+): lower ([\d.]+), compile ([\d.]+), store load ([\d.]+), save ([\d.]+)\)")
 EXE_STEPS = ("lower", "compile", "store load", "save")
 FIRST_TEXT = "first text after the process started"
 
@@ -162,7 +162,7 @@ def summarize(runs: list[Run], kind: str) -> dict:
         phases={n: _median([r.phases.get(n, 0.0) for r in rs]) for n in names},
         executables={step: _median([r.exe_totals[step] for r in rs]) for step in EXE_STEPS},
         from_store=_median([sum(e["source"] == "store" for e in r.executables) for r in rs]),
-        compiled=_median([sum(e["source"] == "compiled" for e in r.executables) for r in rs]),
+        compiled=_median([sum(e["source"] != "store" for e in r.executables) for r in rs]),
     )
 
 
