@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     _execution_args(p.add_argument_group("execution"))
     _kernel_args(p.add_argument_group("kernel mode"))
     _batched_args(p.add_argument_group("batched mode (llama-batched-bench)"))
+    _startup_args(p.add_argument_group("startup mode"))
     _output_args(p.add_argument_group("output"))
     return p
 
@@ -83,8 +84,9 @@ def _test_args(g) -> None:
                    help="tokens already in the cache before each timed test, filled untimed (list; default 0)")
     g.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
                    help="prefill chunk: tokens per prefill executable, a power of two (default: the platform's)")
-    g.add_argument("-r", "--repetitions", type=int, default=5, metavar="N",
-                   help="timed runs per test (kernel mode: timed trials per case) (default: 5)")
+    g.add_argument("-r", "--repetitions", type=int, default=None, metavar="N",
+                   help="timed runs per test (kernel mode: timed trials per case; --startup: cold + warm process "
+                        "pairs) (default: 5; --startup: 1)")
     g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
                    help="KV cache length for every test (default: smallest power of two >= prompt + gen)")
     g.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each test/case")
@@ -136,6 +138,20 @@ def _batched_args(g) -> None:
                    help="sequences decoded at once, a list (default 1,2,4,8,16,32)")
 
 
+def _startup_args(g) -> None:
+    g.add_argument("--startup", action="store_true",
+                   help="time fresh processes phase by phase, cold (empty cache directories) then warm: the CLI's "
+                        "run command until its first text, or with --server the server until /health is 200; "
+                        "-m MODEL (default: the built-in model) or --synthetic SPEC, -n tokens (default 64)")
+    g.add_argument("--server", action="store_true", help="--startup: time `python -m minfer_jax.server` instead")
+    g.add_argument("-np", "--parallel", type=int, default=1, metavar="N", help="--startup --server: slots (-np)")
+    g.add_argument("--startup-timeout", type=float, default=1200.0, metavar="S",
+                   help="--startup: give up on a process after S seconds (default 1200)")
+    g.add_argument("--startup-dir", default=None, metavar="DIR",
+                   help="--startup: where the runs' cache directories go (default: the system's temp directory)")
+    g.add_argument("--startup-keep", action="store_true", help="--startup: keep the cache directories afterwards")
+
+
 def _output_args(g) -> None:
     g.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="md",
                    help="format printed to stdout (default: md)")
@@ -171,8 +187,14 @@ def _load_source(kind: str, ref: str, layers: int | None, seed: int, progress: b
 
 
 def _validate(args) -> None:
+    if args.repetitions is None:
+        args.repetitions = 1 if args.startup else 5
     if args.repetitions < 1:
         raise BenchError(f"-r must be >= 1, got {args.repetitions}")
+    if args.server and not args.startup:
+        raise BenchError("--server applies to --startup")
+    if args.parallel < 1:
+        raise BenchError(f"-np must be >= 1, got {args.parallel}")
     if args.ctx_size is not None and args.ctx_size < 1:
         raise BenchError(f"-c must be >= 1, got {args.ctx_size}")
     if args.layers is not None and args.layers < 1:
@@ -275,6 +297,11 @@ def _kernel_impl(args) -> str:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     _validate(args)
+    if args.startup:
+        from minfer_jax.bench import startup
+
+        log = (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)) if args.progress else (lambda s: None)
+        return startup.run(args, log)
     req = _request(args)
     log = (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)) if args.progress else (lambda s: None)
     if args.no_compile_cache:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from minfer_jax.engine.phases import format_executable, process_age
 from minfer_jax.engine.steps import StopReason
 
 CHUNK = 16  # tokens per on-device decode call: text streams out once per chunk
@@ -64,12 +65,15 @@ class _Session:
     partial: list = dataclasses.field(default_factory=list)  # text streamed by the current reply
     wrote_any: bool = False
     last_char_newline: bool = False
+    first_text_at: float | None = None  # seconds after the process started (phases.process_age)
 
     def write(self, text: str) -> None:
         if not text:
             return
         self.out.write(text)
         self.out.flush()
+        if not self.wrote_any:
+            self.first_text_at = process_age()
         self.wrote_any = True
         self.last_char_newline = text.endswith("\n")
 
@@ -103,16 +107,23 @@ class _Session:
         if not todo:
             return 0.0
         what = " + ".join(k.label for k in todo)
-        with _Spinner(self.err, f"compiling {what} (context {self.max_len})") as spin:
+        stored = all(self.model.in_store(k) for k in todo)
+        message = f"loading {what} from the executable store" if stored else f"compiling {what}"
+        with _Spinner(self.err, f"{message} (context {self.max_len})", "loaded" if stored else "compiled") as spin:
             sched.compile(todo)
+        if self.verbose:
+            for k in todo:
+                rec = self.model.executable_record(k)
+                if rec is not None:
+                    self.err.write(format_executable(rec) + "\n")
         return spin.elapsed
 
 
 class _Spinner:
     """'compiling ...' on stderr: an animated line on a terminal, two plain lines otherwise."""
 
-    def __init__(self, err, message: str):
-        self.err, self.message = err, message
+    def __init__(self, err, message: str, done: str = "compiled"):
+        self.err, self.message, self.done = err, message, done
         self.animate = bool(getattr(err, "isatty", lambda: False)())
         self._stop = threading.Event()
         self._thread = None
@@ -145,6 +156,6 @@ class _Spinner:
         if self.animate:
             self.err.write(f"\r\033[K{self.message} ... {status}\n")
         else:
-            self.err.write(f"compiled in {self.elapsed:.1f} s\n" if exc_type is None else "compile interrupted\n")
+            self.err.write(f"{self.done} in {self.elapsed:.1f} s\n" if exc_type is None else "compile interrupted\n")
         self.err.flush()
         return False

@@ -30,6 +30,7 @@ from minfer_jax.errors import ContextOverflowError, InvalidArgumentError, Minfer
 from minfer_jax.files.gguf import load_gguf
 from minfer_jax.files.model_source import resolve_model
 from minfer_jax.cli.chat import _Session, _summary
+from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 from minfer_jax.engine.runtime import load  # module attributes: tests substitute an already loaded model
 
 PROG = "minfer-generate"
@@ -286,15 +287,21 @@ def _run(args, out, err) -> int:
                           "use --backend xla or interpret")
     progress = bool(getattr(err, "isatty", lambda: False)())
 
+    started = process_age()  # the interpreter's start and the imports, before any timer of ours
     t0 = time.perf_counter()
+    timer = PhaseTimer()
     path = resolve_model(args.model, progress=progress)
+    timer.mark("resolve")
     gguf_model = load_gguf(path)
+    timer.mark("parse")
     trained = gguf_model.config.context_length
     ctx = _choose_ctx(args.ctx_size, trained, err)
     model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress,  # bounds the KV cache
                  tensor_parallel=args.tensor_parallel)
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
     load_s = time.perf_counter() - t0
+    phases = {**({"python + imports": started} if started is not None else {}), **timer.phases,
+              **model.startup}
     if model.tokenizer is None:
         raise MinferError(f"{path}: the GGUF has no tokenizer metadata (tokenizer.ggml.*); the CLI needs one")
     max_len = min(ctx, model.ctx_size)
@@ -308,6 +315,9 @@ def _run(args, out, err) -> int:
                   f"({model.weight_nbytes / 2**20:.0f} MiB), context {max_len}, loaded in {load_s:.1f} s\n"
                   f"seed: {seed}\n"
                   f"sampler: {_describe_sampler(sampler)}\n")
+        err.write("".join(format_phase(name, sec) + "\n" for name, sec in phases.items()))
+        if model.weights_from == "cache":
+            err.write("weights: mapped from the weights cache\n")
     n_predict = validate.clamped_count("-n/--n-predict", args.n_predict, max_len, all_of="the context")
     session = _Session(model=model, sampler=sampler, seed=seed, max_len=max_len, n_predict=n_predict,
                        stop=tuple(args.stop), stream=args.stream, out=out, err=err, verbose=args.verbose)
@@ -329,6 +339,8 @@ def _run(args, out, err) -> int:
         session.write(result.text)
     _newline_if_needed(out, session)
     err.write(_summary(session.totals))
+    if args.verbose and session.first_text_at is not None:
+        err.write(format_phase("first text after the process started", session.first_text_at) + "\n")
     err.flush()
     return 0
 

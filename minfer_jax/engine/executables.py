@@ -13,6 +13,11 @@ directory as JAX's cache, `MINFER_COMPILATION_CACHE`) and the store keeps its to
 
 Failure is never the user's problem: an unreadable entry is a miss (logged, then overwritten), and
 a backend that cannot serialize or deserialize simply compiles every time.
+
+An executable that JAX's persistent cache handed back is never stored: on the CPU (jax 0.10.2)
+re-serializing it drops its code ("Function ... not found" when the loaded copy runs;
+tests/test_startup.py checks that this path stays safe). So on a CPU the store replaces JAX's cache
+(`jax_cache_useful`); on a GPU both stay on and only fresh compiles enter the store.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import os
 import pickle
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,7 +50,8 @@ class ExecutableRecord:
     """Where one executable came from and what it cost (seconds)."""
 
     label: str
-    source: str  # "store" (deserialized) | "compiled" (traced + lowered + compiled)
+    source: str  # "store" (deserialized) | "compiled" (traced, lowered, compiled) | "jax-cache" (traced,
+    # lowered, then loaded from JAX's persistent cache: not stored, see the module docstring)
     lower_s: float = 0.0
     compile_s: float = 0.0
     load_s: float = 0.0  # reading + deserializing a store entry (also spent on a failed read)
@@ -66,6 +73,26 @@ def source_hash() -> str:
         h.update(path.read_bytes())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def jax_cache_useful(platform: str) -> bool:
+    """Whether JAX's persistent cache should run beside the store: not on a CPU, where only the
+    engine's executables compile long enough to be cached and a cache hit cannot enter the store."""
+    return platform != "cpu"
+
+
+JAX_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_hits = threading.local()  # JAX records the event in the compiling thread: count per thread
+
+
+def _count_hit(event: str, **kwargs) -> None:
+    if event == JAX_CACHE_HIT_EVENT:
+        _hits.n = getattr(_hits, "n", 0) + 1
+
+
+@functools.cache
+def _watch_jax_cache_hits() -> None:
+    jax.monitoring.register_event_listener(_count_hit)
 
 
 def execution_devices(model) -> list:
@@ -128,6 +155,12 @@ class ExecutableStore:
 
     def path(self, digest: str) -> Path:
         return self.directory / f"{digest}{_SUFFIX}"
+
+    def holds(self, model, key) -> bool:
+        try:
+            return self.path(fingerprint(model, key)).is_file()
+        except Exception:  # noqa: BLE001  no fingerprint: it would compile
+            return False
 
     def get(self, digest: str, devices):
         """The deserialized executable, or None (absent, unreadable or not loadable here)."""
@@ -227,13 +260,16 @@ def obtain(model, key, store: ExecutableStore | None):
         load_s = time.perf_counter() - t0
         if exe is not None:
             return exe, ExecutableRecord(label, "store", load_s=load_s)
+    _watch_jax_cache_hits()
     t0 = time.perf_counter()
     lowered = key.lower(model)
     t1 = time.perf_counter()
+    hits = getattr(_hits, "n", 0)
     exe = lowered.compile()
     t2 = time.perf_counter()
-    if digest is not None:
+    source = "jax-cache" if getattr(_hits, "n", 0) > hits else "compiled"
+    if digest is not None and source == "compiled":
         store.put(digest, exe, label)
     t3 = time.perf_counter()
-    return exe, ExecutableRecord(label, "compiled", lower_s=t1 - t0, compile_s=t2 - t1, load_s=load_s or 0.0,
+    return exe, ExecutableRecord(label, source, lower_s=t1 - t0, compile_s=t2 - t1, load_s=load_s or 0.0,
                                  save_s=t3 - t2)

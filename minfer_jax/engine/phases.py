@@ -44,3 +44,10 @@ def process_age() -> float | None:
 def format_phase(name: str, seconds: float) -> str:
     """One line per phase, the same in the CLI's --verbose output and the server's log."""
     return f"startup: {name} {seconds:.2f} s"
+
+
+def format_executable(record) -> str:
+    """An executable's line (executables.ExecutableRecord): its source and the seconds of each step."""
+    return format_phase(f"executable {record.label} ({record.source}: lower {record.lower_s:.2f}, compile "
+                        f"{record.compile_s:.2f}, store load {record.load_s:.2f}, save {record.save_s:.2f})",
+                        record.total_s)

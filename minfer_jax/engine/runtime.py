@@ -57,9 +57,10 @@ def compilation_cache_dir() -> str | None:
     return os.path.join(model_cache_dir(), "xla")
 
 
-def enable_compilation_cache() -> str | None:
-    """Turn on JAX's persistent compilation cache (unless disabled; a directory JAX already uses
-    stays: JAX reads its setting once); returns this load's cache directory."""
+def enable_compilation_cache(platform: str | None = None) -> str | None:
+    """Turn on JAX's persistent compilation cache where it helps beside the executable store
+    (executables.jax_cache_useful: not on a CPU) unless disabled; a directory JAX already uses
+    stays (JAX reads its setting once). Returns this load's cache directory (the store's too)."""
     path = compilation_cache_dir()
     if path is None:
         return None
@@ -67,7 +68,7 @@ def enable_compilation_cache() -> str | None:
         os.makedirs(path, exist_ok=True)
     except OSError:
         return None  # a read-only home: run without the cache rather than fail
-    if not jax.config.jax_compilation_cache_dir:
+    if not jax.config.jax_compilation_cache_dir and executables.jax_cache_useful(platform or jax.default_backend()):
         jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return path
@@ -120,15 +121,25 @@ class Model:
         dt = self._compile_seconds[key] = time.perf_counter() - t0
         return exe, dt
 
+    def in_store(self, key) -> bool:
+        """Whether the executable store holds this key (a first use loads it instead of compiling)."""
+        return self.store is not None and self.store.holds(self, key)
+
     def executable_record(self, key) -> ExecutableRecord | None:
         """Where this executable came from (store / compiled) and its lower/compile/load seconds."""
         return self._records.get(key)
+
+    @property
+    def executable_records(self) -> list[ExecutableRecord]:
+        """Every executable obtained so far, in order: its source and seconds."""
+        return list(self._records.values())
 
     @property
     def compile_stats(self) -> dict:
         """Executables obtained so far: how many came from the store / were compiled, and the seconds."""
         recs = list(self._records.values())
         return dict(store=sum(r.source == "store" for r in recs), compiled=sum(r.source == "compiled" for r in recs),
+                    jax_cache=sum(r.source == "jax-cache" for r in recs),
                     lower_s=sum(r.lower_s for r in recs), compile_s=sum(r.compile_s for r in recs),
                     load_s=sum(r.load_s for r in recs), save_s=sum(r.save_s for r in recs))
 
@@ -198,7 +209,7 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     from minfer_jax.files.model_source import resolve_model
     from minfer_jax.files.tokenizer import Tokenizer
 
-    store = ExecutableStore.in_cache_dir(enable_compilation_cache())
+    store = ExecutableStore.in_cache_dir(enable_compilation_cache(platform))
     if gguf_model is None:
         source = resolve_model(None if path is None else os.fspath(path), progress=progress)
         timer.mark("resolve")

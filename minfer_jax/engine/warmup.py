@@ -41,11 +41,16 @@ class Warmup:
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
 
+    def _one(self, key, what: str) -> None:
+        _, dt = self.model.executable(key)
+        record = self.model.executable_record(key)
+        source = f" ({record.source})" if record is not None and dt > 0 else ""
+        self.log(f"{what}: {key.label} in {dt:.1f} s{source}")
+
     def _compile(self, keys, what: str) -> float:
         t0 = time.perf_counter()
         for i, key in enumerate(keys, 1):
-            _, dt = self.model.executable(key)
-            self.log(f"{what} {i}/{len(keys)}: {key.label} in {dt:.1f} s")
+            self._one(key, f"{what} {i}/{len(keys)}")
         return time.perf_counter() - t0
 
     def ready(self) -> float:
@@ -61,8 +66,7 @@ class Warmup:
                 for i, key in enumerate(keys, 1):
                     if stop.is_set():
                         return
-                    _, dt = self.model.executable(key)
-                    self.log(f"background {i}/{len(keys)}: {key.label} in {dt:.1f} s")
+                    self._one(key, f"background {i}/{len(keys)}")
                 self.log(f"background: all {len(keys)} executables ready in {time.perf_counter() - t0:.1f} s")
             except BaseException as e:  # the stand-ins keep serving; report it, don't kill the server
                 self.error = e

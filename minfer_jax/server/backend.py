@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from minfer_jax.engine.phases import process_age
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.errors import MinferError
 
@@ -96,6 +97,23 @@ def load_model(ref: str | None, **kwargs):
     gm.metadata.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
                         "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges})
     return load(gguf_model=gm, **kwargs)
+
+
+def _log_phases(model, started: float | None, load_s: float) -> None:
+    """One log line per load phase (Model.startup), as the CLI's --verbose prints them; started:
+    the process's age when the load began; load_s: the loader's seconds."""
+    from minfer_jax.engine.phases import format_phase
+
+    phases = getattr(model, "startup", {})
+    if started is not None:
+        _log.info("%s", format_phase("python + imports + server", started))
+    outside = load_s - sum(phases.values())
+    if outside > 0.005:  # e.g. a synthetic model's random weights, made before load()
+        _log.info("%s", format_phase("model before load", outside))
+    for name, seconds in phases.items():
+        _log.info("%s", format_phase(name, seconds))
+    if getattr(model, "weights_from", None) == "cache":
+        _log.info("weights: mapped from the weights cache")
 
 
 class Throughput:
@@ -207,7 +225,9 @@ class Backend:
         try:
             loader = self.loader or load_model
             s = self.settings
+            started, t0 = process_age(), time.perf_counter()
             model = loader(s.model, ctx_size=s.slot_ctx, kernels=s.kernels, progress=False)
+            _log_phases(model, started, time.perf_counter() - t0)
             from minfer_jax.engine.scheduler import Scheduler
             from minfer_jax.engine.warmup import Warmup
 
