@@ -268,8 +268,8 @@ def test_synthetic_qwen2_family_pre_tokenizers(pre):
 
 
 @pytest.mark.parametrize(("overrides", "error", "match"), [
-    ({"tokenizer.ggml.model": "llama"}, UnsupportedError, "tokenizer model 'llama'"),
-    ({"tokenizer.ggml.pre": "llama-bpe"}, UnsupportedError, "pre-tokenizer 'llama-bpe'"),
+    ({"tokenizer.ggml.model": "t5"}, UnsupportedError, "tokenizer model 't5'"),
+    ({"tokenizer.ggml.pre": "falcon"}, UnsupportedError, "pre-tokenizer 'falcon'"),
     ({"tokenizer.ggml.tokens": None}, GGUFError, "tokenizer.ggml.tokens"),
     ({"tokenizer.ggml.token_type": [1, 1]}, GGUFError, "token types"),
     ({"tokenizer.ggml.merges": ["he"]}, GGUFError, "merge #0"),

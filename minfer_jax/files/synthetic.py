@@ -31,7 +31,7 @@ from gguf import GGML_QUANT_SIZES, LlamaFileType
 
 from minfer_jax.files.quant_mix import DEFAULT_TYPE, FTYPES, QType, SyntheticSpecError, parse_ftype, tensor_types
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.files.gguf import ARCHITECTURE, FLOAT_TYPES, SUPPORTED_TYPES, GGUFModel, RawTensor, expected_shapes
+from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, GGUFModel, RawTensor, expected_shapes
 from minfer_jax.model.config import Config
 
 
@@ -198,7 +198,7 @@ def random_raw_tensor(name: str, qtype: QType, shape: tuple[int, ...], rng: np.r
 # --------------------------------------------------------------------------------------------
 
 def _metadata(cfg: Config, name: str, file_type: int) -> dict:
-    a = ARCHITECTURE
+    a = cfg.family
     meta = {
         "general.architecture": a,
         "general.type": "model",
@@ -394,7 +394,7 @@ def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True,
 
     cfg = model.config
     meta = model.metadata
-    w = gguf.GGUFWriter(os.fspath(path), arch=ARCHITECTURE)
+    w = gguf.GGUFWriter(os.fspath(path), arch=cfg.family)
     w.add_type("model")
     w.add_name(str(meta.get("general.name", "synthetic")))
     w.add_block_count(cfg.n_layers)

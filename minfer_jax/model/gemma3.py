@@ -1,0 +1,2 @@
+ARCHITECTURE = 'gemma3'
+MODELS = ''

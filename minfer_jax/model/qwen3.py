@@ -1,0 +1,2 @@
+ARCHITECTURE = 'qwen3'
+MODELS = ''
