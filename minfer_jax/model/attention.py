@@ -21,6 +21,16 @@ def _kernels(impl) -> bool:
     return impl.kernels in ("pallas", "interpret")
 
 
+def _kernel_options(cfg: Config, window: int) -> dict:
+    """The file's softmax scale and the layer's window, passed only where they differ from the
+    kernels' defaults (head_dim^-0.5, no window). The window reaches the kernel as an operand: one
+    kernel serves every sliding-window layer."""
+    options = {"sm_scale": cfg.attn_scale} if cfg.attn_scale else {}
+    if window:
+        options["window"] = jnp.int32(window)
+    return options
+
+
 def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot: jax.Array, start: jax.Array,
                     cfg: Config, impl, window: int = 0) -> jax.Array:
     """q [T, H, hd] at positions start + [0, T) of sequence `slot` -> [T, H * hd] f32.
@@ -30,7 +40,8 @@ def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot: 
     if _kernels(impl):
         from minfer_jax.pallas import attention
 
-        out = attention.chunk_attention(q, k_cache, v_cache, slot, start, interpret=impl.kernels == "interpret")
+        out = attention.chunk_attention(q, k_cache, v_cache, slot, start, interpret=impl.kernels == "interpret",
+                                        **_kernel_options(cfg, window))
         return out.reshape(t, cfg.q_dim)
     k = jax.lax.dynamic_index_in_dim(k_cache, slot, axis=0, keepdims=False).astype(jnp.float32)  # [Hkv, S, hd]
     v = jax.lax.dynamic_index_in_dim(v_cache, slot, axis=0, keepdims=False).astype(jnp.float32)
@@ -63,7 +74,7 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots
         from minfer_jax.pallas import decode_attention as dec
 
         out = dec.decode_attention(q[:, None], k_cache, v_cache, slots, positions + 1,
-                                   interpret=impl.kernels == "interpret")
+                                   interpret=impl.kernels == "interpret", **_kernel_options(cfg, window))
         return out.reshape(b, cfg.q_dim)
     s = k_cache.shape[2] if span is None else span
     k = k_cache[slots, :, :s].astype(jnp.float32)  # [B, Hkv, span, hd]

@@ -58,7 +58,8 @@ class Config:
         if self.head_dim % 2:
             raise InvalidArgumentError(f"Config.head_dim {self.head_dim} is odd (RoPE needs an even head_dim)")
         if self.n_heads % self.n_kv_heads:
-            raise InvalidArgumentError(f"Config.n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+            raise InvalidArgumentError(
+                f"Config.n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         validate.number("Config.rope_theta", self.rope_theta, 0.0, lo_open=True)
         validate.number("Config.rms_eps", self.rms_eps, 0.0, lo_open=True)
         validate.number("Config.rope_scale", self.rope_scale, 0.0, lo_open=True)
