@@ -218,3 +218,78 @@ def test_kernels_lower_to_triton(model):
         text = lower_for_gpu(lambda q, k, v, s, n: decode_attention.decode_attention(q, k, v, s, n, k_splits=splits),
                              q, cache, cache, rows, rows)
         assert "decode_attention" in text
+
+
+# --- sliding windows (Gemma 3's local layers): the window is an operand, one kernel for every layer ---
+
+def windowed_dense_np(q, k, v, q_pos, scale, window):
+    """dense_attention_np with keys q_pos - window < key <= q_pos only."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    rep = q.shape[1] // k.shape[0]
+    kh, vh = np.repeat(k, rep, axis=0), np.repeat(v, rep, axis=0)
+    s = np.einsum("nhd,hsd->hns", q, kh) * scale
+    keys, pos = np.arange(k.shape[1])[None, None, :], np.asarray(q_pos)[None, :, None]
+    s = np.where((keys <= pos) & (pos - keys < window), s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("hns,hsd->nhd", p, vh)
+
+
+# (T, H, Hkv, head_dim, start, max_len, window, blocks)
+WINDOW_CHUNK_CASES = [
+    (16, 4, 1, 64, 100, 256, 8, {"block_q": 16, "block_k": 16}),  # window narrower than a tile
+    (64, 4, 2, 64, 150, 256, 40, {"block_q": 32, "block_k": 32, "k_splits": 3}),  # split share starts past 0
+    (32, 4, 1, 256, 700, 1024, 512, {}),  # Gemma 3 1B's heads and window, chunk past the window
+    (16, 2, 1, 64, 0, 256, 512, {}),  # window wider than the prefix: plain causal
+]
+
+
+@pytest.mark.parametrize("t_len,n_heads,n_kv,head_dim,start,max_len,window,blocks", WINDOW_CHUNK_CASES)
+def test_chunk_attention_window(t_len, n_heads, n_kv, head_dim, start, max_len, window, blocks):
+    slot = 1
+    key = jax.random.PRNGKey(window + start)
+    q = jax.random.normal(key, (t_len, n_heads, head_dim))
+    k, v = filled_cache(jax.random.fold_in(key, 1), n_kv, max_len, head_dim, {slot: start + t_len})
+    got = attention.chunk_attention(q, k, v, slot, start, interpret=INTERPRET, window=jnp.int32(window), **blocks)
+    ref = attention.chunk_attention_reference(q, k, v, slot, start, window=window)
+    chex.assert_trees_all_close(got, ref, atol=ATOL, rtol=0)
+    n = start + t_len
+    dense = windowed_dense_np(q, k[slot, :, :n], v[slot, :, :n], start + np.arange(t_len), head_dim ** -0.5, window)
+    np.testing.assert_allclose(np.asarray(ref, np.float64), dense, atol=1e-5, rtol=0)
+    if window < start:  # the window changed something: not the causal result
+        causal = attention.chunk_attention_reference(q, k, v, slot, start)
+        assert float(jnp.max(jnp.abs(causal - ref))) > 1e-2
+
+
+@pytest.mark.parametrize("lengths,nq,k_splits,window", [((1, 40, 300), 1, 4, 16), ((300, 9), 8, 3, 64),
+                                                        ((700,), 1, None, 512)])
+def test_decode_attention_window(lengths, nq, k_splits, window):
+    n_heads, n_kv, head_dim, max_len = 8, 2, 64 if window < 512 else 256, 1024
+    key = jax.random.PRNGKey(sum(lengths) + window)
+    slots = tuple(range(len(lengths)))
+    q = jax.random.normal(key, (len(lengths), nq, n_heads, head_dim))
+    k, v = filled_cache(jax.random.fold_in(key, 1), n_kv, max_len, head_dim, dict(zip(slots, lengths)))
+    slots_a, lengths_a = jnp.array(slots, jnp.int32), jnp.array(lengths, jnp.int32)
+    got = decode_attention.decode_attention(q, k, v, slots_a, lengths_a, k_splits=k_splits, interpret=INTERPRET,
+                                            window=jnp.int32(window))
+    ref = decode_attention.decode_attention_reference(q, k, v, slots_a, lengths_a, window=window)
+    chex.assert_trees_all_close(got, ref, atol=ATOL, rtol=0)
+    for b, n in enumerate(lengths):
+        dense = windowed_dense_np(q[b], k[b, :, :n], v[b, :, :n], n - nq + np.arange(nq), head_dim ** -0.5, window)
+        np.testing.assert_allclose(np.asarray(ref[b], np.float64), dense, atol=1e-5, rtol=0)
+
+
+def test_windowed_kernels_lower_to_triton():
+    """Gemma 3 shapes (head_dim 256, one KV head) with a traced window, prefill and decode."""
+    f16, i32 = jnp.float16, jax.ShapeDtypeStruct((), jnp.int32)
+    cache = jax.ShapeDtypeStruct((2, 1, 4096, 256), f16)
+    for t_len in (16, 512):
+        q = jax.ShapeDtypeStruct((t_len, 4, 256), f16)
+        text = lower_for_gpu(lambda q, k, v, s, p, w: attention.chunk_attention(q, k, v, s, p, window=w),
+                             q, cache, cache, i32, i32, i32)
+        assert "chunk_attention" in text
+    q = jax.ShapeDtypeStruct((4, 1, 4, 256), f16)
+    rows = jax.ShapeDtypeStruct((4,), jnp.int32)
+    text = lower_for_gpu(lambda q, k, v, s, n, w: decode_attention.decode_attention(q, k, v, s, n, window=w),
+                         q, cache, cache, rows, rows, i32)
+    assert "decode_attention" in text

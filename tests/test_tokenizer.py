@@ -268,8 +268,8 @@ def test_synthetic_qwen2_family_pre_tokenizers(pre):
 
 
 @pytest.mark.parametrize(("overrides", "error", "match"), [
-    ({"tokenizer.ggml.model": "llama"}, UnsupportedError, "tokenizer model 'llama'"),
-    ({"tokenizer.ggml.pre": "llama-bpe"}, UnsupportedError, "pre-tokenizer 'llama-bpe'"),
+    ({"tokenizer.ggml.model": "t5"}, UnsupportedError, "tokenizer model 't5'"),
+    ({"tokenizer.ggml.pre": "falcon"}, UnsupportedError, "pre-tokenizer 'falcon'"),
     ({"tokenizer.ggml.tokens": None}, GGUFError, "tokenizer.ggml.tokens"),
     ({"tokenizer.ggml.token_type": [1, 1]}, GGUFError, "token types"),
     ({"tokenizer.ggml.merges": ["he"]}, GGUFError, "merge #0"),
@@ -281,3 +281,56 @@ def test_synthetic_bad_metadata(overrides, error, match):
     with pytest.raises(error, match=match) as info:
         Tokenizer.from_metadata(_meta(**overrides), source="model.gguf")
     assert "model.gguf" in str(info.value)
+
+
+# --- llama.cpp's vectors for the other vocabularies (tools/extract_vocab.py cut their vocab files) ---
+
+def _cut_vocab_meta(name: str) -> dict:
+    """GGUF tokenizer metadata from DATA/NAME.vocab.json: missing ids become unreachable placeholders."""
+    import json
+
+    cut = json.loads((DATA / f"{name}.vocab.json").read_text(encoding="utf-8"))
+    n = cut["n_vocab"]
+    tokens = [f"\ue000{i}\ue001" for i in range(n)]  # private-use characters: no text or merge reaches them
+    types = [1] * n
+    for i, t in cut["tokens"].items():
+        tokens[int(i)] = t
+    for i, k in cut["types"].items():
+        types[int(i)] = k
+    meta = {**cut["meta"], "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": cut["merges"]}
+    if "scores" in cut:
+        scores = [-1e9] * n
+        for i, s in cut["scores"].items():
+            scores[int(i)] = s
+        meta["tokenizer.ggml.scores"] = scores
+    return meta
+
+
+def _vectors(name: str) -> list[tuple[str, list[int]]]:
+    texts = (DATA / f"{name}.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    lines = (DATA / f"{name}.gguf.out").read_text(encoding="utf-8").split("\n")
+    assert texts[-1] == "" and lines[-1] == ""
+    return [(t, [int(x) for x in line.split()]) for t, line in zip(texts[:-1], lines[:-1], strict=True)]
+
+
+@pytest.mark.parametrize("name", ["ggml-vocab-llama-bpe", "ggml-vocab-llama-spm", "ggml-vocab-gpt-2",
+                                  "ggml-vocab-phi-3"])
+def test_llama_cpp_vectors_of_other_vocabularies(name):
+    tok = Tokenizer.from_metadata(_cut_vocab_meta(name), source=name)
+    cases = _vectors(name)
+    assert len(cases) >= 40
+    for text, expected in cases:
+        assert tok.encode(text, add_special=False) == expected, text
+        if name.endswith("-bpe") or name.endswith("gpt-2"):  # byte-level: decoding is exact
+            assert tok.decode(expected) == text
+
+
+def test_bos_defaults_follow_llama_cpp():
+    """SentencePiece and Llama 3 vocabularies add BOS unless the file says otherwise; gpt-2 does not."""
+    spm = _cut_vocab_meta("ggml-vocab-llama-spm")
+    assert Tokenizer.from_metadata(spm).encode("hi")[0] == spm["tokenizer.ggml.bos_token_id"]
+    bpe = {k: v for k, v in _cut_vocab_meta("ggml-vocab-llama-bpe").items() if k != "tokenizer.ggml.add_bos_token"}
+    assert Tokenizer.from_metadata(bpe).encode("hi")[0] == 128000
+    gpt2 = _cut_vocab_meta("ggml-vocab-gpt-2")
+    assert Tokenizer.from_metadata(gpt2).encode("hi") == [5303]

@@ -12,8 +12,8 @@ Megatron-style split (docs/ARCHITECTURE.md, "Tensor parallelism"), decided here 
 - the output head split by vocabulary: greedy argmax per shard, then (max, index) pairs combined.
 Every Params leaf is stored as the shards' local arrays concatenated along axis 0 (replicated
 ones as TP copies), so one PartitionSpec P("tp") splits the whole tree; each shard's layer runs
-the unchanged model code (qwen2.py with a local Config) inside shard_map, the Pallas kernels on
-local planes through the one ops.route.
+the unchanged model code (model/decoder.py and the family module, with a local Config) inside
+shard_map, the Pallas kernels on local planes through the one ops.route.
 """
 
 from __future__ import annotations
@@ -108,10 +108,10 @@ def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Spli
 
 
 def local_config(cfg: Config, split: Split) -> Config:
-    """The Config one shard's layer math runs with: its heads, KV heads and d_ff slice.
-    (d_model here is the shard's q width, heads x head_dim: qwen2/attention use it for that only.)"""
-    return dataclasses.replace(cfg, d_model=split.heads * cfg.head_dim, n_heads=split.heads,
-                               n_kv_heads=split.kv_heads, d_ff=split.ff_width, tied_output=False)
+    """The Config one shard's layer math runs with: its heads, KV heads and d_ff slice (d_model, the
+    residual width, stays whole; the shard's q width is its q_dim, heads x head_dim)."""
+    return dataclasses.replace(cfg, n_heads=split.heads, n_kv_heads=split.kv_heads, d_ff=split.ff_width,
+                               tied_output=False)
 
 
 # -- raw GGUF tensors cut per shard (before any repacking: whole rows and whole blocks) ---------
@@ -134,10 +134,14 @@ def _k_window(t: RawTensor, k0: int, width: int) -> RawTensor:
     return RawTensor(t.name, t.qtype, (rows, width), window)
 
 
+_REPLICATED_LAYER_VECTORS = ("attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+                             "post_attention_norm.weight", "post_ffw_norm.weight")
+
+
 def shard_tensors(model: GGUFModel, split: Split, s: int) -> dict[str, RawTensor]:
     """Shard s's tensors under the GGUF names, so load_params builds its Params unchanged."""
     cfg, hd, t = model.config, model.config.head_dim, model.tensors
-    out = {"token_embd.weight": t["token_embd.weight"], "output_norm.weight": t["output_norm.weight"]}
+    out = {n: t[n] for n in ("token_embd.weight", "output_norm.weight", "rope_freqs.weight") if n in t}
     head = t["token_embd.weight" if cfg.tied_output else "output.weight"]
     va, vb = s * split.vocab_local, min((s + 1) * split.vocab_local, cfg.vocab_size)
     out["output.weight"] = dataclasses.replace(_rows(head, va, vb, split.vocab_local), name="output.weight")
@@ -146,9 +150,12 @@ def shard_tensors(model: GGUFModel, split: Split, s: int) -> dict[str, RawTensor
     fa, fb = split.ff_ranges[s]
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        for name in ("attn_norm.weight", "ffn_norm.weight"):
-            out[p + name] = t[p + name]
+        for name in _REPLICATED_LAYER_VECTORS:  # norms (per-head q/k norms: the same [hd] on every shard)
+            if p + name in t:
+                out[p + name] = t[p + name]
         for part in ("weight", "bias"):
+            if f"{p}attn_q.{part}" not in t:  # no q/k/v biases outside Qwen2
+                continue
             out[f"{p}attn_q.{part}"] = _rows(t[f"{p}attn_q.{part}"], qa, qa + qn, qn)
             for r in ("attn_k", "attn_v"):
                 out[f"{p}{r}.{part}"] = _rows(t[f"{p}{r}.{part}"], kva, kva + kvn, kvn)
@@ -175,7 +182,7 @@ def shard_params(model: GGUFModel, split: Split, mesh: Mesh, opts: LoadOptions =
     return jax.tree.map(functools.partial(_assemble, mesh), *shards)
 
 
-# -- the in-shard hooks (qwen2.py / steps.py `par`) and the shard_map wrappers -------------------
+# -- the in-shard hooks (model/layers.py / steps.py `par`) and the shard_map wrappers -------------------
 @dataclasses.dataclass(frozen=True)
 class TensorParallel:
     """Static (hashable) description of a split model; its methods run inside shard_map."""

@@ -5,7 +5,8 @@ Parsing is gguf-py's `GGUFReader` (mmap); this module only adds three things aro
   ~8 s on the real 0.5B file; reading through a plain ndarray view of the same mmap costs ~2 s;
 - validation: every way a file can be broken becomes one `GGUFError` that names the file, the
   tensor and what was expected, instead of a numpy traceback;
-- the Qwen2 view: a static `Config` and the tensor names/shapes that config implies.
+- the model view: a static `Config` (read by the file's family, model/families.py) and the tensor
+  names/shapes that config implies.
 
 Tensor data stays in the mmap: `RawTensor.data` is the array gguf-py hands out (uint8 rows
 [out, bytes_per_row] for block formats and BF16, float arrays for F32/F16), read lazily.
@@ -36,9 +37,6 @@ SUPPORTED_TYPES = frozenset({
 })
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
 
-ARCHITECTURE = "qwen2"
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class RawTensor:
     """One tensor as stored in the file.
@@ -60,7 +58,7 @@ class RawTensor:
 
 @dataclasses.dataclass(eq=False)
 class GGUFModel:
-    """A validated Qwen2 GGUF: static config, metadata as Python values, tensors by name."""
+    """A validated GGUF of a supported family: static config, metadata as Python values, tensors by name."""
 
     path: str
     config: Config
@@ -277,18 +275,30 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
 
 _STR, _INT, _FLOAT, _BOOL, _STRS, _INTS = "str", "int", "float", "bool", "array of str", "array of int"
 # What each key this package reads must hold (llama.cpp's types); other keys pass unchecked.
+# `{arch}.` keys are checked under the file's own architecture name (metadata_kinds).
+_ARCH_KINDS = {
+    **{k: _INT for k in ("block_count", "context_length", "embedding_length", "feed_forward_length",
+                         "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                         "attention.value_length", "attention.sliding_window", "expert_count",
+                         "rope.dimension_count")},
+    "rope.freq_base": _FLOAT, "attention.layer_norm_rms_epsilon": _FLOAT, "rope.scaling.type": _STR,
+    "rope.scaling.factor": _FLOAT, "attention.scale": _FLOAT,
+}
 METADATA_KINDS = {
     "general.architecture": _STR, "general.name": _STR, "general.alignment": _INT, "general.file_type": _INT,
     "general.quantization_version": _INT,
-    **{f"{ARCHITECTURE}.{k}": _INT for k in ("block_count", "context_length", "embedding_length",
-                                             "feed_forward_length", "attention.head_count",
-                                             "attention.head_count_kv")},
-    f"{ARCHITECTURE}.rope.freq_base": _FLOAT, f"{ARCHITECTURE}.attention.layer_norm_rms_epsilon": _FLOAT,
     "tokenizer.ggml.model": _STR, "tokenizer.ggml.pre": _STR, "tokenizer.chat_template": _STR,
     "tokenizer.ggml.tokens": _STRS, "tokenizer.ggml.merges": _STRS, "tokenizer.ggml.token_type": _INTS,
     **{f"tokenizer.ggml.{k}_token_id": _INT for k in ("bos", "eos", "eot", "eom", "padding", "unknown")},
     "tokenizer.ggml.add_bos_token": _BOOL, "tokenizer.ggml.add_eos_token": _BOOL,
 }
+
+
+def metadata_kinds(arch: str | None) -> dict[str, str]:
+    """METADATA_KINDS plus the `{arch}.*` hyper-parameter keys of architecture `arch`."""
+    if not isinstance(arch, str):
+        return METADATA_KINDS
+    return {**METADATA_KINDS, **{f"{arch}.{k}": kind for k, kind in _ARCH_KINDS.items()}}
 
 
 def _is_int(v: Any) -> bool:
@@ -305,7 +315,7 @@ _KIND_CHECKS = {
 
 def check_metadata_types(meta: Mapping[str, Any], path: str) -> None:
     """Every key of METADATA_KINDS present in `meta` holds its kind (an array as a whole: every item)."""
-    for key, kind in METADATA_KINDS.items():
+    for key, kind in metadata_kinds(meta.get("general.architecture")).items():
         if key not in meta:
             continue
         v = meta[key]
@@ -333,61 +343,55 @@ def _meta(meta: Mapping[str, Any], key: str, path: str, kind: type, default: Any
     return kind(v)
 
 
-def config_from_metadata(meta: Mapping[str, Any], path: str, vocab_size: int, tied: bool) -> Config:
-    arch = _meta(meta, "general.architecture", path, str)
-    if arch != ARCHITECTURE:
-        raise UnsupportedError(
-            f"{path}: unsupported architecture {arch!r}; minfer_jax runs '{ARCHITECTURE}' models "
-            "(Qwen2, Qwen2.5, Qwen2.5-Coder, DeepSeek-R1-Distill-Qwen)")
-    a = ARCHITECTURE
-    n_heads = _meta(meta, f"{a}.attention.head_count", path, int)
-    for key, default in ((f"{a}.rope.freq_base", 10000.0), (f"{a}.attention.layer_norm_rms_epsilon", 1e-6)):
-        v = _meta(meta, key, path, float, default=default)
+class MetadataView:
+    """Typed reads of one file's `{arch}.<key>` hyper-parameters for a family's config_from_metadata
+    (model/schema.py); every missing or mistyped key is a GGUFError naming the file and the key."""
+
+    def __init__(self, meta: Mapping[str, Any], path: str, arch: str, vocab_size: int, tied: bool,
+                 tensor_names: frozenset[str] = frozenset()):
+        self.meta, self.path, self.arch = meta, path, arch
+        self.vocab_size, self.tied, self.tensor_names = vocab_size, tied, tensor_names
+
+    def int(self, key: str, default: Any = None) -> int:
+        return _meta(self.meta, f"{self.arch}.{key}", self.path, int, default=default)
+
+    def float(self, key: str, default: Any = None) -> float:
+        return _meta(self.meta, f"{self.arch}.{key}", self.path, float, default=default)
+
+    def str(self, key: str, default: Any = None) -> str:
+        return _meta(self.meta, f"{self.arch}.{key}", self.path, str, default=default)
+
+    def positive_float(self, key: str, default: Any = None) -> float:
+        v = self.float(key, default)
         if not (math.isfinite(v) and v > 0):
-            raise GGUFError(f"{path}: metadata '{key}' should be a finite positive float, got {v!r}")
+            raise GGUFError(f"{self.path}: metadata '{self.arch}.{key}' should be a finite positive float, got {v!r}")
+        return v
+
+
+def config_from_metadata(meta: Mapping[str, Any], path: str, vocab_size: int, tied: bool,
+                         tensor_names: frozenset[str] = frozenset()) -> Config:
+    """The family's Config from the file's metadata (families.for_architecture picks the family)."""
+    from minfer_jax.model.families import for_architecture
+
+    arch = _meta(meta, "general.architecture", path, str)
+    fam = for_architecture(arch, path)
     try:
-        return Config(
-            n_layers=_meta(meta, f"{a}.block_count", path, int),
-            d_model=_meta(meta, f"{a}.embedding_length", path, int),
-            n_heads=n_heads,
-            n_kv_heads=_meta(meta, f"{a}.attention.head_count_kv", path, int, default=n_heads),
-            d_ff=_meta(meta, f"{a}.feed_forward_length", path, int),
-            context_length=_meta(meta, f"{a}.context_length", path, int),
-            vocab_size=vocab_size,
-            rope_theta=_meta(meta, f"{a}.rope.freq_base", path, float, default=10000.0),
-            rms_eps=_meta(meta, f"{a}.attention.layer_norm_rms_epsilon", path, float, default=1e-6),
-            tied_output=tied,
-        )
+        return fam.config_from_metadata(MetadataView(meta, path, arch, vocab_size, tied, tensor_names))
     except InvalidArgumentError as e:
         raise GGUFError(f"{path}: inconsistent hyper-parameters: {e}") from None
 
 
 def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Qwen2 model needs, in numpy order (out, in)."""
+    """Every tensor a model of `cfg` needs (its family's table), in numpy order (out, in)."""
     return dict(_iter_expected_shapes(cfg))
 
 
 def _iter_expected_shapes(cfg: Config):
     """expected_shapes() lazily: a corrupt block_count of 2**40 must fail at the first missing
     tensor, not build a dict of 10**13 names first."""
-    d, kv, ff, v = cfg.d_model, cfg.kv_dim, cfg.d_ff, cfg.vocab_size
-    yield "token_embd.weight", (v, d)
-    yield "output_norm.weight", (d,)
-    if not cfg.tied_output:
-        yield "output.weight", (v, d)
-    for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        yield from {
-            p + "attn_norm.weight": (d,),
-            p + "attn_q.weight": (d, d), p + "attn_q.bias": (d,),
-            p + "attn_k.weight": (kv, d), p + "attn_k.bias": (kv,),
-            p + "attn_v.weight": (kv, d), p + "attn_v.bias": (kv,),
-            p + "attn_output.weight": (d, d),
-            p + "ffn_norm.weight": (d,),
-            p + "ffn_gate.weight": (ff, d),
-            p + "ffn_up.weight": (ff, d),
-            p + "ffn_down.weight": (d, ff),
-        }.items()
+    from minfer_jax.model.families import family
+
+    return family(cfg).tensor_shapes(cfg)
 
 
 def open_reader(path: str) -> GGUFReader:
@@ -425,7 +429,7 @@ _HEADER_SIZE = 24
 
 
 def load_gguf(path: str | os.PathLike) -> GGUFModel:
-    """Open, parse and validate a Qwen2 GGUF. Touches metadata and tensor headers, not tensor data."""
+    """Open, parse and validate a GGUF of a supported family. Touches metadata and tensor headers, not tensor data."""
     path = os.fspath(path)
     reader = open_reader(path)
     meta = read_metadata(reader)
@@ -441,7 +445,7 @@ def load_gguf(path: str | os.PathLike) -> GGUFModel:
         raise GGUFError(f"{path}: tensor 'token_embd.weight' has shape {tuple(reversed(embd.shape.tolist()))}, "
                         "expected 2 dimensions (vocab_size, d_model)")
     vocab = int(embd.shape[-1])
-    cfg = config_from_metadata(meta, path, vocab, tied="output.weight" not in raw)
+    cfg = config_from_metadata(meta, path, vocab, tied="output.weight" not in raw, tensor_names=frozenset(raw))
     n_tokens = len(meta.get("tokenizer.ggml.tokens", ()))
     if n_tokens > vocab:  # its ids past the table would be clamped by the gather, not refused
         raise GGUFError(f"{path}: the tokenizer has {n_tokens} tokens but 'token_embd.weight' has only {vocab} "

@@ -1,11 +1,13 @@
-"""Synthetic Qwen2.5 models: real shapes and llama.cpp's per-tensor quant mix, random weights.
+"""Synthetic models (Qwen2.5, Llama 3.1, SmolLM2, Qwen3, Gemma 3): real shapes and llama.cpp's
+per-tensor quant mix, random weights.
 
 GPU benchmarks need models of the real Qwen2.5 sizes without shipping gigabytes of weights; the
 speed of a quantized matmul does not depend on the weight values. This module builds such models
 in memory (a `GGUFModel` like `load_gguf` returns, with no file behind it) and can write them out
 as GGUF files:
 
-- `SYNTHETIC_CONFIGS`: the hyper-parameters of Qwen2.5 0.5B/1.5B/3B/7B/14B (Instruct).
+- `SYNTHETIC_CONFIGS`: the hyper-parameters of Qwen2.5 0.5B/1.5B/3B/7B/14B (Instruct), Llama-3.1-8B,
+  SmolLM2-135M, Qwen3-8B, Gemma-3-1B, and tiny models of each new family for tests.
 - `quant_mix.tensor_types(cfg, ftype)`: which GGML type each tensor gets under a llama.cpp file
   type ("q4_k_m", "q4_0", "q8_0", ...), mirroring llama.cpp's `src/llama-quant.cpp`.
 - `random_raw_tensor(name, qtype, shape, rng)`: random quant blocks whose f16 scale fields are
@@ -31,7 +33,7 @@ from gguf import GGML_QUANT_SIZES, LlamaFileType
 
 from minfer_jax.files.quant_mix import DEFAULT_TYPE, FTYPES, QType, SyntheticSpecError, parse_ftype, tensor_types
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.files.gguf import ARCHITECTURE, FLOAT_TYPES, SUPPORTED_TYPES, GGUFModel, RawTensor, expected_shapes
+from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, GGUFModel, RawTensor, expected_shapes
 from minfer_jax.model.config import Config
 
 
@@ -67,6 +69,47 @@ SYNTHETIC_CONFIGS: dict[str, Config] = {
     "qwen2.5-7b": _qwen25(28, 3584, 28, 4, 18944, 152064, False),
     "qwen2.5-14b": _qwen25(48, 5120, 40, 8, 13824, 152064, False),
 }
+
+# Other families, from the HF config.json of the models named (hidden_size, num_hidden_layers,
+# num_attention_heads, num_key_value_heads, head_dim, intermediate_size, vocab_size, rope_theta,
+# rms_norm_eps, tie_word_embeddings, sliding_window): meta-llama/Llama-3.1-8B-Instruct (rope_freqs
+# from its llama3 rope_scaling: factor 8, low/high frequency factors 1 / 4, original context 8192),
+# Qwen/Qwen3-8B, google/gemma-3-1b-it (sliding_window 512, every sixth layer global), and
+# HuggingFaceTB/SmolLM2-135M-Instruct (the real file of tests/test_families.py). The "-tiny" ones are
+# small models of the same families for tests (gemma3-tiny: 7 layers, so one global layer).
+_EPS_1E5 = float(np.float32(1e-5))
+SYNTHETIC_CONFIGS.update({
+    "llama3.1-8b": Config(32, 4096, 32, 8, 14336, 131072, 128256, 500000.0, _EPS_1E5, False, family="llama",
+                          rope_freq_factors=True),
+    "smollm2-135m": Config(30, 576, 9, 3, 1536, 8192, 49152, 100000.0, _EPS_1E5, True, family="llama"),
+    "qwen3-8b": Config(36, 4096, 32, 8, 12288, 40960, 151936, 1000000.0, _EPS_1E6, False, family="qwen3",
+                       head_dim=128),
+    "gemma3-1b": Config(26, 1152, 4, 1, 6912, 32768, 262144, 1000000.0, _EPS_1E6, True, family="gemma3",
+                        head_dim=256, sliding_window=512, swa_period=6, rope_theta_local=10000.0),
+    "llama-tiny": Config(2, 256, 4, 2, 512, 2048, 512, 500000.0, _EPS_1E5, False, family="llama",
+                         rope_freq_factors=True),
+    "qwen3-tiny": Config(2, 256, 4, 2, 512, 2048, 512, 1000000.0, _EPS_1E6, False, family="qwen3", head_dim=128),
+    "gemma3-tiny": Config(7, 256, 2, 1, 512, 2048, 512, 1000000.0, _EPS_1E6, True, family="gemma3", head_dim=128,
+                          sliding_window=32, swa_period=6, rope_theta_local=10000.0),
+})
+
+
+def llama3_rope_factors(head_dim: int, theta: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                        original_context: int = 8192) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf computes it for Llama 3.1's "llama3" rope scaling."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    low_wavelen, high_wavelen = original_context / low, original_context / high
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (original_context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
 
 # Qwen2.5 special token ids (tokenizer.ggml.* of the real files).
 _BOS_ID, _EOS_ID, _PAD_ID = 151643, 151645, 151643
@@ -198,7 +241,7 @@ def random_raw_tensor(name: str, qtype: QType, shape: tuple[int, ...], rng: np.r
 # --------------------------------------------------------------------------------------------
 
 def _metadata(cfg: Config, name: str, file_type: int) -> dict:
-    a = ARCHITECTURE
+    a = cfg.family
     meta = {
         "general.architecture": a,
         "general.type": "model",
@@ -214,8 +257,21 @@ def _metadata(cfg: Config, name: str, file_type: int) -> dict:
         f"{a}.rope.freq_base": float(np.float32(cfg.rope_theta)),
         f"{a}.attention.layer_norm_rms_epsilon": float(np.float32(cfg.rms_eps)),
     }
+    meta.update(_family_metadata(cfg))
     meta.update({f"tokenizer.ggml.{k}": v for k, v in _special_ids(cfg.vocab_size).items()})
     meta["tokenizer.ggml.add_bos_token"] = False
+    return meta
+
+
+def _family_metadata(cfg: Config) -> dict:
+    """The `{arch}.*` keys beyond Qwen2's that the family's config_from_metadata reads."""
+    a, meta = cfg.family, {}
+    if cfg.head_dim * cfg.n_heads != cfg.d_model:
+        meta[f"{a}.attention.key_length"] = meta[f"{a}.attention.value_length"] = cfg.head_dim
+    if cfg.family != "qwen2":
+        meta[f"{a}.rope.dimension_count"] = cfg.head_dim
+    if cfg.sliding_window:
+        meta[f"{a}.attention.sliding_window"] = cfg.sliding_window
     return meta
 
 
@@ -267,6 +323,8 @@ def synthetic_model_from_config(cfg: Config, types: str | LlamaFileType | Mappin
         label = ft.name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
     def build(tname: str) -> RawTensor:
+        if tname == "rope_freqs.weight":  # frequency divisors: real values, not noise
+            return RawTensor(tname, QType.F32, shapes[tname], llama3_rope_factors(cfg.head_dim, cfg.rope_theta))
         rng = np.random.default_rng([seed, zlib.crc32(tname.encode())])
         return random_raw_tensor(tname, type_map[tname], shapes[tname], rng)
 
@@ -394,7 +452,7 @@ def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True,
 
     cfg = model.config
     meta = model.metadata
-    w = gguf.GGUFWriter(os.fspath(path), arch=ARCHITECTURE)
+    w = gguf.GGUFWriter(os.fspath(path), arch=cfg.family)
     w.add_type("model")
     w.add_name(str(meta.get("general.name", "synthetic")))
     w.add_block_count(cfg.n_layers)
@@ -405,6 +463,8 @@ def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True,
     w.add_head_count_kv(cfg.n_kv_heads)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
+    for key, value in _family_metadata(cfg).items():
+        w.add_uint32(key, value)
     w.add_file_type(int(meta.get("general.file_type", LlamaFileType.GUESSED)))
     w.add_quantization_version(int(meta.get("general.quantization_version", 2)))
 

@@ -20,6 +20,7 @@ rewrite. llama.cpp's test vectors for the qwen2 vocab (tests/data/tokenizer) mat
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import numbers
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,11 +36,40 @@ QWEN2_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# Llama 3's split regex (llama.cpp's LLAMA_VOCAB_PRE_TYPE_LLAMA3; Meta's tokenizer.json).
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 # tokenizer.ggml.pre values of Qwen2-family files -> split regex. llama.cpp maps all of these
 # to LLAMA_VOCAB_PRE_TYPE_QWEN2 (deepseek-r1-qwen differs from qwen2 only by adding a BOS).
 PRE_TOKENIZER_PATTERNS = {
     "qwen2": QWEN2_PATTERN,
     "deepseek-r1-qwen": QWEN2_PATTERN,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BytePairPre:
+    """How one `tokenizer.ggml.pre` splits text before byte-level BPE (llama.cpp's pre types, in
+    the form of the model's HF tokenizer.json, which llama.cpp's test vectors come from)."""
+
+    split: str | None  # a split regex (isolated), then ByteLevel without its own regex
+    digits: bool = False  # single digits first (SmolLM), then ByteLevel with GPT-2's regex
+    nfc: bool = False  # NFC-normalize first (Qwen2's tokenizer.json)
+    ignore_merges: bool = False  # a pre-token that is itself a token is not merged (Llama 3)
+    add_bos: bool = False  # llama.cpp's default when the file has no add_bos_token
+
+
+_QWEN2 = BytePairPre(QWEN2_PATTERN, nfc=True)
+_LLAMA3 = BytePairPre(LLAMA3_PATTERN, ignore_merges=True, add_bos=True)
+_GPT2 = BytePairPre(None)
+BPE_PRE_TOKENIZERS = {
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+    "llama-bpe": _LLAMA3, "llama3": _LLAMA3, "llama-v3": _LLAMA3,
+    "smollm": BytePairPre(None, digits=True),
+    "gpt-2": _GPT2, "gpt2": _GPT2,
 }
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
@@ -96,6 +126,27 @@ def _token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]:
     return out
 
 
+def _spm_token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]:
+    """SentencePiece ids -> bytes: '▁' is a space, <0xAB> BYTE tokens their byte, the rest UTF-8."""
+    out = []
+    for text, kind in zip(tokens, types):
+        if kind == TOKEN_BYTE and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            try:
+                out.append(bytes([int(text[3:5], 16)]))
+                continue
+            except ValueError:
+                pass
+        out.append((text if kind == TOKEN_CONTROL else text.replace(SPM_SPACE, " ")).encode("utf-8"))
+    return out
+
+
+def _optional_bool(meta: Mapping[str, Any], key: str, default: bool, source: str) -> bool:
+    value = meta.get(key, default)
+    if not isinstance(value, bool):
+        raise GGUFError(f"{source}: metadata {key!r} must be a bool, got {value!r:.60}")
+    return value
+
+
 def _require_list(meta: Mapping[str, Any], key: str, item_type: type, source: str) -> list:
     """A metadata array that must exist and hold `item_type` values."""
     value = meta.get(key)
@@ -120,21 +171,18 @@ def _optional_id(meta: Mapping[str, Any], key: str, n_vocab: int, source: str) -
     return value
 
 
-def _pre_pattern(meta: Mapping[str, Any], source: str) -> str:
-    """The split regex for tokenizer.ggml.pre; refuse anything not of the Qwen2 family.
+def _bpe_pre(meta: Mapping[str, Any], source: str) -> BytePairPre:
+    """The pre-tokenizer tokenizer.ggml.pre names; refuse one this package does not know.
 
-    Files converted before llama.cpp wrote the key have none; they are Qwen2 files here (the
-    architecture is checked elsewhere), so the Qwen2 regex is the right one for them.
+    Files converted before llama.cpp wrote the key have none; a Qwen2 file (or one whose
+    architecture is unknown here) then gets the Qwen2 regex, as it always did.
     """
-    model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise UnsupportedError(f"{source}: tokenizer model {model!r} is not supported "
-                               "(only 'gpt2' byte-level BPE, as used by Qwen2-family models)")
-    pre = meta.get("tokenizer.ggml.pre", "qwen2")
-    if not isinstance(pre, str) or pre not in PRE_TOKENIZER_PATTERNS:
+    arch = meta.get("general.architecture", "qwen2")
+    pre = meta.get("tokenizer.ggml.pre", "qwen2" if arch == "qwen2" else None)
+    if not isinstance(pre, str) or pre not in BPE_PRE_TOKENIZERS:
         raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported "
-                               f"(known: {', '.join(sorted(PRE_TOKENIZER_PATTERNS))})")
-    return PRE_TOKENIZER_PATTERNS[pre]
+                               f"(known: {', '.join(sorted(BPE_PRE_TOKENIZERS))})")
+    return BPE_PRE_TOKENIZERS[pre]
 
 
 def _split_merges(merges: list[str], tokens: list[str], source: str) -> list[tuple[str, str]]:
@@ -156,29 +204,79 @@ def _split_merges(merges: list[str], tokens: list[str], source: str) -> list[tup
 
 
 def _build_backend(tokens: list[str], types: list[int], merges: list[tuple[str, str]],
-                   pattern: str, source: str) -> Any:
-    """The tokenizers.Tokenizer that encodes (see module docstring for the configuration)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+                   pre: BytePairPre, source: str) -> Any:
+    """The tokenizers.Tokenizer that encodes byte-level BPE (see module docstring)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     vocab = dict(zip(tokens, range(len(tokens))))  # duplicate spellings: the last id wins, as in llama.cpp
     try:
-        bpe = models.BPE(vocab, merges, unk_token=None, byte_fallback=False, ignore_merges=False,
+        bpe = models.BPE(vocab, merges, unk_token=None, byte_fallback=False, ignore_merges=pre.ignore_merges,
                          fuse_unk=False)
     except Exception as e:
         raise GGUFError(f"{source}: token merges do not fit the vocabulary: {e}") from None
     backend = Tokenizer(bpe)
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
+    if pre.nfc:
+        backend.normalizer = normalizers.NFC()
+    if pre.split is not None:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pre.split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ])
+    else:  # GPT-2's own regex inside ByteLevel, single digits split off first where asked
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
+        backend.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                                 if pre.digits else byte_level)
     backend.decoder = decoders.ByteLevel()
+    _add_special_tokens(backend, tokens, types)
+    return backend
+
+
+def _add_special_tokens(backend: Any, tokens: list[str], types: list[int]) -> None:
+    """CONTROL and USER_DEFINED tokens are matched in text before the model runs."""
+    from tokenizers import AddedToken
+
     # USER_DEFINED tokens (<tool_call>) are matched in text like CONTROL ones but are ordinary
     # text when decoding (HF: special=False; llama.cpp always prints them).
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t, k in zip(tokens, types) if k == TOKEN_CONTROL])
     backend.add_tokens([AddedToken(t, special=False, normalized=False)
                         for t, k in zip(tokens, types) if k == TOKEN_USER_DEFINED])
+
+
+SPM_SPACE = "\u2581"  # SentencePiece's visible space '▁'
+
+
+def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """BPE merges equivalent to a SentencePiece vocabulary's scores, as transformers' converter
+    (SentencePieceExtractor) derives them: every split of a piece into two pieces, ranked by the
+    piece's score (highest first), ties by the halves' ids."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for piece, i in vocab.items():
+        local = [(piece[:j], piece[j:]) for j in range(1, len(piece)) if piece[:j] in vocab and piece[j:] in vocab]
+        local.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+        merges.extend((scores[i], lr) for lr in local)
+    merges.sort(key=lambda m: -m[0])  # stable: ties keep the id order
+    return [lr for _, lr in merges]
+
+
+def _build_spm_backend(tokens: list[str], types: list[int], scores: list[float], add_space_prefix: bool,
+                       unk: str | None, source: str) -> Any:
+    """SentencePiece BPE (`tokenizer.ggml.model = llama`: Llama 2, TinyLlama, Mistral, Gemma) as a
+    tokenizers BPE with byte fallback to the <0xXX> tokens, the form of HF's tokenizer.json."""
+    from tokenizers import Tokenizer, models, normalizers
+
+    vocab = dict(zip(tokens, range(len(tokens))))
+    try:
+        bpe = models.BPE(vocab, _spm_merges(tokens, scores), unk_token=unk, byte_fallback=True,
+                         fuse_unk=True)
+    except Exception as e:
+        raise GGUFError(f"{source}: the SentencePiece vocabulary cannot be built: {e}") from None
+    backend = Tokenizer(bpe)
+    space = normalizers.Replace(" ", SPM_SPACE)
+    # llama.cpp: a space before the text and after every special token (add_space_prefix)
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend(SPM_SPACE), space]) if add_space_prefix else space
+    _add_special_tokens(backend, tokens, types)
     return backend
 
 
@@ -187,11 +285,12 @@ class Tokenizer:
 
     def __init__(self, *, backend: Any, tokens: list[str], types: list[int],
                  bos_id: int | None, add_bos: bool, eos_id: int | None,
-                 eos_ids: frozenset[int], chat_template: str, source: str) -> None:
+                 eos_ids: frozenset[int], chat_template: str, source: str, add_eos: bool = False,
+                 sentencepiece: bool = False) -> None:
         self._backend = backend
         self._tokens = tokens
         self._types = types
-        self._bytes = _token_bytes(tokens, types)
+        self._bytes = _spm_token_bytes(tokens, types) if sentencepiece else _token_bytes(tokens, types)
         self._control_ids = frozenset(i for i, k in enumerate(types) if k == TOKEN_CONTROL)
         # text a prefix's last characters could still turn into (count_at_least): an added token, plus lookahead
         self._unsettled_chars = max((len(t) for t, k in zip(tokens, types) if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED)),
@@ -201,34 +300,52 @@ class Tokenizer:
         self.bos_id = bos_id
         self._eos_id = eos_id
         self.add_bos = add_bos
+        self.add_eos = add_eos
         self.eos_ids = eos_ids
         self.chat_template = chat_template
         self.source = source
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], source: str = "<gguf>") -> Tokenizer:
-        """Build from GGUF `tokenizer.*` metadata; GGUFError/UnsupportedError name `source`."""
-        pattern = _pre_pattern(meta, source)
+        """Build from GGUF `tokenizer.*` metadata; GGUFError/UnsupportedError name `source`.
+
+        tokenizer.ggml.model 'gpt2': byte-level BPE with the pre-tokenizer tokenizer.ggml.pre names;
+        'llama': SentencePiece BPE with byte fallback (scores instead of merges)."""
+        model = meta.get("tokenizer.ggml.model")
+        if model not in ("gpt2", "llama"):
+            raise UnsupportedError(f"{source}: tokenizer model {model!r} is not supported "
+                                   "(only 'gpt2' byte-level BPE and 'llama' SentencePiece BPE)")
+        pre = _bpe_pre(meta, source) if model == "gpt2" else None
         tokens = _require_list(meta, "tokenizer.ggml.tokens", str, source)
         if not tokens:
             raise GGUFError(f"{source}: metadata 'tokenizer.ggml.tokens' is empty")
         types = _token_types(meta, len(tokens), source)
-        merges = _split_merges(_require_list(meta, "tokenizer.ggml.merges", str, source), tokens, source)
         bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", len(tokens), source)
-        add_bos = meta.get("tokenizer.ggml.add_bos_token", False)
-        if not isinstance(add_bos, bool):
-            raise GGUFError(f"{source}: metadata 'tokenizer.ggml.add_bos_token' must be a bool, got {add_bos!r:.60}")
-        if add_bos and bos_id is None:
-            raise GGUFError(f"{source}: add_bos_token is set but there is no bos_token_id")
+        eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source)
+        # llama.cpp's defaults where the file says nothing: BOS for SentencePiece and Llama 3 vocabularies
+        add_bos = _optional_bool(meta, "tokenizer.ggml.add_bos_token", pre.add_bos if pre else True, source)
+        add_eos = _optional_bool(meta, "tokenizer.ggml.add_eos_token", False, source)
+        for flag, key, token_id in ((add_bos, "add_bos_token", bos_id), (add_eos, "add_eos_token", eos_id)):
+            if flag and token_id is None:
+                raise GGUFError(f"{source}: {key} is set but there is no {key[4:7]}_token_id")
         template = meta.get("tokenizer.chat_template") or CHATML_TEMPLATE
         if not isinstance(template, str):
             raise GGUFError(f"{source}: metadata 'tokenizer.chat_template' must be a string, "
                             f"got {type(template).__name__}")
-        return cls(backend=_build_backend(tokens, types, merges, pattern, source), tokens=tokens,
-                   types=types, bos_id=bos_id, add_bos=add_bos,
-                   eos_id=_optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source),
-                   eos_ids=_eos_ids(meta, tokens, types, source), chat_template=template,
-                   source=source)
+        if pre is not None:
+            merges = _split_merges(_require_list(meta, "tokenizer.ggml.merges", str, source), tokens, source)
+            backend = _build_backend(tokens, types, merges, pre, source)
+        else:
+            scores = _require_list(meta, "tokenizer.ggml.scores", float, source)
+            if len(scores) != len(tokens):
+                raise GGUFError(f"{source}: {len(scores)} token scores for {len(tokens)} tokens")
+            unk_id = _optional_id(meta, "tokenizer.ggml.unknown_token_id", len(tokens), source)
+            backend = _build_spm_backend(tokens, types, scores,
+                                         _optional_bool(meta, "tokenizer.ggml.add_space_prefix", True, source),
+                                         None if unk_id is None else tokens[unk_id], source)
+        return cls(backend=backend, tokens=tokens, types=types, bos_id=bos_id, add_bos=add_bos, eos_id=eos_id,
+                   eos_ids=_eos_ids(meta, tokens, types, source), chat_template=template, source=source,
+                   add_eos=add_eos, sentencepiece=pre is None)
 
     @classmethod
     def from_model(cls, model: Any) -> Tokenizer:
@@ -271,6 +388,8 @@ class Tokenizer:
         ids = self._run(self._backend if parse_special else self._literal_backend(), text).ids
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
+        if add_special and self.add_eos:
+            ids.append(self._eos_id)
         return ids
 
     def count_at_least(self, prefix: str, parse_special: bool = True) -> int:

@@ -21,43 +21,66 @@ def _kernels(impl) -> bool:
     return impl.kernels in ("pallas", "interpret")
 
 
+def _kernel_options(cfg: Config, window: int) -> dict:
+    """The file's softmax scale and the layer's window, passed only where they differ from the
+    kernels' defaults (head_dim^-0.5, no window). The window reaches the kernel as an operand: one
+    kernel serves every sliding-window layer."""
+    options = {"sm_scale": cfg.attn_scale} if cfg.attn_scale else {}
+    if window:
+        options["window"] = jnp.int32(window)
+    return options
+
+
 def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot: jax.Array, start: jax.Array,
-                    cfg: Config, impl) -> jax.Array:
-    """q [T, H, hd] at positions start + [0, T) of sequence `slot` -> [T, H * hd] f32."""
+                    cfg: Config, impl, window: int = 0) -> jax.Array:
+    """q [T, H, hd] at positions start + [0, T) of sequence `slot` -> [T, H * hd] f32.
+
+    window > 0 (sliding-window layers): a query at p sees keys p - window < key <= p only."""
     t = q.shape[0]
     if _kernels(impl):
         from minfer_jax.pallas import attention
 
-        out = attention.chunk_attention(q, k_cache, v_cache, slot, start, interpret=impl.kernels == "interpret")
-        return out.reshape(t, cfg.d_model)
+        out = attention.chunk_attention(q, k_cache, v_cache, slot, start, interpret=impl.kernels == "interpret",
+                                        **_kernel_options(cfg, window))
+        return out.reshape(t, cfg.q_dim)
     k = jax.lax.dynamic_index_in_dim(k_cache, slot, axis=0, keepdims=False).astype(jnp.float32)  # [Hkv, S, hd]
     v = jax.lax.dynamic_index_in_dim(v_cache, slot, axis=0, keepdims=False).astype(jnp.float32)
     qg = q.astype(jnp.float32).reshape(t, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
-    scores = jnp.einsum("tgrd,gsd->grts", qg, k) * (cfg.head_dim ** -0.5)  # [Hkv, rep, T, S]
+    scores = jnp.einsum("tgrd,gsd->grts", qg, k) * cfg.softmax_scale  # [Hkv, rep, T, S]
     positions = start + jnp.arange(t, dtype=jnp.int32)
-    visible = jnp.arange(k.shape[1])[None, :] <= positions[:, None]  # [T, S]
+    visible = _visible(jnp.arange(k.shape[1])[None, :], positions[:, None], window)  # [T, S]
     probs = jax.nn.softmax(jnp.where(visible[None, None], scores, -jnp.inf), axis=-1)
-    return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, cfg.d_model)
+    return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, cfg.q_dim)
+
+
+def _visible(keys: jax.Array, positions: jax.Array, window: int) -> jax.Array:
+    """Causal mask, narrowed to the last `window` positions on sliding-window layers (llama.cpp:
+    a key is masked once position - key >= window)."""
+    visible = keys <= positions
+    if window:
+        visible = visible & (positions - keys < window)
+    return visible
 
 
 def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots: jax.Array, positions: jax.Array,
-                     cfg: Config, impl, span: int | None = None) -> jax.Array:
+                     cfg: Config, impl, span: int | None = None, window: int = 0) -> jax.Array:
     """q [B, H, hd], row b at position positions[b] of slot slots[b] -> [B, H * hd] f32.
 
     span (static, XLA path only): keys are read from slots [0, span); every position < span.
+    window > 0: keys positions[b] - window < key <= positions[b] only.
     """
     b = q.shape[0]
     if _kernels(impl):
         from minfer_jax.pallas import decode_attention as dec
 
         out = dec.decode_attention(q[:, None], k_cache, v_cache, slots, positions + 1,
-                                   interpret=impl.kernels == "interpret")
-        return out.reshape(b, cfg.d_model)
+                                   interpret=impl.kernels == "interpret", **_kernel_options(cfg, window))
+        return out.reshape(b, cfg.q_dim)
     s = k_cache.shape[2] if span is None else span
     k = k_cache[slots, :, :s].astype(jnp.float32)  # [B, Hkv, span, hd]
     v = v_cache[slots, :, :s].astype(jnp.float32)
     qg = q.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
-    scores = jnp.einsum("bgrd,bgsd->bgrs", qg, k) * (cfg.head_dim ** -0.5)  # [B, Hkv, rep, span]
-    visible = jnp.arange(s)[None, :] <= positions[:, None]  # [B, span]
+    scores = jnp.einsum("bgrd,bgsd->bgrs", qg, k) * cfg.softmax_scale  # [B, Hkv, rep, span]
+    visible = _visible(jnp.arange(s)[None, :], positions[:, None], window)  # [B, span]
     probs = jax.nn.softmax(jnp.where(visible[:, None, None], scores, -jnp.inf), axis=-1)
-    return jnp.einsum("bgrs,bgsd->bgrd", probs, v).reshape(b, cfg.d_model)
+    return jnp.einsum("bgrs,bgsd->bgrd", probs, v).reshape(b, cfg.q_dim)

@@ -90,12 +90,16 @@ class Layer:
     [2 ff, d] weight or the two apart. Their outputs, concatenated in order, are q | k | v."""
 
     attn_norm: jax.Array  # [d] f32
-    qkv: tuple  # (w_qkv,), (w_qk, wv), (wq, w_kv) or (wq [d, d], wk [kv, d], wv [kv, d])
-    qkv_bias: jax.Array  # [d + 2 kv]
-    wo: Weight  # [d, d]
+    qkv: tuple  # (w_qkv,), (w_qk, wv), (wq, w_kv) or (wq [qd, d], wk [kv, d], wv [kv, d])
+    qkv_bias: jax.Array | None  # [qd + 2 kv] (Qwen2); None: no biases
+    wo: Weight  # [d, qd]
     ffn_norm: jax.Array  # [d]
     gate_up: tuple  # (w_gate_up,) or (w_gate [ff, d], w_up [ff, d])
     w_down: Weight  # [d, ff]
+    q_norm: jax.Array | None = None  # [hd] per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
+    k_norm: jax.Array | None = None
+    post_attn_norm: jax.Array | None = None  # [d] RMSNorm of the attention / FFN output (Gemma 3)
+    post_ffn_norm: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -105,6 +109,7 @@ class Params:
     layers: list[Layer]
     out_norm: jax.Array  # [d]
     output: Weight | None  # [vocab, d]; None: tied to embed
+    rope_freqs: jax.Array | None = None  # [hd / 2] RoPE frequency divisors (Llama 3.1+ rope_freqs.weight)
 
     @property
     def head(self) -> Weight:
@@ -209,16 +214,26 @@ def load_params(model: GGUFModel, opts: LoadOptions = LoadOptions(), *, device=N
     def vec(name):
         return jax.device_put(_vector(t[name]), device)
 
+    def optional_vec(name):  # a tensor only some families have (load_gguf keeps only the family's)
+        return vec(name) if name in t else None
+
+    def biases(p):
+        names = [f"{p}{r}.bias" for r in QKV_ROLES]
+        return jnp.concatenate([vec(n) for n in names]) if names[0] in t else None
+
     def layer(i):
         p = f"blk.{i}."
         return Layer(
             attn_norm=vec(p + "attn_norm.weight"),
             qkv=_group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
-            qkv_bias=jnp.concatenate([vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")]),
+            qkv_bias=biases(p),
             wo=_matrix([t[p + "attn_output.weight"]], opts, device),
             ffn_norm=vec(p + "ffn_norm.weight"),
             gate_up=_group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device),
-            w_down=_matrix([t[p + "ffn_down.weight"]], opts, device))
+            w_down=_matrix([t[p + "ffn_down.weight"]], opts, device),
+            q_norm=optional_vec(p + "attn_q_norm.weight"), k_norm=optional_vec(p + "attn_k_norm.weight"),
+            post_attn_norm=optional_vec(p + "post_attention_norm.weight"),
+            post_ffn_norm=optional_vec(p + "post_ffw_norm.weight"))
 
     # Repacking is numpy work that releases the GIL: layers in parallel (a 7B's 4.4 GB took minutes
     # on one core); at most a few layers' host copies live at once.
@@ -228,4 +243,4 @@ def load_params(model: GGUFModel, opts: LoadOptions = LoadOptions(), *, device=N
         layers = pool.map(layer, range(cfg.n_layers))
         layers = list(progress(layers) if progress else layers)
         return Params(embed=embed.result(), layers=layers, out_norm=vec("output_norm.weight"),
-                      output=None if output is None else output.result())
+                      output=None if output is None else output.result(), rope_freqs=optional_vec("rope_freqs.weight"))

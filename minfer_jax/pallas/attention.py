@@ -120,8 +120,11 @@ def scores(q: jax.Array, k: jax.Array, qk_scale: float) -> jax.Array:
 
 @functools.cache
 def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int, qk_scale: float,
-                  grid_key: tuple):
-    """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847)."""
+                  grid_key: tuple, windowed: bool = False):
+    """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847).
+    windowed: meta holds a third value, the sliding window (traced: one kernel for every layer)."""
+    if windowed:
+        return _windowed_chunk_kernel(rep, t_len, n_blocks, block_q, block_k, k_splits, qk_scale)
 
     def kernel(q_ref, k_ref, v_ref, meta_ref, o_ref, *stat_refs):
         h = pl.program_id(0)
@@ -163,6 +166,58 @@ def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: in
     return kernel
 
 
+def _windowed_chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int,
+                           qk_scale: float):
+    """The chunk kernel on a sliding-window layer: a query at p sees keys p - window < key <= p, so
+    the key loop starts at the first tile any row of the block sees (a 16k-token prefill with a
+    512 window reads ~512 keys per query, not 16k). Tiles every row sees whole skip the mask."""
+
+    def kernel(q_ref, k_ref, v_ref, meta_ref, o_ref, *stat_refs):
+        h = pl.program_id(0)
+        i = n_blocks - 1 - pl.program_id(1)
+        slot, start, window = meta_ref[0], meta_ref[1], meta_ref[2]
+        q = q_ref[...]
+        row0 = i * block_q
+        rows = row0 + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
+        q_pos = start + jnp.minimum(lax.div(rows, rep), t_len - 1)
+        first_pos = start + lax.div(row0, rep)
+        last_pos = start + jnp.minimum(lax.div(row0 + block_q - 1, rep), t_len - 1)
+        n_tiles = lax.div(last_pos + block_k, block_k)
+        n_open = lax.div(first_pos + 1, block_k)  # tiles below: no key past any row's position
+        w_lo = lax.div(jnp.maximum(first_pos - window + 1, 0), block_k)  # first tile any row sees
+        w_open = lax.div(jnp.maximum(last_pos - window + 1, 0) + block_k - 1, block_k)  # from here: inside every window
+        a = jnp.maximum(w_lo, jnp.minimum(w_open, n_open))
+        b = jnp.maximum(a, n_open)  # [a, b): seen whole by every row; [w_lo, a) and [b, n_tiles): masked
+        lo, hi = w_lo, n_tiles
+        if k_splits > 1:
+            per_split = lax.div(n_tiles - w_lo + k_splits - 1, k_splits)
+            lo = w_lo + pl.program_id(2) * per_split
+            hi = jnp.minimum(lo + per_split, n_tiles)
+
+        def step(j, carry, masked: bool):
+            k0 = pl.multiple_of(j * block_k, block_k)
+            s = scores(q, k_ref[slot, h, pl.ds(k0, block_k), :], qk_scale)
+            if masked:
+                keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
+                seen = (keys[None, :] <= q_pos[:, None]) & (q_pos[:, None] - keys[None, :] < window)
+                s = jnp.where(seen, s, -jnp.inf)
+            return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
+
+        carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.full((block_q,), M_INIT, jnp.float32),
+                 jnp.zeros((block_q,), jnp.float32))
+        carry = lax.fori_loop(lo, jnp.minimum(hi, a), functools.partial(step, masked=True), carry)
+        carry = lax.fori_loop(jnp.maximum(lo, a), jnp.minimum(hi, b), functools.partial(step, masked=False), carry)
+        acc, m, l = lax.fori_loop(jnp.maximum(lo, b), hi, functools.partial(step, masked=True), carry)
+        if k_splits == 1:
+            o_ref[...] = acc / l[:, None]
+        else:
+            o_ref[...] = acc
+            stat_refs[0][...] = m
+            stat_refs[1][...] = l
+
+    return kernel
+
+
 def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
     """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, l [..., S, rows]
     base-2 running max and sum (an empty split has m = M_INIT, l = 0, o = 0) -> [..., rows, hd].
@@ -177,10 +232,11 @@ def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
 def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, start, *,
                     sm_scale: float | None = None, block_q: int | None = None, block_k: int | None = None,
                     num_warps: int | None = None, num_stages: int | None = None, k_splits: int | None = None,
-                    interpret: bool = False) -> jax.Array:
+                    interpret: bool = False, window=None) -> jax.Array:
     """q [T, H, hd] at positions start .. start+T-1 of cache slot `slot` (both traced int32
     scalars) over the cache's keys 0 .. start+t -> [T, H, hd] float32. The caller keeps
-    start + T <= max_len (start is traced, so it cannot be checked here)."""
+    start + T <= max_len (start is traced, so it cannot be checked here).
+    window (a traced int32 scalar, > 0): query p sees keys p - window < key <= p only."""
     t_len, n_heads, head_dim = q.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if t_len < MIN_T or t_len > MAX_T or t_len & (t_len - 1):
@@ -190,8 +246,10 @@ def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, 
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}")
     scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
-    meta = jnp.stack([jnp.asarray(slot, jnp.int32), jnp.asarray(start, jnp.int32)])
-    return _chunk_attention(q, k_cache, v_cache, meta, sm_scale=scale, cfg=cfg, interpret=interpret)
+    meta = [jnp.asarray(slot, jnp.int32), jnp.asarray(start, jnp.int32)]
+    if window is not None:
+        meta.append(jnp.asarray(window, jnp.int32))
+    return _chunk_attention(q, k_cache, v_cache, jnp.stack(meta), sm_scale=scale, cfg=cfg, interpret=interpret)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "cfg", "interpret"))
@@ -208,11 +266,12 @@ def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkCo
     qg = q.reshape(t_len, n_kv, rep, head_dim).transpose(1, 0, 2, 3).reshape(n_kv, n_rows, head_dim)
     qg = jnp.pad(qg.astype(k_cache.dtype), ((0, 0), (0, rows_pad - n_rows), (0, 0)))  # [Hkv, rows_pad, hd]
     splits = cfg.k_splits
+    windowed = meta.shape[0] == 3
     kernel = _chunk_kernel(rep, t_len, n_blocks, block_q, cfg.block_k, splits, sm_scale * LOG2_E,
-                           (k_cache.shape, str(k_cache.dtype)))
+                           (k_cache.shape, str(k_cache.dtype)), *((True,) if windowed else ()))
     whole_cache = pl.BlockSpec(k_cache.shape, lambda h, i, s: (0, 0, 0, 0))
     in_specs = [pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, n_blocks - 1 - i, 0)),
-                whole_cache, whole_cache, pl.BlockSpec((2,), lambda h, i, s: (0,))]
+                whole_cache, whole_cache, pl.BlockSpec(meta.shape, lambda h, i, s: (0,))]
     if splits == 1:
         out_shape = [jax.ShapeDtypeStruct((n_kv, rows_pad, head_dim), jnp.float32)]
         out_specs = [in_specs[0]]
@@ -240,7 +299,7 @@ def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkCo
 
 @functools.partial(jax.jit, static_argnames=("sm_scale",))
 def chunk_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, start, *,
-                              sm_scale: float | None = None) -> jax.Array:
+                              sm_scale: float | None = None, window=None) -> jax.Array:
     """The kernel's math in plain jnp over the slot's whole cache row (f32, dense softmax):
     q [T, H, hd] at positions start .. start+T-1 -> [T, H, hd] float32."""
     t_len, n_heads, head_dim = q.shape
@@ -252,5 +311,7 @@ def chunk_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Arr
     s = jnp.einsum("tgrd,gsd->grts", qg, k, precision=HIGHEST) * scale
     q_pos = start + jnp.arange(t_len)
     visible = jnp.arange(max_len)[None, :] <= q_pos[:, None]  # [T, S]
+    if window is not None:
+        visible &= q_pos[:, None] - jnp.arange(max_len)[None, :] < window
     p = jax.nn.softmax(jnp.where(visible[None, None], s, -jnp.inf), axis=-1)
     return jnp.einsum("grts,gsd->tgrd", p, v, precision=HIGHEST).reshape(t_len, n_heads, head_dim)

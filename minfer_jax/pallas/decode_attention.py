@@ -58,15 +58,25 @@ def decode_config(batch: int, n_kv_heads: int, k_splits: int | None = None, bloc
 
 
 @functools.cache
-def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk_scale: float, grid_key: tuple):
-    """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847)."""
+def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk_scale: float, grid_key: tuple,
+                   windowed: bool = False):
+    """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847).
+    windowed: one more [B] operand, the sliding window (traced): keys q_pos - window < key <= q_pos,
+    and the key loop starts at the first tile the row's first query sees."""
 
-    def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, o_ref, m_ref, l_ref):
+    def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, *refs):
+        window_ref, (o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if windowed else (None, refs)
         b, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         slot, length = slots_ref[b], lengths_ref[b]
         n_tiles = lax.div(length + block_k - 1, block_k)
-        per_split = lax.div(n_tiles + k_splits - 1, k_splits)
-        lo = split * per_split
+        if windowed:
+            window = window_ref[b]
+            first = lax.div(jnp.maximum(length - nq - window + 1, 0), block_k)  # the first query's first tile
+            per_split = lax.div(n_tiles - first + k_splits - 1, k_splits)
+            lo = first + split * per_split
+        else:
+            per_split = lax.div(n_tiles + k_splits - 1, k_splits)
+            lo = split * per_split
         hi = jnp.minimum(lo + per_split, n_tiles)
         q = q_ref[...]  # [rows, hd] in the cache dtype
         row_ids = lax.broadcasted_iota(jnp.int32, (rows,), 0)
@@ -76,7 +86,10 @@ def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk
             k0 = pl.multiple_of(j * block_k, block_k)
             s = scores(q, k_ref[slot, h, pl.ds(k0, block_k), :], qk_scale)
             keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
-            s = jnp.where(keys[None, :] <= q_pos[:, None], s, -jnp.inf)
+            seen = keys[None, :] <= q_pos[:, None]
+            if windowed:
+                seen = seen & (q_pos[:, None] - keys[None, :] < window)
+            s = jnp.where(seen, s, -jnp.inf)
             return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
 
         carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.full((rows,), M_INIT, jnp.float32),
@@ -92,10 +105,11 @@ def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk
 def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots, lengths, *,
                      sm_scale: float | None = None, k_splits: int | None = None, block_k: int | None = None,
                      num_warps: int | None = None, num_stages: int | None = None,
-                     interpret: bool = False) -> jax.Array:
+                     interpret: bool = False, window=None) -> jax.Array:
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
     in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
-    unused batch row) reads nothing and returns zeros."""
+    unused batch row) reads nothing and returns zeros. window (traced int32, > 0): query p sees
+    keys p - window < key <= p only."""
     if q.ndim != 4:
         raise AttentionShapeError(f"q has shape {q.shape}; expected [B, nq, H, head_dim]")
     batch, nq, n_heads, head_dim = q.shape
@@ -108,11 +122,14 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots
     scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
     slots = jnp.broadcast_to(jnp.asarray(slots, jnp.int32), (batch,))
     lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), (batch,))
-    return _decode_attention(q, k_cache, v_cache, slots, lengths, sm_scale=scale, cfg=cfg, interpret=interpret)
+    windows = () if window is None else (jnp.broadcast_to(jnp.asarray(window, jnp.int32), (batch,)),)
+    return _decode_attention(q, k_cache, v_cache, slots, lengths, *windows, sm_scale=scale, cfg=cfg,
+                             interpret=interpret)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "cfg", "interpret"))
-def _decode_attention(q, k_cache, v_cache, slots, lengths, *, sm_scale: float, cfg: DecodeConfig, interpret: bool):
+def _decode_attention(q, k_cache, v_cache, slots, lengths, *windows, sm_scale: float, cfg: DecodeConfig,
+                      interpret: bool):
     batch, nq, n_heads, head_dim = q.shape
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
@@ -124,7 +141,7 @@ def _decode_attention(q, k_cache, v_cache, slots, lengths, *, sm_scale: float, c
     qg = q.reshape(batch, nq, n_kv, rep, head_dim).transpose(0, 2, 1, 3, 4).reshape(batch, n_kv, n_rows, head_dim)
     qg = jnp.pad(qg.astype(k_cache.dtype), ((0, 0), (0, 0), (0, rows - n_rows), (0, 0)))  # [B, Hkv, rows, hd]
     kernel = _decode_kernel(rep, nq, rows, splits, cfg.block_k, sm_scale * LOG2_E,
-                            (batch, k_cache.shape, str(k_cache.dtype)))
+                            (batch, k_cache.shape, str(k_cache.dtype)), *((True,) if windows else ()))
     whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, s: (0, 0, 0, 0))
     per_row = pl.BlockSpec((batch,), lambda b, h, s: (0,))
     part_shape = (batch, n_kv, splits, rows)
@@ -134,14 +151,14 @@ def _decode_attention(q, k_cache, v_cache, slots, lengths, *, sm_scale: float, c
                    jax.ShapeDtypeStruct(part_shape, jnp.float32), jax.ShapeDtypeStruct(part_shape, jnp.float32)],
         grid=(batch, n_kv, splits),
         in_specs=[pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
-                  whole_cache, whole_cache, per_row, per_row],
+                  whole_cache, whole_cache, per_row, per_row, *(per_row for _ in windows)],
         out_specs=[pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
                    pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
                    pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0))],
         compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
         interpret=interpret,
         name="decode_attention",
-    )(qg, k_cache, v_cache, slots, lengths)
+    )(qg, k_cache, v_cache, slots, lengths, *windows)
     out = merge_splits(o, m, l)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
     out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nq, n_heads, head_dim)
@@ -149,7 +166,7 @@ def _decode_attention(q, k_cache, v_cache, slots, lengths, *, sm_scale: float, c
 
 @functools.partial(jax.jit, static_argnames=("sm_scale",))
 def decode_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots, lengths, *,
-                               sm_scale: float | None = None) -> jax.Array:
+                               sm_scale: float | None = None, window=None) -> jax.Array:
     """The kernel's math in plain jnp over each row's whole cache slot (f32, dense softmax)."""
     batch, nq, n_heads, head_dim = q.shape
     n_kv, max_len = k_cache.shape[1], k_cache.shape[2]
@@ -162,5 +179,7 @@ def decode_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
     s = jnp.einsum("bjgrd,bgsd->bgrjs", qg, k, precision=HIGHEST) * scale
     q_pos = lengths[:, None] - nq + jnp.arange(nq)[None, :]  # [B, nq]
     visible = jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None]  # [B, nq, S]
+    if window is not None:
+        visible &= q_pos[:, :, None] - jnp.arange(max_len)[None, None, :] < window
     p = jax.nn.softmax(jnp.where(visible[:, None, None], s, -jnp.inf), axis=-1)
     return jnp.einsum("bgrjs,bgsd->bjgrd", p, v, precision=HIGHEST).reshape(batch, nq, n_heads, head_dim)

@@ -1,0 +1,81 @@
+"""The decoder every family shares: tokens + positions + cache -> hidden states / logits + cache.
+
+Two entry points share the layer loop:
+- `forward_chunk`: T consecutive tokens of one sequence (cache slot) from position `start`
+  (prefill, in fixed-size chunks);
+- `forward_decode`: one token for each of B rows, each in its own slot at its own position.
+The layer math is the family's (`families.family(cfg).block`, chosen by the static Config); the
+cache writes, attention (model/attention.py), final norm and head are here, once.
+Layers are unrolled at trace time: on the GPU a loop iteration costs ~8 us, more than a small
+model's whole per-layer weight read (docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from minfer_jax import ops
+from minfer_jax.model import attention
+from minfer_jax.model.cache import KVCache
+from minfer_jax.model.config import Config
+from minfer_jax.model.families import family
+from minfer_jax.model.layers import LayerCall
+from minfer_jax.model.weights import Params
+
+
+def _layers(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache, cfg: Config,
+            impl: ops.Impl, attend: Callable, par=None) -> tuple[jax.Array, KVCache]:
+    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)`, final norm.
+    par: None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)."""
+    fam = family(cfg)
+    x = fam.embed(params, tokens, cfg)  # [T, d]
+    ks, vs = list(cache.k), list(cache.v)
+    for i, layer in enumerate(params.layers):  # unrolled at trace time
+
+        def layer_attend(q, k, v, i=i):
+            ks[i], vs[i], att = attend(q, k.astype(ks[i].dtype), v.astype(vs[i].dtype), ks[i], vs[i], cfg.window(i))
+            return att
+
+        call = LayerCall(positions=positions, attend=layer_attend, cfg=cfg, impl=impl, par=par,
+                         rope_freqs=params.rope_freqs)
+        x = fam.block(x, layer, i, call)
+    return ops.rms_norm(x, params.out_norm, cfg.rms_eps), KVCache(k=tuple(ks), v=tuple(vs))
+
+
+def forward_chunk(params: Params, tokens: jax.Array, slot: jax.Array, start: jax.Array, cache: KVCache,
+                  cfg: Config, impl: ops.Impl, par=None) -> tuple[jax.Array, KVCache]:
+    """tokens [T] of sequence `slot` at positions start + [0, T) -> final normed hidden [T, d], cache."""
+    positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
+
+    def attend(q, k, v, k_cache, v_cache, window):
+        at = (slot, 0, start, 0)  # [T, Hkv, hd] -> the slot's rows [Hkv, start:start+T]
+        k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 0, 1)[None], at)
+        v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 0, 1)[None], at)
+        return k_cache, v_cache, attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl, window)
+
+    return _layers(params, tokens, positions, cache, cfg, impl, attend, par)
+
+
+def forward_decode(params: Params, tokens: jax.Array, slots: jax.Array, positions: jax.Array, cache: KVCache,
+                   cfg: Config, impl: ops.Impl, span: int | None = None, par=None) -> tuple[jax.Array, KVCache]:
+    """tokens [B], row b in slot slots[b] at position positions[b] -> logits [B, vocab] f32, cache.
+
+    span (static, XLA path): attend over cache positions [0, span) only; every position < span.
+    par (inside shard_map): the logits are this shard's vocabulary slice [B, vocab / TP].
+    """
+    def attend(q, k, v, k_cache, v_cache, window):
+        k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence
+        v_cache = v_cache.at[slots, :, positions].set(v)
+        return k_cache, v_cache, attention.decode_attention(q, k_cache, v_cache, slots, positions, cfg, impl, span,
+                                                            window)
+
+    h, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par)
+    return logits_from_hidden(params, h, impl), cache
+
+
+def logits_from_hidden(params: Params, h: jax.Array, impl: ops.Impl) -> jax.Array:
+    """h [T, d] -> logits [T, vocab] f32 (output.weight, or token_embd when tied)."""
+    return ops.matmul(h, params.head, impl)

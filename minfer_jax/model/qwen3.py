@@ -1,0 +1,42 @@
+"""Qwen3 family (dense Qwen3 0.6B-32B): `general.architecture = qwen3`.
+
+Layer: Qwen2's without the q/k/v biases and with a per-head RMSNorm on q and k before RoPE (NeoX
+half-split form); head_dim is the file's attention.key_length (128), not d_model / n_heads.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from minfer_jax import ops
+from minfer_jax.model import layers, schema
+from minfer_jax.model.config import Config
+from minfer_jax.model.weights import Layer
+
+ARCHITECTURE = "qwen3"
+MODELS = "Qwen3 dense models"
+
+embed = layers.embed
+
+
+def config_from_metadata(md) -> Config:
+    cfg = Config(family=ARCHITECTURE, **schema.common_fields(md), **schema.head_dim_field(md),
+                 **schema.rope_scaling_fields(md))
+    schema.check_full_rotary(md, cfg)
+    return cfg
+
+
+def tensor_shapes(cfg: Config):
+    yield from schema.global_shapes(cfg)
+    for i in range(cfg.n_layers):
+        yield from schema.layer_shapes(cfg, i, qk_norm=True).items()
+
+
+def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
+    cfg, pos = call.cfg, call.positions
+    q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
+    q, k = ops.rms_norm(q, layer.q_norm, cfg.rms_eps), ops.rms_norm(k, layer.k_norm, cfg.rms_eps)  # per head
+    q = layers.rope_neox(q, pos, cfg.rope_theta, scale=cfg.rope_scale)
+    k = layers.rope_neox(k, pos, cfg.rope_theta, scale=cfg.rope_scale)
+    x = x + layers.row_matmul(call.par, "attn_out", call.attend(q, k, v), layer.wo, call.impl)
+    return x + layers.gated_ffn(x, layer, call)

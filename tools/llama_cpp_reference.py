@@ -1,0 +1,184 @@
+"""Expected values from llama.cpp (llama-cpp-python on the CPU) for the family tests.
+
+Run from the repository root with the package's venv; llama.cpp runs in its own venv as a
+subprocess (`--llama-python`, a python that can `import llama_cpp`), so nothing of llama.cpp is
+imported here or by the tests. The tests read only the JSON this writes (tests/data/llama_cpp/).
+
+    PYTHONPATH=. python tools/llama_cpp_reference.py real FILE.gguf --out tests/data/llama_cpp/smollm2.json
+    PYTHONPATH=. python tools/llama_cpp_reference.py synthetic qwen3-tiny:q8_0 --out tests/data/llama_cpp/qwen3.json
+
+real: for each prompt (plain text, or a user message through the file's chat template), the ids
+our tokenizer gives and the ids llama.cpp gives (they must agree), llama.cpp's 32 greedy tokens,
+and the largest |llama.cpp logit - float64 logit| over every prompt position (the float64 forward
+is tests/float64_reference.py), which bounds our own distance in the test. Plus llama.cpp's ids of
+a set of tokenizer texts.
+synthetic: the spec's model written as a GGUF (minfer_jax.files.synthetic, deterministic in the
+seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
+every position, its top-2 margin there and its distance from the float64 forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tests import float64_reference  # noqa: E402
+
+CHAT_PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
+                "Explain photosynthesis in one sentence.", "List three prime numbers.",
+                "What is 12 times 7?", "Translate 'good morning' into Spanish.",
+                "Give me a tip for learning to code.", "What is the boiling point of water?",
+                "Name a famous painting.", "Why is the sky blue?", "Suggest a name for a cat.",
+                "How many legs does a spider have?", "What is the largest planet?", "Who wrote Hamlet?",
+                "Describe a rainbow in five words.", "What is the opposite of hot?", "Say hello in French.",
+                "What color is grass?", "Recommend a good book."]
+PLAIN_PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
+                 "The three laws of thermodynamics are", "import numpy as np\n\n"]
+TOKENIZER_TEXTS = ["Hello world", " Hello world", "Hello World!", "  leading spaces", "trailing   ",
+                   "numbers 1234567 and 3.14159", "don't won't I'm they're", "\n\n\ttabs\tand\nnewlines\n",
+                   "unicode: café naïve 東京 😀", "<|im_start|>user\nhi<|im_end|>\n", "a" * 40,
+                   "print('hello')  # comment", "x = [1, 2, 3]\nfor i in x:\n    print(i)"]
+N_GREEDY = 32
+
+# Runs in the llama.cpp venv: read a job JSON, write logits (.npy) and tokens (JSON).
+WORKER = r"""
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+job = json.load(open(sys.argv[1]))
+kv = {"type_k": 0, "type_v": 0} if job.get("f32_kv") else {}  # GGML_TYPE_F32 cache instead of f16
+llm = Llama(model_path=job["model"], n_ctx=job["n_ctx"], n_batch=job["n_ctx"], logits_all=True, n_threads=2,
+            verbose=False, seed=0, **kv)
+out = {"greedy": [], "tokenized": [[llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]][0]}
+for i, ids in enumerate(job["prompts"]):
+    llm.reset()
+    llm.eval(ids)
+    np.save(f"{job['dir']}/logits{i}.npy", np.asarray(llm.scores[:len(ids)], np.float32))
+    toks, margins = [], []
+    for _ in range(job["n_greedy"]):
+        row = np.asarray(llm.scores[llm.n_tokens - 1], np.float64)
+        tok = int(np.argmax(row))
+        top2 = np.sort(row)[-2:]
+        toks.append(tok)
+        margins.append(float(top2[1] - top2[0]))
+        llm.eval([tok])
+    out["greedy"].append(toks)
+    out.setdefault("margins", []).append(margins)
+json.dump(out, open(f"{job['dir']}/out.json", "w"))
+"""
+
+
+def run_llama_cpp(python: str, model: str, prompts: list[list[int]], texts: list[str], n_greedy: int, tmp: str,
+                  f32_kv: bool = False):
+    n_ctx = max(len(p) for p in prompts) + n_greedy + 8
+    job = {"model": model, "prompts": prompts, "texts": texts, "n_greedy": n_greedy, "dir": tmp,
+           "n_ctx": max(256, n_ctx), "f32_kv": f32_kv}
+    with open(os.path.join(tmp, "job.json"), "w") as f:
+        json.dump(job, f)
+    with open(os.path.join(tmp, "worker.py"), "w") as f:
+        f.write(WORKER)
+    subprocess.run([python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")], check=True)
+    with open(os.path.join(tmp, "out.json")) as f:
+        out = json.load(f)
+    logits = [np.load(os.path.join(tmp, f"logits{i}.npy")) for i in range(len(prompts))]
+    return logits, out
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def llama_cpp_version(python: str) -> str:
+    return subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def real(args) -> dict:
+    from minfer_jax.files.gguf import load_gguf
+    from minfer_jax.files.tokenizer import Tokenizer
+
+    gm = load_gguf(args.model)
+    tok = Tokenizer.from_model(gm)
+    prompts = []
+    for text in CHAT_PROMPTS:
+        rendered = tok.apply_chat_template([{"role": "user", "content": text}])
+        prompts.append({"text": text, "chat": True, "rendered": rendered, "ids": tok.encode(rendered, add_special=False)})
+    for text in PLAIN_PROMPTS:
+        prompts.append({"text": text, "chat": False, "rendered": text, "ids": tok.encode(text)})
+    texts = [p["rendered"] for p in prompts] + TOKENIZER_TEXTS
+    with tempfile.TemporaryDirectory() as tmp:
+        logits, out = run_llama_cpp(args.llama_python, args.model, [p["ids"] for p in prompts], texts, N_GREEDY, tmp)
+    for p, lg, greedy, margins, lcpp_ids in zip(prompts, logits, out["greedy"], out["margins"], out["tokenized"]):
+        ref = float64_reference.forward(gm, p["ids"])
+        p["llama_cpp_ids_agree"] = lcpp_ids == p["ids"] or (tok.add_bos and lcpp_ids == p["ids"][1:])
+        p["greedy"] = greedy
+        p["greedy_margins"] = margins  # llama.cpp's top-1 minus top-2 logit at each greedy step
+        p["llama_cpp_f64_distance"] = float(np.max(np.abs(lg - ref)))
+        p["llama_cpp_argmax_equals_f64"] = bool((lg.argmax(-1) == ref.argmax(-1)).all())
+        print(f"{p['text'][:40]!r}: ids agree {p['llama_cpp_ids_agree']}, |llama.cpp - f64| "
+              f"{p['llama_cpp_f64_distance']:.3g}, greedy {tok.decode(greedy)[:60]!r}")
+    tokenizer = [{"text": t, "ids": ids} for t, ids in zip(TOKENIZER_TEXTS, out["tokenized"][len(prompts):])]
+    return {"file": os.path.basename(args.model), "size": os.path.getsize(args.model), "sha256": sha256(args.model),
+            "n_greedy": N_GREEDY, "prompts": prompts, "tokenizer": tokenizer}
+
+
+def synthetic(args) -> dict:
+    from minfer_jax.files.synthetic import synthetic_model, write_gguf
+
+    gm = synthetic_model(args.spec, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    prompts = [rng.integers(0, gm.config.vocab_size, n).tolist() for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.gguf")
+        write_gguf(gm, path, progress=False)
+        logits, out = run_llama_cpp(args.llama_python, path, prompts, [], 0, tmp, f32_kv=args.f32_kv)
+    rows = []
+    for ids, lg in zip(prompts, logits):
+        ref = float64_reference.forward(gm, ids)
+        top2 = np.sort(lg, axis=-1)[:, -2:]
+        rows.append({"ids": ids, "argmax": lg.argmax(-1).tolist(), "margin": (top2[:, 1] - top2[:, 0]).tolist(),
+                     "llama_cpp_f64_distance": float(np.max(np.abs(lg - ref))),
+                     "f64_argmax_equal": int((lg.argmax(-1) == ref.argmax(-1)).sum())})
+        print(f"{len(ids)} tokens: |llama.cpp - f64| {rows[-1]['llama_cpp_f64_distance']:.3g}, llama.cpp argmax = f64 "
+              f"argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min margin {min(rows[-1]['margin']):.3g}")
+    return {"spec": args.spec, "seed": args.seed, "f32_kv": args.f32_kv, "prompts": rows}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-python", default="/tmp/lcpp-venv/bin/python", help="a python with llama_cpp installed")
+    ap.add_argument("--out", required=True)
+    sub = ap.add_subparsers(dest="kind", required=True)
+    r = sub.add_parser("real")
+    r.add_argument("model")
+    s = sub.add_parser("synthetic")
+    s.add_argument("spec")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--lengths", default="16,64,200,600")
+    s.add_argument("--f32-kv", action="store_true", help="llama.cpp's KV cache in f32 (default f16)")
+    args = ap.parse_args(argv)
+    result = real(args) if args.kind == "real" else synthetic(args)
+    result["llama_cpp_python"] = llama_cpp_version(args.llama_python)
+    result["tool"] = "tools/llama_cpp_reference.py"
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
