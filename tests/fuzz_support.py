@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from minfer_jax.files.gguf import ARCHITECTURE
+from minfer_jax.model.qwen2 import ARCHITECTURE
 from minfer_jax.model.config import Config
 from minfer_jax.files.synthetic import placeholder_vocab, synthetic_model_from_config
 
