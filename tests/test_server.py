@@ -35,7 +35,7 @@ def write_tiny_gguf(path: Path, tokenizer_meta: dict, seed: int = 1) -> None:
     from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config, write_gguf
 
     cfg = dataclasses.replace(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
-                              d_ff=128)
+                              d_ff=128, head_dim=0)  # 0: derived again from d_model / n_heads
     write_gguf(synthetic_model_from_config(cfg, "q8_0", seed=seed), path, progress=False, tokenizer=tokenizer_meta)
 
 
