@@ -20,7 +20,7 @@ import pytest
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax.bench.kernel_timing import random_planes
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words
-from minfer_jax.quant.planes import (FIELD_PLANES, FORMATS, QType, decode, field_ints, field_scales, fields_per_word,
+from minfer_jax.quant.planes import (FIELD_PLANES, FORMATS, QType, affine, decode, field_ints, field_scales, fields_per_word,
                                      get_format)
 
 K_QUANTS = {QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K}
@@ -132,7 +132,7 @@ def test_field_major_decode(qtype):
     a, b = field_scales(qtype, w, jnp.float16)
     for i in range(per):
         q = field_ints(qtype, w, i).astype(jnp.float16)
-        chex.assert_trees_all_equal(q * a if b is None else q * a + b, full[:, i::per])
+        chex.assert_trees_all_equal(q * a if b is None else affine(q, a, b), full[:, i::per])
     perm = gemm.permute_field_major(jnp.arange(2 * 256)[None], 256, per)[0]
     assert list(perm[:3]) == [0, per, 2 * per] and list(perm[256 // per:][:2]) == [1, per + 1] and int(perm[256]) == 256
     x = jax.random.normal(jax.random.PRNGKey(4), (16, k))

@@ -265,17 +265,22 @@ def group_scale(v: jax.Array, s: jax.Array) -> jax.Array:
     return (v.reshape(r, k // g, g) * s[:, :, None]).reshape(r, k)
 
 
-def group_affine(v: jax.Array, s: jax.Array, b: jax.Array) -> jax.Array:
-    """v * s + b per group, in gguf-py's order ((v * s) then + b; x - y == x + (-y) exactly)."""
-    r, k = v.shape
-    g = k // s.shape[1]
+def affine(v: jax.Array, s: jax.Array, b: jax.Array) -> jax.Array:
+    """v * s + b elementwise (broadcasting), in gguf-py's order ((v * s) then + b)."""
     dtype = v.dtype
     if dtype == jnp.float16 and jax.default_backend() != "gpu":
         # XLA:CPU contracts v * s + b into an FMA in some fusions and not in others (the reference
         # and interpret-mode kernels differed by an f16 ulp); in f32 v * s is exact, so the sum is
         # rounded once either way, then to f16
         v, s, b = v.astype(jnp.float32), s.astype(jnp.float32), b.astype(jnp.float32)
-    return (v.reshape(r, k // g, g) * s[:, :, None] + b[:, :, None]).reshape(r, k).astype(dtype)
+    return (v * s + b).astype(dtype)
+
+
+def group_affine(v: jax.Array, s: jax.Array, b: jax.Array) -> jax.Array:
+    """v * s + b per group (`affine`)."""
+    r, k = v.shape
+    g = k // s.shape[1]
+    return affine(v.reshape(r, k // g, g), s[:, :, None], b[:, :, None]).reshape(r, k)
 
 
 def superblock_scale(sub: jax.Array, d: jax.Array, dtype) -> jax.Array:
