@@ -86,7 +86,7 @@ def test_load_reports_phases(caches, tiny_gguf, tmp_path):
     assert "parse" not in m2.startup and {"backend", "params", "tokenizer"} <= set(m2.startup)
     run(m2)
     recs = m2.executable_records
-    assert [r.label for r in recs] == ["prefill [16]", "decode [16]"]
+    assert [r.label for r in recs] == ["prefill [16] greedy", "decode [16] greedy"]
     for r in recs:
         assert r.source == "compiled" and r.lower_s > 0 and r.compile_s > 0 and r.load_s >= 0 and r.save_s >= 0
         assert format_executable(r).startswith(f"startup: executable {r.label} (compiled: lower ")
