@@ -52,7 +52,19 @@ def test_batched_decode_through_the_kernels_matches_each_sequence_alone(tiny_mod
     batch = minfer_jax.generate_batch(kern, prompts, max_new_tokens=5, decode_steps=4)
     assert any(getattr(key, "rows", 0) == 16 for key in kern._compiled)  # one 16-row decode executable
     assert ops.route(kern.params.layers[0].w_down, 16, kern.impl).kind == "gemm"
-    assert [r.tokens for r in batch] == [minfer_jax.generate(ref, p, max_new_tokens=5).tokens for p in prompts]
+    alone = [minfer_jax.generate(ref, p, max_new_tokens=5).tokens for p in prompts]
+    # Random weights make near-ties: a row may leave the reference only where the reference's own
+    # top two logits are within rounding (f16 activations vs f32; XLA:CPU's FMA contraction varies
+    # by machine), never at a clear choice, and most rows must match exactly.
+    same = 0
+    for p, got, want in zip(prompts, (r.tokens for r in batch), alone):
+        if got == want:
+            same += 1
+            continue
+        i = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+        top2 = np.sort(ref.logits(p + want[:i])[-1])[-2:]
+        assert top2[1] - top2[0] < 2e-3 * max(1.0, abs(float(top2[1]))), (p, got, want, top2)
+    assert same >= len(prompts) - 2
 
 
 def test_neighbours_of_one_format_are_fused(tiny_models, tiny_gguf):
