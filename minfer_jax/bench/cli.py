@@ -150,6 +150,11 @@ def _startup_args(g) -> None:
     g.add_argument("--startup-dir", default=None, metavar="DIR",
                    help="--startup: where the runs' cache directories go (default: the system's temp directory)")
     g.add_argument("--startup-keep", action="store_true", help="--startup: keep the cache directories afterwards")
+    g.add_argument("--startup-runs", choices=("both", "cold", "warm"), default="both",
+                   help="--startup: which runs, each repetition (default both: cold, then warm on its caches)")
+    g.add_argument("--startup-cache", default=None, metavar="DIR",
+                   help="--startup: use and keep this cache directory (a cold run needs it empty), e.g. to time "
+                        "cold and warm in two invocations; synthetic models are written under DIR/models")
 
 
 def _output_args(g) -> None:

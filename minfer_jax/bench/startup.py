@@ -188,20 +188,34 @@ def markdown(result: dict) -> str:
     return head + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows) + "\n"
 
 
-def _synthetic_gguf(spec: str, layers: int | None, seed: int, directory: Path) -> Path:
-    """A synthetic model written as a GGUF (with the placeholder tokenizer): the CLI needs a file."""
+def _synthetic_gguf(spec: str, layers: int | None, seed: int, directory: Path, log) -> Path:
+    """A synthetic model written as a GGUF (with the placeholder tokenizer), so the run reads a file as
+    a user's would (and the weights cache applies); an existing file of the same name is reused."""
     from minfer_jax.files import synthetic
 
-    path = directory / (spec.replace(":", "-") + ".gguf")
-    synthetic.write_gguf(synthetic.synthetic_model(spec, seed=seed, layers=layers), path, progress=False)
+    path = directory / f"{spec.replace(':', '-')}-seed{seed}" f"{f'-{layers}L' if layers else ''}.gguf"
+    if not path.exists():
+        log(f"writing {spec} as {path}")
+        tmp = path.with_suffix(".tmp")
+        synthetic.write_gguf(synthetic.synthetic_model(spec, seed=seed, layers=layers), tmp, progress=False)
+        os.replace(tmp, path)
     return path
 
 
 def _platform() -> str:
-    import jax
+    """The device the runs used, asked of a fresh process (this one never starts a backend: on a GPU it
+    would hold the memory the runs need)."""
+    code = ("import os, jax; d = jax.devices()[0]; "
+            "print(f'jax {jax.__version__}, {d.platform} ({d.device_kind}), {os.cpu_count()} CPU cores')")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        return out.stdout.strip() or "unknown device"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown device"
 
-    d = jax.devices()[0]
-    return f"jax {jax.__version__}, {d.platform} ({d.device_kind}), {os.cpu_count()} CPU cores"
+
+def _kinds(which: str) -> tuple[str, ...]:
+    return {"both": ("cold", "warm"), "cold": ("cold",), "warm": ("warm",)}[which]
 
 
 def run(args, log) -> int:
@@ -212,19 +226,27 @@ def run(args, log) -> int:
     synths = [m.strip() for v in args.synthetic for m in v.split(",") if m.strip()]
     if len(models) + len(synths) > 1:
         raise BenchError("--startup times one model at a time")
-    reps = args.repetitions or 1
+    kinds = _kinds(args.startup_runs)
+    kept = Path(args.startup_cache) if args.startup_cache else None
+    if kept is not None:
+        kept.mkdir(parents=True, exist_ok=True)
+        if "cold" in kinds and any(p.name != "models" for p in kept.iterdir()):
+            raise BenchError(f"--startup-cache {kept} is not empty: a cold run needs empty caches "
+                             "(use --startup-runs warm, or an empty directory)")
+        if args.repetitions > 1 and "cold" in kinds:
+            raise BenchError("--startup-cache keeps one cache: give -r 1, or --startup-runs warm")
+    reps = args.repetitions
     work = Path(tempfile.mkdtemp(prefix="minfer-startup-", dir=args.startup_dir))
     try:
         model = models[0] if models else None
-        if synths and args.server:
-            model = "synthetic:" + synths[0] + (f":layers={args.layers}" if args.layers else "")
-        elif synths:
-            log(f"writing {synths[0]} as a GGUF file")
-            model = str(_synthetic_gguf(synths[0], args.layers, args.seed, work))
-        runs = []
+        if synths:
+            model_dir = (kept or work) / "models"
+            model_dir.mkdir(exist_ok=True)
+            model = str(_synthetic_gguf(synths[0], args.layers, args.seed, model_dir, log))
+        runs, cmd = [], []
         for i in range(reps):
-            cache = work / f"cache{i}"
-            for kind in ("cold", "warm"):
+            cache = kept or work / f"cache{i}"
+            for kind in kinds:
                 log(f"run {i + 1}/{reps} ({kind})")
                 if args.server:
                     port = _free_port()
@@ -244,7 +266,7 @@ def run(args, log) -> int:
                 runs.append(r)
         shown = [os.path.relpath(c, REPO) if c.startswith(str(REPO)) else c for c in cmd[1:]]
         result = dict(mode="server" if args.server else "cli", command=["python", *shown], platform=_platform(),
-                      cold=summarize(runs, "cold"), warm=summarize(runs, "warm"),
+                      **{k: summarize(runs, k) for k in ("cold", "warm")},
                       runs=[{k: v for k, v in dataclasses.asdict(r).items() if k != "log_tail"} for r in runs])
         sys.stdout.write(json.dumps(result, indent=1) + "\n" if args.output == "json" else markdown(result))
         return 0 if all(r.ready_s is not None for r in runs) else 1

@@ -81,6 +81,9 @@ def jax_cache_useful(platform: str) -> bool:
     return platform != "cpu"
 
 
+# jax settings that change what a traced program computes (read defensively: names move between versions)
+_PROGRAM_FLAGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
+                  "jax_threefry_partitionable")
 JAX_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _hits = threading.local()  # JAX records the event in the compiling thread: count per thread
 
@@ -118,7 +121,7 @@ def fingerprint(model, key) -> str:
         f"devices={[(d.platform, d.device_kind, d.id) for d in devices]}",
         f"platform_version={devices[0].client.platform_version}",
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}",
-        f"x64={jax.config.jax_enable_x64} precision={jax.config.jax_default_matmul_precision}",
+        *(f"{flag}={getattr(jax.config, flag, None)}" for flag in _PROGRAM_FLAGS),
         f"source={source_hash()}",
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()

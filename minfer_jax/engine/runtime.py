@@ -4,8 +4,9 @@
 (quantized planes on a GPU, a dense copy on a CPU: model/weights.py says why) and returns a
 `Model`. The executables a plan names (plan.py) are compiled ahead of time on first use and kept
 on the Model, so each compiles exactly once per process; the executable store (executables.py)
-lets the next process load them instead of tracing and compiling, and JAX's persistent
-compilation cache catches what the store misses. `Model.startup` holds the load's phase times.
+lets the next process load them instead of tracing and compiling (on a GPU, JAX's persistent
+compilation cache runs beside it), and the weights cache (weights_cache.py) lets it map the
+weights instead of dequantizing or repacking them. `Model.startup` holds the load's phase times.
 `generate` and `generate_batch` run through the Model's scheduler (scheduler.py), the package's
 one host loop.
 """
