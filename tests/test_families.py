@@ -154,7 +154,8 @@ def test_real_greedy_tokens_equal_llama_cpp(name):
         assert margin <= bound, (p["text"], j, margin, bound)
         ref = float64_reference.forward(gm, p["ids"] + want[:j])
         assert ours[j] == int(ref[-1].argmax()), (p["text"], j)
-    print(f"{name}: {equal}/{len(expected['prompts'])} prompts give all {expected['n_greedy']} greedy tokens of llama.cpp")
+    n, k = len(expected["prompts"]), expected["n_greedy"]
+    print(f"{name}: {equal}/{n} prompts give all {k} greedy tokens of llama.cpp")
     assert equal >= REAL_FILES[name][3]
 
 
@@ -265,3 +266,30 @@ def test_sentencepiece_byte_fallback_and_space_prefix():
     assert tok.decode(ids[1:]) == " hi!é"
     no_prefix = Tokenizer.from_metadata({**meta, "tokenizer.ggml.add_space_prefix": False})
     assert [no_prefix.id_to_token(i) for i in no_prefix.encode("hi", add_special=False)] == ["h", "i"]
+
+
+# --- the same families through the Pallas kernels (interpreted here; compiled on a GPU) ------------
+
+@pytest.mark.parametrize("spec", ["llama-tiny:q4_k_m", "qwen3-tiny:q4_k_m", "gemma3-tiny:q4_k_m"])
+def test_kernel_path_matches_reference_path(spec):
+    """Prefill (split GEMM, chunk attention with the traced window on Gemma's local layers) and decode
+    (GEMV, split-K decode attention) against the XLA path; the 80-token prompt is past gemma3-tiny's
+    32-token window."""
+    from tests.kernel_mode import KERNELS
+
+    gm = synthetic_model(spec, seed=3)
+    kern, ref = (minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=128) for k in (KERNELS, "xla"))
+    prompt = np.random.default_rng(1).integers(0, gm.config.vocab_size, 80).tolist()
+    got, want = minfer_jax.generate(kern, prompt, max_new_tokens=8), minfer_jax.generate(ref, prompt, max_new_tokens=8)
+    seq = prompt + want.tokens
+    lk, lr = np.asarray(kern.logits(seq)), np.asarray(ref.logits(seq))
+    tol = 2e-2 * float(np.max(np.abs(lr)))  # the kernels' f16 / int8 activations (test_model_kernels.py)
+    np.testing.assert_allclose(lk, lr, atol=tol)
+    # Random weights leave near ties; the kernels may flip only those.
+    top2 = np.sort(lr, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > tol
+    np.testing.assert_array_equal(lk.argmax(-1)[clear], lr.argmax(-1)[clear])
+    assert clear.mean() > 0.5
+    n = len(prompt) - 1  # decode (GEMV, decode attention): equal up to the first unclear step
+    steps = next((i for i in range(len(want.tokens)) if not clear[n + i]), len(want.tokens))
+    assert got.tokens[:steps] == want.tokens[:steps]

@@ -60,7 +60,7 @@ job = json.load(open(sys.argv[1]))
 kv = {"type_k": 0, "type_v": 0} if job.get("f32_kv") else {}  # GGML_TYPE_F32 cache instead of f16
 llm = Llama(model_path=job["model"], n_ctx=job["n_ctx"], n_batch=job["n_ctx"], logits_all=True, n_threads=2,
             verbose=False, seed=0, **kv)
-out = {"greedy": [], "tokenized": [[llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]][0]}
+out = {"greedy": [], "tokenized": [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]}
 for i, ids in enumerate(job["prompts"]):
     llm.reset()
     llm.eval(ids)
@@ -117,7 +117,8 @@ def real(args) -> dict:
     prompts = []
     for text in (CHAT_PROMPTS if args.chat else []):
         rendered = tok.apply_chat_template([{"role": "user", "content": text}])
-        prompts.append({"text": text, "chat": True, "rendered": rendered, "ids": tok.encode(rendered, add_special=False)})
+        ids = tok.encode(rendered, add_special=False)
+        prompts.append({"text": text, "chat": True, "rendered": rendered, "ids": ids})
     plain = list(PLAIN_PROMPTS)
     if args.long_prompt:  # past a sliding window (Gemma 3: 512)
         plain.append(" ".join(LONG_TEXT for _ in range(args.long_prompt // 20 + 1)))
