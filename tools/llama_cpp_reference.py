@@ -47,6 +47,8 @@ TOKENIZER_TEXTS = ["Hello world", " Hello world", "Hello World!", "  leading spa
                    "numbers 1234567 and 3.14159", "don't won't I'm they're", "\n\n\ttabs\tand\nnewlines\n",
                    "unicode: café naïve 東京 😀", "<|im_start|>user\nhi<|im_end|>\n", "a" * 40,
                    "print('hello')  # comment", "x = [1, 2, 3]\nfor i in x:\n    print(i)"]
+LONG_TEXT = ("The river wound through the valley, past farms and mills, and each spring the water rose to meet "
+             "the old stone bridge.")
 N_GREEDY = 32
 
 # Runs in the llama.cpp venv: read a job JSON, write logits (.npy) and tokens (JSON).
@@ -58,7 +60,7 @@ job = json.load(open(sys.argv[1]))
 kv = {"type_k": 0, "type_v": 0} if job.get("f32_kv") else {}  # GGML_TYPE_F32 cache instead of f16
 llm = Llama(model_path=job["model"], n_ctx=job["n_ctx"], n_batch=job["n_ctx"], logits_all=True, n_threads=2,
             verbose=False, seed=0, **kv)
-out = {"greedy": [], "tokenized": [[llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]][0]}
+out = {"greedy": [], "tokenized": [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]}
 for i, ids in enumerate(job["prompts"]):
     llm.reset()
     llm.eval(ids)
@@ -113,11 +115,19 @@ def real(args) -> dict:
     gm = load_gguf(args.model)
     tok = Tokenizer.from_model(gm)
     prompts = []
-    for text in CHAT_PROMPTS:
+    for text in (CHAT_PROMPTS if args.chat else []):
         rendered = tok.apply_chat_template([{"role": "user", "content": text}])
-        prompts.append({"text": text, "chat": True, "rendered": rendered, "ids": tok.encode(rendered, add_special=False)})
-    for text in PLAIN_PROMPTS:
-        prompts.append({"text": text, "chat": False, "rendered": text, "ids": tok.encode(text)})
+        ids = tok.encode(rendered, add_special=False)
+        prompts.append({"text": text, "chat": True, "rendered": rendered, "ids": ids})
+    plain = list(PLAIN_PROMPTS)
+    if args.long_prompt:  # past a sliding window (Gemma 3: 512)
+        plain.append(" ".join(LONG_TEXT for _ in range(args.long_prompt // 20 + 1)))
+    for text in plain:
+        ids = tok.encode(text)
+        if args.long_prompt and text is plain[-1]:
+            ids = ids[:args.long_prompt]
+            text = tok.decode(ids[1:] if tok.add_bos else ids)
+        prompts.append({"text": text, "chat": False, "rendered": text, "ids": ids})
     texts = [p["rendered"] for p in prompts] + TOKENIZER_TEXTS
     with tempfile.TemporaryDirectory() as tmp:
         logits, out = run_llama_cpp(args.llama_python, args.model, [p["ids"] for p in prompts], texts, N_GREEDY, tmp)
@@ -165,6 +175,8 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="kind", required=True)
     r = sub.add_parser("real")
     r.add_argument("model")
+    r.add_argument("--no-chat", dest="chat", action="store_false", help="plain prompts only (base models)")
+    r.add_argument("--long-prompt", type=int, default=0, metavar="N", help="one more prompt of N tokens")
     s = sub.add_parser("synthetic")
     s.add_argument("spec")
     s.add_argument("--seed", type=int, default=0)
