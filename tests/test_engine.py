@@ -211,6 +211,29 @@ def test_ready_keys_stand_in_for_everything_while_the_rest_compiles(tiny_gguf):
     assert sched.stand_ins == used  # its own executables now exist
 
 
+@pytest.mark.real_model
+@pytest.mark.parametrize("steps", [1, 4])
+def test_text_streams_at_most_decode_steps_tokens_per_event(real_model, steps):
+    """Each on_text event carries the text of at most plan.decode_steps new tokens (the server's
+    default of 1: every token as it is made), with three sequences decoding together."""
+    m = minfer_jax.load(gguf_model=real_model, ctx_size=256)
+    sched = minfer_jax.Scheduler(m, m.plan(n_seqs=3, decode_steps=steps))
+    prompts = ["def fibonacci(n):", "import numpy as np\n", "class Stack:"]
+    events: dict[int, list[int]] = {i: [] for i in range(3)}
+    reqs: list = []
+
+    def watch(i):
+        return lambda piece: events[i].append(len(reqs[i].stream.tokens) - sum(events[i]))
+
+    for i, p in enumerate(prompts):
+        reqs.append(sched.submit(m.encode(p), max_new_tokens=12, on_text=watch(i)))
+    sched.run(reqs)
+    for i, r in enumerate(reqs):
+        n = len(r.result().tokens)
+        assert n >= 4 and sum(events[i]) == n, (events[i], r.result().stop_reason)
+        assert max(events[i]) <= steps and len(events[i]) >= n // steps, events[i]
+
+
 def fresh_run(model, ids, n):
     """ids' greedy tokens through a new scheduler: nothing kept to reuse (generate() keeps the model's)."""
     sched = minfer_jax.Scheduler(model, model.plan(decode_steps=4))
