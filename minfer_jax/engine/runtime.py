@@ -227,8 +227,7 @@ def generate(model: Model, prompt: str | Sequence[int], *, sampler: Sampler | No
     top_k=..., as sampling.sampler_of builds them). decode_steps: tokens per decode executable
     (text streams to on_text once per such chunk).
     """
-    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text,
-                                decode_steps=decode_steps)
+    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text)
     sampler = _sampler(model, sampler, settings)
     sched = model.scheduler(1, decode_steps=decode_steps)
     req = sched.submit(prompt_ids(model, prompt, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=seed,
@@ -252,8 +251,7 @@ def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, samp
     seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise InvalidArgumentError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None,
-                                decode_steps=decode_steps)
+    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None)
     seeds = [validate.seed(s) for s in seeds]
     validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
     sampler = _sampler(model, sampler, settings)

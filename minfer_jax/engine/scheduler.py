@@ -36,7 +36,8 @@ from minfer_jax import validate
 from minfer_jax.engine import steps
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.errors import ContextOverflowError
-from minfer_jax.engine.plan import Plan, pow2_at_least
+from minfer_jax.sizes import pow2_at_least
+from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 
 _ids = itertools.count()

@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import tiles
 from minfer_jax.quant.planes import QType, field_ints, field_scales, fields_per_word, get_format, int_to_half
+from minfer_jax.sizes import round_up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +78,7 @@ FIELD_MIN_WORDS = 16  # words per field dot: the f16 tensor-core dot's smallest 
 
 def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     """Tile sizes for one GEMM shape (tuned on the H200; docs/BENCHMARKS.md)."""
-    bm = min(128, max(16, tiles.pow2_divisor(tiles.round_up(m, 16), 128)))
+    bm = min(128, max(16, tiles.pow2_divisor(round_up(m, 16), 128)))
     fmt = get_format(qtype)
     if fmt.block == 256:
         bn, bk, warps, stages = SUPERBLOCK_TILE
@@ -99,7 +100,7 @@ def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int = FEW_TO
                      token_blocks: int = 1) -> int:
     """The K split (a divisor of the K steps, each split whole blocks: the K-quants' d is one per
     256) whose program count lands nearest `target`; 1 when the rows alone reach it."""
-    programs = token_blocks * tiles.round_up(n, 128) // bn
+    programs = token_blocks * round_up(n, 128) // bn
     return 1 if programs >= target else tiles.nearest_split(k // max(bk, fmt.block), programs, target)
 
 
@@ -148,7 +149,7 @@ def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmCo
     cfg = config or choose_config(qtype, m, n_out, k)
     arrays = tiles.plane_arrays(fmt, planes)
     npad = arrays[0].shape[0]
-    mpad = tiles.round_up(m, cfg.bm)
+    mpad = round_up(m, cfg.bm)
     k_split = k // cfg.splits
     assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % max(cfg.bk, fmt.block) == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()

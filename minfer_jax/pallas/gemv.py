@@ -39,6 +39,7 @@ from jax.experimental import pallas as pl
 from minfer_jax.pallas import gemv_int8_kernel, int8_words, tiles
 from minfer_jax.pallas.gemv_tuning import MAX_NT, NT_PAD, TUNING, GemvConfig, choose_config
 from minfer_jax.quant.planes import QType, decode_ints, get_format
+from minfer_jax.sizes import pow2_at_least
 
 __all__ = ["MAX_NT", "NT_PAD", "GemvConfig", "choose_config", "gemv_float", "gemv_float_reference", "gemv_int8",
            "gemv_int8_reference"]
@@ -57,7 +58,7 @@ def gemv_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, x_scale: 
     cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config)
     spec = int8_words.SPECS[qtype]
     nt, k = x.shape
-    ntp = 1 << (nt - 1).bit_length()
+    ntp = pow2_at_least(nt)
     n_groups = k // spec.group
     gs = n_groups // cfg.splits  # groups per split
     gt = cfg.bk // spec.group  # groups per step

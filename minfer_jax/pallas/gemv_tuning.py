@@ -17,6 +17,7 @@ import dataclasses
 
 from minfer_jax.pallas import int8_words, tiles
 from minfer_jax.quant.planes import QType
+from minfer_jax.sizes import round_up
 
 NT_PAD = 16  # x rows fed to the float formats' dot: Triton needs >= 16 on every dot side
 MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
@@ -59,7 +60,7 @@ class Int8Row:
     exact_round: bool  # x rounded by int8_words.round_to_int, else floor(v + 0.5) [G-round]
 
     def config(self, qtype: QType, n: int, k: int, nt: int) -> GemvConfig:
-        npad = tiles.round_up(n, 128)
+        npad = round_up(n, 128)
         group = int8_words.SPECS[qtype].group
         gt = tiles.pow2_divisor(k // group, INT8_STEP_WEIGHTS // group)
         prequant = nt >= PREQUANT_MIN_NT
@@ -91,7 +92,7 @@ class FloatRow:
     fma_nt: int = 1  # token count that multiply-adds on CUDA cores instead of the 16-row dot [G-fma]
 
     def config(self, qtype: QType, n: int, k: int, nt: int) -> GemvConfig:
-        npad = tiles.round_up(n, 128)
+        npad = round_up(n, 128)
         bk = tiles.pow2_divisor(k, self.max_bk)
         bn = max(16, min(64, TILE_ELEMS // bk))
         return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == self.fma_nt)
