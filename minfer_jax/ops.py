@@ -40,8 +40,38 @@ from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words, tiles
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
-KERNEL_MODES = ("pallas", "interpret", "xla")
-GEMM_VARIANTS = ("auto", "f16", "dequant", "int8")
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+    """One setting's values, each with what it means, in the order help lists them: Impl and
+    load() validate against it; the CLIs take their argparse choices and help text from it."""
+
+    meanings: tuple[tuple[str, str], ...]  # (value, one-line meaning)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.meanings)
+
+    def describe(self) -> str:
+        """'a (meaning), b (meaning) or c (meaning)': for a --help line."""
+        parts = [f"{name} ({meaning})" for name, meaning in self.meanings]
+        return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
+
+
+KERNELS = Choices((
+    ("pallas", "Triton kernels, GPU"),
+    ("interpret", "the same kernels in Pallas' interpreter: very slow, tiny shapes only"),
+    ("xla", "reference: dequantize + XLA dot"),
+))
+GEMMS = Choices((  # past GEMV_MAX_NT tokens, block formats (route() below)
+    ("auto", f"the split f16 GEMM up to {gemm.FEW_TOKEN_MAX_NT} tokens, dequant beyond"),
+    ("f16", "weight tiles decoded inside the GEMM"),
+    ("dequant", "weights decoded into a transient f16 matrix, then a float GEMM"),
+    ("int8", "int8 activations x int8 quants; slower on the H200"),
+))
+KERNEL_MODES = KERNELS.names
+GEMM_VARIANTS = GEMMS.names
 # "auto": up to gemm.FEW_TOKEN_MAX_NT tokens the in-kernel-decode GEMM with a K split (batched
 # decode, [G-few-tokens]); from this many on dequantize-then-GEMM, which won at every prefill size
 # swept against the unsplit GEMM (docs/BENCHMARKS.md, GEMV choices [G-dequant-nt]).

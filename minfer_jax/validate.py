@@ -18,7 +18,6 @@ from minfer_jax.errors import InvalidArgumentError
 
 INT32_MAX = 2**31 - 1  # positions, ids and counts reach the device as int32
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what jax.random.PRNGKey accepts
-MAX_DECODE_STEPS = 1024  # decode steps per on-device call: more only delays streaming and stop checks
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 1024
 
 
@@ -151,13 +150,13 @@ def fits_in_memory(what: str, nbytes: int, limit: int | None, already: int = 0) 
 
 
 LOAD_WEIGHT_MODES = ("quantized", "dense")
-LOAD_KERNELS = ("pallas", "interpret", "xla")
-LOAD_GEMMS = ("auto", "f16", "dequant", "int8")
 
 
 def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, prefill_chunk: Any,
                    platform: str) -> None:
     """runtime.load's options (ctx_size past the trained context is clamped to it once the file is read)."""
+    from minfer_jax import ops  # ops.KERNELS and GEMMS (ops imports this module)
+
     if ctx_size is not None:
         clamped_count("ctx_size", ctx_size, INT32_MAX, all_of="the trained context", minus_one=False)
         if ctx_size == 0:
@@ -172,16 +171,16 @@ def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, pref
     if weights is not None:
         choice("weights", weights, LOAD_WEIGHT_MODES)
     if kernels is not None:
-        choice("kernels", kernels, LOAD_KERNELS)
+        choice("kernels", kernels, ops.KERNELS.names)
         if kernels == "pallas" and platform != "gpu":
             raise InvalidArgumentError(f"kernels='pallas' needs a GPU, but the device is {platform}; "
                                        "use kernels='interpret' (slow) or 'xla'")
-    choice("gemm", gemm, LOAD_GEMMS)
+    choice("gemm", gemm, ops.GEMMS.names)
 
 
-def generate_arguments(*, max_new_tokens: Any, seed: Any, stop: Any, chat: Any, on_text: Any,
-                       decode_steps: Any) -> None:
-    """runtime.generate's settings besides the sampler (Sampler checks its own fields)."""
+def generate_arguments(*, max_new_tokens: Any, seed: Any, stop: Any, chat: Any, on_text: Any) -> None:
+    """runtime.generate's settings besides the sampler (Sampler checks its own fields) and
+    decode_steps (Plan checks it against plan.MAX_DECODE_STEPS)."""
     clamped_count("max_new_tokens", max_new_tokens, INT32_MAX, all_of="the context")  # generate() clamps to it
     globals()["seed"](seed)
     stop_strings(stop)
@@ -189,4 +188,3 @@ def generate_arguments(*, max_new_tokens: Any, seed: Any, stop: Any, chat: Any, 
         raise InvalidArgumentError(f"chat must be a bool, got {_shown(chat)}")
     if on_text is not None and not callable(on_text):
         raise InvalidArgumentError(f"on_text must be a callable or None, got {_shown(on_text)}")
-    integer("decode_steps", decode_steps, 1, MAX_DECODE_STEPS)

@@ -15,6 +15,7 @@ from kernel_mode import KERNELS
 
 from minfer_jax.bench import cli, fields, kernel_cases, model_tests, parsing
 from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
+from minfer_jax.sizes import pow2_at_least
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--synthetic", "qwen2.5-0.5b:q4_0", "--layers", "1"]
@@ -229,7 +230,7 @@ def test_parse_helpers():
     assert parsing.parse_int_range("1-3,8-16+4") == [1, 2, 3, 8, 12, 16]
     assert parsing.parse_pg("512,128") == (512, 128)
     assert [t.name for t in model_tests.build_tests([512, 0], [128], [(512, 128)])] == ["pp512", "tg128", "pp512+tg128"]
-    assert model_tests.pow2ceil(1) == 1 and model_tests.pow2ceil(20) == 32 and model_tests.pow2ceil(512) == 512
+    assert pow2_at_least(1) == 1 and pow2_at_least(20) == 32 and pow2_at_least(512) == 512
     assert [(q.name, n, k) for q, n, k in parsing.parse_shapes("q4_k:4096x14336,Q8_0:4096x14336")] == [
         ("Q4_K", 4096, 14336), ("Q8_0", 4096, 14336)]
 

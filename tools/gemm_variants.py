@@ -22,8 +22,9 @@ from cases import add_case_args, parse_cases  # tools/ is sys.path[0] when run a
 
 from minfer_jax import ops
 from minfer_jax.bench import kernel_timing as KB
-from minfer_jax.pallas import gemm, gemm_int8, gemv, tiles
+from minfer_jax.pallas import gemm, gemm_int8, gemv
 from minfer_jax.quant.planes import get_format
+from minfer_jax.sizes import round_up
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -61,7 +62,7 @@ def build(kind: str, fields: dict, qt, n: int, k: int, nt: int, interpret: bool 
     if target:  # the product's own split rule (whole blocks per split), at this program target
         bk = cfg.bk if kind == "gemm" else gemm_int8.XBLOCK
         cfg = dataclasses.replace(cfg, splits=gemm.few_token_splits(get_format(qt), n, k, cfg.bn, bk, target,
-                                                                    tiles.round_up(nt, cfg.bm) // cfg.bm))
+                                                                    round_up(nt, cfg.bm) // cfg.bm))
     fn = gemm.gemm if kind == "gemm" else gemm_int8.gemm_int8
     ref = gemm.gemm_reference if kind == "gemm" else gemm_int8.gemm_int8_reference
     return (f"{kind}:{cfg}", lambda x, w: fn(x, w, qtype=qt, n_out=n, config=cfg, interpret=interpret),

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from minfer_jax import ops, validate
 from minfer_jax.bench.env import Env, ensure_mem_bw, header_line, make_env
 from minfer_jax.bench.fields import KERNEL_FIELDS, MODEL_FIELDS, OUTPUT_FORMATS, model_type
 from minfer_jax.bench.kernel_cases import KernelCase, ggml_cases, model_matmul_cases, run_kernel_case
@@ -23,8 +24,6 @@ from minfer_jax.bench.model_tests import ModelBench, ModelSource, TestSpec, buil
 from minfer_jax.bench.parsing import BenchError, parse_int_range, parse_pg, parse_shapes
 from minfer_jax.bench.printers import Outputs, kernel_md_columns, model_md_columns, open_outputs
 from minfer_jax.errors import MinferError
-
-GEMM_CHOICES = ("auto", "f16", "dequant", "int8")  # ops.GEMM_VARIANTS, spelled out: --help stays jax-free
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,16 +92,12 @@ def _test_args(g) -> None:
 
 
 def _execution_args(g) -> None:
-    g.add_argument("--kernel-impl", choices=("pallas", "interpret", "xla"), default=None,
-                   help="matmul implementation: pallas (Triton kernels, GPU), interpret (the same kernels in "
-                        "Pallas' interpreter: very slow, tiny shapes only) or xla (reference dequant + dot). "
-                        "Default: pallas on GPU, xla elsewhere")
-    g.add_argument("--gemm", choices=GEMM_CHOICES, default="auto",
-                   help="GEMM variant past 8 tokens for block formats: auto (default: the split f16 GEMM up to "
-                        "64 tokens, dequant beyond), f16 (weight tiles decoded inside the GEMM), "
-                        "dequant (weights decoded into a transient f16 matrix, then a float GEMM) or int8 "
-                        "(int8 activations x int8 quants; slower on the H200)")
-    g.add_argument("--weights", choices=("quantized", "dense"), default=None,
+    g.add_argument("--kernel-impl", choices=ops.KERNELS.names, default=None,
+                   help=f"matmul implementation: {ops.KERNELS.describe()}. Default: pallas on GPU, xla elsewhere")
+    g.add_argument("--gemm", choices=ops.GEMMS.names, default="auto",
+                   help=f"GEMM variant past {ops.GEMV_MAX_NT} tokens for block formats (default auto): "
+                        f"{ops.GEMMS.describe()}")
+    g.add_argument("--weights", choices=validate.LOAD_WEIGHT_MODES, default=None,
                    help="model mode: weight storage on the device (default: quantized for pallas/interpret, dense "
                         "for xla, as minfer_jax.load)")
     g.add_argument("--no-compile-cache", action="store_true",

@@ -28,12 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax.quant.planes import QType, get_format
+from minfer_jax.sizes import round_up
 
 
 def random_planes(key: jax.Array, qtype: QType, n: int, k: int) -> dict[str, jax.Array]:
     """Planes of a random [n, k] weight with valid fields: 6-bit sub-scales in range, small f16 scales."""
     fmt = get_format(qtype)
-    npad = -(-n // 128) * 128
+    npad = round_up(n, 128)
     out = {}
     for plane, pkey in zip(fmt.planes, jax.random.split(key, len(fmt.planes))):
         shape = (npad, k // plane.wpc)

@@ -21,10 +21,7 @@ from minfer_jax.bench.engine_runs import time_sequence
 from minfer_jax.bench.env import Env, utc_stamp
 from minfer_jax.bench.fields import model_size_params, model_type, test_name
 from minfer_jax.bench.parsing import BenchError
-
-
-def pow2ceil(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
+from minfer_jax.sizes import pow2_at_least
 
 
 def _layer_matmul_elems(cfg) -> int:
@@ -78,7 +75,7 @@ def context_for(test: TestSpec, ctx: int | None, model_ctx: int) -> int:
             raise BenchError(f"test {test.name} needs {need} tokens of context, more than -c {ctx}")
         n_ctx = ctx
     else:
-        n_ctx = pow2ceil(need) if pow2ceil(need) <= model_ctx else need
+        n_ctx = pow2_at_least(need) if pow2_at_least(need) <= model_ctx else need
     if n_ctx > model_ctx:
         raise BenchError(f"test {test.name} needs a cache of {n_ctx} tokens, more than the model's trained "
                          f"context of {model_ctx}")

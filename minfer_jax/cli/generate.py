@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minfer_jax import validate
+from minfer_jax import ops, validate
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError, MinferError
 from minfer_jax.files.gguf import load_gguf
 from minfer_jax.files.model_source import resolve_model
@@ -95,9 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"context size in tokens, prompt + reply (default {DEFAULT_CTX}; 0 = the model's trained "
                         "context; larger values are clamped to it)")
     m.add_argument("--backend", "--kernels", dest="backend", default="auto",
-                   choices=("auto", "pallas", "interpret", "xla"),
-                   help="quantized matmul implementation: pallas (GPU kernels), interpret (the same kernels in "
-                        "Pallas' interpreter, slow), xla (dequantize + XLA dot); auto = pallas on a GPU, else xla")
+                   choices=("auto", *ops.KERNELS.names),
+                   help=f"quantized matmul implementation: {ops.KERNELS.describe()}; auto = pallas on a GPU, "
+                        "else xla")
     m.add_argument("-tp", "--tensor-parallel", type=int, default=None, metavar="N",
                    help="split the weights and KV cache over N devices (tensor parallelism; default: one device)")
 

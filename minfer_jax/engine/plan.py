@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from minfer_jax.engine import steps
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
+from minfer_jax.sizes import pow2_at_least, round_up
 from minfer_jax.model.cache import cache_spec
 from minfer_jax.engine.sampling import GREEDY_MODE, MODES, RowSettings, SamplerMode
 
@@ -26,17 +27,11 @@ CACHE_ALIGN = 256  # cache positions per slot are a multiple of this (attention 
 MAX_SEQS = 64  # sequences one batch decodes at once
 DEFAULT_CHUNK = {"gpu": 2048, "cpu": 256}  # prefill chunk per platform (docs/BENCHMARKS.md, "Prefill chunk")
 DECODE_STEPS = 16  # tokens per decode executable: the host sees tokens once per chunk
+MAX_DECODE_STEPS = 4096  # more only delays streaming and stop checks (bench tgN runs N in one)
 
 
 class PlanError(InvalidArgumentError):
     """A plan setting (chunk, sequences, context) outside what the engine supports."""
-
-
-def pow2_at_least(n: int, floor: int = 1) -> int:
-    b = floor
-    while b < n:
-        b *= 2
-    return b
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +43,7 @@ class Plan:
     spans: bool = True  # decode attends over a power-of-two prefix (XLA path; kernels read [0, len))
 
     def __post_init__(self):
-        for name, lo, hi in (("ctx", 1, 1 << 24), ("n_seqs", 1, MAX_SEQS), ("decode_steps", 1, 4096),
+        for name, lo, hi in (("ctx", 1, 1 << 24), ("n_seqs", 1, MAX_SEQS), ("decode_steps", 1, MAX_DECODE_STEPS),
                              ("chunk", MIN_BUCKET, 1 << 16)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -76,7 +71,7 @@ class Plan:
         bucket) past it, in whole chunks."""
         align = max(self.chunk, CACHE_ALIGN)
         # >= MIN_BUCKET past ctx: a padded chunk starting anywhere before ctx fits
-        return -(-(self.ctx + max(self.decode_steps, MIN_BUCKET)) // align) * align
+        return round_up(self.ctx + max(self.decode_steps, MIN_BUCKET), align)
 
     def chunks(self, n: int, start: int = 0) -> list[tuple[int, int, int]]:
         """(start, padded length, real tokens) of each prefill chunk of n tokens from `start`."""

@@ -294,8 +294,7 @@ def generate(model: Model, prompt: str | Sequence[int], *, sampler: Sampler | No
     (text streams to on_text once per such chunk). max_new_tokens and repeat_last_n of -1 or past
     the context mean the context, top_k past the vocabulary the vocabulary (clamped, as in llama.cpp).
     """
-    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text,
-                                decode_steps=decode_steps)
+    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text)
     sampler = _sampler(model, sampler, settings)
     max_new_tokens = validate.clamped_count("max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context")
     sched = model.scheduler(1, decode_steps=decode_steps)
@@ -320,8 +319,7 @@ def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, samp
     seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise InvalidArgumentError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None,
-                                decode_steps=decode_steps)
+    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None)
     seeds = [validate.seed(s) for s in seeds]
     validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
     sampler = _sampler(model, sampler, settings)

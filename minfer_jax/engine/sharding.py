@@ -36,6 +36,7 @@ from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, Params, load_params
 from minfer_jax.quant.planes import get_format
+from minfer_jax.sizes import round_up
 
 AXIS = "tp"
 PARAMS_SPEC = P(AXIS)  # every Params leaf: shards concatenated along axis 0
@@ -100,7 +101,7 @@ def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Spli
     ob = o_block
     owned = [(s * heads * hd, (s + 1) * heads * hd) for s in range(n)]
     o_starts = tuple(a // ob * ob for a, _ in owned)
-    o_width = max(-(-b // ob) * ob - w for (_, b), w in zip(owned, o_starts))
+    o_width = max(round_up(b, ob) - w for (_, b), w in zip(owned, o_starts))
     return Split(degree=n, heads=heads, kv_heads=kv_heads, kv_first=kv_first, ff_ranges=ff_ranges,
                  ff_width=max(counts) * fb, o_starts=o_starts, o_width=o_width,
                  o_offsets=tuple(a - w for (a, _), w in zip(owned, o_starts)),

@@ -29,6 +29,7 @@ from jax.experimental import pallas as pl
 
 from minfer_jax.errors import MinferError
 from minfer_jax.pallas import tiles
+from minfer_jax.sizes import pow2_at_least, round_up
 
 HIGHEST = lax.Precision.HIGHEST  # references: exact f32 products on every backend (the GPU default is TF32)
 
@@ -83,10 +84,6 @@ def chunk_config(head_dim: int, block_q: int | None = None, block_k: int | None 
         if value < 16 or value & (value - 1):
             raise AttentionShapeError(f"{name}={value} must be a power of two >= 16 (Triton dot tiles)")
     return cfg
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def check_cache(k_cache: jax.Array, v_cache: jax.Array, n_heads: int, head_dim: int) -> None:
@@ -259,8 +256,8 @@ def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkCo
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
     n_rows = t_len * rep
-    block_q = min(cfg.block_q, next_pow2(n_rows))
-    rows_pad = tiles.round_up(n_rows, block_q)
+    block_q = min(cfg.block_q, pow2_at_least(n_rows))
+    rows_pad = round_up(n_rows, block_q)
     n_blocks = rows_pad // block_q
     tiles.silence_triton_deprecation()
 

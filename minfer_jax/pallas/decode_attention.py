@@ -23,14 +23,16 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from minfer_jax.pallas import tiles
+from minfer_jax.pallas import device, tiles
 from minfer_jax.pallas.attention import (HIGHEST, LOG2_E, M_INIT, AttentionShapeError, check_cache, merge_splits,
-                                         next_pow2, online_softmax_step, scores)
+                                         online_softmax_step, scores)
+from minfer_jax.sizes import pow2_at_least
 
 MAX_NQ = 8
 MIN_ROWS = 16  # Triton dot tiles need >= 16 rows
-# k_splits default: enough programs to keep the H200's 132 SMs loading (about 2 per SM), few
-# enough that the partials [B, Hkv, splits, rows, hd] f32 stay small beside the K/V they replace.
+# k_splits default: enough programs to keep the H200's 132 SMs loading (about 2 per SM; another
+# GPU's SM count scales it, device.programs), few enough that the partials
+# [B, Hkv, splits, rows, hd] f32 stay small beside the K/V they replace.
 TARGET_PROGRAMS = 256
 MAX_SPLITS = 64
 
@@ -48,7 +50,7 @@ class DecodeConfig:
 def decode_config(batch: int, n_kv_heads: int, k_splits: int | None = None, block_k: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None) -> DecodeConfig:
     """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding them."""
-    splits = k_splits or max(1, min(MAX_SPLITS, next_pow2(-(-TARGET_PROGRAMS // (batch * n_kv_heads)))))
+    splits = k_splits or max(1, min(MAX_SPLITS, pow2_at_least(-(-device.programs(TARGET_PROGRAMS) // (batch * n_kv_heads)))))
     cfg = DecodeConfig(k_splits=splits, block_k=block_k or 64, num_warps=num_warps or 4, num_stages=num_stages or 2)
     if cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
         raise AttentionShapeError(f"block_k={cfg.block_k} must be a power of two >= 16 (Triton dot tiles)")
@@ -134,7 +136,7 @@ def _decode_attention(q, k_cache, v_cache, slots, lengths, *windows, sm_scale: f
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
     n_rows = nq * rep
-    rows = max(MIN_ROWS, next_pow2(n_rows))
+    rows = max(MIN_ROWS, pow2_at_least(n_rows))
     splits = cfg.k_splits
     tiles.silence_triton_deprecation()
 

@@ -28,8 +28,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from minfer_jax.pallas import tiles
+from minfer_jax.pallas import device, tiles
 from minfer_jax.quant.planes import QType, field_ints, field_scales, fields_per_word, get_format, int_to_half
+from minfer_jax.sizes import round_up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,8 @@ class GemmConfig:
 
 
 # Tiles (bn, bk, num_warps, num_stages) from the H200 sweeps at 512 x 4096 x 14336
-# (tools/kernel_probe.py gemm/s3/s4, docs/BENCHMARKS.md); bm comes from the token count.
+# (docs/BENCHMARKS.md); bm comes from the token count. Another GPU takes them with at most
+# device.GENERIC_MAX_STAGES stages (device.stages).
 # 32-weight blocks: narrow 64-row weight tiles on 4 warps (Q4_0 232 TFLOP/s, Q5_0 199, Q4_1 208)
 # beat 128 x 128 on 8 warps (203, 153, 155): half as much decode work per program between dots.
 # K-quants: bk 128 so one tile decodes half a super-block's scales; 3 stages (Q4_K 178, Q2_K 198,
@@ -64,7 +66,7 @@ F32_TILE = (128, 64, 8, 3)
 # way (not measured on the GPU: unsplit, 16 tokens of a 3584-row matrix run 28 programs).
 FEW_TOKEN_MAX_NT = 64
 FEW_TOKEN_TILE = (64, 128, 4, 3)
-FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132
+FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132 (device.programs scales it to another GPU)
 # Formats measured to gain from the field-major decode (`field_major`): one dot per nibble index
 # on [bn, bk / 8] words, with no reshape of the decoded tile (reshaped, it reached the dot through
 # one scalar shared-memory store per weight: 38 % of the Q4_K kernel's stall samples under Nsight
@@ -76,8 +78,8 @@ FIELD_MIN_WORDS = 16  # words per field dot: the f16 tensor-core dot's smallest 
 
 
 def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
-    """Tile sizes for one GEMM shape (tuned on the H200; docs/BENCHMARKS.md)."""
-    bm = min(128, max(16, tiles.pow2_divisor(tiles.round_up(m, 16), 128)))
+    """Tile sizes for one GEMM shape (tuned on the H200: device.py says what another GPU gets)."""
+    bm = min(128, max(16, tiles.pow2_divisor(round_up(m, 16), 128)))
     fmt = get_format(qtype)
     if fmt.block == 256:
         bn, bk, warps, stages = SUPERBLOCK_TILE
@@ -86,20 +88,23 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     else:
         bn, bk, warps, stages = F32_TILE if fmt.compute_dtype == jnp.float32 else HALF_TILE
     if m > FEW_TOKEN_MAX_NT:
-        return GemmConfig(bm=bm, bn=bn, bk=tiles.pow2_divisor(k, bk), num_warps=warps, num_stages=stages)
+        return GemmConfig(bm=bm, bn=bn, bk=tiles.pow2_divisor(k, bk), num_warps=warps,
+                          num_stages=device.stages(stages))
     if fmt.ints is not None:  # block formats: the few-token tile (float weights keep theirs: unmeasured)
         bn, bk, warps, stages = FEW_TOKEN_TILE
     bk = tiles.pow2_divisor(k, bk)
-    return GemmConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages,
+    return GemmConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=device.stages(stages),
                       splits=few_token_splits(fmt, n, k, bn, bk), magic_half=fmt.ints is not None,
                       field_major=qtype in FIELD_MAJOR and bk // fields_per_word(qtype) >= FIELD_MIN_WORDS)
 
 
-def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int = FEW_TOKEN_PROGRAMS,
+def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int | None = None,
                      token_blocks: int = 1) -> int:
     """The K split (a divisor of the K steps, each split whole blocks: the K-quants' d is one per
-    256) whose program count lands nearest `target`; 1 when the rows alone reach it."""
-    programs = token_blocks * tiles.round_up(n, 128) // bn
+    256) whose program count lands nearest `target` (default FEW_TOKEN_PROGRAMS, scaled to this
+    GPU); 1 when the rows alone reach it."""
+    target = target or device.programs(FEW_TOKEN_PROGRAMS)
+    programs = token_blocks * round_up(n, 128) // bn
     return 1 if programs >= target else tiles.nearest_split(k // max(bk, fmt.block), programs, target)
 
 
@@ -148,7 +153,7 @@ def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmCo
     cfg = config or choose_config(qtype, m, n_out, k)
     arrays = tiles.plane_arrays(fmt, planes)
     npad = arrays[0].shape[0]
-    mpad = tiles.round_up(m, cfg.bm)
+    mpad = round_up(m, cfg.bm)
     k_split = k // cfg.splits
     assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % max(cfg.bk, fmt.block) == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()

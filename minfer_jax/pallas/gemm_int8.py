@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 from minfer_jax.pallas import tiles
 from minfer_jax.pallas.gemm import tiled_call
 from minfer_jax.quant.planes import QType, decode_ints, get_format
+from minfer_jax.sizes import round_up
 
 XBLOCK = 32  # activation quantization block (and K step)
 
@@ -48,7 +49,7 @@ def group_size(qtype: QType) -> int:
 
 
 def choose_config(qtype: QType, m: int, n: int, k: int) -> Int8GemmConfig:
-    bm = min(128, max(32, tiles.pow2_divisor(tiles.round_up(m, 32), 128)))
+    bm = min(128, max(32, tiles.pow2_divisor(round_up(m, 32), 128)))
     return Int8GemmConfig(bm=bm, bn=128)
 
 
@@ -114,7 +115,7 @@ def gemm_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: I
     cfg = config or choose_config(qtype, m, n_out, k)
     arrays = tiles.plane_arrays(fmt, planes)
     npad = arrays[0].shape[0]
-    mpad = tiles.round_up(m, cfg.bm)
+    mpad = round_up(m, cfg.bm)
     g = group_size(qtype)
     k_split = k // cfg.splits
     assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % max(XBLOCK, fmt.block) == 0, (cfg, npad, k)

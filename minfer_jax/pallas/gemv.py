@@ -37,8 +37,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import gemv_int8_kernel, int8_words, tiles
-from minfer_jax.pallas.gemv_tuning import MAX_NT, NT_PAD, TUNING, GemvConfig, choose_config
+from minfer_jax.pallas.gemv_tuning import MAX_NT, NT_PAD, TUNING, GemvConfig, choose_config, row
 from minfer_jax.quant.planes import QType, decode_ints, get_format
+from minfer_jax.sizes import pow2_at_least
 
 __all__ = ["MAX_NT", "NT_PAD", "GemvConfig", "choose_config", "gemv_float", "gemv_float_reference", "gemv_int8",
            "gemv_int8_reference"]
@@ -57,21 +58,21 @@ def gemv_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, x_scale: 
     cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config)
     spec = int8_words.SPECS[qtype]
     nt, k = x.shape
-    ntp = 1 << (nt - 1).bit_length()
+    ntp = pow2_at_least(nt)
     n_groups = k // spec.group
     gs = n_groups // cfg.splits  # groups per split
     gt = cfg.bk // spec.group  # groups per step
     assert n_groups % cfg.splits == 0 and gs % gt == 0, (cfg, k)
     x = jnp.pad(x, ((0, ntp - nt), (0, 0)))
-    row = TUNING[qtype]
+    tuning = row(qtype)
     block = gemv_int8_kernel.Block(qtype, ntp, cfg.bn, gt, gs // gt)
     dot4 = int8_words.dp4a_emulated if interpret else _dp4a
     if cfg.prequant:
-        xw, xsc = int8_words.quantize_x(qtype, x if x_scale is None else x * x_scale, row.exact_round)  # one XLA fusion
+        xw, xsc = int8_words.quantize_x(qtype, x if x_scale is None else x * x_scale, tuning.exact_round)  # one XLA fusion
         x_ops = (xw, xsc)  # [ntp, G, x_slots, x_words] int32, [ntp, 4, G, 1] f32
         in_specs = [pl.BlockSpec((ntp, gs, spec.x_slots, spec.x_words), lambda i, s: (0, s, 0, 0)),
                     pl.BlockSpec((ntp, 4, gs, 1), lambda i, s: (0, 0, s, 0))]
-        dims3, flat = row.tile_shapes(prequant=True)
+        dims3, flat = tuning.tile_shapes(prequant=True)
         kernel = gemv_int8_kernel.prequantized_x_kernel(block, dims3, dot4, cfg.x_first)
     else:
         x_ops = (int8_words.x_view(qtype, x),)  # [ntp, G, x_words, 4, x_slots]
@@ -79,8 +80,8 @@ def gemv_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, x_scale: 
         if x_scale is not None:  # scaled inside the kernel, as x is loaded
             x_ops += (int8_words.x_view(qtype, x_scale[None]),)  # [1, G, x_words, 4, x_slots]
             in_specs.append(pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0)))
-        dims3, flat = row.tile_shapes(prequant=False)
-        kernel = gemv_int8_kernel.in_kernel_x_kernel(block, row.exact_round, x_scale is not None, dot4, cfg.x_first)
+        dims3, flat = tuning.tile_shapes(prequant=False)
+        kernel = gemv_int8_kernel.in_kernel_x_kernel(block, tuning.exact_round, x_scale is not None, dot4, cfg.x_first)
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     arrays = []
     for name, tail in spec.view_tails(dims3, flat):

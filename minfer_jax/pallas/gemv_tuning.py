@@ -1,8 +1,11 @@
 """GEMV policy: one frozen tuning row per weight format (TUNING) and the per-shape GemvConfig it gives.
 
 Everything the GEMV decides per format lives in its row; everything shared by all formats of a
-path is a named constant below. Every value was measured on the H200; the evidence is one row
-each in docs/BENCHMARKS.md, section "GEMV choices", under the key the comment names ([G-...]).
+path is a named constant below. Every value was measured on the H200 (device.TUNED_ON); the
+evidence is one row each in docs/BENCHMARKS.md, section "GEMV choices", under the key the
+comment names ([G-...]). Another GPU gets `row(qtype)`'s safe default: the format's row with the
+measured toggles off (the plainest kernel of each path), its numerics (exact_round) kept, and
+program targets scaled to its SMs (device.programs).
 
 Integer path (block formats): every program one straight-line step of INT8_STEP_WEIGHTS weights
 per row (no K loop: all its loads issue at once), K split into as many chunks as that takes.
@@ -15,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from minfer_jax.pallas import int8_words, tiles
+from minfer_jax.pallas import device, int8_words, tiles
 from minfer_jax.quant.planes import QType
+from minfer_jax.sizes import round_up
 
 NT_PAD = 16  # x rows fed to the float formats' dot: Triton needs >= 16 on every dot side
 MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
@@ -59,7 +63,7 @@ class Int8Row:
     exact_round: bool  # x rounded by int8_words.round_to_int, else floor(v + 0.5) [G-round]
 
     def config(self, qtype: QType, n: int, k: int, nt: int) -> GemvConfig:
-        npad = tiles.round_up(n, 128)
+        npad = round_up(n, 128)
         group = int8_words.SPECS[qtype].group
         gt = tiles.pow2_divisor(k // group, INT8_STEP_WEIGHTS // group)
         prequant = nt >= PREQUANT_MIN_NT
@@ -91,13 +95,13 @@ class FloatRow:
     fma_nt: int = 1  # token count that multiply-adds on CUDA cores instead of the 16-row dot [G-fma]
 
     def config(self, qtype: QType, n: int, k: int, nt: int) -> GemvConfig:
-        npad = tiles.round_up(n, 128)
+        npad = round_up(n, 128)
         bk = tiles.pow2_divisor(k, self.max_bk)
         bn = max(16, min(64, TILE_ELEMS // bk))
         return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == self.fma_nt)
 
 
-TUNING: dict[QType, Int8Row | FloatRow] = {
+TUNING: dict[QType, Int8Row | FloatRow] = {  # measured on device.TUNED_ON (the H200)
     #                   rows at  x first from        pre-quantized x
     #                   1 token  in-kernel prequant  rows steps 3-D    exact_round
     QType.Q8_0: Int8Row(32,      2,        OFF,      32,  1,    False, True),
@@ -116,9 +120,24 @@ TUNING: dict[QType, Int8Row | FloatRow] = {
 }
 
 
+def generic(r: Int8Row | FloatRow) -> Int8Row | FloatRow:
+    """A row for a GPU it was not measured on: x loaded after the weights, one step of 32 rows
+    per pre-quantized program, flat tiles; one-token rows and rounding (numerics) as measured."""
+    if isinstance(r, FloatRow):
+        return r
+    return dataclasses.replace(r, x_first_from=OFF, prequant_x_first_from=OFF, prequant_rows=INT8_BN_TOKENS,
+                               prequant_steps=1, prequant_3d=False)
+
+
+def row(qtype: QType) -> Int8Row | FloatRow:
+    """The format's TUNING row on the GPU it was measured on, else its generic() default."""
+    r = TUNING[qtype]
+    return r if device.current().tuned else generic(r)
+
+
 def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
-    """Blocks and path for one weight shape and token count: the format's TUNING row applied."""
-    return TUNING[qtype].config(qtype, n, k, nt)
+    """Blocks and path for one weight shape and token count: the format's row applied."""
+    return row(qtype).config(qtype, n, k, nt)
 
 
 def _divisors(n: int) -> list[int]:
@@ -127,7 +146,7 @@ def _divisors(n: int) -> list[int]:
 
 def _splits(chunks: int, programs: int) -> int:
     """The K split (a divisor of chunks) whose program count lands nearest TARGET_PROGRAMS [G-float-split]."""
-    return tiles.nearest_split(chunks, programs, TARGET_PROGRAMS)
+    return tiles.nearest_split(chunks, programs, device.programs(TARGET_PROGRAMS))
 
 
 def one_step_splits(chunks: int, row_programs: int) -> int:

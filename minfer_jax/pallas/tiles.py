@@ -88,10 +88,6 @@ def cast_rows(x: jax.Array, rows: int, dtype) -> jax.Array:
     return jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))
 
 
-def round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
 def dequant_matmul_reference(x: jax.Array, planes, *, qtype: QType, n_out: int) -> jax.Array:
     """x [M, K] . W^T -> [M, n_out] f32 in plain jnp: whole-matrix decode in the kernels' compute
     dtype and f32 accumulation, i.e. the kernels' math without their tiling."""

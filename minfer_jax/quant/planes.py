@@ -37,6 +37,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from minfer_jax.errors import UnsupportedError
+from minfer_jax.sizes import round_up
 
 QType = GGMLQuantizationType
 
@@ -147,7 +148,7 @@ def _kquant_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pad_rows(planes: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    padded = -(-rows // ROW_ALIGN) * ROW_ALIGN
+    padded = round_up(rows, ROW_ALIGN)
     if padded == rows:
         return planes
     return {k: np.concatenate([v, np.zeros((padded - rows,) + v.shape[1:], v.dtype)]) for k, v in planes.items()}

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from minfer_jax.engine.phases import process_age
+from minfer_jax.engine.plan import MAX_DECODE_STEPS
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.errors import MinferError
 
@@ -63,8 +64,8 @@ class ServerSettings:
             raise ServerSettingsError(f"-n/--n-predict must be >= -1, got {self.n_predict}")
         if self.max_queued is not None and self.max_queued < 0:
             raise ServerSettingsError(f"--max-queued must be >= 0, got {self.max_queued}")
-        if not 1 <= self.decode_steps <= 256:
-            raise ServerSettingsError(f"--decode-steps must be in 1..256, got {self.decode_steps}")
+        if not 1 <= self.decode_steps <= MAX_DECODE_STEPS:
+            raise ServerSettingsError(f"--decode-steps must be in 1..{MAX_DECODE_STEPS}, got {self.decode_steps}")
 
     @property
     def slot_ctx(self) -> int | None:

@@ -16,6 +16,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from minfer_jax import ops
 from minfer_jax.errors import MinferError
 
 PROG = "serve.py"
@@ -83,8 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let special-token text in chat message content (<|im_start|>, ...) become control "
                         "tokens, as transformers and llama-server do (default: it stays literal text)")
     p.add_argument("--backend", "--kernels", dest="backend", default="auto",
-                   choices=("auto", "pallas", "interpret", "xla"),
-                   help="quantized matmuls: pallas (GPU kernels), interpret, xla; auto = pallas on a GPU, else xla")
+                   choices=("auto", *ops.KERNELS.names),
+                   help=f"quantized matmuls: {ops.KERNELS.describe()}; auto = pallas on a GPU, else xla")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip compiling the first executables before /health reports ok")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
