@@ -11,6 +11,7 @@ sampled decode at few rows, then prefill buckets, then the rest).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,18 @@ def background_order(plan: Plan) -> list:
         return (k.mode, not decode, k.rows if decode else k.bucket)
 
     return sorted(rest, key=likeliest)
+
+
+def _lower_priority() -> None:
+    """Nice this thread (Linux: a thread has its own nice value), so that tracing and compiling in
+    the background yield the CPU to the loop thread and the request handlers."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+    except (AttributeError, OSError):  # not Linux, or not permitted: run at the normal priority
+        pass
+
+
+BACKGROUND_NICE = 10
 
 
 class Warmup:
@@ -62,6 +75,7 @@ class Warmup:
 
         def run():
             t0 = time.perf_counter()
+            _lower_priority()
             try:
                 for i, key in enumerate(keys, 1):
                     if stop.is_set():
