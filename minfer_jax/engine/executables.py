@@ -36,6 +36,8 @@ from pathlib import Path
 
 import jax
 
+from minfer_jax.sizes import gib_from_env
+
 _log = logging.getLogger(__name__)
 
 STORE_SUBDIR = "minfer-executables"
@@ -135,13 +137,7 @@ def _jaxlib_version() -> str:
 
 def limit_bytes() -> int:
     """The store's size bound (MINFER_EXECUTABLE_STORE_GB, default 4); 0 keeps nothing."""
-    raw = os.environ.get(STORE_LIMIT_ENV, "")
-    try:
-        gb = float(raw) if raw else DEFAULT_LIMIT_GB
-    except ValueError:
-        _log.warning("%s=%r is not a number; using %s", STORE_LIMIT_ENV, raw, DEFAULT_LIMIT_GB)
-        gb = DEFAULT_LIMIT_GB
-    return max(int(gb * 2**30), 0)
+    return gib_from_env(STORE_LIMIT_ENV, DEFAULT_LIMIT_GB)
 
 
 class ExecutableStore:

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minfer_jax.sizes import gib_from_env
+
 _log = logging.getLogger(__name__)
 
 CACHE_ENV = "MINFER_WEIGHTS_CACHE"  # a directory, or "0"/"off" to disable
@@ -66,13 +68,7 @@ def cache_dir() -> Path | None:
 
 
 def limit_bytes() -> int:
-    raw = os.environ.get(LIMIT_ENV, "")
-    try:
-        gb = float(raw) if raw else DEFAULT_LIMIT_GB
-    except ValueError:
-        _log.warning("%s=%r is not a number; using %s", LIMIT_ENV, raw, DEFAULT_LIMIT_GB)
-        gb = DEFAULT_LIMIT_GB
-    return max(int(gb * 2**30), 0)
+    return gib_from_env(LIMIT_ENV, DEFAULT_LIMIT_GB)
 
 
 def _aligned(n: int) -> int:
