@@ -241,14 +241,16 @@ def _add_generation_routes(app: FastAPI, backend: Backend, admission: _Admission
         return await _generate(backend, request, "chat", body, ids)
 
 
-def _add_info_routes(app: FastAPI, backend: Backend) -> None:
+def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> None:
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
     async def models(request: Request):
-        b = _ready(backend, request)
+        limits = await admission.limits_for(request)
+        b = backend
         cfg, plan = b.model.config, b.scheduler.plan
         meta = {"n_vocab": cfg.vocab_size, "n_ctx": plan.ctx, "n_ctx_train": cfg.context_length,
-                "n_parallel": plan.n_seqs, "n_embd": cfg.d_model}
+                "n_parallel": plan.n_seqs, "n_embd": cfg.d_model, "max_body_bytes": limits.max_body_bytes,
+                "max_prompt_chars": limits.max_prompt_chars, "max_messages": limits.max_messages}
         return {"object": "list", "data": [{"id": b.model_id, "object": "model", "created": int(b.started),
                                             "owned_by": "minfer_jax", "meta": meta}]}
 
@@ -291,6 +293,7 @@ def create_app(settings: ServerSettings, *, loader=None, on_fatal=None, limits: 
     app.state.backend = backend
     app.add_middleware(AccessGuard, policy=access)
     _install_error_handlers(app)
-    _add_generation_routes(app, backend, _Admission(backend, limits), literal_content)
-    _add_info_routes(app, backend)
+    admission = _Admission(backend, limits)
+    _add_generation_routes(app, backend, admission, literal_content)
+    _add_info_routes(app, backend, admission)
     return app
