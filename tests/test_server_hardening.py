@@ -245,6 +245,20 @@ def test_a_client_that_hangs_up_mid_body_leaves_no_traceback(server):
     wait_idle(server.url)
 
 
+def test_soak_tool_runs_clean_for_a_short_while(server, capsys):
+    from minfer_jax.server import soak
+
+    rc = soak.main(["--url", server.url, "--clients", "8", "--minutes", "0.25", "--pid", str(server.proc.pid)])
+    summary = json.loads(capsys.readouterr().out)
+    assert rc == 0 and not summary["failures"], summary["failures"]
+    assert set(summary["requests"]) == {"valid", "sampled", "malformed", "oversized", "disconnect"}, summary
+    assert summary["requests"]["valid"].get("200", 0) >= 4 and summary["accepted"] == summary["finished"]
+    assert summary["slots_used_after"] == 0 and summary["health_max_s"] < 1.0 and summary["rss_mb_after"] > 0
+    assert soak.main(["--url", "http://192.0.2.1:8080", "--minutes", "1"]) == 2  # loopback only
+    assert soak.main(["--url", server.url, "--minutes", "61"]) == 2  # bounded
+    assert "must point at this machine" in capsys.readouterr().err
+
+
 def test_no_traceback_and_no_slot_leak_after_all_of_it(server):
     idle = wait_idle(server.url)
     log = server.log_tail(1_000_000)

@@ -196,20 +196,35 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
 
 
 class _Admission:
-    """The request limits for the loaded model: flags with their defaults resolved, once, on the
-    first request after the model has loaded (the longest token needs its vocabulary)."""
+    """The request limits for the loaded model, flags with their defaults resolved (the longest
+    token needs the vocabulary), and the literal-content tokenizer built: both once, as soon as
+    the model has loaded (prepare_when_ready), or by the first request if that comes sooner.
+    Building the tokenizer copy holds the interpreter for ~1 s: better then than mid-serving."""
 
-    def __init__(self, backend: Backend, limits: RequestLimits):
-        self.backend, self.limits = backend, limits
+    def __init__(self, backend: Backend, limits: RequestLimits, literal_content: bool):
+        self.backend, self.limits, self.literal_content = backend, limits, literal_content
         self.resolved: RequestLimits | None = None
 
-    async def limits_for(self, request: Request) -> RequestLimits:
-        backend = _ready(self.backend, request)
-        if self.resolved is None:
-            tok = backend.model.tokenizer
-            longest = 1 if tok is None else await run_in_threadpool(longest_token_chars, tok)
-            self.resolved = self.limits.for_model(backend.scheduler.plan.ctx, longest)
+    def _resolve(self) -> RequestLimits:
+        backend = self.backend
+        tok = backend.model.tokenizer
+        if tok is not None and self.literal_content:
+            tok.encode("", parse_special=False)  # builds the literal backend now
+        longest = 1 if tok is None else longest_token_chars(tok)
+        self.resolved = self.limits.for_model(backend.scheduler.plan.ctx, longest)
         return self.resolved
+
+    async def limits_for(self, request: Request) -> RequestLimits:
+        _ready(self.backend, request)
+        return self.resolved or await run_in_threadpool(self._resolve)
+
+    async def prepare_when_ready(self) -> None:
+        while not self.backend.ready.is_set():
+            if self.backend.error is not None:
+                return
+            await asyncio.sleep(0.1)
+        if self.resolved is None:
+            await run_in_threadpool(self._resolve)
 
 
 def _add_generation_routes(app: FastAPI, backend: Backend, admission: _Admission, literal_content: bool) -> None:
@@ -241,14 +256,16 @@ def _add_generation_routes(app: FastAPI, backend: Backend, admission: _Admission
         return await _generate(backend, request, "chat", body, ids)
 
 
-def _add_info_routes(app: FastAPI, backend: Backend) -> None:
+def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> None:
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
     async def models(request: Request):
-        b = _ready(backend, request)
+        limits = await admission.limits_for(request)
+        b = backend
         cfg, plan = b.model.config, b.scheduler.plan
         meta = {"n_vocab": cfg.vocab_size, "n_ctx": plan.ctx, "n_ctx_train": cfg.context_length,
-                "n_parallel": plan.n_seqs, "n_embd": cfg.d_model}
+                "n_parallel": plan.n_seqs, "n_embd": cfg.d_model, "max_body_bytes": limits.max_body_bytes,
+                "max_prompt_chars": limits.max_prompt_chars, "max_messages": limits.max_messages}
         return {"object": "list", "data": [{"id": b.model_id, "object": "model", "created": int(b.started),
                                             "owned_by": "minfer_jax", "meta": meta}]}
 
@@ -279,18 +296,22 @@ def create_app(settings: ServerSettings, *, loader=None, on_fatal=None, limits: 
     if access is None:
         access = AccessPolicy.build(api_key=settings.api_key, listen_host="127.0.0.1")
 
+    admission = _Admission(backend, limits, literal_content)
+
     @contextlib.asynccontextmanager
     async def lifespan(_):
         backend.start()
+        preparing = asyncio.create_task(admission.prepare_when_ready())
         try:
             yield
         finally:
+            preparing.cancel()
             await run_in_threadpool(backend.close)
 
     app = FastAPI(title="minfer_jax", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backend = backend
     app.add_middleware(AccessGuard, policy=access)
     _install_error_handlers(app)
-    _add_generation_routes(app, backend, _Admission(backend, limits), literal_content)
-    _add_info_routes(app, backend)
+    _add_generation_routes(app, backend, admission, literal_content)
+    _add_info_routes(app, backend, admission)
     return app
