@@ -1,4 +1,4 @@
-"""minfer_jax: Qwen2-family GGUF inference in JAX, quantized matmuls as Pallas GPU kernels.
+"""minfer_jax: GGUF inference in JAX (Qwen2, Llama, Qwen3, Gemma 3); quantized matmuls as Pallas kernels.
 
     import minfer_jax
     model = minfer_jax.load()                      # built-in Qwen2.5-Coder-0.5B (the `model` extra)

@@ -11,7 +11,8 @@ real: for each prompt (plain text, or a user message through the file's chat tem
 our tokenizer gives and the ids llama.cpp gives (they must agree), llama.cpp's 32 greedy tokens,
 and the largest |llama.cpp logit - float64 logit| over every prompt position (the float64 forward
 is tests/float64_reference.py), which bounds our own distance in the test. Plus llama.cpp's ids of
-a set of tokenizer texts.
+a set of tokenizer texts. --f32-copy: the same distance for an F32 copy of the file in llama.cpp
+with an f32 KV cache (the model math without llama.cpp's quantization).
 synthetic: the spec's model written as a GGUF (minfer_jax.files.synthetic, deterministic in the
 seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
 every position, its top-2 margin there and its distance from the float64 forward.
@@ -140,9 +141,39 @@ def real(args) -> dict:
         p["llama_cpp_argmax_equals_f64"] = bool((lg.argmax(-1) == ref.argmax(-1)).all())
         print(f"{p['text'][:40]!r}: ids agree {p['llama_cpp_ids_agree']}, |llama.cpp - f64| "
               f"{p['llama_cpp_f64_distance']:.3g}, greedy {tok.decode(greedy)[:60]!r}")
+    if args.f32_copy:  # the same weights dequantized to F32, f32 KV cache: llama.cpp's math without its rounding
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "f32.gguf")
+            write_f32_copy(gm, path)
+            f32_logits, f32_out = run_llama_cpp(args.llama_python, path, [p["ids"] for p in prompts], [], N_GREEDY,
+                                                tmp, f32_kv=True)
+        for p, lg, greedy, margins in zip(prompts, f32_logits, f32_out["greedy"], f32_out["margins"]):
+            p["f32_copy_greedy"], p["f32_copy_greedy_margins"] = greedy, margins
+            ref = float64_reference.forward(gm, p["ids"])
+            d = np.max(np.abs(lg - ref), axis=-1)
+            p["llama_cpp_f32_copy_f64_distance"] = float(d.max())
+            p["llama_cpp_f32_copy_f64_distance_median"] = float(np.median(d))
+            print(f"{p['text'][:40]!r}: F32 copy |llama.cpp - f64| max {d.max():.3g}, median {np.median(d):.3g}")
     tokenizer = [{"text": t, "ids": ids} for t, ids in zip(TOKENIZER_TEXTS, out["tokenized"][len(prompts):])]
     return {"file": os.path.basename(args.model), "size": os.path.getsize(args.model), "sha256": sha256(args.model),
             "n_greedy": N_GREEDY, "prompts": prompts, "tokenizer": tokenizer}
+
+
+def write_f32_copy(gm, path: str) -> None:
+    """gm's weights dequantized (gguf.quants) into an F32 GGUF with gm's tokenizer metadata."""
+    import dataclasses
+
+    from gguf.quants import dequantize
+
+    from minfer_jax.files.gguf import QType, RawTensor
+    from minfer_jax.files.synthetic import write_gguf
+
+    tensors = {n: RawTensor(n, QType.F32, t.shape, dequantize(np.asarray(t.data), t.qtype).reshape(t.shape)
+                            .astype(np.float32)) for n, t in gm.tensors.items()}
+    tok = {k: v for k, v in gm.metadata.items() if k.startswith("tokenizer.")}
+    tok.setdefault("tokenizer.ggml.merges", [])
+    tok.setdefault("tokenizer.ggml.padding_token_id", tok.get("tokenizer.ggml.eos_token_id", 0))
+    write_gguf(dataclasses.replace(gm, tensors=tensors), path, progress=False, tokenizer=tok)
 
 
 def synthetic(args) -> dict:
@@ -177,6 +208,8 @@ def main(argv=None):
     r.add_argument("model")
     r.add_argument("--no-chat", dest="chat", action="store_false", help="plain prompts only (base models)")
     r.add_argument("--long-prompt", type=int, default=0, metavar="N", help="one more prompt of N tokens")
+    r.add_argument("--f32-copy", action="store_true",
+                   help="also run llama.cpp on an F32 copy (f32 KV cache) and record its float64 distance")
     s = sub.add_parser("synthetic")
     s.add_argument("spec")
     s.add_argument("--seed", type=int, default=0)

@@ -502,5 +502,9 @@ def _write_tokenizer(w, meta: dict) -> None:
     w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
     w.add_pad_token_id(meta["tokenizer.ggml.padding_token_id"])
     w.add_add_bos_token(meta["tokenizer.ggml.add_bos_token"])
+    if "tokenizer.ggml.scores" in meta:  # SentencePiece vocabularies (a real model's)
+        w.add_token_scores(meta["tokenizer.ggml.scores"])
+    if "tokenizer.ggml.add_space_prefix" in meta:
+        w.add_add_space_prefix(meta["tokenizer.ggml.add_space_prefix"])
     if "tokenizer.chat_template" in meta:
         w.add_chat_template(meta["tokenizer.chat_template"])
