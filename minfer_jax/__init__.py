@@ -1,5 +1,7 @@
 """minfer_jax: Qwen2-family GGUF inference in JAX, quantized matmuls as Pallas GPU kernels.
 
+Usage:
+
     import minfer_jax
     model = minfer_jax.load()                      # built-in Qwen2.5-Coder-0.5B (the `model` extra)
     out = minfer_jax.generate(model, "def fibonacci(n):", max_new_tokens=32)

@@ -21,7 +21,7 @@ from minfer_jax.pallas import gemv as G
 
 
 def parse_variants(text: str) -> list[dict]:
-    """"a=1,b=2;c=0" -> [{"a": 1, "b": 2}, {"c": 0}], fields checked against GemvConfig."""
+    """Parse "a=1,b=2;c=0" -> [{"a": 1, "b": 2}, {"c": 0}], fields checked against GemvConfig."""
     fields = {f.name: f.type for f in dataclasses.fields(G.GemvConfig)}
     out = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
