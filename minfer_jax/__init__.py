@@ -8,10 +8,23 @@ Usage:
     print(out.text)
 """
 
-from minfer_jax.errors import (ContextOverflowError, GGUFError, InvalidArgumentError, MinferError,
-                               ModelNotFoundError, TemplateError, UnsupportedError)
-from minfer_jax.engine.steps import (GenerationResult, SlotState, StopReason, decode_chunk, prefill_chunk,
-                                     prompt_logits)
+from minfer_jax.errors import (
+    ContextOverflowError,
+    GGUFError,
+    InvalidArgumentError,
+    MinferError,
+    ModelNotFoundError,
+    TemplateError,
+    UnsupportedError,
+)
+from minfer_jax.engine.steps import (
+    GenerationResult,
+    SlotState,
+    StopReason,
+    decode_chunk,
+    prefill_chunk,
+    prompt_logits,
+)
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
 from minfer_jax.engine.plan import Plan
@@ -22,8 +35,28 @@ from minfer_jax.engine.sampling import GREEDY, Sampler
 __version__ = "0.1.0"
 
 __all__ = [
-    "Config", "ContextOverflowError", "GGUFError", "GREEDY", "GenerationResult", "Impl", "InvalidArgumentError",
-    "MinferError", "Model", "ModelNotFoundError", "Plan", "Request", "Sampler", "Scheduler", "SlotState",
-    "StopReason", "TemplateError", "UnsupportedError", "decode_chunk", "generate", "generate_batch", "load", "prefill_chunk",
+    "Config",
+    "ContextOverflowError",
+    "GGUFError",
+    "GREEDY",
+    "GenerationResult",
+    "Impl",
+    "InvalidArgumentError",
+    "MinferError",
+    "Model",
+    "ModelNotFoundError",
+    "Plan",
+    "Request",
+    "Sampler",
+    "Scheduler",
+    "SlotState",
+    "StopReason",
+    "TemplateError",
+    "UnsupportedError",
+    "decode_chunk",
+    "generate",
+    "generate_batch",
+    "load",
+    "prefill_chunk",
     "prompt_logits",
 ]

@@ -26,6 +26,8 @@ def gib_from_env(name: str, default_gib: float) -> int:
     try:
         gib = float(raw) if raw else default_gib
     except ValueError:
-        logging.getLogger("minfer_jax").warning("%s=%r is not a number; using %s", name, raw, default_gib)
+        logging.getLogger("minfer_jax").warning(
+            "%s=%r is not a number; using %s", name, raw, default_gib
+        )
         gib = default_gib
     return max(int(gib * 2**30), 0)

@@ -11,7 +11,9 @@ Installed, the same CLI is the `minfer-generate` command.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # run from a checkout
 
 from minfer_jax.cli.generate import main
 

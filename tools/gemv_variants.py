@@ -30,7 +30,9 @@ def parse_variants(text: str) -> list[dict]:
             name, sep, value = item.partition("=")
             name = name.strip()
             if not sep or name not in fields:
-                raise SystemExit(f"--variants: {item!r} is not FIELD=INT with FIELD one of {sorted(fields)}")
+                raise SystemExit(
+                    f"--variants: {item!r} is not FIELD=INT with FIELD one of {sorted(fields)}"
+                )
             try:
                 v[name] = int(value)
             except ValueError:
@@ -43,7 +45,9 @@ def parse_variants(text: str) -> list[dict]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", required=True, help="';'-separated overrides, each 'field=int,...'")
+    ap.add_argument(
+        "--variants", required=True, help="';'-separated overrides, each 'field=int,...'"
+    )
     add_case_args(ap)
     ap.add_argument("--jsonl", help="also append one JSON line per timed case here")
     a = ap.parse_args()
@@ -59,15 +63,34 @@ def main():
             try:
                 res = KB.run_case(qt, n, k, nt, f, r, impl="gemv", reps=a.reps)
             except Exception as e:  # noqa: BLE001 - one failing lowering must not hide the rest
-                print(f"{tag:24s} {qt.name:5s} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:600]}", flush=True)
+                print(
+                    f"{tag:24s} {qt.name:5s} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:600]}",
+                    flush=True,
+                )
                 continue
-            print(f"{tag:24s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} GB/s "
-                  f"err={res.rel_err:.1e} {cfg}", flush=True)
+            print(
+                f"{tag:24s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} GB/s "
+                f"err={res.rel_err:.1e} {cfg}",
+                flush=True,
+            )
             if a.jsonl:
                 with open(a.jsonl, "a") as fh:
-                    fh.write(json.dumps({"variant": tag, "qtype": qt.name, "n": n, "k": k, "nt": nt, "us": res.us,
-                                         "gbps": res.gbps, "rel_err": res.rel_err,
-                                         "config": dataclasses.asdict(cfg)}) + "\n")
+                    fh.write(
+                        json.dumps(
+                            {
+                                "variant": tag,
+                                "qtype": qt.name,
+                                "n": n,
+                                "k": k,
+                                "nt": nt,
+                                "us": res.us,
+                                "gbps": res.gbps,
+                                "rel_err": res.rel_err,
+                                "config": dataclasses.asdict(cfg),
+                            }
+                        )
+                        + "\n"
+                    )
 
 
 if __name__ == "__main__":

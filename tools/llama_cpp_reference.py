@@ -33,22 +33,53 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests import float64_reference  # noqa: E402
 
-CHAT_PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
-                "Explain photosynthesis in one sentence.", "List three prime numbers.",
-                "What is 12 times 7?", "Translate 'good morning' into Spanish.",
-                "Give me a tip for learning to code.", "What is the boiling point of water?",
-                "Name a famous painting.", "Why is the sky blue?", "Suggest a name for a cat.",
-                "How many legs does a spider have?", "What is the largest planet?", "Who wrote Hamlet?",
-                "Describe a rainbow in five words.", "What is the opposite of hot?", "Say hello in French.",
-                "What color is grass?", "Recommend a good book."]
-PLAIN_PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
-                 "The three laws of thermodynamics are", "import numpy as np\n\n"]
-TOKENIZER_TEXTS = ["Hello world", " Hello world", "Hello World!", "  leading spaces", "trailing   ",
-                   "numbers 1234567 and 3.14159", "don't won't I'm they're", "\n\n\ttabs\tand\nnewlines\n",
-                   "unicode: café naïve 東京 😀", "<|im_start|>user\nhi<|im_end|>\n", "a" * 40,
-                   "print('hello')  # comment", "x = [1, 2, 3]\nfor i in x:\n    print(i)"]
-LONG_TEXT = ("The river wound through the valley, past farms and mills, and each spring the water rose to meet "
-             "the old stone bridge.")
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in one sentence.",
+    "List three prime numbers.",
+    "What is 12 times 7?",
+    "Translate 'good morning' into Spanish.",
+    "Give me a tip for learning to code.",
+    "What is the boiling point of water?",
+    "Name a famous painting.",
+    "Why is the sky blue?",
+    "Suggest a name for a cat.",
+    "How many legs does a spider have?",
+    "What is the largest planet?",
+    "Who wrote Hamlet?",
+    "Describe a rainbow in five words.",
+    "What is the opposite of hot?",
+    "Say hello in French.",
+    "What color is grass?",
+    "Recommend a good book.",
+]
+PLAIN_PROMPTS = [
+    "The quick brown fox",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village,",
+    "The three laws of thermodynamics are",
+    "import numpy as np\n\n",
+]
+TOKENIZER_TEXTS = [
+    "Hello world",
+    " Hello world",
+    "Hello World!",
+    "  leading spaces",
+    "trailing   ",
+    "numbers 1234567 and 3.14159",
+    "don't won't I'm they're",
+    "\n\n\ttabs\tand\nnewlines\n",
+    "unicode: café naïve 東京 😀",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "a" * 40,
+    "print('hello')  # comment",
+    "x = [1, 2, 3]\nfor i in x:\n    print(i)",
+]
+LONG_TEXT = (
+    "The river wound through the valley, past farms and mills, and each spring the water rose to meet "
+    "the old stone bridge."
+)
 N_GREEDY = 32
 
 # Runs in the llama.cpp venv: read a job JSON, write logits (.npy) and tokens (JSON).
@@ -79,16 +110,32 @@ json.dump(out, open(f"{job['dir']}/out.json", "w"))
 """
 
 
-def run_llama_cpp(python: str, model: str, prompts: list[list[int]], texts: list[str], n_greedy: int, tmp: str,
-                  f32_kv: bool = False):
+def run_llama_cpp(
+    python: str,
+    model: str,
+    prompts: list[list[int]],
+    texts: list[str],
+    n_greedy: int,
+    tmp: str,
+    f32_kv: bool = False,
+):
     n_ctx = max(len(p) for p in prompts) + n_greedy + 8
-    job = {"model": model, "prompts": prompts, "texts": texts, "n_greedy": n_greedy, "dir": tmp,
-           "n_ctx": max(256, n_ctx), "f32_kv": f32_kv}
+    job = {
+        "model": model,
+        "prompts": prompts,
+        "texts": texts,
+        "n_greedy": n_greedy,
+        "dir": tmp,
+        "n_ctx": max(256, n_ctx),
+        "f32_kv": f32_kv,
+    }
     with open(os.path.join(tmp, "job.json"), "w") as f:
         json.dump(job, f)
     with open(os.path.join(tmp, "worker.py"), "w") as f:
         f.write(WORKER)
-    subprocess.run([python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")], check=True)
+    subprocess.run(
+        [python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")], check=True
+    )
     with open(os.path.join(tmp, "out.json")) as f:
         out = json.load(f)
     logits = [np.load(os.path.join(tmp, f"logits{i}.npy")) for i in range(len(prompts))]
@@ -104,8 +151,12 @@ def sha256(path: str) -> str:
 
 
 def llama_cpp_version(python: str) -> str:
-    return subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def real(args) -> dict:
@@ -115,7 +166,7 @@ def real(args) -> dict:
     gm = load_gguf(args.model)
     tok = Tokenizer.from_model(gm)
     prompts = []
-    for text in (CHAT_PROMPTS if args.chat else []):
+    for text in CHAT_PROMPTS if args.chat else []:
         rendered = tok.apply_chat_template([{"role": "user", "content": text}])
         ids = tok.encode(rendered, add_special=False)
         prompts.append({"text": text, "chat": True, "rendered": rendered, "ids": ids})
@@ -125,24 +176,40 @@ def real(args) -> dict:
     for text in plain:
         ids = tok.encode(text)
         if args.long_prompt and text is plain[-1]:
-            ids = ids[:args.long_prompt]
+            ids = ids[: args.long_prompt]
             text = tok.decode(ids[1:] if tok.add_bos else ids)
         prompts.append({"text": text, "chat": False, "rendered": text, "ids": ids})
     texts = [p["rendered"] for p in prompts] + TOKENIZER_TEXTS
     with tempfile.TemporaryDirectory() as tmp:
-        logits, out = run_llama_cpp(args.llama_python, args.model, [p["ids"] for p in prompts], texts, N_GREEDY, tmp)
-    for p, lg, greedy, margins, lcpp_ids in zip(prompts, logits, out["greedy"], out["margins"], out["tokenized"]):
+        logits, out = run_llama_cpp(
+            args.llama_python, args.model, [p["ids"] for p in prompts], texts, N_GREEDY, tmp
+        )
+    for p, lg, greedy, margins, lcpp_ids in zip(
+        prompts, logits, out["greedy"], out["margins"], out["tokenized"]
+    ):
         ref = float64_reference.forward(gm, p["ids"])
-        p["llama_cpp_ids_agree"] = lcpp_ids == p["ids"] or (tok.add_bos and lcpp_ids == p["ids"][1:])
+        p["llama_cpp_ids_agree"] = lcpp_ids == p["ids"] or (
+            tok.add_bos and lcpp_ids == p["ids"][1:]
+        )
         p["greedy"] = greedy
         p["greedy_margins"] = margins  # llama.cpp's top-1 minus top-2 logit at each greedy step
         p["llama_cpp_f64_distance"] = float(np.max(np.abs(lg - ref)))
         p["llama_cpp_argmax_equals_f64"] = bool((lg.argmax(-1) == ref.argmax(-1)).all())
-        print(f"{p['text'][:40]!r}: ids agree {p['llama_cpp_ids_agree']}, |llama.cpp - f64| "
-              f"{p['llama_cpp_f64_distance']:.3g}, greedy {tok.decode(greedy)[:60]!r}")
-    tokenizer = [{"text": t, "ids": ids} for t, ids in zip(TOKENIZER_TEXTS, out["tokenized"][len(prompts):])]
-    return {"file": os.path.basename(args.model), "size": os.path.getsize(args.model), "sha256": sha256(args.model),
-            "n_greedy": N_GREEDY, "prompts": prompts, "tokenizer": tokenizer}
+        print(
+            f"{p['text'][:40]!r}: ids agree {p['llama_cpp_ids_agree']}, |llama.cpp - f64| "
+            f"{p['llama_cpp_f64_distance']:.3g}, greedy {tok.decode(greedy)[:60]!r}"
+        )
+    tokenizer = [
+        {"text": t, "ids": ids} for t, ids in zip(TOKENIZER_TEXTS, out["tokenized"][len(prompts) :])
+    ]
+    return {
+        "file": os.path.basename(args.model),
+        "size": os.path.getsize(args.model),
+        "sha256": sha256(args.model),
+        "n_greedy": N_GREEDY,
+        "prompts": prompts,
+        "tokenizer": tokenizer,
+    }
 
 
 def synthetic(args) -> dict:
@@ -155,33 +222,55 @@ def synthetic(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.gguf")
         write_gguf(gm, path, progress=False)
-        logits, out = run_llama_cpp(args.llama_python, path, prompts, [], 0, tmp, f32_kv=args.f32_kv)
+        logits, out = run_llama_cpp(
+            args.llama_python, path, prompts, [], 0, tmp, f32_kv=args.f32_kv
+        )
     rows = []
     for ids, lg in zip(prompts, logits):
         ref = float64_reference.forward(gm, ids)
         top2 = np.sort(lg, axis=-1)[:, -2:]
-        rows.append({"ids": ids, "argmax": lg.argmax(-1).tolist(), "margin": (top2[:, 1] - top2[:, 0]).tolist(),
-                     "llama_cpp_f64_distance": float(np.max(np.abs(lg - ref))),
-                     "f64_argmax_equal": int((lg.argmax(-1) == ref.argmax(-1)).sum())})
-        print(f"{len(ids)} tokens: |llama.cpp - f64| {rows[-1]['llama_cpp_f64_distance']:.3g}, llama.cpp argmax = f64 "
-              f"argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min margin {min(rows[-1]['margin']):.3g}")
+        rows.append(
+            {
+                "ids": ids,
+                "argmax": lg.argmax(-1).tolist(),
+                "margin": (top2[:, 1] - top2[:, 0]).tolist(),
+                "llama_cpp_f64_distance": float(np.max(np.abs(lg - ref))),
+                "f64_argmax_equal": int((lg.argmax(-1) == ref.argmax(-1)).sum()),
+            }
+        )
+        print(
+            f"{len(ids)} tokens: |llama.cpp - f64| {rows[-1]['llama_cpp_f64_distance']:.3g}, llama.cpp argmax = f64 "
+            f"argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min margin {min(rows[-1]['margin']):.3g}"
+        )
     return {"spec": args.spec, "seed": args.seed, "f32_kv": args.f32_kv, "prompts": rows}
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-python", default="/tmp/lcpp-venv/bin/python", help="a python with llama_cpp installed")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--llama-python",
+        default="/tmp/lcpp-venv/bin/python",
+        help="a python with llama_cpp installed",
+    )
     ap.add_argument("--out", required=True)
     sub = ap.add_subparsers(dest="kind", required=True)
     r = sub.add_parser("real")
     r.add_argument("model")
-    r.add_argument("--no-chat", dest="chat", action="store_false", help="plain prompts only (base models)")
-    r.add_argument("--long-prompt", type=int, default=0, metavar="N", help="one more prompt of N tokens")
+    r.add_argument(
+        "--no-chat", dest="chat", action="store_false", help="plain prompts only (base models)"
+    )
+    r.add_argument(
+        "--long-prompt", type=int, default=0, metavar="N", help="one more prompt of N tokens"
+    )
     s = sub.add_parser("synthetic")
     s.add_argument("spec")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--lengths", default="16,64,200,600")
-    s.add_argument("--f32-kv", action="store_true", help="llama.cpp's KV cache in f32 (default f16)")
+    s.add_argument(
+        "--f32-kv", action="store_true", help="llama.cpp's KV cache in f32 (default f16)"
+    )
     args = ap.parse_args(argv)
     result = real(args) if args.kind == "real" else synthetic(args)
     result["llama_cpp_python"] = llama_cpp_version(args.llama_python)

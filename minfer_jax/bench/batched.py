@@ -15,14 +15,22 @@ COLUMNS = ("PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", 
 
 
 def md_header() -> str:
-    return ("| " + " | ".join(f"{c:>9}" for c in COLUMNS) + " |\n"
-            "|" + "|".join("-" * 10 + ":" for _ in COLUMNS) + "|")
+    return (
+        "| " + " | ".join(f"{c:>9}" for c in COLUMNS) + " |\n"
+        "|" + "|".join("-" * 10 + ":" for _ in COLUMNS) + "|"
+    )
 
 
 def md_row(row: dict) -> str:
     def cell(c):
         v = row[c]
-        return f"{v:>9d}" if isinstance(v, int) else f"{v:>9.3f}" if c.startswith("T") else f"{v:>9.2f}"
+        return (
+            f"{v:>9d}"
+            if isinstance(v, int)
+            else f"{v:>9.3f}"
+            if c.startswith("T")
+            else f"{v:>9.2f}"
+        )
 
     return "| " + " | ".join(cell(c) for c in COLUMNS) + " |"
 

@@ -69,7 +69,9 @@ def enable_compilation_cache(platform: str | None = None) -> str | None:
         os.makedirs(path, exist_ok=True)
     except OSError:
         return None  # a read-only home: run without the cache rather than fail
-    if not jax.config.jax_compilation_cache_dir and executables.jax_cache_useful(platform or jax.default_backend()):
+    if not jax.config.jax_compilation_cache_dir and executables.jax_cache_useful(
+        platform or jax.default_backend()
+    ):
         jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return path
@@ -86,11 +88,17 @@ class Model:
     source: str
     weight_mode: str
     chunk: int = plan_mod.DEFAULT_CHUNK["cpu"]  # prefill chunk (tokens per executable)
-    tp: object = None  # sharding.TensorParallel: params and cache split over its mesh; None: one device
-    store: ExecutableStore | None = dataclasses.field(default=None, repr=False)  # None: compile every start
+    tp: object = (
+        None  # sharding.TensorParallel: params and cache split over its mesh; None: one device
+    )
+    store: ExecutableStore | None = dataclasses.field(
+        default=None, repr=False
+    )  # None: compile every start
     startup: dict = dataclasses.field(default_factory=dict)  # load phase -> seconds, in order
     weights_from: str = "built"  # "cache": mapped from the weights cache (weights_cache.py)
-    weights_saving: object = dataclasses.field(default=None, repr=False)  # the thread writing that cache entry
+    weights_saving: object = dataclasses.field(
+        default=None, repr=False
+    )  # the thread writing that cache entry
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     _compile_seconds: dict = dataclasses.field(default_factory=dict, repr=False)
     _records: dict = dataclasses.field(default_factory=dict, repr=False)  # key -> ExecutableRecord
@@ -106,9 +114,16 @@ class Model:
         return init_cache(self.config, n_slots, max_len or self.plan().cache_len, self.cache_dtype)
 
     # -- the plan and its executables ------------------------------------------------------------
-    def plan(self, n_seqs: int = 1, ctx: int | None = None, decode_steps: int = plan_mod.DECODE_STEPS) -> Plan:
-        return Plan(ctx=ctx or self.ctx_size, n_seqs=n_seqs, chunk=self.chunk, decode_steps=decode_steps,
-                    spans=self.impl.kernels == "xla")
+    def plan(
+        self, n_seqs: int = 1, ctx: int | None = None, decode_steps: int = plan_mod.DECODE_STEPS
+    ) -> Plan:
+        return Plan(
+            ctx=ctx or self.ctx_size,
+            n_seqs=n_seqs,
+            chunk=self.chunk,
+            decode_steps=decode_steps,
+            spans=self.impl.kernels == "xla",
+        )
 
     def executable(self, key) -> tuple[Callable, float]:
         """The executable for a plan key (plan.py): from memory, else the store, else lowered and
@@ -139,10 +154,15 @@ class Model:
     def compile_stats(self) -> dict:
         """Executables obtained so far: how many came from the store / were compiled, and the seconds."""
         recs = list(self._records.values())
-        return dict(store=sum(r.source == "store" for r in recs), compiled=sum(r.source == "compiled" for r in recs),
-                    jax_cache=sum(r.source == "jax-cache" for r in recs),
-                    lower_s=sum(r.lower_s for r in recs), compile_s=sum(r.compile_s for r in recs),
-                    load_s=sum(r.load_s for r in recs), save_s=sum(r.save_s for r in recs))
+        return dict(
+            store=sum(r.source == "store" for r in recs),
+            compiled=sum(r.source == "compiled" for r in recs),
+            jax_cache=sum(r.source == "jax-cache" for r in recs),
+            lower_s=sum(r.lower_s for r in recs),
+            compile_s=sum(r.compile_s for r in recs),
+            load_s=sum(r.load_s for r in recs),
+            save_s=sum(r.save_s for r in recs),
+        )
 
     def compile_seconds(self, key) -> float:
         """What compiling this executable cost when it was compiled (0 if it was not)."""
@@ -155,8 +175,9 @@ class Model:
         """The keys compiled so far (a snapshot: safe while another thread compiles)."""
         return tuple(self._compiled)
 
-    def scheduler(self, n_seqs: int = 1, ctx: int | None = None, decode_steps: int = plan_mod.DECODE_STEPS
-                  ) -> Scheduler:
+    def scheduler(
+        self, n_seqs: int = 1, ctx: int | None = None, decode_steps: int = plan_mod.DECODE_STEPS
+    ) -> Scheduler:
         """The model's host loop for this plan (one at a time: a new plan frees the last one's cache)."""
         plan = self.plan(n_seqs, ctx, decode_steps)
         s = self._scheduler
@@ -173,22 +194,36 @@ class Model:
         """Logits at every position of one prompt, run in prefill chunks: [n, vocab] float32."""
         ids = validate.token_ids(token_ids, self.config.vocab_size)
         if len(ids) > self.ctx_size:
-            raise ContextOverflowError(f"{len(ids)} tokens do not fit in the context of {self.ctx_size} tokens")
+            raise ContextOverflowError(
+                f"{len(ids)} tokens do not fit in the context of {self.ctx_size} tokens"
+            )
         plan = self.plan()
         cache, out = self.new_cache(1, plan.cache_len), []
         for start, bucket, n_valid in plan.chunks(len(ids)):
             exe, _ = self.executable(plan.logits_key(bucket))
             tokens = np.zeros((bucket,), np.int32)
-            tokens[:n_valid] = ids[start:start + n_valid]
+            tokens[:n_valid] = ids[start : start + n_valid]
             logits, cache = exe(self.params, cache, tokens, np.int32(0), np.int32(start))
             out.append(np.asarray(logits[:n_valid], np.float32))
         return np.concatenate(out)
 
 
-def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, weights: str | None = None,
-         dense_dtype: str = "float32", wide_dtype: str = "float32", kernels: str | None = None,
-         gemm: str = "auto", cache_dtype=None, device=None, progress: bool = False, gguf_model: GGUFModel | None = None,
-         prefill_chunk: int | None = None, tensor_parallel: int | None = None) -> Model:
+def load(
+    path: str | os.PathLike | None = None,
+    *,
+    ctx_size: int | None = None,
+    weights: str | None = None,
+    dense_dtype: str = "float32",
+    wide_dtype: str = "float32",
+    kernels: str | None = None,
+    gemm: str = "auto",
+    cache_dtype=None,
+    device=None,
+    progress: bool = False,
+    gguf_model: GGUFModel | None = None,
+    prefill_chunk: int | None = None,
+    tensor_parallel: int | None = None,
+) -> Model:
     """Load a Qwen2 GGUF (None: the built-in default model) onto the default device.
 
     weights: "quantized" (default with kernels) keeps GGUF formats on the device; "dense" (default
@@ -205,8 +240,14 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
     device = device or jax.devices()[0]  # the first call starts the backend (CUDA: seconds)
     timer.mark("backend")
     platform = device.platform
-    validate.load_arguments(ctx_size=ctx_size, weights=weights, kernels=kernels, gemm=gemm, prefill_chunk=prefill_chunk,
-                            platform=platform)
+    validate.load_arguments(
+        ctx_size=ctx_size,
+        weights=weights,
+        kernels=kernels,
+        gemm=gemm,
+        prefill_chunk=prefill_chunk,
+        platform=platform,
+    )
     from minfer_jax.files.model_source import resolve_model
     from minfer_jax.files.tokenizer import Tokenizer
 
@@ -218,16 +259,28 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
         timer.mark("parse")
     source = gguf_model.path
     cfg = gguf_model.config
-    impl = dataclasses.replace(ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform), gemm=gemm)
+    impl = dataclasses.replace(
+        ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform), gemm=gemm
+    )
     mode = weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
-    ctx = min(ctx_size, cfg.context_length) if ctx_size else min(DEFAULT_CTX, cfg.context_length)  # clamped, like -c
+    ctx = (
+        min(ctx_size, cfg.context_length) if ctx_size else min(DEFAULT_CTX, cfg.context_length)
+    )  # clamped, like -c
     if cache_dtype is None:
         cache_dtype = jnp.float16 if platform == "gpu" else jnp.float32
     validate.fits_in_memory(  # before the weights move: a claimed context of 2**26 must not start allocating
         f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim}",
-        validate.kv_cache_bytes(cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize),
-        validate.memory_limit_bytes(device), already=gguf_model.file_size)
-    chunk = plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"]) if prefill_chunk is None else prefill_chunk
+        validate.kv_cache_bytes(
+            cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize
+        ),
+        validate.memory_limit_bytes(device),
+        already=gguf_model.file_size,
+    )
+    chunk = (
+        plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"])
+        if prefill_chunk is None
+        else prefill_chunk
+    )
     Plan(ctx=ctx, chunk=chunk)  # validates the chunk before any weight moves
     bar = None
     if progress:
@@ -249,13 +302,29 @@ def load(path: str | os.PathLike | None = None, *, ctx_size: int | None = None, 
         params = sharding.shard_params(gguf_model, tp.split, tp.mesh, opts)
     jax.block_until_ready(params)  # the transfer belongs to this phase, not to the first step
     timer.mark("params")
-    saving = cached.put_in_background(params) if cached is not None and weights_from == "built" else None
-    tokenizer = Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None
+    saving = (
+        cached.put_in_background(params) if cached is not None and weights_from == "built" else None
+    )
+    tokenizer = (
+        Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None
+    )
     timer.mark("tokenizer")
-    return Model(config=cfg, params=params, tokenizer=tokenizer, impl=impl, ctx_size=ctx,
-                 cache_dtype=jnp.dtype(cache_dtype), source=source, weight_mode=mode, chunk=chunk, tp=tp,
-                 store=store, startup=timer.phases, weights_from=weights_from,
-                 weights_saving=saving)
+    return Model(
+        config=cfg,
+        params=params,
+        tokenizer=tokenizer,
+        impl=impl,
+        ctx_size=ctx,
+        cache_dtype=jnp.dtype(cache_dtype),
+        source=source,
+        weight_mode=mode,
+        chunk=chunk,
+        tp=tp,
+        store=store,
+        startup=timer.phases,
+        weights_from=weights_from,
+        weights_saving=saving,
+    )
 
 
 def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
@@ -277,16 +346,29 @@ def _sampler(model: Model, sampler: Sampler | None, settings: SamplerKeywords) -
     if sampler is None:
         sampler = sampler_of(history_cap=model.ctx_size, vocab=model.config.vocab_size, **settings)
     elif settings:
-        raise InvalidArgumentError(f"pass a sampler or its settings ({', '.join(settings)}), not both")
+        raise InvalidArgumentError(
+            f"pass a sampler or its settings ({', '.join(settings)}), not both"
+        )
     elif not isinstance(sampler, Sampler):
-        raise InvalidArgumentError(f"sampler must be a minfer_jax.Sampler, got {type(sampler).__name__}")
+        raise InvalidArgumentError(
+            f"sampler must be a minfer_jax.Sampler, got {type(sampler).__name__}"
+        )
     return within_context(sampler, model.ctx_size, model.config.vocab_size)
 
 
-def generate(model: Model, prompt: str | Sequence[int], *, sampler: Sampler | None = None,
-             max_new_tokens: int = 128, seed: int = 0, stop: Sequence[str] = (), chat: bool = False,
-             on_text: Callable[[str], None] | None = None, decode_steps: int = plan_mod.DECODE_STEPS,
-             **settings: Unpack[SamplerKeywords]) -> GenerationResult:
+def generate(
+    model: Model,
+    prompt: str | Sequence[int],
+    *,
+    sampler: Sampler | None = None,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    stop: Sequence[str] = (),
+    chat: bool = False,
+    on_text: Callable[[str], None] | None = None,
+    decode_steps: int = plan_mod.DECODE_STEPS,
+    **settings: Unpack[SamplerKeywords],
+) -> GenerationResult:
     """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token ids.
 
     sampler: how tokens are drawn (default greedy); or its fields as keywords (temperature=0.7,
@@ -294,21 +376,39 @@ def generate(model: Model, prompt: str | Sequence[int], *, sampler: Sampler | No
     (text streams to on_text once per such chunk). max_new_tokens and repeat_last_n of -1 or past
     the context mean the context, top_k past the vocabulary the vocabulary (clamped, as in llama.cpp).
     """
-    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text)
+    validate.generate_arguments(
+        max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text
+    )
     sampler = _sampler(model, sampler, settings)
-    max_new_tokens = validate.clamped_count("max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context")
+    max_new_tokens = validate.clamped_count(
+        "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
+    )
     sched = model.scheduler(1, decode_steps=decode_steps)
-    req = sched.submit(prompt_ids(model, prompt, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=seed,
-                       stop=stop, on_text=on_text)
+    req = sched.submit(
+        prompt_ids(model, prompt, chat),
+        max_new_tokens=max_new_tokens,
+        sampler=sampler,
+        seed=seed,
+        stop=stop,
+        on_text=on_text,
+    )
     sched.run([req])
     return req.result()
 
 
-def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, sampler: Sampler | None = None,
-                   max_new_tokens: int = 128, seed: int | Sequence[int] = 0, stop: Sequence[str] = (),
-                   chat: bool = False, max_batch: int = plan_mod.MAX_SEQS,
-                   decode_steps: int = plan_mod.DECODE_STEPS, **settings: Unpack[SamplerKeywords]
-                   ) -> list[GenerationResult]:
+def generate_batch(
+    model: Model,
+    prompts: Sequence[str | Sequence[int]],
+    *,
+    sampler: Sampler | None = None,
+    max_new_tokens: int = 128,
+    seed: int | Sequence[int] = 0,
+    stop: Sequence[str] = (),
+    chat: bool = False,
+    max_batch: int = plan_mod.MAX_SEQS,
+    decode_steps: int = plan_mod.DECODE_STEPS,
+    **settings: Unpack[SamplerKeywords],
+) -> list[GenerationResult]:
     """generate() for many prompts at once, decoded together; one result per prompt, in order.
 
     seed: one for all prompts or one per prompt. Each sequence gets the tokens it gets alone.
@@ -319,13 +419,25 @@ def generate_batch(model: Model, prompts: Sequence[str | Sequence[int]], *, samp
     seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise InvalidArgumentError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-    validate.generate_arguments(max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None)
+    validate.generate_arguments(
+        max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None
+    )
     seeds = [validate.seed(s) for s in seeds]
     validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
     sampler = _sampler(model, sampler, settings)
-    max_new_tokens = validate.clamped_count("max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context")
+    max_new_tokens = validate.clamped_count(
+        "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
+    )
     sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
-    reqs = [sched.submit(prompt_ids(model, p, chat), max_new_tokens=max_new_tokens, sampler=sampler, seed=s,
-                         stop=stop) for p, s in zip(prompts, seeds)]
+    reqs = [
+        sched.submit(
+            prompt_ids(model, p, chat),
+            max_new_tokens=max_new_tokens,
+            sampler=sampler,
+            seed=s,
+            stop=stop,
+        )
+        for p, s in zip(prompts, seeds)
+    ]
     sched.run(reqs)
     return [r.result() for r in reqs]

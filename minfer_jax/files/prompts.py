@@ -24,7 +24,9 @@ from typing import Any
 
 from minfer_jax.errors import ContextOverflowError
 
-PROBE_CHARS_PER_TOKEN = 4  # the first prefix probed holds this many characters per allowed token (English ~4)
+PROBE_CHARS_PER_TOKEN = (
+    4  # the first prefix probed holds this many characters per allowed token (English ~4)
+)
 PROBE_GROWTH = 4  # each later probe is this much longer: at most ~1.3 encodes of the text in all
 SENTINEL = "\ufdd0"
 SENTINEL_CODES = 0xF0000  # the private-use plane: table entry i is chr(SENTINEL_CODES + i)
@@ -35,13 +37,16 @@ class PromptTooLong(ContextOverflowError):
 
     def __init__(self, tokens: int, limit: int, exact: bool):
         ctx = limit + 1
-        super().__init__(f"the prompt is {'' if exact else 'at least '}{tokens} tokens but the context holds {ctx}, "
-                         "which leaves no room to generate; use a larger context (-c, ctx_size) or a shorter prompt")
+        super().__init__(
+            f"the prompt is {'' if exact else 'at least '}{tokens} tokens but the context holds {ctx}, "
+            "which leaves no room to generate; use a larger context (-c, ctx_size) or a shorter prompt"
+        )
         self.tokens, self.limit = tokens, limit
 
 
-def encode_within(tok: Any, text: str, limit: int, *, add_special: bool = True, parse_special: bool = True
-                  ) -> list[int]:
+def encode_within(
+    tok: Any, text: str, limit: int, *, add_special: bool = True, parse_special: bool = True
+) -> list[int]:
     """tok.encode(text) when it has at most `limit` tokens; PromptTooLong as soon as a prefix shows it cannot."""
     n = (limit + 1) * PROBE_CHARS_PER_TOKEN
     while n < len(text):
@@ -54,7 +59,9 @@ def encode_within(tok: Any, text: str, limit: int, *, add_special: bool = True, 
     return ids
 
 
-def encode_chat(tok: Any, messages: Sequence[Mapping[str, Any]], limit: int, *, literal: bool = True) -> list[int]:
+def encode_chat(
+    tok: Any, messages: Sequence[Mapping[str, Any]], limit: int, *, literal: bool = True
+) -> list[int]:
     """The chat template applied to messages, as at most `limit` token ids (PromptTooLong past it).
 
     literal=True: control-token text in message content is encoded as plain text (module docstring);
@@ -69,7 +76,9 @@ def encode_chat(tok: Any, messages: Sequence[Mapping[str, Any]], limit: int, *, 
         if control_id is not None:
             ids.append(control_id)
         elif piece:
-            ids += encode_within(tok, shield.restore(piece), limit - len(ids), add_special=False, parse_special=False)
+            ids += encode_within(
+                tok, shield.restore(piece), limit - len(ids), add_special=False, parse_special=False
+            )
         if len(ids) > limit:
             raise PromptTooLong(len(ids), limit, exact=False)
     return ids
@@ -80,10 +89,15 @@ class _Shield:
 
     def __init__(self, controls: dict[str, int]):
         self.ids = controls
-        self.table = [SENTINEL, *controls]  # entry 0: the sentinel character itself, so user text round-trips
+        self.table = [
+            SENTINEL,
+            *controls,
+        ]  # entry 0: the sentinel character itself, so user text round-trips
         codes = {text: SENTINEL + chr(SENTINEL_CODES + i) for i, text in enumerate(self.table)}
         self.codes = codes
-        by_length = sorted(controls, key=len, reverse=True)  # the longest control text wins, as in tokenizers
+        by_length = sorted(
+            controls, key=len, reverse=True
+        )  # the longest control text wins, as in tokenizers
         self.in_content = re.compile("|".join(map(re.escape, [SENTINEL, *by_length])))
         self.in_render = re.compile("|".join(map(re.escape, by_length))) if by_length else None
         self.sentinel = re.compile(SENTINEL + "(.)", re.DOTALL)
@@ -100,7 +114,7 @@ class _Shield:
             return [(text, None)]
         out, pos = [], 0
         for m in self.in_render.finditer(text):
-            out += [(text[pos:m.start()], None), (m.group(), self.ids[m.group()])]
+            out += [(text[pos : m.start()], None), (m.group(), self.ids[m.group()])]
             pos = m.end()
         out.append((text[pos:], None))
         return out

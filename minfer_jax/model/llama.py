@@ -25,10 +25,20 @@ embed = layers.embed
 
 def config_from_metadata(md) -> Config:
     if md.int("expert_count", default=0) > 0:
-        raise UnsupportedError(f"{md.path}: mixture-of-experts Llama models (Mixtral) are not supported")
-    fields = {**schema.common_fields(md), **schema.head_dim_field(md), **schema.rope_scaling_fields(md)}
-    cfg = Config(family=ARCHITECTURE, rope_freq_factors="rope_freqs.weight" in md.tensor_names,
-                 attn_scale=md.float("attention.scale", default=0.0), **fields)
+        raise UnsupportedError(
+            f"{md.path}: mixture-of-experts Llama models (Mixtral) are not supported"
+        )
+    fields = {
+        **schema.common_fields(md),
+        **schema.head_dim_field(md),
+        **schema.rope_scaling_fields(md),
+    }
+    cfg = Config(
+        family=ARCHITECTURE,
+        rope_freq_factors="rope_freqs.weight" in md.tensor_names,
+        attn_scale=md.float("attention.scale", default=0.0),
+        **fields,
+    )
     schema.check_full_rotary(md, cfg)
     return cfg
 

@@ -45,8 +45,10 @@ def current() -> Gpu:
     if dev.platform != "gpu":
         return TUNED
     sms = getattr(dev, "core_count", None)
-    return Gpu(kind=str(getattr(dev, "device_kind", "")),
-               sms=sms if isinstance(sms, int) and sms > 0 else TUNED_SMS)
+    return Gpu(
+        kind=str(getattr(dev, "device_kind", "")),
+        sms=sms if isinstance(sms, int) and sms > 0 else TUNED_SMS,
+    )
 
 
 def programs(on_tuned: int) -> int:

@@ -30,7 +30,9 @@ from minfer_jax.server.schemas import BadRequest
 DEFAULT_MAX_MESSAGES = 2048  # OpenAI's limit on a chat request's messages
 MIN_BODY_BYTES = 1 << 20
 BODY_BYTES_PER_CHAR = 8  # room for JSON escapes (\u00e9 is 6 bytes) and the rest of the body
-DRAIN_BYTES = 64 << 20  # past the limit, a body is still read (and dropped) up to this, so its client sees the 413
+DRAIN_BYTES = (
+    64 << 20
+)  # past the limit, a body is still read (and dropped) up to this, so its client sees the 413
 
 _log = logging.getLogger("uvicorn.error")
 
@@ -56,12 +58,16 @@ class RequestLimits:
     max_messages: int = DEFAULT_MAX_MESSAGES
 
     def __post_init__(self):
-        for flag, value, lo in (("--max-body-bytes", self.max_body_bytes, 0),
-                                ("--max-prompt-chars", self.max_prompt_chars, 0),
-                                ("--max-messages", self.max_messages, 1)):
+        for flag, value, lo in (
+            ("--max-body-bytes", self.max_body_bytes, 0),
+            ("--max-prompt-chars", self.max_prompt_chars, 0),
+            ("--max-messages", self.max_messages, 1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-                raise LimitsError(f"{flag} must be an int >= {lo}{' (0: derived from the context)' if lo == 0 else ''}"
-                                  f", got {value!r}")
+                raise LimitsError(
+                    f"{flag} must be an int >= {lo}{' (0: derived from the context)' if lo == 0 else ''}"
+                    f", got {value!r}"
+                )
 
     def for_model(self, slot_ctx: int, longest_token_chars: int) -> RequestLimits:
         """These limits with each 0 resolved for a model's slot context and vocabulary."""
@@ -94,24 +100,35 @@ class RequestLimits:
         return b"".join(chunks)
 
     def _too_large(self) -> RequestTooLarge:
-        return RequestTooLarge(f"the request body is over the limit of {self.max_body_bytes} bytes (--max-body-bytes)")
+        return RequestTooLarge(
+            f"the request body is over the limit of {self.max_body_bytes} bytes (--max-body-bytes)"
+        )
 
     def check_json(self, data: dict, slot_ctx: int) -> None:
         """What can be counted on the parsed JSON before validation spends time per item."""
         messages, prompt = data.get("messages"), data.get("prompt")
         if isinstance(messages, list) and len(messages) > self.max_messages:
-            raise BadRequest(f"messages: {len(messages)} messages, more than the limit of {self.max_messages} "
-                             "(--max-messages)", "messages")
+            raise BadRequest(
+                f"messages: {len(messages)} messages, more than the limit of {self.max_messages} "
+                "(--max-messages)",
+                "messages",
+            )
         if isinstance(prompt, list) and len(prompt) >= slot_ctx:
-            raise BadRequest(f"prompt: {len(prompt)} token ids but the context holds {slot_ctx}, which leaves no "
-                             "room to generate; use a larger context (-c) or a shorter prompt", "prompt")
+            raise BadRequest(
+                f"prompt: {len(prompt)} token ids but the context holds {slot_ctx}, which leaves no "
+                "room to generate; use a larger context (-c) or a shorter prompt",
+                "prompt",
+            )
         if isinstance(prompt, str):
             self.check_chars(len(prompt), "prompt")
 
     def check_chars(self, chars: int, param: str) -> None:
         if chars > self.max_prompt_chars:
-            raise BadRequest(f"{param}: {chars} characters, more than the limit of {self.max_prompt_chars} "
-                             "(--max-prompt-chars; the default is what the slot's context can hold)", param)
+            raise BadRequest(
+                f"{param}: {chars} characters, more than the limit of {self.max_prompt_chars} "
+                "(--max-prompt-chars; the default is what the slot's context can hold)",
+                param,
+            )
 
 
 def longest_token_chars(tokenizer: Any) -> int:
@@ -123,5 +140,9 @@ def client_gone(request: Request) -> None:
     """The log line of a client that hung up mid-body (instead of an ASGI traceback)."""
     client = request.client
     who = f"{client.host}:{client.port}" if client else "a client"
-    _log.info('%s - "%s %s": disconnected before sending the whole request body', who, request.method,
-              request.url.path)
+    _log.info(
+        '%s - "%s %s": disconnected before sending the whole request body',
+        who,
+        request.method,
+        request.url.path,
+    )

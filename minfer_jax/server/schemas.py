@@ -43,9 +43,17 @@ StopString = Annotated[Text, Field(max_length=validate.MAX_STOP_CHARS)]
 
 # OpenAI settings the engine does not implement: accepted only at their no-op values.
 UNSUPPORTED = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-    "suffix": (None, ""), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
-    "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+    "n": (1,),
+    "best_of": (1,),
+    "echo": (False,),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "suffix": (None, ""),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
     "response_format": (None, {"type": "text"}),
 }
 
@@ -86,8 +94,12 @@ def _collector_paused():
 def _same(value: Any, allowed: Any) -> bool:
     """A no-op value: 0 and 0.0 alike, but never true for 1 or false for 0."""
     numbers = (int, float)
-    if isinstance(value, numbers) and isinstance(allowed, numbers) and not isinstance(value, bool) \
-            and not isinstance(allowed, bool):
+    if (
+        isinstance(value, numbers)
+        and isinstance(allowed, numbers)
+        and not isinstance(value, bool)
+        and not isinstance(allowed, bool)
+    ):
         return value == allowed
     return type(value) is type(allowed) and value == allowed
 
@@ -119,7 +131,9 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
         # of a union's alternatives: the deepest, then one that matched the type, then the last
         err = max(reversed(errs), key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
         where = ".".join(str(p) for p in err["loc"] if _is_field(p)) or None
-        raise BadRequest(f"{where or 'body'}: {err['msg']} (got {_shown(err.get('input'))})", where) from None
+        raise BadRequest(
+            f"{where or 'body'}: {err['msg']} (got {_shown(err.get('input'))})", where
+        ) from None
 
 
 def _shown(value: Any) -> str:
@@ -134,7 +148,9 @@ def _shown(value: Any) -> str:
 def _is_field(part: str | int) -> bool:
     """A field name or list index of an error's location, not the tag of a union's alternative
     ("str", "list[int]", "function-after[...]")."""
-    return isinstance(part, int) or (part.isidentifier() and part not in ("str", "int", "float", "bool"))
+    return isinstance(part, int) or (
+        part.isidentifier() and part not in ("str", "int", "float", "bool")
+    )
 
 
 class StreamOptions(BaseModel):
@@ -142,7 +158,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-DEFAULT_TEMPERATURE = 0.8  # llama-server's; the server warms up its executables for it and for greedy
+DEFAULT_TEMPERATURE = (
+    0.8  # llama-server's; the server warms up its executables for it and for greedy
+)
 SEED_MAX = 2**64 - 1  # OpenAI's seed is an integer; llama-server's a uint32: 64 bits hold both
 
 
@@ -159,8 +177,12 @@ class _Generation(BaseModel):
     min_p: float = Field(0.05, ge=0.0, le=1.0)
     repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
     repeat_last_n: int = Field(64, ge=-1)  # -1 or past the context: the context
-    seed: int | None = Field(None, ge=-1, le=SEED_MAX)  # None or -1: a random seed; passed on whole (64 bits)
-    stop: StopString | Annotated[list[StopString], Field(max_length=validate.MAX_STOP_STRINGS)] | None = None
+    seed: int | None = Field(
+        None, ge=-1, le=SEED_MAX
+    )  # None or -1: a random seed; passed on whole (64 bits)
+    stop: (
+        StopString | Annotated[list[StopString], Field(max_length=validate.MAX_STOP_STRINGS)] | None
+    ) = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 
