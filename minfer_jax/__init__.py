@@ -8,6 +8,18 @@ Usage:
     print(out.text)
 """
 
+from minfer_jax.engine.plan import Plan
+from minfer_jax.engine.runtime import Model, generate, generate_batch, load
+from minfer_jax.engine.sampling import GREEDY, Sampler
+from minfer_jax.engine.scheduler import Request, Scheduler
+from minfer_jax.engine.steps import (
+    GenerationResult,
+    SlotState,
+    StopReason,
+    decode_chunk,
+    prefill_chunk,
+    prompt_logits,
+)
 from minfer_jax.errors import (
     ContextOverflowError,
     GGUFError,
@@ -17,20 +29,8 @@ from minfer_jax.errors import (
     TemplateError,
     UnsupportedError,
 )
-from minfer_jax.engine.steps import (
-    GenerationResult,
-    SlotState,
-    StopReason,
-    decode_chunk,
-    prefill_chunk,
-    prompt_logits,
-)
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
-from minfer_jax.engine.plan import Plan
-from minfer_jax.engine.runtime import Model, generate, generate_batch, load
-from minfer_jax.engine.scheduler import Request, Scheduler
-from minfer_jax.engine.sampling import GREEDY, Sampler
 
 __version__ = "0.1.0"
 

@@ -21,9 +21,9 @@ import gguf
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from minfer_jax.model.qwen2 import ARCHITECTURE
-from minfer_jax.model.config import Config
 from minfer_jax.files.synthetic import placeholder_vocab, synthetic_model_from_config
+from minfer_jax.model.config import Config
+from minfer_jax.model.qwen2 import ARCHITECTURE
 
 FUZZ_EXAMPLES_ENV = "MINFER_FUZZ_EXAMPLES"
 TINY = Config(

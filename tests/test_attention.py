@@ -161,15 +161,15 @@ def test_merge_splits_matches_one_softmax():
     s = rng.normal(size=(3, 40)) * 4  # base-2 scores of 3 rows over 40 keys
     v = rng.normal(size=(40, 8))
     parts = [(0, 16), (16, 16), (16, 40)]  # the middle split holds no keys
-    o, m, l = [], [], []
+    o, m, lsum = [], [], []
     for lo, hi in parts:
         mi = s[:, lo:hi].max(axis=1) if hi > lo else np.full(3, attention.M_INIT)
         p = np.exp2(s[:, lo:hi] - mi[:, None])
-        o.append(p @ v[lo:hi]), m.append(mi), l.append(p.sum(axis=1))
+        o.append(p @ v[lo:hi]), m.append(mi), lsum.append(p.sum(axis=1))
     got = attention.merge_splits(
         jnp.asarray(np.stack(o)[None, None], jnp.float32),
         jnp.asarray(np.stack(m)[None, None], jnp.float32),
-        jnp.asarray(np.stack(l)[None, None], jnp.float32),
+        jnp.asarray(np.stack(lsum)[None, None], jnp.float32),
     )[0, 0]
     p = np.exp2(s - s.max(axis=1, keepdims=True))
     np.testing.assert_allclose(np.asarray(got), (p / p.sum(axis=1, keepdims=True)) @ v, atol=1e-5)
@@ -268,7 +268,7 @@ def test_kernels_lower_to_triton(model):
     ):
         q = jax.ShapeDtypeStruct((t_len, n_heads, head_dim), f16)
         text = lower_for_gpu(
-            lambda q, k, v, s, p: attention.chunk_attention(q, k, v, s, p, **blocks),
+            lambda q, k, v, s, p, blocks=blocks: attention.chunk_attention(q, k, v, s, p, **blocks),
             q,
             cache,
             cache,
@@ -280,7 +280,9 @@ def test_kernels_lower_to_triton(model):
         q = jax.ShapeDtypeStruct((batch, nq, n_heads, head_dim), f16)
         rows = jax.ShapeDtypeStruct((batch,), jnp.int32)
         text = lower_for_gpu(
-            lambda q, k, v, s, n: decode_attention.decode_attention(q, k, v, s, n, k_splits=splits),
+            lambda q, k, v, s, n, splits=splits: decode_attention.decode_attention(
+                q, k, v, s, n, k_splits=splits
+            ),
             q,
             cache,
             cache,

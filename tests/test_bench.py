@@ -11,8 +11,8 @@ import types
 
 import numpy as np
 import pytest
-from kernel_mode import KERNELS
 
+from kernel_mode import KERNELS
 from minfer_jax.bench import cli, fields, kernel_cases, model_tests, parsing
 from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
 from minfer_jax.sizes import pow2_at_least

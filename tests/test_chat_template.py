@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from minfer_jax.errors import TemplateError
 from minfer_jax.files import chat_template
 from minfer_jax.files.chat_template import render_chat_template
-from minfer_jax.errors import TemplateError
 from minfer_jax.files.tokenizer import Tokenizer
 
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."

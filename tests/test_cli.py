@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from minfer_jax import GenerationResult
-
 from minfer_jax.cli import generate as cli
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import minfer_jax
-from minfer_jax.model.config import Config
 from minfer_jax.engine.plan import Plan, PlanError
 from minfer_jax.engine.sampling import Sampler
 from minfer_jax.engine.scheduler import TextStream
 from minfer_jax.files.synthetic import synthetic_model_from_config
+from minfer_jax.model.config import Config
 
 TINY = Config(
     n_layers=2,

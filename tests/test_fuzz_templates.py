@@ -15,9 +15,9 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from fuzz_support import FUZZ_EXAMPLES_ENV, bounded, fuzz_settings
+from minfer_jax.errors import TemplateError
 from minfer_jax.files import chat_template
 from minfer_jax.files.chat_template import MAX_OUTPUT, render_chat_template
-from minfer_jax.errors import TemplateError
 
 MESSAGES = [
     {"role": "system", "content": "be brief"},

@@ -14,13 +14,13 @@ import pytest
 
 from fuzz_support import TINY, bounded, tiny_gguf
 from minfer_jax import MinferError, generate, load
-from minfer_jax.files.chat_template import render_chat_template
+from minfer_jax.engine.sampling import Sampler
 from minfer_jax.errors import GGUFError, InvalidArgumentError, TemplateError
+from minfer_jax.files.chat_template import render_chat_template
 from minfer_jax.files.gguf import load_gguf
+from minfer_jax.files.tokenizer import Tokenizer
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
-from minfer_jax.engine.sampling import Sampler
-from minfer_jax.files.tokenizer import Tokenizer
 
 NAN = float("nan")
 
@@ -145,7 +145,7 @@ def test_load_clamps_the_context_and_checks_prefill_chunk(tiny_path):
     assert load(tiny_path, kernels="xla", ctx_size=10**9).ctx_size == TINY.context_length
     for chunk in (0, 1, -1, 1_000_000, 24, 2.0, True):
         _refused(
-            lambda: load(tiny_path, kernels="xla", prefill_chunk=chunk),
+            lambda chunk=chunk: load(tiny_path, kernels="xla", prefill_chunk=chunk),
             "prefill_chunk",
             "16..65536" if chunk != 24 else "power of two",
             exc=InvalidArgumentError,

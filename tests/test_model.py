@@ -11,19 +11,18 @@ other CPUs' summation orders, still far below any real modelling error) and requ
 argmax at every position.
 """
 
+import functools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-import jax
-import jax.numpy as jnp
-
-import functools
-
 import minfer_jax
 from minfer_jax.engine import steps as gen
-from minfer_jax.model.qwen2 import forward_decode
 from minfer_jax.engine.sampling import GREEDY, RowSettings, SamplerMode
+from minfer_jax.model.qwen2 import forward_decode
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number, counting from zero."""\n'
 

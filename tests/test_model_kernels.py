@@ -12,9 +12,9 @@ import pytest
 import minfer_jax
 from kernel_mode import KERNELS
 from minfer_jax import ops
+from minfer_jax.files.synthetic import synthetic_model_from_config
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, fused_runs, load_params
-from minfer_jax.files.synthetic import synthetic_model_from_config
 
 TINY = Config(
     n_layers=2,
@@ -37,9 +37,9 @@ def tiny_gguf():
 
 @pytest.fixture(scope="module")
 def tiny_models(tiny_gguf):
-    load = lambda k: minfer_jax.load(
-        gguf_model=tiny_gguf, kernels=k, weights="quantized", ctx_size=64
-    )  # noqa: E731
+    def load(k):
+        return minfer_jax.load(gguf_model=tiny_gguf, kernels=k, weights="quantized", ctx_size=64)
+
     return load(KERNELS), load("xla")
 
 

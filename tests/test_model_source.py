@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from minfer_jax.files import model_source as ms
 from minfer_jax.errors import MinferError, ModelNotFoundError
+from minfer_jax.files import model_source as ms
 from minfer_jax.files.model_source import ModelPart, default_model_cache_path, resolve_model
 
 _GET_PART_PATH = """import os

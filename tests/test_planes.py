@@ -1,11 +1,10 @@
 """Device layouts: decode(repack(raw)) must equal gguf-py's dequantization bit for bit."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize
-
-import jax.numpy as jnp
 
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.quant import planes as P

@@ -92,8 +92,8 @@ def test_impossible_splits_name_the_values(cfg_change, degree, match):
 
 
 def test_more_devices_than_exist_is_an_error():
-    from minfer_jax.errors import MinferError
     from minfer_jax.engine.sharding import make_mesh
+    from minfer_jax.errors import MinferError
 
     with pytest.raises(MinferError, match=r"tensor_parallel must be an integer in 1\.\.1"):
         make_mesh(2, devices=["only-one"])
@@ -101,10 +101,10 @@ def test_more_devices_than_exist_is_an_error():
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F32"])
 def test_raw_cuts_decode_to_the_slices(qtype):
+    from minfer_jax.engine.sharding import _k_window, _rows
     from minfer_jax.files.synthetic import random_raw_tensor
     from minfer_jax.quant import ggml
     from minfer_jax.quant.planes import QType
-    from minfer_jax.engine.sharding import _k_window, _rows
 
     t = random_raw_tensor("w", QType[qtype], (6, 768), np.random.default_rng(1))
     full = np.asarray(ggml.dequantize(t.data, t.qtype, t.shape))

@@ -10,7 +10,6 @@ from gguf import GGML_QUANT_SIZES, quants
 
 from minfer_jax.errors import MinferError, UnsupportedError
 from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, expected_shapes, load_gguf
-from minfer_jax.model.config import Config
 from minfer_jax.files.quant_mix import FTYPES, QType, SyntheticSpecError, tensor_types
 from minfer_jax.files.synthetic import (
     SYNTHETIC_CONFIGS,
@@ -19,6 +18,7 @@ from minfer_jax.files.synthetic import (
     synthetic_model_from_config,
     write_gguf,
 )
+from minfer_jax.model.config import Config
 
 QUANT_TYPES = sorted(SUPPORTED_TYPES - FLOAT_TYPES)
 

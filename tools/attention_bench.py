@@ -224,26 +224,31 @@ def bench_chunk(a, table: Table):
                     attempt(
                         table,
                         cells + [f"ours bq{bq} bk{bk} w{warps} s{stages} split{splits}"],
-                        lambda: span_us(fn, ins),
+                        lambda fn=fn, ins=ins: span_us(fn, ins),
                         tflops(flops),
                     )
                 layout = functools.partial(bthd_layout, s=s)
                 attempt(
                     table,
                     cells + ["layout copy (K/V to [1, S, Hkv, hd])"],
-                    lambda: span_us(layout, caches),
+                    lambda layout=layout, caches=caches: span_us(layout, caches),
                     lambda us: "n/a",
                 )
                 ext_in = [(q[None], *layout(k, v)) for q, (k, v) in zip(qs, caches)]
                 for name, fn in external_chunk_candidates(h, hkv, hd, t, start):
-                    attempt(table, cells + [name], lambda: span_us(fn, ext_in), tflops(flops))
+                    attempt(
+                        table,
+                        cells + [name],
+                        lambda fn=fn, ext_in=ext_in: span_us(fn, ext_in),
+                        tflops(flops),
+                    )
                 xla_in = [
                     (q, k[:, :, :s], v[:, :, :s], slot0, start_a) for q, (k, v) in zip(qs, caches)
                 ]
                 attempt(
                     table,
                     cells + ["xla (dense, static slice [0, S))"],
-                    lambda: span_us(A.chunk_attention_reference, xla_in),
+                    lambda xla_in=xla_in: span_us(A.chunk_attention_reference, xla_in),
                     tflops(flops),
                 )
                 del ext_in, xla_in
@@ -301,29 +306,28 @@ def bench_decode(a, table: Table):
                         attempt(
                             table,
                             cells + [f"ours k_splits {splits} bk64"],
-                            lambda: span_us(fn, ins),
+                            lambda fn=fn, ins=ins: span_us(fn, ins),
                             rate,
                         )
-                    if (
-                        nq == 1
-                    ):  # jax's gqa and this cuDNN call have no causal offset for several tokens
+                    # jax's gqa and this cuDNN call have no causal offset for several tokens
+                    if nq == 1:
                         ext_in = [(q, k, v, lens) for q, (k, v) in zip(qs, ext_caches)]
                         attempt(
                             table,
                             cells + ["jax pallas decode_attention.gqa k_splits 16"],
-                            lambda: span_us(jax_gqa, ext_in),
+                            lambda ext_in=ext_in: span_us(jax_gqa, ext_in),
                             rate,
                         )
                         attempt(
                             table,
                             cells + ["cudnn key_value_seq_lengths"],
-                            lambda: span_us(cudnn_decode, ext_in),
+                            lambda ext_in=ext_in: span_us(cudnn_decode, ext_in),
                             rate,
                         )
                     attempt(
                         table,
                         cells + ["xla (dense over the whole slot)"],
-                        lambda: span_us(D.decode_attention_reference, ins),
+                        lambda ins=ins: span_us(D.decode_attention_reference, ins),
                         rate,
                     )
             del caches, ext_caches

@@ -27,8 +27,8 @@ import numpy as np
 
 import minfer_jax
 from minfer_jax.bench.kernel_timing import device_kernel_events
-from minfer_jax.files.synthetic import synthetic_model
 from minfer_jax.files.gguf import load_gguf
+from minfer_jax.files.synthetic import synthetic_model
 from minfer_jax.model.cache import cache_nbytes
 
 

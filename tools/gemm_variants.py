@@ -18,8 +18,8 @@ import dataclasses
 import json
 
 import jax.numpy as jnp
-from cases import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
 
+from cases import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
 from minfer_jax import ops
 from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import gemm, gemm_int8, gemv

@@ -25,9 +25,7 @@ from jax.experimental import pallas as pl
 from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.bench import parsing
 from minfer_jax.pallas import gemv as G
-from minfer_jax.pallas import gemv_tuning
-from minfer_jax.pallas import tiles
-from minfer_jax.pallas import int8_words
+from minfer_jax.pallas import gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import QType as Q
 
 CASES = [

@@ -15,7 +15,6 @@ import dataclasses
 import json
 
 from cases import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
-
 from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import gemv as G
 
@@ -57,8 +56,13 @@ def main():
         base = G.choose_config(qt, n, k, nt)
         for v in variants:
             cfg = dataclasses.replace(base, **v)
-            f = lambda x, w, cfg=cfg: G.gemv_int8(x, w, qtype=qt, n_out=n, config=cfg)  # noqa: E731
-            r = lambda x, w: G.gemv_int8_reference(x, w, qtype=qt, n_out=n)  # noqa: E731
+
+            def f(x, w, cfg=cfg, qt=qt, n=n):
+                return G.gemv_int8(x, w, qtype=qt, n_out=n, config=cfg)
+
+            def r(x, w, qt=qt, n=n):
+                return G.gemv_int8_reference(x, w, qtype=qt, n_out=n)
+
             tag = ",".join(f"{k}={val}" for k, val in v.items()) or "default"
             try:
                 res = KB.run_case(qt, n, k, nt, f, r, impl="gemv", reps=a.reps)

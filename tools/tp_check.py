@@ -50,8 +50,8 @@ def main(argv=None) -> int:
     lines = [
         f"{a.model}, {len(jax.devices())} x {jax.devices()[0].device_kind}, pp{a.pp} / tg{a.tg}",
         "",
-        "| TP | pp t/s | tg t/s | tg scaling eff. | weights GiB (all shards) | tokens == TP %d |"
-        % base["tp"],
+        "| TP | pp t/s | tg t/s | tg scaling eff. | weights GiB (all shards) "
+        f"| tokens == TP {base['tp']} |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:

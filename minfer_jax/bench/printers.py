@@ -81,7 +81,9 @@ def model_md_columns(env: Env) -> list[Column]:
 
 
 def kernel_md_columns(env: Env) -> list[Column]:
-    gemv = lambda r: r["kernel"] in ("gemv", "xla") and r["nt"] <= _gemv_max_nt()
+    def gemv(r):
+        return r["kernel"] in ("gemv", "xla") and r["nt"] <= _gemv_max_nt()
+
     return [
         Column("type", -5, lambda r: r["qtype"]),
         Column("out x in", 13, lambda r: f"{r['n_out']} x {r['n_in']}"),

@@ -26,14 +26,14 @@ import time
 from collections.abc import Sequence
 
 from minfer_jax import ops, validate
+from minfer_jax.cli.chat import _Session, _summary
+from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
+
+# module attributes: tests substitute an already loaded model
+from minfer_jax.engine.runtime import load
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError, MinferError
 from minfer_jax.files.gguf import load_gguf
 from minfer_jax.files.model_source import resolve_model
-from minfer_jax.cli.chat import _Session, _summary
-from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
-from minfer_jax.engine.runtime import (
-    load,
-)  # module attributes: tests substitute an already loaded model
 
 PROG = "minfer-generate"
 DEFAULT_N_PREDICT = 128

@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax.engine import steps
-from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
-from minfer_jax.sizes import pow2_at_least, round_up
-from minfer_jax.model.cache import cache_spec
 from minfer_jax.engine.sampling import GREEDY_MODE, MODES, RowSettings, SamplerMode
+from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
+from minfer_jax.model.cache import cache_spec
+from minfer_jax.sizes import pow2_at_least, round_up
 
 MIN_BUCKET = 16  # smallest padded prompt chunk
 MIN_SPAN = 256  # smallest attention window an XLA decode executable is compiled for

@@ -29,15 +29,15 @@ from minfer_jax.engine import executables, weights_cache
 from minfer_jax.engine import plan as plan_mod
 from minfer_jax.engine.executables import ExecutableRecord, ExecutableStore
 from minfer_jax.engine.phases import PhaseTimer
+from minfer_jax.engine.plan import Plan
+from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
+from minfer_jax.engine.scheduler import Scheduler
 from minfer_jax.engine.steps import GenerationResult
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.files.gguf import GGUFModel, load_gguf
 from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
-from minfer_jax.engine.plan import Plan
-from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
-from minfer_jax.engine.scheduler import Scheduler
 
 DEFAULT_CTX = 4096
 COMPILATION_CACHE_ENV = "MINFER_COMPILATION_CACHE"  # a directory, or "0"/"off" to disable

@@ -31,12 +31,11 @@ import jax
 import numpy as np
 
 from minfer_jax import validate
-
 from minfer_jax.engine import steps
-from minfer_jax.engine.steps import StopReason
-from minfer_jax.errors import ContextOverflowError
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
+from minfer_jax.engine.steps import StopReason
+from minfer_jax.errors import ContextOverflowError
 
 _ids = itertools.count()
 

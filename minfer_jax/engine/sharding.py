@@ -28,7 +28,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from minfer_jax import ops
-
 from minfer_jax.engine import sampling
 from minfer_jax.errors import MinferError
 from minfer_jax.files.gguf import GGUFModel, RawTensor

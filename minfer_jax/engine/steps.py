@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax import ops
+from minfer_jax.engine.sampling import RowSettings, SamplerMode, push_history, sample_rows
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.decoder import forward_chunk, forward_decode, logits_from_hidden
 from minfer_jax.model.weights import Params
-from minfer_jax.engine.sampling import RowSettings, SamplerMode, push_history, sample_rows
 
 
 @jax.tree_util.register_dataclass

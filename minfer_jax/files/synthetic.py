@@ -31,14 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from gguf import GGML_QUANT_SIZES, LlamaFileType
 
-from minfer_jax.files.quant_mix import (
-    DEFAULT_TYPE,
-    FTYPES,
-    QType,
-    SyntheticSpecError,
-    parse_ftype,
-    tensor_types,
-)
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.files.gguf import (
     FLOAT_TYPES,
@@ -47,8 +39,15 @@ from minfer_jax.files.gguf import (
     RawTensor,
     expected_shapes,
 )
+from minfer_jax.files.quant_mix import (
+    DEFAULT_TYPE,
+    FTYPES,
+    QType,
+    SyntheticSpecError,
+    parse_ftype,
+    tensor_types,
+)
 from minfer_jax.model.config import Config
-
 
 # --------------------------------------------------------------------------------------------
 # Configurations

@@ -26,9 +26,9 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from minfer_jax.files.chat_template import CHATML_TEMPLATE, render_chat_template
 from minfer_jax import validate
 from minfer_jax.errors import GGUFError, InvalidArgumentError, UnsupportedError
+from minfer_jax.files.chat_template import CHATML_TEMPLATE, render_chat_template
 
 # The split regex of Qwen2's tokenizer.json (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2).
 QWEN2_PATTERN = (

@@ -26,7 +26,6 @@ from minfer_jax.files.gguf import GGUFModel, QType, RawTensor
 from minfer_jax.quant import ggml
 from minfer_jax.quant.planes import repack
 
-
 LOAD_THREADS = min(8, os.cpu_count() or 1)  # tensors repacked / dequantized at once
 
 

@@ -124,7 +124,7 @@ def check_cache(k_cache: jax.Array, v_cache: jax.Array, n_heads: int, head_dim: 
 
 def online_softmax_step(carry, s, v):
     """One key tile of the online softmax: s [rows, bk] base-2 scores (-inf where masked),
-    v [bk, hd]; carry (acc [rows, hd] f32, m [rows] running max, l [rows] running sum)."""
+    v [bk, hd]; carry (acc [rows, hd] f32, m [rows] running max, lsum [rows] running sum)."""
     acc, m_prev, l_prev = carry
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=1))
     correction = jnp.exp2(m_prev - m_next)
@@ -197,15 +197,15 @@ def _chunk_kernel(
         carry = lax.fori_loop(
             lo, jnp.minimum(hi, n_open), functools.partial(step, masked=False), carry
         )
-        acc, m, l = lax.fori_loop(
+        acc, m, lsum = lax.fori_loop(
             jnp.maximum(lo, n_open), hi, functools.partial(step, masked=True), carry
         )
         if k_splits == 1:
-            o_ref[...] = acc / l[:, None]
+            o_ref[...] = acc / lsum[:, None]
         else:  # unnormalized partials, merged by merge_splits
             o_ref[...] = acc
             stat_refs[0][...] = m
-            stat_refs[1][...] = l
+            stat_refs[1][...] = lsum
 
     return kernel
 
@@ -261,26 +261,26 @@ def _windowed_chunk_kernel(
         carry = lax.fori_loop(
             jnp.maximum(lo, a), jnp.minimum(hi, b), functools.partial(step, masked=False), carry
         )
-        acc, m, l = lax.fori_loop(
+        acc, m, lsum = lax.fori_loop(
             jnp.maximum(lo, b), hi, functools.partial(step, masked=True), carry
         )
         if k_splits == 1:
-            o_ref[...] = acc / l[:, None]
+            o_ref[...] = acc / lsum[:, None]
         else:
             o_ref[...] = acc
             stat_refs[0][...] = m
-            stat_refs[1][...] = l
+            stat_refs[1][...] = lsum
 
     return kernel
 
 
-def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
-    """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, l [..., S, rows]
-    base-2 running max and sum (an empty split has m = M_INIT, l = 0, o = 0) -> [..., rows, hd].
+def merge_splits(o: jax.Array, m: jax.Array, lsum: jax.Array) -> jax.Array:
+    """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, lsum [..., S, rows]
+    base-2 running max and sum (an empty split has m = M_INIT, lsum = 0, o = 0) -> [..., rows, hd].
     A row that saw no key at all (an unused decode row of length 0) comes out as zeros, not NaN."""
     m_all = jnp.max(m, axis=-2, keepdims=True)
     weight = jnp.exp2(m - m_all)  # [..., S, rows]
-    total = jnp.sum(weight * l, axis=-2)
+    total = jnp.sum(weight * lsum, axis=-2)
     total = jnp.where(total > 0, total, 1.0)
     return jnp.sum(weight[..., None] * o, axis=-3) / total[..., None]
 

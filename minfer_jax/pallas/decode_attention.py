@@ -134,10 +134,10 @@ def _decode_kernel(
             jnp.full((rows,), M_INIT, jnp.float32),
             jnp.zeros((rows,), jnp.float32),
         )
-        acc, m, l = lax.fori_loop(lo, hi, step, carry)
+        acc, m, lsum = lax.fori_loop(lo, hi, step, carry)
         o_ref[...] = acc
         m_ref[...] = m
-        l_ref[...] = l
+        l_ref[...] = lsum
 
     return kernel
 
@@ -224,7 +224,7 @@ def _decode_attention(
     whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, s: (0, 0, 0, 0))
     per_row = pl.BlockSpec((batch,), lambda b, h, s: (0,))
     part_shape = (batch, n_kv, splits, rows)
-    o, m, l = pl.pallas_call(
+    o, m, lsum = pl.pallas_call(
         kernel,
         out_shape=[
             jax.ShapeDtypeStruct(part_shape + (head_dim,), jnp.float32),
@@ -249,7 +249,7 @@ def _decode_attention(
         interpret=interpret,
         name="decode_attention",
     )(qg, k_cache, v_cache, slots, lengths, *windows)
-    out = merge_splits(o, m, l)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
+    out = merge_splits(o, m, lsum)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
     out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nq, n_heads, head_dim)
 

@@ -281,7 +281,7 @@ async def _disconnect(client, url, rng, tally: Tally) -> None:
             )
             await writer.drain()
             writer.close()
-    except (asyncio.TimeoutError, OSError):
+    except (TimeoutError, OSError):
         pass
     tally.note("disconnect", kind)
 
