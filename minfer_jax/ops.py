@@ -162,8 +162,8 @@ def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
 
 
 def route_call(r: Route, qtype: QType, n_out: int, impl: Impl):
-    """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K]]) -> [nt, n_out] f32
-    (x_scale: "gemv+fold" only, the norm weight)."""
+    """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K]]) ->
+    [nt, n_out] f32 (x_scale: "gemv+fold" only, the norm weight)."""
     kw = dict(qtype=qtype, n_out=n_out)
     interpret = impl.kernels == "interpret"
     if r.kind == "xla":
@@ -184,9 +184,9 @@ def route_call(r: Route, qtype: QType, n_out: int, impl: Impl):
 
 
 def route_reference(r: Route, qtype: QType, n_out: int):
-    """The jnp reference of exactly what route_call(r, ...) computes, (x, planes) -> [nt, n_out] f32:
-    the integer GEMV's own (same activation quantization, exact integer sums), the int8 GEMM's, or
-    whole-matrix decode in the compute dtype + one f32-accumulated dot (float GEMV, both f16 GEMM
+    """The jnp reference of exactly what route_call(r, ...) computes, (x, planes) -> [nt, n_out]
+    f32: the integer GEMV's own (same activation quantization, exact integer sums), the int8 GEMM's,
+    or whole-matrix decode in the compute dtype + one f32-accumulated dot (float GEMV, both f16 GEMM
     variants, the XLA path)."""
     fn = {"gemv": gemv.gemv_int8_reference, "gemm-i8": gemm_int8.gemm_int8_reference}.get(
         r.kind, tiles.dequant_matmul_reference
@@ -218,7 +218,8 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
 def norm_matmuls(
     x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl
 ) -> list[jax.Array]:
-    """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w] f32.
+    """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w]
+    f32.
 
     Where every weight's route is "gemv+fold" (kernels, nt <= gemv_max_nt, block formats,
     impl.fold_norm) the norm is folded into the matmuls: W (r g x) = r (W (g x)) with r =

@@ -7,7 +7,8 @@ import os
 
 
 def pow2_at_least(n: int, floor: int = 1) -> int:
-    """The smallest floor * 2**k >= n (floor a power of two: the smallest power of two >= n, >= floor)."""
+    """The smallest floor * 2**k >= n (floor a power of two: the smallest power of two >= n, >=
+    floor)."""
     b = floor
     while b < n:
         b *= 2

@@ -1,4 +1,5 @@
-"""Checks for the values a user hands to a public call: plain functions, one InvalidArgumentError each.
+"""Checks for the values a user hands to a public call: plain functions, one InvalidArgumentError
+each.
 
 Every public boundary (load, generate, Model.logits, Sampler, Config, Impl, the tokenizer, the
 CLI, and a server translating JSON requests) checks its arguments here, so one message style names
@@ -38,11 +39,12 @@ def integer(name: str, value: Any, lo: int, hi: int) -> int:
 
 
 def clamped_count(name: str, value: Any, limit: int, *, all_of: str, minus_one: bool = True) -> int:
-    """An extreme but meaningful count, clamped like llama.cpp: any int >= 0 (and -1 with minus_one),
-    where -1 and anything above `limit` mean all of it (`all_of` names what: "the vocabulary").
+    """An extreme but meaningful count, clamped like llama.cpp: any int >= 0
+    (and -1 with minus_one), where -1 and anything above `limit` mean all of it
+    (`all_of` names what: "the vocabulary").
 
-    The one policy of the API, the CLI and the server for top_k, max_new_tokens / -n / max_tokens and
-    repeat_last_n: a value past what exists is what exists, never an error."""
+    The one policy of the API, the CLI and the server for top_k, max_new_tokens / -n / max_tokens
+    and repeat_last_n: a value past what exists is what exists, never an error."""
     lo = -1 if minus_one else 0
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
         more = (
@@ -85,8 +87,8 @@ def text(name: str, value: Any) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
         raise InvalidArgumentError(
-            f"{name} is not valid UTF-8 text: {value[e.start : e.end]!r} at character {e.start} is a lone "
-            "surrogate (undecodable input bytes?)"
+            f"{name} is not valid UTF-8 text: {value[e.start : e.end]!r} at character {e.start} "
+            "is a lone surrogate (undecodable input bytes?)"
         ) from None
     return value
 
@@ -105,7 +107,8 @@ def token_ids(value: Any, vocab_size: int, name: str = "token ids") -> list[int]
         t = int(t)
         if not 0 <= t < vocab_size:
             raise InvalidArgumentError(
-                f"{name}: token id #{i} is {t}, outside the vocabulary 0..{vocab_size - 1} ({vocab_size} tokens)"
+                f"{name}: token id #{i} is {t}, outside the vocabulary 0..{vocab_size - 1} "
+                f"({vocab_size} tokens)"
             )
         out.append(t)
     return out
@@ -160,8 +163,10 @@ def fits_in_memory(what: str, nbytes: int, limit: int | None, already: int = 0) 
     """Refuse an allocation of nbytes (plus `already` resident bytes) that exceeds limit."""
     if limit is not None and nbytes + already > limit:
         raise InvalidArgumentError(
-            f"{what} needs {nbytes} bytes ({nbytes / 2**30:.1f} GiB){f' on top of {already / 2**30:.1f} GiB of weights' if already else ''}, "
-            f"more than the device's {limit} bytes ({limit / 2**30:.1f} GiB); use a smaller context (ctx_size / -c)"
+            f"{what} needs {nbytes} bytes ({nbytes / 2**30:.1f} GiB)"
+            f"{f' on top of {already / 2**30:.1f} GiB of weights' if already else ''}, "
+            f"more than the device's {limit} bytes ({limit / 2**30:.1f} GiB); "
+            "use a smaller context (ctx_size / -c)"
         )
 
 
@@ -171,7 +176,8 @@ LOAD_WEIGHT_MODES = ("quantized", "dense")
 def load_arguments(
     *, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, prefill_chunk: Any, platform: str
 ) -> None:
-    """runtime.load's options (ctx_size past the trained context is clamped to it once the file is read)."""
+    """runtime.load's options (ctx_size past the trained context is clamped to it once the file is
+    read)."""
     from minfer_jax import ops  # ops.KERNELS and GEMMS (ops imports this module)
 
     if ctx_size is not None:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Generate text with minfer_jax from the command line: a thin wrapper around `minfer_jax.cli.generate`.
+"""Generate text with minfer_jax from the command line: a thin wrapper around
+`minfer_jax.cli.generate`.
 
     python scripts/generate.py -p "def fibonacci(n):" -n 64 --temp 0
     python scripts/generate.py --chat                  # interactive chat

@@ -42,7 +42,8 @@ KEEP = object()
 
 
 def fuzz_settings(ci_examples: int, deadline_ms: int | None = 5000) -> settings:
-    """CI: `ci_examples` derandomized cases; $MINFER_FUZZ_EXAMPLES overrides the count (random seeds then)."""
+    """CI: `ci_examples` derandomized cases; $MINFER_FUZZ_EXAMPLES overrides the count
+    (random seeds then)."""
     long_run = os.environ.get(FUZZ_EXAMPLES_ENV)
     return settings(
         max_examples=int(long_run) if long_run else ci_examples,

@@ -1,4 +1,5 @@
-"""Chunk and decode attention kernels vs their jnp references, and each reference vs dense f64 numpy.
+"""Chunk and decode attention kernels vs their jnp references, and each reference vs dense f64
+numpy.
 
 Caches hold random keys/values at the visible positions and large finite junk everywhere else
 (past the chunk's end, past each row's length, unused slots): the results must not depend on it.
@@ -16,7 +17,8 @@ from minfer_jax.errors import MinferError
 from minfer_jax.pallas import attention, decode_attention
 from tests.kernel_mode import INTERPRET
 
-JUNK = 3.0e4  # large but finite in f16 too: masking by multiplication (0 * junk, or junk scores) would show
+# large but finite in f16 too: masking by multiplication (0 * junk, or junk scores) would show
+JUNK = 3.0e4
 # f32 caches: interpreted kernels differ from the references by summation order only; compiled,
 # Triton's f32 dots may run in tf32.
 ATOL = 2e-5 if INTERPRET else 5e-3
@@ -24,7 +26,8 @@ N_SLOTS = 4
 
 
 def filled_cache(key, n_kv, max_len, head_dim, visible: dict[int, int], junk: float = JUNK):
-    """k, v [N_SLOTS, n_kv, max_len, head_dim] f32: random at positions < visible[slot], junk elsewhere."""
+    """k, v [N_SLOTS, n_kv, max_len, head_dim] f32: random at positions < visible[slot], junk
+    elsewhere."""
     kk, kv = jax.random.split(key)
     shape = (N_SLOTS, n_kv, max_len, head_dim)
     pos = np.arange(max_len)
@@ -37,7 +40,8 @@ def filled_cache(key, n_kv, max_len, head_dim, visible: dict[int, int], junk: fl
 
 
 def dense_attention_np(q, k, v, q_pos, scale):
-    """q [n, H, hd] at absolute positions q_pos [n] over k, v [Hkv, S, hd] (keys 0 .. S-1), in f64."""
+    """q [n, H, hd] at absolute positions q_pos [n] over k, v [Hkv, S, hd] (keys 0 .. S-1), in
+    f64."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     n_heads, n_kv = q.shape[1], k.shape[0]
     kh = np.repeat(k, n_heads // n_kv, axis=0)  # [H, S, hd]: query head h reads KV head h // rep
@@ -245,8 +249,9 @@ def test_decode_attention_rejects_unsupported_shapes():
 
 
 def lower_for_gpu(fn, *avals):
-    """Lower fn for CUDA on any host (jax.export): runs the Pallas Triton lowering rules (power-of-two
-    load/store sizes, indexers) that interpret mode skips; Triton's own compile still needs a GPU."""
+    """Lower fn for CUDA on any host (jax.export): runs the Pallas Triton lowering rules
+    (power-of-two load/store sizes, indexers) that interpret mode skips; Triton's own compile still
+    needs a GPU."""
     from jax import export
 
     checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
@@ -292,7 +297,8 @@ def test_kernels_lower_to_triton(model):
         assert "decode_attention" in text
 
 
-# --- sliding windows (Gemma 3's local layers): the window is an operand, one kernel for every layer ---
+# --- sliding windows (Gemma 3's local layers): the window is an operand, one kernel for every
+# layer ---
 
 
 def windowed_dense_np(q, k, v, q_pos, scale, window):

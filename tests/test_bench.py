@@ -1,4 +1,5 @@
-"""scripts/bench.py / minfer_jax.bench on CPU: output shape and fields (never speed), kernel mode, errors."""
+"""scripts/bench.py / minfer_jax.bench on CPU: output shape and fields (never speed), kernel mode,
+errors."""
 
 import contextlib
 import csv
@@ -39,7 +40,7 @@ def _no_persistent_cache():
         os.environ["MINFER_COMPILATION_CACHE"] = old
 
 
-# ------------------------------------------------------------------------------------------ model mode
+# --------------------------------------------------------------------------------------- model mode
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,7 @@ def test_write_gguf(tmp_path):
     assert fields.model_type(back) == fields.model_type(mem)
 
 
-# ------------------------------------------------------------------------------------------ kernel mode
+# -------------------------------------------------------------------------------------- kernel mode
 
 
 @pytest.mark.parametrize(
@@ -262,7 +263,8 @@ def test_model_kernel_cases():
 
 
 def test_kernel_cases_are_the_loaders_weights():
-    """model_matmul_cases counts exactly the weights load_params builds: same fusion, types, shapes."""
+    """model_matmul_cases counts exactly the weights load_params builds: same fusion, types,
+    shapes."""
     import collections
 
     from minfer_jax.files.quant_mix import tensor_types
@@ -321,7 +323,7 @@ def test_ggml_cases():
     assert all(c.nts == (1,) for c in kernel_cases.ggml_cases([1]))
 
 
-# ------------------------------------------------------------------------------------------ parsing, names
+# ----------------------------------------------------------------------------------- parsing, names
 
 
 def test_parse_helpers():

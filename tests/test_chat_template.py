@@ -50,10 +50,11 @@ def test_real_template_tools_use_hf_tojson(tok):
         "function": {"name": "weather", "description": "Wetter für Köln <b>"},
     }
     text = tok.apply_chat_template(USER, tools=[tool])
-    # not HTML-escaped, not ASCII-escaped, keys in insertion order (jinja's own tojson fails all three)
+    # not HTML-escaped, not ASCII-escaped, keys in insertion order
+    # (jinja's own tojson fails all three)
     assert (
-        '\n{"type": "function", "function": {"name": "weather", "description": "Wetter für Köln <b>"}}\n'
-        in text
+        '\n{"type": "function", "function": {"name": "weather", "description": "Wetter für Köln '
+        '<b>"}}\n' in text
     )
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
@@ -70,8 +71,10 @@ def test_real_template_tool_calls_and_responses(tok):
     ]
     text = tok.apply_chat_template(messages)
     assert (
-        '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"city": "Köln"}}\n</tool_call><|im_end|>\n'
-        in text
+        "<|im_start|>assistant\n"
+        "<tool_call>\n"
+        '{"name": "f", "arguments": {"city": "Köln"}}\n'
+        "</tool_call><|im_end|>\n" in text
     )
     assert "<|im_start|>user\n<tool_response>\n12C\n</tool_response><|im_end|>\n" in text
 
@@ -104,7 +107,13 @@ def test_tojson_matches_transformers():
 
 
 def test_trim_and_lstrip_blocks():
-    template = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}"
+    template = (
+        "{% for m in messages %}\n"
+        "    {% if m.role == 'user' %}\n"
+        "[{{ m.content }}]\n"
+        "    {% endif %}\n"
+        "{% endfor %}"
+    )
     assert render_chat_template(template, USER * 2) == "[hi]\n[hi]\n"
 
 
@@ -199,11 +208,13 @@ RESOURCE_BOMBS = {
     "ljust": ("{{ ''.ljust(10**9) }}", "1000000000"),
     "center_filter": ("{{ 'x'|center(10**9) }}", "1000000000"),
     "namespace_doubling": (
-        "{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% "
+        "endfor %}",
         "with ~",
     ),
     "list_doubling": (
-        "{% set ns = namespace(l=[1]) %}{% for i in range(100) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+        "{% set ns = namespace(l=[1]) %}{% for i in range(100) %}{% set ns.l = ns.l + ns.l %}{% "
+        "endfor %}",
         "sequence",
     ),
     "macro_doubling": ("{% macro f(s) %}{{ f(s ~ s) }}{% endmacro %}{{ f('x') }}", "with ~"),
@@ -277,7 +288,8 @@ def test_argument_bombs_stop_within_the_budget(template, match):
 
 def test_filters_within_their_bounds_still_work():
     out = render_chat_template(
-        "{{ 'a\nb'|indent(2, first=True) }}|{{ '\tx'.expandtabs(4) }}|{{ '{:>{}}'.format('x', 3) }}|"
+        "{{ 'a\nb'|indent(2, first=True) }}|{{ '\tx'.expandtabs(4) }}|"
+        "{{ '{:>{}}'.format('x', 3) }}|"
         "{{ '%-3s|%05.1f' % ('k', 2.5) }}|{{ {'a': [1]}|tojson(separators=(',', ':')) }}|"
         "{{ ('<b>bold</b> ' * 3)|striptags }}|{{ 'see https://a.com'|urlize }}",
         USER,
@@ -289,7 +301,8 @@ def test_filters_within_their_bounds_still_work():
 
 
 def test_striptags_matches_markupsafe_3():
-    """Ours is markupsafe 3's algorithm, linear whatever markupsafe is installed; compare the two."""
+    """Ours is markupsafe 3's algorithm, linear whatever markupsafe is installed; compare the
+    two."""
     import importlib.metadata
 
     import markupsafe
@@ -313,7 +326,8 @@ def test_striptags_matches_markupsafe_3():
     "template",
     [
         "{{ cycler.__init__.__globals__.os.system('touch ' ~ path) }}",
-        "{{ ''.__class__.__mro__[1].__subclasses__()[0].__init__.__globals__['os'].system('touch ' ~ path) }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__()[0].__init__.__globals__['os'].system('touch "
+        "' ~ path) }}",
         "{{ self.__init__.__globals__.__builtins__.open(path, 'w').write('x') }}",
         "{{ namespace.__init__.__globals__['os'].system('touch ' ~ path) }}",
     ],

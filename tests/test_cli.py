@@ -264,7 +264,8 @@ def test_one_shot_ctrl_c(run_cli, monkeypatch):
 
 @pytest.mark.real_model
 def test_interactive_chat_keeps_history(run_cli, shared_model, monkeypatch):
-    """TTY chat with scripted input: history across turns, Ctrl-C keeps the session, /reset, Ctrl-D."""
+    """TTY chat with scripted input: history across turns, Ctrl-C keeps the session, /reset,
+    Ctrl-D."""
     tok = shared_model.tokenizer
     prompts: list[str] = []
     replies = iter(
@@ -377,7 +378,8 @@ def test_script_greedy_end_to_end(real_model_path, xla_cache):
 
 
 def test_summary_counts_reused_prompt_tokens_apart():
-    """A turn that reuses the last turn's K/V reports its prefill rate over the tokens it prefilled."""
+    """A turn that reuses the last turn's K/V reports its prefill rate over the tokens it
+    prefilled."""
     from minfer_jax.cli.chat import _summary, _Totals
 
     line = _summary(_Totals(prompt_tokens=10, cached_tokens=6, prefill_s=2.0, stop_reason="eos"))

@@ -102,7 +102,8 @@ def test_chunked_prefill_matches_one_shot(tiny_gguf, chunked, n):
 
 def test_prompt_length_does_not_add_prefill_executables(tiny_gguf):
     m = load(tiny_gguf, chunk=32)
-    # distinct seeds: prompts sharing a prefix would reuse it (generate() keeps the model's scheduler)
+    # distinct seeds: prompts sharing a prefix would reuse it (generate() keeps the model's
+    # scheduler)
     minfer_jax.generate(m, prompt(20, 41), max_new_tokens=2)
     minfer_jax.generate(m, prompt(45, 42), max_new_tokens=2)
     before = {k for k in m._compiled if k.label.startswith("prefill")}
@@ -130,7 +131,8 @@ def test_batch_rows_decode_like_single_sequences(chunked):
 
 
 def test_requests_join_and_leave_between_steps(chunked):
-    """A request submitted while another decodes, one cancelled mid-run: each gets its own tokens."""
+    """A request submitted while another decodes, one cancelled mid-run: each gets its own
+    tokens."""
     sched = minfer_jax.Scheduler(chunked, chunked.plan(n_seqs=2, decode_steps=4))
     long = sched.submit(prompt(30, 4), max_new_tokens=24)
     for _ in range(4):
@@ -290,7 +292,8 @@ def test_text_streams_at_most_decode_steps_tokens_per_event(real_model, steps):
 
 
 def fresh_run(model, ids, n):
-    """ids' greedy tokens through a new scheduler: nothing kept to reuse (generate() keeps the model's)."""
+    """ids' greedy tokens through a new scheduler: nothing kept to reuse
+    (generate() keeps the model's)."""
     sched = minfer_jax.Scheduler(model, model.plan(decode_steps=4))
     req = sched.submit(ids, max_new_tokens=n)
     sched.run([req])
@@ -324,7 +327,8 @@ def test_prefix_reuse_skips_what_a_slot_still_holds(chunked):
 
 
 def test_prefix_reuse_after_a_cancel_mid_prefill(chunked):
-    """A request cancelled between its prompt chunks leaves only the dispatched chunks' K/V to reuse."""
+    """A request cancelled between its prompt chunks leaves only the dispatched chunks' K/V to
+    reuse."""
     sched = minfer_jax.Scheduler(chunked, chunked.plan(n_seqs=1, decode_steps=4))
     long = prompt(60, 30)  # chunks of 16
     doomed = sched.submit(long, max_new_tokens=5)

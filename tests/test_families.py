@@ -159,7 +159,8 @@ def test_real_logits_within_llama_cpp_distance_of_float64(name):
 
 @pytest.mark.parametrize("name", REAL_FILES)
 def test_real_greedy_tokens_equal_llama_cpp(name):
-    """32 greedy tokens of each prompt through the engine (prefill + decode loop) against llama.cpp's."""
+    """32 greedy tokens of each prompt through the engine (prefill + decode loop) against
+    llama.cpp's."""
     gm, model = _real(name)
     expected = _expected(REAL_FILES[name][1])
     results = minfer_jax.generate_batch(
@@ -179,7 +180,8 @@ def test_real_greedy_tokens_equal_llama_cpp(name):
         # and our token is the float64 forward's argmax.
         margin, bound = p["greedy_margins"][j], p["llama_cpp_f64_distance"]
         print(
-            f"{p['text'][:30]!r}: parts at token {j}: llama.cpp margin {margin:.3f} <= its error {bound:.2f}"
+            f"{p['text'][:30]!r}: parts at token {j}: llama.cpp margin {margin:.3f} <= its error "
+            f"{bound:.2f}"
         )
         assert margin <= bound, (p["text"], j, margin, bound)
         ref = float64_reference.forward(gm, p["ids"] + want[:j])
@@ -199,7 +201,8 @@ def test_smollm2_chat_answers_paris():
 
 @needs_smollm2
 def test_smollm2_cli_chat():
-    """scripts/generate.py --chat: one user turn from stdin, the answer printed, then end of input."""
+    """scripts/generate.py --chat: one user turn from stdin, the answer printed, then end of
+    input."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
         [
@@ -316,7 +319,8 @@ def test_mixture_of_experts_llama_is_refused():
 
 
 def test_sentencepiece_byte_fallback_and_space_prefix():
-    """A tiny SentencePiece vocabulary: '▁' words, merges from scores, bytes for unknown characters."""
+    """A tiny SentencePiece vocabulary: '▁' words, merges from scores, bytes for unknown
+    characters."""
     pieces = [
         "<unk>",
         "<s>",
@@ -352,14 +356,14 @@ def test_sentencepiece_byte_fallback_and_space_prefix():
     ]
 
 
-# --- the same families through the Pallas kernels (interpreted here; compiled on a GPU) ------------
+# --- the same families through the Pallas kernels (interpreted here; compiled on a GPU) -----------
 
 
 @pytest.mark.parametrize("spec", ["llama-tiny:q4_k_m", "qwen3-tiny:q4_k_m", "gemma3-tiny:q4_k_m"])
 def test_kernel_path_matches_reference_path(spec):
-    """Prefill (split GEMM, chunk attention with the traced window on Gemma's local layers) and decode
-    (GEMV, split-K decode attention) against the XLA path; the 80-token prompt is past gemma3-tiny's
-    32-token window."""
+    """Prefill (split GEMM, chunk attention with the traced window on Gemma's local layers) and
+    decode (GEMV, split-K decode attention) against the XLA path; the 80-token prompt is past
+    gemma3-tiny's 32-token window."""
     from tests.kernel_mode import KERNELS
 
     gm = synthetic_model(spec, seed=3)

@@ -1,10 +1,11 @@
-"""Fuzz: public API arguments (generate, Model.logits, Sampler, load, the tokenizer) give a MinferError or a
-correct result, in bounded time and memory.
+"""Fuzz: public API arguments (generate, Model.logits, Sampler, load, the tokenizer) give a
+MinferError or a correct result, in bounded time and memory.
 
 Each case starts from one of a few valid argument sets (so valid cases reuse a handful of compiled
 executables) and replaces some arguments by hostile values: NaN and infinities, bools, floats
 where ints are meant, strings, None, huge and negative numbers, ids outside the vocabulary, text
-with lone surrogates. CI runs a fixed derandomized set; MINFER_FUZZ_EXAMPLES=5000 runs a long random one.
+with lone surrogates. CI runs a fixed derandomized set; MINFER_FUZZ_EXAMPLES=5000 runs a long random
+one.
 """
 
 from __future__ import annotations

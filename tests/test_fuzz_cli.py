@@ -1,4 +1,5 @@
-"""Fuzz: command lines exit 0 with text, or 2 with one `error:` line; never a traceback; bounded in time.
+"""Fuzz: command lines exit 0 with text, or 2 with one `error:` line; never a traceback; bounded in
+time.
 
 Each case edits a valid `minfer-generate` command line: a flag's value replaced by a hostile one
 (NaN, infinities, huge, negative, empty, not a number, undecodable bytes as argv carries them),

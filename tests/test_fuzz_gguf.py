@@ -1,4 +1,5 @@
-"""Fuzz: mutated GGUF files load (and tokenize) correctly or raise a MinferError, in bounded time and memory.
+"""Fuzz: mutated GGUF files load (and tokenize) correctly or raise a MinferError, in bounded time
+and memory.
 
 Two families: byte-level mutations of one small valid file (flips, hostile 32/64-bit words written
 over counts, lengths and type ids, truncation, inserted and deleted bytes, biased to the metadata
@@ -42,7 +43,8 @@ HOSTILE_WORDS = [
 
 @pytest.fixture(scope="module")
 def valid(tmp_path_factory):
-    """(bytes of a valid file, where its tensor data starts: metadata and tensor infos lie before)."""
+    """(bytes of a valid file, where its tensor data starts: metadata and tensor infos lie
+    before)."""
     path = tiny_gguf(
         tmp_path_factory.mktemp("fuzz_gguf") / "valid.gguf",
         meta={"tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"},
@@ -92,7 +94,8 @@ def _apply(blob: bytes, edits) -> bytes:
 
 
 def _use(path) -> None:
-    """Everything a loaded file feeds: config, tensors' shapes, the tokenizer, encode/decode, the template."""
+    """Everything a loaded file feeds: config, tensors' shapes, the tokenizer, encode/decode, the
+    template."""
     m = load_gguf(path)
     assert m.config.vocab_size == m.tensors["token_embd.weight"].shape[0]
     for name, t in m.tensors.items():

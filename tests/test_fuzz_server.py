@@ -1,4 +1,5 @@
-"""Fuzz: the server's request parser, its limits and access checks, and prompt encoding under a limit.
+"""Fuzz: the server's request parser, its limits and access checks, and prompt encoding under a
+limit.
 
 In-process, no server: `schemas.parse` (with limits.py's JSON checks) on generated and mutated
 bodies must return a request whose fields are in range or raise one BadRequest (a 4xx), never
@@ -313,7 +314,7 @@ def test_request_limits_defaults_and_flags():
             RequestLimits(**bad)
 
 
-# -- prompt encoding under a limit (the real tokenizer) ------------------------------------------------
+# -- prompt encoding under a limit (the real tokenizer) --------------------------------------------
 @pytest.fixture(scope="module")
 def tok(real_model):
     from minfer_jax.files.tokenizer import Tokenizer

@@ -1,4 +1,5 @@
-"""Fuzz: generated hostile chat templates render (bounded output) or raise TemplateError, in bounded time and memory.
+"""Fuzz: generated hostile chat templates render (bounded output) or raise TemplateError, in bounded
+time and memory.
 
 Templates are built from fragments of the known bomb families (string and list amplification,
 format widths, big-int growth, nested loops over long iterables, namespace doubling, recursion,
@@ -145,9 +146,10 @@ def templates(draw, depth: int = 0):
             parts.append(f"{{% for v in {expr} %}}{draw(templates(depth + 1))}{{% endfor %}}")
         elif kind == 4:
             parts.append(
-                f"{{% set ns = namespace(s={expr}) %}}{{% for i in range({draw(st.sampled_from(SIZES))}) %}}"
-                f"{{% set ns.s = ns.s {draw(st.sampled_from(['~', '+', '*']))} ns.s %}}{{% endfor %}}"
-                "{{ ns.s|length }}"
+                f"{{% set ns = namespace(s={expr}) %}}"
+                f"{{% for i in range({draw(st.sampled_from(SIZES))}) %}}"
+                f"{{% set ns.s = ns.s {draw(st.sampled_from(['~', '+', '*']))} ns.s %}}"
+                "{% endfor %}{{ ns.s|length }}"
             )
         elif kind == 5:
             parts.append(
@@ -185,7 +187,8 @@ def test_fuzz_templates(template, monkeypatch_steps):
     )
 )
 def test_fuzz_template_syntax(template, monkeypatch_steps):
-    """Arbitrary template text: rendered or TemplateError (syntax errors, undefined calls ...), never anything else."""
+    """Arbitrary template text: rendered or TemplateError (syntax errors, undefined calls ...),
+    never anything else."""
     try:
         out = bounded(
             lambda: render_chat_template(template, MESSAGES),
@@ -200,7 +203,8 @@ def test_fuzz_template_syntax(template, monkeypatch_steps):
 
 @pytest.fixture(scope="module")
 def monkeypatch_steps():
-    """CI: a 100k-step, 3 s budget (the real 2M steps under tracemalloc take ~9 s a case); long runs keep the real one."""
+    """CI: a 100k-step, 3 s budget (the real 2M steps under tracemalloc take ~9 s a case); long runs
+    keep the real one."""
     with pytest.MonkeyPatch.context() as mp:
         if not os.environ.get(FUZZ_EXAMPLES_ENV):
             mp.setattr(chat_template, "MAX_STEPS", 100_000)

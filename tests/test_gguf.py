@@ -1,4 +1,5 @@
-"""Validation of minfer_jax.files.gguf.load_gguf: every broken file is a GGUFError naming what is wrong."""
+"""Validation of minfer_jax.files.gguf.load_gguf: every broken file is a GGUFError naming what is
+wrong."""
 
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ def tiny(tmp_path) -> Path:
 
 
 def _err(path, match_parts, exc=GGUFError) -> str:
-    """load_gguf(path) must raise `exc` whose message names the file and every string in match_parts."""
+    """load_gguf(path) must raise `exc` whose message names the file and every string in
+    match_parts."""
     with pytest.raises(exc) as info:
         load_gguf(path)
     msg = str(info.value)
@@ -351,7 +353,8 @@ def test_wrong_rank_token_embd(tmp_path):
 
 
 def test_more_layers_than_tensors(tmp_path):
-    """A block_count beyond the tensors fails at the first missing tensor; one beyond any model at once."""
+    """A block_count beyond the tensors fails at the first missing tensor; one beyond any model at
+    once."""
     p = write_tiny_gguf(tmp_path / "layers.gguf", meta={"qwen2.block_count": ("uint32", 4096)})
     t0 = time.perf_counter()
     _err(p, ["required tensor 'blk.2.attn_norm.weight' is missing"])
@@ -484,7 +487,8 @@ def test_fuzz_truncation(tiny_blob, data):
 )
 @given(data=st.data())
 def test_fuzz_header_words(tiny_blob, data):
-    """Overwrite aligned 4/8-byte words of the header with extreme values (counts, lengths, dims)."""
+    """Overwrite aligned 4/8-byte words of the header with extreme values
+    (counts, lengths, dims)."""
     blob = bytearray(tiny_blob)
     hdr = _header_len(tiny_blob)
     for _ in range(data.draw(st.integers(1, 3), label="n")):

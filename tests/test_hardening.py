@@ -1,4 +1,5 @@
-"""Issue 18's failure classes, one test each: every bad input gets a MinferError, nothing wrong gets through.
+"""Issue 18's failure classes, one test each: every bad input gets a MinferError, nothing wrong gets
+through.
 
 Each test failed on the main of 2026-12-01 (output came back, a plain ValueError/TypeError or a
 tokenizers panic escaped, or memory and time were unbounded) and passes with the validators.
@@ -219,11 +220,14 @@ def test_merge_whose_join_is_not_a_token_is_a_gguf_error(tmp_path):
         "{{ ''.join(['x' * 4000000] * 1000) }}",
         "{{ '{:{}}'.format('x', 3000000000) }}",
         "{{ '{0:{1}}'.format('x', 3000000000) }}",
-        "{% set s = 'x' * 4000000 %}{{ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s }}",
-        "{% for a in 'x' * 3000 %}{% for b in 'x' * 3000 %}{% for c in 'x' * 3000 %}{% endfor %}{% endfor %}{% endfor %}",
+        "{% set s = 'x' * 4000000 %}{{ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s ~ s "
+        "~ s ~ s ~ s }}",
+        "{% for a in 'x' * 3000 %}{% for b in 'x' * 3000 %}{% for c in 'x' * 3000 %}{% endfor "
+        "%}{% endfor %}{% endfor %}",
         "{% for a in 'x' * 100000 %}{% for b in 'x' * 100000 %}{{ '' }}{% endfor %}{% endfor %}",
         "{{ ((7 ** 4000) ** 4000) ** 4000 }}",
-        "{% set ns = namespace(x=3) %}{% for i in range(60) %}{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x > 0 }}",
+        "{% set ns = namespace(x=3) %}{% for i in range(60) %}{% set ns.x = ns.x * ns.x %}{% "
+        "endfor %}{{ ns.x > 0 }}",
     ],
 )
 def test_template_bombs_fail_fast(template):

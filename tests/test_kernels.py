@@ -43,7 +43,8 @@ CASES = [(q, n, k) for q in FORMATS for n, k in shapes_for(q)]
 
 
 def gemv_family(qtype):
-    """The GEMV entry point of qtype's family and its reference (ops.route picks the same family)."""
+    """The GEMV entry point of qtype's family and its reference
+    (ops.route picks the same family)."""
     if qtype in int8_words.SPECS:
         return gemv.gemv_int8, gemv.gemv_int8_reference
     return gemv.gemv_float, gemv.gemv_float_reference
@@ -231,7 +232,8 @@ def test_gemv_prequantized_tile_shapes(qtype):
 
 
 def test_gemv_one_token_config_is_one_step_per_program():
-    """One token: K split into single-step chunks (7B ffn_down, K = 18944: 37 splits), capped in programs."""
+    """One token: K split into single-step chunks (7B ffn_down, K = 18944: 37 splits), capped in
+    programs."""
     cfg = gemv.choose_config(QType.Q4_K, 3584, 18944, 1)
     assert (cfg.bn, cfg.bk, cfg.splits) == (32, 16 * 32, 37)
     cfg = gemv.choose_config(QType.Q6_K, 4096, 14336, 1)  # 16-weight groups: 32 of them per step
@@ -274,13 +276,15 @@ def test_gemv_one_token_config_is_one_step_per_program():
 
 
 def test_tuning_has_one_row_per_format():
-    """gemv_tuning.TUNING: an integer-path row for every format with int8 words, a float row for the rest."""
+    """gemv_tuning.TUNING: an integer-path row for every format with int8 words, a float row for the
+    rest."""
     from minfer_jax.pallas import gemv_tuning
 
     assert set(gemv_tuning.TUNING) == set(FORMATS)
     for qtype, row in gemv_tuning.TUNING.items():
         assert isinstance(row, gemv_tuning.Int8Row) == (qtype in int8_words.SPECS), qtype.name
-    # the tile rules per path: 3-D only pre-quantized and where the row says so, flat words the other pre-quantized
+    # the tile rules per path: 3-D only pre-quantized and where the row says so, flat words the
+    # other pre-quantized
     q4k, q3k = gemv_tuning.TUNING[QType.Q4_K], gemv_tuning.TUNING[QType.Q3_K]
     assert [q4k.tile_shapes(False), q4k.tile_shapes(True), q3k.tile_shapes(True)] == [
         (False, False),
@@ -349,7 +353,8 @@ def test_kernel_is_traced_once_per_configuration():
 
 
 def test_reference_uses_compute_dtype():
-    """The f16 reference rounds weights and x to f16 like the f16 kernels: equal to an explicit f16 computation."""
+    """The f16 reference rounds weights and x to f16 like the f16 kernels: equal to an explicit f16
+    computation."""
     qtype, n, k = QType.Q8_0, 128, 256
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(3), (4, k))
@@ -418,8 +423,8 @@ INT8_CASES = [(q, n, k, nt) for q in BLOCK_FORMATS for n, k in shapes_for(q) for
 
 @pytest.mark.parametrize("qtype,n,k,nt", INT8_CASES, ids=lambda v: getattr(v, "name", str(v)))
 def test_gemm_int8_matches_reference(qtype, n, k, nt):
-    """int8 GEMM == its reference (same activation quantization, exact integer sums) and stays within
-    the activation-quantization error (~1/127 per value) of the f16 path."""
+    """int8 GEMM == its reference (same activation quantization, exact integer sums) and stays
+    within the activation-quantization error (~1/127 per value) of the f16 path."""
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(nt + 7), (nt, k), jnp.float32)
     got = gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, interpret=INTERPRET)
@@ -455,7 +460,8 @@ def test_ops_routes_prefill_to_int8_only_when_asked():
 
 @pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda v: getattr(v, "name", str(v)))
 def test_dequantize_matches_decode(qtype, n, k):
-    """The dequantization kernel writes exactly quant.planes.decode (same tile decode, no arithmetic of its own)."""
+    """The dequantization kernel writes exactly quant.planes.decode
+    (same tile decode, no arithmetic of its own)."""
     w = planes_for(qtype, n, k)
     ref = dequant.dequantize_reference(w, qtype=qtype)
     for cfg in (None, dequant.DequantConfig(bn=16, bk=128 if k % 256 else 256)):
@@ -464,7 +470,8 @@ def test_dequantize_matches_decode(qtype, n, k):
 
 
 def test_ops_prefill_variants():
-    """auto picks dequant from DEQUANT_MIN_NT tokens; dequant and f16 compute the same decode + f32 dot."""
+    """auto picks dequant from DEQUANT_MIN_NT tokens; dequant and f16 compute the same decode + f32
+    dot."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
 
@@ -496,8 +503,8 @@ def test_bench_gemm_choices_are_ops_variants():
 @pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("nt", [1, 2, 3])
 def test_gemv_x_first_either_order(qtype, nt):
-    """x loaded before or after the weight tiles (gemv_tuning.TUNING picks per format): same sums, with a
-    folded per-input scale too, on the in-kernel and the pre-quantized path."""
+    """x loaded before or after the weight tiles (gemv_tuning.TUNING picks per format): same sums,
+    with a folded per-input scale too, on the in-kernel and the pre-quantized path."""
     n, k = 136, 2560
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k))
@@ -517,7 +524,7 @@ def test_gemv_x_first_either_order(qtype, nt):
         check(got, ref, qtype)
 
 
-# ------------------------------------------------------------------------------------------ ops.route
+# ---------------------------------------------------------------------------------------- ops.route
 
 
 def _qweight(qtype, n=128, k=256):

@@ -1,4 +1,5 @@
-"""The Qwen2 model against the math: a float64 numpy forward written here, independent of the package.
+"""The Qwen2 model against the math: a float64 numpy forward written here, independent of the
+package.
 
 The reference dequantizes with gguf.quants and implements Qwen2 from its definition (RMSNorm,
 q/k/v with bias, NeoX RoPE, GQA causal attention, SwiGLU, untied head). On the CPU the package
@@ -109,7 +110,8 @@ def test_logits_match_float64_reference(model, real_model, prompt_ids):
 
 @pytest.mark.real_model
 def test_decode_steps_match_prefill_logits(model, prompt_ids):
-    """Feeding 32 tokens one at a time through the cache (the decode path) gives one 48-token prefill's logits."""
+    """Feeding 32 tokens one at a time through the cache (the decode path) gives one 48-token
+    prefill's logits."""
     cont = model.tokenizer.encode(
         "    if n <= 1:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n"
         "        a, b = b, a + b\n    return b\n"
@@ -208,7 +210,8 @@ def test_buckets_compile_once(model):
 @pytest.mark.real_model
 def test_quantized_weights_stay_within_file_size_and_agree_with_dense(model, real_model):
     """The device layout (what the GPU runs) costs <= 1.1x the file's tensor bytes, and its
-    reference path (whole-matrix decode in f16 + dot) picks the same greedy tokens as the dense path."""
+    reference path (whole-matrix decode in f16 + dot) picks the same greedy tokens as the dense
+    path."""
     q = minfer_jax.load(gguf_model=real_model, weights="quantized", kernels="xla", ctx_size=64)
     file_bytes = sum(t.nbytes for t in real_model.tensors.values())
     assert q.weight_nbytes <= 1.1 * file_bytes, (q.weight_nbytes, file_bytes)

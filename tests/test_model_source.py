@@ -189,7 +189,8 @@ def test_disk_error_during_assembly(fake, monkeypatch):
 
 
 def test_killed_assembly_partial_is_never_trusted(fake):
-    """A hard-killed assembly leaves a *.partial temp file: it is ignored, and removed once stale."""
+    """A hard-killed assembly leaves a *.partial temp file: it is ignored, and removed once
+    stale."""
     fake.cache.mkdir()
     stale = fake.cache / (ms.DEFAULT_MODEL_FILENAME + ".abc123.partial")
     fresh = fake.cache / (
@@ -222,7 +223,8 @@ def test_corrupted_cache_with_stale_marker_is_rebuilt(fake, monkeypatch):
 
 @pytest.mark.parametrize("how", ["in_place", "replaced"])
 def test_flipped_byte_with_restored_mtime_is_detected(fake, monkeypatch, how):
-    """Same size, same mtime (restored with utime, or a copy put in place): the marker no longer vouches."""
+    """Same size, same mtime (restored with utime, or a copy put in place): the marker no longer
+    vouches."""
     resolve_model(None)
     st = fake.target.stat()
     blob = bytearray(fake.target.read_bytes())
@@ -472,7 +474,8 @@ def test_hf_without_huggingface_hub(monkeypatch):
 
 
 def test_real_default_model_resolves(monkeypatch, tmp_path):
-    """Reuses the user cache when it is already verified; otherwise assembles 491 MB into tmp once."""
+    """Reuses the user cache when it is already verified; otherwise assembles 491 MB into tmp
+    once."""
     assembled_here = not ms.is_default_model_cached()
     if assembled_here:
         monkeypatch.setenv("MINFER_CACHE_DIR", str(tmp_path / "cache"))

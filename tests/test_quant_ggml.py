@@ -158,7 +158,8 @@ def _scale_patterns(rng, n_sub, lo, hi, n_random=8):
 
 
 def _with_scales_and_quants(rng, qtype, n, write_subscales):
-    """Blocks [n * D * 3, ts]: subscale patterns x a few d/dmin values x (random, 0x00, 0xFF) quants."""
+    """Blocks [n * D * 3, ts]: subscale patterns x a few d/dmin values x (random, 0x00, 0xFF)
+    quants."""
     bs, ts = GGML_QUANT_SIZES[qtype]
     d_values = np.array([0x3C00, 0xBC00, 0x7BFF, 0x0001, 0x3BFF, 0x2E66], dtype=np.uint16)
     out = []

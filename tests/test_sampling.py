@@ -34,7 +34,8 @@ VOCAB = 1000
 
 
 def reference_keep(logits: np.ndarray, s: Sampler) -> set[int]:
-    """The tokens llama.cpp's chain leaves a row, by sorting (ties broken by id, as a stable sort does)."""
+    """The tokens llama.cpp's chain leaves a row, by sorting (ties broken by id, as a stable sort
+    does)."""
     order = np.argsort(-logits, kind="stable")
     k = s.top_k if s.top_k > 0 else len(order)
     cand = order[:k]

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 SLOT_CTX = 512
 
 
-# -- the model and the server processes -------------------------------------------------------------
+# -- the model and the server processes ------------------------------------------------------------
 def write_tiny_gguf(path: Path, tokenizer_meta: dict, seed: int = 1) -> None:
     """A 2-layer d_model-64 random Qwen2 with the given tokenizer.* metadata, as a GGUF file."""
     from minfer_jax.files.synthetic import (
@@ -194,7 +194,7 @@ def wait_idle(url: str, timeout: float = 60.0, **kw) -> dict[str, float]:
         time.sleep(0.1)
 
 
-# -- tests --------------------------------------------------------------------------------------------
+# -- tests -----------------------------------------------------------------------------------------
 @pytest.mark.real_model
 def test_health_answers_503_while_loading_then_ok(server):
     statuses = [s for s, _ in server.health_seen]
@@ -269,7 +269,8 @@ def test_chat_applies_the_chat_template(server, client, tokenizer):
     )
     assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
     assert chat.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special=False))
-    # the same tokens as a plain completion of the rendered template: the template is what was applied
+    # the same tokens as a plain completion of the rendered template: the template is what was
+    # applied
     plain = client.completions.create(model="tiny", prompt=rendered, max_tokens=20, temperature=0)
     assert chat.choices[0].message.content == plain.choices[0].text
     assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
@@ -401,7 +402,8 @@ async def _stream_text(
 
 
 async def _concurrently(url: str, prompts: list[list[int]], max_tokens: int):
-    """All prompts streamed at once; also the most slots in use and requests queued seen meanwhile."""
+    """All prompts streamed at once; also the most slots in use and requests queued seen
+    meanwhile."""
     seen = {"slots": 0.0, "queued": 0.0}
     async with httpx.AsyncClient(timeout=10) as poller:
 
@@ -431,7 +433,8 @@ async def _concurrently(url: str, prompts: list[list[int]], max_tokens: int):
 
 @pytest.mark.real_model
 def test_64_concurrent_streaming_clients_each_get_their_own_text(server, client):
-    # token-id prompts of 1..4 tokens, each ending in its own token (the tiny model mostly echoes the last one)
+    # token-id prompts of 1..4 tokens, each ending in its own token
+    # (the tiny model mostly echoes the last one)
     prompts = [[1000 + 97 * i, 5000 + 211 * i, 20000 + 1009 * i][-(1 + i % 3) :] for i in range(64)]
     alone = [
         client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0).choices[0]
@@ -449,14 +452,16 @@ def test_64_concurrent_streaming_clients_each_get_their_own_text(server, client)
         seen
     )  # they really shared batches and waited in the queue
     print(
-        f"64 streams in {elapsed:.1f} s; most slots used {seen['slots']:.0f}, most queued {seen['queued']:.0f}"
+        f"64 streams in {elapsed:.1f} s; most slots used {seen['slots']:.0f}, most queued "
+        f"{seen['queued']:.0f}"
     )
     wait_idle(server.url)
 
 
 CLIENT_SCRIPT = r"""
 import sys, httpx
-body = {"prompt": sys.argv[2], "max_tokens": -1, "temperature": 0, "stream": sys.argv[3] == "stream"}
+body = {"prompt": sys.argv[2], "max_tokens": -1, "temperature": 0,
+        "stream": sys.argv[3] == "stream"}
 with httpx.Client(timeout=300) as c:
     with c.stream("POST", sys.argv[1] + "/v1/completions", json=body) as r:
         for line in r.iter_lines():
@@ -470,7 +475,8 @@ def test_clients_killed_mid_stream_free_every_slot(server, client):
     ref = client.completions.create(
         model="tiny", prompt="after the storm", max_tokens=16, temperature=0
     ).choices[0]
-    # 10 client processes on 8 slots (two wait in the queue), streaming and not, killed once connected
+    # 10 client processes on 8 slots (two wait in the queue), streaming and not, killed once
+    # connected
     procs = [
         subprocess.Popen(
             [
@@ -542,7 +548,8 @@ def test_metrics_are_prometheus_text(server, client):
             declared[name] = kind
         else:
             m = re.fullmatch(
-                r'([a-z_]+)(\{[a-z_]+="[a-z_]+"(,[a-z_]+="[a-z_]+")*\})? (-?[0-9.]+(e[-+]?[0-9]+)?)',
+                r'([a-z_]+)(\{[a-z_]+="[a-z_]+"(,[a-z_]+="[a-z_]+")*\})? '
+                r"(-?[0-9.]+(e[-+]?[0-9]+)?)",
                 line,
             )
             assert m and m.group(1) in declared, line

@@ -92,7 +92,7 @@ def refused(r: httpx.Response, status: int, *parts: str, param: str | None = Non
     return err
 
 
-# -- size limits, before parsing or tokenizing ------------------------------------------------------
+# -- size limits, before parsing or tokenizing -----------------------------------------------------
 def test_a_body_over_the_limit_is_413_naming_it(server):
     big = b'{"prompt": "' + b"a" * (MAX_BODY + 10) + b'"}'
     refused(post(server, "/v1/completions", big), 413, str(MAX_BODY), "--max-body-bytes")
@@ -140,7 +140,8 @@ def test_prompt_characters_messages_and_token_ids_are_counted_first(server):
 
 
 def test_a_10_mb_prompt_is_refused_from_its_prefix_and_health_stays_fast(server):
-    """Issue 25's first attack: a 10 MB text prompt froze /health for 4.9-12.7 s and a 2-token request for 135 s."""
+    """Issue 25's first attack: a 10 MB text prompt froze /health for 4.9-12.7 s and a 2-token
+    request for 135 s."""
     body = {"prompt": "hello world " * 850_000, "max_tokens": 2}  # 10.2 MB, under both limits
 
     async def attack():
@@ -175,7 +176,8 @@ def test_a_10_mb_prompt_is_refused_from_its_prefix_and_health_stays_fast(server)
     r, elapsed, worst_health, other_status, other_s = asyncio.run(attack())
     refused(r, 400, "at least", f"context holds {SLOT_CTX}", param="prompt")
     print(
-        f"10 MB prompt: 400 in {elapsed:.2f} s; worst /health {worst_health:.3f} s; 2-token request {other_s:.2f} s"
+        f"10 MB prompt: 400 in {elapsed:.2f} s; worst /health {worst_health:.3f} s; 2-token "
+        f"request {other_s:.2f} s"
     )
     assert worst_health < 1.0 and other_status == 200 and other_s < 10, (
         worst_health,
@@ -212,7 +214,7 @@ def test_stop_strings_are_bounded_and_unicode(server):
     )
 
 
-# -- malformed JSON and numbers ---------------------------------------------------------------------
+# -- malformed JSON and numbers --------------------------------------------------------------------
 def test_json_nested_100000_deep_is_400(server):
     for raw in (
         b"[" * 100_000 + b"]" * 100_000,
@@ -234,7 +236,8 @@ def test_zero_penalties_from_the_openai_client_and_clamped_counts(client):
     assert out.usage.completion_tokens <= 3
     with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
         client.completions.create(model="tiny", prompt="hi", max_tokens=3, frequency_penalty=0.5)
-    # past the context, past the vocabulary: all of it (validate.clamped_count), as the API and the CLI do
+    # past the context, past the vocabulary: all of it (validate.clamped_count), as the API and the
+    # CLI do
     long = client.completions.create(model="tiny", prompt="hi", max_tokens=10**18, temperature=0)
     assert (
         long.choices[0].finish_reason in ("length", "stop") and long.usage.total_tokens <= SLOT_CTX
@@ -307,7 +310,7 @@ def test_seed_2_to_the_32_plus_42_is_not_seed_42(client):
     assert sampled(2**32 + 42) != sampled(42)
 
 
-# -- who may ask, and how -----------------------------------------------------------------------------
+# -- who may ask, and how --------------------------------------------------------------------------
 def test_host_origin_and_content_type_are_checked_without_an_api_key(server):
     url = f"{server.url}/v1/completions"
     body = json.dumps({"prompt": "hi", "max_tokens": 1}).encode()
@@ -354,13 +357,16 @@ def test_special_token_text_in_content_stays_literal(client, tokenizer):
     )
 
 
-# -- clients that go away ------------------------------------------------------------------------------
+# -- clients that go away --------------------------------------------------------------------------
 def test_a_client_that_hangs_up_mid_body_leaves_no_traceback(server):
     for _ in range(3):
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 100000\r\n\r\n" + b'{"prompt": "' + b"a" * 5000
+                b"POST /v1/completions HTTP/1.1\r\n"
+                b"Host: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\n"
+                b"Content-Length: 100000\r\n"
+                b"\r\n" + b'{"prompt": "' + b"a" * 5000
             )
     time.sleep(1.0)
     assert httpx.get(f"{server.url}/health").status_code == 200

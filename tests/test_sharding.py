@@ -58,7 +58,8 @@ def test_7b_split_at_tp2_and_tp4():
     assert (s4.heads, s4.kv_heads, s4.kv_first) == (7, 1, (0, 1, 2, 3))
     assert [b - a for a, b in s4.ff_ranges] == [19 * 256, 19 * 256, 18 * 256, 18 * 256]
     assert s4.ff_width == 19 * 256  # 74 blocks: two shards padded by one zero block
-    # 7 heads x 128 = 896 = 3.5 blocks: each o window is 4 blocks, two of them start half a block early
+    # 7 heads x 128 = 896 = 3.5 blocks: each o window is 4 blocks, two of them start half a block
+    # early
     assert (s4.o_starts, s4.o_width, s4.o_offsets) == ((0, 768, 1792, 2560), 1024, (0, 128, 0, 128))
     assert s4.vocab_local == 152064 // 4
 

@@ -34,9 +34,8 @@ TINY = Config(
     tied_output=False,
 )
 PROMPT = [5, 17, 42, 99, 7]
-BACKEND_COMPILE = (
-    "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
-)
+# jax._src.dispatch.BACKEND_COMPILE_EVENT
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 TRACE = "/jax/core/compile/jaxpr_trace_duration"  # jax._src.dispatch.JAXPR_TRACE_EVENT
 
 
@@ -231,8 +230,8 @@ jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 import minfer_jax
 from minfer_jax.files.gguf import load_gguf
-m = minfer_jax.load(gguf_model=load_gguf(sys.argv[2]), kernels="xla", weights="quantized", ctx_size=256,
-                    prefill_chunk=16)
+m = minfer_jax.load(gguf_model=load_gguf(sys.argv[2]), kernels="xla", weights="quantized",
+                    ctx_size=256, prefill_chunk=16)
 out = minfer_jax.generate(m, [5, 17, 42, 99, 7], max_new_tokens=20)
 print(json.dumps(dict(tokens=out.tokens, sources=[r.source for r in m.executable_records])))
 """

@@ -128,7 +128,8 @@ def test_q4_0_and_q8_0_mixes():
     assert {v for k, v in t.items() if k.endswith("weight") and "_norm" not in k} == {QType.Q4_0}
     t = tensor_types(cfg, "q8_0")
     assert {v for k, v in t.items() if k.endswith("weight") and "_norm" not in k} == {QType.Q8_0}
-    # tied 0.5B under q4_0: token_embd follows the output rule (Q6_K), which falls back to Q8_0 (896 % 256)
+    # tied 0.5B under q4_0: token_embd follows the output rule (Q6_K), which falls back to Q8_0
+    # (896 % 256)
     t = tensor_types(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], "q4_0")
     assert t["token_embd.weight"] == QType.Q8_0 and t["blk.0.attn_v.weight"] == QType.Q4_0
     assert (
@@ -249,7 +250,7 @@ def test_deterministic_and_layer_prefix_shared():
     )
 
 
-# ----------------------------------------------------------------------------------- GGUF round trip
+# ---------------------------------------------------------------------------------- GGUF round trip
 
 
 def assert_same_model(got, want):

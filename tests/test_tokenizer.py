@@ -335,11 +335,13 @@ def test_synthetic_bad_metadata(overrides, error, match):
     assert "model.gguf" in str(info.value)
 
 
-# --- llama.cpp's vectors for the other vocabularies (tools/extract_vocab.py cut their vocab files) ---
+# --- llama.cpp's vectors for the other vocabularies (tools/extract_vocab.py cut their vocab
+# files) ---
 
 
 def _cut_vocab_meta(name: str) -> dict:
-    """GGUF tokenizer metadata from DATA/NAME.vocab.json: missing ids become unreachable placeholders."""
+    """GGUF tokenizer metadata from DATA/NAME.vocab.json: missing ids become unreachable
+    placeholders."""
     import json
 
     cut = json.loads((DATA / f"{name}.vocab.json").read_text(encoding="utf-8"))
@@ -389,7 +391,8 @@ def test_llama_cpp_vectors_of_other_vocabularies(name):
 
 
 def test_bos_defaults_follow_llama_cpp():
-    """SentencePiece and Llama 3 vocabularies add BOS unless the file says otherwise; gpt-2 does not."""
+    """SentencePiece and Llama 3 vocabularies add BOS unless the file says otherwise; gpt-2 does
+    not."""
     spm = _cut_vocab_meta("ggml-vocab-llama-spm")
     assert Tokenizer.from_metadata(spm).encode("hi")[0] == spm["tokenizer.ggml.bos_token_id"]
     bpe = {

@@ -8,19 +8,22 @@ usage: PYTHONPATH=. python tools/attention_bench.py [--only chunk|decode] [--mod
 Every candidate runs `reps` times unrolled in one executable, each call on its own f16 cache copy
 (so K/V stream from HBM, not L2, and XLA cannot merge calls); a time is the device-timeline span of
 the executable / reps (kernel_bench.device_span_us), best of --trials (2) traces. Caches are
-[1 or B slots, Hkv, 32768, hd] (a 32k context), so the kernels must bound their own reads to [0, len).
+[1 or B slots, Hkv, 32768, hd] (a 32k context), so the kernels must bound their own reads to
+[0, len).
 
 chunk: q [T, H, hd] at positions start .. start+T-1, keys [0, start+T). Candidates:
   ours bq/bk/w/s/split minfer_jax.pallas.attention.chunk_attention (one executable for all starts)
   cudnn mask           jax.nn.dot_product_attention(implementation="cudnn") with a [T, S] bool mask
-                       (cuDNN's causal mask is top-left, no offset: the offset mask goes in as a bias)
-  cudnn causal/none    cuDNN's own causal mask: exact only at start 0; at start > 0 "no mask" (T*S work
-                       instead of T*(S - T/2): an offset-causal cuDNN call, which jax does not offer,
-                       would cost between (S - T/2) / S of it and all of it)
-  pallas mha           jax.experimental.pallas.ops.gpu.attention.mha (no GQA: K/V repeated to H heads;
-                       causal top-left only: causal at start 0, "no mask" as above otherwise)
+                       (cuDNN's causal mask is top-left, no offset: the offset mask goes in as a
+                       bias)
+  cudnn causal/none    cuDNN's own causal mask: exact only at start 0; at start > 0 "no mask"
+                       (T*S work instead of T*(S - T/2): an offset-causal cuDNN call, which jax does
+                       not offer, would cost between (S - T/2) / S of it and all of it)
+  pallas mha           jax.experimental.pallas.ops.gpu.attention.mha (no GQA: K/V repeated to H
+                       heads; causal top-left only: causal at start 0, "no mask" as above otherwise)
   mgpu                 attention_mgpu.attention (Hopper Mosaic GPU; same causal caveat)
-  xla                  the dense jnp path (attention.chunk_attention_reference) on the static slice [0, S)
+  xla                  the dense jnp path (attention.chunk_attention_reference) on the static slice
+                       [0, S)
   external candidates get K/V already as [1, S, Hkv, hd] (their layout); the row "layout copy" is
   what gathering that from our cache costs per call.
 decode: q [B, nq, H, hd], lengths all equal. Candidates: ours (k_splits list), jax's
@@ -54,7 +57,8 @@ MODELS = {
     "32b": (40, 8, 128),
 }  # H, Hkv, hd
 MAX_LEN = 32768  # cache positions per slot (--max-len overrides it for smoke runs)
-# block_q/block_k/warps/stages/k_splits (key-split programs: more of them where Hkv * row blocks is few)
+# block_q/block_k/warps/stages/k_splits (key-split programs: more of them where Hkv * row blocks is
+# few)
 CHUNK_CONFIGS = "64/64/4/2/1,128/64/4/2/1,128/128/8/2/1,64/64/4/2/4"
 DECODE_SPLITS = [8, 16, 32, 64]
 CHECK_TOL = 1e-2
@@ -132,7 +136,8 @@ def attempt(table: Table, cells: list, run, rate):
 
 
 def external_chunk_candidates(h, hkv, hd, t, start):
-    """(name, fn(q4, k4, v4)) for the candidates that take [1, T, H, hd] / [1, S, Hkv, hd] inputs."""
+    """(name, fn(q4, k4, v4)) for the candidates that take [1, T, H, hd] / [1, S, Hkv, hd]
+    inputs."""
     s = start + t
     q_pos = start + jnp.arange(t)
     mask = (jnp.arange(s)[None, :] <= q_pos[:, None])[None, None]  # [1, 1, T, S]
@@ -383,7 +388,8 @@ def run_checks(interpret: bool = False) -> bool:
         except Exception:  # noqa: BLE001
             ok = False
             print(
-                f"FAIL chunk {model} T={t} start={start}: {traceback.format_exc().splitlines()[-1]}",
+                f"FAIL chunk {model} T={t} start={start}: "
+                f"{traceback.format_exc().splitlines()[-1]}",
                 flush=True,
             )
     decode_cases = [
@@ -410,7 +416,8 @@ def run_checks(interpret: bool = False) -> bool:
         except Exception:  # noqa: BLE001
             ok = False
             print(
-                f"FAIL decode {model} lengths={lengths} nq={nq}: {traceback.format_exc().splitlines()[-1]}",
+                f"FAIL decode {model} lengths={lengths} nq={nq}: "
+                f"{traceback.format_exc().splitlines()[-1]}",
                 flush=True,
             )
     print("CHECK", "PASS" if ok else "FAIL", flush=True)

@@ -1,4 +1,5 @@
-"""Case arguments shared by the kernel-variant tools: --shapes, --nt, --reps -> (qtype, out, in, nt)."""
+"""Case arguments shared by the kernel-variant tools: --shapes, --nt, --reps ->
+(qtype, out, in, nt)."""
 
 import argparse
 

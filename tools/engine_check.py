@@ -1,8 +1,10 @@
-"""What generate() itself achieves beside bench.py: a long prompt's prefill, decode through the
+r"""What generate() itself achieves beside bench.py: a long prompt's prefill, decode through the
 host loop, and peak device memory against weights + KV cache (issue 15/16 acceptance figures).
 
-    PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-7b:q4_k_m --ctx 32768 --prompt 32000 --gen 128
-    PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-0.5b:q4_k_m --layers 2 --parity 2500
+    PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-7b:q4_k_m --ctx 32768 \
+        --prompt 32000 --gen 128
+    PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-0.5b:q4_k_m --layers 2 \
+        --parity 2500
 
 --parity N: greedy tokens of an N-token prompt through the Pallas kernels against the XLA
 reference path (same quantized weights); a divergence is reported with the reference's top-2
@@ -120,7 +122,8 @@ def main() -> None:
 
 
 def parity(gm, n: int, gen: int) -> dict:
-    """Greedy tokens of an n-token prompt, kernels vs the XLA path, and the first divergence's margin."""
+    """Greedy tokens of an n-token prompt, kernels vs the XLA path, and the first divergence's
+    margin."""
     ctx = n + gen + 16
     kern = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels="pallas", weights="quantized")
     ref = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels="xla", weights="quantized")
@@ -139,7 +142,8 @@ def parity(gm, n: int, gen: int) -> dict:
 
 
 def batch_parity(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -> dict:
-    """Greedy tokens of n_seqs random prompts (5 .. 64 tokens) batched vs alone, both through the kernels."""
+    """Greedy tokens of n_seqs random prompts (5 .. 64 tokens) batched vs alone, both through the
+    kernels."""
     m = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
     # a model of its own for the lone runs: on `m` they would reuse the batch's prompt prefixes
     m_alone = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
@@ -198,7 +202,8 @@ def kernel_table(events: list, steps: int, n_seqs: int) -> str:
     span = (max(s + d for s, d, _ in events) - events[0][0]) / 1e3
     lines = [
         f"B={n_seqs}: {steps} steps, kernels {total / 1e3:.1f} ms, span {span / 1e3:.1f} ms, "
-        f"{total / steps:.0f} us of kernels per step ({n_seqs * steps / span * 1e6:.0f} tok/s over the span)",
+        f"{total / steps:.0f} us of kernels per step ({n_seqs * steps / span * 1e6:.0f} tok/s "
+        "over the span)",
         "",
         "| kernel | calls | us per step | share |",
         "|---|---:|---:|---:|",

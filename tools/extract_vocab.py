@@ -1,6 +1,7 @@
-"""Cut llama.cpp's ggml-vocab-NAME.gguf test vocabularies down to what their test vectors need.
+r"""Cut llama.cpp's ggml-vocab-NAME.gguf test vocabularies down to what their test vectors need.
 
-    PYTHONPATH=. python tools/extract_vocab.py DIR/ggml-vocab-llama-bpe.gguf --out tests/data/tokenizer/
+    PYTHONPATH=. python tools/extract_vocab.py DIR/ggml-vocab-llama-bpe.gguf \
+        --out tests/data/tokenizer/
 
 Writes NAME.vocab.json (+ copies NAME's .inp / .out beside it): the tokens (by id) that are
 substrings of some expected output token, every byte token, every CONTROL / USER_DEFINED token,

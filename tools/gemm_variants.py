@@ -1,6 +1,8 @@
-"""GPU: time few-token matmuls (a decode batch of 9 .. 64 rows) under every candidate kernel, in one process.
+r"""GPU: time few-token matmuls (a decode batch of 9 .. 64 rows) under every candidate kernel, in
+one process.
 
-usage: python tools/gemm_variants.py --variants "route;dq;gemv8;gemm:bm=16,bn=64,bk=128,programs=512"
+usage: python tools/gemm_variants.py \
+           --variants "route;dq;gemv8;gemm:bm=16,bn=64,bk=128,programs=512"
            [--shapes q4_k:3584x3584,...] [--nt 16,32,64] [--reps 20] [--jsonl out.jsonl]
 
 Variants (';'-separated), each timed on every case beside the others:
@@ -92,7 +94,7 @@ def build(kind: str, fields: dict, qt, n: int, k: int, nt: int, interpret: bool 
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--variants", required=True, help="';'-separated: route, dq, gemvN, gemm:..., i8:..."
     )
@@ -112,7 +114,8 @@ def main():
                 res = KB.run_case(qt, n, k, nt, call, ref, impl=kind, reps=a.reps, trials=3)
             except Exception as e:  # noqa: BLE001 - one failing lowering must not hide the rest
                 print(
-                    f"{kind} {fields} {qt.name} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:400]}",
+                    f"{kind} {fields} {qt.name} {n}x{k} nt={nt} FAILED {type(e).__name__}: "
+                    f"{str(e)[:400]}",
                     flush=True,
                 )
                 continue

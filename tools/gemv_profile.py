@@ -7,8 +7,9 @@ usage: python tools/gemv_profile.py time [--out DIR]   time each case's GEMV nex
        folds an `ncu --page source --print-source sass --csv` export into a table per opcode.
 
 The read-only kernel ("stream") loads the blocks the integer GEMV loads (x and every weight view;
-not the coarse per-super-block rows, which the GEMV gathers) and only sums them: its time is the floor this grid and block shape can
-reach under Triton, so GEMV - stream is the cost of the decode and integer-dot arithmetic.
+not the coarse per-super-block rows, which the GEMV gathers) and only sums them: its time is the
+floor this grid and block shape can reach under Triton, so GEMV - stream is the cost of the decode
+and integer-dot arithmetic.
 """
 
 import argparse

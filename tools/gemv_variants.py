@@ -68,13 +68,14 @@ def main():
                 res = KB.run_case(qt, n, k, nt, f, r, impl="gemv", reps=a.reps)
             except Exception as e:  # noqa: BLE001 - one failing lowering must not hide the rest
                 print(
-                    f"{tag:24s} {qt.name:5s} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:600]}",
+                    f"{tag:24s} {qt.name:5s} {n}x{k} nt={nt} FAILED {type(e).__name__}: "
+                    f"{str(e)[:600]}",
                     flush=True,
                 )
                 continue
             print(
-                f"{tag:24s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} GB/s "
-                f"err={res.rel_err:.1e} {cfg}",
+                f"{tag:24s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} "
+                f"GB/s err={res.rel_err:.1e} {cfg}",
                 flush=True,
             )
             if a.jsonl:

@@ -1,11 +1,13 @@
-"""Expected values from llama.cpp (llama-cpp-python on the CPU) for the family tests.
+r"""Expected values from llama.cpp (llama-cpp-python on the CPU) for the family tests.
 
 Run from the repository root with the package's venv; llama.cpp runs in its own venv as a
 subprocess (`--llama-python`, a python that can `import llama_cpp`), so nothing of llama.cpp is
 imported here or by the tests. The tests read only the JSON this writes (tests/data/llama_cpp/).
 
-    PYTHONPATH=. python tools/llama_cpp_reference.py real FILE.gguf --out tests/data/llama_cpp/smollm2.json
-    PYTHONPATH=. python tools/llama_cpp_reference.py synthetic qwen3-tiny:q8_0 --out tests/data/llama_cpp/qwen3.json
+    PYTHONPATH=. python tools/llama_cpp_reference.py real FILE.gguf \
+        --out tests/data/llama_cpp/smollm2.json
+    PYTHONPATH=. python tools/llama_cpp_reference.py synthetic qwen3-tiny:q8_0 \
+        --out tests/data/llama_cpp/qwen3.json
 
 real: for each prompt (plain text, or a user message through the file's chat template), the ids
 our tokenizer gives and the ids llama.cpp gives (they must agree), llama.cpp's 32 greedy tokens,
@@ -77,8 +79,8 @@ TOKENIZER_TEXTS = [
     "x = [1, 2, 3]\nfor i in x:\n    print(i)",
 ]
 LONG_TEXT = (
-    "The river wound through the valley, past farms and mills, and each spring the water rose to meet "
-    "the old stone bridge."
+    "The river wound through the valley, past farms and mills, and each spring the water rose to "
+    "meet the old stone bridge."
 )
 N_GREEDY = 32
 
@@ -89,9 +91,10 @@ import numpy as np
 from llama_cpp import Llama
 job = json.load(open(sys.argv[1]))
 kv = {"type_k": 0, "type_v": 0} if job.get("f32_kv") else {}  # GGML_TYPE_F32 cache instead of f16
-llm = Llama(model_path=job["model"], n_ctx=job["n_ctx"], n_batch=job["n_ctx"], logits_all=True, n_threads=2,
-            verbose=False, seed=0, **kv)
-out = {"greedy": [], "tokenized": [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]}
+llm = Llama(model_path=job["model"], n_ctx=job["n_ctx"], n_batch=job["n_ctx"], logits_all=True,
+            n_threads=2, verbose=False, seed=0, **kv)
+tokenized = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]
+out = {"greedy": [], "tokenized": tokenized}
 for i, ids in enumerate(job["prompts"]):
     llm.reset()
     llm.eval(ids)
@@ -239,8 +242,9 @@ def synthetic(args) -> dict:
             }
         )
         print(
-            f"{len(ids)} tokens: |llama.cpp - f64| {rows[-1]['llama_cpp_f64_distance']:.3g}, llama.cpp argmax = f64 "
-            f"argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min margin {min(rows[-1]['margin']):.3g}"
+            f"{len(ids)} tokens: |llama.cpp - f64| {rows[-1]['llama_cpp_f64_distance']:.3g}, "
+            f"llama.cpp argmax = f64 argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min "
+            f"margin {min(rows[-1]['margin']):.3g}"
         )
     return {"spec": args.spec, "seed": args.seed, "f32_kv": args.f32_kv, "prompts": rows}
 

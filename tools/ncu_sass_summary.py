@@ -1,4 +1,5 @@
-"""Fold Nsight Compute's per-instruction SASS table into one row per opcode (not part of the package).
+"""Fold Nsight Compute's per-instruction SASS table into one row per opcode
+(not part of the package).
 
 usage: ncu -i REPORT.ncu-rep --page source --print-source sass --csv > sass.csv
        python tools/ncu_sass_summary.py sass.csv [--top 25]

@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     for r in rows:
         eff = r["tg_tps"] / (r["tp"] / base["tp"] * base["tg_tps"])
         lines.append(
-            f"| {r['tp']} | {r['pp_tps']:.0f} | {r['tg_tps']:.1f} | {eff:.2f} | {r['weight_gib']:.2f} | "
-            f"{r['tokens'] == base['tokens']} |"
+            f"| {r['tp']} | {r['pp_tps']:.0f} | {r['tg_tps']:.1f} | {eff:.2f} | "
+            f"{r['weight_gib']:.2f} | {r['tokens'] == base['tokens']} |"
         )
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -1,4 +1,5 @@
-"""llama-batched-bench's mode: B sequences of PP prompt tokens each, then TG tokens decoded together.
+"""llama-batched-bench's mode: B sequences of PP prompt tokens each, then TG tokens decoded
+together.
 
 Columns as llama-batched-bench prints them: PP TG B N_KV T_PP S_PP T_TG S_TG T S (T_PP: all B
 prompts prefilled, one after another in the plan's chunks; T_TG: one decode executable of TG steps

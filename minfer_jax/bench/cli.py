@@ -39,11 +39,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="bench.py",
-        description="minfer_jax benchmark: llama-bench compatible model tests (ppN, tgN, ppN+tgM) and "
-        "per-shape kernel timings (--kernels). Timing is taken around compiled executables after "
-        "a warm-up run; see minfer_jax/bench/ for the exact definitions.",
-        epilog="Multiple values can be given as comma lists or ranges (first-last, first-last+step, "
-        "first-last*mult), as in llama-bench. Examples:\n"
+        description="minfer_jax benchmark: llama-bench compatible model tests (ppN, tgN, ppN+tgM) "
+        "and per-shape kernel timings (--kernels). Timing is taken around compiled "
+        "executables after a warm-up run; see minfer_jax/bench/ for the exact "
+        "definitions.",
+        epilog="Multiple values can be given as comma lists or ranges (first-last, "
+        "first-last+step, first-last*mult), as in llama-bench. Examples:\n"
         "  bench.py -m model.gguf -p 512 -n 128 -r 5\n"
         "  bench.py --synthetic qwen2.5-7b:q4_k_m -p 512 -n 128 -o md --out rows.json\n"
         "  bench.py --synthetic qwen2.5-0.5b:q4_k_m --write-gguf /tmp/s.gguf\n"
@@ -76,8 +77,8 @@ def _model_args(g) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="in-memory random-weight model '<config>:<ftype>' (configs: qwen2.5-0.5b, -1.5b, -3b, -7b, "
-        "-14b; ftypes: q4_k_m, q4_0, q8_0, q6_k, ...); comma list or repeated",
+        help="in-memory random-weight model '<config>:<ftype>' (configs: qwen2.5-0.5b, -1.5b, "
+        "-3b, -7b, -14b; ftypes: q4_k_m, q4_0, q8_0, q6_k, ...); comma list or repeated",
     )
     g.add_argument(
         "--layers",
@@ -123,8 +124,8 @@ def _test_args(g) -> None:
         action="append",
         default=[],
         metavar="PP,TG",
-        help="prefill PP tokens then generate TG, timed together: test 'ppPP+tgTG', t/s = (PP+TG) / time; "
-        "repeat the flag for several pairs",
+        help="prefill PP tokens then generate TG, timed together: test 'ppPP+tgTG', t/s = (PP+TG) "
+        "/ time; repeat the flag for several pairs",
     )
     g.add_argument(
         "-d",
@@ -140,7 +141,8 @@ def _test_args(g) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="prefill chunk: tokens per prefill executable, a power of two (default: the platform's)",
+        help="prefill chunk: tokens per prefill executable, a power of two (default: the "
+        "platform's)",
     )
     g.add_argument(
         "-r",
@@ -148,8 +150,8 @@ def _test_args(g) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="timed runs per test (kernel mode: timed trials per case; --startup: cold + warm process "
-        "pairs) (default: 5; --startup: 1)",
+        help="timed runs per test (kernel mode: timed trials per case; --startup: cold + warm "
+        "process pairs) (default: 5; --startup: 1)",
     )
     g.add_argument(
         "-c",
@@ -169,7 +171,8 @@ def _execution_args(g) -> None:
         "--kernel-impl",
         choices=ops.KERNELS.names,
         default=None,
-        help=f"matmul implementation: {ops.KERNELS.describe()}. Default: pallas on GPU, xla elsewhere",
+        help=f"matmul implementation: {ops.KERNELS.describe()}. Default: pallas on GPU, xla "
+        "elsewhere",
     )
     g.add_argument(
         "--gemm",
@@ -182,20 +185,22 @@ def _execution_args(g) -> None:
         "--weights",
         choices=validate.LOAD_WEIGHT_MODES,
         default=None,
-        help="model mode: weight storage on the device (default: quantized for pallas/interpret, dense "
-        "for xla, as minfer_jax.load)",
+        help="model mode: weight storage on the device (default: quantized for pallas/interpret, "
+        "dense for xla, as minfer_jax.load)",
     )
     g.add_argument(
         "--no-compile-cache",
         action="store_true",
-        help="disable JAX's persistent compilation cache (compile times then always mean a fresh compile)",
+        help="disable JAX's persistent compilation cache (compile times then always mean a fresh "
+        "compile)",
     )
     g.add_argument(
         "--mem-bw",
         default="auto",
         metavar="auto|measure|none|GBPS",
-        help="device memory bandwidth for '%% bw': auto = table (H200: 4200 GB/s) else measured with a "
-        "jitted jnp.sum over a large f32 array; or a number in GB/s; or none (default: auto)",
+        help="device memory bandwidth for '%% bw': auto = table (H200: 4200 GB/s) else measured "
+        "with a jitted jnp.sum over a large f32 array; or a number in GB/s; or none "
+        "(default: auto)",
     )
 
 
@@ -203,14 +208,15 @@ def _kernel_args(g) -> None:
     g.add_argument(
         "--kernels",
         action="store_true",
-        help="time each distinct (type, out, in) matmul the model(s) run (fused q/k/v and gate/up as "
-        "loaded) instead of whole-model tests",
+        help="time each distinct (type, out, in) matmul the model(s) run (fused q/k/v and gate/up "
+        "as loaded) instead of whole-model tests",
     )
     g.add_argument(
         "--shapes",
         default=None,
         metavar="LIST",
-        help="explicit kernel cases TYPE:OUTxIN, comma separated, e.g. q4_k:4096x14336,q8_0:4096x14336",
+        help="explicit kernel cases TYPE:OUTxIN, comma separated, e.g. "
+        "q4_k:4096x14336,q8_0:4096x14336",
     )
     g.add_argument(
         "--ggml-shapes",
@@ -239,7 +245,8 @@ def _batched_args(g) -> None:
     g.add_argument(
         "--batched",
         action="store_true",
-        help="llama-batched-bench's table: B sequences of -npp prompt tokens, -ntg decoded together",
+        help="llama-batched-bench's table: B sequences of -npp prompt tokens, -ntg decoded "
+        "together",
     )
     g.add_argument(
         "-npp",
@@ -268,9 +275,10 @@ def _startup_args(g) -> None:
     g.add_argument(
         "--startup",
         action="store_true",
-        help="time fresh processes phase by phase, cold (empty cache directories) then warm: the CLI's "
-        "run command until its first text, or with --server the server until /health is 200; "
-        "-m MODEL (default: the built-in model) or --synthetic SPEC, -n tokens (default 64)",
+        help="time fresh processes phase by phase, cold (empty cache directories) then warm: the "
+        "CLI's run command until its first text, or with --server the server until /health "
+        "is 200; -m MODEL (default: the built-in model) or --synthetic SPEC, -n tokens "
+        "(default 64)",
     )
     g.add_argument(
         "--server",
@@ -296,7 +304,8 @@ def _startup_args(g) -> None:
         "--startup-dir",
         default=None,
         metavar="DIR",
-        help="--startup: where the runs' cache directories go (default: the system's temp directory)",
+        help="--startup: where the runs' cache directories go (default: the system's temp "
+        "directory)",
     )
     g.add_argument(
         "--startup-keep",
@@ -313,8 +322,8 @@ def _startup_args(g) -> None:
         "--startup-cache",
         default=None,
         metavar="DIR",
-        help="--startup: use and keep this cache directory (a cold run needs it empty), e.g. to time "
-        "cold and warm in two invocations; synthetic models are written under DIR/models",
+        help="--startup: use and keep this cache directory (a cold run needs it empty), e.g. to "
+        "time cold and warm in two invocations; synthetic models are written under DIR/models",
     )
 
 
@@ -331,7 +340,8 @@ def _output_args(g) -> None:
         action="append",
         default=[],
         metavar="FILE",
-        help="also write to FILE; format from its extension (.md .csv .json .jsonl), else -o; repeatable",
+        help="also write to FILE; format from its extension (.md .csv .json .jsonl), else -o; "
+        "repeatable",
     )
     g.add_argument(
         "--progress", action="store_true", help="print progress (compiles, runs) to stderr"
@@ -461,7 +471,8 @@ def _check_inputs(args, req: _Request) -> None:
             )
     elif not (req.models or req.synths):
         raise BenchError(
-            "give -m MODEL or --synthetic SPEC (or --kernels/--shapes/--ggml-shapes for kernel mode)"
+            "give -m MODEL or --synthetic SPEC (or --kernels/--shapes/--ggml-shapes for kernel "
+            "mode)"
         )
     if not req.kernel_mode and not req.tests and not args.write_gguf:
         raise BenchError("no tests: every -p/-n/-pg value is 0")
@@ -660,8 +671,8 @@ def _run_models(
                 prefill_chunk=args.ubatch_size,
             )
             log(
-                f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} weights, "
-                f"{model.weight_nbytes / 1e9:.3f} GB on the device"
+                f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} "
+                f"weights, {model.weight_nbytes / 1e9:.3f} GB on the device"
             )
             if out is None:
                 out = open_outputs(

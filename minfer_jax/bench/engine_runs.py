@@ -49,7 +49,8 @@ class Runner:
         return jax.block_until_ready((cache, steps.init_slot_state(p.n_slots, p.history)))
 
     def prepare(self, n_prompt: int, start: int, rows: int = 1) -> list:
-        """Compile the prefill buckets of n_prompt tokens from `start` and the decode rows; the chunks."""
+        """Compile the prefill buckets of n_prompt tokens from `start` and the decode rows; the
+        chunks."""
         chunks = self.plan.chunks(n_prompt, start) if n_prompt else []
         for _, bucket, _ in chunks:
             self.exe(self.plan.prefill_key(bucket, GREEDY_MODE))
@@ -75,7 +76,8 @@ class Runner:
         return cache, state
 
     def decode(self, cache, state, slots: Sequence[int], position: int):
-        """Dispatch one decode executable (plan.decode_steps tokens) for rows `slots` at `position`."""
+        """Dispatch one decode executable (plan.decode_steps tokens) for rows `slots` at
+        `position`."""
         n = len(slots)
         key = self.plan.decode_key(n, position + self.plan.decode_steps, GREEDY_MODE)
         exe = self.exe(key)
@@ -105,7 +107,8 @@ def time_sequence(
     seed: int = 0,
     log=lambda s: None,
 ) -> tuple[list[int], float, Plan]:
-    """llama-bench's ppN / tgN / pgN+M at depth d for one sequence: (samples ns, compile s, plan)."""
+    """llama-bench's ppN / tgN / pgN+M at depth d for one sequence:
+    (samples ns, compile s, plan)."""
     plan = model.plan(ctx=n_ctx, decode_steps=max(n_gen, 1))
     runner = Runner(model, plan, seed)
     fill = runner.prepare(depth, 0)

@@ -135,7 +135,8 @@ def run_kernel_case(
     seed: int,
     gemm: str = "auto",
 ) -> dict:
-    """Time one case at nt tokens (bench.kernel_timing.run_case) and return its row (KERNEL_FIELDS)."""
+    """Time one case at nt tokens (bench.kernel_timing.run_case) and return its row
+    (KERNEL_FIELDS)."""
     from minfer_jax import ops
     from minfer_jax.bench import kernel_timing as kb
 

@@ -1,4 +1,5 @@
-"""Kernel-level timing and GPU parity: one (format, out, in, nt) matmul, timed inside one executable.
+"""Kernel-level timing and GPU parity: one (format, out, in, nt) matmul, timed inside one
+executable.
 
 Random planes are generated on the device (speed does not depend on weight values; scales are
 small and finite so the parity check is meaningful). Each case compiles one executable that runs
@@ -32,7 +33,8 @@ from minfer_jax.sizes import round_up
 
 
 def random_planes(key: jax.Array, qtype: QType, n: int, k: int) -> dict[str, jax.Array]:
-    """Planes of a random [n, k] weight with valid fields: 6-bit sub-scales in range, small f16 scales."""
+    """Planes of a random [n, k] weight with valid fields: 6-bit sub-scales in range, small f16
+    scales."""
     fmt = get_format(qtype)
     npad = round_up(n, 128)
     out = {}

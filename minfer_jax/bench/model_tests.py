@@ -61,7 +61,8 @@ def build_tests(
     pgs: Sequence[tuple[int, int]],
     depths: Sequence[int] = (0,),
 ) -> list[TestSpec]:
-    """llama-bench's instance order: every pp, then every tg, then every pg (zeros skipped), per depth."""
+    """llama-bench's instance order: every pp, then every tg, then every pg (zeros skipped), per
+    depth."""
     tests = []
     for d in depths:
         tests += [TestSpec(n, 0, d) for n in prompts if n > 0]

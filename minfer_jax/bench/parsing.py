@@ -16,7 +16,8 @@ _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+)(?:([+*])(\d+))?)?(?:,|$)")
 
 
 def parse_int_range(s: str, what: str = "value") -> list[int]:
-    """llama-bench's parse_int_range: comma list of first[-last[(+|*)step]], e.g. '128,512' or '16-2048*2'."""
+    """llama-bench's parse_int_range: comma list of first[-last[(+|*)step]], e.g. '128,512' or
+    '16-2048*2'."""
     out: list[int] = []
     rest = str(s).strip()
     if not rest:

@@ -1,4 +1,5 @@
-"""Bench output: llama-bench's markdown table, csv, json and jsonl, row by row, to stdout and files."""
+"""Bench output: llama-bench's markdown table, csv, json and jsonl, row by row, to stdout and
+files."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class Column:
 
 
 def model_md_columns(env: Env) -> list[Column]:
-    """llama-bench's markdown fields (model, size, params, backend, ngl | threads, test, t/s), then ours."""
+    """llama-bench's markdown fields (model, size, params, backend, ngl | threads, test, t/s), then
+    ours."""
     cols = [
         Column("model", -30, lambda r: r["model_type"]),
         Column("size", 10, lambda r: _fmt_bytes_llama(r["model_size"])),
@@ -246,7 +248,8 @@ def open_outputs(
     header: str,
     footer: str | None = None,
 ) -> Outputs:
-    """Start a printer on stdout (format `fmt`) and one per --out path (format from its extension)."""
+    """Start a printer on stdout (format `fmt`) and one per --out path
+    (format from its extension)."""
     printers = []
     files = []
     if fmt != "md":

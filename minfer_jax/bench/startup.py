@@ -37,7 +37,8 @@ PROMPT = "def fibonacci(n):"
 DEFAULT_TOKENS = 64
 _PHASE = re.compile(r"startup: (.+) (\d+(?:\.\d+)?) s$")
 _EXE = re.compile(
-    r"executable (.+) \(([\w-]+): lower ([\d.]+), compile ([\d.]+), store load ([\d.]+), save ([\d.]+)\)"
+    r"executable (.+) \(([\w-]+): lower ([\d.]+), compile ([\d.]+), store load ([\d.]+), save "
+    r"([\d.]+)\)"
 )
 EXE_STEPS = ("lower", "compile", "store load", "save")
 FIRST_TEXT = "first text after the process started"
@@ -211,14 +212,16 @@ def markdown(result: dict) -> str:
     rows.append(("process wall time", _cell(cold["wall_s"]), _cell(warm["wall_s"])))
     head = (
         f"startup, {result['mode']}: `{shlex.join(result['command'])}`\n"
-        f"({result['platform']}; cold: empty cache directories, warm: the same directories again)\n\n"
+        f"({result['platform']}; cold: empty cache directories, warm: the same directories "
+        "again)\n\n"
     )
     return head + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows) + "\n"
 
 
 def _synthetic_gguf(spec: str, layers: int | None, seed: int, directory: Path, log) -> Path:
-    """A synthetic model written as a GGUF (with the placeholder tokenizer), so the run reads a file as
-    a user's would (and the weights cache applies); an existing file of the same name is reused."""
+    """A synthetic model written as a GGUF (with the placeholder tokenizer), so the run reads a file
+    as a user's would (and the weights cache applies); an existing file of the same name is
+    reused."""
     from minfer_jax.files import synthetic
 
     path = directory / f"{spec.replace(':', '-')}-seed{seed}{f'-{layers}L' if layers else ''}.gguf"
@@ -233,11 +236,12 @@ def _synthetic_gguf(spec: str, layers: int | None, seed: int, directory: Path, l
 
 
 def _platform() -> str:
-    """The device the runs used, asked of a fresh process (this one never starts a backend: on a GPU it
-    would hold the memory the runs need)."""
+    """The device the runs used, asked of a fresh process (this one never starts a backend: on a GPU
+    it would hold the memory the runs need)."""
     code = (
         "import os, jax; d = jax.devices()[0]; "
-        "print(f'jax {jax.__version__}, {d.platform} ({d.device_kind}), {os.cpu_count()} CPU cores')"
+        "print(f'jax {jax.__version__}, {d.platform} ({d.device_kind}), {os.cpu_count()} CPU "
+        "cores')"
     )
     try:
         out = subprocess.run(

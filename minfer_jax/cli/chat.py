@@ -23,9 +23,8 @@ class _Totals:
     cached_tokens: int = 0  # of those, reused from the previous turn's K/V (not prefilled)
     prefill_s: float = 0.0
     generated: int = 0
-    decode_tokens: int = (
-        0  # generated tokens that came out of decode (the first comes from prefill)
-    )
+    # generated tokens that came out of decode (the first comes from prefill)
+    decode_tokens: int = 0
     decode_s: float = 0.0
     compile_s: float = 0.0
     stop_reason: StopReason | None = None
@@ -45,9 +44,10 @@ def _rate(n: int, s: float) -> str:
 def _summary(t: _Totals) -> str:
     cached = f" ({t.cached_tokens} reused)" if t.cached_tokens else ""
     return (
-        f"prompt: {t.prompt_tokens} tokens{cached}, {_rate(t.prompt_tokens - t.cached_tokens, t.prefill_s)} "
-        f"({t.prefill_s:.2f} s) | "
-        f"generated: {t.generated} tokens, {_rate(t.decode_tokens, t.decode_s)} ({t.decode_s:.2f} s)\n"
+        f"prompt: {t.prompt_tokens} tokens{cached}, "
+        f"{_rate(t.prompt_tokens - t.cached_tokens, t.prefill_s)} ({t.prefill_s:.2f} s) | "
+        f"generated: {t.generated} tokens, {_rate(t.decode_tokens, t.decode_s)} ({t.decode_s:.2f} "
+        "s)\n"
         f"compile: {t.compile_s:.2f} s | stop: {t.stop_reason or '-'}\n"
     )
 
@@ -104,7 +104,8 @@ class _Session:
         return result
 
     def _produce(self, ids: Sequence[int], max_new: int, seed: int):
-        """One generation through the model's scheduler: (GenerationResult, seconds compiling ahead)."""
+        """One generation through the model's scheduler: (GenerationResult, seconds compiling
+        ahead)."""
         sched = self.model.scheduler(1, ctx=self.max_len, decode_steps=CHUNK)
         req = sched.submit(
             ids,

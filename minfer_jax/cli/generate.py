@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_CTX,
         metavar="N",
-        help=f"context size in tokens, prompt + reply (default {DEFAULT_CTX}; 0 = the model's trained "
-        "context; larger values are clamped to it)",
+        help=f"context size in tokens, prompt + reply (default {DEFAULT_CTX}; 0 = the model's "
+        "trained context; larger values are clamped to it)",
     )
     m.add_argument(
         "--backend",
@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="split the weights and KV cache over N devices (tensor parallelism; default: one device)",
+        help="split the weights and KV cache over N devices (tensor parallelism; default: one "
+        "device)",
     )
 
     q = p.add_argument_group("prompt")
@@ -167,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_N_PREDICT,
         metavar="N",
-        help=f"tokens to generate (default {DEFAULT_N_PREDICT}; -1 = until end of text or a full context)",
+        help=f"tokens to generate (default {DEFAULT_N_PREDICT}; -1 = until end of text or a full "
+        "context)",
     )
     g.add_argument(
         "--stop",
@@ -298,7 +300,8 @@ def _validate(args) -> None:
         raise _UsageError(f"--temp must be a finite number, got {args.temp}")
     if args.top_k < 0:
         raise _UsageError(
-            f"--top-k must be >= 0 (0 = off; more than the vocabulary means all of it), got {args.top_k}"
+            "--top-k must be >= 0 (0 = off; more than the vocabulary means all of it), got "
+            f"{args.top_k}"
         )
     if not 0.0 < args.top_p <= 1.0:
         raise _UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
@@ -308,8 +311,8 @@ def _validate(args) -> None:
         raise _UsageError(f"--repeat-penalty must be > 0, got {args.repeat_penalty}")
     if args.repeat_last_n < -1:
         raise _UsageError(
-            f"--repeat-last-n must be -1 (the context size) or >= 0 (more than the context means the "
-            f"context), got {args.repeat_last_n}"
+            "--repeat-last-n must be -1 (the context size) or >= 0 (more than the context means "
+            f"the context), got {args.repeat_last_n}"
         )
     if not -1 <= args.seed < 2**32:
         raise _UsageError(f"-s/--seed must be -1 (random) or in 0..{2**32 - 1}, got {args.seed}")
@@ -364,7 +367,8 @@ def _read_prompt(args, chat: bool) -> str | None:
     if chat:
         return None
     raise _UsageError(
-        "no prompt: give -p TEXT or -f FILE, pipe text on stdin, or use --chat for an interactive chat"
+        "no prompt: give -p TEXT or -f FILE, pipe text on stdin, or use --chat for an interactive "
+        "chat"
     )
 
 
@@ -455,10 +459,11 @@ def _run(args, out, err) -> int:
         name = gguf_model.metadata.get("general.name", os.path.basename(path))
         err.write(
             f"model: {name} ({path})\n"
-            f"  {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads}/{cfg.n_kv_heads} heads, "
-            f"vocab {cfg.vocab_size}, trained context {trained}\n"
-            f"backend: {jax.default_backend()}, kernels {model.impl.kernels}, weights {model.weight_mode} "
-            f"({model.weight_nbytes / 2**20:.0f} MiB), context {max_len}, loaded in {load_s:.1f} s\n"
+            f"  {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads}/{cfg.n_kv_heads} "
+            f"heads, vocab {cfg.vocab_size}, trained context {trained}\n"
+            f"backend: {jax.default_backend()}, kernels {model.impl.kernels}, weights "
+            f"{model.weight_mode} ({model.weight_nbytes / 2**20:.0f} MiB), context {max_len}, "
+            f"loaded in {load_s:.1f} s\n"
             f"seed: {seed}\n"
             f"sampler: {_describe_sampler(sampler)}\n"
         )

@@ -52,8 +52,9 @@ class ExecutableRecord:
     """Where one executable came from and what it cost (seconds)."""
 
     label: str
-    source: str  # "store" (deserialized) | "compiled" (traced, lowered, compiled) | "jax-cache" (traced,
+    # "store" (deserialized) | "compiled" (traced, lowered, compiled) | "jax-cache" (traced,
     # lowered, then loaded from JAX's persistent cache: not stored, see the module docstring)
+    source: str
     lower_s: float = 0.0
     compile_s: float = 0.0
     load_s: float = 0.0  # reading + deserializing a store entry (also spent on a failed read)
@@ -83,7 +84,8 @@ def jax_cache_useful(platform: str) -> bool:
     return platform != "cpu"
 
 
-# jax settings that change what a traced program computes (read defensively: names move between versions)
+# jax settings that change what a traced program computes (read defensively: names move between
+# versions)
 _PROGRAM_FLAGS = (
     "jax_enable_x64",
     "jax_default_matmul_precision",
@@ -206,7 +208,8 @@ class ExecutableStore:
         return exe
 
     def put(self, digest: str, compiled, label: str) -> bool:
-        """Serialize and write atomically (tmp + rename); False when this backend cannot serialize."""
+        """Serialize and write atomically (tmp + rename); False when this backend cannot
+        serialize."""
         if self.max_bytes <= 0:
             return False
         try:

@@ -49,7 +49,8 @@ def format_phase(name: str, seconds: float) -> str:
 
 
 def format_executable(record) -> str:
-    """An executable's line (executables.ExecutableRecord): its source and the seconds of each step."""
+    """An executable's line (executables.ExecutableRecord): its source and the seconds of each
+    step."""
     return format_phase(
         f"executable {record.label} ({record.source}: lower {record.lower_s:.2f}, compile "
         f"{record.compile_s:.2f}, store load {record.load_s:.2f}, save {record.save_s:.2f})",

@@ -43,9 +43,8 @@ class Plan:
     n_seqs: int = 1  # sequences decoded at once (cache slots; one scratch slot more when > 1)
     chunk: int = DEFAULT_CHUNK["cpu"]
     decode_steps: int = DECODE_STEPS
-    spans: bool = (
-        True  # decode attends over a power-of-two prefix (XLA path; kernels read [0, len))
-    )
+    # decode attends over a power-of-two prefix (XLA path; kernels read [0, len))
+    spans: bool = True
 
     def __post_init__(self):
         for name, lo, hi in (
@@ -105,7 +104,8 @@ class Plan:
         return min(pow2_at_least(n_active), pow2_at_least(self.n_seqs))
 
     def span(self, end: int) -> int | None:
-        """Decode attention window for positions < end (None: the kernels read [0, len) themselves)."""
+        """Decode attention window for positions < end (None: the kernels read [0, len)
+        themselves)."""
         return min(pow2_at_least(end, MIN_SPAN), self.cache_len) if self.spans else None
 
     def prefill_key(self, bucket: int, mode: SamplerMode) -> PrefillKey:
@@ -281,8 +281,9 @@ def _state(key):
     )
 
 
-# Jitted step functions, built once per static configuration (never per call); cache and state donated.
-# tp (sharding.TensorParallel): the step runs per shard inside shard_map, with the shard's Config.
+# Jitted step functions, built once per static configuration (never per call); cache and state
+# donated. tp (sharding.TensorParallel): the step runs per shard inside shard_map, with the shard's
+# Config.
 def _step(fn, kind, cfg, tp, **static):
     if tp is None:
         return functools.partial(fn, cfg=cfg, **static)

@@ -45,7 +45,8 @@ COMPILATION_CACHE_ENV = "MINFER_COMPILATION_CACHE"  # a directory, or "0"/"off" 
 
 def compilation_cache_dir() -> str | None:
     """The cache directory of this load (None: off): MINFER_COMPILATION_CACHE, else a directory
-    already given to JAX, else <model cache dir>/xla. JAX's cache and the executable store share it."""
+    already given to JAX, else <model cache dir>/xla. JAX's cache and the executable store share
+    it."""
     setting = os.environ.get(COMPILATION_CACHE_ENV, "")
     if setting.lower() in ("0", "off", "false", "no"):
         return None
@@ -88,9 +89,8 @@ class Model:
     source: str
     weight_mode: str
     chunk: int = plan_mod.DEFAULT_CHUNK["cpu"]  # prefill chunk (tokens per executable)
-    tp: object = (
-        None  # sharding.TensorParallel: params and cache split over its mesh; None: one device
-    )
+    # sharding.TensorParallel: params and cache split over its mesh; None: one device
+    tp: object = None
     store: ExecutableStore | None = dataclasses.field(
         default=None, repr=False
     )  # None: compile every start
@@ -138,7 +138,8 @@ class Model:
         return exe, dt
 
     def in_store(self, key) -> bool:
-        """Whether the executable store holds this key (a first use loads it instead of compiling)."""
+        """Whether the executable store holds this key (a first use loads it instead of
+        compiling)."""
         return self.store is not None and self.store.holds(self, key)
 
     def executable_record(self, key) -> ExecutableRecord | None:
@@ -152,7 +153,8 @@ class Model:
 
     @property
     def compile_stats(self) -> dict:
-        """Executables obtained so far: how many came from the store / were compiled, and the seconds."""
+        """Executables obtained so far: how many came from the store / were compiled, and the
+        seconds."""
         recs = list(self._records.values())
         return dict(
             store=sum(r.source == "store" for r in recs),
@@ -178,7 +180,8 @@ class Model:
     def scheduler(
         self, n_seqs: int = 1, ctx: int | None = None, decode_steps: int = plan_mod.DECODE_STEPS
     ) -> Scheduler:
-        """The model's host loop for this plan (one at a time: a new plan frees the last one's cache)."""
+        """The model's host loop for this plan (one at a time: a new plan frees the last one's
+        cache)."""
         plan = self.plan(n_seqs, ctx, decode_steps)
         s = self._scheduler
         if s is None or s.model is not self or s.plan != plan or s.busy:
@@ -231,8 +234,8 @@ def load(
     "interpret" | "xla" (default: pallas on GPU, xla elsewhere). ctx_size: KV cache length
     (default min(4096, trained context); a larger value is clamped to the trained context, which
     Model.ctx_size then holds). gemm: GEMM
-    variant past 8 tokens, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per prefill
-    executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
+    variant past 8 tokens, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per
+    prefill executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
     gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
     and the KV cache over this many devices (sharding.py; None: the one device).
     """
@@ -268,8 +271,10 @@ def load(
     )  # clamped, like -c
     if cache_dtype is None:
         cache_dtype = jnp.float16 if platform == "gpu" else jnp.float32
-    validate.fits_in_memory(  # before the weights move: a claimed context of 2**26 must not start allocating
-        f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim}",
+    # before the weights move: a claimed context of 2**26 must not start allocating
+    validate.fits_in_memory(
+        f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x "
+        f"{cfg.head_dim}",
         validate.kv_cache_bytes(
             cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize
         ),
@@ -328,7 +333,8 @@ def load(
 
 
 def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
-    """A text prompt tokenized (with chat=True wrapped in the chat template), or token ids as given."""
+    """A text prompt tokenized (with chat=True wrapped in the chat template), or token ids as
+    given."""
     if not isinstance(prompt, str):
         return validate.token_ids(prompt, model.config.vocab_size, "prompt")
     validate.text("prompt", prompt)
@@ -369,12 +375,14 @@ def generate(
     decode_steps: int = plan_mod.DECODE_STEPS,
     **settings: Unpack[SamplerKeywords],
 ) -> GenerationResult:
-    """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token ids.
+    """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token
+    ids.
 
     sampler: how tokens are drawn (default greedy); or its fields as keywords (temperature=0.7,
     top_k=..., as sampling.sampler_of builds them). decode_steps: tokens per decode executable
     (text streams to on_text once per such chunk). max_new_tokens and repeat_last_n of -1 or past
-    the context mean the context, top_k past the vocabulary the vocabulary (clamped, as in llama.cpp).
+    the context mean the context, top_k past the vocabulary the vocabulary
+    (clamped, as in llama.cpp).
     """
     validate.generate_arguments(
         max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text

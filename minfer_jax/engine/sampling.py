@@ -2,7 +2,8 @@
 `sample_rows`, which draws one token for each row of a batch from per-row settings arrays.
 
 Order of operations follows llama.cpp's default sampler chain: repetition penalty over the last
-`repeat_last_n` tokens -> top-k -> top-p -> min-p -> temperature -> draw. temperature <= 0 is greedy.
+`repeat_last_n` tokens -> top-k -> top-p -> min-p -> temperature -> draw. temperature <= 0 is
+greedy.
 """
 
 from __future__ import annotations
@@ -106,23 +107,23 @@ def within_context(sampler: Sampler, ctx: int, vocab: int | None = None) -> Samp
 
 
 def apply_repeat_penalty(logits: jax.Array, history: jax.Array, penalty: float) -> jax.Array:
-    """llama.cpp's penalty: logits of tokens in history [n] (-1 = empty) divided (if > 0) or multiplied by penalty."""
+    """llama.cpp's penalty: logits of tokens in history [n] (-1 = empty) divided (if > 0) or
+    multiplied by penalty."""
     valid = history >= 0
     idx = jnp.where(valid, history, 0)
     seen = jnp.zeros(logits.shape, bool).at[idx].max(valid)
     return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
-# -- the engine's sampler: many rows at once ---------------------------------------------------------
+# -- the engine's sampler: many rows at once -------------------------------------------------------
 # Settings travel as arrays (one row per sequence) so a batch of different samplers shares one
 # executable; only three static modes exist (`SamplerMode`), so no setting a request may carry
 # compiles a new executable. A row's random key is derived from its seed and the position of the
 # token it draws, and its draw is a Gumbel-max over the whole vocabulary masked by value
 # thresholds, so a sequence samples the same tokens whatever batch, mode, chunk or slot it runs in.
 
-NARROW_CAP = (
-    64  # candidates the SAMPLED mode sorts: enough for top_k <= 64 (llama.cpp's default 40)
-)
+# candidates the SAMPLED mode sorts: enough for top_k <= 64 (llama.cpp's default 40)
+NARROW_CAP = 64
 WIDE_CAP = FULL_SORT_CAP  # the FULL mode's: top_k up to 4096, top-p/min-p without a small top_k
 
 
@@ -142,7 +143,8 @@ class RowSettings:
 
     @staticmethod
     def of(samplers, seeds, rows: int | None = None) -> RowSettings:
-        """Host arrays for these samplers (padded with greedy rows up to `rows`); seeds in 0..2**64-1."""
+        """Host arrays for these samplers (padded with greedy rows up to `rows`); seeds in
+        0..2**64-1."""
         import numpy as np
 
         pad = (rows or len(samplers)) - len(samplers)

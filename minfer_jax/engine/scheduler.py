@@ -154,9 +154,8 @@ class Request:
         self.chunks: list[tuple[int, int, int]] = []
         self.produced = 0  # tokens sampled by dispatched work (the first by the last prefill chunk)
         self.cached = 0  # prompt tokens reused from the slot's previous sequence (prefix reuse)
-        self.limit = (
-            0  # most tokens this sequence may produce (max_new_tokens, or the context's room)
-        )
+        # most tokens this sequence may produce (max_new_tokens, or the context's room)
+        self.limit = 0
         self.timing = Timing()
 
     def cancel(self) -> None:
@@ -388,7 +387,8 @@ class Scheduler:
             k for k in self.model.compiled_keys() if type(k) is type(key) and k.covers(key, start)
         ]
         if not covering:
-            return key  # nothing compiled serves it: compile here (a server compiles plan.ready_keys first)
+            # nothing compiled serves it: compile here (a server compiles plan.ready_keys first)
+            return key
         self.stand_ins += 1
         return min(covering, key=lambda k: k.cost)
 

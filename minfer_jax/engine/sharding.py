@@ -100,7 +100,8 @@ def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Spli
         )
     if cfg.n_kv_heads % n and n % cfg.n_kv_heads:
         raise ShardingError(
-            f"tensor_parallel {n} and the model's {cfg.n_kv_heads} KV heads: one must divide the other"
+            f"tensor_parallel {n} and the model's {cfg.n_kv_heads} KV heads: one must divide the "
+            "other"
         )
     heads, hd = cfg.n_heads // n, cfg.head_dim
     kv_heads = max(1, cfg.n_kv_heads // n)
@@ -140,7 +141,8 @@ def local_config(cfg: Config, split: Split) -> Config:
 
 # -- raw GGUF tensors cut per shard (before any repacking: whole rows and whole blocks) ---------
 def _rows(t: RawTensor, a: int, b: int, n_out: int) -> RawTensor:
-    """Rows [a, b) of t, zero rows appended up to n_out (zero bytes decode to zero in every format)."""
+    """Rows [a, b) of t, zero rows appended up to n_out (zero bytes decode to zero in every
+    format)."""
     data = np.asarray(t.data)[a:b]
     pad = np.zeros((n_out - (b - a), *data.shape[1:]), data.dtype)
     return RawTensor(t.name, t.qtype, (n_out, *t.shape[1:]), np.concatenate([data, pad]))
@@ -230,7 +232,7 @@ def shard_params(
     return jax.tree.map(functools.partial(_assemble, mesh), *shards)
 
 
-# -- the in-shard hooks (model/layers.py / steps.py `par`) and the shard_map wrappers -------------------
+# -- the in-shard hooks (model/layers.py / steps.py `par`) and the shard_map wrappers --------------
 @dataclasses.dataclass(frozen=True)
 class TensorParallel:
     """Static (hashable) description of a split model; its methods run inside shard_map."""
@@ -266,7 +268,8 @@ class TensorParallel:
     def sample_rows(
         self, local: jax.Array, positions, rows, history, mode: sampling.SamplerMode
     ) -> jax.Array:
-        """Greedy batches: argmax per shard, then the TP (max, index) pairs; else over gathered logits."""
+        """Greedy batches: argmax per shard, then the TP (max, index) pairs; else over gathered
+        logits."""
         if mode.sampled or mode.penalty:
             return sampling.sample_rows(self.full_logits(local), positions, rows, history, mode)
         ids = self._vocab_ids()
@@ -305,7 +308,8 @@ class TensorParallel:
 
     # -- engine step functions over the mesh --------------------------------------------------
     def shard_step(self, fn, kind: str):
-        """engine.prefill_chunk / decode_chunk / prompt_logits (cfg, impl, mode bound) over the mesh."""
+        """engine.prefill_chunk / decode_chunk / prompt_logits (cfg, impl, mode bound) over the
+        mesh."""
         r, c = REPLICATED, CACHE_SPEC
         in_specs, out_specs = {
             "prefill": ((PARAMS_SPEC, c, r, r, r, r, r, r, r), (r, r, c)),

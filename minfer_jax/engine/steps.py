@@ -131,7 +131,8 @@ def prompt_logits(
     impl: ops.Impl,
     par=None,
 ):
-    """Logits at every position of tokens [T] of sequence `slot` from `start`: ([T, vocab] f32, cache)."""
+    """Logits at every position of tokens [T] of sequence `slot` from `start`:
+    ([T, vocab] f32, cache)."""
     h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)
     logits = logits_from_hidden(params, h, impl)
     return (logits if par is None else par.full_logits(logits)), cache
@@ -164,9 +165,8 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     compile_s: float
-    cached_tokens: int = (
-        0  # prompt tokens whose K/V a previous request left in the slot (not prefilled again)
-    )
+    # prompt tokens whose K/V a previous request left in the slot (not prefilled again)
+    cached_tokens: int = 0
 
     @property
     def n_prompt(self) -> int:

@@ -82,7 +82,8 @@ class Warmup:
                         return
                     self._one(key, f"background {i}/{len(keys)}")
                 self.log(
-                    f"background: all {len(keys)} executables ready in {time.perf_counter() - t0:.1f} s"
+                    f"background: all {len(keys)} executables ready in "
+                    f"{time.perf_counter() - t0:.1f} s"
                 )
             except (
                 BaseException

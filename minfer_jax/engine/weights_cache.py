@@ -122,7 +122,8 @@ class WeightsCache:
         return self.directory / f"{digest}{_SUFFIX}"
 
     def get(self, digest: str, device):
-        """The params of an entry on `device` (mapped, not read, where the backend allows), or None."""
+        """The params of an entry on `device` (mapped, not read, where the backend allows), or
+        None."""
         path = self.path(digest)
         try:
             f = open(path, "rb")
@@ -169,7 +170,8 @@ class WeightsCache:
         return params
 
     def put(self, digest: str, params) -> bool:
-        """Write the params' host bytes atomically; False when they do not fit the cache or the disk."""
+        """Write the params' host bytes atomically; False when they do not fit the cache or the
+        disk."""
         leaves, treedef = jax.tree_util.tree_flatten(params)
         layout, size = [], 0  # offsets relative to the data's start
         for x in leaves:

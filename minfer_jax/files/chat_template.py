@@ -66,9 +66,8 @@ CHATML_TEMPLATE = (
 # Bounds for one render. Generous for real templates (a few operations per message), small
 # enough that a hostile one fails in well under a second of work or a few tens of MB.
 MAX_STEPS = 2_000_000  # calls + operator uses + range items, summed over the render
-MAX_SECONDS = (
-    1.0  # wall clock, checked whenever a step is spent: a chat request waits this long at most
-)
+# wall clock, checked whenever a step is spent: a chat request waits this long at most
+MAX_SECONDS = 1.0
 MAX_SEQUENCE = 1 << 22  # longest str/list an operator may build, in items (4M chars >> any context)
 MAX_INT_ARG = 1 << 20  # largest size-like int for str methods/filters (ljust, center, ...)
 MAX_EXPONENT = 4096  # largest int exponent for `**`
@@ -108,7 +107,8 @@ class _RenderGuard:
         ] = {}  # id -> (container, _size): kept alive, so ids stay unique
 
     def built(self, value: Any) -> Any:
-        """Charge a value an operator, call or filter built; the sum over a render bounds its memory."""
+        """Charge a value an operator, call or filter built; the sum over a render bounds its
+        memory."""
         if isinstance(value, (*_SIZED, dict)):
             self.built_items += _size(value)
             if self.built_items > MAX_BUILT:
@@ -197,8 +197,9 @@ def _printed_size(value: Any) -> int:
 
 
 def _check_printf(fmt: str, args: Any) -> None:
-    """`'%999999999d' % 1`, `'%*d' % (10**9, 1)` and `'%-1000000s' * 4000 % ...` build gigabytes from
-    a few characters: every conversion counts its width or precision and the largest argument."""
+    """`'%999999999d' % 1`, `'%*d' % (10**9, 1)` and `'%-1000000s' * 4000 % ...` build gigabytes
+    from a few characters: every conversion counts its width or precision and the largest
+    argument."""
     values = (
         list(args.values())
         if isinstance(args, Mapping)
@@ -353,8 +354,9 @@ def _finalize(value: Any) -> Any:
 
 
 class _BoundedFormatter(SandboxedFormatter):
-    """str.format for templates: every field's spec as resolved (`'{:{}{}}'.format('x', 99999, 99999)`
-    nests a width of 9999999999) is bounded, and so is the string built, field by field as it runs."""
+    """str.format for templates: every field's spec as resolved
+    (`'{:{}{}}'.format('x', 99999, 99999)` nests a width of 9999999999) is bounded, and so is the
+    string built, field by field as it runs."""
 
     def vformat(self, format_string: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         self._built = len(format_string)
@@ -516,7 +518,8 @@ def _check_filter_input(
     """Refuse a filter call whose output or running time would be out of bounds, before it runs."""
     if name in _SLOW_FILTERS and (n := _SLOW_FILTERS[name](value)) > MAX_SLOW_INPUT:
         raise SecurityError(
-            f"chat template applied the filter `{name}` to a value of {n} items (limit {MAX_SLOW_INPUT})"
+            f"chat template applied the filter `{name}` to a value of {n} items (limit "
+            f"{MAX_SLOW_INPUT})"
         )
     if name in ("batch", "slice") and isinstance(value, _SIZED) and len(value) > MAX_BATCH_INPUT:
         raise SecurityError(
@@ -570,7 +573,8 @@ _FILTER_SIZES: dict[str, Callable[[Any, Sequence[Any], Mapping[str, Any]], int]]
     ),
 }
 
-# Filters that spend Python time per character (text) or per item (sequences): the size they may take.
+# Filters that spend Python time per character (text) or per item (sequences): the size they may
+# take.
 _SLOW_FILTERS: dict[str, Callable[[Any], int]] = {
     **{name: _text_len for name in ("urlize", "wordwrap", "title", "striptags")},
     **{
@@ -595,7 +599,8 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     """transformers' `tojson`: plain json.dumps (jinja's own escapes <>&' and sorts keys), encoded
-    piece by piece so a separator or indent repeated per item cannot build more than MAX_SEQUENCE."""
+    piece by piece so a separator or indent repeated per item cannot build more than
+    MAX_SEQUENCE."""
     spacing = [indent, *(separators if isinstance(separators, (list, tuple)) else [separators])]
     if any(_width_len(s) > MAX_JSON_SPACING for s in spacing):
         raise SecurityError(
@@ -614,8 +619,9 @@ def _tojson(
 
 
 def _striptags(value: Any) -> str:
-    """jinja's `striptags` (markupsafe 3's algorithm: comments, then tags, spaces collapsed, entities
-    unescaped) in linear time: markupsafe 2 rebuilds the string per tag, minutes on a few MB of `<>`."""
+    """jinja's `striptags` (markupsafe 3's algorithm: comments, then tags, spaces collapsed,
+    entities unescaped) in linear time: markupsafe 2 rebuilds the string per tag, minutes on a few
+    MB of `<>`."""
     text = str(value.__html__() if hasattr(value, "__html__") else value)
     parts, pos = [], 0
     while (start := text.find("<", pos)) != -1:

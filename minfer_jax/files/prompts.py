@@ -24,22 +24,23 @@ from typing import Any
 
 from minfer_jax.errors import ContextOverflowError
 
-PROBE_CHARS_PER_TOKEN = (
-    4  # the first prefix probed holds this many characters per allowed token (English ~4)
-)
+# the first prefix probed holds this many characters per allowed token (English ~4)
+PROBE_CHARS_PER_TOKEN = 4
 PROBE_GROWTH = 4  # each later probe is this much longer: at most ~1.3 encodes of the text in all
 SENTINEL = "\ufdd0"
 SENTINEL_CODES = 0xF0000  # the private-use plane: table entry i is chr(SENTINEL_CODES + i)
 
 
 class PromptTooLong(ContextOverflowError):
-    """The prompt has more tokens than the context leaves room for (counted on a prefix, or in full)."""
+    """The prompt has more tokens than the context leaves room for
+    (counted on a prefix, or in full)."""
 
     def __init__(self, tokens: int, limit: int, exact: bool):
         ctx = limit + 1
         super().__init__(
-            f"the prompt is {'' if exact else 'at least '}{tokens} tokens but the context holds {ctx}, "
-            "which leaves no room to generate; use a larger context (-c, ctx_size) or a shorter prompt"
+            f"the prompt is {'' if exact else 'at least '}{tokens} tokens but the context holds "
+            f"{ctx}, which leaves no room to generate; use a larger context (-c, ctx_size) or a "
+            "shorter prompt"
         )
         self.tokens, self.limit = tokens, limit
 
@@ -47,7 +48,8 @@ class PromptTooLong(ContextOverflowError):
 def encode_within(
     tok: Any, text: str, limit: int, *, add_special: bool = True, parse_special: bool = True
 ) -> list[int]:
-    """tok.encode(text) when it has at most `limit` tokens; PromptTooLong as soon as a prefix shows it cannot."""
+    """tok.encode(text) when it has at most `limit` tokens; PromptTooLong as soon as a prefix shows
+    it cannot."""
     n = (limit + 1) * PROBE_CHARS_PER_TOKEN
     while n < len(text):
         if (at_least := tok.count_at_least(text[:n], parse_special)) > limit:
@@ -109,7 +111,8 @@ class _Shield:
         return {**message, "content": self.in_content.sub(lambda m: self.codes[m.group()], content)}
 
     def pieces(self, text: str) -> list[tuple[str, int | None]]:
-        """The rendered text split at its control tokens: (text, None) and (control text, its id)."""
+        """The rendered text split at its control tokens: (text, None) and
+        (control text, its id)."""
         if self.in_render is None:
             return [(text, None)]
         out, pos = [], 0

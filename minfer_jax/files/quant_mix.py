@@ -214,15 +214,16 @@ def _tensor_type(state: _QuantizeState, name: str, shape: tuple, fallback_table:
         if new_type not in fallback_table:
             raise UnsupportedError(
                 f"{name}: row length {ne0} is not a multiple of the {new_type.name} block size and "
-                f"llama-quantize would abort ('no tensor type fallback is defined for type {new_type.name}')"
+                "llama-quantize would abort ('no tensor type fallback is defined for type "
+                f"{new_type.name}')"
             )
         new_type = fallback_table[new_type]
         if ne0 % GGML_QUANT_SIZES[new_type][0] != 0:
             new_type = QType.F16
     if new_type not in SUPPORTED_TYPES:
         raise UnsupportedError(
-            f"{name}: llama.cpp would store this tensor ({state.ft.name}, row length {ne0}) as {new_type.name}, "
-            "which minfer_jax does not support"
+            f"{name}: llama.cpp would store this tensor ({state.ft.name}, row length {ne0}) as "
+            f"{new_type.name}, which minfer_jax does not support"
         )
     return new_type
 

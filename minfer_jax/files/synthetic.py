@@ -96,8 +96,8 @@ SYNTHETIC_CONFIGS: dict[str, Config] = {
 # rms_norm_eps, tie_word_embeddings, sliding_window): meta-llama/Llama-3.1-8B-Instruct (rope_freqs
 # from its llama3 rope_scaling: factor 8, low/high frequency factors 1 / 4, original context 8192),
 # Qwen/Qwen3-8B, google/gemma-3-1b-it (sliding_window 512, every sixth layer global), and
-# HuggingFaceTB/SmolLM2-135M-Instruct (the real file of tests/test_families.py). The "-tiny" ones are
-# small models of the same families for tests (gemma3-tiny: 7 layers, so one global layer).
+# HuggingFaceTB/SmolLM2-135M-Instruct (the real file of tests/test_families.py). The "-tiny" ones
+# are small models of the same families for tests (gemma3-tiny: 7 layers, so one global layer).
 _EPS_1E5 = float(np.float32(1e-5))
 SYNTHETIC_CONFIGS.update(
     {
@@ -246,9 +246,8 @@ _MIN_RATIO = {
     QType.Q5_K: 15.5,
 }
 
-WEIGHT_RMS = (
-    0.02  # target RMS of the dequantized random weights (real Qwen2.5 matrices: ~0.01-0.05)
-)
+# target RMS of the dequantized random weights (real Qwen2.5 matrices: ~0.01-0.05)
+WEIGHT_RMS = 0.02
 _unit_rms: dict[QType, float] = {}
 
 
@@ -543,7 +542,8 @@ def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, 
 
 
 def _byte_level_alphabet() -> list[str]:
-    """GPT-2's bytes_to_unicode(): the 256 single-character byte tokens of a byte-level BPE vocab."""
+    """GPT-2's bytes_to_unicode(): the 256 single-character byte tokens of a byte-level BPE
+    vocab."""
     bs = (
         list(range(ord("!"), ord("~") + 1))
         + list(range(ord("¡"), ord("¬") + 1))
@@ -586,16 +586,17 @@ def placeholder_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]
 def write_gguf(
     model: GGUFModel, path: str | os.PathLike, progress: bool = True, tokenizer: dict | None = None
 ) -> None:
-    """Write `model` as a GGUF file that load_gguf reads back identically (config, types, shapes, bytes).
+    """Write `model` as a GGUF file that load_gguf reads back identically
+    (config, types, shapes, bytes).
 
-    tokenizer: tokenizer.* metadata to write (e.g. a real model's, chat template included) instead of
-    the placeholder vocab.
+    tokenizer: tokenizer.* metadata to write (e.g. a real model's, chat template included) instead
+    of the placeholder vocab.
 
     Metadata: general.architecture/name/file_type/quantization_version, the qwen2.* hyper-parameters
-    from model.config, and a placeholder tokenizer section (tokenizer.ggml.model 'gpt2', pre 'qwen2',
-    `placeholder_vocab` tokens/token_type/merges, bos/eos/padding ids, add_bos_token false).
-    Tensor bytes are written as they are (quantized blocks through raw_dtype; byte-shaped uint8
-    rows are turned back into element shapes by gguf-py).
+    from model.config, and a placeholder tokenizer section (tokenizer.ggml.model 'gpt2', pre
+    'qwen2', `placeholder_vocab` tokens/token_type/merges, bos/eos/padding ids, add_bos_token
+    false). Tensor bytes are written as they are (quantized blocks through raw_dtype; byte-shaped
+    uint8 rows are turned back into element shapes by gguf-py).
 
     What llama.cpp would make of it (not run here): the keys and tensors are those its qwen2 loader
     requires, and a gpt2 vocab needs tokenizer.ggml.merges plus a token for every byte-level

@@ -379,7 +379,8 @@ class Tokenizer:
             _spm_token_bytes(tokens, types) if sentencepiece else _token_bytes(tokens, types)
         )
         self._control_ids = frozenset(i for i, k in enumerate(types) if k == TOKEN_CONTROL)
-        # text a prefix's last characters could still turn into (count_at_least): an added token, plus lookahead
+        # text a prefix's last characters could still turn into (count_at_least): an added token,
+        # plus lookahead
         self._unsettled_chars = (
             max(
                 (len(t) for t, k in zip(tokens, types) if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED)),
@@ -416,7 +417,8 @@ class Tokenizer:
         types = _token_types(meta, len(tokens), source)
         bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", len(tokens), source)
         eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source)
-        # llama.cpp's defaults where the file says nothing: BOS for SentencePiece and Llama 3 vocabularies
+        # llama.cpp's defaults where the file says nothing: BOS for SentencePiece and Llama 3
+        # vocabularies
         add_bos = _optional_bool(
             meta, "tokenizer.ggml.add_bos_token", pre.add_bos if pre else True, source
         )
@@ -547,9 +549,8 @@ class Tokenizer:
                 from tokenizers import Tokenizer as Backend
 
                 literal = Backend.from_str(self._backend.to_str())
-                literal.encode_special_tokens = (
-                    True  # special=True added tokens (CONTROL) split as text
-                )
+                # special=True added tokens (CONTROL) split as text
+                literal.encode_special_tokens = True
                 self._literal = literal
             return self._literal
 
@@ -603,7 +604,10 @@ class Tokenizer:
         return i
 
     def __repr__(self) -> str:
-        return f"Tokenizer({self.source!r}, vocab_size={self.vocab_size}, eos_ids={sorted(self.eos_ids)})"
+        return (
+            f"Tokenizer({self.source!r}, vocab_size={self.vocab_size}, "
+            f"eos_ids={sorted(self.eos_ids)})"
+        )
 
 
 def _token_types(meta: Mapping[str, Any], n_vocab: int, source: str) -> list[int]:

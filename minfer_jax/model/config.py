@@ -8,9 +8,9 @@ from minfer_jax import validate
 from minfer_jax.errors import InvalidArgumentError
 
 # Upper bounds far above any supported model (Qwen2 72B / Llama 70B: 80 layers, d_model 8192, 64
-# heads, ff 29568, vocab 152k-256k, context 128k-1M) that keep every derived size (layers x context x
-# heads) an int32-sized product per axis; the KV cache's bytes are checked against the device at load
-# (runtime.load).
+# heads, ff 29568, vocab 152k-256k, context 128k-1M) that keep every derived size (layers x context
+# x heads) an int32-sized product per axis; the KV cache's bytes are checked against the device at
+# load (runtime.load).
 _LIMITS = {
     "n_layers": 1 << 12,
     "d_model": 1 << 17,
@@ -44,20 +44,16 @@ class Config:
     rms_eps: float
     tied_output: bool  # no output.weight: the head reuses token_embd.weight
     family: str = "qwen2"
-    head_dim: int = (
-        0  # 0: d_model // n_heads (Qwen3 and Gemma 3 files state their own: attention.key_length)
-    )
-    rope_freq_factors: bool = (
-        False  # the file has rope_freqs.weight (Llama 3.1+): per-frequency divisors
-    )
-    rope_scale: float = (
-        1.0  # linear RoPE scaling: positions multiplied by this (1 / scaling.factor)
-    )
+    # 0: d_model // n_heads (Qwen3 and Gemma 3 files state their own: attention.key_length)
+    head_dim: int = 0
+    # the file has rope_freqs.weight (Llama 3.1+): per-frequency divisors
+    rope_freq_factors: bool = False
+    # linear RoPE scaling: positions multiplied by this (1 / scaling.factor)
+    rope_scale: float = 1.0
     attn_scale: float = 0.0  # softmax scale of q.k; 0: head_dim ** -0.5
     sliding_window: int = 0  # local layers attend to the last sliding_window positions; 0: none
-    swa_period: int = (
-        0  # with a window: every swa_period-th layer (i % period == period - 1) is global
-    )
+    # with a window: every swa_period-th layer (i % period == period - 1) is global
+    swa_period: int = 0
     rope_theta_local: float = 0.0  # RoPE base of the local (sliding-window) layers; 0: rope_theta
 
     def __post_init__(self):

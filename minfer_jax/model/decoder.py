@@ -36,8 +36,8 @@ def _layers(
     attend: Callable,
     par=None,
 ) -> tuple[jax.Array, KVCache]:
-    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)`, final norm.
-    par: None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)."""
+    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)`, final
+    norm. par: None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)."""
     fam = family(cfg)
     x = fam.embed(params, tokens, cfg)  # [T, d]
     ks, vs = list(cache.k), list(cache.v)
@@ -71,7 +71,8 @@ def forward_chunk(
     impl: ops.Impl,
     par=None,
 ) -> tuple[jax.Array, KVCache]:
-    """tokens [T] of sequence `slot` at positions start + [0, T) -> final normed hidden [T, d], cache."""
+    """tokens [T] of sequence `slot` at positions start + [0, T) -> final normed hidden [T, d],
+    cache."""
     positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
 
     def attend(q, k, v, k_cache, v_cache, window):

@@ -1,4 +1,5 @@
-"""Gemma 3 text models (1B, and the language part of 4B / 12B / 27B): `general.architecture = gemma3`.
+"""Gemma 3 text models (1B, and the language part of 4B / 12B / 27B): `general.architecture =
+gemma3`.
 
 Layer (llama.cpp's gemma3 graph): h = x + n_pa(Wo . attn(rope(n_q(Wq.n(x))), rope(n_k(Wk.n(x))),
 Wv.n(x))); x' = h + n_pf(Wdown . (gelu_tanh(Wgate.n(h)) * Wup.n(h))), n_* RMSNorms (the GGUF

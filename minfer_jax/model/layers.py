@@ -27,12 +27,10 @@ class LayerCall:
     )
     cfg: Config
     impl: ops.Impl
-    par: object = (
-        None  # None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)
-    )
-    rope_freqs: jax.Array | None = (
-        None  # [hd / 2] Llama 3.1+ frequency divisors (rope_freqs.weight)
-    )
+    # None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)
+    par: object = None
+    # [hd / 2] Llama 3.1+ frequency divisors (rope_freqs.weight)
+    rope_freqs: jax.Array | None = None
 
 
 def embed(params: Params, tokens: jax.Array, cfg: Config) -> jax.Array:
@@ -102,14 +100,16 @@ def project_qkv(x: jax.Array, layer: Layer, cfg: Config, impl: ops.Impl):
 
 
 def row_matmul(par, which: str, x: jax.Array, w, impl: ops.Impl) -> jax.Array:
-    """o ("attn_out") and down ("ffn_out"): one device's matmul, or a shard's partial product + all-reduce."""
+    """o ("attn_out") and down ("ffn_out"): one device's matmul, or a shard's partial product +
+    all-reduce."""
     return ops.matmul(x, w, impl) if par is None else par.row_matmul(which, x, w, impl)
 
 
 def gated_ffn(
     x: jax.Array, layer: Layer, call: LayerCall, act: Callable = jax.nn.silu
 ) -> jax.Array:
-    """down(act(gate(n(x))) * up(n(x))) with n = ffn_norm: SwiGLU (silu) or GeGLU (tanh gelu). [T, d]."""
+    """down(act(gate(n(x))) * up(n(x))) with n = ffn_norm: SwiGLU (silu) or GeGLU (tanh gelu).
+    [T, d]."""
     cfg, impl = call.cfg, call.impl
     gate_up = jnp.concatenate(
         ops.norm_matmuls(x, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl), axis=-1

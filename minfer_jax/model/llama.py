@@ -1,11 +1,12 @@
 """Llama family (Llama 2 / 3.x, SmolLM2, TinyLlama, Mistral 7B, DeepSeek-R1-Distill-Llama):
 `general.architecture = llama`.
 
-Layer: h = x + Wo . attn(rope(Wq.n(x)), rope(Wk.n(x)), Wv.n(x)); x' = h + Wdown . (silu(Wgate.n(h)) *
-Wup.n(h)): Qwen2's layer without the q/k/v biases, with llama.cpp's normal RoPE (adjacent pairs:
-convert_hf_to_gguf permutes Q/K for it), divided per frequency by rope_freqs.weight where the file
-has one (Llama 3.1+), and linear RoPE scaling where the file asks for it. Tied or untied head.
-Mistral's sliding window (4096) is not applied: llama.cpp ignores it for this architecture too.
+Layer: h = x + Wo . attn(rope(Wq.n(x)), rope(Wk.n(x)), Wv.n(x)); x' = h + Wdown .
+(silu(Wgate.n(h)) * Wup.n(h)): Qwen2's layer without the q/k/v biases, with llama.cpp's normal RoPE
+(adjacent pairs: convert_hf_to_gguf permutes Q/K for it), divided per frequency by rope_freqs.weight
+where the file has one (Llama 3.1+), and linear RoPE scaling where the file asks for it. Tied or
+untied head. Mistral's sliding window (4096) is not applied: llama.cpp ignores it for this
+architecture too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Qwen2 family (Qwen2, Qwen2.5, Qwen2.5-Coder, DeepSeek-R1-Distill-Qwen): `general.architecture = qwen2`.
+"""Qwen2 family (Qwen2, Qwen2.5, Qwen2.5-Coder, DeepSeek-R1-Distill-Qwen): `general.architecture =
+qwen2`.
 
 Layer: h = x + Wo . attn(rope(Wq.n(x) + bq), rope(Wk.n(x) + bk), Wv.n(x) + bv);
 x' = h + Wdown . (silu(Wgate.n(h)) * Wup.n(h)), with n = RMSNorm (eps from metadata), RoPE in

@@ -87,7 +87,8 @@ def head_dim_field(md) -> dict:
 
 
 def rope_scaling_fields(md) -> dict:
-    """Linear RoPE scaling (`rope.scaling.type` = linear, `rope.scaling.factor`); other kinds refused."""
+    """Linear RoPE scaling (`rope.scaling.type` = linear, `rope.scaling.factor`); other kinds
+    refused."""
     kind = md.str("rope.scaling.type", default="none")
     factor = md.positive_float("rope.scaling.factor", default=1.0)
     if kind == "none" or factor == 1.0:
@@ -98,7 +99,8 @@ def rope_scaling_fields(md) -> dict:
 
 
 def check_full_rotary(md, cfg: Config) -> None:
-    """RoPE over the whole head (rope.dimension_count = head_dim); partial rotary is not supported."""
+    """RoPE over the whole head (rope.dimension_count = head_dim); partial rotary is not
+    supported."""
     n = md.int("rope.dimension_count", default=cfg.head_dim)
     if n != cfg.head_dim:
         raise UnsupportedError(

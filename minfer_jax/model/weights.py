@@ -54,7 +54,8 @@ class QWeight:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DenseWeight:
-    """A dequantized [n, k] matrix, stored as [n, k] (transposed=False) or [k, n] (transposed=True)."""
+    """A dequantized [n, k] matrix, stored as [n, k] (transposed=False) or [k, n]
+    (transposed=True)."""
 
     w: jax.Array
     transposed: bool = dataclasses.field(metadata=dict(static=True))
@@ -108,9 +109,8 @@ class Params:
     layers: list[Layer]
     out_norm: jax.Array  # [d]
     output: Weight | None  # [vocab, d]; None: tied to embed
-    rope_freqs: jax.Array | None = (
-        None  # [hd / 2] RoPE frequency divisors (Llama 3.1+ rope_freqs.weight)
-    )
+    # [hd / 2] RoPE frequency divisors (Llama 3.1+ rope_freqs.weight)
+    rope_freqs: jax.Array | None = None
 
     @property
     def head(self) -> Weight:

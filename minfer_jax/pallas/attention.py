@@ -56,7 +56,8 @@ class ChunkConfig:
 
 
 # Per (head_dim, chunks up to 512 tokens / longer ones), the fastest measured on the H200
-# (docs/BENCHMARKS.md, "Chunk attention"): key splits for the 0.5B's two KV heads, wider tiles at 128.
+# (docs/BENCHMARKS.md, "Chunk attention"): key splits for the 0.5B's two KV heads, wider tiles at
+# 128.
 CHUNK_CONFIGS = {
     (64, 512): ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2, k_splits=4),
     (64, 2048): ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2, k_splits=4),
@@ -106,7 +107,8 @@ def chunk_config(
 
 
 def check_cache(k_cache: jax.Array, v_cache: jax.Array, n_heads: int, head_dim: int) -> None:
-    """Raise AttentionShapeError unless k/v are [n_slots, Hkv, max_len, head_dim] and Hkv divides n_heads."""
+    """Raise AttentionShapeError unless k/v are [n_slots, Hkv, max_len, head_dim] and Hkv divides
+    n_heads."""
     if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
         raise AttentionShapeError(
             f"k_cache {k_cache.shape} {k_cache.dtype} and v_cache {v_cache.shape} "
@@ -275,9 +277,10 @@ def _windowed_chunk_kernel(
 
 
 def merge_splits(o: jax.Array, m: jax.Array, lsum: jax.Array) -> jax.Array:
-    """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, lsum [..., S, rows]
-    base-2 running max and sum (an empty split has m = M_INIT, lsum = 0, o = 0) -> [..., rows, hd].
-    A row that saw no key at all (an unused decode row of length 0) comes out as zeros, not NaN."""
+    """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, lsum
+    [..., S, rows] base-2 running max and sum (an empty split has m = M_INIT, lsum = 0, o = 0) ->
+    [..., rows, hd]. A row that saw no key at all (an unused decode row of length 0) comes out as
+    zeros, not NaN."""
     m_all = jnp.max(m, axis=-2, keepdims=True)
     weight = jnp.exp2(m - m_all)  # [..., S, rows]
     total = jnp.sum(weight * lsum, axis=-2)

@@ -1,4 +1,5 @@
-"""Decode attention (flash-decoding): nq = 1..8 new tokens of each of B sequences over their cache slots.
+"""Decode attention (flash-decoding): nq = 1..8 new tokens of each of B sequences over their cache
+slots.
 
 Cache layout as in attention.py: [n_slots, n_kv_heads, max_len, head_dim]. Row b of the batch
 lives in slot slots[b] and holds lengths[b] positions including its nq new tokens: its query j sits
@@ -63,7 +64,8 @@ def decode_config(
     num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> DecodeConfig:
-    """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding them."""
+    """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding
+    them."""
     splits = k_splits or max(
         1,
         min(

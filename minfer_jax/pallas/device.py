@@ -52,7 +52,8 @@ def current() -> Gpu:
 
 
 def programs(on_tuned: int) -> int:
-    """A program-count target measured on the tuned GPU, scaled to this GPU's SMs (unchanged there)."""
+    """A program-count target measured on the tuned GPU, scaled to this GPU's SMs
+    (unchanged there)."""
     return max(1, on_tuned * current().sms // TUNED_SMS)
 
 

@@ -49,9 +49,8 @@ class GemmConfig:
     num_stages: int = 2
     splits: int = 1  # K split: partial sums [splits, M, N] added by XLA (few tokens: more programs)
     magic_half: bool = False  # integers to f16 by planes.int_to_half's bit trick
-    field_major: bool = (
-        False  # one dot per field index on x's permuted columns (planes.FIELD_PLANES)
-    )
+    # one dot per field index on x's permuted columns (planes.FIELD_PLANES)
+    field_major: bool = False
 
 
 # Tiles (bn, bk, num_warps, num_stages) from the H200 sweeps at 512 x 4096 x 14336
@@ -145,7 +144,8 @@ def _kernel(
     magic_half: bool = False,
     field_major: bool = False,
 ):
-    """One kernel closure per configuration (jax#40847: a shared function object can reuse a trace)."""
+    """One kernel closure per configuration (jax#40847: a shared function object can reuse a
+    trace)."""
     fmt = get_format(qtype)
     n_k = k // bk
     dn = (((1,), (1,)), ((), ()))

@@ -1,4 +1,5 @@
-"""Prefill GEMM, integer variant: int8 activations x int8 weight quants -> int32, rescaled per block.
+"""Prefill GEMM, integer variant: int8 activations x int8 weight quants -> int32, rescaled per
+block.
 
 Status: interpret-mode tested only; it has not yet been compiled or timed on the GPU, so ops.py
 does not dispatch to it by default (`Impl(gemm="int8")` opts in). docs/ARCHITECTURE.md.
@@ -153,7 +154,8 @@ def gemm_int8(
 
 
 def gemm_int8_reference(x: jax.Array, planes: dict, *, qtype: QType, n_out: int) -> jax.Array:
-    """The same arithmetic on whole arrays: identical activation quantization, exact integer group sums."""
+    """The same arithmetic on whole arrays: identical activation quantization, exact integer group
+    sums."""
     m, k = x.shape
     g = group_size(qtype)
     xq, xs, xsum = quantize_activations(x, g)

@@ -66,7 +66,8 @@ def gemv_int8(
     config: GemvConfig | None = None,
     interpret: bool = False,
 ) -> jax.Array:
-    """Block formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its planes.
+    """Block formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
+    planes.
 
     x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py):
     inside the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion
@@ -142,7 +143,8 @@ def gemv_float(
     config: GemvConfig | None = None,
     interpret: bool = False,
 ) -> jax.Array:
-    """Float formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its planes."""
+    """Float formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
+    planes."""
     cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config)
     fmt = get_format(qtype)
     nt, k = x.shape
@@ -169,7 +171,8 @@ def gemv_float(
 
 
 def _prologue(x, planes, qtype: QType, n_out: int, x_scale, config):
-    """What both families check and resolve first: token count, config, padded rows, x_scale in f32."""
+    """What both families check and resolve first: token count, config, padded rows, x_scale in
+    f32."""
     nt, k = x.shape
     if not 1 <= nt <= NT_PAD:
         raise ValueError(f"gemv takes 1 .. {NT_PAD} tokens, got {nt}")
@@ -306,7 +309,8 @@ def gemv_int8_reference(
 def gemv_float_reference(
     x: jax.Array, planes, *, qtype: QType, n_out: int, x_scale: jax.Array | None = None
 ) -> jax.Array:
-    """What gemv_float computes: whole-matrix decode in the compute dtype + one f32-accumulated dot."""
+    """What gemv_float computes: whole-matrix decode in the compute dtype + one f32-accumulated
+    dot."""
     if x_scale is not None:
         x = x.astype(jnp.float32) * x_scale.astype(jnp.float32)
     return tiles.dequant_matmul_reference(x, planes, qtype=qtype, n_out=n_out)

@@ -1,4 +1,5 @@
-"""Block formats as int8x4 words: the integer GEMV's kernel-side layouts (pallas/gemv.py; llama.cpp's MMVQ idea).
+"""Block formats as int8x4 words: the integer GEMV's kernel-side layouts
+(pallas/gemv.py; llama.cpp's MMVQ idea).
 
 Every block format is, per output row and per scale group of `group` weights (quant.planes):
 
@@ -21,9 +22,9 @@ step (`quantize_slots`), so both dp4a operands hold the same four weights.
 Views. A quant plane [Npad, K / wpc] of uint32 words is reshaped (free, outside the kernel) to
 [Npad, K / group, words per group] (always the first view), a per-group field to [Npad, K / group]
 (2-D tiles) or [Npad, K / group, 1] (3-D tiles: the value then meets its group's words by a size-1
-broadcast rather than an expand_dims; which the GEMV uses is measured, pallas/gemv_tuning.py). Fields
-coarser than a group (K-quant super-block d, dmin; Q3_K's high-bit word shared by two groups) are
-gathered per group inside the kernel (`coarse`: plane -> groups per plane column), to the same
+broadcast rather than an expand_dims; which the GEMV uses is measured, pallas/gemv_tuning.py).
+Fields coarser than a group (K-quant super-block d, dmin; Q3_K's high-bit word shared by two groups)
+are gathered per group inside the kernel (`coarse`: plane -> groups per plane column), to the same
 shape as the per-group fields.
 """
 
@@ -106,7 +107,8 @@ def _nibbles(w):  # [bn, G, 4] nibble words -> (even weights, odd weights) as in
 
 
 def _q5_high(qh):
-    """qh [bn, G(, 1)] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd) [bn, G, 4]."""
+    """qh [bn, G(, 1)] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd)
+    [bn, G, 4]."""
     j = lax.iota(jnp.uint32, 4)
     h = _col(qh)
     return (h << (4 - j)) & 0x10101010, (h >> j) & 0x10101010
@@ -228,8 +230,8 @@ def dp4a_emulated(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
 
 
 def x_view(qtype: QType, x: jax.Array) -> jax.Array:
-    """x [nt, K] -> f32 [nt, G, x_words, 4, x_slots]: the group's position w * 4 * slots + b * slots + s
-    at [g, w, b, s] (a reshape: free in XLA)."""
+    """x [nt, K] -> f32 [nt, G, x_words, 4, x_slots]: the group's position w * 4 * slots + b * slots
+    + s at [g, w, b, s] (a reshape: free in XLA)."""
     spec = SPECS[qtype]
     nt, k = x.shape
     return x.astype(F32).reshape(nt, k // spec.group, spec.x_words, 4, spec.x_slots)

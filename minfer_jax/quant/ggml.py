@@ -132,7 +132,8 @@ def _deq_f16(b: jax.Array) -> jax.Array:
 
 
 def _deq_bf16(b: jax.Array) -> jax.Array:
-    """BF16: 2 bytes, the top half of an f32 (gguf-py: int16 -> int32 << 16). [..., 2] -> [..., 1]"""
+    """BF16: 2 bytes, the top half of an f32 (gguf-py: int16 -> int32 << 16). [..., 2] ->
+    [..., 1]"""
     h = lax.bitcast_convert_type(b, jnp.uint16).astype(jnp.uint32)  # [...]
     return lax.bitcast_convert_type(h << 16, jnp.float32)[..., None]  # [..., 1]
 

@@ -85,7 +85,8 @@ def _q5h_order(k):
 
 
 def _q6h_order(k):
-    """2-bit, 16 weights per word: weight k = 8j + 2b + h at field 4b + 2j + h (bits 8b + 4j + 2h)."""
+    """2-bit, 16 weights per word: weight k = 8j + 2b + h at field 4b + 2j + h
+    (bits 8b + 4j + 2h)."""
     return 4 * ((k >> 1) & 3) + 2 * (k >> 3) + (k & 1)
 
 
@@ -126,7 +127,8 @@ def _pack(values: np.ndarray, bits: int, order: Callable | None = None) -> np.nd
 
 
 def _nibbles_32(qs: np.ndarray) -> np.ndarray:
-    """GGUF 32-weight nibble layout (byte j: weight j low, weight j+16 high) -> [rows, nb*32] values."""
+    """GGUF 32-weight nibble layout (byte j: weight j low, weight j+16 high) -> [rows, nb*32]
+    values."""
     lo, hi = qs & 0x0F, qs >> 4  # [rows, nb, 16]
     return np.concatenate([lo, hi], axis=-1).reshape(qs.shape[0], -1)
 
@@ -137,7 +139,8 @@ def _bits_32(qh: np.ndarray) -> np.ndarray:
 
 
 def _kquant_nibbles(qs: np.ndarray) -> np.ndarray:
-    """Q4_K/Q5_K qs [rows, ns, 128]: chunk c of 32 bytes holds weights 64c+l (low) and 64c+32+l (high)."""
+    """Q4_K/Q5_K qs [rows, ns, 128]: chunk c of 32 bytes holds weights 64c+l (low) and 64c+32+l
+    (high)."""
     rows, ns = qs.shape[:2]
     q = qs.reshape(rows, ns, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
     return (q & 0x0F).reshape(rows, ns * 256)
@@ -316,7 +319,8 @@ def unpack(w: jax.Array, bits: int, order: Callable | None = None) -> jax.Array:
 
 
 def group_scale(v: jax.Array, s: jax.Array) -> jax.Array:
-    """v [r, K] * s [r, K / g] with s broadcast over groups of g = K / s.shape[1] consecutive weights."""
+    """v [r, K] * s [r, K / g] with s broadcast over groups of g = K / s.shape[1] consecutive
+    weights."""
     r, k = v.shape
     g = k // s.shape[1]
     return (v.reshape(r, k // g, g) * s[:, :, None]).reshape(r, k)
@@ -341,7 +345,8 @@ def group_affine(v: jax.Array, s: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def superblock_scale(sub: jax.Array, d: jax.Array, dtype) -> jax.Array:
-    """K-quant sub-scales [r, n_sub] (ints) times their superblock's d [r, n_super] -> [r, n_sub] dtype."""
+    """K-quant sub-scales [r, n_sub] (ints) times their superblock's d [r, n_super] -> [r, n_sub]
+    dtype."""
     r, n = sub.shape
     per = n // d.shape[1]
     return (d.astype(dtype)[:, :, None] * sub.astype(dtype).reshape(r, n // per, per)).reshape(r, n)
@@ -657,7 +662,8 @@ def int_to_half(q: jax.Array) -> jax.Array:
 
 
 def decode_ints(qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32):
-    """Block formats: plane tiles -> (q int32 [bn, bk], per-group scale a, per-group offset b or None)."""
+    """Block formats: plane tiles -> (q int32 [bn, bk], per-group scale a, per-group offset b or
+    None)."""
     fmt = get_format(qtype)
     if fmt.ints is None:
         raise UnsupportedError(f"{fmt.name} is a float format: it has no integer form")

@@ -38,9 +38,8 @@ from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, lon
 from minfer_jax.server.openai_format import Reply, error_body, sse
 from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, CompletionRequest, parse
 
-DISCONNECT_POLL_S = (
-    0.5  # a non-streamed request checks this often whether its client is still there
-)
+# a non-streamed request checks this often whether its client is still there
+DISCONNECT_POLL_S = 0.5
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 

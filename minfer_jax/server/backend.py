@@ -2,8 +2,8 @@
 thread, admits requests (or refuses them when the queue is full) and bridges each request's text
 from the loop thread into the asyncio event loop that serves it.
 
-The scheduler (minfer_jax.engine.scheduler) is the one host loop; this module only owns its thread and
-the bookkeeping the HTTP side needs (live requests, counters for /metrics).
+The scheduler (minfer_jax.engine.scheduler) is the one host loop; this module only owns its thread
+and the bookkeeping the HTTP side needs (live requests, counters for /metrics).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ _log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: lines 
 
 DEFAULT_SLOT_CTX = 4096  # tokens per slot when -c is 0 (capped by the model's trained context)
 # One token per event: on the H200 (7B, -np 32) 1 step kept ITL p50 at ~1x TPOT and served 8 / 32
-# clients at 0.80-0.89x / 1.09x the tokens/s of 16 steps (docs/BENCHMARKS.md "Server start and streaming")
+# clients at 0.80-0.89x / 1.09x the tokens/s of 16 steps (docs/BENCHMARKS.md "Server start and
+# streaming")
 DEFAULT_DECODE_STEPS = 1
 THROUGHPUT_WINDOW_S = 10.0  # tokens/s on /metrics: tokens generated over about this many seconds
 
@@ -41,18 +42,15 @@ class ServerSettingsError(MinferError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-    model: str | None = (
-        None  # -m: path, hf:repo:file, synthetic:<spec> (load_model), None: the built-in default
-    )
+    # -m: path, hf:repo:file, synthetic:<spec> (load_model), None: the built-in default
+    model: str | None = None
     n_parallel: int = 1  # -np: sequences decoded at once (KV cache slots)
     ctx_size: int = 0  # -c: total context over all slots (0: DEFAULT_SLOT_CTX per slot)
     n_predict: int = -1  # -n: default max_tokens (-1: until the slot's context is full)
-    max_queued: int | None = (
-        None  # requests waiting for a slot beyond the running ones (None: 4 x -np)
-    )
-    decode_steps: int = (
-        DEFAULT_DECODE_STEPS  # tokens per decode executable: text streams once per such chunk
-    )
+    # requests waiting for a slot beyond the running ones (None: 4 x -np)
+    max_queued: int | None = None
+    # tokens per decode executable: text streams once per such chunk
+    decode_steps: int = DEFAULT_DECODE_STEPS
     alias: str | None = None  # the model id /v1/models reports (default: the file's name)
     api_key: str | None = None
     warmup: bool = True  # compile the first executables before /health says ok
@@ -268,7 +266,8 @@ class Backend:
                 s.slot_ctx is not None and model.ctx_size < s.slot_ctx
             ):  # clamped like -c of the CLI and load()
                 _log.warning(
-                    "-c/--ctx-size: %d tokens per slot is more than the model's trained context; using %d",
+                    "-c/--ctx-size: %d tokens per slot is more than the model's trained context; "
+                    "using %d",
                     s.slot_ctx,
                     model.ctx_size,
                 )
@@ -280,7 +279,8 @@ class Backend:
                 warm.ready()
                 self._trial_run(model, sched)
                 _log.info(
-                    "ready: %d executables serve every request (%.1f s); %d more compile in the background",
+                    "ready: %d executables serve every request (%.1f s); %d more compile in the "
+                    "background",
                     len(plan.ready_keys()),
                     time.perf_counter() - t0,
                     len(warm.plan.serving_keys()) - len(plan.ready_keys()),
@@ -352,7 +352,8 @@ class Backend:
         stop: Sequence[str],
         stream: bool,
     ) -> Handle:
-        """Queue one generation; ServerBusy when the queue is full, MinferError for a bad request."""
+        """Queue one generation; ServerBusy when the queue is full, MinferError for a bad
+        request."""
         sched, s = self.scheduler, self.settings
         limit = s.n_parallel + s.queue_limit
         handle = Handle(asyncio.get_running_loop(), stream, self._progress, self._finished)

@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="largest request body; more gets 413 (default 0: 8 bytes per --max-prompt-chars, >= 1 MiB)",
+        help="largest request body; more gets 413 (default 0: 8 bytes per --max-prompt-chars, >= "
+        "1 MiB)",
     )
     p.add_argument(
         "--max-prompt-chars",
@@ -228,7 +229,8 @@ def _warn_open(args, access) -> None:
     if access.allowed_hosts is not None and host_name(args.host) in WILDCARD_ADDRESSES:
         print(
             f"warning: listening on {args.host} without --api-key: only requests addressed to "
-            f"{', '.join(sorted(access.allowed_hosts))} are answered (--api-key or --allowed-hosts for others)",
+            f"{', '.join(sorted(access.allowed_hosts))} are answered (--api-key or "
+            "--allowed-hosts for others)",
             file=sys.stderr,
         )
 

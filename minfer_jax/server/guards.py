@@ -66,15 +66,16 @@ class AccessPolicy:
         )
 
     def refusal(self, method: str, headers: dict[str, str]) -> tuple[int, str, str] | None:
-        """(status, message, error type) for a request this policy refuses; None to let it through."""
+        """(status, message, error type) for a request this policy refuses; None to let it
+        through."""
         host = headers.get("host")
         if host is not None and not self._host_allowed(host_name(host)):
             return (
                 403,
                 (
-                    f"Host {host!r} is not allowed: without --api-key this server answers only requests "
-                    "addressed to this machine by a loopback name or its --host address (--allowed-hosts "
-                    "adds names)"
+                    f"Host {host!r} is not allowed: without --api-key this server answers only "
+                    "requests addressed to this machine by a loopback name or its --host address "
+                    "(--allowed-hosts adds names)"
                 ),
                 "permission_error",
             )
@@ -87,8 +88,8 @@ class AccessPolicy:
             return (
                 403,
                 (
-                    f"Origin {origin!r} is not allowed: without --api-key this server answers only pages "
-                    "served from this machine (--allowed-hosts adds names)"
+                    f"Origin {origin!r} is not allowed: without --api-key this server answers "
+                    "only pages served from this machine (--allowed-hosts adds names)"
                 ),
                 "permission_error",
             )
@@ -98,8 +99,8 @@ class AccessPolicy:
                 return (
                     415,
                     (
-                        f"Content-Type must be application/json, got {kind or 'none'!r} (send the header "
-                        "'Content-Type: application/json'; --any-content-type accepts any)"
+                        f"Content-Type must be application/json, got {kind or 'none'!r} (send the "
+                        "header 'Content-Type: application/json'; --any-content-type accepts any)"
                     ),
                     "invalid_request_error",
                 )

@@ -2,12 +2,14 @@
 
     body      --max-body-bytes: read in pieces and refused (413) as soon as it passes the limit,
               before any JSON is parsed (parsing holds the interpreter: ~0.07 s per MB here).
-              Default: BODY_BYTES_PER_CHAR bytes per allowed prompt character, at least MIN_BODY_BYTES.
+              Default: BODY_BYTES_PER_CHAR bytes per allowed prompt character, at least
+              MIN_BODY_BYTES.
     messages  --max-messages (default 2048, OpenAI's own limit): counted on the parsed JSON, before
               each message is validated.
     prompt    --max-prompt-chars: a text prompt, or the chat messages' content summed, refused (400)
-              before it is tokenized or rendered. Default: the slot's context times the longest token
-              of the vocabulary (128 characters for Qwen2), so a prompt that could fit is never refused.
+              before it is tokenized or rendered. Default: the slot's context times the longest
+              token of the vocabulary (128 characters for Qwen2), so a prompt that could fit is
+              never refused.
     tokens    the slot's context: a token-id prompt by its length, before its ids are checked; a
               text prompt as soon as a prefix of it holds more tokens (files/prompts.py).
     stop      validate.MAX_STOP_STRINGS strings of validate.MAX_STOP_CHARS characters (schemas.py).
@@ -65,8 +67,8 @@ class RequestLimits:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise LimitsError(
-                    f"{flag} must be an int >= {lo}{' (0: derived from the context)' if lo == 0 else ''}"
-                    f", got {value!r}"
+                    f"{flag} must be an int >= "
+                    f"{lo}{' (0: derived from the context)' if lo == 0 else ''}, got {value!r}"
                 )
 
     def for_model(self, slot_ctx: int, longest_token_chars: int) -> RequestLimits:
@@ -75,9 +77,10 @@ class RequestLimits:
         body = self.max_body_bytes or max(MIN_BODY_BYTES, BODY_BYTES_PER_CHAR * chars)
         return dataclasses.replace(self, max_body_bytes=body, max_prompt_chars=chars)
 
-    # -- checks, in the order a request meets them ---------------------------------------------------
+    # -- checks, in the order a request meets them -------------------------------------------------
     async def read_body(self, request: Request) -> bytes:
-        """The request body, or RequestTooLarge once it passes max_body_bytes (ClientGone if the client left)."""
+        """The request body, or RequestTooLarge once it passes max_body_bytes
+        (ClientGone if the client left)."""
         limit = self.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > DRAIN_BYTES:
@@ -115,8 +118,8 @@ class RequestLimits:
             )
         if isinstance(prompt, list) and len(prompt) >= slot_ctx:
             raise BadRequest(
-                f"prompt: {len(prompt)} token ids but the context holds {slot_ctx}, which leaves no "
-                "room to generate; use a larger context (-c) or a shorter prompt",
+                f"prompt: {len(prompt)} token ids but the context holds {slot_ctx}, which leaves "
+                "no room to generate; use a larger context (-c) or a shorter prompt",
                 "prompt",
             )
         if isinstance(prompt, str):
@@ -132,7 +135,8 @@ class RequestLimits:
 
 
 def longest_token_chars(tokenizer: Any) -> int:
-    """Characters of the vocabulary's longest token (its bytes: a token never holds more characters)."""
+    """Characters of the vocabulary's longest token (its bytes: a token never holds more
+    characters)."""
     return max(len(tokenizer.token_bytes([i])) for i in range(tokenizer.vocab_size))
 
 

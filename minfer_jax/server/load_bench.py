@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-settle",
         dest="settle",
         action="store_false",
-        help="measure right after /health (default: first wait until the server's background compiles "
-        "are done, /metrics' executables_compiled reaching executables_planned)",
+        help="measure right after /health (default: first wait until the server's background "
+        "compiles are done, /metrics' executables_compiled reaching executables_planned)",
     )
     p.add_argument("--out", default=None, help="markdown table file")
     p.add_argument("--json", default=None, help="JSON file of every run")
@@ -182,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_test.markdown(r).split("\n")[2] for r in runs
     ]
     head = (
-        f"model `{args.model or 'default'}`, server -np {args.parallel} -c {ctx} {' '.join(args.server_args)}, "
-        f"host {platform.node()}, ready after {ready_s:.1f} s"
+        f"model `{args.model or 'default'}`, server -np {args.parallel} -c {ctx} "
+        f"{' '.join(args.server_args)}, host {platform.node()}, ready after {ready_s:.1f} s"
         + (f", background compiles done {settled_s:.1f} s later" if settled_s is not None else "")
     )
     text = head + "\n\n" + "\n".join(table) + "\n"

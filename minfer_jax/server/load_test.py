@@ -13,7 +13,8 @@ Figures (client side, on loopback):
   aggregate tokens/s  completion tokens of all measured requests / wall time of the measured run
   TTFT                request sent -> first non-empty text event
   ITL                 gap between consecutive text events (the server streams once per decode
-                      chunk, so one event may carry several tokens: vLLM's benchmark counts the same)
+                      chunk, so one event may carry several tokens: vLLM's benchmark counts the
+                      same)
   TPOT                per request, (last event - first event) / (completion tokens - 1)
 Bounded: at most MAX_CLIENTS clients and MAX_REQUESTS requests, `--timeout` seconds in all, and
 loopback URLs only (this is a benchmark of the local server, not a traffic generator).
@@ -296,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ignore-eos",
         action="store_true",
-        help='add "ignore_eos": true to each request (llama-server: generate every requested token)',
+        help='add "ignore_eos": true to each request (llama-server: generate every requested '
+        "token)",
     )
     p.add_argument(
         "--json", metavar="FILE", default=None, help="write the figures as JSON ('-': stdout)"

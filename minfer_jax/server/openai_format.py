@@ -11,7 +11,8 @@ import uuid
 
 from minfer_jax.engine.steps import StopReason
 
-# scheduler stop reasons -> OpenAI finish_reason ("context": the slot is full, which OpenAI calls length)
+# scheduler stop reasons -> OpenAI finish_reason ("context": the slot is full, which OpenAI calls
+# length)
 FINISH_REASON = {
     StopReason.EOS: "stop",
     StopReason.STOP: "stop",
@@ -35,7 +36,8 @@ def error_body(
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; cached_tokens: prompt tokens reused from a slot (not prefilled again)."""
+    """OpenAI's usage object; cached_tokens: prompt tokens reused from a slot
+    (not prefilled again)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,

@@ -59,7 +59,8 @@ UNSUPPORTED = {
 
 
 class BadRequest(MinferError, ValueError):
-    """A request the server rejects with `status` (400); `param` names the offending field (or None)."""
+    """A request the server rejects with `status` (400); `param` names the offending field
+    (or None)."""
 
     status = 400
 
@@ -76,7 +77,8 @@ _parsing = 0  # bodies being parsed now, by any thread: the collector runs again
 @contextlib.contextmanager
 def _collector_paused():
     """Python's cyclic collector paused while a body is parsed: each container json builds counts
-    towards a collection that walks them all again (4 MB of `[[],[],...]`: 1.2 s instead of 0.14)."""
+    towards a collection that walks them all again (4 MB of `[[],[],...]`: 1.2 s instead of
+    0.14)."""
     global _parsing
     with _collector:
         _parsing += 1
@@ -137,7 +139,8 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
 
 
 def _shown(value: Any) -> str:
-    """At most 80 characters of a JSON value, for an error message (deep nesting and surrogates too)."""
+    """At most 80 characters of a JSON value, for an error message
+    (deep nesting and surrogates too)."""
     try:
         text = json.dumps(value, default=str)
     except (RecursionError, ValueError):
@@ -158,9 +161,8 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-DEFAULT_TEMPERATURE = (
-    0.8  # llama-server's; the server warms up its executables for it and for greedy
-)
+# llama-server's; the server warms up its executables for it and for greedy
+DEFAULT_TEMPERATURE = 0.8
 SEED_MAX = 2**64 - 1  # OpenAI's seed is an integer; llama-server's a uint32: 64 bits hold both
 
 

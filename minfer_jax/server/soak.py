@@ -7,19 +7,22 @@ disconnecting requests for a bounded time, then checks that nothing leaked or dr
 First every reference request (a few short greedy prompts: text, token ids, chat; streamed and not)
 runs alone, one at a time, and its text is kept. Then `--clients` clients send, one request after
 another until `--minutes` are up, a random mix (seeded per client):
-  valid       a reference request again, whose text must equal its text alone, or a seeded sampled one
-  malformed   broken JSON, JSON nested 100,000 deep, wrong types, unsupported settings, lone surrogates,
-              a wrong Content-Type or Host: each must get its 4xx
-  oversized   a body over --max-body-bytes (413), a prompt over the character limit, the context, the
-              message count (400): the limits come from /v1/models
-  disconnect  a stream closed after its first event, a non-streamed request abandoned, a body cut off
+  valid       a reference request again, whose text must equal its text alone, or a seeded sampled
+              one
+  malformed   broken JSON, JSON nested 100,000 deep, wrong types, unsupported settings, lone
+              surrogates, a wrong Content-Type or Host: each must get its 4xx
+  oversized   a body over --max-body-bytes (413), a prompt over the character limit, the context,
+              the message count (400): the limits come from /v1/models
+  disconnect  a stream closed after its first event, a non-streamed request abandoned, a body cut
+              off
 A 429 (queue full) is retried after its Retry-After. Meanwhile /health is timed every 0.25 s and
 /metrics scraped every 5 s. At the end: the server must go idle with no slot in use and every
 accepted request finished (/metrics), the references run alone must still give their texts, and
 with --pid the server's RSS is reported before, at its peak and after.
 
-Bounded: at most MAX_CLIENTS clients and MAX_MINUTES minutes, loopback URLs only; it stops by itself.
-Exit status 0 when every check passed, 1 when one failed, 2 for a bad flag or an unreachable server.
+Bounded: at most MAX_CLIENTS clients and MAX_MINUTES minutes, loopback URLs only; it stops by
+itself. Exit status 0 when every check passed, 1 when one failed, 2 for a bad flag or an unreachable
+server.
 """
 
 from __future__ import annotations
@@ -95,7 +98,8 @@ class SoakError(LoadTestError):
 
 @dataclasses.dataclass
 class Tally:
-    """Counts and failures of the run: kind -> status -> count; mismatches and unexpected answers."""
+    """Counts and failures of the run: kind -> status -> count; mismatches and unexpected
+    answers."""
 
     counts: dict = dataclasses.field(
         default_factory=lambda: collections.defaultdict(collections.Counter)
@@ -276,7 +280,9 @@ async def _disconnect(client, url, rng, tally: Tally) -> None:
             host, port = url.split("//")[1].rsplit(":", 1)
             _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
             writer.write(
-                b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"POST /v1/completions HTTP/1.1\r\n"
+                b"Host: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\n"
                 b'Content-Length: 4096\r\n\r\n{"prompt": "cut'
             )
             await writer.drain()
