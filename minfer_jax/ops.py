@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -164,7 +165,7 @@ def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
 def route_call(r: Route, qtype: QType, n_out: int, impl: Impl):
     """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K]]) ->
     [nt, n_out] f32 (x_scale: "gemv+fold" only, the norm weight)."""
-    kw = dict(qtype=qtype, n_out=n_out)
+    kw: dict[str, Any] = dict(qtype=qtype, n_out=n_out)
     interpret = impl.kernels == "interpret"
     if r.kind == "xla":
         return lambda x, planes: tiles.dequant_matmul_reference(x, planes, **kw)
@@ -207,7 +208,7 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     nt = math.prod(lead)
     x2 = x.reshape(nt, k)
     r = route(w, nt, impl)
-    if r.kind == "dense":
+    if isinstance(w, DenseWeight):  # r.kind == "dense"
         wm = w.w if w.transposed else w.w.T  # [K, N]
         y = jnp.dot(x2.astype(wm.dtype), wm, preferred_element_type=jnp.float32)
     else:

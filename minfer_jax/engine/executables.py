@@ -302,7 +302,7 @@ def obtain(model, key, store: ExecutableStore | None):
     exe = lowered.compile()
     t2 = time.perf_counter()
     source = "jax-cache" if getattr(_hits, "n", 0) > hits else "compiled"
-    if digest is not None and source == "compiled":
+    if store is not None and digest is not None and source == "compiled":
         store.put(digest, exe, label)
     t3 = time.perf_counter()
     return exe, ExecutableRecord(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -275,9 +276,10 @@ def _cache(model, key):
 
 
 def _state(key):
+    # abstract values (what the executable is lowered for), typed as the arrays they stand for
     return steps.SlotState(
-        last_token=jax.ShapeDtypeStruct((key.n_slots,), jnp.int32),
-        history=jax.ShapeDtypeStruct((key.n_slots, key.history), jnp.int32),
+        last_token=cast(jax.Array, jax.ShapeDtypeStruct((key.n_slots,), jnp.int32)),
+        history=cast(jax.Array, jax.ShapeDtypeStruct((key.n_slots, key.history), jnp.int32)),
     )
 
 

@@ -18,7 +18,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Unpack
+from typing import TYPE_CHECKING, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,10 @@ from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
 
+if TYPE_CHECKING:
+    from minfer_jax.engine.sharding import TensorParallel
+    from minfer_jax.files.tokenizer import Tokenizer
+
 DEFAULT_CTX = 4096
 COMPILATION_CACHE_ENV = "MINFER_COMPILATION_CACHE"  # a directory, or "0"/"off" to disable
 
@@ -52,8 +56,9 @@ def compilation_cache_dir() -> str | None:
         return None
     if setting:
         return setting
-    if jax.config.jax_compilation_cache_dir:
-        return jax.config.jax_compilation_cache_dir
+    configured = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # no stub
+    if configured:
+        return configured
     from minfer_jax.files.model_source import model_cache_dir
 
     return os.path.join(model_cache_dir(), "xla")
@@ -70,9 +75,8 @@ def enable_compilation_cache(platform: str | None = None) -> str | None:
         os.makedirs(path, exist_ok=True)
     except OSError:
         return None  # a read-only home: run without the cache rather than fail
-    if not jax.config.jax_compilation_cache_dir and executables.jax_cache_useful(
-        platform or jax.default_backend()
-    ):
+    configured = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # no stub
+    if not configured and executables.jax_cache_useful(platform or jax.default_backend()):
         jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return path
@@ -82,23 +86,20 @@ def enable_compilation_cache(platform: str | None = None) -> str | None:
 class Model:
     config: Config
     params: Params
-    tokenizer: object
+    tokenizer: Tokenizer | None  # None: the file has no vocabulary (token ids in and out)
     impl: ops.Impl
     ctx_size: int
     cache_dtype: object
     source: str
     weight_mode: str
     chunk: int = plan_mod.DEFAULT_CHUNK["cpu"]  # prefill chunk (tokens per executable)
-    # sharding.TensorParallel: params and cache split over its mesh; None: one device
-    tp: object = None
-    store: ExecutableStore | None = dataclasses.field(
-        default=None, repr=False
-    )  # None: compile every start
+    tp: TensorParallel | None = None  # params and cache split over its mesh; None: one device
+    # None: compile every start
+    store: ExecutableStore | None = dataclasses.field(default=None, repr=False)
     startup: dict = dataclasses.field(default_factory=dict)  # load phase -> seconds, in order
     weights_from: str = "built"  # "cache": mapped from the weights cache (weights_cache.py)
-    weights_saving: object = dataclasses.field(
-        default=None, repr=False
-    )  # the thread writing that cache entry
+    # the thread writing that cache entry
+    weights_saving: object = dataclasses.field(default=None, repr=False)
     _compiled: dict = dataclasses.field(default_factory=dict, repr=False)
     _compile_seconds: dict = dataclasses.field(default_factory=dict, repr=False)
     _records: dict = dataclasses.field(default_factory=dict, repr=False)  # key -> ExecutableRecord
@@ -186,11 +187,13 @@ class Model:
         s = self._scheduler
         if s is None or s.model is not self or s.plan != plan or s.busy:
             self._scheduler = None  # drop the old KV cache before allocating the next
-            self._scheduler = Scheduler(self, plan)
-        return self._scheduler
+            s = self._scheduler = Scheduler(self, plan)
+        return s
 
     # -- user-facing helpers -----------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidArgumentError("this model has no tokenizer metadata: pass token ids")
         return self.tokenizer.encode(text)
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -298,13 +301,14 @@ def load(
     cached = weights_cache.entry_for(gguf_model.path, opts) if tensor_parallel is None else None
     params = cached.get(device) if cached is not None else None
     weights_from = "cache" if params is not None else "built"
-    if params is None and tensor_parallel is None:
-        params = load_params(gguf_model, opts, device=device, progress=bar)
-    elif params is None:
-        from minfer_jax.engine import sharding
+    if params is None:
+        if tensor_parallel is None:
+            params = load_params(gguf_model, opts, device=device, progress=bar)
+        else:
+            from minfer_jax.engine import sharding
 
-        tp = sharding.tensor_parallel(gguf_model, tensor_parallel)
-        params = sharding.shard_params(gguf_model, tp.split, tp.mesh, opts)
+            tp = sharding.tensor_parallel(gguf_model, tensor_parallel)
+            params = sharding.shard_params(gguf_model, tp.split, tp.mesh, opts)
     jax.block_until_ready(params)  # the transfer belongs to this phase, not to the first step
     timer.mark("params")
     saving = (

@@ -9,7 +9,7 @@ greedy.
 from __future__ import annotations
 
 import dataclasses
-from typing import TypedDict, Unpack
+from typing import TypedDict, Unpack, cast
 
 import jax
 import jax.numpy as jnp
@@ -89,7 +89,8 @@ def sampler_of(
         settings["top_k"] = validate.clamped_count(
             "top_k", settings["top_k"], vocab, all_of="the vocabulary", minus_one=False
         )
-    s = Sampler(**{"temperature": 0.0, **settings})
+    settings.setdefault("temperature", 0.0)
+    s = Sampler(**settings)
     if s.greedy:
         return dataclasses.replace(
             GREEDY, repeat_penalty=s.repeat_penalty, repeat_last_n=s.repeat_last_n
@@ -106,7 +107,9 @@ def within_context(sampler: Sampler, ctx: int, vocab: int | None = None) -> Samp
     return dataclasses.replace(sampler, repeat_last_n=min(sampler.repeat_last_n, ctx), top_k=top_k)
 
 
-def apply_repeat_penalty(logits: jax.Array, history: jax.Array, penalty: float) -> jax.Array:
+def apply_repeat_penalty(
+    logits: jax.Array, history: jax.Array, penalty: float | jax.Array
+) -> jax.Array:
     """llama.cpp's penalty: logits of tokens in history [n] (-1 = empty) divided (if > 0) or
     multiplied by penalty."""
     valid = history >= 0
@@ -151,8 +154,9 @@ class RowSettings:
         samplers = list(samplers) + [GREEDY] * pad
         seeds = [int(s) % 2**64 for s in seeds] + [0] * pad
 
-        def col(name, dtype):
-            return np.asarray([getattr(s, name) for s in samplers], dtype)
+        # host columns: an executable's arguments, typed as the arrays it sees
+        def col(name, dtype) -> jax.Array:
+            return cast(jax.Array, np.asarray([getattr(s, name) for s in samplers], dtype))
 
         return RowSettings(
             temperature=col("temperature", np.float32),
@@ -160,19 +164,19 @@ class RowSettings:
             top_p=col("top_p", np.float32),
             min_p=col("min_p", np.float32),
             repeat_penalty=col("repeat_penalty", np.float32),
-            repeat_last_n=np.asarray([s.history_len for s in samplers], np.int32),
-            seed=np.asarray([s % 2**32 for s in seeds], np.uint32),
-            seed_hi=np.asarray([s >> 32 for s in seeds], np.uint32),
+            repeat_last_n=cast(jax.Array, np.asarray([s.history_len for s in samplers], np.int32)),
+            seed=cast(jax.Array, np.asarray([s % 2**32 for s in seeds], np.uint32)),
+            seed_hi=cast(jax.Array, np.asarray([s >> 32 for s in seeds], np.uint32)),
         )
 
     @staticmethod
     def spec(rows: int) -> RowSettings:
         """The abstract shapes of `of(...)` for `rows` rows (what an executable is lowered for)."""
-        f32, i32 = (
-            jax.ShapeDtypeStruct((rows,), jnp.float32),
-            jax.ShapeDtypeStruct((rows,), jnp.int32),
+        # abstract values, typed as the arrays they stand for
+        f32, i32, u32 = (
+            cast(jax.Array, jax.ShapeDtypeStruct((rows,), t))
+            for t in (jnp.float32, jnp.int32, jnp.uint32)
         )
-        u32 = jax.ShapeDtypeStruct((rows,), jnp.uint32)
         return RowSettings(
             temperature=f32,
             top_k=i32,

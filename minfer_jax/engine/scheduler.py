@@ -32,10 +32,11 @@ import numpy as np
 
 from minfer_jax import validate
 from minfer_jax.engine import steps
-from minfer_jax.engine.plan import Plan
+from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.errors import ContextOverflowError
+from minfer_jax.model.cache import KVCache
 
 _ids = itertools.count()
 
@@ -176,6 +177,7 @@ class Request:
         if self.error is not None:
             raise self.error
         s, t = self.stream, self.timing
+        assert s is not None and s.reason is not None  # done without an error: finished
         return steps.GenerationResult(
             tokens=list(s.tokens),
             text=s.text,
@@ -197,7 +199,9 @@ class Scheduler:
         # (plan keys' `covers`); engine/warmup.py compiles the rest in the background
         self.compile_in_loop = compile_in_loop
         self.stand_ins = 0  # dispatches that ran on a covering executable instead of their own
-        self.cache = self.state = None  # allocated on first use, donated through every step
+        # allocated on first use, donated through every step
+        self.cache: KVCache | None = None
+        self.state: steps.SlotState | None = None
         self.free_slots = list(range(plan.n_seqs))
         # per free slot, the tokens whose K/V it still holds at positions [0, len) (prefix reuse)
         self.slot_tokens: dict[int, list[int]] = {}
@@ -355,7 +359,7 @@ class Scheduler:
         start: prompt tokens a slot already holds (prefix reuse)."""
         plan = self.plan
         mode = SamplerMode.of([sampler])
-        keys = list(
+        keys: list[PrefillKey | DecodeKey] = list(
             dict.fromkeys(
                 plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt - start, start)
             )
@@ -419,6 +423,7 @@ class Scheduler:
         tail = req.prompt[max(0, start + n_valid - width) : start + n_valid] if width else []
         history[width - len(tail) :] = tail
         exe = self._exe(key)
+        assert req.slot is not None  # prefilling requests hold a slot
         token, self.state, self.cache = exe(
             self.model.params,
             self.cache,
@@ -473,6 +478,7 @@ class Scheduler:
                 return
             t = req.timing
             t.first = time.perf_counter()
+            assert t.start is not None  # set when its prefill was dispatched
             t.prefill_s = t.first - t.start - (self.compile_s - t.compile_at_start)
             t.compile_at_first = self.compile_s
             self._deliver(req, [token])
@@ -483,14 +489,16 @@ class Scheduler:
                 self._deliver(req, out[:valid, i].tolist())
 
     def _deliver(self, req: Request, tokens: list[int]) -> None:
+        stream = req.stream
+        assert stream is not None  # tokens reach started requests only
         for t in tokens:
-            req.stream.push(t)
+            stream.push(t)
         self.tokens_out += len(tokens)
-        piece = req.stream.take()
+        piece = stream.take()
         if piece and req.on_text is not None:
             req.on_text(piece)
-        if req.finished:
-            self._finish(req, req.stream.reason)
+        if stream.reason is not None:  # req.finished
+            self._finish(req, stream.reason)
 
     def _finish(self, req: Request, reason: StopReason) -> None:
         if req.stream is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -173,7 +174,7 @@ _REPLICATED_LAYER_VECTORS = (
 def shard_tensors(model: GGUFModel, split: Split, s: int) -> dict[str, RawTensor]:
     """Shard s's tensors under the GGUF names, so load_params builds its Params unchanged."""
     cfg, hd, t = model.config, model.config.head_dim, model.tensors
-    out = {
+    out: dict[str, RawTensor] = {
         n: t[n] for n in ("token_embd.weight", "output_norm.weight", "rope_freqs.weight") if n in t
     }
     head = t["token_embd.weight" if cfg.tied_output else "output.weight"]
@@ -294,7 +295,9 @@ class TensorParallel:
             jnp.dtype(dtype),
             sharding=NamedSharding(self.mesh, CACHE_SPEC),
         )
-        return KVCache(k=(spec,) * self.config.n_layers, v=(spec,) * self.config.n_layers)
+        # abstract (for lowering), typed as the arrays it stands for
+        specs = cast(tuple[jax.Array, ...], (spec,) * self.config.n_layers)
+        return KVCache(k=specs, v=specs)
 
     def init_cache(self, n_slots: int, max_len: int, dtype=jnp.float32) -> KVCache:
         zeros = jax.jit(

@@ -211,7 +211,7 @@ class WeightsCache:
                     f.write(_MAGIC + struct.pack("<Q", len(blob)) + blob)
                     for (off, _, _), x in zip(layout, leaves):
                         f.seek(start + off)
-                        f.write(memoryview(np.ascontiguousarray(np.asarray(x))).cast("B"))
+                        f.write(np.ascontiguousarray(np.asarray(x)).data.cast("B"))
                     f.truncate(total)
                 os.replace(tmp, self.path(digest))
             except BaseException:
@@ -268,5 +268,7 @@ class Entry:
 def entry_for(path: str, opts) -> Entry | None:
     """The cache entry of a GGUF file loaded with `opts` (None: cache off, or no file to key on)."""
     directory = cache_dir()
-    digest = cache_key(path, opts) if directory is not None else None
+    if directory is None:
+        return None
+    digest = cache_key(path, opts)
     return None if digest is None else Entry(WeightsCache(directory), digest)

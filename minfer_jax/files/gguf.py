@@ -14,6 +14,7 @@ Tensor data stays in the mmap: `RawTensor.data` is the array gguf-py hands out (
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import math
 import os
@@ -160,7 +161,7 @@ class _FastReader(GGUFReader):
             )
         if item_type != GGUFValueType.STRING:
             return super()._get_field_parts(orig_offs, GGUFValueType.ARRAY)
-        data, raw, size, u64 = self._data, memoryview(self._data), self._size, _DTYPES[np.uint64]
+        data, raw, size, u64 = self._data, self._data.data, self._size, _DTYPES[np.uint64]
         parts = head
         for _ in range(length):  # per string: its uint64 length, then its bytes
             if offs + 8 > size:
@@ -495,10 +496,11 @@ class MetadataView:
     def float(self, key: str, default: Any = None) -> float:
         return _meta(self.meta, f"{self.arch}.{key}", self.path, float, default=default)
 
-    def str(self, key: str, default: Any = None) -> str:
+    # the methods `str` and `float` shadow the builtins in this class's scope
+    def str(self, key: str, default: Any = None) -> builtins.str:
         return _meta(self.meta, f"{self.arch}.{key}", self.path, str, default=default)
 
-    def positive_float(self, key: str, default: Any = None) -> float:
+    def positive_float(self, key: builtins.str, default: Any = None) -> builtins.float:
         v = self.float(key, default)
         if not (math.isfinite(v) and v > 0):
             raise GGUFError(
