@@ -315,7 +315,7 @@ def test_kernel_cases_are_the_loaders_weights():
 
 def test_ggml_cases():
     cases = kernel_cases.ggml_cases(None)
-    assert sum(len(c.nts) for c in cases) == 13  # the 13 rows of PERF_TARGETS.md's ggml table
+    assert sum(len(c.nts) for c in cases) == 13  # the 13 rows of ggml's MUL_MAT table
     assert {(c.qtype.name, c.n, c.k) for c in cases} >= {
         ("Q4_K", 4096, 4096),
         ("Q4_K", 14336, 4096),

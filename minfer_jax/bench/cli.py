@@ -221,7 +221,7 @@ def _kernel_args(g) -> None:
     g.add_argument(
         "--ggml-shapes",
         action="store_true",
-        help="the cases of PERF_TARGETS.md's ggml table (Q4_0/Q5_0/Q8_0/Q4_K/Q6_K 4096x14336, Q4_K "
+        help="the cases of ggml's MUL_MAT table (Q4_0/Q5_0/Q8_0/Q4_K/Q6_K 4096x14336, Q4_K "
         "4096x4096 and 14336x4096; nt 1, and 8/512 where ggml lists them), with ggml's times",
     )
     g.add_argument(

@@ -16,8 +16,9 @@ from typing import Any
 
 from minfer_jax.bench.env import Env, utc_stamp
 
-# ggml's CUDA MUL_MAT times on the H200 (PERF_TARGETS.md, test-backend-ops perf -o MUL_MAT, f32
-# activations): (type, out, in) -> {nt: microseconds}. --ggml-shapes runs exactly these cases.
+# ggml's CUDA MUL_MAT times on the H200 (llama.cpp built from the llama-cpp-python 0.3.36 sdist,
+# test-backend-ops perf -o MUL_MAT, f32 activations): (type, out, in) -> {nt: microseconds}.
+# --ggml-shapes runs exactly these cases.
 GGML_REFERENCE_US: dict[tuple[str, int, int], dict[int, float]] = {
     ("Q4_0", 4096, 14336): {1: 14.6, 8: 32.7, 512: 307.0},
     ("Q5_0", 4096, 14336): {1: 17.6},
@@ -109,7 +110,7 @@ def ggml_cases(nts: Sequence[int] | None) -> list[KernelCase]:
             n,
             k,
             tuple(nts) if nts else tuple(sorted(ref)),
-            source="ggml (PERF_TARGETS.md)",
+            source="ggml (test-backend-ops)",
         )
         for (q, n, k), ref in GGML_REFERENCE_US.items()
     ]
