@@ -1,8 +1,8 @@
 """The one exception family minfer_jax raises on purpose.
 
 Every error a user can cause (a broken file, an unknown quant type, a missing model, a prompt
-longer than the context, an argument out of range) is a `MinferError`, with a message that names the file or tensor and
-what was expected. Anything else escaping the package is a bug.
+longer than the context, an argument out of range) is a `MinferError`, with a message that names the
+file or tensor and what was expected. Anything else escaping the package is a bug.
 """
 
 
@@ -15,7 +15,8 @@ class GGUFError(MinferError):
 
 
 class UnsupportedError(GGUFError):
-    """The file is valid GGUF but uses an architecture or tensor type minfer_jax does not support."""
+    """The file is valid GGUF but uses an architecture or tensor type minfer_jax does not
+    support."""
 
 
 class ModelNotFoundError(MinferError):
@@ -31,7 +32,9 @@ class TemplateError(MinferError):
 
 
 class InvalidArgumentError(MinferError, ValueError):
-    """An argument of a public call (load, generate, logits, Sampler, Config, Impl, the CLI) is out of range.
+    """An argument of a public call (load, generate, logits, Sampler, Config, Impl, the CLI) is out
+    of range.
 
-    Also a ValueError, so callers written against the plain ValueError these calls raised before keep working.
+    Also a ValueError, so callers written against the plain ValueError these calls raised before
+    keep working.
     """

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,25 +60,32 @@ class Choices:
         return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
 
 
-KERNELS = Choices((
-    ("pallas", "Triton kernels, GPU"),
-    ("interpret", "the same kernels in Pallas' interpreter: very slow, tiny shapes only"),
-    ("xla", "reference: dequantize + XLA dot"),
-))
-GEMMS = Choices((  # past GEMV_MAX_NT tokens, block formats (route() below)
-    ("auto", f"the split f16 GEMM up to {gemm.FEW_TOKEN_MAX_NT} tokens, dequant beyond"),
-    ("f16", "weight tiles decoded inside the GEMM"),
-    ("dequant", "weights decoded into a transient f16 matrix, then a float GEMM"),
-    ("int8", "int8 activations x int8 quants; slower on the H200"),
-))
+KERNELS = Choices(
+    (
+        ("pallas", "Triton kernels, GPU"),
+        ("interpret", "the same kernels in Pallas' interpreter: very slow, tiny shapes only"),
+        ("xla", "reference: dequantize + XLA dot"),
+    )
+)
+GEMMS = Choices(
+    (  # past GEMV_MAX_NT tokens, block formats (route() below)
+        ("auto", f"the split f16 GEMM up to {gemm.FEW_TOKEN_MAX_NT} tokens, dequant beyond"),
+        ("f16", "weight tiles decoded inside the GEMM"),
+        ("dequant", "weights decoded into a transient f16 matrix, then a float GEMM"),
+        ("int8", "int8 activations x int8 quants; slower on the H200"),
+    )
+)
 KERNEL_MODES = KERNELS.names
 GEMM_VARIANTS = GEMMS.names
 # "auto": up to gemm.FEW_TOKEN_MAX_NT tokens the in-kernel-decode GEMM with a K split (batched
 # decode, [G-few-tokens]); from this many on dequantize-then-GEMM, which won at every prefill size
 # swept against the unsplit GEMM (docs/BENCHMARKS.md, GEMV choices [G-dequant-nt]).
 DEQUANT_MIN_NT = gemm.FEW_TOKEN_MAX_NT + 1
-_FLOAT_QTYPE = {jnp.dtype(jnp.float16): QType.F16, jnp.dtype(jnp.bfloat16): QType.BF16,
-                jnp.dtype(jnp.float32): QType.F32}
+_FLOAT_QTYPE = {
+    jnp.dtype(jnp.float16): QType.F16,
+    jnp.dtype(jnp.bfloat16): QType.BF16,
+    jnp.dtype(jnp.float32): QType.F32,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +113,11 @@ def default_impl(platform: str | None = None) -> Impl:
 
 
 ROUTE_KINDS = ("dense", "xla", "gemv", "gemv-float", "gemm", "dq+gemm", "gemm-i8")
-_PREFILL_KINDS = {"f16": "gemm", "dequant": "dq+gemm", "int8": "gemm-i8"}  # gemm_variant -> Route.kind
+_PREFILL_KINDS = {
+    "f16": "gemm",
+    "dequant": "dq+gemm",
+    "int8": "gemm-i8",
+}  # gemm_variant -> Route.kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,14 +163,16 @@ def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
 
 
 def route_call(r: Route, qtype: QType, n_out: int, impl: Impl):
-    """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K]]) -> [nt, n_out] f32
-    (x_scale: "gemv+fold" only, the norm weight)."""
-    kw = dict(qtype=qtype, n_out=n_out)
+    """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K]]) ->
+    [nt, n_out] f32 (x_scale: "gemv+fold" only, the norm weight)."""
+    kw: dict[str, Any] = dict(qtype=qtype, n_out=n_out)
     interpret = impl.kernels == "interpret"
     if r.kind == "xla":
         return lambda x, planes: tiles.dequant_matmul_reference(x, planes, **kw)
     if r.kind == "gemv":
-        return lambda x, planes, x_scale=None: gemv.gemv_int8(x, planes, x_scale=x_scale, interpret=interpret, **kw)
+        return lambda x, planes, x_scale=None: gemv.gemv_int8(
+            x, planes, x_scale=x_scale, interpret=interpret, **kw
+        )
     if r.kind == "gemv-float":
         return lambda x, planes: gemv.gemv_float(x, planes, interpret=interpret, **kw)
     if r.kind == "gemm":
@@ -171,12 +185,13 @@ def route_call(r: Route, qtype: QType, n_out: int, impl: Impl):
 
 
 def route_reference(r: Route, qtype: QType, n_out: int):
-    """The jnp reference of exactly what route_call(r, ...) computes, (x, planes) -> [nt, n_out] f32:
-    the integer GEMV's own (same activation quantization, exact integer sums), the int8 GEMM's, or
-    whole-matrix decode in the compute dtype + one f32-accumulated dot (float GEMV, both f16 GEMM
+    """The jnp reference of exactly what route_call(r, ...) computes, (x, planes) -> [nt, n_out]
+    f32: the integer GEMV's own (same activation quantization, exact integer sums), the int8 GEMM's,
+    or whole-matrix decode in the compute dtype + one f32-accumulated dot (float GEMV, both f16 GEMM
     variants, the XLA path)."""
     fn = {"gemv": gemv.gemv_int8_reference, "gemm-i8": gemm_int8.gemm_int8_reference}.get(
-        r.kind, tiles.dequant_matmul_reference)
+        r.kind, tiles.dequant_matmul_reference
+    )
     return lambda x, planes: fn(x, planes, qtype=qtype, n_out=n_out)
 
 
@@ -193,7 +208,7 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     nt = math.prod(lead)
     x2 = x.reshape(nt, k)
     r = route(w, nt, impl)
-    if r.kind == "dense":
+    if isinstance(w, DenseWeight):  # r.kind == "dense"
         wm = w.w if w.transposed else w.w.T  # [K, N]
         y = jnp.dot(x2.astype(wm.dtype), wm, preferred_element_type=jnp.float32)
     else:
@@ -201,8 +216,11 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     return y.reshape(*lead, y.shape[-1])
 
 
-def norm_matmuls(x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl) -> list[jax.Array]:
-    """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w] f32.
+def norm_matmuls(
+    x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl
+) -> list[jax.Array]:
+    """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w]
+    f32.
 
     Where every weight's route is "gemv+fold" (kernels, nt <= gemv_max_nt, block formats,
     impl.fold_norm) the norm is folded into the matmuls: W (r g x) = r (W (g x)) with r =
@@ -219,8 +237,12 @@ def norm_matmuls(x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl
         return [matmul(h, w, impl) for w in weights]
     x2 = x.reshape(nt, k).astype(jnp.float32)
     r = jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + eps)  # [nt, 1]
-    return [(route_call(rt, w.qtype, w.shape[0], impl)(x2, w.planes, norm_weight) * r).reshape(*lead, w.shape[0])
-            for rt, w in zip(routes, weights)]
+    return [
+        (route_call(rt, w.qtype, w.shape[0], impl)(x2, w.planes, norm_weight) * r).reshape(
+            *lead, w.shape[0]
+        )
+        for rt, w in zip(routes, weights)
+    ]
 
 
 def _dequant_gemm(x: jax.Array, planes, qtype: QType, n_out: int, interpret: bool) -> jax.Array:

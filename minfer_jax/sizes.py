@@ -7,7 +7,8 @@ import os
 
 
 def pow2_at_least(n: int, floor: int = 1) -> int:
-    """The smallest floor * 2**k >= n (floor a power of two: the smallest power of two >= n, >= floor)."""
+    """The smallest floor * 2**k >= n (floor a power of two: the smallest power of two >= n, >=
+    floor)."""
     b = floor
     while b < n:
         b *= 2
@@ -26,6 +27,8 @@ def gib_from_env(name: str, default_gib: float) -> int:
     try:
         gib = float(raw) if raw else default_gib
     except ValueError:
-        logging.getLogger("minfer_jax").warning("%s=%r is not a number; using %s", name, raw, default_gib)
+        logging.getLogger("minfer_jax").warning(
+            "%s=%r is not a number; using %s", name, raw, default_gib
+        )
         gib = default_gib
     return max(int(gib * 2**30), 0)

@@ -1,4 +1,5 @@
-"""Checks for the values a user hands to a public call: plain functions, one InvalidArgumentError each.
+"""Checks for the values a user hands to a public call: plain functions, one InvalidArgumentError
+each.
 
 Every public boundary (load, generate, Model.logits, Sampler, Config, Impl, the tokenizer, the
 CLI, and a server translating JSON requests) checks its arguments here, so one message style names
@@ -38,21 +39,27 @@ def integer(name: str, value: Any, lo: int, hi: int) -> int:
 
 
 def clamped_count(name: str, value: Any, limit: int, *, all_of: str, minus_one: bool = True) -> int:
-    """An extreme but meaningful count, clamped like llama.cpp: any int >= 0 (and -1 with minus_one),
-    where -1 and anything above `limit` mean all of it (`all_of` names what: "the vocabulary").
+    """An extreme but meaningful count, clamped like llama.cpp: any int >= 0
+    (and -1 with minus_one), where -1 and anything above `limit` mean all of it
+    (`all_of` names what: "the vocabulary").
 
-    The one policy of the API, the CLI and the server for top_k, max_new_tokens / -n / max_tokens and
-    repeat_last_n: a value past what exists is what exists, never an error."""
+    The one policy of the API, the CLI and the server for top_k, max_new_tokens / -n / max_tokens
+    and repeat_last_n: a value past what exists is what exists, never an error."""
     lo = -1 if minus_one else 0
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
-        more = f"; -1 or more than {all_of} means all of it" if minus_one else f"; more than {all_of} means all of it"
+        more = (
+            f"; -1 or more than {all_of} means all of it"
+            if minus_one
+            else f"; more than {all_of} means all of it"
+        )
         raise InvalidArgumentError(f"{name} must be an int >= {lo}{more}, got {_shown(value)}")
     value = int(value)
     return limit if value == -1 or value > limit else value
 
 
-def number(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf, *,
-           lo_open: bool = False) -> float:
+def number(
+    name: str, value: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False
+) -> float:
     """A finite real number (not bool) in [lo, hi], or (lo, hi] with lo_open."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgumentError(f"{name} must be a finite number, got {_shown(value)}")
@@ -66,7 +73,9 @@ def number(name: str, value: Any, lo: float = -math.inf, hi: float = math.inf, *
 
 def choice(name: str, value: Any, options: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in options:
-        raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, options))}, got {_shown(value)}")
+        raise InvalidArgumentError(
+            f"{name} must be one of {', '.join(map(repr, options))}, got {_shown(value)}"
+        )
     return value
 
 
@@ -78,8 +87,9 @@ def text(name: str, value: Any) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
         raise InvalidArgumentError(
-            f"{name} is not valid UTF-8 text: {value[e.start:e.end]!r} at character {e.start} is a lone "
-            "surrogate (undecodable input bytes?)") from None
+            f"{name} is not valid UTF-8 text: {value[e.start : e.end]!r} at character {e.start} "
+            "is a lone surrogate (undecodable input bytes?)"
+        ) from None
     return value
 
 
@@ -97,7 +107,9 @@ def token_ids(value: Any, vocab_size: int, name: str = "token ids") -> list[int]
         t = int(t)
         if not 0 <= t < vocab_size:
             raise InvalidArgumentError(
-                f"{name}: token id #{i} is {t}, outside the vocabulary 0..{vocab_size - 1} ({vocab_size} tokens)")
+                f"{name}: token id #{i} is {t}, outside the vocabulary 0..{vocab_size - 1} "
+                f"({vocab_size} tokens)"
+            )
         out.append(t)
     return out
 
@@ -105,14 +117,20 @@ def token_ids(value: Any, vocab_size: int, name: str = "token ids") -> list[int]
 def stop_strings(value: Any) -> tuple[str, ...]:
     """A sequence of at most MAX_STOP_STRINGS str, each at most MAX_STOP_CHARS long."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise InvalidArgumentError(f"stop must be a list of strings (not one string), got {_shown(value)}")
+        raise InvalidArgumentError(
+            f"stop must be a list of strings (not one string), got {_shown(value)}"
+        )
     items = list(value)
     if len(items) > MAX_STOP_STRINGS:
-        raise InvalidArgumentError(f"stop has {len(items)} strings, at most {MAX_STOP_STRINGS} are allowed")
+        raise InvalidArgumentError(
+            f"stop has {len(items)} strings, at most {MAX_STOP_STRINGS} are allowed"
+        )
     for i, s in enumerate(items):
         text(f"stop[{i}]", s)
         if len(s) > MAX_STOP_CHARS:
-            raise InvalidArgumentError(f"stop[{i}] has {len(s)} characters, at most {MAX_STOP_CHARS} are allowed")
+            raise InvalidArgumentError(
+                f"stop[{i}] has {len(s)} characters, at most {MAX_STOP_CHARS} are allowed"
+            )
     return tuple(items)
 
 
@@ -145,20 +163,27 @@ def fits_in_memory(what: str, nbytes: int, limit: int | None, already: int = 0) 
     """Refuse an allocation of nbytes (plus `already` resident bytes) that exceeds limit."""
     if limit is not None and nbytes + already > limit:
         raise InvalidArgumentError(
-            f"{what} needs {nbytes} bytes ({nbytes / 2**30:.1f} GiB){f' on top of {already / 2**30:.1f} GiB of weights' if already else ''}, "
-            f"more than the device's {limit} bytes ({limit / 2**30:.1f} GiB); use a smaller context (ctx_size / -c)")
+            f"{what} needs {nbytes} bytes ({nbytes / 2**30:.1f} GiB)"
+            f"{f' on top of {already / 2**30:.1f} GiB of weights' if already else ''}, "
+            f"more than the device's {limit} bytes ({limit / 2**30:.1f} GiB); "
+            "use a smaller context (ctx_size / -c)"
+        )
 
 
 LOAD_WEIGHT_MODES = ("quantized", "dense")
 
 
-def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, prefill_chunk: Any,
-                   platform: str) -> None:
-    """runtime.load's options (ctx_size past the trained context is clamped to it once the file is read)."""
+def load_arguments(
+    *, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, prefill_chunk: Any, platform: str
+) -> None:
+    """runtime.load's options (ctx_size past the trained context is clamped to it once the file is
+    read)."""
     from minfer_jax import ops  # ops.KERNELS and GEMMS (ops imports this module)
 
     if ctx_size is not None:
-        clamped_count("ctx_size", ctx_size, INT32_MAX, all_of="the trained context", minus_one=False)
+        clamped_count(
+            "ctx_size", ctx_size, INT32_MAX, all_of="the trained context", minus_one=False
+        )
         if ctx_size == 0:
             raise InvalidArgumentError("ctx_size must be >= 1 (or None for the default), got 0")
     if prefill_chunk is not None:
@@ -167,21 +192,29 @@ def load_arguments(*, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, pref
         try:
             Plan(ctx=1, chunk=prefill_chunk)  # the plan decides which chunk sizes exist
         except PlanError as e:
-            raise InvalidArgumentError(f"prefill_chunk (tokens per prefill executable): {e}") from None
+            raise InvalidArgumentError(
+                f"prefill_chunk (tokens per prefill executable): {e}"
+            ) from None
     if weights is not None:
         choice("weights", weights, LOAD_WEIGHT_MODES)
     if kernels is not None:
         choice("kernels", kernels, ops.KERNELS.names)
         if kernels == "pallas" and platform != "gpu":
-            raise InvalidArgumentError(f"kernels='pallas' needs a GPU, but the device is {platform}; "
-                                       "use kernels='interpret' (slow) or 'xla'")
+            raise InvalidArgumentError(
+                f"kernels='pallas' needs a GPU, but the device is {platform}; "
+                "use kernels='interpret' (slow) or 'xla'"
+            )
     choice("gemm", gemm, ops.GEMMS.names)
 
 
-def generate_arguments(*, max_new_tokens: Any, seed: Any, stop: Any, chat: Any, on_text: Any) -> None:
+def generate_arguments(
+    *, max_new_tokens: Any, seed: Any, stop: Any, chat: Any, on_text: Any
+) -> None:
     """runtime.generate's settings besides the sampler (Sampler checks its own fields) and
     decode_steps (Plan checks it against plan.MAX_DECODE_STEPS)."""
-    clamped_count("max_new_tokens", max_new_tokens, INT32_MAX, all_of="the context")  # generate() clamps to it
+    clamped_count(
+        "max_new_tokens", max_new_tokens, INT32_MAX, all_of="the context"
+    )  # generate() clamps to it
     globals()["seed"](seed)
     stop_strings(stop)
     if not isinstance(chat, bool):

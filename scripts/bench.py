@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """llama-bench compatible benchmark for minfer_jax (model tests pp/tg/pg, or --kernels).
 
-Thin entry point: the logic lives in minfer_jax/bench/ (bench/cli.py). Run `python scripts/bench.py --help`.
+Thin entry point: the logic lives in minfer_jax/bench/ (bench/cli.py). Run `python scripts/bench.py
+--help`.
 """
 
 import os

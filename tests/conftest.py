@@ -7,7 +7,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def real_model_path() -> str:
-    """Path of the real Qwen2.5-Coder-0.5B GGUF (MINFER_TEST_MODEL, else the built-in default model).
+    """Path of the real Qwen2.5-Coder-0.5B GGUF (MINFER_TEST_MODEL, else the built-in default
+    model).
 
     CI installs the `model` extra, so this resolves there; a missing model is an error, not a skip.
     """

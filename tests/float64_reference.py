@@ -22,7 +22,9 @@ def _weights(gm):
     def w(name):
         if name not in cache:
             t = gm.tensors[name]
-            cache[name] = dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float64)
+            cache[name] = (
+                dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float64)
+            )
         return cache[name]
 
     return w
@@ -41,7 +43,7 @@ def _rope(x, pos, theta, *, neox, factors=None, scale=1.0):
     ang = (pos.astype(np.float64) * scale)[:, None] * inv[None]
     c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
     if neox:
-        a, b = x[..., : hd // 2], x[..., hd // 2:]
+        a, b = x[..., : hd // 2], x[..., hd // 2 :]
         return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
     a, b = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x)
@@ -50,7 +52,7 @@ def _rope(x, pos, theta, *, neox, factors=None, scale=1.0):
 
 
 def _gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def forward(gm, tokens) -> np.ndarray:
@@ -65,17 +67,22 @@ def forward(gm, tokens) -> np.ndarray:
     x = w("token_embd.weight")[np.asarray(tokens)]
     if fam == "gemma3":
         x = x * math.sqrt(cfg.d_model)
-    scale = cfg.attn_scale or hd ** -0.5
+    scale = cfg.attn_scale or hd**-0.5
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        local = cfg.sliding_window and (cfg.swa_period == 0 or i % cfg.swa_period < cfg.swa_period - 1)
+        local = cfg.sliding_window and (
+            cfg.swa_period == 0 or i % cfg.swa_period < cfg.swa_period - 1
+        )
         h = _norm(x, w(p + "attn_norm.weight"), eps)
         q, k, v = (h @ w(p + f"attn_{r}.weight").T for r in "qkv")
         if fam == "qwen2":
             q, k, v = q + w(p + "attn_q.bias"), k + w(p + "attn_k.bias"), v + w(p + "attn_v.bias")
         q, k, v = q.reshape(t, nh, hd), k.reshape(t, nkv, hd), v.reshape(t, nkv, hd)
         if fam in ("qwen3", "gemma3"):
-            q, k = _norm(q, w(p + "attn_q_norm.weight"), eps), _norm(k, w(p + "attn_k_norm.weight"), eps)
+            q, k = (
+                _norm(q, w(p + "attn_q_norm.weight"), eps),
+                _norm(k, w(p + "attn_k_norm.weight"), eps),
+            )
         theta = cfg.rope_theta_local if local and cfg.rope_theta_local else cfg.rope_theta
         rscale = 1.0 if local else cfg.rope_scale
         q = _rope(q, pos, theta, neox=fam != "llama", factors=factors, scale=rscale)

@@ -21,23 +21,43 @@ import gguf
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from minfer_jax.model.qwen2 import ARCHITECTURE
-from minfer_jax.model.config import Config
 from minfer_jax.files.synthetic import placeholder_vocab, synthetic_model_from_config
+from minfer_jax.model.config import Config
+from minfer_jax.model.qwen2 import ARCHITECTURE
 
 FUZZ_EXAMPLES_ENV = "MINFER_FUZZ_EXAMPLES"
-TINY = Config(n_layers=1, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, context_length=128, vocab_size=300,
-              rope_theta=10000.0, rms_eps=1e-6, tied_output=True)
+TINY = Config(
+    n_layers=1,
+    d_model=64,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=128,
+    context_length=128,
+    vocab_size=300,
+    rope_theta=10000.0,
+    rms_eps=1e-6,
+    tied_output=True,
+)
 KEEP = object()
 
 
 def fuzz_settings(ci_examples: int, deadline_ms: int | None = 5000) -> settings:
-    """CI: `ci_examples` derandomized cases; $MINFER_FUZZ_EXAMPLES overrides the count (random seeds then)."""
+    """CI: `ci_examples` derandomized cases; $MINFER_FUZZ_EXAMPLES overrides the count
+    (random seeds then)."""
     long_run = os.environ.get(FUZZ_EXAMPLES_ENV)
-    return settings(max_examples=int(long_run) if long_run else ci_examples, derandomize=not long_run,
-                    deadline=deadline_ms, database=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                           HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    return settings(
+        max_examples=int(long_run) if long_run else ci_examples,
+        derandomize=not long_run,
+        deadline=deadline_ms,
+        database=None,
+        print_blob=True,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+        ],
+    )
 
 
 def bounded(fn, *, seconds: float = 5.0, megabytes: float | None = 64.0, rss: bool = False):
@@ -62,8 +82,9 @@ def bounded(fn, *, seconds: float = 5.0, megabytes: float | None = 64.0, rss: bo
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
         assert elapsed <= seconds, f"took {elapsed:.2f} s (bound {seconds} s)"
-        assert megabytes is None or peak <= megabytes * 2**20, \
+        assert megabytes is None or peak <= megabytes * 2**20, (
             f"allocated {peak / 2**20:.1f} MiB at peak (bound {megabytes} MiB)"
+        )
 
 
 class _RssPeak:
@@ -91,8 +112,13 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def tiny_gguf(path: str | os.PathLike, *, cfg: Config = TINY, tokens: list[str] | None = None,
-              meta: dict | None = None) -> Path:
+def tiny_gguf(
+    path: str | os.PathLike,
+    *,
+    cfg: Config = TINY,
+    tokens: list[str] | None = None,
+    meta: dict | None = None,
+) -> Path:
     """A valid one-layer Qwen2 GGUF (F32 weights, tied head) with a placeholder vocabulary.
 
     tokens: a different token list (its types all NORMAL, merges kept); meta: key -> value to add or
@@ -104,15 +130,22 @@ def tiny_gguf(path: str | os.PathLike, *, cfg: Config = TINY, tokens: list[str] 
     if tokens is not None:
         vocab, types = tokens, [1] * len(tokens)
     values = {
-        "general.name": "tiny", f"{ARCHITECTURE}.block_count": cfg.n_layers,
-        f"{ARCHITECTURE}.context_length": cfg.context_length, f"{ARCHITECTURE}.embedding_length": cfg.d_model,
-        f"{ARCHITECTURE}.feed_forward_length": cfg.d_ff, f"{ARCHITECTURE}.attention.head_count": cfg.n_heads,
+        "general.name": "tiny",
+        f"{ARCHITECTURE}.block_count": cfg.n_layers,
+        f"{ARCHITECTURE}.context_length": cfg.context_length,
+        f"{ARCHITECTURE}.embedding_length": cfg.d_model,
+        f"{ARCHITECTURE}.feed_forward_length": cfg.d_ff,
+        f"{ARCHITECTURE}.attention.head_count": cfg.n_heads,
         f"{ARCHITECTURE}.attention.head_count_kv": cfg.n_kv_heads,
         f"{ARCHITECTURE}.rope.freq_base": float(cfg.rope_theta),
         f"{ARCHITECTURE}.attention.layer_norm_rms_epsilon": float(cfg.rms_eps),
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": vocab,
-        "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.eos_token_id": cfg.vocab_size - 1, "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": vocab,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.eos_token_id": cfg.vocab_size - 1,
+        "tokenizer.ggml.add_bos_token": False,
     }
     values.update(meta or {})
     w = gguf.GGUFWriter(os.fspath(path), arch=ARCHITECTURE)

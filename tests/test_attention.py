@@ -1,4 +1,5 @@
-"""Chunk and decode attention kernels vs their jnp references, and each reference vs dense f64 numpy.
+"""Chunk and decode attention kernels vs their jnp references, and each reference vs dense f64
+numpy.
 
 Caches hold random keys/values at the visible positions and large finite junk everywhere else
 (past the chunk's end, past each row's length, unused slots): the results must not depend on it.
@@ -16,7 +17,8 @@ from minfer_jax.errors import MinferError
 from minfer_jax.pallas import attention, decode_attention
 from tests.kernel_mode import INTERPRET
 
-JUNK = 3.0e4  # large but finite in f16 too: masking by multiplication (0 * junk, or junk scores) would show
+# large but finite in f16 too: masking by multiplication (0 * junk, or junk scores) would show
+JUNK = 3.0e4
 # f32 caches: interpreted kernels differ from the references by summation order only; compiled,
 # Triton's f32 dots may run in tf32.
 ATOL = 2e-5 if INTERPRET else 5e-3
@@ -24,7 +26,8 @@ N_SLOTS = 4
 
 
 def filled_cache(key, n_kv, max_len, head_dim, visible: dict[int, int], junk: float = JUNK):
-    """k, v [N_SLOTS, n_kv, max_len, head_dim] f32: random at positions < visible[slot], junk elsewhere."""
+    """k, v [N_SLOTS, n_kv, max_len, head_dim] f32: random at positions < visible[slot], junk
+    elsewhere."""
     kk, kv = jax.random.split(key)
     shape = (N_SLOTS, n_kv, max_len, head_dim)
     pos = np.arange(max_len)
@@ -37,13 +40,16 @@ def filled_cache(key, n_kv, max_len, head_dim, visible: dict[int, int], junk: fl
 
 
 def dense_attention_np(q, k, v, q_pos, scale):
-    """q [n, H, hd] at absolute positions q_pos [n] over k, v [Hkv, S, hd] (keys 0 .. S-1), in f64."""
+    """q [n, H, hd] at absolute positions q_pos [n] over k, v [Hkv, S, hd] (keys 0 .. S-1), in
+    f64."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     n_heads, n_kv = q.shape[1], k.shape[0]
     kh = np.repeat(k, n_heads // n_kv, axis=0)  # [H, S, hd]: query head h reads KV head h // rep
     vh = np.repeat(v, n_heads // n_kv, axis=0)
     s = np.einsum("nhd,hsd->hns", q, kh) * scale
-    s = np.where(np.arange(k.shape[1])[None, None, :] <= np.asarray(q_pos)[None, :, None], s, -np.inf)
+    s = np.where(
+        np.arange(k.shape[1])[None, None, :] <= np.asarray(q_pos)[None, :, None], s, -np.inf
+    )
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     return np.einsum("hns,hsd->nhd", p, vh)
@@ -56,8 +62,24 @@ CHUNK_CASES = [
     (64, 2, 2, 64, 191, 256, {"block_q": 128, "block_k": 128}),  # 255 keys, ratio 1
     (64, 7, 1, 64, 4097 - 64, 4352, {}),  # 4097 keys, chunk mid-cache
     (16, 4, 1, 128, 4097 - 16, 4352, {"block_k": 128}),
-    (32, 7, 1, 128, 4097 - 32, 4352, {"k_splits": 3}),  # key-split programs, merged; the 7B's ratio and hd
-    (64, 4, 1, 128, 150, 256, {"block_q": 32, "block_k": 32, "k_splits": 4}),  # early row blocks: empty splits
+    (
+        32,
+        7,
+        1,
+        128,
+        4097 - 32,
+        4352,
+        {"k_splits": 3},
+    ),  # key-split programs, merged; the 7B's ratio and hd
+    (
+        64,
+        4,
+        1,
+        128,
+        150,
+        256,
+        {"block_q": 32, "block_k": 32, "k_splits": 4},
+    ),  # early row blocks: empty splits
 ]
 
 
@@ -75,8 +97,9 @@ def test_chunk_attention(t_len, n_heads, n_kv, head_dim, start, max_len, blocks)
     chex.assert_trees_all_close(got, ref, atol=ATOL, rtol=0)
 
     n_keys = start + t_len
-    dense = dense_attention_np(q, k[slot, :, :n_keys], v[slot, :, :n_keys], start + np.arange(t_len),
-                               head_dim ** -0.5)
+    dense = dense_attention_np(
+        q, k[slot, :, :n_keys], v[slot, :, :n_keys], start + np.arange(t_len), head_dim**-0.5
+    )
     np.testing.assert_allclose(np.asarray(ref, np.float64), dense, atol=1e-5, rtol=0)
 
     k0, v0 = filled_cache(jax.random.fold_in(key, 1), n_kv, max_len, head_dim, visible, junk=0.0)
@@ -103,17 +126,23 @@ def test_decode_attention(lengths, slots, nq, n_heads, n_kv, head_dim, max_len, 
     visible = dict(zip(slots, lengths))
     k, v = filled_cache(jax.random.fold_in(key, 1), n_kv, max_len, head_dim, visible)
     slots_a, lengths_a = jnp.array(slots, jnp.int32), jnp.array(lengths, jnp.int32)
-    got = decode_attention.decode_attention(q, k, v, slots_a, lengths_a, k_splits=k_splits, interpret=INTERPRET)
+    got = decode_attention.decode_attention(
+        q, k, v, slots_a, lengths_a, k_splits=k_splits, interpret=INTERPRET
+    )
     ref = decode_attention.decode_attention_reference(q, k, v, slots_a, lengths_a)
     chex.assert_shape(got, (batch, nq, n_heads, head_dim))
     chex.assert_trees_all_close(got, ref, atol=ATOL, rtol=0)
 
     for b, (slot, n) in enumerate(zip(slots, lengths)):
-        dense = dense_attention_np(q[b], k[slot, :, :n], v[slot, :, :n], n - nq + np.arange(nq), head_dim ** -0.5)
+        dense = dense_attention_np(
+            q[b], k[slot, :, :n], v[slot, :, :n], n - nq + np.arange(nq), head_dim**-0.5
+        )
         np.testing.assert_allclose(np.asarray(ref[b], np.float64), dense, atol=1e-5, rtol=0)
 
     k0, v0 = filled_cache(jax.random.fold_in(key, 1), n_kv, max_len, head_dim, visible, junk=0.0)
-    clean = decode_attention.decode_attention(q, k0, v0, slots_a, lengths_a, k_splits=k_splits, interpret=INTERPRET)
+    clean = decode_attention.decode_attention(
+        q, k0, v0, slots_a, lengths_a, k_splits=k_splits, interpret=INTERPRET
+    )
     chex.assert_trees_all_equal(got, clean)
 
 
@@ -122,7 +151,9 @@ def test_decode_attention_unused_rows_are_zero():
     k, v = filled_cache(jax.random.PRNGKey(3), 1, 256, 64, {1: 40})
     q = jax.random.normal(jax.random.PRNGKey(4), (2, 1, 7, 64))
     slots, lengths = jnp.array([1, 0], jnp.int32), jnp.array([40, 0], jnp.int32)
-    got = decode_attention.decode_attention(q, k, v, slots, lengths, k_splits=2, interpret=INTERPRET)
+    got = decode_attention.decode_attention(
+        q, k, v, slots, lengths, k_splits=2, interpret=INTERPRET
+    )
     chex.assert_trees_all_equal(got[1], jnp.zeros_like(got[1]))
     ref = decode_attention.decode_attention_reference(q[:1], k, v, slots[:1], lengths[:1])
     chex.assert_trees_all_close(got[:1], ref, atol=ATOL, rtol=0)
@@ -134,14 +165,16 @@ def test_merge_splits_matches_one_softmax():
     s = rng.normal(size=(3, 40)) * 4  # base-2 scores of 3 rows over 40 keys
     v = rng.normal(size=(40, 8))
     parts = [(0, 16), (16, 16), (16, 40)]  # the middle split holds no keys
-    o, m, l = [], [], []
+    o, m, lsum = [], [], []
     for lo, hi in parts:
         mi = s[:, lo:hi].max(axis=1) if hi > lo else np.full(3, attention.M_INIT)
         p = np.exp2(s[:, lo:hi] - mi[:, None])
-        o.append(p @ v[lo:hi]), m.append(mi), l.append(p.sum(axis=1))
-    got = attention.merge_splits(jnp.asarray(np.stack(o)[None, None], jnp.float32),
-                                  jnp.asarray(np.stack(m)[None, None], jnp.float32),
-                                  jnp.asarray(np.stack(l)[None, None], jnp.float32))[0, 0]
+        o.append(p @ v[lo:hi]), m.append(mi), lsum.append(p.sum(axis=1))
+    got = attention.merge_splits(
+        jnp.asarray(np.stack(o)[None, None], jnp.float32),
+        jnp.asarray(np.stack(m)[None, None], jnp.float32),
+        jnp.asarray(np.stack(lsum)[None, None], jnp.float32),
+    )[0, 0]
     p = np.exp2(s - s.max(axis=1, keepdims=True))
     np.testing.assert_allclose(np.asarray(got), (p / p.sum(axis=1, keepdims=True)) @ v, atol=1e-5)
 
@@ -158,29 +191,49 @@ def test_new_start_or_lengths_do_not_retrace():
     @jax.jit
     @chex.assert_max_traces(n=1)
     def decode(q, slots, lengths):
-        return decode_attention.decode_attention(q, k, v, slots, lengths, k_splits=2, interpret=INTERPRET)
+        return decode_attention.decode_attention(
+            q, k, v, slots, lengths, k_splits=2, interpret=INTERPRET
+        )
 
     q = jax.random.normal(jax.random.PRNGKey(6), (16, 4, head_dim))
     for slot, start in ((0, 0), (1, 84), (3, 240)):
         got = chunk(q, slot, start)
-        chex.assert_trees_all_close(got, attention.chunk_attention_reference(q, k, v, slot, start), atol=ATOL, rtol=0)
+        chex.assert_trees_all_close(
+            got, attention.chunk_attention_reference(q, k, v, slot, start), atol=ATOL, rtol=0
+        )
     qd = q[:2].reshape(2, 1, 4, head_dim)
     for lengths in ((1, 200), (100, 17)):
         slots, lens = jnp.array([1, 0], jnp.int32), jnp.array(lengths, jnp.int32)
         got = decode(qd, slots, lens)
-        chex.assert_trees_all_close(got, decode_attention.decode_attention_reference(qd, k, v, slots, lens),
-                                    atol=ATOL, rtol=0)
+        chex.assert_trees_all_close(
+            got,
+            decode_attention.decode_attention_reference(qd, k, v, slots, lens),
+            atol=ATOL,
+            rtol=0,
+        )
 
 
 @pytest.mark.parametrize("bad", ["t_not_pow2", "t_too_long", "heads", "block", "max_len"])
 def test_chunk_attention_rejects_unsupported_shapes(bad):
-    t_len, n_heads = {"t_not_pow2": (24, 4), "t_too_long": (4096, 4), "heads": (16, 3)}.get(bad, (16, 4))
+    t_len, n_heads = {"t_not_pow2": (24, 4), "t_too_long": (4096, 4), "heads": (16, 3)}.get(
+        bad, (16, 4)
+    )
     max_len = 200 if bad == "max_len" else 256
     q = jnp.zeros((t_len, n_heads, 64))
     k = jnp.zeros((1, 2, max_len, 64))
-    with pytest.raises(MinferError, match={"t_not_pow2": "T=24", "t_too_long": "T=4096", "heads": "3 query heads",
-                                           "block": "block_q=24", "max_len": "max_len 200"}[bad]):
-        attention.chunk_attention(q, k, k, 0, 0, block_q=24 if bad == "block" else None, interpret=INTERPRET)
+    with pytest.raises(
+        MinferError,
+        match={
+            "t_not_pow2": "T=24",
+            "t_too_long": "T=4096",
+            "heads": "3 query heads",
+            "block": "block_q=24",
+            "max_len": "max_len 200",
+        }[bad],
+    ):
+        attention.chunk_attention(
+            q, k, k, 0, 0, block_q=24 if bad == "block" else None, interpret=INTERPRET
+        )
 
 
 def test_decode_attention_rejects_unsupported_shapes():
@@ -190,15 +243,21 @@ def test_decode_attention_rejects_unsupported_shapes():
     with pytest.raises(MinferError, match="head_dim 32"):
         decode_attention.decode_attention(jnp.zeros((1, 1, 4, 32)), k, k, 0, 9, interpret=INTERPRET)
     with pytest.raises(MinferError, match="block_k=48"):
-        decode_attention.decode_attention(jnp.zeros((1, 1, 4, 64)), k, k, 0, 9, block_k=48, interpret=INTERPRET)
+        decode_attention.decode_attention(
+            jnp.zeros((1, 1, 4, 64)), k, k, 0, 9, block_k=48, interpret=INTERPRET
+        )
 
 
 def lower_for_gpu(fn, *avals):
-    """Lower fn for CUDA on any host (jax.export): runs the Pallas Triton lowering rules (power-of-two
-    load/store sizes, indexers) that interpret mode skips; Triton's own compile still needs a GPU."""
+    """Lower fn for CUDA on any host (jax.export): runs the Pallas Triton lowering rules
+    (power-of-two load/store sizes, indexers) that interpret mode skips; Triton's own compile still
+    needs a GPU."""
     from jax import export
+
     checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-    return export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*avals).mlir_module()
+    return export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(
+        *avals
+    ).mlir_module()
 
 
 @pytest.mark.parametrize("model", [(14, 2, 64), (28, 4, 128), (40, 8, 128)])  # 0.5B, 7B, 32B heads
@@ -206,21 +265,41 @@ def test_kernels_lower_to_triton(model):
     n_heads, n_kv, head_dim = model
     f16, i32 = jnp.float16, jax.ShapeDtypeStruct((), jnp.int32)
     cache = jax.ShapeDtypeStruct((3, n_kv, 4096, head_dim), f16)
-    for t_len, blocks in ((512, {}), (16, {"block_q": 16, "block_k": 16}), (2048, {"k_splits": 4}),
-                          (1024, {"block_q": 128, "block_k": 128, "num_warps": 8})):
+    for t_len, blocks in (
+        (512, {}),
+        (16, {"block_q": 16, "block_k": 16}),
+        (2048, {"k_splits": 4}),
+        (1024, {"block_q": 128, "block_k": 128, "num_warps": 8}),
+    ):
         q = jax.ShapeDtypeStruct((t_len, n_heads, head_dim), f16)
-        text = lower_for_gpu(lambda q, k, v, s, p: attention.chunk_attention(q, k, v, s, p, **blocks),
-                             q, cache, cache, i32, i32)
+        text = lower_for_gpu(
+            lambda q, k, v, s, p, blocks=blocks: attention.chunk_attention(q, k, v, s, p, **blocks),
+            q,
+            cache,
+            cache,
+            i32,
+            i32,
+        )
         assert "chunk_attention" in text
     for batch, nq, splits in ((1, 1, None), (5, 8, 7), (64, 3, 2)):
         q = jax.ShapeDtypeStruct((batch, nq, n_heads, head_dim), f16)
         rows = jax.ShapeDtypeStruct((batch,), jnp.int32)
-        text = lower_for_gpu(lambda q, k, v, s, n: decode_attention.decode_attention(q, k, v, s, n, k_splits=splits),
-                             q, cache, cache, rows, rows)
+        text = lower_for_gpu(
+            lambda q, k, v, s, n, splits=splits: decode_attention.decode_attention(
+                q, k, v, s, n, k_splits=splits
+            ),
+            q,
+            cache,
+            cache,
+            rows,
+            rows,
+        )
         assert "decode_attention" in text
 
 
-# --- sliding windows (Gemma 3's local layers): the window is an operand, one kernel for every layer ---
+# --- sliding windows (Gemma 3's local layers): the window is an operand, one kernel for every
+# layer ---
+
 
 def windowed_dense_np(q, k, v, q_pos, scale, window):
     """dense_attention_np with keys q_pos - window < key <= q_pos only."""
@@ -238,44 +317,73 @@ def windowed_dense_np(q, k, v, q_pos, scale, window):
 # (T, H, Hkv, head_dim, start, max_len, window, blocks)
 WINDOW_CHUNK_CASES = [
     (16, 4, 1, 64, 100, 256, 8, {"block_q": 16, "block_k": 16}),  # window narrower than a tile
-    (64, 4, 2, 64, 150, 256, 40, {"block_q": 32, "block_k": 32, "k_splits": 3}),  # split share starts past 0
+    (
+        64,
+        4,
+        2,
+        64,
+        150,
+        256,
+        40,
+        {"block_q": 32, "block_k": 32, "k_splits": 3},
+    ),  # split share starts past 0
     (32, 4, 1, 256, 700, 1024, 512, {}),  # Gemma 3 1B's heads and window, chunk past the window
     (16, 2, 1, 64, 0, 256, 512, {}),  # window wider than the prefix: plain causal
 ]
 
 
-@pytest.mark.parametrize("t_len,n_heads,n_kv,head_dim,start,max_len,window,blocks", WINDOW_CHUNK_CASES)
+@pytest.mark.parametrize(
+    "t_len,n_heads,n_kv,head_dim,start,max_len,window,blocks", WINDOW_CHUNK_CASES
+)
 def test_chunk_attention_window(t_len, n_heads, n_kv, head_dim, start, max_len, window, blocks):
     slot = 1
     key = jax.random.PRNGKey(window + start)
     q = jax.random.normal(key, (t_len, n_heads, head_dim))
     k, v = filled_cache(jax.random.fold_in(key, 1), n_kv, max_len, head_dim, {slot: start + t_len})
-    got = attention.chunk_attention(q, k, v, slot, start, interpret=INTERPRET, window=jnp.int32(window), **blocks)
+    got = attention.chunk_attention(
+        q, k, v, slot, start, interpret=INTERPRET, window=jnp.int32(window), **blocks
+    )
     ref = attention.chunk_attention_reference(q, k, v, slot, start, window=window)
     chex.assert_trees_all_close(got, ref, atol=ATOL, rtol=0)
     n = start + t_len
-    dense = windowed_dense_np(q, k[slot, :, :n], v[slot, :, :n], start + np.arange(t_len), head_dim ** -0.5, window)
+    dense = windowed_dense_np(
+        q, k[slot, :, :n], v[slot, :, :n], start + np.arange(t_len), head_dim**-0.5, window
+    )
     np.testing.assert_allclose(np.asarray(ref, np.float64), dense, atol=1e-5, rtol=0)
     if window < start:  # the window changed something: not the causal result
         causal = attention.chunk_attention_reference(q, k, v, slot, start)
         assert float(jnp.max(jnp.abs(causal - ref))) > 1e-2
 
 
-@pytest.mark.parametrize("lengths,nq,k_splits,window", [((1, 40, 300), 1, 4, 16), ((300, 9), 8, 3, 64),
-                                                        ((700,), 1, None, 512)])
+@pytest.mark.parametrize(
+    "lengths,nq,k_splits,window",
+    [((1, 40, 300), 1, 4, 16), ((300, 9), 8, 3, 64), ((700,), 1, None, 512)],
+)
 def test_decode_attention_window(lengths, nq, k_splits, window):
     n_heads, n_kv, head_dim, max_len = 8, 2, 64 if window < 512 else 256, 1024
     key = jax.random.PRNGKey(sum(lengths) + window)
     slots = tuple(range(len(lengths)))
     q = jax.random.normal(key, (len(lengths), nq, n_heads, head_dim))
-    k, v = filled_cache(jax.random.fold_in(key, 1), n_kv, max_len, head_dim, dict(zip(slots, lengths)))
+    k, v = filled_cache(
+        jax.random.fold_in(key, 1), n_kv, max_len, head_dim, dict(zip(slots, lengths))
+    )
     slots_a, lengths_a = jnp.array(slots, jnp.int32), jnp.array(lengths, jnp.int32)
-    got = decode_attention.decode_attention(q, k, v, slots_a, lengths_a, k_splits=k_splits, interpret=INTERPRET,
-                                            window=jnp.int32(window))
+    got = decode_attention.decode_attention(
+        q,
+        k,
+        v,
+        slots_a,
+        lengths_a,
+        k_splits=k_splits,
+        interpret=INTERPRET,
+        window=jnp.int32(window),
+    )
     ref = decode_attention.decode_attention_reference(q, k, v, slots_a, lengths_a, window=window)
     chex.assert_trees_all_close(got, ref, atol=ATOL, rtol=0)
     for b, n in enumerate(lengths):
-        dense = windowed_dense_np(q[b], k[b, :, :n], v[b, :, :n], n - nq + np.arange(nq), head_dim ** -0.5, window)
+        dense = windowed_dense_np(
+            q[b], k[b, :, :n], v[b, :, :n], n - nq + np.arange(nq), head_dim**-0.5, window
+        )
         np.testing.assert_allclose(np.asarray(ref[b], np.float64), dense, atol=1e-5, rtol=0)
 
 
@@ -285,11 +393,25 @@ def test_windowed_kernels_lower_to_triton():
     cache = jax.ShapeDtypeStruct((2, 1, 4096, 256), f16)
     for t_len in (16, 512):
         q = jax.ShapeDtypeStruct((t_len, 4, 256), f16)
-        text = lower_for_gpu(lambda q, k, v, s, p, w: attention.chunk_attention(q, k, v, s, p, window=w),
-                             q, cache, cache, i32, i32, i32)
+        text = lower_for_gpu(
+            lambda q, k, v, s, p, w: attention.chunk_attention(q, k, v, s, p, window=w),
+            q,
+            cache,
+            cache,
+            i32,
+            i32,
+            i32,
+        )
         assert "chunk_attention" in text
     q = jax.ShapeDtypeStruct((4, 1, 4, 256), f16)
     rows = jax.ShapeDtypeStruct((4,), jnp.int32)
-    text = lower_for_gpu(lambda q, k, v, s, n, w: decode_attention.decode_attention(q, k, v, s, n, window=w),
-                         q, cache, cache, rows, rows, i32)
+    text = lower_for_gpu(
+        lambda q, k, v, s, n, w: decode_attention.decode_attention(q, k, v, s, n, window=w),
+        q,
+        cache,
+        cache,
+        rows,
+        rows,
+        i32,
+    )
     assert "decode_attention" in text

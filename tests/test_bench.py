@@ -1,4 +1,5 @@
-"""scripts/bench.py / minfer_jax.bench on CPU: output shape and fields (never speed), kernel mode, errors."""
+"""scripts/bench.py / minfer_jax.bench on CPU: output shape and fields (never speed), kernel mode,
+errors."""
 
 import contextlib
 import csv
@@ -11,8 +12,8 @@ import types
 
 import numpy as np
 import pytest
-from kernel_mode import KERNELS
 
+from kernel_mode import KERNELS
 from minfer_jax.bench import cli, fields, kernel_cases, model_tests, parsing
 from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
 from minfer_jax.sizes import pow2_at_least
@@ -39,14 +40,18 @@ def _no_persistent_cache():
         os.environ["MINFER_COMPILATION_CACHE"] = old
 
 
-# ------------------------------------------------------------------------------------------ model mode
+# --------------------------------------------------------------------------------------- model mode
+
 
 @pytest.fixture(scope="module")
 def model_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
     paths = {ext: str(d / f"rows.{ext}") for ext in ("json", "csv", "jsonl", "md")}
-    argv = TINY + ["-p", "16", "-n", "4", "-pg", "16,4", "-r", "2", "-o", "md"] + [
-        a for p in paths.values() for a in ("--out", p)]
+    argv = (
+        TINY
+        + ["-p", "16", "-n", "4", "-pg", "16,4", "-r", "2", "-o", "md"]
+        + [a for p in paths.values() for a in ("--out", p)]
+    )
     rc, out, err = run_main(argv)
     files = {}
     for ext, p in paths.items():
@@ -61,11 +66,24 @@ def test_model_md(model_run):
     assert files["md"] == out  # --out FILE.md holds exactly what stdout got
     lines = out.splitlines()
     assert lines[0].startswith("minfer_jax bench (model) | ")
-    for part in ("device: cpu", "jax ", "kernels: xla", "cmd: scripts/bench.py --synthetic qwen2.5-0.5b:q4_0"):
+    for part in (
+        "device: cpu",
+        "jax ",
+        "kernels: xla",
+        "cmd: scripts/bench.py --synthetic qwen2.5-0.5b:q4_0",
+    ):
         assert part in lines[0]
     table = [ln for ln in lines if ln.startswith("|")]
     head = [c.strip() for c in table[0].strip("|").split("|")]
-    assert head[:7] == ["model", "size", "params", "backend", "threads", "test", "t/s"]  # llama-bench, CPU backend
+    assert head[:7] == [
+        "model",
+        "size",
+        "params",
+        "backend",
+        "threads",
+        "test",
+        "t/s",
+    ]  # llama-bench, CPU backend
     for col in ("compile s", "GB/s", "% bw", "peak mem", "ctx", "bucket"):
         assert col in head
     assert set(table[1].replace("|", "").replace(" ", "")) <= set("-:")
@@ -86,7 +104,9 @@ def test_model_json(model_run):
     assert len(rows) == 3
     for r in rows:
         keys = list(r)
-        assert keys[:len(fields.LLAMA_BENCH_FIELDS)] == fields.LLAMA_BENCH_FIELDS  # llama-bench's fields, in order
+        assert (
+            keys[: len(fields.LLAMA_BENCH_FIELDS)] == fields.LLAMA_BENCH_FIELDS
+        )  # llama-bench's fields, in order
         assert keys[-2:] == ["samples_ns", "samples_ts"]
         assert isinstance(r["avg_ns"], int) and isinstance(r["avg_ts"], float)
         assert isinstance(r["flash_attn"], bool) and isinstance(r["n_prompt"], int)
@@ -105,7 +125,9 @@ def test_model_json(model_run):
     assert [r["test"] for r in rows] == ["pp16", "tg4", "pp16+tg4"]
     assert tg["weight_gbps"] > 0 and pp["weight_gbps"] is None and pg["weight_gbps"] is None
     assert pp["matmul_tflops"] > 0
-    assert tg["weight_gbps"] == pytest.approx(tg["weight_bytes_per_token"] * 4 / (tg["avg_ns"] * 1e-9) / 1e9)
+    assert tg["weight_gbps"] == pytest.approx(
+        tg["weight_bytes_per_token"] * 4 / (tg["avg_ns"] * 1e-9) / 1e9
+    )
     gm = synthetic_model("qwen2.5-0.5b:q4_0", layers=1)
     assert pp["model_size"] == sum(t.nbytes for t in gm.tensors.values())
     assert pp["model_n_params"] == sum(int(np.prod(t.shape)) for t in gm.tensors.values())
@@ -116,10 +138,16 @@ def test_model_csv_jsonl(model_run):
     assert rc == 0, err
     lines = files["csv"].splitlines()
     assert lines[0].split(",") == fields.MODEL_FIELDS
-    assert all(ln.startswith('"') and ln.endswith('"') for ln in lines[1:])  # llama-bench quotes every value
+    assert all(
+        ln.startswith('"') and ln.endswith('"') for ln in lines[1:]
+    )  # llama-bench quotes every value
     rows = list(csv.DictReader(io.StringIO(files["csv"])))
     assert [(r["n_prompt"], r["n_gen"]) for r in rows] == [("16", "0"), ("0", "4"), ("16", "4")]
-    assert rows[0]["flash_attn"] == "0" and rows[1]["weight_gbps"] != "" and rows[0]["weight_gbps"] == ""
+    assert (
+        rows[0]["flash_attn"] == "0"
+        and rows[1]["weight_gbps"] != ""
+        and rows[0]["weight_gbps"] == ""
+    )
     jl = [json.loads(ln) for ln in files["jsonl"].splitlines()]
     assert [r["test"] for r in jl] == ["pp16", "tg4", "pp16+tg4"]
 
@@ -133,16 +161,37 @@ def test_write_gguf(tmp_path):
 
     back, mem = load_gguf(str(path)), synthetic_model("qwen2.5-0.5b:q4_0", layers=1)
     assert back.config == mem.config
-    assert {n: (t.qtype, t.shape) for n, t in back.tensors.items()} == {n: (t.qtype, t.shape) for n, t in mem.tensors.items()}
+    assert {n: (t.qtype, t.shape) for n, t in back.tensors.items()} == {
+        n: (t.qtype, t.shape) for n, t in mem.tensors.items()
+    }
     assert fields.model_type(back) == fields.model_type(mem)
 
 
-# ------------------------------------------------------------------------------------------ kernel mode
+# -------------------------------------------------------------------------------------- kernel mode
 
-@pytest.mark.parametrize("impl,kinds,tol", [("xla", ["xla", "xla"], 0.0), (KERNELS, ["gemv", "gemm"], 1e-3)])
+
+@pytest.mark.parametrize(
+    "impl,kinds,tol", [("xla", ["xla", "xla"], 0.0), (KERNELS, ["gemv", "gemm"], 1e-3)]
+)
 def test_kernel_mode(impl, kinds, tol):
-    rc, out, err = run_main(["--shapes", "q4_0:128x256", "--nt", "1,16", "-r", "2", "--kernel-impl", impl,
-                             "--kernel-reps", "2", "-o", "json", "--mem-bw", "100"])
+    rc, out, err = run_main(
+        [
+            "--shapes",
+            "q4_0:128x256",
+            "--nt",
+            "1,16",
+            "-r",
+            "2",
+            "--kernel-impl",
+            impl,
+            "--kernel-reps",
+            "2",
+            "-o",
+            "json",
+            "--mem-bw",
+            "100",
+        ]
+    )
     assert rc == 0, err
     assert "minfer_jax bench (kernels)" in err  # the header line goes to stderr for json
     rows = json.loads(out)
@@ -150,7 +199,13 @@ def test_kernel_mode(impl, kinds, tol):
     assert [r["kernel"] for r in rows] == kinds
     for r in rows:
         assert list(r)[:-1] == fields.KERNEL_FIELDS and len(r["samples_us"]) == 2
-        assert (r["qtype"], r["n_out"], r["n_in"], r["impl"], r["reps"]) == ("Q4_0", 128, 256, impl, 2)
+        assert (r["qtype"], r["n_out"], r["n_in"], r["impl"], r["reps"]) == (
+            "Q4_0",
+            128,
+            256,
+            impl,
+            2,
+        )
         assert r["weight_bytes"] == 128 * 256 // 2 + 128 * 256 // 32 * 2
         assert r["avg_us"] > 0 and r["best_us"] <= max(r["samples_us"]) and r["compile_s"] > 0
         assert r["rel_err"] <= tol
@@ -161,7 +216,20 @@ def test_kernel_mode(impl, kinds, tol):
 
 
 def test_kernel_mode_md():
-    rc, out, err = run_main(["--shapes", "q8_0:128x64", "--nt", "2", "-r", "1", "--kernel-reps", "2", "--mem-bw", "none"])
+    rc, out, err = run_main(
+        [
+            "--shapes",
+            "q8_0:128x64",
+            "--nt",
+            "2",
+            "-r",
+            "1",
+            "--kernel-reps",
+            "2",
+            "--mem-bw",
+            "none",
+        ]
+    )
     assert rc == 0, err
     table = [ln for ln in out.splitlines() if ln.startswith("|")]
     head = [c.strip() for c in table[0].strip("|").split("|")]
@@ -188,12 +256,15 @@ def test_model_kernel_cases():
     assert all(c.nts == (1, 512) for c in cases)
     # tied head (0.5B): token_embd is the head's matrix
     t2, s2, tied2, _ = synthetic_shapes("qwen2.5-0.5b:q4_k_m", 2)
-    assert tied2 and any(c.tensors == "output" and c.n == 151936 for c in kernel_cases.model_matmul_cases(t2, s2, tied2, [1], ""))
-
+    assert tied2 and any(
+        c.tensors == "output" and c.n == 151936
+        for c in kernel_cases.model_matmul_cases(t2, s2, tied2, [1], "")
+    )
 
 
 def test_kernel_cases_are_the_loaders_weights():
-    """model_matmul_cases counts exactly the weights load_params builds: same fusion, types, shapes."""
+    """model_matmul_cases counts exactly the weights load_params builds: same fusion, types,
+    shapes."""
     import collections
 
     from minfer_jax.files.quant_mix import tensor_types
@@ -201,47 +272,89 @@ def test_kernel_cases_are_the_loaders_weights():
     from minfer_jax.model.config import Config
     from minfer_jax.model.weights import load_params
 
-    cfg = Config(n_layers=3, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512, context_length=512, vocab_size=300,
-                 rope_theta=1e6, rms_eps=1e-6, tied_output=False)
-    types_ = tensor_types(cfg, "q4_k_m")  # layer 2: Q6_K attn_v and ffn_down beside Q4_K -> [q; k] and v
-    assert types_["blk.2.attn_v.weight"] != types_["blk.2.attn_q.weight"] == types_["blk.0.attn_v.weight"]
+    cfg = Config(
+        n_layers=3,
+        d_model=256,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=512,
+        context_length=512,
+        vocab_size=300,
+        rope_theta=1e6,
+        rms_eps=1e-6,
+        tied_output=False,
+    )
+    types_ = tensor_types(
+        cfg, "q4_k_m"
+    )  # layer 2: Q6_K attn_v and ffn_down beside Q4_K -> [q; k] and v
+    assert (
+        types_["blk.2.attn_v.weight"]
+        != types_["blk.2.attn_q.weight"]
+        == types_["blk.0.attn_v.weight"]
+    )
     gm = synthetic_model_from_config(cfg, types_, seed=0)
     params = load_params(gm)
-    loaded = collections.Counter((w.qtype, *w.shape) for layer in params.layers
-                                 for w in (*layer.qkv, layer.wo, *layer.gate_up, layer.w_down))
+    loaded = collections.Counter(
+        (w.qtype, *w.shape)
+        for layer in params.layers
+        for w in (*layer.qkv, layer.wo, *layer.gate_up, layer.w_down)
+    )
     loaded[(params.head.qtype, *params.head.shape)] += 1
-    cases = kernel_cases.model_matmul_cases({n: t.qtype for n, t in gm.tensors.items()},
-                                            {n: t.shape for n, t in gm.tensors.items()}, cfg.tied_output, [1], "")
+    cases = kernel_cases.model_matmul_cases(
+        {n: t.qtype for n, t in gm.tensors.items()},
+        {n: t.shape for n, t in gm.tensors.items()},
+        cfg.tied_output,
+        [1],
+        "",
+    )
     assert {(c.qtype, c.n, c.k): c.count for c in cases} == dict(loaded)
-    assert any(c.tensors == "attn_q+attn_k" for c in cases) and any(c.tensors == "attn_q+attn_k+attn_v x2" for c in cases)
+    assert any(c.tensors == "attn_q+attn_k" for c in cases) and any(
+        c.tensors == "attn_q+attn_k+attn_v x2" for c in cases
+    )
+
 
 def test_ggml_cases():
     cases = kernel_cases.ggml_cases(None)
-    assert sum(len(c.nts) for c in cases) == 13  # the 13 rows of PERF_TARGETS.md's ggml table
-    assert {(c.qtype.name, c.n, c.k) for c in cases} >= {("Q4_K", 4096, 4096), ("Q4_K", 14336, 4096)}
+    assert sum(len(c.nts) for c in cases) == 13  # the 13 rows of ggml's MUL_MAT table
+    assert {(c.qtype.name, c.n, c.k) for c in cases} >= {
+        ("Q4_K", 4096, 4096),
+        ("Q4_K", 14336, 4096),
+    }
     assert all(c.nts == (1,) for c in kernel_cases.ggml_cases([1]))
 
 
-# ------------------------------------------------------------------------------------------ parsing, names
+# ----------------------------------------------------------------------------------- parsing, names
+
 
 def test_parse_helpers():
     assert parsing.parse_int_range("128,512") == [128, 512]
     assert parsing.parse_int_range("16-128*2") == [16, 32, 64, 128]
     assert parsing.parse_int_range("1-3,8-16+4") == [1, 2, 3, 8, 12, 16]
     assert parsing.parse_pg("512,128") == (512, 128)
-    assert [t.name for t in model_tests.build_tests([512, 0], [128], [(512, 128)])] == ["pp512", "tg128", "pp512+tg128"]
+    assert [t.name for t in model_tests.build_tests([512, 0], [128], [(512, 128)])] == [
+        "pp512",
+        "tg128",
+        "pp512+tg128",
+    ]
     assert pow2_at_least(1) == 1 and pow2_at_least(20) == 32 and pow2_at_least(512) == 512
-    assert [(q.name, n, k) for q, n, k in parsing.parse_shapes("q4_k:4096x14336,Q8_0:4096x14336")] == [
-        ("Q4_K", 4096, 14336), ("Q8_0", 4096, 14336)]
+    assert [
+        (q.name, n, k) for q, n, k in parsing.parse_shapes("q4_k:4096x14336,Q8_0:4096x14336")
+    ] == [("Q4_K", 4096, 14336), ("Q8_0", 4096, 14336)]
 
 
 def test_model_type_names():
     def desc(cfg_name, ftype):
-        return fields.model_type(types.SimpleNamespace(config=SYNTHETIC_CONFIGS[cfg_name], metadata={
-            "general.architecture": "qwen2", "general.file_type": ftype}))
+        return fields.model_type(
+            types.SimpleNamespace(
+                config=SYNTHETIC_CONFIGS[cfg_name],
+                metadata={"general.architecture": "qwen2", "general.file_type": ftype},
+            )
+        )
 
     assert desc("qwen2.5-7b", 15) == "qwen2 7B Q4_K - Medium"
-    assert desc("qwen2.5-0.5b", 15) == "qwen2 1B Q4_K - Medium"  # llama.cpp's name for 24 layers, n_embd 896
+    assert (
+        desc("qwen2.5-0.5b", 15) == "qwen2 1B Q4_K - Medium"
+    )  # llama.cpp's name for 24 layers, n_embd 896
     assert desc("qwen2.5-1.5b", 2) == "qwen2 1.5B Q4_0"
     assert desc("qwen2.5-14b", 7) == "qwen2 14B Q8_0"
     assert desc("qwen2.5-3b", 15 | 1024) == "qwen2 3B Q4_K - Medium (guessed)"
@@ -249,27 +362,39 @@ def test_model_type_names():
 
 # ------------------------------------------------------------------------------------------ errors
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--synthetic", "qwen2.5-9b:q4_k_m"], "bad synthetic model spec"),
-    (["--synthetic", "qwen2.5-7b:q9_z"], "bad synthetic model spec"),
-    (["-m", "/nonexistent/model.gguf"], "not found"),
-    (TINY + ["-p", "64", "-c", "32"], "more than -c 32"),
-    (TINY + ["-n", "40", "-c", "32"], "more than -c 32"),
-    (TINY + ["-p", "40000"], "trained context"),
-    (TINY + ["-p", "abc"], "-p"),
-    (TINY + ["-pg", "512"], "-pg"),
-    (TINY + ["-r", "0"], "-r"),
-    (["--shapes", "q4_0:128x100"], "block"),
-    (["--shapes", "zz9:128x256"], "unknown weight type"),
-    (["--shapes", "q4_0-128x256"], "TYPE:OUTxIN"),
-    (["--shapes", "q4_0:128x256", "--nt", "0"], "--nt"),
-    (["--shapes", "q4_0:128x256", "--kernel-impl", "cuda"], "invalid choice"),
-    ([], "give -m MODEL or --synthetic"),
-    (["--kernels"], "--kernels needs"),
-    (["--bogus-flag"], "unrecognized"),
-    (["-m", "/tmp/x.gguf", "--layers", "2"], "--layers"),
-    (["--synthetic", "qwen2.5-0.5b:q4_0,qwen2.5-1.5b:q4_0", "--write-gguf", "/tmp/never.gguf"], "exactly one"),
-])
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--synthetic", "qwen2.5-9b:q4_k_m"], "bad synthetic model spec"),
+        (["--synthetic", "qwen2.5-7b:q9_z"], "bad synthetic model spec"),
+        (["-m", "/nonexistent/model.gguf"], "not found"),
+        (TINY + ["-p", "64", "-c", "32"], "more than -c 32"),
+        (TINY + ["-n", "40", "-c", "32"], "more than -c 32"),
+        (TINY + ["-p", "40000"], "trained context"),
+        (TINY + ["-p", "abc"], "-p"),
+        (TINY + ["-pg", "512"], "-pg"),
+        (TINY + ["-r", "0"], "-r"),
+        (["--shapes", "q4_0:128x100"], "block"),
+        (["--shapes", "zz9:128x256"], "unknown weight type"),
+        (["--shapes", "q4_0-128x256"], "TYPE:OUTxIN"),
+        (["--shapes", "q4_0:128x256", "--nt", "0"], "--nt"),
+        (["--shapes", "q4_0:128x256", "--kernel-impl", "cuda"], "invalid choice"),
+        ([], "give -m MODEL or --synthetic"),
+        (["--kernels"], "--kernels needs"),
+        (["--bogus-flag"], "unrecognized"),
+        (["-m", "/tmp/x.gguf", "--layers", "2"], "--layers"),
+        (
+            [
+                "--synthetic",
+                "qwen2.5-0.5b:q4_0,qwen2.5-1.5b:q4_0",
+                "--write-gguf",
+                "/tmp/never.gguf",
+            ],
+            "exactly one",
+        ),
+    ],
+)
 def test_errors(argv, needle):
     rc, out, err = run_main(argv)
     assert rc == 2
@@ -281,8 +406,24 @@ def test_errors(argv, needle):
 def test_kernel_impl_pallas_only_on_a_gpu():
     import jax
 
-    rc, out, err = run_main(["--shapes", "q4_0:128x256", "--kernel-impl", "pallas", "--nt", "1", "-r", "1",
-                             "--kernel-reps", "2", "-o", "json", "--mem-bw", "none"])
+    rc, out, err = run_main(
+        [
+            "--shapes",
+            "q4_0:128x256",
+            "--kernel-impl",
+            "pallas",
+            "--nt",
+            "1",
+            "-r",
+            "1",
+            "--kernel-reps",
+            "2",
+            "-o",
+            "json",
+            "--mem-bw",
+            "none",
+        ]
+    )
     if jax.default_backend() == "gpu":
         assert rc == 0 and [r["impl"] for r in json.loads(out)] == ["pallas"], err
     else:
@@ -291,20 +432,50 @@ def test_kernel_impl_pallas_only_on_a_gpu():
 
 def test_script_help_and_error_exit_code():
     script = os.path.join(REPO, "scripts", "bench.py")
-    r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120,
-                       check=False)
+    r = subprocess.run(
+        [sys.executable, script, "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert r.returncode == 0, r.stderr
-    for flag in ("-p", "-n", "-pg", "-r", "-o", "--out", "--synthetic", "--layers", "--write-gguf", "--kernels",
-                 "--shapes", "--ggml-shapes", "--nt", "--kernel-impl", "-c"):
+    for flag in (
+        "-p",
+        "-n",
+        "-pg",
+        "-r",
+        "-o",
+        "--out",
+        "--synthetic",
+        "--layers",
+        "--write-gguf",
+        "--kernels",
+        "--shapes",
+        "--ggml-shapes",
+        "--nt",
+        "--kernel-impl",
+        "-c",
+    ):
         assert flag in r.stdout
-    r = subprocess.run([sys.executable, script, "--synthetic", "nope"], capture_output=True, text=True, timeout=120,
-                       check=False)
+    r = subprocess.run(
+        [sys.executable, script, "--synthetic", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
-    help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120,
-                               check=True).stdout
-    r = subprocess.run([sys.executable, "-m", "minfer_jax.bench", "--help"], capture_output=True, text=True,
-                       timeout=120, check=False, cwd=REPO)
-    assert r.returncode == 0 and r.stdout == help_text  # python -m minfer_jax.bench is the same command line
+    help_text = subprocess.run(
+        [sys.executable, script, "--help"], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "minfer_jax.bench", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
+    assert (
+        r.returncode == 0 and r.stdout == help_text
+    )  # python -m minfer_jax.bench is the same command line
 
 
 def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from minfer_jax.errors import TemplateError
 from minfer_jax.files import chat_template
 from minfer_jax.files.chat_template import render_chat_template
-from minfer_jax.errors import TemplateError
 from minfer_jax.files.tokenizer import Tokenizer
 
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
@@ -19,6 +19,7 @@ def tok(real_model) -> Tokenizer:
 
 
 # --- the real model's template --------------------------------------------------------------
+
 
 def test_real_template_default_system_prompt(tok):
     assert tok.apply_chat_template(USER) == (
@@ -44,25 +45,46 @@ def test_real_template_turns_without_generation_prompt(tok):
 
 
 def test_real_template_tools_use_hf_tojson(tok):
-    tool = {"type": "function", "function": {"name": "weather", "description": "Wetter für Köln <b>"}}
+    tool = {
+        "type": "function",
+        "function": {"name": "weather", "description": "Wetter für Köln <b>"},
+    }
     text = tok.apply_chat_template(USER, tools=[tool])
-    # not HTML-escaped, not ASCII-escaped, keys in insertion order (jinja's own tojson fails all three)
-    assert '\n{"type": "function", "function": {"name": "weather", "description": "Wetter für Köln <b>"}}\n' in text
+    # not HTML-escaped, not ASCII-escaped, keys in insertion order
+    # (jinja's own tojson fails all three)
+    assert (
+        '\n{"type": "function", "function": {"name": "weather", "description": "Wetter für Köln '
+        '<b>"}}\n' in text
+    )
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_real_template_tool_calls_and_responses(tok):
-    messages = [*USER,
-                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"city": "Köln"}}}]},
-                {"role": "tool", "content": "12C"}]
+    messages = [
+        *USER,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "f", "arguments": {"city": "Köln"}}}],
+        },
+        {"role": "tool", "content": "12C"},
+    ]
     text = tok.apply_chat_template(messages)
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"city": "Köln"}}\n</tool_call><|im_end|>\n' in text
+    assert (
+        "<|im_start|>assistant\n"
+        "<tool_call>\n"
+        '{"name": "f", "arguments": {"city": "Köln"}}\n'
+        "</tool_call><|im_end|>\n" in text
+    )
     assert "<|im_start|>user\n<tool_response>\n12C\n</tool_response><|im_end|>\n" in text
 
 
 def test_limits_leave_room_for_long_conversations(tok):
     """The sandbox budgets must not trip on big but legitimate prompts."""
-    messages = [{"role": ("user", "assistant")[i % 2], "content": f"{i} " + "word " * 2000} for i in range(300)]
+    messages = [
+        {"role": ("user", "assistant")[i % 2], "content": f"{i} " + "word " * 2000}
+        for i in range(300)
+    ]
     text = tok.apply_chat_template(messages)
     assert text.count("<|im_start|>") == 302 and len(text) > 3_000_000
 
@@ -76,33 +98,51 @@ def test_rendered_prompt_tokenizes_to_control_ids(tok):
 
 # --- the transformers dialect ----------------------------------------------------------------
 
+
 def test_tojson_matches_transformers():
-    out = render_chat_template("{{ x|tojson }}|{{ x|tojson(indent=2) }}", [], x={"b": 1, "a": "ü<&>'"})
+    out = render_chat_template(
+        "{{ x|tojson }}|{{ x|tojson(indent=2) }}", [], x={"b": 1, "a": "ü<&>'"}
+    )
     assert out == '{"b": 1, "a": "ü<&>\'"}|{\n  "b": 1,\n  "a": "ü<&>\'"\n}'
 
 
 def test_trim_and_lstrip_blocks():
-    template = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}"
+    template = (
+        "{% for m in messages %}\n"
+        "    {% if m.role == 'user' %}\n"
+        "[{{ m.content }}]\n"
+        "    {% endif %}\n"
+        "{% endfor %}"
+    )
     assert render_chat_template(template, USER * 2) == "[hi]\n[hi]\n"
 
 
 def test_undefined_is_lenient_like_hf():
     """Real templates test missing keys (`message.tool_calls`); that must not raise."""
-    out = render_chat_template("{% if messages[0].tool_calls %}T{% endif %}{{ messages[0].nope }}|{{ bos_token }}", USER)
+    out = render_chat_template(
+        "{% if messages[0].tool_calls %}T{% endif %}{{ messages[0].nope }}|{{ bos_token }}", USER
+    )
     assert out == "|"
 
 
 def test_variables_and_extra():
-    out = render_chat_template("{{ bos_token }}{{ eos_token }}{{ add_generation_prompt }}{{ enable_thinking }}",
-                               USER, add_generation_prompt=False, bos_token="<s>", eos_token="</s>",
-                               enable_thinking=True)
+    out = render_chat_template(
+        "{{ bos_token }}{{ eos_token }}{{ add_generation_prompt }}{{ enable_thinking }}",
+        USER,
+        add_generation_prompt=False,
+        bos_token="<s>",
+        eos_token="</s>",
+        enable_thinking=True,
+    )
     assert out == "<s></s>FalseTrue"
 
 
 def test_large_numbers_as_data_still_render():
     """Size limits apply to widths and counts, not to numbers that are content."""
-    template = ("{% set ns = namespace(v=ts) %}{{ ts }}|{{ ts|string }}|{{ ts|tojson }}|{{ '%d' % ts }}|"
-                "{{ '%d'|format(ts) }}|{{ '{}'.format(ts) }}|{{ [ts]|join(',') }}|{{ ns.v }}|{{ ts * 2 }}")
+    template = (
+        "{% set ns = namespace(v=ts) %}{{ ts }}|{{ ts|string }}|{{ ts|tojson }}|{{ '%d' % ts }}|"
+        "{{ '%d'|format(ts) }}|{{ '{}'.format(ts) }}|{{ [ts]|join(',') }}|{{ ns.v }}|{{ ts * 2 }}"
+    )
     out = render_chat_template(template, USER, ts=1_700_000_000)
     assert out == "|".join(["1700000000"] * 8 + ["3400000000"])
 
@@ -159,13 +199,24 @@ SANDBOX_ESCAPES = {
 
 RESOURCE_BOMBS = {
     "huge_range": ("{% for i in range(10**9) %}x{% endfor %}", "Range too big"),
-    "nested_ranges": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
+    "nested_ranges": (
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "steps",
+    ),
     "string_repeat": ("{{ 'x' * 10**9 }}", "sequence"),
     "huge_power": ("{{ 2 ** (10 ** 10) }}", "power"),
     "ljust": ("{{ ''.ljust(10**9) }}", "1000000000"),
     "center_filter": ("{{ 'x'|center(10**9) }}", "1000000000"),
-    "namespace_doubling": ("{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "with ~"),
-    "list_doubling": ("{% set ns = namespace(l=[1]) %}{% for i in range(100) %}{% set ns.l = ns.l + ns.l %}{% endfor %}", "sequence"),
+    "namespace_doubling": (
+        "{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% "
+        "endfor %}",
+        "with ~",
+    ),
+    "list_doubling": (
+        "{% set ns = namespace(l=[1]) %}{% for i in range(100) %}{% set ns.l = ns.l + ns.l %}{% "
+        "endfor %}",
+        "sequence",
+    ),
     "macro_doubling": ("{% macro f(s) %}{{ f(s ~ s) }}{% endmacro %}{{ f('x') }}", "with ~"),
     "output_flood": ("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}", "output"),
     "printf_width": ("{{ '%999999999d' % 1 }}", "width"),
@@ -188,9 +239,15 @@ ARGUMENT_BOMBS = {
     "printf_filter_sum": ("{{ ('%-1000000s' * 4000)|format(*(['x'] * 4000)) }}", "with %"),
     "printf_operator_sum": ("{{ ('%-1000000s' * 4000) % (('x',) * 4000) }}", "with %"),
     "printf_big_ints": ("{{ ('%d' * 4000) % ((7 ** 4000,) * 4000) }}", "with %"),
-    "tojson_separator": ("{{ (range(4000)|list)|tojson(separators=('x' * 40000, ':')) }}", "separator"),
+    "tojson_separator": (
+        "{{ (range(4000)|list)|tojson(separators=('x' * 40000, ':')) }}",
+        "separator",
+    ),
     "tojson_indent": ("{{ [[[[[[[[1]]]]]]]]|tojson(indent=1000000) }}", "indent"),
-    "tojson_escapes": ("{{ ('\u00e9' * 1000000)|tojson(ensure_ascii=True) }}", "tojson"),  # 6 characters each
+    "tojson_escapes": (
+        "{{ ('\u00e9' * 1000000)|tojson(ensure_ascii=True) }}",
+        "tojson",
+    ),  # 6 characters each
     "translate_table": ("{{ ('abc' * 1000000).translate({97: 'x' * 1000}) }}", "translate"),
     "wordwrap_string": ("{{ ('abc ' * 10000)|wordwrap(1, wrapstring='x' * 100000) }}", "wordwrap"),
     "bytes_repeat": ("{{ (('x' * 4000000).encode('utf-8') * 100)|length }}", "sequence"),
@@ -221,21 +278,31 @@ def test_argument_bombs_stop_within_the_budget(template, match):
     from fuzz_support import bounded
 
     with pytest.raises(TemplateError, match=match):
-        bounded(lambda: render_chat_template(template, USER), seconds=chat_template.MAX_SECONDS, megabytes=200,
-                rss=True)
+        bounded(
+            lambda: render_chat_template(template, USER),
+            seconds=chat_template.MAX_SECONDS,
+            megabytes=200,
+            rss=True,
+        )
 
 
 def test_filters_within_their_bounds_still_work():
     out = render_chat_template(
-        "{{ 'a\nb'|indent(2, first=True) }}|{{ '\tx'.expandtabs(4) }}|{{ '{:>{}}'.format('x', 3) }}|"
+        "{{ 'a\nb'|indent(2, first=True) }}|{{ '\tx'.expandtabs(4) }}|"
+        "{{ '{:>{}}'.format('x', 3) }}|"
         "{{ '%-3s|%05.1f' % ('k', 2.5) }}|{{ {'a': [1]}|tojson(separators=(',', ':')) }}|"
-        "{{ ('<b>bold</b> ' * 3)|striptags }}|{{ 'see https://a.com'|urlize }}", USER)
-    assert out == ('  a\n  b|    x|  x|k  |002.5|{"a":[1]}|bold bold bold|'
-                   'see <a href="https://a.com" rel="noopener">https://a.com</a>')
+        "{{ ('<b>bold</b> ' * 3)|striptags }}|{{ 'see https://a.com'|urlize }}",
+        USER,
+    )
+    assert out == (
+        '  a\n  b|    x|  x|k  |002.5|{"a":[1]}|bold bold bold|'
+        'see <a href="https://a.com" rel="noopener">https://a.com</a>'
+    )
 
 
 def test_striptags_matches_markupsafe_3():
-    """Ours is markupsafe 3's algorithm, linear whatever markupsafe is installed; compare the two."""
+    """Ours is markupsafe 3's algorithm, linear whatever markupsafe is installed; compare the
+    two."""
     import importlib.metadata
 
     import markupsafe
@@ -255,12 +322,16 @@ def test_striptags_matches_markupsafe_3():
     same()
 
 
-@pytest.mark.parametrize("template", [
-    "{{ cycler.__init__.__globals__.os.system('touch ' ~ path) }}",
-    "{{ ''.__class__.__mro__[1].__subclasses__()[0].__init__.__globals__['os'].system('touch ' ~ path) }}",
-    "{{ self.__init__.__globals__.__builtins__.open(path, 'w').write('x') }}",
-    "{{ namespace.__init__.__globals__['os'].system('touch ' ~ path) }}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ cycler.__init__.__globals__.os.system('touch ' ~ path) }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__()[0].__init__.__globals__['os'].system('touch "
+        "' ~ path) }}",
+        "{{ self.__init__.__globals__.__builtins__.open(path, 'w').write('x') }}",
+        "{{ namespace.__init__.__globals__['os'].system('touch ' ~ path) }}",
+    ],
+)
 def test_no_code_runs(tmp_path, template):
     canary = tmp_path / "pwned"
     with pytest.raises(TemplateError):
@@ -268,13 +339,16 @@ def test_no_code_runs(tmp_path, template):
     assert not canary.exists()
 
 
-@pytest.mark.parametrize("template", [
-    "{% set ns = namespace() %}{% set messages.x = 1 %}",  # assignment to a non-namespace
-    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",  # unbounded recursion
-    "{{ 1 / 0 }}",
-    "{{ undefined_thing.attr }}",
-    "{{ messages[5] + 1 }}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% set ns = namespace() %}{% set messages.x = 1 %}",  # assignment to a non-namespace
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",  # unbounded recursion
+        "{{ 1 / 0 }}",
+        "{{ undefined_thing.attr }}",
+        "{{ messages[5] + 1 }}",
+    ],
+)
 def test_other_failures_are_template_errors(template):
     with pytest.raises(TemplateError, match="chat template failed"):
         render_chat_template(template, USER)

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from minfer_jax import GenerationResult
-
 from minfer_jax.cli import generate as cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,9 +93,19 @@ def _one_error_line(err: str) -> str:
 # -- no model needed -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["--bogus"], ["-n"], ["--temp", "hot"], ["-n", "-5", "-p", "x"],
-                                  ["--top-p", "0", "-p", "x"], ["-s", "-7", "-p", "x"], ["-p", "a", "-f", "b"],
-                                  ["--backend", "cuda"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--bogus"],
+        ["-n"],
+        ["--temp", "hot"],
+        ["-n", "-5", "-p", "x"],
+        ["--top-p", "0", "-p", "x"],
+        ["-s", "-7", "-p", "x"],
+        ["-p", "a", "-f", "b"],
+        ["--backend", "cuda"],
+    ],
+)
 def test_bad_flags_one_line_exit_2(argv, capsys):
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
@@ -154,7 +163,9 @@ def test_greedy_completion_streams(run_cli):
     rc, out, err, stdout = run_cli("-p", FIB, "-n", "32", "--temp", "0", "--verbose")
     assert rc == 0, err
     assert "if n <= 0" in out
-    assert re.search(r"^seed: \d+$", err, re.MULTILINE)  # random without -s; printed so the run can be repeated
+    assert re.search(
+        r"^seed: \d+$", err, re.MULTILINE
+    )  # random without -s; printed so the run can be repeated
     assert "sampler: greedy" in err
     assert re.search(r"(compiling|loading) prefill \[16\] greedy \+ decode \[16\] greedy", err), err
     assert len([w for w in stdout.writes if w.strip()]) >= 2  # text came out chunk by chunk
@@ -166,7 +177,9 @@ def test_greedy_completion_streams(run_cli):
 
 @pytest.mark.real_model
 def test_prompt_from_stdin_and_file(run_cli, tmp_path):
-    rc, out, err, _ = run_cli("-n", "1", "--temp", "0", stdin=FIB + "\n")  # one trailing newline dropped
+    rc, out, err, _ = run_cli(
+        "-n", "1", "--temp", "0", stdin=FIB + "\n"
+    )  # one trailing newline dropped
     assert rc == 0, err
     assert "prompt: 4 tokens" in err
     f = tmp_path / "prompt.txt"
@@ -174,9 +187,13 @@ def test_prompt_from_stdin_and_file(run_cli, tmp_path):
     rc, out2, err, _ = run_cli("-n", "1", "--temp", "0", "-f", str(f))
     assert rc == 0, err
     assert "prompt: 4 tokens" in err and out2 == out
-    rc, out3, err, stdout = run_cli("-n", "1", "--temp", "0", "-p", FIB, "--no-stream", "--display-prompt")
+    rc, out3, err, stdout = run_cli(
+        "-n", "1", "--temp", "0", "-p", FIB, "--no-stream", "--display-prompt"
+    )
     assert rc == 0, err
-    assert out3 == FIB + out and len(stdout.writes) <= 3  # prompt, text, final newline: no streaming
+    assert (
+        out3 == FIB + out and len(stdout.writes) <= 3
+    )  # prompt, text, final newline: no streaming
     assert "compiling" not in err  # executables are compiled once per model
 
 
@@ -185,7 +202,11 @@ def test_seed_reproducible(run_cli):
     args = ("-p", "The best thing about Python is", "-n", "12", "--temp", "0.8")
     rc, a, err, _ = run_cli(*args, "-s", "4242", "--verbose")
     assert rc == 0, err
-    assert a.strip() and "sampler: temp 0.8, top-k 40, top-p 0.95, min-p 0.05" in err and "seed: 4242" in err
+    assert (
+        a.strip()
+        and "sampler: temp 0.8, top-k 40, top-p 0.95, min-p 0.05" in err
+        and "seed: 4242" in err
+    )
     rc, b, err, _ = run_cli(*args, "--seed", "4242")
     assert rc == 0, err
     assert a == b
@@ -196,8 +217,11 @@ def test_chat_one_shot(run_cli, shared_model, monkeypatch):
     tok = shared_model.tokenizer
     seen = []
     real_template = tok.apply_chat_template
-    monkeypatch.setattr(tok, "apply_chat_template", lambda messages, **kw: (seen.append(list(messages)),
-                                                                            real_template(messages, **kw))[1])
+    monkeypatch.setattr(
+        tok,
+        "apply_chat_template",
+        lambda messages, **kw: (seen.append(list(messages)), real_template(messages, **kw))[1],
+    )
     rc, out, err, _ = run_cli("--chat", "-p", "hi", "-n", "8", "--temp", "0")
     assert rc == 0, err
     assert out.strip() and "<|im" not in out
@@ -205,7 +229,10 @@ def test_chat_one_shot(run_cli, shared_model, monkeypatch):
     # -sys implies --chat; piped stdin with --chat is one user message (no interactive loop)
     rc, out, err, _ = run_cli("-sys", "You are terse.", "-n", "1", "--temp", "0", stdin="hello\n")
     assert rc == 0, err
-    assert seen[-1] == [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello"}]
+    assert seen[-1] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "hello"},
+    ]
 
 
 @pytest.mark.real_model
@@ -237,10 +264,13 @@ def test_one_shot_ctrl_c(run_cli, monkeypatch):
 
 @pytest.mark.real_model
 def test_interactive_chat_keeps_history(run_cli, shared_model, monkeypatch):
-    """TTY chat with scripted input: history across turns, Ctrl-C keeps the session, /reset, Ctrl-D."""
+    """TTY chat with scripted input: history across turns, Ctrl-C keeps the session, /reset,
+    Ctrl-D."""
     tok = shared_model.tokenizer
     prompts: list[str] = []
-    replies = iter([None, "Second reply.", "Third reply."])  # None: Ctrl-C in the middle of the reply
+    replies = iter(
+        [None, "Second reply.", "Third reply."]
+    )  # None: Ctrl-C in the middle of the reply
 
     def fake_generation(session, ids, max_new, seed):
         prompts.append(tok.decode(ids))
@@ -249,10 +279,28 @@ def test_interactive_chat_keeps_history(run_cli, shared_model, monkeypatch):
             session._on_text("I was say")
             raise KeyboardInterrupt
         session._on_text(reply)
-        return GenerationResult(tokens=tok.encode(reply), text=reply, prompt_tokens=list(ids), stop_reason="eos",
-                                prefill_s=0.1, decode_s=0.1, compile_s=0.0), 0.0
+        return GenerationResult(
+            tokens=tok.encode(reply),
+            text=reply,
+            prompt_tokens=list(ids),
+            stop_reason="eos",
+            prefill_s=0.1,
+            decode_s=0.1,
+            compile_s=0.0,
+        ), 0.0
 
-    lines = iter(["first question", "", "second \\", "line two", "/reset", "third", KeyboardInterrupt, "/exit"])
+    lines = iter(
+        [
+            "first question",
+            "",
+            "second \\",
+            "line two",
+            "/reset",
+            "third",
+            KeyboardInterrupt,
+            "/exit",
+        ]
+    )
 
     def fake_input(prompt=""):
         line = next(lines)
@@ -268,9 +316,15 @@ def test_interactive_chat_keeps_history(run_cli, shared_model, monkeypatch):
     assert len(prompts) == 3
     assert "Be brief." in prompts[0] and "first question" in prompts[0]
     # turn 2 sees turn 1, including the interrupted partial reply, and the continued line
-    assert "first question" in prompts[1] and "I was say" in prompts[1] and "second \nline two" in prompts[1]
+    assert (
+        "first question" in prompts[1]
+        and "I was say" in prompts[1]
+        and "second \nline two" in prompts[1]
+    )
     # after /reset only the system prompt remains
-    assert "Be brief." in prompts[2] and "third" in prompts[2] and "first question" not in prompts[2]
+    assert (
+        "Be brief." in prompts[2] and "third" in prompts[2] and "first question" not in prompts[2]
+    )
     assert "I was say\n" in out and "Second reply.\n" in out and "Third reply.\n" in out
     assert "[reply interrupted]" in err and "history cleared" in err
     assert "2 replies; totals:" in err
@@ -291,8 +345,15 @@ def test_interactive_chat_ctrl_d(run_cli, monkeypatch):
 
 
 def _script(*argv, env=None, timeout=300):
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "generate.py"), *argv], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=REPO, check=False)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "generate.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+        check=False,
+    )
 
 
 def test_script_bad_flag_exit_status():
@@ -309,15 +370,20 @@ def test_script_greedy_end_to_end(real_model_path, xla_cache):
     assert proc.returncode == 0, proc.stderr
     assert "if n <= 0" in proc.stdout
     assert "Traceback" not in proc.stderr
-    assert re.search(r"prompt: 4 tokens, [\d.]+ tok/s .*generated: 32 tokens, [\d.]+ tok/s", proc.stderr)
+    assert re.search(
+        r"prompt: 4 tokens, [\d.]+ tok/s .*generated: 32 tokens, [\d.]+ tok/s", proc.stderr
+    )
     assert re.search(r"compile: [\d.]+ s \| stop: length", proc.stderr)
     assert "if n" not in proc.stderr  # the text goes to stdout only
 
 
 def test_summary_counts_reused_prompt_tokens_apart():
-    """A turn that reuses the last turn's K/V reports its prefill rate over the tokens it prefilled."""
+    """A turn that reuses the last turn's K/V reports its prefill rate over the tokens it
+    prefilled."""
     from minfer_jax.cli.chat import _summary, _Totals
 
     line = _summary(_Totals(prompt_tokens=10, cached_tokens=6, prefill_s=2.0, stop_reason="eos"))
     assert line.startswith("prompt: 10 tokens (6 reused), 2.0 tok/s (2.00 s)")
-    assert _summary(_Totals(prompt_tokens=4, prefill_s=1.0)).startswith("prompt: 4 tokens, 4.0 tok/s")
+    assert _summary(_Totals(prompt_tokens=4, prefill_s=1.0)).startswith(
+        "prompt: 4 tokens, 4.0 tok/s"
+    )

@@ -35,7 +35,9 @@ def test_the_tuned_gpu_keeps_its_numbers():
 def test_another_gpu_gets_safe_defaults(other_gpu):
     assert device.programs(gemm.FEW_TOKEN_PROGRAMS) == 4 * 72
     assert device.programs(gemv_tuning.TARGET_PROGRAMS) == 1024 * 72 // 132
-    assert decode_attention.decode_config(1, 5).k_splits == 32  # 139 programs over 5 rows (H200: 256 -> 64)
+    assert (
+        decode_attention.decode_config(1, 5).k_splits == 32
+    )  # 139 programs over 5 rows (H200: 256 -> 64)
     for qtype in (QType.Q4_0, QType.Q4_K, QType.F16):
         for m in (16, 512):
             assert gemm.choose_config(qtype, m, 4096, 4096).num_stages <= device.GENERIC_MAX_STAGES
@@ -43,7 +45,9 @@ def test_another_gpu_gets_safe_defaults(other_gpu):
         g = gemv_tuning.row(qtype)
         if isinstance(r, gemv_tuning.Int8Row):  # numerics as measured, speed toggles off
             assert (g.exact_round, g.rows_one_token) == (r.exact_round, r.rows_one_token)
-            assert not g.prequant_3d and g.x_first_from == g.prequant_x_first_from == gemv_tuning.OFF
+            assert (
+                not g.prequant_3d and g.x_first_from == g.prequant_x_first_from == gemv_tuning.OFF
+            )
         else:
             assert g == r
 

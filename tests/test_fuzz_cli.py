@@ -1,4 +1,5 @@
-"""Fuzz: command lines exit 0 with text, or 2 with one `error:` line; never a traceback; bounded in time.
+"""Fuzz: command lines exit 0 with text, or 2 with one `error:` line; never a traceback; bounded in
+time.
 
 Each case edits a valid `minfer-generate` command line: a flag's value replaced by a hostile one
 (NaN, infinities, huge, negative, empty, not a number, undecodable bytes as argv carries them),
@@ -20,12 +21,50 @@ from fuzz_support import TINY, bounded, fuzz_settings, tiny_gguf
 from minfer_jax import load
 from minfer_jax.cli import generate as cli
 
-VALUES = ["nan", "inf", "-inf", "1e400", "-1", "-2", "0", "1", "0.5", "2000000000", "99999999999999999999", "0x10",
-          "", "abc", "\udcff\udcfe", "1.5", "--", "-p", "4294967296", "-9223372036854775809", "\u0663"]
-FLAGS = ["-n", "-c", "-s", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
-         "--stop", "-p", "-sys", "-f", "--backend", "-m"]
+VALUES = [
+    "nan",
+    "inf",
+    "-inf",
+    "1e400",
+    "-1",
+    "-2",
+    "0",
+    "1",
+    "0.5",
+    "2000000000",
+    "99999999999999999999",
+    "0x10",
+    "",
+    "abc",
+    "\udcff\udcfe",
+    "1.5",
+    "--",
+    "-p",
+    "4294967296",
+    "-9223372036854775809",
+    "\u0663",
+]
+FLAGS = [
+    "-n",
+    "-c",
+    "-s",
+    "--temp",
+    "--top-k",
+    "--top-p",
+    "--min-p",
+    "--repeat-penalty",
+    "--repeat-last-n",
+    "--stop",
+    "-p",
+    "-sys",
+    "-f",
+    "--backend",
+    "-m",
+]
 SWITCHES = ["--chat", "--no-stream", "-v", "--display-prompt", "--no-display-prompt", "--bogus"]
-STDIN = st.one_of(st.just(b""), st.binary(max_size=20), st.sampled_from([b"caf\xe9", b"\xff\xfe\x00", b"hi\n"]))
+STDIN = st.one_of(
+    st.just(b""), st.binary(max_size=20), st.sampled_from([b"caf\xe9", b"\xff\xfe\x00", b"hi\n"])
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +90,7 @@ def command_lines(draw):
             del argv[draw(st.integers(0, len(argv) - 1))]
         elif "-p" in argv:  # stdin becomes the prompt
             at = argv.index("-p")
-            del argv[at:at + 2]
+            del argv[at : at + 2]
     return argv, draw(STDIN)
 
 

@@ -1,4 +1,5 @@
-"""Fuzz: mutated GGUF files load (and tokenize) correctly or raise a MinferError, in bounded time and memory.
+"""Fuzz: mutated GGUF files load (and tokenize) correctly or raise a MinferError, in bounded time
+and memory.
 
 Two families: byte-level mutations of one small valid file (flips, hostile 32/64-bit words written
 over counts, lengths and type ids, truncation, inserted and deleted bytes, biased to the metadata
@@ -20,14 +21,34 @@ from minfer_jax.errors import MinferError
 from minfer_jax.files.gguf import load_gguf, open_reader
 from minfer_jax.files.tokenizer import Tokenizer
 
-HOSTILE_WORDS = [0, 1, 2, 7, 8, 12, 255, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**62, 2**63, 2**64 - 1]
+HOSTILE_WORDS = [
+    0,
+    1,
+    2,
+    7,
+    8,
+    12,
+    255,
+    2**16,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**40,
+    2**62,
+    2**63,
+    2**64 - 1,
+]
 
 
 @pytest.fixture(scope="module")
 def valid(tmp_path_factory):
-    """(bytes of a valid file, where its tensor data starts: metadata and tensor infos lie before)."""
-    path = tiny_gguf(tmp_path_factory.mktemp("fuzz_gguf") / "valid.gguf",
-                     meta={"tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"})
+    """(bytes of a valid file, where its tensor data starts: metadata and tensor infos lie
+    before)."""
+    path = tiny_gguf(
+        tmp_path_factory.mktemp("fuzz_gguf") / "valid.gguf",
+        meta={"tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"},
+    )
     return path.read_bytes(), int(open_reader(str(path)).data_offset)
 
 
@@ -41,7 +62,13 @@ def mutations(draw, size: int, region: int):
         if kind == "flip":
             edits.append((kind, where, draw(st.integers(1, 255))))
         elif kind in ("u64", "u32"):
-            edits.append((kind, where, draw(st.one_of(st.sampled_from(HOSTILE_WORDS), st.integers(0, 2**32)))))
+            edits.append(
+                (
+                    kind,
+                    where,
+                    draw(st.one_of(st.sampled_from(HOSTILE_WORDS), st.integers(0, 2**32))),
+                )
+            )
         else:
             edits.append((kind, where, draw(st.integers(1, 64))))
     return edits
@@ -56,18 +83,19 @@ def _apply(blob: bytes, edits) -> bytes:
         elif kind in ("u64", "u32"):
             fmt = "<Q" if kind == "u64" else "<I"
             word = struct.pack(fmt, value % (2**64 if kind == "u64" else 2**32))
-            b[at:at + len(word)] = word
+            b[at : at + len(word)] = word
         elif kind == "truncate":
             del b[at:]
         elif kind == "insert":
             b[at:at] = bytes([value]) * value
         elif kind == "delete":
-            del b[at:at + value]
+            del b[at : at + value]
     return bytes(b)
 
 
 def _use(path) -> None:
-    """Everything a loaded file feeds: config, tensors' shapes, the tokenizer, encode/decode, the template."""
+    """Everything a loaded file feeds: config, tensors' shapes, the tokenizer, encode/decode, the
+    template."""
     m = load_gguf(path)
     assert m.config.vocab_size == m.tensors["token_embd.weight"].shape[0]
     for name, t in m.tensors.items():
@@ -75,7 +103,9 @@ def _use(path) -> None:
     if "tokenizer.ggml.tokens" in m.metadata:
         tok = Tokenizer.from_model(m)
         assert tok.vocab_size <= m.config.vocab_size
-        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "hi there\n"}]), add_special=False)
+        ids = tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": "hi there\n"}]), add_special=False
+        )
         assert all(0 <= i < tok.vocab_size for i in ids)
         assert isinstance(tok.decode(ids), str)
 
@@ -99,16 +129,38 @@ def test_fuzz_gguf_bytes(valid, tmp_path_factory, data):
     _check(path)
 
 
-VALUES = st.one_of(st.sampled_from(HOSTILE_WORDS), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
-                   st.booleans(), st.text(max_size=20), st.lists(st.integers(0, 2**32 - 1), max_size=5),
-                   st.lists(st.text(max_size=5), max_size=5), st.sampled_from(["", "qwen2", "gpt2", "llama"]),
-                   st.none())
-KEYS = ["general.architecture", "qwen2.block_count", "qwen2.context_length", "qwen2.embedding_length",
-        "qwen2.feed_forward_length", "qwen2.attention.head_count", "qwen2.attention.head_count_kv",
-        "qwen2.rope.freq_base", "qwen2.attention.layer_norm_rms_epsilon", "tokenizer.ggml.model",
-        "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
-        "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token",
-        "tokenizer.chat_template", "general.alignment"]
+VALUES = st.one_of(
+    st.sampled_from(HOSTILE_WORDS),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.text(max_size=20),
+    st.lists(st.integers(0, 2**32 - 1), max_size=5),
+    st.lists(st.text(max_size=5), max_size=5),
+    st.sampled_from(["", "qwen2", "gpt2", "llama"]),
+    st.none(),
+)
+KEYS = [
+    "general.architecture",
+    "qwen2.block_count",
+    "qwen2.context_length",
+    "qwen2.embedding_length",
+    "qwen2.feed_forward_length",
+    "qwen2.attention.head_count",
+    "qwen2.attention.head_count_kv",
+    "qwen2.rope.freq_base",
+    "qwen2.attention.layer_norm_rms_epsilon",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.chat_template",
+    "general.alignment",
+]
 
 
 @fuzz_settings(60, deadline_ms=None)

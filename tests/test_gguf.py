@@ -1,4 +1,5 @@
-"""Validation of minfer_jax.files.gguf.load_gguf: every broken file is a GGUFError naming what is wrong."""
+"""Validation of minfer_jax.files.gguf.load_gguf: every broken file is a GGUFError naming what is
+wrong."""
 
 from __future__ import annotations
 
@@ -39,21 +40,29 @@ DROP = object()
 
 def _tensor_specs() -> dict[str, tuple[tuple[int, ...], Q]]:
     """name -> (numpy shape (out, in), storage type) of the tiny model."""
-    specs = {"token_embd.weight": ((VOCAB, D), Q.F16), "output_norm.weight": ((D,), Q.F32),
-             "output.weight": ((VOCAB, D), Q.Q8_0)}
+    specs = {
+        "token_embd.weight": ((VOCAB, D), Q.F16),
+        "output_norm.weight": ((D,), Q.F32),
+        "output.weight": ((VOCAB, D), Q.Q8_0),
+    }
     for i in range(N_LAYERS):
         p = f"blk.{i}."
-        specs.update({
-            p + "attn_norm.weight": ((D,), Q.F32),
-            p + "attn_q.weight": ((D, D), Q.Q8_0), p + "attn_q.bias": ((D,), Q.F32),
-            p + "attn_k.weight": ((KV, D), Q.Q8_0), p + "attn_k.bias": ((KV,), Q.F32),
-            p + "attn_v.weight": ((KV, D), Q.F32), p + "attn_v.bias": ((KV,), Q.F32),
-            p + "attn_output.weight": ((D, D), Q.Q8_0),
-            p + "ffn_norm.weight": ((D,), Q.F32),
-            p + "ffn_gate.weight": ((FF, D), Q.Q8_0),
-            p + "ffn_up.weight": ((FF, D), Q.Q8_0),
-            p + "ffn_down.weight": ((D, FF), Q.Q8_0),
-        })
+        specs.update(
+            {
+                p + "attn_norm.weight": ((D,), Q.F32),
+                p + "attn_q.weight": ((D, D), Q.Q8_0),
+                p + "attn_q.bias": ((D,), Q.F32),
+                p + "attn_k.weight": ((KV, D), Q.Q8_0),
+                p + "attn_k.bias": ((KV,), Q.F32),
+                p + "attn_v.weight": ((KV, D), Q.F32),
+                p + "attn_v.bias": ((KV,), Q.F32),
+                p + "attn_output.weight": ((D, D), Q.Q8_0),
+                p + "ffn_norm.weight": ((D,), Q.F32),
+                p + "ffn_gate.weight": ((FF, D), Q.Q8_0),
+                p + "ffn_up.weight": ((FF, D), Q.Q8_0),
+                p + "ffn_down.weight": ((D, FF), Q.Q8_0),
+            }
+        )
     return specs
 
 
@@ -66,13 +75,21 @@ def _encode(values: np.ndarray, qtype: Q) -> np.ndarray:
         return values.astype(np.int32)
     try:
         return quantize(values.astype(np.float32), qtype)
-    except NotImplementedError:  # gguf-py cannot quantize e.g. IQ4_NL: any bytes of the right size do
+    except (
+        NotImplementedError
+    ):  # gguf-py cannot quantize e.g. IQ4_NL: any bytes of the right size do
         shape = quant_shape_to_byte_shape(values.shape, qtype)
         return np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
 
 
-def write_tiny_gguf(path: Path, *, arch: str = "qwen2", meta: dict | None = None,
-                    tensors: dict | None = None, seed: int = 0) -> Path:
+def write_tiny_gguf(
+    path: Path,
+    *,
+    arch: str = "qwen2",
+    meta: dict | None = None,
+    tensors: dict | None = None,
+    seed: int = 0,
+) -> Path:
     """A small valid Qwen2 GGUF, with overrides.
 
     meta: key -> (type, value) with type one of uint32/float32/string/..., or DROP to omit.
@@ -80,8 +97,11 @@ def write_tiny_gguf(path: Path, *, arch: str = "qwen2", meta: dict | None = None
     """
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
-    m = {k: v for k, v in _DEFAULT_META.items()} if arch == "qwen2" else \
-        {k.replace("qwen2.", f"{arch}.", 1): v for k, v in _DEFAULT_META.items()}
+    m = (
+        {k: v for k, v in _DEFAULT_META.items()}
+        if arch == "qwen2"
+        else {k.replace("qwen2.", f"{arch}.", 1): v for k, v in _DEFAULT_META.items()}
+    )
     m.update(meta or {})
     for key, spec in m.items():
         if spec is DROP:
@@ -119,7 +139,8 @@ def tiny(tmp_path) -> Path:
 
 
 def _err(path, match_parts, exc=GGUFError) -> str:
-    """load_gguf(path) must raise `exc` whose message names the file and every string in match_parts."""
+    """load_gguf(path) must raise `exc` whose message names the file and every string in
+    match_parts."""
     with pytest.raises(exc) as info:
         load_gguf(path)
     msg = str(info.value)
@@ -138,7 +159,9 @@ def _tensor_info_offset(blob: bytes, name: str) -> int:
     return i + len(key)
 
 
-def _patch_tensor_info(path: Path, name: str, *, type_id: int | None = None, offset: int | None = None) -> None:
+def _patch_tensor_info(
+    path: Path, name: str, *, type_id: int | None = None, offset: int | None = None
+) -> None:
     blob = bytearray(path.read_bytes())
     at = _tensor_info_offset(blob, name)
     (n_dims,) = struct.unpack_from("<I", blob, at)
@@ -158,8 +181,15 @@ def test_tiny_file_loads(tiny):
     m = load_gguf(tiny)
     assert isinstance(m, GGUFModel)
     c = m.config
-    assert (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, c.vocab_size, c.context_length) == \
-        (N_LAYERS, D, N_HEADS, N_KV, FF, VOCAB, CTX)
+    assert (
+        c.n_layers,
+        c.d_model,
+        c.n_heads,
+        c.n_kv_heads,
+        c.d_ff,
+        c.vocab_size,
+        c.context_length,
+    ) == (N_LAYERS, D, N_HEADS, N_KV, FF, VOCAB, CTX)
     assert c.rope_theta == 1e6 and not c.tied_output
     assert set(m.tensors) == set(expected_shapes(c))
     q = m.tensor("blk.0.attn_q.weight")
@@ -251,7 +281,15 @@ def test_truncated_data(tmp_path, tiny):
 
 def test_data_extent_past_eof(tmp_path, tiny):
     _patch_tensor_info(tiny, "blk.0.attn_k.weight", offset=10**9)
-    _err(tiny, ["tensor 'blk.0.attn_k.weight'", "Q8_0", "needs bytes", f"only {tiny.stat().st_size} bytes"])
+    _err(
+        tiny,
+        [
+            "tensor 'blk.0.attn_k.weight'",
+            "Q8_0",
+            "needs bytes",
+            f"only {tiny.stat().st_size} bytes",
+        ],
+    )
 
 
 def test_huge_array_length_fails_fast(tmp_path, tiny):
@@ -274,7 +312,11 @@ def test_huge_array_length_fails_fast(tmp_path, tiny):
 
 def test_unknown_architecture(tmp_path):
     p = write_tiny_gguf(tmp_path / "mamba.gguf", arch="mamba")
-    msg = _err(p, ["unsupported architecture 'mamba'", "'qwen2'", "'llama'", "'qwen3'", "'gemma3'"], UnsupportedError)
+    msg = _err(
+        p,
+        ["unsupported architecture 'mamba'", "'qwen2'", "'llama'", "'qwen3'", "'gemma3'"],
+        UnsupportedError,
+    )
     assert "missing" not in msg
 
 
@@ -297,17 +339,22 @@ def test_missing_token_embd(tmp_path):
 
 
 def test_wrong_shape(tmp_path):
-    p = write_tiny_gguf(tmp_path / "shape.gguf", tensors={"blk.0.ffn_up.weight": ((FF + 32, D), Q.Q8_0)})
+    p = write_tiny_gguf(
+        tmp_path / "shape.gguf", tensors={"blk.0.ffn_up.weight": ((FF + 32, D), Q.Q8_0)}
+    )
     _err(p, ["tensor 'blk.0.ffn_up.weight'", f"shape ({FF + 32}, {D})", f"expected ({FF}, {D})"])
 
 
 def test_wrong_rank_token_embd(tmp_path):
-    p = write_tiny_gguf(tmp_path / "embd1d.gguf", tensors={"token_embd.weight": ((VOCAB * D,), Q.F32)})
+    p = write_tiny_gguf(
+        tmp_path / "embd1d.gguf", tensors={"token_embd.weight": ((VOCAB * D,), Q.F32)}
+    )
     _err(p, ["tensor 'token_embd.weight'", "expected 2 dimensions"])
 
 
 def test_more_layers_than_tensors(tmp_path):
-    """A block_count beyond the tensors fails at the first missing tensor; one beyond any model at once."""
+    """A block_count beyond the tensors fails at the first missing tensor; one beyond any model at
+    once."""
     p = write_tiny_gguf(tmp_path / "layers.gguf", meta={"qwen2.block_count": ("uint32", 4096)})
     t0 = time.perf_counter()
     _err(p, ["required tensor 'blk.2.attn_norm.weight' is missing"])
@@ -316,11 +363,14 @@ def test_more_layers_than_tensors(tmp_path):
     assert time.perf_counter() - t0 < 2.0
 
 
-@pytest.mark.parametrize("name,qtype", [
-    ("blk.0.ffn_gate.weight", Q.IQ4_NL),
-    ("blk.1.attn_q.weight", Q.I32),
-    ("output_norm.weight", Q.Q8_0),  # vectors must be float
-])
+@pytest.mark.parametrize(
+    "name,qtype",
+    [
+        ("blk.0.ffn_gate.weight", Q.IQ4_NL),
+        ("blk.1.attn_q.weight", Q.I32),
+        ("output_norm.weight", Q.Q8_0),  # vectors must be float
+    ],
+)
 def test_unsupported_type(tmp_path, name, qtype):
     p = write_tiny_gguf(tmp_path / "type.gguf", tensors={name: qtype})
     _err(p, [f"tensor '{name}'", f"type {qtype.name}", "supported:"], UnsupportedError)
@@ -340,33 +390,47 @@ def test_block_misaligned_row(tmp_path, tiny):
     _err(p, ["tensor 'blk.0.attn_q.bias'", "row length 72", "blocks of 32"])
 
 
-@pytest.mark.parametrize("key,spec,expect", [
-    ("qwen2.attention.head_count", ("string", "fourteen"), "should be int, got str 'fourteen'"),
-    ("qwen2.block_count", ("float32", 2.0), "should be int, got float"),
-    ("qwen2.embedding_length", ("bool", True), "should be int, got bool"),
-    ("qwen2.rope.freq_base", ("string", "1e6"), "should be float, got str"),
-    ("qwen2.rope.freq_base", ("float32", float("nan")), "finite positive float"),
-    ("qwen2.attention.layer_norm_rms_epsilon", ("float32", -1.0), "finite positive float"),
-    ("qwen2.feed_forward_length", DROP, "required metadata 'qwen2.feed_forward_length' is missing"),
-])
+@pytest.mark.parametrize(
+    "key,spec,expect",
+    [
+        ("qwen2.attention.head_count", ("string", "fourteen"), "should be int, got str 'fourteen'"),
+        ("qwen2.block_count", ("float32", 2.0), "should be int, got float"),
+        ("qwen2.embedding_length", ("bool", True), "should be int, got bool"),
+        ("qwen2.rope.freq_base", ("string", "1e6"), "should be float, got str"),
+        ("qwen2.rope.freq_base", ("float32", float("nan")), "finite positive float"),
+        ("qwen2.attention.layer_norm_rms_epsilon", ("float32", -1.0), "finite positive float"),
+        (
+            "qwen2.feed_forward_length",
+            DROP,
+            "required metadata 'qwen2.feed_forward_length' is missing",
+        ),
+    ],
+)
 def test_garbage_metadata(tmp_path, key, spec, expect):
     p = write_tiny_gguf(tmp_path / "meta.gguf", meta={key: spec})
     _err(p, [f"'{key}'" if spec is not DROP else "", expect])
 
 
-@pytest.mark.parametrize("meta,expect", [
-    ({"qwen2.attention.head_count": ("uint32", 0)}, "n_heads must be an int in 1..4096, got 0"),
-    ({"qwen2.attention.head_count": ("uint32", 5)}, "not an even multiple of n_heads 5"),
-    ({"qwen2.attention.head_count_kv": ("uint32", 3)}, "not a multiple of n_kv_heads 3"),
-])
+@pytest.mark.parametrize(
+    "meta,expect",
+    [
+        ({"qwen2.attention.head_count": ("uint32", 0)}, "n_heads must be an int in 1..4096, got 0"),
+        ({"qwen2.attention.head_count": ("uint32", 5)}, "not an even multiple of n_heads 5"),
+        ({"qwen2.attention.head_count_kv": ("uint32", 3)}, "not a multiple of n_kv_heads 3"),
+    ],
+)
 def test_inconsistent_hparams(tmp_path, meta, expect):
-    _err(write_tiny_gguf(tmp_path / "hp.gguf", meta=meta), ["inconsistent hyper-parameters", expect])
+    _err(
+        write_tiny_gguf(tmp_path / "hp.gguf", meta=meta), ["inconsistent hyper-parameters", expect]
+    )
 
 
 def test_undecodable_architecture_string(tmp_path, tiny):
     blob = tiny.read_bytes()
     p = tmp_path / "utf8.gguf"
-    p.write_bytes(blob.replace(b"qwen2", b"\xff\xfeen2", 1))  # the first 'qwen2' is the architecture value
+    p.write_bytes(
+        blob.replace(b"qwen2", b"\xff\xfeen2", 1)
+    )  # the first 'qwen2' is the architecture value
     _err(p, ["'general.architecture'", "cannot be decoded"])
 
 
@@ -393,7 +457,9 @@ def _load_or_gguferror(blob: bytes) -> None:
             assert str(p) in str(e)
 
 
-@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_fuzz_byte_flips(tiny_blob, data):
     blob = bytearray(tiny_blob)
@@ -407,25 +473,34 @@ def test_fuzz_byte_flips(tiny_blob, data):
     _load_or_gguferror(bytes(blob))
 
 
-@settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_fuzz_truncation(tiny_blob, data):
     cut = data.draw(st.integers(0, len(tiny_blob)), label="cut")
     _load_or_gguferror(tiny_blob[:cut])
 
 
-@settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_fuzz_header_words(tiny_blob, data):
-    """Overwrite aligned 4/8-byte words of the header with extreme values (counts, lengths, dims)."""
+    """Overwrite aligned 4/8-byte words of the header with extreme values
+    (counts, lengths, dims)."""
     blob = bytearray(tiny_blob)
     hdr = _header_len(tiny_blob)
     for _ in range(data.draw(st.integers(1, 3), label="n")):
         width = data.draw(st.sampled_from([4, 8]), label="width")
         pos = data.draw(st.integers(0, hdr - width), label="pos")
-        value = data.draw(st.sampled_from([0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1][: 4 if width == 4 else 6]),
-                          label="value")
-        blob[pos:pos + width] = value.to_bytes(width, "little")
+        value = data.draw(
+            st.sampled_from(
+                [0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1][: 4 if width == 4 else 6]
+            ),
+            label="value",
+        )
+        blob[pos : pos + width] = value.to_bytes(width, "little")
     _load_or_gguferror(bytes(blob))
 
 
@@ -439,7 +514,14 @@ def test_real_model_loads_fast(real_model_path):
     dt = time.perf_counter() - t0
     print(f"\nload_gguf({real_model_path}): {dt:.2f} s")
     c = m.config
-    assert (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, c.vocab_size) == (24, 896, 14, 2, 4864, 151936)
+    assert (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, c.vocab_size) == (
+        24,
+        896,
+        14,
+        2,
+        4864,
+        151936,
+    )
     assert c.rope_theta == 1e6 and not c.tied_output and c.head_dim == 64
     assert m.metadata["general.architecture"] == "qwen2"
     assert len(m.metadata["tokenizer.ggml.tokens"]) == 151936

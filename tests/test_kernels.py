@@ -20,8 +20,17 @@ import pytest
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax.bench.kernel_timing import random_planes
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words
-from minfer_jax.quant.planes import (FIELD_PLANES, FORMATS, QType, affine, decode, field_ints, field_scales, fields_per_word,
-                                     get_format)
+from minfer_jax.quant.planes import (
+    FIELD_PLANES,
+    FORMATS,
+    QType,
+    affine,
+    decode,
+    field_ints,
+    field_scales,
+    fields_per_word,
+    get_format,
+)
 
 K_QUANTS = {QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K}
 
@@ -34,7 +43,8 @@ CASES = [(q, n, k) for q in FORMATS for n, k in shapes_for(q)]
 
 
 def gemv_family(qtype):
-    """The GEMV entry point of qtype's family and its reference (ops.route picks the same family)."""
+    """The GEMV entry point of qtype's family and its reference
+    (ops.route picks the same family)."""
     if qtype in int8_words.SPECS:
         return gemv.gemv_int8, gemv.gemv_int8_reference
     return gemv.gemv_float, gemv.gemv_float_reference
@@ -61,13 +71,17 @@ def test_gemv_matches_reference(qtype, n, k, nt):
     kernel, reference = gemv_family(qtype)
     got = kernel(x, w, qtype=qtype, n_out=n, interpret=INTERPRET)
     check(got, reference(x, w, qtype=qtype, n_out=n), qtype)
-    if qtype in int8_words.SPECS:  # int8 activations: within their quantization error of the f16 decode
+    if (
+        qtype in int8_words.SPECS
+    ):  # int8 activations: within their quantization error of the f16 decode
         f16 = gemm.gemm_reference(x, w, qtype=qtype, n_out=n)
         chex.assert_trees_all_close(got, f16, atol=2e-2 * float(jnp.max(jnp.abs(f16))), rtol=0)
 
 
 # 512 tokens at K = 4864 take minutes in the interpreter: 512 is covered at the narrow shape.
-GEMM_CASES = [(q, n, k, nt) for q, n, k in CASES for nt in (9, 16, 100, 512) if nt < 512 or k <= 1024]
+GEMM_CASES = [
+    (q, n, k, nt) for q, n, k in CASES for nt in (9, 16, 100, 512) if nt < 512 or k <= 1024
+]
 
 
 @pytest.mark.parametrize("qtype,n,k,nt", GEMM_CASES, ids=lambda v: getattr(v, "name", str(v)))
@@ -84,7 +98,9 @@ def test_gemv_split_k_and_explicit_config():
     x = jax.random.normal(jax.random.PRNGKey(0), (2, k))
     ref = gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n)
     for cfg in [gemv.GemvConfig(bn=32, bk=128, splits=4), gemv.GemvConfig(bn=64, bk=256, splits=1)]:
-        check(gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET), ref, qtype)
+        check(
+            gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET), ref, qtype
+        )
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q4_K, QType.F16], ids=lambda q: q.name)
@@ -94,7 +110,10 @@ def test_gemm_explicit_configs(qtype):
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(1), (40, k))
     ref = gemm.gemm_reference(x, w, qtype=qtype, n_out=n)
-    for cfg in [gemm.GemmConfig(bm=32, bn=64, bk=256, num_stages=3), gemm.GemmConfig(bm=16, bn=128, bk=256)]:
+    for cfg in [
+        gemm.GemmConfig(bm=32, bn=64, bk=256, num_stages=3),
+        gemm.GemmConfig(bm=16, bn=128, bk=256),
+    ]:
         check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET), ref, qtype)
 
 
@@ -104,21 +123,39 @@ def test_gemm_few_tokens_split_k(qtype):
     by the bit trick; every split count and both GEMM variants match their references."""
     n, k = 128, 1024
     cfg = gemm.choose_config(qtype, 16, n, k)
-    assert cfg.magic_half and cfg.bm == 16 and cfg.splits > 1 and (k // cfg.splits) % get_format(qtype).block == 0
-    assert gemm.choose_config(qtype, 16, 18944, 3584).splits == 2  # 296 row blocks: split once to ~528 programs
+    assert (
+        cfg.magic_half
+        and cfg.bm == 16
+        and cfg.splits > 1
+        and (k // cfg.splits) % get_format(qtype).block == 0
+    )
+    assert (
+        gemm.choose_config(qtype, 16, 18944, 3584).splits == 2
+    )  # 296 row blocks: split once to ~528 programs
     assert gemm.choose_config(qtype, gemm.FEW_TOKEN_MAX_NT + 1, n, k).splits == 1  # prefill tiles
     f16 = gemm.choose_config(QType.F16, 16, 3584, 3584)  # float weights: their own tile, split too
     assert (f16.bn, f16.splits, f16.magic_half) == (gemm.HALF_TILE[0], 14, False)
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(3), (24, k))
-    ref, ref8 = (f(x, w, qtype=qtype, n_out=n) for f in (gemm.gemm_reference, gemm_int8.gemm_int8_reference))
+    ref, ref8 = (
+        f(x, w, qtype=qtype, n_out=n) for f in (gemm.gemm_reference, gemm_int8.gemm_int8_reference)
+    )
     assert cfg.field_major == (qtype in gemm.FIELD_MAJOR)
     for splits in (1, 2, 4):
-        c = dataclasses.replace(cfg, bm=32, splits=splits, magic_half=splits != 2,
-                                field_major=cfg.field_major and splits != 4)
+        c = dataclasses.replace(
+            cfg,
+            bm=32,
+            splits=splits,
+            magic_half=splits != 2,
+            field_major=cfg.field_major and splits != 4,
+        )
         check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=c, interpret=INTERPRET), ref, qtype)
         c8 = gemm_int8.Int8GemmConfig(bm=32, bn=64, num_warps=4, splits=splits)
-        check(gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, config=c8, interpret=INTERPRET), ref8, qtype)
+        check(
+            gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, config=c8, interpret=INTERPRET),
+            ref8,
+            qtype,
+        )
 
 
 @pytest.mark.parametrize("qtype", sorted(FIELD_PLANES, key=lambda q: q.value), ids=lambda q: q.name)
@@ -134,11 +171,20 @@ def test_field_major_decode(qtype):
         q = field_ints(qtype, w, i).astype(jnp.float16)
         chex.assert_trees_all_equal(q * a if b is None else affine(q, a, b), full[:, i::per])
     perm = gemm.permute_field_major(jnp.arange(2 * 256)[None], 256, per)[0]
-    assert list(perm[:3]) == [0, per, 2 * per] and list(perm[256 // per:][:2]) == [1, per + 1] and int(perm[256]) == 256
+    assert (
+        list(perm[:3]) == [0, per, 2 * per]
+        and list(perm[256 // per :][:2]) == [1, per + 1]
+        and int(perm[256]) == 256
+    )
     x = jax.random.normal(jax.random.PRNGKey(4), (16, k))
-    cfg = gemm.GemmConfig(bm=16, bn=64, bk=256, num_warps=4, num_stages=3, splits=2, magic_half=True, field_major=True)
-    check(gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
-          gemm.gemm_reference(x, w, qtype=qtype, n_out=n), qtype)
+    cfg = gemm.GemmConfig(
+        bm=16, bn=64, bk=256, num_warps=4, num_stages=3, splits=2, magic_half=True, field_major=True
+    )
+    check(
+        gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
+        gemm.gemm_reference(x, w, qtype=qtype, n_out=n),
+        qtype,
+    )
 
 
 def test_int_to_half_is_exact():
@@ -158,8 +204,11 @@ def test_gemv_k_split_inside_super_blocks(qtype, nt):
     x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k))
     group = int8_words.SPECS[qtype].group
     cfg = gemv.GemvConfig(bn=16, bk=4 * group, splits=k // group // 4)
-    check(gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
-          gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n), qtype)
+    check(
+        gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
+        gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n),
+        qtype,
+    )
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q4_0, QType.Q3_K])
@@ -175,17 +224,23 @@ def test_gemv_prequantized_tile_shapes(qtype):
         cfg = dataclasses.replace(cfg, bn=64)
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(5), (nt, k))
-    check(gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
-          gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n), qtype)
+    check(
+        gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
+        gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n),
+        qtype,
+    )
 
 
 def test_gemv_one_token_config_is_one_step_per_program():
-    """One token: K split into single-step chunks (7B ffn_down, K = 18944: 37 splits), capped in programs."""
+    """One token: K split into single-step chunks (7B ffn_down, K = 18944: 37 splits), capped in
+    programs."""
     cfg = gemv.choose_config(QType.Q4_K, 3584, 18944, 1)
     assert (cfg.bn, cfg.bk, cfg.splits) == (32, 16 * 32, 37)
     cfg = gemv.choose_config(QType.Q6_K, 4096, 14336, 1)  # 16-weight groups: 32 of them per step
     assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (16, 32 * 16, 28, False)
-    cfg = gemv.choose_config(QType.Q8_0, 4096, 14336, 8)  # several tokens: one step too, x quantized before
+    cfg = gemv.choose_config(
+        QType.Q8_0, 4096, 14336, 8
+    )  # several tokens: one step too, x quantized before
     assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (32, 16 * 32, 28, True)
     cfg = gemv.choose_config(QType.Q4_0, 4096, 14336, 8)  # measured exceptions: 64 rows ...
     assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (64, 16 * 32, 28, True)
@@ -196,29 +251,46 @@ def test_gemv_one_token_config_is_one_step_per_program():
     cfg = gemv.choose_config(QType.Q4_K, 896, 4864, 8)  # 19 chunks: one step each
     assert (cfg.bk, cfg.splits) == (256, 19)
     # x before the weights where measured faster: per format, path and (Q8_0) token count
-    assert [gemv.choose_config(q, 4096, 14336, nt).x_first for q, nt in
-            [(QType.Q5_0, 1), (QType.Q4_K, 1), (QType.Q2_K, 1), (QType.Q8_0, 1), (QType.Q8_0, 2), (QType.Q4_0, 8),
-             (QType.Q5_0, 8), (QType.Q4_K, 3), (QType.Q4_K, 8)]] == [True, False, False, False, True, True, False,
-                                                                   False, True]
+    assert [
+        gemv.choose_config(q, 4096, 14336, nt).x_first
+        for q, nt in [
+            (QType.Q5_0, 1),
+            (QType.Q4_K, 1),
+            (QType.Q2_K, 1),
+            (QType.Q8_0, 1),
+            (QType.Q8_0, 2),
+            (QType.Q4_0, 8),
+            (QType.Q5_0, 8),
+            (QType.Q4_K, 3),
+            (QType.Q4_K, 8),
+        ]
+    ] == [True, False, False, False, True, True, False, False, True]
     cfg = gemv.choose_config(QType.Q4_K, 2048, 2048, 8)  # too few programs for 4 steps (3B shapes)
     assert (cfg.bn, cfg.splits) == (32, 4)
     cfg = gemv.choose_config(QType.Q4_0, 896, 896, 3)  # ... or for 64 rows
     assert (cfg.bn, cfg.splits) == (32, 7)
-    cfg = gemv.choose_config(QType.Q8_0, 151936, 896, 1)  # the 0.5B head: 4748 row programs x 7 > cap
+    cfg = gemv.choose_config(
+        QType.Q8_0, 151936, 896, 1
+    )  # the 0.5B head: 4748 row programs x 7 > cap
     assert cfg.splits == 1
 
 
 def test_tuning_has_one_row_per_format():
-    """gemv_tuning.TUNING: an integer-path row for every format with int8 words, a float row for the rest."""
+    """gemv_tuning.TUNING: an integer-path row for every format with int8 words, a float row for the
+    rest."""
     from minfer_jax.pallas import gemv_tuning
 
     assert set(gemv_tuning.TUNING) == set(FORMATS)
     for qtype, row in gemv_tuning.TUNING.items():
         assert isinstance(row, gemv_tuning.Int8Row) == (qtype in int8_words.SPECS), qtype.name
-    # the tile rules per path: 3-D only pre-quantized and where the row says so, flat words the other pre-quantized
+    # the tile rules per path: 3-D only pre-quantized and where the row says so, flat words the
+    # other pre-quantized
     q4k, q3k = gemv_tuning.TUNING[QType.Q4_K], gemv_tuning.TUNING[QType.Q3_K]
-    assert [q4k.tile_shapes(False), q4k.tile_shapes(True), q3k.tile_shapes(True)] == [(False, False), (True, False),
-                                                                                      (False, True)]
+    assert [q4k.tile_shapes(False), q4k.tile_shapes(True), q3k.tile_shapes(True)] == [
+        (False, False),
+        (True, False),
+        (False, True),
+    ]
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q5_1, QType.Q4_K, QType.Q6_K, QType.Q3_K])
@@ -233,7 +305,9 @@ def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):
     base = gemv.choose_config(qtype, n, k, nt)
     for prequant in (False, True):
         cfg = dataclasses.replace(base, prequant=prequant)
-        check(gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET), ref, qtype)
+        check(
+            gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET), ref, qtype
+        )
 
 
 @pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K, QType.Q6_K, QType.Q8_0, QType.F16])
@@ -247,13 +321,17 @@ def test_norm_folded_into_gemv(qtype, nt):
 
     n, k = 130, 1024
     ws = [QWeight(random_planes(jax.random.PRNGKey(s), qtype, n, k), qtype, (n, k)) for s in (6, 7)]
-    x = jax.random.normal(jax.random.PRNGKey(8), (nt, k), jnp.float32) * 30.0  # a residual stream's scale
+    x = (
+        jax.random.normal(jax.random.PRNGKey(8), (nt, k), jnp.float32) * 30.0
+    )  # a residual stream's scale
     g = 1.0 + 0.5 * jax.random.normal(jax.random.PRNGKey(9), (k,), jnp.float32)
     folded = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl(KERNELS, fold_norm=True))
     plain = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl(KERNELS, fold_norm=False))
     for a, b in zip(folded, plain):
         chex.assert_shape(a, (nt, n))
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5 * float(jnp.max(jnp.abs(b))))
+        np.testing.assert_allclose(
+            np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5 * float(jnp.max(jnp.abs(b)))
+        )
 
 
 def test_gemv_rejects_too_many_tokens():
@@ -267,42 +345,55 @@ def test_kernel_is_traced_once_per_configuration():
     qtype, n, k = QType.Q4_K, 128, 512
     w = planes_for(qtype, n, k)
     traced = chex.assert_max_traces(n=1)(
-        lambda x, w: gemv.gemv_int8(x, w, qtype=qtype, n_out=n, interpret=INTERPRET))
+        lambda x, w: gemv.gemv_int8(x, w, qtype=qtype, n_out=n, interpret=INTERPRET)
+    )
     f = jax.jit(traced)
     for seed in range(3):
         f(jax.random.normal(jax.random.PRNGKey(seed), (1, k)), w).block_until_ready()
 
 
 def test_reference_uses_compute_dtype():
-    """The f16 reference rounds weights and x to f16 like the f16 kernels: equal to an explicit f16 computation."""
+    """The f16 reference rounds weights and x to f16 like the f16 kernels: equal to an explicit f16
+    computation."""
     qtype, n, k = QType.Q8_0, 128, 256
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(3), (4, k))
     w16 = decode(qtype, w, jnp.float16)[:n].astype(jnp.float32)
     want = np.asarray(x.astype(jnp.float16).astype(jnp.float32) @ w16.T)
-    np.testing.assert_allclose(np.asarray(gemm.gemm_reference(x, w, qtype=qtype, n_out=n)), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(gemm.gemm_reference(x, w, qtype=qtype, n_out=n)), want, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_dp4a_emulation_is_signed_bytewise_dot():
     rng = np.random.default_rng(0)
     a = rng.integers(0, 2**32, 4096, dtype=np.uint32)
-    b = rng.integers(-2**31, 2**31, 4096, dtype=np.int64).astype(np.int32)
-    b[:4] = np.array([0x80808080, 0x7F7F7F7F, 0xFFFFFFFF, 0], np.int64).astype(np.uint32).view(np.int32)  # byte extremes
-    c = rng.integers(-2**20, 2**20, 4096).astype(np.int32)
-    want = c.astype(np.int64) + np.sum(a.view(np.int8).reshape(-1, 4).astype(np.int64)
-                                       * b.view(np.int8).reshape(-1, 4).astype(np.int64), axis=1)
+    b = rng.integers(-(2**31), 2**31, 4096, dtype=np.int64).astype(np.int32)
+    b[:4] = (
+        np.array([0x80808080, 0x7F7F7F7F, 0xFFFFFFFF, 0], np.int64).astype(np.uint32).view(np.int32)
+    )  # byte extremes
+    c = rng.integers(-(2**20), 2**20, 4096).astype(np.int32)
+    want = c.astype(np.int64) + np.sum(
+        a.view(np.int8).reshape(-1, 4).astype(np.int64)
+        * b.view(np.int8).reshape(-1, 4).astype(np.int64),
+        axis=1,
+    )
     got = int8_words.dp4a_emulated(jnp.asarray(a), jnp.asarray(b), jnp.asarray(c))
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
-@pytest.mark.parametrize("qtype", sorted(int8_words.SPECS, key=lambda q: q.value), ids=lambda q: q.name)
+@pytest.mark.parametrize(
+    "qtype", sorted(int8_words.SPECS, key=lambda q: q.value), ids=lambda q: q.name
+)
 def test_int8_reference_within_quantization_error(qtype):
     """The integer formulation (a * (dx * S + offset) + b * sum x per group) is x . decode(planes)
     up to the int8 rounding of x: exactly so for x already on the int8 grid."""
     w = planes_for(qtype, 136, 4864)
     spec = int8_words.SPECS[qtype]
     # x already on an int8 grid of its groups: max |x| = 127 * step in every group
-    steps = jax.random.uniform(jax.random.PRNGKey(4), (2, 4864 // spec.group, 1), minval=0.01, maxval=1.0)
+    steps = jax.random.uniform(
+        jax.random.PRNGKey(4), (2, 4864 // spec.group, 1), minval=0.01, maxval=1.0
+    )
     ints = jax.random.randint(jax.random.PRNGKey(5), (2, 4864 // spec.group, spec.group), -127, 128)
     ints = ints.at[..., 0].set(127)
     x_grid = (ints.astype(jnp.float32) * steps).reshape(2, 4864)
@@ -319,8 +410,11 @@ def test_both_float_one_token_paths(qtype, path):
     w = planes_for(qtype, n, k)
     cfg = dataclasses.replace(gemv.choose_config(qtype, n, k), fma=path == "fma")
     x = jax.random.normal(jax.random.PRNGKey(6), (1, k))
-    check(gemv.gemv_float(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
-          gemv.gemv_float_reference(x, w, qtype=qtype, n_out=n), qtype)
+    check(
+        gemv.gemv_float(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
+        gemv.gemv_float_reference(x, w, qtype=qtype, n_out=n),
+        qtype,
+    )
 
 
 BLOCK_FORMATS = [q for q in FORMATS if q not in (QType.F32, QType.F16, QType.BF16)]
@@ -329,8 +423,8 @@ INT8_CASES = [(q, n, k, nt) for q in BLOCK_FORMATS for n, k in shapes_for(q) for
 
 @pytest.mark.parametrize("qtype,n,k,nt", INT8_CASES, ids=lambda v: getattr(v, "name", str(v)))
 def test_gemm_int8_matches_reference(qtype, n, k, nt):
-    """int8 GEMM == its reference (same activation quantization, exact integer sums) and stays within
-    the activation-quantization error (~1/127 per value) of the f16 path."""
+    """int8 GEMM == its reference (same activation quantization, exact integer sums) and stays
+    within the activation-quantization error (~1/127 per value) of the f16 path."""
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(nt + 7), (nt, k), jnp.float32)
     got = gemm_int8.gemm_int8(x, w, qtype=qtype, n_out=n, interpret=INTERPRET)
@@ -348,18 +442,26 @@ def test_ops_routes_prefill_to_int8_only_when_asked():
     x = jax.random.normal(jax.random.PRNGKey(0), (12, k))
     y16 = ops.matmul(x, w, ops.Impl(kernels=KERNELS))
     y8 = ops.matmul(x, w, ops.Impl(kernels=KERNELS, gemm="int8"))
-    np.testing.assert_allclose(np.asarray(y16), np.asarray(gemm.gemm_reference(x, w.planes, qtype=qtype, n_out=n)),
-                               rtol=1e-3, atol=1e-3 * float(jnp.max(jnp.abs(y16))))
-    np.testing.assert_allclose(np.asarray(y8), np.asarray(gemm_int8.gemm_int8_reference(x, w.planes, qtype=qtype,
-                                                                                        n_out=n)),
-                               rtol=1e-3, atol=1e-3 * float(jnp.max(jnp.abs(y8))))
+    np.testing.assert_allclose(
+        np.asarray(y16),
+        np.asarray(gemm.gemm_reference(x, w.planes, qtype=qtype, n_out=n)),
+        rtol=1e-3,
+        atol=1e-3 * float(jnp.max(jnp.abs(y16))),
+    )
+    np.testing.assert_allclose(
+        np.asarray(y8),
+        np.asarray(gemm_int8.gemm_int8_reference(x, w.planes, qtype=qtype, n_out=n)),
+        rtol=1e-3,
+        atol=1e-3 * float(jnp.max(jnp.abs(y8))),
+    )
     with pytest.raises(ValueError, match="gemm"):
         ops.Impl(gemm="int4")
 
 
 @pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda v: getattr(v, "name", str(v)))
 def test_dequantize_matches_decode(qtype, n, k):
-    """The dequantization kernel writes exactly quant.planes.decode (same tile decode, no arithmetic of its own)."""
+    """The dequantization kernel writes exactly quant.planes.decode
+    (same tile decode, no arithmetic of its own)."""
     w = planes_for(qtype, n, k)
     ref = dequant.dequantize_reference(w, qtype=qtype)
     for cfg in (None, dequant.DequantConfig(bn=16, bk=128 if k % 256 else 256)):
@@ -368,15 +470,20 @@ def test_dequantize_matches_decode(qtype, n, k):
 
 
 def test_ops_prefill_variants():
-    """auto picks dequant from DEQUANT_MIN_NT tokens; dequant and f16 compute the same decode + f32 dot."""
+    """auto picks dequant from DEQUANT_MIN_NT tokens; dequant and f16 compute the same decode + f32
+    dot."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
 
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT) == "dequant"
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT - 1) == "f16"
-    assert ops.gemm_variant("dequant", QType.F16, 512) == "f16"  # float weights: nothing to dequantize
+    assert (
+        ops.gemm_variant("dequant", QType.F16, 512) == "f16"
+    )  # float weights: nothing to dequantize
     assert ops.kernel_case(QType.Q6_K, 136, 512, ops.Impl("pallas"))[0].kind == "dq+gemm"
-    assert ops.kernel_case(QType.Q6_K, 136, 16, ops.Impl("pallas", gemm="int8"))[0].kind == "gemm-i8"
+    assert (
+        ops.kernel_case(QType.Q6_K, 136, 16, ops.Impl("pallas", gemm="int8"))[0].kind == "gemm-i8"
+    )
     qtype, n, k = QType.Q6_K, 136, 512
     w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
     x = jax.random.normal(jax.random.PRNGKey(0), (20, k))
@@ -389,15 +496,15 @@ def test_bench_gemm_choices_are_ops_variants():
     from minfer_jax import ops
     from minfer_jax.bench import cli
 
-    gemm, = [a for a in cli.build_parser()._actions if "--gemm" in a.option_strings]
+    (gemm,) = [a for a in cli.build_parser()._actions if "--gemm" in a.option_strings]
     assert tuple(gemm.choices) == ops.GEMM_VARIANTS
 
 
 @pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("nt", [1, 2, 3])
 def test_gemv_x_first_either_order(qtype, nt):
-    """x loaded before or after the weight tiles (gemv_tuning.TUNING picks per format): same sums, with a
-    folded per-input scale too, on the in-kernel and the pre-quantized path."""
+    """x loaded before or after the weight tiles (gemv_tuning.TUNING picks per format): same sums,
+    with a folded per-input scale too, on the in-kernel and the pre-quantized path."""
     n, k = 136, 2560
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k))
@@ -405,12 +512,20 @@ def test_gemv_x_first_either_order(qtype, nt):
     ref = gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n, x_scale=scale)
     cfg = gemv.choose_config(qtype, n, k, nt)
     for x_first in (False, True):
-        got = gemv.gemv_int8(x, w, qtype=qtype, n_out=n, x_scale=scale, interpret=INTERPRET,
-                        config=dataclasses.replace(cfg, x_first=x_first))
+        got = gemv.gemv_int8(
+            x,
+            w,
+            qtype=qtype,
+            n_out=n,
+            x_scale=scale,
+            interpret=INTERPRET,
+            config=dataclasses.replace(cfg, x_first=x_first),
+        )
         check(got, ref, qtype)
 
 
-# ------------------------------------------------------------------------------------------ ops.route
+# ---------------------------------------------------------------------------------------- ops.route
+
 
 def _qweight(qtype, n=128, k=256):
     from minfer_jax.model.weights import QWeight
@@ -418,24 +533,43 @@ def _qweight(qtype, n=128, k=256):
     return QWeight(planes_for(qtype, n, k), qtype, (n, k))
 
 
-@pytest.mark.parametrize("qtype,nt,impl,want", [
-    (QType.Q4_K, 1, dict(kernels="xla"), "xla"),
-    (QType.Q4_K, 512, dict(kernels="xla", gemm="int8"), "xla"),  # the XLA path ignores the GEMM variant
-    (QType.Q4_0, 1, {}, "gemv"),
-    (QType.Q6_K, 8, {}, "gemv"),  # the last GEMV token count
-    (QType.F16, 1, {}, "gemv-float"),
-    (QType.BF16, 8, {}, "gemv-float"),
-    (QType.Q4_K, 9, {}, "gemm"),  # "auto": a decode batch past the GEMV, the split in-kernel GEMM
-    (QType.Q4_K, 64, {}, "gemm"),  # ... up to DEQUANT_MIN_NT - 1 tokens
-    (QType.Q4_K, 65, {}, "dq+gemm"),  # ... then dequantize first
-    (QType.Q4_K, 5, dict(gemv_max_nt=4), "gemm"),  # past a lowered GEMV limit: "auto" below DEQUANT_MIN_NT
-    (QType.Q4_K, 12, dict(gemv_max_nt=16), "gemv"),  # ... or a raised one: still the GEMV
-    (QType.Q4_K, 16, dict(gemm="f16"), "gemm"),
-    (QType.Q4_K, 16, dict(gemm="dequant"), "dq+gemm"),
-    (QType.Q4_K, 16, dict(gemm="int8"), "gemm-i8"),
-    (QType.F16, 512, dict(gemm="dequant"), "gemm"),  # float weights: nothing to dequantize
-    (QType.F32, 16, dict(gemm="int8"), "gemm"),  # ... nor integers to multiply
-], ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize(
+    "qtype,nt,impl,want",
+    [
+        (QType.Q4_K, 1, dict(kernels="xla"), "xla"),
+        (
+            QType.Q4_K,
+            512,
+            dict(kernels="xla", gemm="int8"),
+            "xla",
+        ),  # the XLA path ignores the GEMM variant
+        (QType.Q4_0, 1, {}, "gemv"),
+        (QType.Q6_K, 8, {}, "gemv"),  # the last GEMV token count
+        (QType.F16, 1, {}, "gemv-float"),
+        (QType.BF16, 8, {}, "gemv-float"),
+        (
+            QType.Q4_K,
+            9,
+            {},
+            "gemm",
+        ),  # "auto": a decode batch past the GEMV, the split in-kernel GEMM
+        (QType.Q4_K, 64, {}, "gemm"),  # ... up to DEQUANT_MIN_NT - 1 tokens
+        (QType.Q4_K, 65, {}, "dq+gemm"),  # ... then dequantize first
+        (
+            QType.Q4_K,
+            5,
+            dict(gemv_max_nt=4),
+            "gemm",
+        ),  # past a lowered GEMV limit: "auto" below DEQUANT_MIN_NT
+        (QType.Q4_K, 12, dict(gemv_max_nt=16), "gemv"),  # ... or a raised one: still the GEMV
+        (QType.Q4_K, 16, dict(gemm="f16"), "gemm"),
+        (QType.Q4_K, 16, dict(gemm="dequant"), "dq+gemm"),
+        (QType.Q4_K, 16, dict(gemm="int8"), "gemm-i8"),
+        (QType.F16, 512, dict(gemm="dequant"), "gemm"),  # float weights: nothing to dequantize
+        (QType.F32, 16, dict(gemm="int8"), "gemm"),  # ... nor integers to multiply
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
 def test_route_every_branch(qtype, nt, impl, want):
     from minfer_jax import ops
 
@@ -451,23 +585,41 @@ def test_route_dense_and_norm_folding():
     from minfer_jax.model.weights import DenseWeight
 
     dense = DenseWeight(jnp.zeros((256, 128)), transposed=True)
-    assert ops.route(dense, 1, ops.Impl("pallas", fold_norm=True), after_norm=True) == ops.Route("dense")
+    assert ops.route(dense, 1, ops.Impl("pallas", fold_norm=True), after_norm=True) == ops.Route(
+        "dense"
+    )
     fold = ops.Impl("pallas", fold_norm=True)
     r = ops.route(_qweight(QType.Q5_0), 3, fold, after_norm=True)
     assert (r.kind, r.fold_norm, r.label) == ("gemv", True, "gemv+fold")
     assert not ops.route(_qweight(QType.Q5_0), 3, fold).fold_norm  # x not a norm's output
-    assert not ops.route(_qweight(QType.Q5_0), 3, ops.Impl("pallas"), after_norm=True).fold_norm  # fold_norm off
-    assert ops.route(_qweight(QType.F16), 1, fold, after_norm=True) == ops.Route("gemv-float")  # float: never
-    assert ops.route(_qweight(QType.Q5_0), 9, fold, after_norm=True) == ops.Route("gemm")  # past the GEMV: never
-    assert ops.route(_qweight(QType.Q5_0), 1, ops.Impl("xla", fold_norm=True), after_norm=True) == ops.Route("xla")
+    assert not ops.route(
+        _qweight(QType.Q5_0), 3, ops.Impl("pallas"), after_norm=True
+    ).fold_norm  # fold_norm off
+    assert ops.route(_qweight(QType.F16), 1, fold, after_norm=True) == ops.Route(
+        "gemv-float"
+    )  # float: never
+    assert ops.route(_qweight(QType.Q5_0), 9, fold, after_norm=True) == ops.Route(
+        "gemm"
+    )  # past the GEMV: never
+    assert ops.route(
+        _qweight(QType.Q5_0), 1, ops.Impl("xla", fold_norm=True), after_norm=True
+    ) == ops.Route("xla")
     with pytest.raises(ValueError, match="dense"):
         ops.route_call(ops.Route("dense"), QType.F32, 128, fold)
 
 
-@pytest.mark.parametrize("qtype,nt,gemm_variant,want", [
-    (QType.Q4_0, 2, "auto", "gemv"), (QType.F16, 1, "auto", "gemv-float"), (QType.Q4_K, 9, "auto", "gemm"),
-    (QType.Q4_K, 9, "dequant", "dq+gemm"), (QType.Q6_K, 9, "int8", "gemm-i8"), (QType.Q8_0, 3, "xla", "xla"),
-], ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize(
+    "qtype,nt,gemm_variant,want",
+    [
+        (QType.Q4_0, 2, "auto", "gemv"),
+        (QType.F16, 1, "auto", "gemv-float"),
+        (QType.Q4_K, 9, "auto", "gemm"),
+        (QType.Q4_K, 9, "dequant", "dq+gemm"),
+        (QType.Q6_K, 9, "int8", "gemm-i8"),
+        (QType.Q8_0, 3, "xla", "xla"),
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
 def test_kernel_case_call_matches_its_reference(qtype, nt, gemm_variant, want):
     """Every quantized route's kernel call against the reference kernel_case pairs it with, and
     ops.matmul on the same weight computes exactly the route's call."""

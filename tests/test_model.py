@@ -1,4 +1,5 @@
-"""The Qwen2 model against the math: a float64 numpy forward written here, independent of the package.
+"""The Qwen2 model against the math: a float64 numpy forward written here, independent of the
+package.
 
 The reference dequantizes with gguf.quants and implements Qwen2 from its definition (RMSNorm,
 q/k/v with bias, NeoX RoPE, GQA causal attention, SwiGLU, untied head). On the CPU the package
@@ -11,21 +12,20 @@ other CPUs' summation orders, still far below any real modelling error) and requ
 argmax at every position.
 """
 
+import functools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-import jax
-import jax.numpy as jnp
-
-import functools
-
 import minfer_jax
 from minfer_jax.engine import steps as gen
-from minfer_jax.model.qwen2 import forward_decode
 from minfer_jax.engine.sampling import GREEDY, RowSettings, SamplerMode
+from minfer_jax.model.qwen2 import forward_decode
 
-PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, counting from zero.\"\"\"\n"
+PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number, counting from zero."""\n'
 
 
 def ref_weights(gm):
@@ -34,7 +34,9 @@ def ref_weights(gm):
     def w(name):
         if name not in cache:
             t = gm.tensors[name]
-            cache[name] = dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float64)
+            cache[name] = (
+                dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float64)
+            )
         return cache[name]
 
     return w
@@ -54,7 +56,7 @@ def ref_forward(gm, tokens):
         inv = cfg.rope_theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
         ang = np.arange(t, dtype=np.float64)[:, None] * inv[None]
         c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
-        a, b = x[..., : hd // 2], x[..., hd // 2:]
+        a, b = x[..., : hd // 2], x[..., hd // 2 :]
         return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
 
     x = w("token_embd.weight")[np.asarray(tokens)]
@@ -108,22 +110,31 @@ def test_logits_match_float64_reference(model, real_model, prompt_ids):
 
 @pytest.mark.real_model
 def test_decode_steps_match_prefill_logits(model, prompt_ids):
-    """Feeding 32 tokens one at a time through the cache (the decode path) gives one 48-token prefill's logits."""
-    cont = model.tokenizer.encode("    if n <= 1:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n"
-                                  "        a, b = b, a + b\n    return b\n")
+    """Feeding 32 tokens one at a time through the cache (the decode path) gives one 48-token
+    prefill's logits."""
+    cont = model.tokenizer.encode(
+        "    if n <= 1:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n"
+        "        a, b = b, a + b\n    return b\n"
+    )
     seq = prompt_ids + cont[:32]
     assert len(seq) == 48
     full = model.logits(seq)  # [48, vocab]
 
     plan = model.plan(ctx=64)
     prefill, _ = model.executable(plan.logits_key(16))
-    decode = jax.jit(functools.partial(forward_decode, cfg=model.config, impl=model.impl, span=plan.span(48)))
+    decode = jax.jit(
+        functools.partial(forward_decode, cfg=model.config, impl=model.impl, span=plan.span(48))
+    )
     cache = model.new_cache(1, plan.cache_len)
-    first, cache = prefill(model.params, cache, np.asarray(seq[:16], np.int32), np.int32(0), np.int32(0))
+    first, cache = prefill(
+        model.params, cache, np.asarray(seq[:16], np.int32), np.int32(0), np.int32(0)
+    )
     steps = [np.asarray(first)[-1]]
     zero = jnp.zeros((1,), jnp.int32)
     for pos in range(16, 47):
-        out, cache = decode(model.params, jnp.asarray(seq[pos:pos + 1], jnp.int32), zero, zero + pos, cache)
+        out, cache = decode(
+            model.params, jnp.asarray(seq[pos : pos + 1], jnp.int32), zero, zero + pos, cache
+        )
         steps.append(np.asarray(out)[0])
     steps = np.stack(steps)  # logits predicting tokens 16..47
     np.testing.assert_allclose(steps, full[15:47], atol=2e-3, rtol=0)
@@ -139,12 +150,14 @@ def test_greedy_generation_is_deterministic_and_coherent(model):
     # The on-device loop's greedy tokens are the argmax of the teacher-forced logits.
     logits = model.logits(a.prompt_tokens + a.tokens)
     n = len(a.prompt_tokens)
-    np.testing.assert_array_equal(logits[n - 1:-1].argmax(-1), np.asarray(a.tokens))
+    np.testing.assert_array_equal(logits[n - 1 : -1].argmax(-1), np.asarray(a.tokens))
 
 
 @pytest.mark.real_model
 def test_sampling_same_seed_same_tokens(model):
-    kw = dict(max_new_tokens=20, temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1)
+    kw = dict(
+        max_new_tokens=20, temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1
+    )
     a = minfer_jax.generate(model, "Once upon a time", seed=7, **kw)
     b = minfer_jax.generate(model, "Once upon a time", seed=7, **kw)
     c = minfer_jax.generate(model, "Once upon a time", seed=8, **kw)
@@ -180,12 +193,14 @@ def test_buckets_compile_once(model):
     mode = SamplerMode()
     exe, _ = model.executable(plan.prefill_key(16, mode))
     for n in (3, 9, 16):
-        (_, bucket, _), = plan.chunks(n)
+        ((_, bucket, _),) = plan.chunks(n)
         exe_again, dt = model.executable(plan.prefill_key(bucket, mode))
         assert exe_again is exe and dt == 0.0
     # The jitted step itself traces once per static configuration.
     traced = chex.assert_max_traces(n=1)(gen.prompt_logits)
-    f = jax.jit(lambda p, c, t, s: traced(p, c, t, jnp.int32(0), s, cfg=model.config, impl=model.impl))
+    f = jax.jit(
+        lambda p, c, t, s: traced(p, c, t, jnp.int32(0), s, cfg=model.config, impl=model.impl)
+    )
     for n in (1, 5):
         toks = np.zeros((16,), np.int32)
         toks[:n] = 100
@@ -195,7 +210,8 @@ def test_buckets_compile_once(model):
 @pytest.mark.real_model
 def test_quantized_weights_stay_within_file_size_and_agree_with_dense(model, real_model):
     """The device layout (what the GPU runs) costs <= 1.1x the file's tensor bytes, and its
-    reference path (whole-matrix decode in f16 + dot) picks the same greedy tokens as the dense path."""
+    reference path (whole-matrix decode in f16 + dot) picks the same greedy tokens as the dense
+    path."""
     q = minfer_jax.load(gguf_model=real_model, weights="quantized", kernels="xla", ctx_size=64)
     file_bytes = sum(t.nbytes for t in real_model.tensors.values())
     assert q.weight_nbytes <= 1.1 * file_bytes, (q.weight_nbytes, file_bytes)
@@ -217,12 +233,32 @@ def test_step_functions_compose_inside_a_user_jit():
     def prefill_then_decode(params, cache, prompt):
         state = minfer_jax.engine.steps.init_slot_state(1, 0)
         zero = jnp.int32(0)
-        tok, state, cache = minfer_jax.prefill_chunk(params, cache, state, prompt, zero, zero,
-                                                     jnp.int32(prompt.shape[0]), jnp.zeros((0,), jnp.int32), rows,
-                                                     cfg=cfg, impl=impl, mode=mode)
-        out, state, cache = minfer_jax.decode_chunk(params, cache, state, jnp.zeros((1,), jnp.int32),
-                                                    jnp.full((1,), prompt.shape[0], jnp.int32), rows, cfg=cfg,
-                                                    impl=impl, mode=mode, n_steps=4)
+        tok, state, cache = minfer_jax.prefill_chunk(
+            params,
+            cache,
+            state,
+            prompt,
+            zero,
+            zero,
+            jnp.int32(prompt.shape[0]),
+            jnp.zeros((0,), jnp.int32),
+            rows,
+            cfg=cfg,
+            impl=impl,
+            mode=mode,
+        )
+        out, state, cache = minfer_jax.decode_chunk(
+            params,
+            cache,
+            state,
+            jnp.zeros((1,), jnp.int32),
+            jnp.full((1,), prompt.shape[0], jnp.int32),
+            rows,
+            cfg=cfg,
+            impl=impl,
+            mode=mode,
+            n_steps=4,
+        )
         return jnp.concatenate([tok[None], out[:, 0]])
 
     prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, 16), jnp.int32)

@@ -12,12 +12,22 @@ import pytest
 import minfer_jax
 from kernel_mode import KERNELS
 from minfer_jax import ops
+from minfer_jax.files.synthetic import synthetic_model_from_config
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, fused_runs, load_params
-from minfer_jax.files.synthetic import synthetic_model_from_config
 
-TINY = Config(n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512, context_length=512, vocab_size=300,
-              rope_theta=1e6, rms_eps=1e-6, tied_output=False)
+TINY = Config(
+    n_layers=2,
+    d_model=256,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=512,
+    context_length=512,
+    vocab_size=300,
+    rope_theta=1e6,
+    rms_eps=1e-6,
+    tied_output=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +37,18 @@ def tiny_gguf():
 
 @pytest.fixture(scope="module")
 def tiny_models(tiny_gguf):
-    load = lambda k: minfer_jax.load(gguf_model=tiny_gguf, kernels=k, weights="quantized", ctx_size=64)  # noqa: E731
+    def load(k):
+        return minfer_jax.load(gguf_model=tiny_gguf, kernels=k, weights="quantized", ctx_size=64)
+
     return load(KERNELS), load("xla")
 
 
 @pytest.mark.parametrize("fold_norm", [True, False])
 def test_kernel_path_matches_reference_path(tiny_models, fold_norm):
     kern, ref = tiny_models
-    kern = dataclasses.replace(kern, impl=dataclasses.replace(kern.impl, fold_norm=fold_norm), _compiled={})
+    kern = dataclasses.replace(
+        kern, impl=dataclasses.replace(kern.impl, fold_norm=fold_norm), _compiled={}
+    )
     prompt = [5, 17, 250, 3, 99]
     got = list(minfer_jax.generate(kern, prompt, max_new_tokens=4).tokens)
     want = list(minfer_jax.generate(ref, prompt, max_new_tokens=4).tokens)
@@ -50,7 +64,9 @@ def test_batched_decode_through_the_kernels_matches_each_sequence_alone(tiny_mod
     kern, ref = tiny_models
     prompts = [[(7 * i + 3 * j) % TINY.vocab_size for j in range(3 + i)] for i in range(10)]
     batch = minfer_jax.generate_batch(kern, prompts, max_new_tokens=5, decode_steps=4)
-    assert any(getattr(key, "rows", 0) == 16 for key in kern._compiled)  # one 16-row decode executable
+    assert any(
+        getattr(key, "rows", 0) == 16 for key in kern._compiled
+    )  # one 16-row decode executable
     assert ops.route(kern.params.layers[0].w_down, 16, kern.impl).kind == "gemm"
     alone = [minfer_jax.generate(ref, p, max_new_tokens=5).tokens for p in prompts]
     # Random weights make near-ties: a row may leave the reference only where the reference's own
@@ -70,7 +86,11 @@ def test_batched_decode_through_the_kernels_matches_each_sequence_alone(tiny_mod
 def test_neighbours_of_one_format_are_fused(tiny_models, tiny_gguf):
     assert fused_runs(["Q4_K", "Q4_K", "Q6_K"]) == [[0, 1], [2]]
     assert fused_runs(["Q6_K", "Q4_K", "Q4_K"]) == [[0], [1, 2]]
-    assert fused_runs(["Q4_K", "Q6_K", "Q4_K"]) == [[0], [1], [2]]  # only neighbours: outputs stay in order
+    assert fused_runs(["Q4_K", "Q6_K", "Q4_K"]) == [
+        [0],
+        [1],
+        [2],
+    ]  # only neighbours: outputs stay in order
     assert fused_runs(["Q4_K", "Q6_K"], dense=True) == [[0, 1]]
     assert fused_runs(["Q4_K", "Q4_K"], fuse=False) == [[0], [1]]
     kern, _ = tiny_models
@@ -80,7 +100,11 @@ def test_neighbours_of_one_format_are_fused(tiny_models, tiny_gguf):
     assert [w.shape[0] for w in kern.params.layers[1].gate_up] == [2 * TINY.d_ff]
     # the same model with every projection apart: the same logits (fusion only stacks rows)
     _, ref = tiny_models
-    apart = dataclasses.replace(ref, params=load_params(tiny_gguf, LoadOptions(fuse=False)), _compiled={})
+    apart = dataclasses.replace(
+        ref, params=load_params(tiny_gguf, LoadOptions(fuse=False)), _compiled={}
+    )
     assert len(apart.params.layers[1].qkv) == 3
     seq = [5, 17, 250, 3, 99]
-    np.testing.assert_allclose(np.asarray(apart.logits(seq)), np.asarray(ref.logits(seq)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(apart.logits(seq)), np.asarray(ref.logits(seq)), rtol=1e-5, atol=1e-5
+    )

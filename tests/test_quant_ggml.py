@@ -24,21 +24,42 @@ ALL_TYPES = FLOAT_TYPES + BLOCK_TYPES
 
 # Byte offsets of the f16 scale fields inside one block.
 F16_FIELDS = {
-    Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2),
-    Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
+    Q.Q8_0: (0,),
+    Q.Q4_0: (0,),
+    Q.Q4_1: (0, 2),
+    Q.Q5_0: (0,),
+    Q.Q5_1: (0, 2),
+    Q.Q2_K: (80, 82),
+    Q.Q3_K: (108,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
 }
 
 # f16 bit patterns that break naive implementations.
-HOSTILE_F16 = np.array([
-    0x0000, 0x8000,  # +-0
-    0x3C00, 0xBC00,  # +-1
-    0x0001, 0x8001, 0x03FF, 0x83FF,  # smallest / largest subnormals, both signs
-    0x0400,  # smallest normal
-    0x3BFF, 0x07FF,  # all mantissa bits set (widest possible products)
-    0x7BFF, 0xFBFF,  # +-65504
-    0x7C00, 0xFC00,  # +-inf
-    0x7E00, 0xFE00, 0x7C01,  # quiet NaNs, signalling NaN
-], dtype=np.uint16)
+HOSTILE_F16 = np.array(
+    [
+        0x0000,
+        0x8000,  # +-0
+        0x3C00,
+        0xBC00,  # +-1
+        0x0001,
+        0x8001,
+        0x03FF,
+        0x83FF,  # smallest / largest subnormals, both signs
+        0x0400,  # smallest normal
+        0x3BFF,
+        0x07FF,  # all mantissa bits set (widest possible products)
+        0x7BFF,
+        0xFBFF,  # +-65504
+        0x7C00,
+        0xFC00,  # +-inf
+        0x7E00,
+        0xFE00,
+        0x7C01,  # quiet NaNs, signalling NaN
+    ],
+    dtype=np.uint16,
+)
 
 
 def assert_same_f32(actual, expected, *, exact_nan=False):
@@ -55,8 +76,10 @@ def assert_same_f32(actual, expected, *, exact_nan=False):
     if not np.array_equal(a, e):
         bad = np.argwhere(a != e)
         idx = tuple(bad[0])
-        raise AssertionError(f"{len(bad)} of {a.size} values differ; first at {idx}: "
-                             f"got {actual[idx]!r} ({a[idx]:#010x}), want {expected[idx]!r} ({e[idx]:#010x})")
+        raise AssertionError(
+            f"{len(bad)} of {a.size} values differ; first at {idx}: "
+            f"got {actual[idx]!r} ({a[idx]:#010x}), want {expected[idx]!r} ({e[idx]:#010x})"
+        )
 
 
 def reference(data: np.ndarray, qtype) -> np.ndarray:
@@ -85,7 +108,7 @@ def random_tensor(rng, qtype, rows, n_blocks):
 
 def put_f16(blocks: np.ndarray, offset: int, bits) -> None:
     """Write f16 bit patterns [N] at `offset` of uint8 blocks [N, ts]."""
-    blocks[:, offset:offset + 2] = np.asarray(bits, dtype=np.uint16).reshape(-1, 1).view(np.uint8)
+    blocks[:, offset : offset + 2] = np.asarray(bits, dtype=np.uint16).reshape(-1, 1).view(np.uint8)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -106,7 +129,9 @@ def test_hostile_f16_scales(qtype):
     """Every combination of hostile d (and m/dmin) with random, all-0x00 and all-0xFF quants."""
     bs, ts = GGML_QUANT_SIZES[qtype]
     fields = F16_FIELDS[qtype]
-    combos = np.array(list(itertools.product(HOSTILE_F16, repeat=len(fields))), dtype=np.uint16)  # [C, F]
+    combos = np.array(
+        list(itertools.product(HOSTILE_F16, repeat=len(fields))), dtype=np.uint16
+    )  # [C, F]
     rng = np.random.default_rng(int(qtype))
     parts = []
     for fill in ("random", 0x00, 0xFF):
@@ -133,7 +158,8 @@ def _scale_patterns(rng, n_sub, lo, hi, n_random=8):
 
 
 def _with_scales_and_quants(rng, qtype, n, write_subscales):
-    """Blocks [n * D * 3, ts]: subscale patterns x a few d/dmin values x (random, 0x00, 0xFF) quants."""
+    """Blocks [n * D * 3, ts]: subscale patterns x a few d/dmin values x (random, 0x00, 0xFF)
+    quants."""
     bs, ts = GGML_QUANT_SIZES[qtype]
     d_values = np.array([0x3C00, 0xBC00, 0x7BFF, 0x0001, 0x3BFF, 0x2E66], dtype=np.uint16)
     out = []
@@ -171,7 +197,7 @@ def test_k_quant_6bit_scales_and_mins_at_limits(qtype, offset):
     np.testing.assert_array_equal(got_m, m)
 
     def write(blocks):
-        blocks[:, offset:offset + 12] = packed
+        blocks[:, offset : offset + 12] = packed
 
     data = _with_scales_and_quants(rng, qtype, len(packed), write)
     check(data, qtype, (len(data), GGML_QUANT_SIZES[qtype][0]))
@@ -188,7 +214,9 @@ def pack_q3_k_scales(sc6: np.ndarray) -> np.ndarray:
 
 def test_q3_k_signed_scale_extremes():
     rng = np.random.default_rng(3)
-    sc6 = np.concatenate([_scale_patterns(rng, 16, 0, 63), _scale_patterns(rng, 16, 31, 32, 0)])  # -32..31, -1/0
+    sc6 = np.concatenate(
+        [_scale_patterns(rng, 16, 0, 63), _scale_patterns(rng, 16, 31, 32, 0)]
+    )  # -32..31, -1/0
     packed = pack_q3_k_scales(sc6)
     # The packer is right: with d = 1, every quant = 3 (ql = 3, hmask bit set), y = 3 * (sc6 - 32).
     probe = np.full((len(sc6), 110), 0xFF, dtype=np.uint8)
@@ -206,8 +234,13 @@ def test_q3_k_signed_scale_extremes():
 
 def test_q6_k_signed_scale_extremes():
     rng = np.random.default_rng(6)
-    pats = np.concatenate([_scale_patterns(rng, 16, -128, 127), _scale_patterns(rng, 16, -1, 0, 0),
-                           _scale_patterns(rng, 16, -128, -127, 0)])
+    pats = np.concatenate(
+        [
+            _scale_patterns(rng, 16, -128, 127),
+            _scale_patterns(rng, 16, -1, 0, 0),
+            _scale_patterns(rng, 16, -128, -127, 0),
+        ]
+    )
 
     def write(blocks):
         blocks[:, 192:208] = pats.astype(np.int8).view(np.uint8)
@@ -218,8 +251,13 @@ def test_q6_k_signed_scale_extremes():
 
 def test_q2_k_scale_and_min_nibble_extremes():
     rng = np.random.default_rng(2)
-    pats = np.concatenate([_scale_patterns(rng, 16, 0x00, 0xFF, 0), _scale_patterns(rng, 16, 0x0F, 0xF0, 0),
-                           rng.integers(0, 256, (8, 16))])
+    pats = np.concatenate(
+        [
+            _scale_patterns(rng, 16, 0x00, 0xFF, 0),
+            _scale_patterns(rng, 16, 0x0F, 0xF0, 0),
+            rng.integers(0, 256, (8, 16)),
+        ]
+    )
 
     def write(blocks):
         blocks[:, 0:16] = pats.astype(np.uint8)
@@ -238,10 +276,28 @@ def test_f16_and_bf16_every_bit_pattern_exact():
 
 def test_f32_special_values_exact():
     rng = np.random.default_rng(32)
-    bits = np.concatenate([
-        np.array([0, 0x80000000, 1, 0x807FFFFF, 0x00800000, 0x7F7FFFFF, 0x7F800000, 0xFF800000,
-                  0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x7FBFFFFF], dtype=np.uint32),
-        rng.integers(0, 1 << 32, 500, dtype=np.uint32)])[:512].reshape(4, 128)
+    bits = np.concatenate(
+        [
+            np.array(
+                [
+                    0,
+                    0x80000000,
+                    1,
+                    0x807FFFFF,
+                    0x00800000,
+                    0x7F7FFFFF,
+                    0x7F800000,
+                    0xFF800000,
+                    0x7FC00000,
+                    0x7F800001,
+                    0xFFFFFFFF,
+                    0x7FBFFFFF,
+                ],
+                dtype=np.uint32,
+            ),
+            rng.integers(0, 1 << 32, 500, dtype=np.uint32),
+        ]
+    )[:512].reshape(4, 128)
     check(bits.view(np.float32), Q.F32, (4, 128), exact_nan=True)
     check(bits.view(np.uint8), Q.F32, (4, 128), exact_nan=True)
 
@@ -268,12 +324,22 @@ def test_jit_with_static_type_and_shape_and_jax_input():
     assert_same_f32(g(data), np.asarray(got).T * np.float32(2))
 
 
-@pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ4_NL, Q.Q8_1, Q.Q8_K, Q.TQ2_0, Q.I8], ids=lambda q: q.name)
+@pytest.mark.parametrize(
+    "qtype", [Q.IQ2_XXS, Q.IQ4_NL, Q.Q8_1, Q.Q8_K, Q.TQ2_0, Q.I8], ids=lambda q: q.name
+)
 def test_unsupported_type_raises(qtype):
     with pytest.raises(UnsupportedError, match=qtype.name):
-        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype, (1, GGML_QUANT_SIZES[qtype][0]))
+        dequantize(
+            np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8),
+            qtype,
+            (1, GGML_QUANT_SIZES[qtype][0]),
+        )
     with pytest.raises(UnsupportedError, match=qtype.name):  # a bare type id as well
-        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), int(qtype), (1, GGML_QUANT_SIZES[qtype][0]))
+        dequantize(
+            np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8),
+            int(qtype),
+            (1, GGML_QUANT_SIZES[qtype][0]),
+        )
     assert qtype not in SUPPORTED
 
 
@@ -308,7 +374,7 @@ def test_every_real_model_tensor(real_model):
         seen.add(t.qtype)
         step = ROW_CHUNK if len(t.shape) == 2 else t.shape[0]
         for r0 in range(0, t.shape[0], step):
-            part = t.data[r0:r0 + step]
+            part = t.data[r0 : r0 + step]
             shape = (part.shape[0], *t.shape[1:])
             want = reference(part, t.qtype).reshape(shape)
             try:

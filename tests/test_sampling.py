@@ -14,14 +14,28 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from minfer_jax.engine.sampling import (FULL_MODE, GREEDY, GREEDY_MODE, MODES, NARROW_CAP, SAMPLED_MODE, WIDE_CAP,
-                                        RowSettings, Sampler, SamplerMode, keep_mask, row_keys, sample_rows)
+from minfer_jax.engine.sampling import (
+    FULL_MODE,
+    GREEDY,
+    GREEDY_MODE,
+    MODES,
+    NARROW_CAP,
+    SAMPLED_MODE,
+    WIDE_CAP,
+    RowSettings,
+    Sampler,
+    SamplerMode,
+    keep_mask,
+    row_keys,
+    sample_rows,
+)
 
 VOCAB = 1000
 
 
 def reference_keep(logits: np.ndarray, s: Sampler) -> set[int]:
-    """The tokens llama.cpp's chain leaves a row, by sorting (ties broken by id, as a stable sort does)."""
+    """The tokens llama.cpp's chain leaves a row, by sorting (ties broken by id, as a stable sort
+    does)."""
     order = np.argsort(-logits, kind="stable")
     k = s.top_k if s.top_k > 0 else len(order)
     cand = order[:k]
@@ -36,16 +50,21 @@ def reference_keep(logits: np.ndarray, s: Sampler) -> set[int]:
     return set(cand.tolist())
 
 
-SETTINGS = [Sampler(temperature=0.8, top_k=k, top_p=p, min_p=m)
-            for k, p, m in itertools.product((0, 1, 3, 40, 64, 65, 300), (1.0, 0.9, 0.5, 0.05), (0.0, 0.05, 0.3))
-            if (k, p, m) != (0, 1.0, 0.0)]
+SETTINGS = [
+    Sampler(temperature=0.8, top_k=k, top_p=p, min_p=m)
+    for k, p, m in itertools.product(
+        (0, 1, 3, 40, 64, 65, 300), (1.0, 0.9, 0.5, 0.05), (0.0, 0.05, 0.3)
+    )
+    if (k, p, m) != (0, 1.0, 0.0)
+]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_filters_match_the_sorted_reference(seed):
     rng = np.random.default_rng(seed)
-    logits = (rng.standard_normal((len(SETTINGS), VOCAB)) * rng.uniform(0.5, 4.0, (len(SETTINGS), 1))).astype(
-        np.float32)
+    logits = (
+        rng.standard_normal((len(SETTINGS), VOCAB)) * rng.uniform(0.5, 4.0, (len(SETTINGS), 1))
+    ).astype(np.float32)
     rows = RowSettings.of(SETTINGS, [0] * len(SETTINGS))
     got = np.asarray(keep_mask(jnp.asarray(logits), rows, WIDE_CAP))
     for i, s in enumerate(SETTINGS):
@@ -53,21 +72,32 @@ def test_filters_match_the_sorted_reference(seed):
 
 
 def test_every_setting_maps_to_one_of_three_modes():
-    grid = [Sampler(temperature=t, top_k=k, top_p=p, min_p=m, repeat_penalty=r, repeat_last_n=n)
-            for t, k, p, m, r, n in itertools.product((0.0, 0.7), (0, 3, 64, 1000, 10**6), (1.0, 0.5), (0.0, 0.1),
-                                                      (1.0, 1.3), (0, 64, 4096))]
+    grid = [
+        Sampler(temperature=t, top_k=k, top_p=p, min_p=m, repeat_penalty=r, repeat_last_n=n)
+        for t, k, p, m, r, n in itertools.product(
+            (0.0, 0.7), (0, 3, 64, 1000, 10**6), (1.0, 0.5), (0.0, 0.1), (1.0, 1.3), (0, 64, 4096)
+        )
+    ]
     assert {SamplerMode.of([s]) for s in grid} == set(MODES)
     assert SamplerMode.of([]) == GREEDY_MODE and SamplerMode.of([GREEDY, *grid]) == FULL_MODE
-    assert FULL_MODE.covers(SAMPLED_MODE) and SAMPLED_MODE.covers(GREEDY_MODE) and not SAMPLED_MODE.covers(FULL_MODE)
+    assert (
+        FULL_MODE.covers(SAMPLED_MODE)
+        and SAMPLED_MODE.covers(GREEDY_MODE)
+        and not SAMPLED_MODE.covers(FULL_MODE)
+    )
 
 
 def test_a_row_draws_the_same_token_in_every_mode_that_serves_it():
     """Rows whose filters fit NARROW_CAP candidates, and unfiltered ones, sample identically in the
     SAMPLED and the FULL mode (their batch decides the mode), and greedy rows take the argmax."""
     rng = np.random.default_rng(7)
-    samplers = [Sampler(temperature=0.9, top_k=40), Sampler(temperature=1.3, top_k=0, top_p=1.0, min_p=0.1),
-                Sampler(temperature=0.5, top_k=NARROW_CAP, top_p=0.8), Sampler(temperature=2.0, top_k=0, top_p=1.0,
-                                                                                min_p=0.0), GREEDY]
+    samplers = [
+        Sampler(temperature=0.9, top_k=40),
+        Sampler(temperature=1.3, top_k=0, top_p=1.0, min_p=0.1),
+        Sampler(temperature=0.5, top_k=NARROW_CAP, top_p=0.8),
+        Sampler(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0),
+        GREEDY,
+    ]
     assert all(SAMPLED_MODE.covers(SamplerMode.of([s])) for s in samplers)
     n = len(samplers)
     history = jnp.full((n, 8), -1, jnp.int32)
@@ -87,9 +117,15 @@ def test_draws_follow_the_filtered_distribution():
     logits[0, :2] = [np.log(3.0), 0.0]
     s = Sampler(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)
     rows = RowSettings.of([s], [0])
-    draw = jax.jit(lambda seed: sample_rows(jnp.asarray(logits), jnp.zeros((1,), jnp.int32),
-                                            dataclasses.replace(rows, seed=seed[None]),
-                                            jnp.zeros((1, 0), jnp.int32), SAMPLED_MODE))
+    draw = jax.jit(
+        lambda seed: sample_rows(
+            jnp.asarray(logits),
+            jnp.zeros((1,), jnp.int32),
+            dataclasses.replace(rows, seed=seed[None]),
+            jnp.zeros((1, 0), jnp.int32),
+            SAMPLED_MODE,
+        )
+    )
     tokens = np.asarray([int(draw(jnp.uint32(i))[0]) for i in range(400)])
     assert set(tokens.tolist()) <= {0, 1}
     assert 0.65 < np.mean(tokens == 0) < 0.85  # 0.75 expected; 400 draws: sd 0.022
@@ -106,7 +142,11 @@ def test_the_repeat_penalty_reads_only_the_last_n_tokens():
     logits = jnp.asarray(np.tile(np.linspace(1.0, 2.0, VOCAB, dtype=np.float32), (2, 1)))
     top = VOCAB - 1  # the argmax; penalised, the runner-up wins
     history = jnp.asarray([[top, 5, 6, 7], [top, 5, 6, 7]], jnp.int32)  # oldest first
-    samplers = [Sampler(temperature=0.0, repeat_penalty=1.5, repeat_last_n=4),
-                Sampler(temperature=0.0, repeat_penalty=1.5, repeat_last_n=3)]  # `top` is 4 tokens back
-    out = sample_rows(logits, jnp.zeros((2,), jnp.int32), RowSettings.of(samplers, [0, 0]), history, FULL_MODE)
+    samplers = [
+        Sampler(temperature=0.0, repeat_penalty=1.5, repeat_last_n=4),
+        Sampler(temperature=0.0, repeat_penalty=1.5, repeat_last_n=3),
+    ]  # `top` is 4 tokens back
+    out = sample_rows(
+        logits, jnp.zeros((2,), jnp.int32), RowSettings.of(samplers, [0, 0]), history, FULL_MODE
+    )
     assert out.tolist() == [top - 1, top]

@@ -29,14 +29,30 @@ REPO = Path(__file__).resolve().parents[1]
 SLOT_CTX = 512
 
 
-# -- the model and the server processes -------------------------------------------------------------
+# -- the model and the server processes ------------------------------------------------------------
 def write_tiny_gguf(path: Path, tokenizer_meta: dict, seed: int = 1) -> None:
     """A 2-layer d_model-64 random Qwen2 with the given tokenizer.* metadata, as a GGUF file."""
-    from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config, write_gguf
+    from minfer_jax.files.synthetic import (
+        SYNTHETIC_CONFIGS,
+        synthetic_model_from_config,
+        write_gguf,
+    )
 
-    cfg = dataclasses.replace(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
-                              d_ff=128, head_dim=0)  # 0: derived again from d_model / n_heads
-    write_gguf(synthetic_model_from_config(cfg, "q8_0", seed=seed), path, progress=False, tokenizer=tokenizer_meta)
+    cfg = dataclasses.replace(
+        SYNTHETIC_CONFIGS["qwen2.5-0.5b"],
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=128,
+        head_dim=0,
+    )  # 0: derived again from d_model / n_heads
+    write_gguf(
+        synthetic_model_from_config(cfg, "q8_0", seed=seed),
+        path,
+        progress=False,
+        tokenizer=tokenizer_meta,
+    )
 
 
 def free_port() -> int:
@@ -53,16 +69,29 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         env = {**os.environ, "PYTHONPATH": str(REPO), "MINFER_COMPILATION_CACHE": xla_cache}
-        cmd = [sys.executable, str(REPO / "scripts" / "serve.py"), "-m", str(model), "--port", str(self.port),
-               "--log-level", "warning", *args]
+        cmd = [
+            sys.executable,
+            str(REPO / "scripts" / "serve.py"),
+            "-m",
+            str(model),
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *args,
+        ]
         self.log = open(log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self.health_seen: list[tuple[int, dict]] = []  # (status, body) of each /health answer until ready
+        self.health_seen: list[
+            tuple[int, dict]
+        ] = []  # (status, body) of each /health answer until ready
 
     def wait_ready(self, timeout: float = 240.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"server exited with {self.proc.returncode}:\n{self.log_tail()}"
+            assert self.proc.poll() is None, (
+                f"server exited with {self.proc.returncode}:\n{self.log_tail()}"
+            )
             try:
                 r = httpx.get(f"{self.url}/health", timeout=5)
             except httpx.TransportError:
@@ -92,7 +121,9 @@ class ServerProcess:
 @pytest.fixture(scope="module")
 def tiny_model(real_model, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("server_model") / "tiny.gguf"
-    write_tiny_gguf(path, {k: v for k, v in real_model.metadata.items() if k.startswith("tokenizer.")})
+    write_tiny_gguf(
+        path, {k: v for k, v in real_model.metadata.items() if k.startswith("tokenizer.")}
+    )
     return path
 
 
@@ -111,8 +142,19 @@ def xla_cache(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def server(tiny_model, xla_cache, tmp_path_factory):
     """8 slots of SLOT_CTX tokens; room for 64 queued requests (the concurrency test sends 64)."""
-    s = ServerProcess(tiny_model, tmp_path_factory.mktemp("server_log") / "server.log", xla_cache,
-                      "-np", "8", "-c", str(8 * SLOT_CTX), "--max-queued", "64", "-a", "tiny")
+    s = ServerProcess(
+        tiny_model,
+        tmp_path_factory.mktemp("server_log") / "server.log",
+        xla_cache,
+        "-np",
+        "8",
+        "-c",
+        str(8 * SLOT_CTX),
+        "--max-queued",
+        "64",
+        "-a",
+        "tiny",
+    )
     try:
         s.wait_ready()
         yield s
@@ -129,8 +171,11 @@ def metrics(url: str, **kw) -> dict[str, float]:
     """GET /metrics parsed: {'name' or 'name{labels}': value}."""
     r = httpx.get(f"{url}/metrics", timeout=10, **kw)
     assert r.status_code == 200, r.text
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in r.text.splitlines() if line and not line.startswith("#")}
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in r.text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def wait_idle(url: str, timeout: float = 60.0, **kw) -> dict[str, float]:
@@ -138,19 +183,26 @@ def wait_idle(url: str, timeout: float = 60.0, **kw) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = metrics(url, **kw)
-        if m["minfer_kv_slots_used"] == m["minfer_requests_running"] == m["minfer_requests_queued"] == 0:
+        if (
+            m["minfer_kv_slots_used"]
+            == m["minfer_requests_running"]
+            == m["minfer_requests_queued"]
+            == 0
+        ):
             return m
         assert time.monotonic() < deadline, f"still busy after {timeout} s: {m}"
         time.sleep(0.1)
 
 
-# -- tests --------------------------------------------------------------------------------------------
+# -- tests -----------------------------------------------------------------------------------------
 @pytest.mark.real_model
 def test_health_answers_503_while_loading_then_ok(server):
     statuses = [s for s, _ in server.health_seen]
     assert statuses[0] == 503 and statuses[-1] == 200, server.health_seen
     body = server.health_seen[0][1]
-    assert body["error"]["type"] == "unavailable_error" and body["error"]["message"] == "Loading model"
+    assert (
+        body["error"]["type"] == "unavailable_error" and body["error"]["message"] == "Loading model"
+    )
     assert server.health_seen[-1][1] == {"status": "ok"}
 
 
@@ -173,16 +225,30 @@ def test_completion_streamed_equals_non_streamed(client, tokenizer):
     assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
     assert choice.finish_reason == ("length" if full.usage.completion_tokens == 24 else "stop")
 
-    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
-    assert len([c for c in chunks if c.choices and c.choices[0].text]) >= 2  # streamed in pieces, not at once
+    assert (
+        len([c for c in chunks if c.choices and c.choices[0].text]) >= 2
+    )  # streamed in pieces, not at once
 
     ids = tokenizer.encode(prompt)  # a token-id prompt is the same prompt
-    assert client.completions.create(model="tiny", prompt=ids, max_tokens=24, temperature=0).choices[0].text == \
-        choice.text
+    assert (
+        client.completions.create(model="tiny", prompt=ids, max_tokens=24, temperature=0)
+        .choices[0]
+        .text
+        == choice.text
+    )
     none = client.completions.create(model="tiny", prompt=prompt, max_tokens=0)
     assert none.choices[0].text == "" and none.usage.completion_tokens == 0
     assert none.choices[0].finish_reason == "length"
@@ -190,42 +256,69 @@ def test_completion_streamed_equals_non_streamed(client, tokenizer):
 
 @pytest.mark.real_model
 def test_chat_applies_the_chat_template(server, client, tokenizer):
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name a prime."},
+    ]
     rendered = tokenizer.apply_chat_template(messages)
-    assert "<|im_start|>system\nYou are terse.<|im_end|>" in rendered and rendered.endswith("<|im_start|>assistant\n")
-    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0)
+    assert "<|im_start|>system\nYou are terse.<|im_end|>" in rendered and rendered.endswith(
+        "<|im_start|>assistant\n"
+    )
+    chat = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=20, temperature=0
+    )
     assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
     assert chat.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special=False))
-    # the same tokens as a plain completion of the rendered template: the template is what was applied
+    # the same tokens as a plain completion of the rendered template: the template is what was
+    # applied
     plain = client.completions.create(model="tiny", prompt=rendered, max_tokens=20, temperature=0)
     assert chat.choices[0].message.content == plain.choices[0].text
     assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
     # the chat request's slot still held the prompt's K/V: only its last token was prefilled again
     assert plain.usage.prompt_tokens_details.cached_tokens == plain.usage.prompt_tokens - 1
 
-    stream = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0,
-                                                 stream=True))
+    stream = list(
+        client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=20, temperature=0, stream=True
+        )
+    )
     assert stream[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in stream) == chat.choices[0].message.content
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in stream) == chat.choices[0].message.content
+    )
     assert stream[-1].choices[0].finish_reason == chat.choices[0].finish_reason
-    parts = [{"type": "text", "text": "Name "}, {"type": "text", "text": "a prime."}]  # content as parts
-    with_parts = client.chat.completions.create(model="tiny", max_tokens=20, temperature=0,
-                                                messages=[messages[0], {"role": "user", "content": parts}])
+    parts = [
+        {"type": "text", "text": "Name "},
+        {"type": "text", "text": "a prime."},
+    ]  # content as parts
+    with_parts = client.chat.completions.create(
+        model="tiny",
+        max_tokens=20,
+        temperature=0,
+        messages=[messages[0], {"role": "user", "content": parts}],
+    )
     assert with_parts.choices[0].message.content == chat.choices[0].message.content
 
 
 @pytest.mark.real_model
 def test_stop_strings_end_the_text_before_them(server, client):
     prompt = "The quick brown fox"
-    text = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0).choices[0].text
-    stop = text[len(text) // 2:len(text) // 2 + 2]
+    text = (
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0)
+        .choices[0]
+        .text
+    )
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     cut = text.find(stop)
     assert cut > 0, (text, stop)
     for stops in (stop, [stop, "\x00never"]):
-        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0, stop=stops)
+        out = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=40, temperature=0, stop=stops
+        )
         assert out.choices[0].text == text[:cut] and out.choices[0].finish_reason == "stop"
-        streamed = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0, stop=stops,
-                                             stream=True)
+        streamed = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=40, temperature=0, stop=stops, stream=True
+        )
         pieces = [c.choices[0] for c in streamed]
         assert "".join(p.text for p in pieces) == text[:cut] and pieces[-1].finish_reason == "stop"
 
@@ -249,25 +342,43 @@ BAD_REQUESTS = [  # (endpoint, raw body, param named in the error)
     ("completions", b'{"prompt": []}', "prompt"),
     ("completions", b'{"prompt": [1, true]}', "prompt.1"),
     ("completions", b'{"prompt": [151936]}', "prompt"),  # outside the vocabulary
-    ("completions", json.dumps({"prompt": "hello " * SLOT_CTX}).encode(), "prompt"),  # over the context
+    (
+        "completions",
+        json.dumps({"prompt": "hello " * SLOT_CTX}).encode(),
+        "prompt",
+    ),  # over the context
     ("chat/completions", b'{"messages": []}', "messages"),
     ("chat/completions", b'{"messages": [{"role": "robot", "content": "hi"}]}', "messages.0.role"),
     ("chat/completions", b'{"messages": [{"role": "user", "content": 7}]}', "messages.0.content"),
-    ("chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}',
-     "tools"),
+    (
+        "chat/completions",
+        b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}',
+        "tools",
+    ),
 ]
 
 
 @pytest.mark.real_model
 def test_malformed_requests_get_400_with_an_openai_error_body(server, client):
     for endpoint, raw, param in BAD_REQUESTS:
-        r = httpx.post(f"{server.url}/v1/{endpoint}", content=raw, headers={"Content-Type": "application/json"},
-                       timeout=30)
+        r = httpx.post(
+            f"{server.url}/v1/{endpoint}",
+            content=raw,
+            headers={"Content-Type": "application/json"},
+            timeout=30,
+        )
         assert r.status_code == 400, (raw, r.status_code, r.text)
         body = r.json()
-        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert set(body) == {"error"} and set(body["error"]) == {
+            "message",
+            "type",
+            "param",
+            "code",
+        }, body
         err = body["error"]
-        assert err["type"] == "invalid_request_error" and err["code"] is None and err["param"] == param, (raw, err)
+        assert (
+            err["type"] == "invalid_request_error" and err["code"] is None and err["param"] == param
+        ), (raw, err)
         assert isinstance(err["message"], str) and len(err["message"]) > 10, err
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="tiny", prompt="word " * SLOT_CTX, max_tokens=4)
@@ -277,9 +388,12 @@ def test_malformed_requests_get_400_with_an_openai_error_body(server, client):
     wait_idle(server.url)
 
 
-async def _stream_text(client: openai.AsyncOpenAI, prompt: list[int], max_tokens: int) -> tuple[str, str]:
-    stream = await client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                             stream=True)
+async def _stream_text(
+    client: openai.AsyncOpenAI, prompt: list[int], max_tokens: int
+) -> tuple[str, str]:
+    stream = await client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True
+    )
     text, reason = [], None
     async for chunk in stream:
         text.append(chunk.choices[0].text)
@@ -288,18 +402,27 @@ async def _stream_text(client: openai.AsyncOpenAI, prompt: list[int], max_tokens
 
 
 async def _concurrently(url: str, prompts: list[list[int]], max_tokens: int):
-    """All prompts streamed at once; also the most slots in use and requests queued seen meanwhile."""
+    """All prompts streamed at once; also the most slots in use and requests queued seen
+    meanwhile."""
     seen = {"slots": 0.0, "queued": 0.0}
     async with httpx.AsyncClient(timeout=10) as poller:
+
         async def poll():
             while True:
                 text = (await poller.get(f"{url}/metrics")).text
-                for name, key in (("minfer_kv_slots_used", "slots"), ("minfer_requests_queued", "queued")):
-                    seen[key] = max(seen[key], float(re.search(rf"^{name} (\S+)$", text, re.M).group(1)))
+                for name, key in (
+                    ("minfer_kv_slots_used", "slots"),
+                    ("minfer_requests_queued", "queued"),
+                ):
+                    seen[key] = max(
+                        seen[key], float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+                    )
                 await asyncio.sleep(0.05)
 
         watcher = asyncio.create_task(poll())
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+        client = openai.AsyncOpenAI(
+            base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300
+        )
         try:
             results = await asyncio.gather(*(_stream_text(client, p, max_tokens) for p in prompts))
         finally:
@@ -310,24 +433,35 @@ async def _concurrently(url: str, prompts: list[list[int]], max_tokens: int):
 
 @pytest.mark.real_model
 def test_64_concurrent_streaming_clients_each_get_their_own_text(server, client):
-    # token-id prompts of 1..4 tokens, each ending in its own token (the tiny model mostly echoes the last one)
-    prompts = [[1000 + 97 * i, 5000 + 211 * i, 20000 + 1009 * i][-(1 + i % 3):] for i in range(64)]
-    alone = [client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0).choices[0]
-             for p in prompts]
-    assert len({a.text for a in alone}) >= 48, "prompts should give distinct texts, or the test proves little"
+    # token-id prompts of 1..4 tokens, each ending in its own token
+    # (the tiny model mostly echoes the last one)
+    prompts = [[1000 + 97 * i, 5000 + 211 * i, 20000 + 1009 * i][-(1 + i % 3) :] for i in range(64)]
+    alone = [
+        client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0).choices[0]
+        for p in prompts
+    ]
+    assert len({a.text for a in alone}) >= 48, (
+        "prompts should give distinct texts, or the test proves little"
+    )
     t0 = time.perf_counter()
     results, seen = asyncio.run(_concurrently(server.url, prompts, 12))
     elapsed = time.perf_counter() - t0
     for i, ((text, reason), ref) in enumerate(zip(results, alone)):
         assert text == ref.text and reason == ref.finish_reason, (i, prompts[i], text, ref.text)
-    assert seen["slots"] == 8 and seen["queued"] > 0, seen  # they really shared batches and waited in the queue
-    print(f"64 streams in {elapsed:.1f} s; most slots used {seen['slots']:.0f}, most queued {seen['queued']:.0f}")
+    assert seen["slots"] == 8 and seen["queued"] > 0, (
+        seen
+    )  # they really shared batches and waited in the queue
+    print(
+        f"64 streams in {elapsed:.1f} s; most slots used {seen['slots']:.0f}, most queued "
+        f"{seen['queued']:.0f}"
+    )
     wait_idle(server.url)
 
 
 CLIENT_SCRIPT = r"""
 import sys, httpx
-body = {"prompt": sys.argv[2], "max_tokens": -1, "temperature": 0, "stream": sys.argv[3] == "stream"}
+body = {"prompt": sys.argv[2], "max_tokens": -1, "temperature": 0,
+        "stream": sys.argv[3] == "stream"}
 with httpx.Client(timeout=300) as c:
     with c.stream("POST", sys.argv[1] + "/v1/completions", json=body) as r:
         for line in r.iter_lines():
@@ -338,10 +472,24 @@ with httpx.Client(timeout=300) as c:
 @pytest.mark.real_model
 def test_clients_killed_mid_stream_free_every_slot(server, client):
     before = metrics(server.url)
-    ref = client.completions.create(model="tiny", prompt="after the storm", max_tokens=16, temperature=0).choices[0]
-    # 10 client processes on 8 slots (two wait in the queue), streaming and not, killed once connected
-    procs = [subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, server.url, f"victim {i}",
-                               "stream" if i % 3 else "wait"]) for i in range(10)]
+    ref = client.completions.create(
+        model="tiny", prompt="after the storm", max_tokens=16, temperature=0
+    ).choices[0]
+    # 10 client processes on 8 slots (two wait in the queue), streaming and not, killed once
+    # connected
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                CLIENT_SCRIPT,
+                server.url,
+                f"victim {i}",
+                "stream" if i % 3 else "wait",
+            ]
+        )
+        for i in range(10)
+    ]
     try:
         deadline = time.monotonic() + 60
         while True:  # until all 10 are in: 8 holding a slot, 2 waiting for one
@@ -355,27 +503,39 @@ def test_clients_killed_mid_stream_free_every_slot(server, client):
             p.kill()
             p.wait()
     # and clients of this process that hang up mid-stream (the openai client, then raw httpx)
-    stream = client.completions.create(model="tiny", prompt="hang up", max_tokens=-1, temperature=0, stream=True)
+    stream = client.completions.create(
+        model="tiny", prompt="hang up", max_tokens=-1, temperature=0, stream=True
+    )
     next(iter(stream))
     stream.close()
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=30,
-                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/chat/completions",
+        timeout=30,
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1, "stream": True},
+    ) as r:
         next(r.iter_lines())
     idle = wait_idle(server.url)
     cancelled = 'minfer_requests_finished_total{reason="cancelled"}'
     finished = {k: idle[k] - before[k] for k in idle if k.startswith("minfer_requests_finished")}
     assert finished[cancelled] == 12, str(finished)
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
-    again = client.completions.create(model="tiny", prompt="after the storm", max_tokens=16, temperature=0).choices[0]
+    again = client.completions.create(
+        model="tiny", prompt="after the storm", max_tokens=16, temperature=0
+    ).choices[0]
     assert again.text == ref.text
 
 
 @pytest.mark.real_model
 def test_metrics_are_prometheus_text(server, client):
     for _ in range(2):  # the second reuses the first's prompt from its slot
-        client.completions.create(model="tiny", prompt="count the tokens", max_tokens=8, temperature=0)
+        client.completions.create(
+            model="tiny", prompt="count the tokens", max_tokens=8, temperature=0
+        )
     r = httpx.get(f"{server.url}/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert r.status_code == 200 and r.headers["content-type"].startswith(
+        "text/plain; version=0.0.4"
+    )
     declared: dict[str, str] = {}
     helped = set()
     for line in r.text.rstrip("\n").split("\n"):
@@ -387,16 +547,31 @@ def test_metrics_are_prometheus_text(server, client):
             assert name.endswith("_total") == (kind == "counter"), line
             declared[name] = kind
         else:
-            m = re.fullmatch(r'([a-z_]+)(\{[a-z_]+="[a-z_]+"(,[a-z_]+="[a-z_]+")*\})? (-?[0-9.]+(e[-+]?[0-9]+)?)', line)
+            m = re.fullmatch(
+                r'([a-z_]+)(\{[a-z_]+="[a-z_]+"(,[a-z_]+="[a-z_]+")*\})? '
+                r"(-?[0-9.]+(e[-+]?[0-9]+)?)",
+                line,
+            )
             assert m and m.group(1) in declared, line
-    for name in ("tokens_per_second", "tokens_generated_total", "requests_total", "requests_running",
-                 "requests_queued", "kv_slots_used", "kv_slots_capacity"):
+    for name in (
+        "tokens_per_second",
+        "tokens_generated_total",
+        "requests_total",
+        "requests_running",
+        "requests_queued",
+        "kv_slots_used",
+        "kv_slots_capacity",
+    ):
         assert f"minfer_{name}" in declared, name
     m = metrics(server.url)
     assert m["minfer_kv_slots_capacity"] == 8 and m["minfer_ready"] == 1
     assert m["minfer_tokens_generated_total"] > 0 and m["minfer_tokens_per_second"] > 0
-    assert m["minfer_requests_total"] >= sum(v for k, v in m.items() if k.startswith("minfer_requests_finished"))
-    assert 0 < m["minfer_prompt_tokens_cached_total"] < m["minfer_prompt_tokens_total"]  # the second request's reuse
+    assert m["minfer_requests_total"] >= sum(
+        v for k, v in m.items() if k.startswith("minfer_requests_finished")
+    )
+    assert (
+        0 < m["minfer_prompt_tokens_cached_total"] < m["minfer_prompt_tokens_total"]
+    )  # the second request's reuse
 
 
 @pytest.mark.real_model
@@ -404,23 +579,51 @@ def test_load_test_reports_its_figures(server, tmp_path, capsys):
     from minfer_jax.server import load_test
 
     out = tmp_path / "load.json"
-    rc = load_test.main(["--url", server.url, "--clients", "4", "--requests", "8", "--max-tokens", "8",
-                         "--prompt-tokens", "24", "--json", str(out)])
+    rc = load_test.main(
+        [
+            "--url",
+            server.url,
+            "--clients",
+            "4",
+            "--requests",
+            "8",
+            "--max-tokens",
+            "8",
+            "--prompt-tokens",
+            "24",
+            "--json",
+            str(out),
+        ]
+    )
     table = capsys.readouterr().out
     assert rc == 0 and "| TTFT p50 ms |" in table, table
     s = json.loads(out.read_text())
     assert s["ok"] == 8 and s["failed"] == 0 and 8 <= s["completion_tokens"] <= 64, s
     assert s["tokens_per_s"] > 0 and 0 < s["ttft_ms_p50"] <= s["ttft_ms_p99"], s
     assert s["itl_ms_p50"] <= s["itl_ms_p99"] and s["tpot_ms_p50"] > 0, s
-    assert load_test.main(["--url", "http://192.0.2.1:8080", "--requests", "1"]) == 2  # loopback only
+    assert (
+        load_test.main(["--url", "http://192.0.2.1:8080", "--requests", "1"]) == 2
+    )  # loopback only
     assert "must point at this machine" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
 def small_server(tiny_model, xla_cache, tmp_path_factory):
     """One slot, one queued request, an API key, no warm-up."""
-    s = ServerProcess(tiny_model, tmp_path_factory.mktemp("small_log") / "server.log", xla_cache,
-                      "-np", "1", "-c", "256", "--max-queued", "1", "--api-key", "sesame", "--no-warmup")
+    s = ServerProcess(
+        tiny_model,
+        tmp_path_factory.mktemp("small_log") / "server.log",
+        xla_cache,
+        "-np",
+        "1",
+        "-c",
+        "256",
+        "--max-queued",
+        "1",
+        "--api-key",
+        "sesame",
+        "--no-warmup",
+    )
     try:
         s.wait_ready()
         yield s
@@ -436,15 +639,21 @@ def test_a_full_queue_gets_429_and_the_api_key_is_checked(small_server):
     assert httpx.get(f"{url}/health").status_code == 200  # /health needs no key
     body = {"prompt": "keep going", "max_tokens": -1, "temperature": 0, "stream": True}
     with httpx.Client(headers=auth, timeout=60) as c:
-        with c.stream("POST", f"{url}/v1/completions", json=body) as first, \
-                c.stream("POST", f"{url}/v1/completions", json=body) as second:
+        with (
+            c.stream("POST", f"{url}/v1/completions", json=body) as first,
+            c.stream("POST", f"{url}/v1/completions", json=body) as second,
+        ):
             assert first.status_code == second.status_code == 200
             r = c.post(f"{url}/v1/completions", json={"prompt": "one too many", "max_tokens": 2})
             assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
-            assert r.json()["error"]["type"] == "rate_limit_error" and "limit is 2" in r.json()["error"]["message"]
+            assert (
+                r.json()["error"]["type"] == "rate_limit_error"
+                and "limit is 2" in r.json()["error"]["message"]
+            )
     wait_idle(url, headers=auth)
     ok = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0).completions.create(
-        model="x", prompt="now there is room", max_tokens=4, temperature=0)
+        model="x", prompt="now there is room", max_tokens=4, temperature=0
+    )
     assert ok.usage.completion_tokens <= 4 and ok.choices[0].finish_reason in ("length", "stop")
 
 
@@ -452,12 +661,31 @@ def test_a_full_queue_gets_429_and_the_api_key_is_checked(small_server):
 def test_serve_script_errors(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "MINFER_COMPILATION_CACHE": "off"}
     script = str(REPO / "scripts" / "serve.py")
-    bad = subprocess.run([sys.executable, script, "-np", "0"], capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, script, "-np", "0"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "error: -np/--parallel must be in 1..64, got 0"], bad.stderr
-    missing = subprocess.run([sys.executable, script, "-m", str(tmp_path / "nope.gguf"), "--port", str(free_port()),
-                              "--log-level", "critical"], capture_output=True, text=True, env=env, timeout=120)
-    assert missing.returncode == 1 and "error: the model failed to load" in missing.stderr, missing.stderr
+        "error: -np/--parallel must be in 1..64, got 0"
+    ], bad.stderr
+    missing = subprocess.run(
+        [
+            sys.executable,
+            script,
+            "-m",
+            str(tmp_path / "nope.gguf"),
+            "--port",
+            str(free_port()),
+            "--log-level",
+            "critical",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert missing.returncode == 1 and "error: the model failed to load" in missing.stderr, (
+        missing.stderr
+    )
 
 
 def test_synthetic_models_get_a_placeholder_tokenizer():

@@ -19,10 +19,30 @@ import pytest
 
 from minfer_jax.model.config import Config
 
-TINY = Config(n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, d_ff=768, context_length=512, vocab_size=301,
-              rope_theta=1e6, rms_eps=1e-6, tied_output=False)
-QWEN25_7B = Config(n_layers=28, d_model=3584, n_heads=28, n_kv_heads=4, d_ff=18944, context_length=32768,
-                   vocab_size=152064, rope_theta=1e6, rms_eps=1e-6, tied_output=False)
+TINY = Config(
+    n_layers=2,
+    d_model=256,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=768,
+    context_length=512,
+    vocab_size=301,
+    rope_theta=1e6,
+    rms_eps=1e-6,
+    tied_output=False,
+)
+QWEN25_7B = Config(
+    n_layers=28,
+    d_model=3584,
+    n_heads=28,
+    n_kv_heads=4,
+    d_ff=18944,
+    context_length=32768,
+    vocab_size=152064,
+    rope_theta=1e6,
+    rms_eps=1e-6,
+    tied_output=False,
+)
 PROMPT = [5, 17, 250, 3, 99]
 DEGREES = (1, 2, 4)
 
@@ -38,7 +58,8 @@ def test_7b_split_at_tp2_and_tp4():
     assert (s4.heads, s4.kv_heads, s4.kv_first) == (7, 1, (0, 1, 2, 3))
     assert [b - a for a, b in s4.ff_ranges] == [19 * 256, 19 * 256, 18 * 256, 18 * 256]
     assert s4.ff_width == 19 * 256  # 74 blocks: two shards padded by one zero block
-    # 7 heads x 128 = 896 = 3.5 blocks: each o window is 4 blocks, two of them start half a block early
+    # 7 heads x 128 = 896 = 3.5 blocks: each o window is 4 blocks, two of them start half a block
+    # early
     assert (s4.o_starts, s4.o_width, s4.o_offsets) == ((0, 768, 1792, 2560), 1024, (0, 128, 0, 128))
     assert s4.vocab_local == 152064 // 4
 
@@ -47,14 +68,21 @@ def test_kv_heads_below_degree_are_copied():
     from minfer_jax.engine.sharding import plan_split
 
     s = plan_split(TINY, 4, o_block=256, ff_block=256)
-    assert (s.heads, s.kv_heads, s.kv_first) == (1, 1, (0, 0, 1, 1))  # query heads 0,1 read KV head 0
+    assert (s.heads, s.kv_heads, s.kv_first) == (
+        1,
+        1,
+        (0, 0, 1, 1),
+    )  # query heads 0,1 read KV head 0
     assert s.ff_ranges == ((0, 256), (256, 512), (512, 768), (768, 768)) and s.ff_width == 256
 
 
-@pytest.mark.parametrize("cfg_change, degree, match", [
-    (dict(n_heads=14, n_kv_heads=2, d_model=14 * 64), 4, "14 query heads"),
-    (dict(n_heads=6, n_kv_heads=3, d_model=6 * 64), 2, "3 KV heads"),
-])
+@pytest.mark.parametrize(
+    "cfg_change, degree, match",
+    [
+        (dict(n_heads=14, n_kv_heads=2, d_model=14 * 64), 4, "14 query heads"),
+        (dict(n_heads=6, n_kv_heads=3, d_model=6 * 64), 2, "3 KV heads"),
+    ],
+)
 def test_impossible_splits_name_the_values(cfg_change, degree, match):
     import dataclasses
 
@@ -65,8 +93,8 @@ def test_impossible_splits_name_the_values(cfg_change, degree, match):
 
 
 def test_more_devices_than_exist_is_an_error():
-    from minfer_jax.errors import MinferError
     from minfer_jax.engine.sharding import make_mesh
+    from minfer_jax.errors import MinferError
 
     with pytest.raises(MinferError, match=r"tensor_parallel must be an integer in 1\.\.1"):
         make_mesh(2, devices=["only-one"])
@@ -74,16 +102,18 @@ def test_more_devices_than_exist_is_an_error():
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F32"])
 def test_raw_cuts_decode_to_the_slices(qtype):
+    from minfer_jax.engine.sharding import _k_window, _rows
     from minfer_jax.files.synthetic import random_raw_tensor
     from minfer_jax.quant import ggml
     from minfer_jax.quant.planes import QType
-    from minfer_jax.engine.sharding import _k_window, _rows
 
     t = random_raw_tensor("w", QType[qtype], (6, 768), np.random.default_rng(1))
     full = np.asarray(ggml.dequantize(t.data, t.qtype, t.shape))
     win = _k_window(t, 512, 512)  # the last block and one zero block past K
     got = np.asarray(ggml.dequantize(win.data, win.qtype, win.shape))
-    np.testing.assert_array_equal(got, np.concatenate([full[:, 512:], np.zeros((6, 256), np.float32)], axis=1))
+    np.testing.assert_array_equal(
+        got, np.concatenate([full[:, 512:], np.zeros((6, 256), np.float32)], axis=1)
+    )
     rows = _rows(t, 2, 5, 4)
     got = np.asarray(ggml.dequantize(rows.data, rows.qtype, rows.shape))
     np.testing.assert_array_equal(got, np.concatenate([full[2:5], np.zeros((1, 768), np.float32)]))
@@ -91,10 +121,20 @@ def test_raw_cuts_decode_to_the_slices(qtype):
 
 def _run_devices(kernels: str) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", MINFER_COMPILATION_CACHE="0",
-               JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), kernels], env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        MINFER_COMPILATION_CACHE="0",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), kernels],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -105,10 +145,17 @@ def test_sharded_model_matches_one_device(kernels):
     for tp in DEGREES:
         got = res[str(tp)]
         assert got["tokens"] == res["one"]["tokens"], (tp, got, res["one"])
-        assert got["logit_err"] <= 3e-4 * res["one"]["logit_max"], (tp, got)  # f32 order (psum, K splits per shard shape), then a flipped f16 rounding of x
+        assert got["logit_err"] <= 3e-4 * res["one"]["logit_max"], (
+            tp,
+            got,
+        )  # f32 order (psum, K splits per shard shape), then a flipped f16 rounding of x
     if kernels == "xla":
-        assert res["sampled_tp4"] == res["one"]["sampled"]  # sampled rows: over the gathered vocabulary
-        assert res["tied_tp2"] == res["tied_one"]  # tied head: token_embd split by vocabulary as the head
+        assert (
+            res["sampled_tp4"] == res["one"]["sampled"]
+        )  # sampled rows: over the gathered vocabulary
+        assert (
+            res["tied_tp2"] == res["tied_one"]
+        )  # tied head: token_embd split by vocabulary as the head
 
 
 def _model_results(kernels: str) -> dict:
@@ -128,21 +175,35 @@ def _model_results(kernels: str) -> dict:
         toks = minfer_jax.generate(m, PROMPT, max_new_tokens=3).tokens
         out = {"tokens": [int(t) for t in toks], "logits": np.asarray(m.logits(PROMPT))}
         if sampled:
-            out["sampled"] = [int(t) for t in minfer_jax.generate(m, PROMPT, max_new_tokens=3, temperature=0.8,
-                                                                  seed=7).tokens]
+            out["sampled"] = [
+                int(t)
+                for t in minfer_jax.generate(
+                    m, PROMPT, max_new_tokens=3, temperature=0.8, seed=7
+                ).tokens
+            ]
         return out
 
     one = run(minfer_jax.load(gguf_model=gm, **kw), sampled=kernels == "xla")
-    res = {"one": {"tokens": one["tokens"], "logit_max": float(np.abs(one["logits"]).max()),
-                   "sampled": one.get("sampled")}}
+    res = {
+        "one": {
+            "tokens": one["tokens"],
+            "logit_max": float(np.abs(one["logits"]).max()),
+            "sampled": one.get("sampled"),
+        }
+    }
     for tp in DEGREES:
         m = minfer_jax.load(gguf_model=gm, tensor_parallel=tp, **kw)
         got = run(m, sampled=kernels == "xla" and tp == 4)
-        res[str(tp)] = {"tokens": got["tokens"], "logit_err": float(np.abs(got["logits"] - one["logits"]).max())}
+        res[str(tp)] = {
+            "tokens": got["tokens"],
+            "logit_err": float(np.abs(got["logits"] - one["logits"]).max()),
+        }
         if "sampled" in got:
             res["sampled_tp4"] = got["sampled"]
     if kernels == "xla":
-        tied = synthetic_model_from_config(dataclasses.replace(TINY, tied_output=True), "q4_k_m", seed=6)
+        tied = synthetic_model_from_config(
+            dataclasses.replace(TINY, tied_output=True), "q4_k_m", seed=6
+        )
         gen = lambda m: [int(t) for t in minfer_jax.generate(m, PROMPT, max_new_tokens=3).tokens]  # noqa: E731
         res["tied_one"] = gen(minfer_jax.load(gguf_model=tied, **kw))
         res["tied_tp2"] = gen(minfer_jax.load(gguf_model=tied, tensor_parallel=2, **kw))

@@ -21,10 +21,21 @@ from minfer_jax.engine.phases import PhaseTimer, format_executable, format_phase
 from minfer_jax.files.synthetic import synthetic_model_from_config, write_gguf
 from minfer_jax.model.config import Config
 
-TINY = Config(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256, context_length=1024, vocab_size=300,
-              rope_theta=1e6, rms_eps=1e-6, tied_output=False)
+TINY = Config(
+    n_layers=2,
+    d_model=128,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=256,
+    context_length=1024,
+    vocab_size=300,
+    rope_theta=1e6,
+    rms_eps=1e-6,
+    tied_output=False,
+)
 PROMPT = [5, 17, 42, 99, 7]
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+# jax._src.dispatch.BACKEND_COMPILE_EVENT
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 TRACE = "/jax/core/compile/jaxpr_trace_duration"  # jax._src.dispatch.JAXPR_TRACE_EVENT
 
 
@@ -41,8 +52,15 @@ def caches(tmp_path, monkeypatch):
 
 
 def load(gm=None, path=None, **kw):
-    return minfer_jax.load(path, gguf_model=gm, kernels="xla", weights="quantized", ctx_size=256, prefill_chunk=16,
-                           **kw)
+    return minfer_jax.load(
+        path,
+        gguf_model=gm,
+        kernels="xla",
+        weights="quantized",
+        ctx_size=256,
+        prefill_chunk=16,
+        **kw,
+    )
 
 
 def run(model):
@@ -88,7 +106,13 @@ def test_load_reports_phases(caches, tiny_gguf, tmp_path):
     recs = m2.executable_records
     assert [r.label for r in recs] == ["prefill [16] greedy", "decode [16] greedy"]
     for r in recs:
-        assert r.source == "compiled" and r.lower_s > 0 and r.compile_s > 0 and r.load_s >= 0 and r.save_s >= 0
+        assert (
+            r.source == "compiled"
+            and r.lower_s > 0
+            and r.compile_s > 0
+            and r.load_s >= 0
+            and r.save_s >= 0
+        )
         assert format_executable(r).startswith(f"startup: executable {r.label} (compiled: lower ")
     assert format_phase("parse", 1.234) == "startup: parse 1.23 s"
 
@@ -142,8 +166,16 @@ def test_fingerprint_covers_flags_impl_and_params(caches, tiny_gguf, monkeypatch
     base = executables.fingerprint(m, key)
     assert executables.fingerprint(m, key) == base  # deterministic
     assert executables.fingerprint(m, m.plan().logits_key(32)) != base
-    assert executables.fingerprint(dataclasses.replace(m, impl=dataclasses.replace(m.impl, gemm="int8")), key) != base
-    assert executables.fingerprint(dataclasses.replace(m, cache_dtype=np.dtype(np.float16)), key) != base
+    assert (
+        executables.fingerprint(
+            dataclasses.replace(m, impl=dataclasses.replace(m.impl, gemm="int8")), key
+        )
+        != base
+    )
+    assert (
+        executables.fingerprint(dataclasses.replace(m, cache_dtype=np.dtype(np.float16)), key)
+        != base
+    )
     from minfer_jax.model.weights import LoadOptions, load_params
 
     apart = load_params(tiny_gguf, LoadOptions(fuse=False))
@@ -185,7 +217,11 @@ def test_unserializable_backend_falls_back_to_compiling(caches, tiny_gguf, monke
     with monkeypatch.context() as mp:
         mp.setattr(serialize_executable, "deserialize_and_load", fail)
         m = load(tiny_gguf)
-        assert run(m)[0] == tokens and m.compile_stats["compiled"] == 2 and m.compile_stats["store"] == 0
+        assert (
+            run(m)[0] == tokens
+            and m.compile_stats["compiled"] == 2
+            and m.compile_stats["store"] == 0
+        )
 
 
 _JAX_CACHE_RUN = """
@@ -194,8 +230,8 @@ jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 import minfer_jax
 from minfer_jax.files.gguf import load_gguf
-m = minfer_jax.load(gguf_model=load_gguf(sys.argv[2]), kernels="xla", weights="quantized", ctx_size=256,
-                    prefill_chunk=16)
+m = minfer_jax.load(gguf_model=load_gguf(sys.argv[2]), kernels="xla", weights="quantized",
+                    ctx_size=256, prefill_chunk=16)
 out = minfer_jax.generate(m, [5, 17, 42, 99, 7], max_new_tokens=20)
 print(json.dumps(dict(tokens=out.tokens, sources=[r.source for r in m.executable_records])))
 """
@@ -214,15 +250,25 @@ def test_a_jax_cache_hit_never_enters_the_store(tiny_gguf, tmp_path):
 
     def run_in(store_dir):
         env = dict(os.environ, MINFER_COMPILATION_CACHE=str(store_dir), MINFER_WEIGHTS_CACHE="0")
-        proc = subprocess.run([sys.executable, "-c", _JAX_CACHE_RUN, str(tmp_path / "jax"), str(path)], env=env,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-c", _JAX_CACHE_RUN, str(tmp_path / "jax"), str(path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     first = run_in(tmp_path / "a")  # JAX's cache empty: fresh compiles, stored
-    assert first["sources"] == ["compiled", "compiled"] and len(list((tmp_path / "a").glob("*/*.exe"))) == 2
+    assert (
+        first["sources"] == ["compiled", "compiled"]
+        and len(list((tmp_path / "a").glob("*/*.exe"))) == 2
+    )
     second = run_in(tmp_path / "b")  # JAX's cache warm, this store empty: JAX's copies, not stored
-    assert second["sources"] == ["jax-cache", "jax-cache"] and not list((tmp_path / "b").glob("*/*.exe"))
+    assert second["sources"] == ["jax-cache", "jax-cache"] and not list(
+        (tmp_path / "b").glob("*/*.exe")
+    )
     assert second["tokens"] == first["tokens"]
     third = run_in(tmp_path / "a")
     assert third["sources"] == ["store", "store"] and third["tokens"] == first["tokens"]
@@ -256,10 +302,16 @@ def test_store_stays_within_its_bound(tmp_path):
 
 def _leaves_equal(a, b) -> bool:
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    return (jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b) and len(la) == len(lb) and all(
-        x.shape == y.shape and x.dtype == y.dtype and np.array_equal(np.asarray(x).view(np.uint8),
-                                                                     np.asarray(y).view(np.uint8))
-        for x, y in zip(la, lb)))
+    return (
+        jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+        and len(la) == len(lb)
+        and all(
+            x.shape == y.shape
+            and x.dtype == y.dtype
+            and np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))
+            for x, y in zip(la, lb)
+        )
+    )
 
 
 @pytest.mark.parametrize("weights", ["dense", "quantized"])
@@ -272,8 +324,10 @@ def test_weights_cache_maps_identical_weights(caches, tiny_gguf, tmp_path, weigh
     second = minfer_jax.load(path, kernels="xla", weights=weights, ctx_size=256)
     assert second.weights_from == "cache" and second.weights_saving is None
     assert _leaves_equal(first.params, second.params)
-    assert minfer_jax.generate(first, PROMPT, max_new_tokens=4).tokens == \
-        minfer_jax.generate(second, PROMPT, max_new_tokens=4).tokens
+    assert (
+        minfer_jax.generate(first, PROMPT, max_new_tokens=4).tokens
+        == minfer_jax.generate(second, PROMPT, max_new_tokens=4).tokens
+    )
 
 
 def test_weights_cache_keys_on_file_and_options(caches, tiny_gguf, tmp_path):
@@ -284,7 +338,9 @@ def test_weights_cache_keys_on_file_and_options(caches, tiny_gguf, tmp_path):
     a = weights_cache.cache_key(str(path), LoadOptions(mode="dense"))
     assert a == weights_cache.cache_key(str(path), LoadOptions(mode="dense"))
     assert a != weights_cache.cache_key(str(path), LoadOptions(mode="dense", wide_dtype="bfloat16"))
-    assert weights_cache.cache_key("synthetic:2L-d128:q8_0", LoadOptions()) is None  # no file: not cached
+    assert (
+        weights_cache.cache_key("synthetic:2L-d128:q8_0", LoadOptions()) is None
+    )  # no file: not cached
     data = bytearray(path.read_bytes())
     data[-1] ^= 1  # the same size, a different last byte
     path.write_bytes(bytes(data))
@@ -321,21 +377,41 @@ def test_weights_cache_bound(tmp_path, tiny_gguf):
 def test_startup_log_parsing_and_table():
     from minfer_jax.bench import startup
 
-    log = "\n".join([
-        "startup: python + imports 1.20 s", "noise", "INFO:     startup: parse 0.50 s",
-        format_executable(executables.ExecutableRecord("prefill [16]", "compiled", lower_s=1.0, compile_s=2.0)),
-        format_executable(executables.ExecutableRecord("decode [16]", "store", load_s=0.25)),
-        "startup: first text after the process started 9.00 s"])
+    log = "\n".join(
+        [
+            "startup: python + imports 1.20 s",
+            "noise",
+            "INFO:     startup: parse 0.50 s",
+            format_executable(
+                executables.ExecutableRecord("prefill [16]", "compiled", lower_s=1.0, compile_s=2.0)
+            ),
+            format_executable(executables.ExecutableRecord("decode [16]", "store", load_s=0.25)),
+            "startup: first text after the process started 9.00 s",
+        ]
+    )
     phases, exes = startup.parse_log(log)
     assert phases == {"python + imports": 1.2, "parse": 0.5}
     assert [(e["label"], e["source"], e["lower"], e["compile"], e["store load"]) for e in exes] == [
-        ("prefill [16]", "compiled", 1.0, 2.0, 0.0), ("decode [16]", "store", 0.0, 0.0, 0.25)]
-    runs = [startup.Run("cold", 9.0, 12.0, 0, phases, exes), startup.Run("warm", 2.0, 5.0, 0, phases, exes[1:])]
-    result = dict(mode="cli", command=["python", "scripts/generate.py"], platform="cpu",
-                  cold=startup.summarize(runs, "cold"), warm=startup.summarize(runs, "warm"))
+        ("prefill [16]", "compiled", 1.0, 2.0, 0.0),
+        ("decode [16]", "store", 0.0, 0.0, 0.25),
+    ]
+    runs = [
+        startup.Run("cold", 9.0, 12.0, 0, phases, exes),
+        startup.Run("warm", 2.0, 5.0, 0, phases, exes[1:]),
+    ]
+    result = dict(
+        mode="cli",
+        command=["python", "scripts/generate.py"],
+        platform="cpu",
+        cold=startup.summarize(runs, "cold"),
+        warm=startup.summarize(runs, "warm"),
+    )
     assert result["cold"]["other_s"] == pytest.approx(9.0 - 1.7 - 3.25)
     table = startup.markdown(result)
-    assert "| parse | 0.50 | 0.50 |" in table and "| executables from the store / compiled | 1 / 1 | 1 / 0 |" in table
+    assert (
+        "| parse | 0.50 | 0.50 |" in table
+        and "| executables from the store / compiled | 1 / 1 | 1 / 0 |" in table
+    )
     assert "| **first text** | **9.00** | **2.00** |" in table
 
 
@@ -348,8 +424,24 @@ def test_bench_startup_cli_cold_then_warm(tiny_gguf, tmp_path, capsys):
 
     path = tmp_path / "tiny.gguf"
     write_gguf(tiny_gguf, path, progress=False)
-    assert main(["--startup", "-m", str(path), "-n", "4", "-c", "256", "-o", "json",
-                 "--startup-dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--startup",
+                "-m",
+                str(path),
+                "-n",
+                "4",
+                "-c",
+                "256",
+                "-o",
+                "json",
+                "--startup-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     cold, warm = result["cold"], result["warm"]
     assert cold["compiled"] >= 2 and cold["from_store"] == 0

@@ -10,7 +10,6 @@ from gguf import GGML_QUANT_SIZES, quants
 
 from minfer_jax.errors import MinferError, UnsupportedError
 from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, expected_shapes, load_gguf
-from minfer_jax.model.config import Config
 from minfer_jax.files.quant_mix import FTYPES, QType, SyntheticSpecError, tensor_types
 from minfer_jax.files.synthetic import (
     SYNTHETIC_CONFIGS,
@@ -19,13 +18,24 @@ from minfer_jax.files.synthetic import (
     synthetic_model_from_config,
     write_gguf,
 )
+from minfer_jax.model.config import Config
 
 QUANT_TYPES = sorted(SUPPORTED_TYPES - FLOAT_TYPES)
 
 
 def tiny(**kw) -> Config:
-    base = dict(n_layers=3, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512, context_length=512,
-                vocab_size=300, rope_theta=1e6, rms_eps=1e-6, tied_output=False)
+    base = dict(
+        n_layers=3,
+        d_model=256,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=512,
+        context_length=512,
+        vocab_size=300,
+        rope_theta=1e6,
+        rms_eps=1e-6,
+        tied_output=False,
+    )
     base.update(kw)
     return Config(**base)
 
@@ -40,21 +50,29 @@ def use_more_bits(i, n):
 
 # ----------------------------------------------------------------------------------- configs
 
+
 def test_configs_are_the_qwen25_shapes():
-    c = {k: v for k, v in SYNTHETIC_CONFIGS.items() if v.family == "qwen2"}  # other families: test_families.py
-    assert [(k, v.n_layers, v.d_model, v.n_heads, v.n_kv_heads, v.d_ff, v.vocab_size, v.tied_output)
-            for k, v in c.items()] == [
+    c = {
+        k: v for k, v in SYNTHETIC_CONFIGS.items() if v.family == "qwen2"
+    }  # other families: test_families.py
+    assert [
+        (k, v.n_layers, v.d_model, v.n_heads, v.n_kv_heads, v.d_ff, v.vocab_size, v.tied_output)
+        for k, v in c.items()
+    ] == [
         ("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, True),
         ("qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, True),
         ("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, True),
         ("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, False),
         ("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, False),
     ]
-    assert all(v.context_length == 32768 and v.rope_theta == 1e6 and v.rms_eps == float(np.float32(1e-6))
-               for v in c.values())
+    assert all(
+        v.context_length == 32768 and v.rope_theta == 1e6 and v.rms_eps == float(np.float32(1e-6))
+        for v in c.values()
+    )
 
 
 # ----------------------------------------------------------------------------------- type mix
+
 
 @pytest.mark.real_model
 def test_q4_k_m_mix_reproduces_the_real_file(real_model):
@@ -81,7 +99,13 @@ def test_7b_q4_k_m_mix():
         assert layer_types(t, suffix, n) == [QType.Q6_K if m else QType.Q4_K for m in more]
     assert layer_types(t, "attn_v.weight", n)[:3] == [QType.Q6_K] * 3
     assert t["blk.3.attn_v.weight"] == QType.Q4_K and t["blk.5.ffn_down.weight"] == QType.Q6_K
-    for suffix in ("attn_q.weight", "attn_k.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight"):
+    for suffix in (
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_output.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+    ):
         assert set(layer_types(t, suffix, n)) == {QType.Q4_K}
     assert t["output.weight"] == QType.Q6_K
     assert t["token_embd.weight"] == QType.Q4_K  # untied: no output rule
@@ -92,7 +116,9 @@ def test_tied_models_quantize_token_embd_like_the_output():
     t = tensor_types(SYNTHETIC_CONFIGS["qwen2.5-1.5b"], "q4_k_m")
     assert "output.weight" not in t and t["token_embd.weight"] == QType.Q6_K
     # 896 does not divide Q4_K's 256-blocks: the output rule says Q8_0 directly
-    assert tensor_types(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], "q4_k_m")["token_embd.weight"] == QType.Q8_0
+    assert (
+        tensor_types(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], "q4_k_m")["token_embd.weight"] == QType.Q8_0
+    )
 
 
 def test_q4_0_and_q8_0_mixes():
@@ -102,10 +128,13 @@ def test_q4_0_and_q8_0_mixes():
     assert {v for k, v in t.items() if k.endswith("weight") and "_norm" not in k} == {QType.Q4_0}
     t = tensor_types(cfg, "q8_0")
     assert {v for k, v in t.items() if k.endswith("weight") and "_norm" not in k} == {QType.Q8_0}
-    # tied 0.5B under q4_0: token_embd follows the output rule (Q6_K), which falls back to Q8_0 (896 % 256)
+    # tied 0.5B under q4_0: token_embd follows the output rule (Q6_K), which falls back to Q8_0
+    # (896 % 256)
     t = tensor_types(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], "q4_0")
     assert t["token_embd.weight"] == QType.Q8_0 and t["blk.0.attn_v.weight"] == QType.Q4_0
-    assert tensor_types(SYNTHETIC_CONFIGS["qwen2.5-1.5b"], "q4_0")["token_embd.weight"] == QType.Q6_K
+    assert (
+        tensor_types(SYNTHETIC_CONFIGS["qwen2.5-1.5b"], "q4_0")["token_embd.weight"] == QType.Q6_K
+    )
 
 
 def test_other_k_mixes():
@@ -117,7 +146,9 @@ def test_other_k_mixes():
     assert t["blk.7.attn_q.weight"] == QType.Q5_K and t["output.weight"] == QType.Q6_K
     t = tensor_types(cfg, "q4_k_s")
     assert layer_types(t, "attn_v.weight", n) == [QType.Q5_K] * 4 + [QType.Q4_K] * (n - 4)
-    assert layer_types(t, "ffn_down.weight", n) == [QType.Q5_K] * (n // 8) + [QType.Q4_K] * (n - n // 8)
+    assert layer_types(t, "ffn_down.weight", n) == [QType.Q5_K] * (n // 8) + [QType.Q4_K] * (
+        n - n // 8
+    )
     t = tensor_types(cfg, "q6_k")
     assert {v for k, v in t.items() if k.endswith("weight") and "_norm" not in k} == {QType.Q6_K}
     t = tensor_types(cfg, "q3_k_m")
@@ -126,20 +157,25 @@ def test_other_k_mixes():
     t = tensor_types(cfg, "q2_k")  # n_gqa = 5 >= 4
     assert t["blk.9.attn_v.weight"] == QType.Q4_K and t["blk.9.ffn_down.weight"] == QType.Q3_K
     t = tensor_types(cfg, "f16")
-    assert t["output.weight"] == t["blk.0.attn_v.weight"] == QType.F16 and t["blk.0.attn_norm.weight"] == QType.F32
+    assert (
+        t["output.weight"] == t["blk.0.attn_v.weight"] == QType.F16
+        and t["blk.0.attn_norm.weight"] == QType.F32
+    )
 
 
 def test_fallback_when_rows_do_not_divide_256():
-    cfg = tiny(d_model=320, n_heads=5, n_kv_heads=1, d_ff=640)  # 320 % 256, 640 % 256 != 0; both % 32 == 0
+    cfg = tiny(
+        d_model=320, n_heads=5, n_kv_heads=1, d_ff=640
+    )  # 320 % 256, 640 % 256 != 0; both % 32 == 0
     t = tensor_types(cfg, "q4_k_m")
-    assert t["blk.1.attn_q.weight"] == t["blk.1.ffn_gate.weight"] == QType.Q5_0   # Q4_K -> Q5_0
+    assert t["blk.1.attn_q.weight"] == t["blk.1.ffn_gate.weight"] == QType.Q5_0  # Q4_K -> Q5_0
     assert not use_more_bits(0, 3) and use_more_bits(2, 3)
-    assert t["blk.0.attn_v.weight"] == t["blk.0.ffn_down.weight"] == QType.Q5_0   # Q4_K -> Q5_0
-    assert t["blk.2.attn_v.weight"] == t["blk.2.ffn_down.weight"] == QType.Q8_0   # Q6_K -> Q8_0
+    assert t["blk.0.attn_v.weight"] == t["blk.0.ffn_down.weight"] == QType.Q5_0  # Q4_K -> Q5_0
+    assert t["blk.2.attn_v.weight"] == t["blk.2.ffn_down.weight"] == QType.Q8_0  # Q6_K -> Q8_0
     assert t["output.weight"] == QType.Q8_0 and t["token_embd.weight"] == QType.Q5_0
-    assert tensor_types(cfg, "q5_k_s")["blk.1.attn_q.weight"] == QType.Q5_1     # Q5_K -> Q5_1
-    assert tensor_types(cfg, "q2_k")["blk.1.attn_q.weight"] == QType.Q4_0       # Q2_K -> Q4_0 (current)
-    with pytest.raises(UnsupportedError, match="IQ4_NL"):                         # older llama.cpp: IQ4_NL
+    assert tensor_types(cfg, "q5_k_s")["blk.1.attn_q.weight"] == QType.Q5_1  # Q5_K -> Q5_1
+    assert tensor_types(cfg, "q2_k")["blk.1.attn_q.weight"] == QType.Q4_0  # Q2_K -> Q4_0 (current)
+    with pytest.raises(UnsupportedError, match="IQ4_NL"):  # older llama.cpp: IQ4_NL
         tensor_types(cfg, "q2_k", fallback="legacy")
     # a row that does not even divide the fallback's 32-blocks: F16
     t = tensor_types(tiny(d_ff=80), "q4_k_m")
@@ -156,6 +192,7 @@ def test_bad_ftype():
 
 
 # ----------------------------------------------------------------------------------- random blocks
+
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda q: q.name)
 def test_random_blocks_dequantize_finite_and_small(qtype):
@@ -177,14 +214,23 @@ def test_synthetic_model_tensors_are_sane():
     assert m.config == dataclasses.replace(SYNTHETIC_CONFIGS["qwen2.5-0.5b"], n_layers=2)
     assert {n: t.qtype for n, t in m.tensors.items()} == tensor_types(m.config, "q4_k_m")
     assert m.metadata["general.architecture"] == "qwen2" and m.metadata["general.file_type"] == 15
-    for name in ("token_embd.weight", "blk.0.attn_v.weight", "blk.1.ffn_down.weight", "blk.1.attn_k.weight"):
+    for name in (
+        "token_embd.weight",
+        "blk.0.attn_v.weight",
+        "blk.1.ffn_down.weight",
+        "blk.1.attn_k.weight",
+    ):
         t = m.tensors[name]
         assert t.shape == expected_shapes(m.config)[name]
         w = quants.dequantize(np.asarray(t.data[:64]), t.qtype)
         assert np.isfinite(w).all() and np.abs(w).max() < 0.25
     norm = m.tensors["blk.0.attn_norm.weight"].data
     bias = m.tensors["blk.0.attn_q.bias"].data
-    assert norm.dtype == np.float32 and abs(float(norm.mean()) - 1) < 0.01 and np.abs(norm - 1).max() < 0.2
+    assert (
+        norm.dtype == np.float32
+        and abs(float(norm.mean()) - 1) < 0.01
+        and np.abs(norm - 1).max() < 0.2
+    )
     assert bias.dtype == np.float32 and np.abs(bias).max() < 0.2
     assert m.file_size == sum(t.nbytes for t in m.tensors.values())
 
@@ -194,21 +240,33 @@ def test_deterministic_and_layer_prefix_shared():
     b = synthetic_model_from_config(tiny(), "q4_k_m", seed=1, threads=1)
     c = synthetic_model_from_config(tiny(), "q4_k_m", seed=2)
     assert all(np.array_equal(a.tensors[n].data, b.tensors[n].data) for n in a.tensors)
-    assert not np.array_equal(a.tensors["blk.0.attn_q.weight"].data, c.tensors["blk.0.attn_q.weight"].data)
+    assert not np.array_equal(
+        a.tensors["blk.0.attn_q.weight"].data, c.tensors["blk.0.attn_q.weight"].data
+    )
     short = synthetic_model_from_config(tiny(n_layers=2), "q8_0", seed=1)
     full = synthetic_model_from_config(tiny(), "q8_0", seed=1)
-    assert np.array_equal(short.tensors["blk.1.ffn_up.weight"].data, full.tensors["blk.1.ffn_up.weight"].data)
+    assert np.array_equal(
+        short.tensors["blk.1.ffn_up.weight"].data, full.tensors["blk.1.ffn_up.weight"].data
+    )
 
 
-# ----------------------------------------------------------------------------------- GGUF round trip
+# ---------------------------------------------------------------------------------- GGUF round trip
+
 
 def assert_same_model(got, want):
     assert got.config == want.config
     assert list(got.tensors) == list(want.tensors)
     for name, t in want.tensors.items():
         g = got.tensors[name]
-        assert (g.qtype, g.shape, g.data.dtype, g.data.shape) == (t.qtype, t.shape, t.data.dtype, t.data.shape), name
-        assert np.array_equal(np.asarray(g.data).view(np.uint8), np.asarray(t.data).view(np.uint8)), name
+        assert (g.qtype, g.shape, g.data.dtype, g.data.shape) == (
+            t.qtype,
+            t.shape,
+            t.data.dtype,
+            t.data.shape,
+        ), name
+        assert np.array_equal(
+            np.asarray(g.data).view(np.uint8), np.asarray(t.data).view(np.uint8)
+        ), name
 
 
 def test_write_gguf_round_trip_every_type(tmp_path):
@@ -223,7 +281,10 @@ def test_write_gguf_round_trip_every_type(tmp_path):
     assert_same_model(got, model)
     meta = got.metadata
     assert meta["general.architecture"] == "qwen2" and meta["tokenizer.ggml.model"] == "gpt2"
-    assert meta["tokenizer.ggml.pre"] == "qwen2" and len(meta["tokenizer.ggml.tokens"]) == cfg.vocab_size
+    assert (
+        meta["tokenizer.ggml.pre"] == "qwen2"
+        and len(meta["tokenizer.ggml.tokens"]) == cfg.vocab_size
+    )
     assert len(set(meta["tokenizer.ggml.tokens"])) == cfg.vocab_size
     assert meta["tokenizer.ggml.tokens"][10] == "Ċ"  # byte-level '\n'
     assert meta["tokenizer.ggml.eos_token_id"] < cfg.vocab_size
@@ -241,7 +302,10 @@ def test_write_gguf_round_trip_tied_mix(tmp_path):
 
 # ----------------------------------------------------------------------------------- errors
 
-@pytest.mark.parametrize("spec", ["qwen2.5-9b:q4_k_m", "qwen2.5-7b:q4_k_x", "qwen2.5-7b:q4_k_m:extra", "", "llama-7b"])
+
+@pytest.mark.parametrize(
+    "spec", ["qwen2.5-9b:q4_k_m", "qwen2.5-7b:q4_k_x", "qwen2.5-7b:q4_k_m:extra", "", "llama-7b"]
+)
 def test_bad_spec(spec):
     with pytest.raises(SyntheticSpecError) as e:
         synthetic_model(spec)

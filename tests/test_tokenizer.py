@@ -23,10 +23,16 @@ IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
 
 def _llama_cpp_vectors() -> list[tuple[str, list[int]]]:
     """(text, ids) pairs from llama.cpp's ggml-vocab-qwen2.gguf.inp/.out (see data README)."""
-    texts = (DATA / "ggml-vocab-qwen2.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    texts = (
+        (DATA / "ggml-vocab-qwen2.gguf.inp")
+        .read_text(encoding="utf-8")
+        .split("\n__ggml_vocab_test__\n")
+    )
     lines = (DATA / "ggml-vocab-qwen2.gguf.out").read_text(encoding="utf-8").split("\n")
     assert texts[-1] == "" and lines[-1] == ""
-    return [(t, [int(x) for x in line.split()]) for t, line in zip(texts[:-1], lines[:-1], strict=True)]
+    return [
+        (t, [int(x) for x in line.split()]) for t, line in zip(texts[:-1], lines[:-1], strict=True)
+    ]
 
 
 VECTORS = _llama_cpp_vectors()
@@ -36,7 +42,18 @@ PRE_TOKENS = {
     "12345": ["1", "2", "3", "4", "5"],  # \p{N}: one digit per piece
     "He'S": ["He", "'S"],  # contractions are case-insensitive
     "don't": ["don", "'t"],
-    "they're I've I'm we'll he'd": ["they", "'re", " I", "'ve", " I", "'m", " we", "'ll", " he", "'d"],
+    "they're I've I'm we'll he'd": [
+        "they",
+        "'re",
+        " I",
+        "'ve",
+        " I",
+        "'m",
+        " we",
+        "'ll",
+        " he",
+        "'d",
+    ],
     "'RE": ["'RE"],
     "\n\n\n": ["\n\n\n"],  # \s*[\r\n]+ keeps a newline run together
     "   leading": ["  ", " leading"],  # \s+(?!\S) leaves one space for the word
@@ -49,9 +66,21 @@ PRE_TOKENS = {
     "😁🦙 ok": ["😁🦙", " ok"],
 }
 
-ROUNDTRIP = [*PRE_TOKENS, "", " ", "\t", "\n", "Hello world", "  Hello", "😶\u200d🌫\ufe0f", "ü",
-             "<|im_start|>user\nhi<|im_end|>\n", "<tool_call>\n{}\n</tool_call>", "a\x00b\x7f",
-             "def f(x):\n    return x**2  # 平方\n"]
+ROUNDTRIP = [
+    *PRE_TOKENS,
+    "",
+    " ",
+    "\t",
+    "\n",
+    "Hello world",
+    "  Hello",
+    "😶\u200d🌫\ufe0f",
+    "ü",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "<tool_call>\n{}\n</tool_call>",
+    "a\x00b\x7f",
+    "def f(x):\n    return x**2  # 平方\n",
+]
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +134,18 @@ def test_digits_are_single_tokens(tok):
     assert tok.encode("333333333") == [18] * 9
 
 
-@pytest.mark.parametrize(("text", "spelled"), [
-    ("He'S", ["He", "'S"]), ("I'll", ["I", "'ll"]), ("'RE", ["'RE"]), ("don't", ["don", "'t"]),
-    ("\n\n\n", ["ĊĊĊ"]), ("   leading", ["ĠĠ", "Ġleading"]), ("\t\tx", ["ĉ", "ĉx"]),
-])
+@pytest.mark.parametrize(
+    ("text", "spelled"),
+    [
+        ("He'S", ["He", "'S"]),
+        ("I'll", ["I", "'ll"]),
+        ("'RE", ["'RE"]),
+        ("don't", ["don", "'t"]),
+        ("\n\n\n", ["ĊĊĊ"]),
+        ("   leading", ["ĠĠ", "Ġleading"]),
+        ("\t\tx", ["ĉ", "ĉx"]),
+    ],
+)
 def test_spelled_tokens(tok, text, spelled):
     assert [tok.id_to_token(i) for i in tok.encode(text)] == spelled
 
@@ -156,7 +193,9 @@ def test_ids_and_sizes(tok):
     assert tok.token_to_id("<|im_start|>") == IM_START
     assert tok.token_to_id("Ġhello") == tok.encode(" hello")[0]
     assert tok.token_to_id("no such token") is None
-    assert tok.encode("hi", add_special=True) == tok.encode("hi", add_special=False)  # no BOS for Qwen
+    assert tok.encode("hi", add_special=True) == tok.encode(
+        "hi", add_special=False
+    )  # no BOS for Qwen
 
 
 @pytest.mark.parametrize("bad", [-1, 151936, 10**12])
@@ -216,6 +255,7 @@ def test_stream_equals_decode_for_any_ids(tok, ids):
 
 # --- synthetic vocabularies: metadata handling without the real model -----------------------
 
+
 def _byte_level_alphabet() -> list[str]:
     """GPT-2's byte -> character table, written out independently of the implementation."""
     keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
@@ -232,10 +272,13 @@ def _meta(**overrides) -> dict:
     tokens = [*alphabet, "he", "hel", "<|im_end|>", BOS, EOS, "<tool_call>"]
     types = [1] * (len(alphabet) + 2) + [3, 3, 3, 4]
     meta = {
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "deepseek-r1-qwen",
-        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "deepseek-r1-qwen",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.merges": ["h e", "he l"],
-        "tokenizer.ggml.bos_token_id": tokens.index(BOS), "tokenizer.ggml.eos_token_id": tokens.index(EOS),
+        "tokenizer.ggml.bos_token_id": tokens.index(BOS),
+        "tokenizer.ggml.eos_token_id": tokens.index(EOS),
         "tokenizer.ggml.add_bos_token": True,
     }
     meta.update(overrides)
@@ -256,8 +299,14 @@ def test_synthetic_bos_and_deepseek_specials():
 def test_synthetic_chat_template_fallback_and_variables():
     tok = Tokenizer.from_metadata(_meta())
     msgs = [{"role": "user", "content": "hi"}]
-    assert tok.apply_chat_template(msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    tok = Tokenizer.from_metadata(_meta(**{"tokenizer.chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"}))
+    assert (
+        tok.apply_chat_template(msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    tok = Tokenizer.from_metadata(
+        _meta(
+            **{"tokenizer.chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"}
+        )
+    )
     assert tok.apply_chat_template(msgs) == f"{BOS}hi{EOS}"
 
 
@@ -267,38 +316,50 @@ def test_synthetic_qwen2_family_pre_tokenizers(pre):
     assert tok.decode(tok.encode("hello 123\n\n", add_special=False)) == "hello 123\n\n"
 
 
-@pytest.mark.parametrize(("overrides", "error", "match"), [
-    ({"tokenizer.ggml.model": "t5"}, UnsupportedError, "tokenizer model 't5'"),
-    ({"tokenizer.ggml.pre": "falcon"}, UnsupportedError, "pre-tokenizer 'falcon'"),
-    ({"tokenizer.ggml.tokens": None}, GGUFError, "tokenizer.ggml.tokens"),
-    ({"tokenizer.ggml.token_type": [1, 1]}, GGUFError, "token types"),
-    ({"tokenizer.ggml.merges": ["he"]}, GGUFError, "merge #0"),
-    ({"tokenizer.ggml.merges": ["x y"]}, GGUFError, "needs the token 'xy'"),
-    ({"tokenizer.ggml.bos_token_id": 10**6}, GGUFError, "bos_token_id"),
-    ({"tokenizer.ggml.bos_token_id": None}, GGUFError, "add_bos_token"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"tokenizer.ggml.model": "t5"}, UnsupportedError, "tokenizer model 't5'"),
+        ({"tokenizer.ggml.pre": "falcon"}, UnsupportedError, "pre-tokenizer 'falcon'"),
+        ({"tokenizer.ggml.tokens": None}, GGUFError, "tokenizer.ggml.tokens"),
+        ({"tokenizer.ggml.token_type": [1, 1]}, GGUFError, "token types"),
+        ({"tokenizer.ggml.merges": ["he"]}, GGUFError, "merge #0"),
+        ({"tokenizer.ggml.merges": ["x y"]}, GGUFError, "needs the token 'xy'"),
+        ({"tokenizer.ggml.bos_token_id": 10**6}, GGUFError, "bos_token_id"),
+        ({"tokenizer.ggml.bos_token_id": None}, GGUFError, "add_bos_token"),
+    ],
+)
 def test_synthetic_bad_metadata(overrides, error, match):
     with pytest.raises(error, match=match) as info:
         Tokenizer.from_metadata(_meta(**overrides), source="model.gguf")
     assert "model.gguf" in str(info.value)
 
 
-# --- llama.cpp's vectors for the other vocabularies (tools/extract_vocab.py cut their vocab files) ---
+# --- llama.cpp's vectors for the other vocabularies (tools/extract_vocab.py cut their vocab
+# files) ---
+
 
 def _cut_vocab_meta(name: str) -> dict:
-    """GGUF tokenizer metadata from DATA/NAME.vocab.json: missing ids become unreachable placeholders."""
+    """GGUF tokenizer metadata from DATA/NAME.vocab.json: missing ids become unreachable
+    placeholders."""
     import json
 
     cut = json.loads((DATA / f"{name}.vocab.json").read_text(encoding="utf-8"))
     n = cut["n_vocab"]
-    tokens = [f"\ue000{i}\ue001" for i in range(n)]  # private-use characters: no text or merge reaches them
+    tokens = [
+        f"\ue000{i}\ue001" for i in range(n)
+    ]  # private-use characters: no text or merge reaches them
     types = [1] * n
     for i, t in cut["tokens"].items():
         tokens[int(i)] = t
     for i, k in cut["types"].items():
         types[int(i)] = k
-    meta = {**cut["meta"], "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-            "tokenizer.ggml.merges": cut["merges"]}
+    meta = {
+        **cut["meta"],
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": cut["merges"],
+    }
     if "scores" in cut:
         scores = [-1e9] * n
         for i, s in cut["scores"].items():
@@ -311,11 +372,14 @@ def _vectors(name: str) -> list[tuple[str, list[int]]]:
     texts = (DATA / f"{name}.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
     lines = (DATA / f"{name}.gguf.out").read_text(encoding="utf-8").split("\n")
     assert texts[-1] == "" and lines[-1] == ""
-    return [(t, [int(x) for x in line.split()]) for t, line in zip(texts[:-1], lines[:-1], strict=True)]
+    return [
+        (t, [int(x) for x in line.split()]) for t, line in zip(texts[:-1], lines[:-1], strict=True)
+    ]
 
 
-@pytest.mark.parametrize("name", ["ggml-vocab-llama-bpe", "ggml-vocab-llama-spm", "ggml-vocab-gpt-2",
-                                  "ggml-vocab-phi-3"])
+@pytest.mark.parametrize(
+    "name", ["ggml-vocab-llama-bpe", "ggml-vocab-llama-spm", "ggml-vocab-gpt-2", "ggml-vocab-phi-3"]
+)
 def test_llama_cpp_vectors_of_other_vocabularies(name):
     tok = Tokenizer.from_metadata(_cut_vocab_meta(name), source=name)
     cases = _vectors(name)
@@ -327,10 +391,15 @@ def test_llama_cpp_vectors_of_other_vocabularies(name):
 
 
 def test_bos_defaults_follow_llama_cpp():
-    """SentencePiece and Llama 3 vocabularies add BOS unless the file says otherwise; gpt-2 does not."""
+    """SentencePiece and Llama 3 vocabularies add BOS unless the file says otherwise; gpt-2 does
+    not."""
     spm = _cut_vocab_meta("ggml-vocab-llama-spm")
     assert Tokenizer.from_metadata(spm).encode("hi")[0] == spm["tokenizer.ggml.bos_token_id"]
-    bpe = {k: v for k, v in _cut_vocab_meta("ggml-vocab-llama-bpe").items() if k != "tokenizer.ggml.add_bos_token"}
+    bpe = {
+        k: v
+        for k, v in _cut_vocab_meta("ggml-vocab-llama-bpe").items()
+        if k != "tokenizer.ggml.add_bos_token"
+    }
     assert Tokenizer.from_metadata(bpe).encode("hi")[0] == 128000
     gpt2 = _cut_vocab_meta("ggml-vocab-gpt-2")
     assert Tokenizer.from_metadata(gpt2).encode("hi") == [5303]

@@ -1,8 +1,10 @@
-"""What generate() itself achieves beside bench.py: a long prompt's prefill, decode through the
+r"""What generate() itself achieves beside bench.py: a long prompt's prefill, decode through the
 host loop, and peak device memory against weights + KV cache (issue 15/16 acceptance figures).
 
-    PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-7b:q4_k_m --ctx 32768 --prompt 32000 --gen 128
-    PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-0.5b:q4_k_m --layers 2 --parity 2500
+    PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-7b:q4_k_m --ctx 32768 \
+        --prompt 32000 --gen 128
+    PYTHONPATH=. python tools/engine_check.py --synthetic qwen2.5-0.5b:q4_k_m --layers 2 \
+        --parity 2500
 
 --parity N: greedy tokens of an N-token prompt through the Pallas kernels against the XLA
 reference path (same quantized weights); a divergence is reported with the reference's top-2
@@ -27,31 +29,40 @@ import numpy as np
 
 import minfer_jax
 from minfer_jax.bench.kernel_timing import device_kernel_events
-from minfer_jax.files.synthetic import synthetic_model
 from minfer_jax.files.gguf import load_gguf
+from minfer_jax.files.synthetic import synthetic_model
 from minfer_jax.model.cache import cache_nbytes
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic")
     src.add_argument("-m", "--model", help="a GGUF file (--batch-parity and --profile)")
     ap.add_argument("--ctx", type=int, required=True)
     ap.add_argument("--prompt", type=int, default=0, help="tokens of the long prompt")
     ap.add_argument("--gen", type=int, default=128)
-    ap.add_argument("--short", type=int, default=16, help="tokens of the short prompt (decode speed)")
+    ap.add_argument(
+        "--short", type=int, default=16, help="tokens of the short prompt (decode speed)"
+    )
     ap.add_argument("--ubatch", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--parity", type=int, default=0, metavar="N")
     ap.add_argument("--batched", default="", metavar="B,...")
     ap.add_argument("--batch-parity", type=int, default=0, metavar="B")
     ap.add_argument("--profile", default="", metavar="B,...")
-    ap.add_argument("--kernels", default="pallas", help="pallas (GPU) | interpret (a CPU smoke test)")
+    ap.add_argument(
+        "--kernels", default="pallas", help="pallas (GPU) | interpret (a CPU smoke test)"
+    )
     a = ap.parse_args()
     gm = synthetic_model(a.synthetic, layers=a.layers) if a.synthetic else load_gguf(a.model)
     if a.batch_parity:
-        print(json.dumps(batch_parity(gm, a.batch_parity, a.gen, a.ctx, a.kernels), indent=1), flush=True)
+        print(
+            json.dumps(batch_parity(gm, a.batch_parity, a.gen, a.ctx, a.kernels), indent=1),
+            flush=True,
+        )
     if a.profile:
         for b in (int(v) for v in a.profile.split(",")):
             print(step_profile(gm, b, a.gen, a.ctx, a.kernels), flush=True)
@@ -67,29 +78,52 @@ def main() -> None:
     vocab = m.config.vocab_size
     rows = {}
     for name, n in (("short", a.short), ("long", a.prompt)):
-        warm, ids = ([int(t) for t in rng.integers(0, vocab, n)] for _ in range(2))  # distinct: no prefix reuse
+        warm, ids = (
+            [int(t) for t in rng.integers(0, vocab, n)] for _ in range(2)
+        )  # distinct: no prefix reuse
         minfer_jax.generate(m, warm, max_new_tokens=a.gen)  # compiles
         r = minfer_jax.generate(m, ids, max_new_tokens=a.gen)
         assert r.cached_tokens == 0, r.cached_tokens
-        rows[name] = dict(prompt=n, generated=len(r.tokens), prefill_tps=r.prefill_tps, decode_tps=r.decode_tps,
-                          prefill_s=r.prefill_s, decode_s=r.decode_s)
+        rows[name] = dict(
+            prompt=n,
+            generated=len(r.tokens),
+            prefill_tps=r.prefill_tps,
+            decode_tps=r.decode_tps,
+            prefill_s=r.prefill_s,
+            decode_s=r.decode_s,
+        )
     stats = jax.devices()[0].memory_stats() or {}
     plan = m.plan()
-    rows["memory"] = dict(peak_bytes=stats.get("peak_bytes_in_use"), weight_bytes=m.weight_nbytes,
-                          kv_cache_bytes=cache_nbytes(m.config, plan.n_slots, plan.cache_len, m.cache_dtype))
+    rows["memory"] = dict(
+        peak_bytes=stats.get("peak_bytes_in_use"),
+        weight_bytes=m.weight_nbytes,
+        kv_cache_bytes=cache_nbytes(m.config, plan.n_slots, plan.cache_len, m.cache_dtype),
+    )
     mem = rows["memory"]
     if mem["peak_bytes"]:
         mem["workspace_bytes"] = mem["peak_bytes"] - mem["weight_bytes"] - mem["kv_cache_bytes"]
-    print(json.dumps({"model": a.synthetic, "ctx": a.ctx, "chunk": m.chunk, **rows}, indent=1), flush=True)
+    print(
+        json.dumps({"model": a.synthetic, "ctx": a.ctx, "chunk": m.chunk, **rows}, indent=1),
+        flush=True,
+    )
     if a.batched:
         from minfer_jax.bench import batched
 
-        batched.run(m, a.synthetic, [512], [128], [int(b) for b in a.batched.split(",")], seed=0, out_files=[],
-                    log=lambda s: None)
+        batched.run(
+            m,
+            a.synthetic,
+            [512],
+            [128],
+            [int(b) for b in a.batched.split(",")],
+            seed=0,
+            out_files=[],
+            log=lambda s: None,
+        )
 
 
 def parity(gm, n: int, gen: int) -> dict:
-    """Greedy tokens of an n-token prompt, kernels vs the XLA path, and the first divergence's margin."""
+    """Greedy tokens of an n-token prompt, kernels vs the XLA path, and the first divergence's
+    margin."""
     ctx = n + gen + 16
     kern = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels="pallas", weights="quantized")
     ref = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels="xla", weights="quantized")
@@ -98,8 +132,8 @@ def parity(gm, n: int, gen: int) -> dict:
     b = minfer_jax.generate(ref, ids, max_new_tokens=gen).tokens
     same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
     out = dict(prompt=n, generated=len(a), identical_prefix=same, identical=a == b)
-    seq = ids + b[:same + 1]
-    lk, lr = kern.logits(seq)[n - 1:], ref.logits(seq)[n - 1:]
+    seq = ids + b[: same + 1]
+    lk, lr = kern.logits(seq)[n - 1 :], ref.logits(seq)[n - 1 :]
     out["max_abs_logit_diff"] = float(np.max(np.abs(lk - lr)))
     if same < len(a):
         top2 = np.sort(lr[same])[-2:]
@@ -108,24 +142,34 @@ def parity(gm, n: int, gen: int) -> dict:
 
 
 def batch_parity(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -> dict:
-    """Greedy tokens of n_seqs random prompts (5 .. 64 tokens) batched vs alone, both through the kernels."""
+    """Greedy tokens of n_seqs random prompts (5 .. 64 tokens) batched vs alone, both through the
+    kernels."""
     m = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
     # a model of its own for the lone runs: on `m` they would reuse the batch's prompt prefixes
     m_alone = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
     rng = np.random.default_rng(2)
-    prompts = [[int(t) for t in rng.integers(0, gm.config.vocab_size, int(rng.integers(5, 65)))]
-               for _ in range(n_seqs)]
+    prompts = [
+        [int(t) for t in rng.integers(0, gm.config.vocab_size, int(rng.integers(5, 65)))]
+        for _ in range(n_seqs)
+    ]
     batch = minfer_jax.generate_batch(m, prompts, max_new_tokens=gen)
     rows = []
     for p, r in zip(prompts, batch):
         alone = minfer_jax.generate(m_alone, p, max_new_tokens=gen).tokens
-        same = next((i for i, (x, y) in enumerate(zip(r.tokens, alone)) if x != y), min(len(r.tokens), len(alone)))
-        row = dict(prompt=len(p), tokens=len(alone), identical_prefix=same, identical=r.tokens == alone)
+        same = next(
+            (i for i, (x, y) in enumerate(zip(r.tokens, alone)) if x != y),
+            min(len(r.tokens), len(alone)),
+        )
+        row = dict(
+            prompt=len(p), tokens=len(alone), identical_prefix=same, identical=r.tokens == alone
+        )
         if not row["identical"] and same < len(alone):
             top2 = np.sort(np.asarray(m_alone.logits(p + alone[:same]))[-1])[-2:]
             row["alone_top2_gap_at_divergence"] = float(top2[1] - top2[0])
         rows.append(row)
-    return dict(n_seqs=n_seqs, generated=gen, identical_rows=sum(r["identical"] for r in rows), rows=rows)
+    return dict(
+        n_seqs=n_seqs, generated=gen, identical_rows=sum(r["identical"] for r in rows), rows=rows
+    )
 
 
 def step_profile(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -> str:
@@ -143,7 +187,9 @@ def step_profile(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -
     run()  # compiles; records every slot's prompt for reuse
     run()  # compiles the reuse path's one-token prefills, so the traced run compiles nothing
     events = device_kernel_events(run)
-    return kernel_table(events, gen, n_seqs) if events else f"B={n_seqs}: no GPU events in the trace"
+    return (
+        kernel_table(events, gen, n_seqs) if events else f"B={n_seqs}: no GPU events in the trace"
+    )
 
 
 def kernel_table(events: list, steps: int, n_seqs: int) -> str:
@@ -154,11 +200,18 @@ def kernel_table(events: list, steps: int, n_seqs: int) -> str:
         by_name.setdefault(re.sub(r"(?<!q\d)[._]\d+$", "", name), []).append(dur / 1e3)
     total = sum(sum(v) for v in by_name.values())
     span = (max(s + d for s, d, _ in events) - events[0][0]) / 1e3
-    lines = [f"B={n_seqs}: {steps} steps, kernels {total / 1e3:.1f} ms, span {span / 1e3:.1f} ms, "
-             f"{total / steps:.0f} us of kernels per step ({n_seqs * steps / span * 1e6:.0f} tok/s over the span)",
-             "", "| kernel | calls | us per step | share |", "|---|---:|---:|---:|"]
+    lines = [
+        f"B={n_seqs}: {steps} steps, kernels {total / 1e3:.1f} ms, span {span / 1e3:.1f} ms, "
+        f"{total / steps:.0f} us of kernels per step ({n_seqs * steps / span * 1e6:.0f} tok/s "
+        "over the span)",
+        "",
+        "| kernel | calls | us per step | share |",
+        "|---|---:|---:|---:|",
+    ]
     for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:25]:
-        lines.append(f"| {name[:60]} | {len(durs)} | {sum(durs) / steps:.1f} | {sum(durs) / total:.1%} |")
+        lines.append(
+            f"| {name[:60]} | {len(durs)} | {sum(durs) / steps:.1f} | {sum(durs) / total:.1%} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
-"""Cut llama.cpp's ggml-vocab-NAME.gguf test vocabularies down to what their test vectors need.
+r"""Cut llama.cpp's ggml-vocab-NAME.gguf test vocabularies down to what their test vectors need.
 
-    PYTHONPATH=. python tools/extract_vocab.py DIR/ggml-vocab-llama-bpe.gguf --out tests/data/tokenizer/
+    PYTHONPATH=. python tools/extract_vocab.py DIR/ggml-vocab-llama-bpe.gguf \
+        --out tests/data/tokenizer/
 
 Writes NAME.vocab.json (+ copies NAME's .inp / .out beside it): the tokens (by id) that are
 substrings of some expected output token, every byte token, every CONTROL / USER_DEFINED token,
@@ -24,13 +25,22 @@ import shutil
 from minfer_jax.files.gguf import open_reader, read_metadata
 from minfer_jax.files.tokenizer import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED
 
-KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-        "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
-        "tokenizer.ggml.add_space_prefix")
+KEYS = (
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+    "tokenizer.ggml.add_space_prefix",
+)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("vocab", help="ggml-vocab-NAME.gguf (its .inp / .out beside it)")
     ap.add_argument("--out", required=True, help="directory")
     args = ap.parse_args(argv)
@@ -39,16 +49,23 @@ def main(argv=None):
     lines = open(args.vocab + ".out", encoding="utf-8").read().split("\n")
     final = {tokens[int(i)] for line in lines for i in line.split()}
     pieces = {t[a:b] for t in final for a in range(len(t)) for b in range(a + 1, len(t) + 1)}
-    keep = [i for i, (t, k) in enumerate(zip(tokens, types))
-            if t in pieces or k in (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED)]
+    keep = [
+        i
+        for i, (t, k) in enumerate(zip(tokens, types))
+        if t in pieces or k in (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED)
+    ]
     kept = {tokens[i] for i in keep}
     if meta["tokenizer.ggml.model"] == "gpt2":
         kept.update(t for t in tokens[:256])  # never needed by the merges, cheap to keep
         keep = sorted(set(keep) | set(range(256)))
-    merges = [m for m in meta.get("tokenizer.ggml.merges", [])
-              if all(p in kept for p in (*m.split(" ", 1), m.replace(" ", "", 1)))]
+    merges = [
+        m
+        for m in meta.get("tokenizer.ggml.merges", [])
+        if all(p in kept for p in (*m.split(" ", 1), m.replace(" ", "", 1)))
+    ]
     out = {
-        "source": os.path.basename(args.vocab), "n_vocab": len(tokens),
+        "source": os.path.basename(args.vocab),
+        "n_vocab": len(tokens),
         "meta": {k: meta[k] for k in KEYS if k in meta},
         "tokens": {str(i): tokens[i] for i in keep},
         "types": {str(i): types[i] for i in keep if types[i] != 1},

@@ -7,8 +7,9 @@ usage: python tools/gemv_profile.py time [--out DIR]   time each case's GEMV nex
        folds an `ncu --page source --print-source sass --csv` export into a table per opcode.
 
 The read-only kernel ("stream") loads the blocks the integer GEMV loads (x and every weight view;
-not the coarse per-super-block rows, which the GEMV gathers) and only sums them: its time is the floor this grid and block shape can
-reach under Triton, so GEMV - stream is the cost of the decode and integer-dot arithmetic.
+not the coarse per-super-block rows, which the GEMV gathers) and only sums them: its time is the
+floor this grid and block shape can reach under Triton, so GEMV - stream is the cost of the decode
+and integer-dot arithmetic.
 """
 
 import argparse
@@ -25,13 +26,16 @@ from jax.experimental import pallas as pl
 from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.bench import parsing
 from minfer_jax.pallas import gemv as G
-from minfer_jax.pallas import gemv_tuning
-from minfer_jax.pallas import tiles
-from minfer_jax.pallas import int8_words
+from minfer_jax.pallas import gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import QType as Q
 
-CASES = [(Q.Q4_0, 4096, 14336, 1), (Q.Q4_K, 4096, 14336, 1), (Q.Q6_K, 4096, 14336, 1), (Q.Q8_0, 4096, 14336, 1),
-         (Q.Q4_K, 4096, 14336, 8)]
+CASES = [
+    (Q.Q4_0, 4096, 14336, 1),
+    (Q.Q4_K, 4096, 14336, 1),
+    (Q.Q6_K, 4096, 14336, 1),
+    (Q.Q8_0, 4096, 14336, 1),
+    (Q.Q4_K, 4096, 14336, 8),
+]
 
 
 def _total(v):  # any block -> f32 scalar-per-row [bn] (rows first)
@@ -52,6 +56,7 @@ def _stream_kernel(n_views: int):
         while xs.ndim > 0:
             xs = jnp.sum(xs, axis=-1)
         o_ref[0, :] = acc + xs
+
     return kernel
 
 
@@ -67,8 +72,19 @@ def stream(x, planes, *, qtype, cfg, interpret=False):
     arrays = []
     for name, tail in spec.views:
         arrays.append(wp[name])
-        in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(G._row_block_index, len(tail))))
-    out = G._split_k_call(_stream_kernel(len(arrays)), in_specs, (xv, *arrays), cfg, npad, 1, interpret, "stream_probe")
+        in_specs.append(
+            pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(G._row_block_index, len(tail)))
+        )
+    out = G._split_k_call(
+        _stream_kernel(len(arrays)),
+        in_specs,
+        (xv, *arrays),
+        cfg,
+        npad,
+        1,
+        interpret,
+        "stream_probe",
+    )
     return out.sum(axis=0)
 
 
@@ -79,8 +95,17 @@ def variants(qt, n, k, nt):
         for w in (1, 2, 8):
             out.append(("gemv", dataclasses.replace(base, num_warps=w)))
         for bn, w in ((64, 4), (64, 8)):
-            out.append(("gemv", dataclasses.replace(base, bn=bn, num_warps=w,
-                                                    splits=gemv_tuning.one_step_splits(base.splits, 4096 // bn))))
+            out.append(
+                (
+                    "gemv",
+                    dataclasses.replace(
+                        base,
+                        bn=bn,
+                        num_warps=w,
+                        splits=gemv_tuning.one_step_splits(base.splits, 4096 // bn),
+                    ),
+                )
+            )
     out.append(("stream", base))
     return out
 
@@ -95,12 +120,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=("time", "run"))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--shapes", default=None, help="instead of the built-in cases: TYPE:OUTxIN list, as "
-                    "scripts/bench.py --shapes (e.g. q5_0:4096x14336)")
+    ap.add_argument(
+        "--shapes",
+        default=None,
+        help="instead of the built-in cases: TYPE:OUTxIN list, as "
+        "scripts/bench.py --shapes (e.g. q5_0:4096x14336)",
+    )
     ap.add_argument("--nt", default="1", help="token counts for --shapes, as scripts/bench.py --nt")
     a = ap.parse_args()
-    cases = CASES if a.shapes is None else [
-        (qt, n, k, nt) for qt, n, k in parsing.parse_shapes(a.shapes) for nt in parsing.parse_int_range(a.nt, "--nt")]
+    cases = (
+        CASES
+        if a.shapes is None
+        else [
+            (qt, n, k, nt)
+            for qt, n, k in parsing.parse_shapes(a.shapes)
+            for nt in parsing.parse_int_range(a.nt, "--nt")
+        ]
+    )
     print(jax.devices(), jax.__version__, flush=True)
     tiles.silence_triton_deprecation()
     for qt, n, k, nt in cases:
@@ -116,12 +152,24 @@ def main():
             ref = functools.partial(G.gemv_reference, qtype=qt, n_out=n) if kind == "gemv" else f
             try:
                 r = KB.run_case(qt, n, k, nt, f, ref, impl=kind, reps=20)
-                print(f"{kind:6s} {qt.name:5s} {n}x{k} nt={nt} {r.us:8.2f} us (mean {r.avg_us:8.2f}) "
-                      f"{r.gbps:7.1f} GB/s err={r.rel_err:.1e} {cfg}", flush=True)
+                print(
+                    f"{kind:6s} {qt.name:5s} {n}x{k} nt={nt} {r.us:8.2f} us (mean {r.avg_us:8.2f}) "
+                    f"{r.gbps:7.1f} GB/s err={r.rel_err:.1e} {cfg}",
+                    flush=True,
+                )
                 d = dataclasses.asdict(r) | {"kind": kind, "config": str(cfg)}
             except Exception as e:  # noqa: BLE001 - one failing lowering must not hide the rest
-                print(f"{kind} {qt.name} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)
-                d = {"kind": kind, "qtype": qt.name, "nt": nt, "config": str(cfg), "error": str(e)[:1000]}
+                print(
+                    f"{kind} {qt.name} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:500]}",
+                    flush=True,
+                )
+                d = {
+                    "kind": kind,
+                    "qtype": qt.name,
+                    "nt": nt,
+                    "config": str(cfg),
+                    "error": str(e)[:1000],
+                }
             with open(os.path.join(a.out, "gemv_profile.jsonl"), "a") as fh:
                 fh.write(json.dumps(d) + "\n")
 

@@ -15,13 +15,12 @@ import dataclasses
 import json
 
 from cases import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
-
 from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import gemv as G
 
 
 def parse_variants(text: str) -> list[dict]:
-    """"a=1,b=2;c=0" -> [{"a": 1, "b": 2}, {"c": 0}], fields checked against GemvConfig."""
+    """Parse "a=1,b=2;c=0" -> [{"a": 1, "b": 2}, {"c": 0}], fields checked against GemvConfig."""
     fields = {f.name: f.type for f in dataclasses.fields(G.GemvConfig)}
     out = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
@@ -30,7 +29,9 @@ def parse_variants(text: str) -> list[dict]:
             name, sep, value = item.partition("=")
             name = name.strip()
             if not sep or name not in fields:
-                raise SystemExit(f"--variants: {item!r} is not FIELD=INT with FIELD one of {sorted(fields)}")
+                raise SystemExit(
+                    f"--variants: {item!r} is not FIELD=INT with FIELD one of {sorted(fields)}"
+                )
             try:
                 v[name] = int(value)
             except ValueError:
@@ -43,7 +44,9 @@ def parse_variants(text: str) -> list[dict]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", required=True, help="';'-separated overrides, each 'field=int,...'")
+    ap.add_argument(
+        "--variants", required=True, help="';'-separated overrides, each 'field=int,...'"
+    )
     add_case_args(ap)
     ap.add_argument("--jsonl", help="also append one JSON line per timed case here")
     a = ap.parse_args()
@@ -53,21 +56,46 @@ def main():
         base = G.choose_config(qt, n, k, nt)
         for v in variants:
             cfg = dataclasses.replace(base, **v)
-            f = lambda x, w, cfg=cfg: G.gemv_int8(x, w, qtype=qt, n_out=n, config=cfg)  # noqa: E731
-            r = lambda x, w: G.gemv_int8_reference(x, w, qtype=qt, n_out=n)  # noqa: E731
+
+            def f(x, w, cfg=cfg, qt=qt, n=n):
+                return G.gemv_int8(x, w, qtype=qt, n_out=n, config=cfg)
+
+            def r(x, w, qt=qt, n=n):
+                return G.gemv_int8_reference(x, w, qtype=qt, n_out=n)
+
             tag = ",".join(f"{k}={val}" for k, val in v.items()) or "default"
             try:
                 res = KB.run_case(qt, n, k, nt, f, r, impl="gemv", reps=a.reps)
             except Exception as e:  # noqa: BLE001 - one failing lowering must not hide the rest
-                print(f"{tag:24s} {qt.name:5s} {n}x{k} nt={nt} FAILED {type(e).__name__}: {str(e)[:600]}", flush=True)
+                print(
+                    f"{tag:24s} {qt.name:5s} {n}x{k} nt={nt} FAILED {type(e).__name__}: "
+                    f"{str(e)[:600]}",
+                    flush=True,
+                )
                 continue
-            print(f"{tag:24s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} GB/s "
-                  f"err={res.rel_err:.1e} {cfg}", flush=True)
+            print(
+                f"{tag:24s} {qt.name:5s} {n:6d}x{k:6d} nt={nt} {res.us:8.2f} us {res.gbps:7.1f} "
+                f"GB/s err={res.rel_err:.1e} {cfg}",
+                flush=True,
+            )
             if a.jsonl:
                 with open(a.jsonl, "a") as fh:
-                    fh.write(json.dumps({"variant": tag, "qtype": qt.name, "n": n, "k": k, "nt": nt, "us": res.us,
-                                         "gbps": res.gbps, "rel_err": res.rel_err,
-                                         "config": dataclasses.asdict(cfg)}) + "\n")
+                    fh.write(
+                        json.dumps(
+                            {
+                                "variant": tag,
+                                "qtype": qt.name,
+                                "n": n,
+                                "k": k,
+                                "nt": nt,
+                                "us": res.us,
+                                "gbps": res.gbps,
+                                "rel_err": res.rel_err,
+                                "config": dataclasses.asdict(cfg),
+                            }
+                        )
+                        + "\n"
+                    )
 
 
 if __name__ == "__main__":

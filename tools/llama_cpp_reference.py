@@ -1,11 +1,13 @@
-"""Expected values from llama.cpp (llama-cpp-python on the CPU) for the family tests.
+r"""Expected values from llama.cpp (llama-cpp-python on the CPU) for the family tests.
 
 Run from the repository root with the package's venv; llama.cpp runs in its own venv as a
 subprocess (`--llama-python`, a python that can `import llama_cpp`), so nothing of llama.cpp is
 imported here or by the tests. The tests read only the JSON this writes (tests/data/llama_cpp/).
 
-    PYTHONPATH=. python tools/llama_cpp_reference.py real FILE.gguf --out tests/data/llama_cpp/smollm2.json
-    PYTHONPATH=. python tools/llama_cpp_reference.py synthetic qwen3-tiny:q8_0 --out tests/data/llama_cpp/qwen3.json
+    PYTHONPATH=. python tools/llama_cpp_reference.py real FILE.gguf \
+        --out tests/data/llama_cpp/smollm2.json
+    PYTHONPATH=. python tools/llama_cpp_reference.py synthetic qwen3-tiny:q8_0 \
+        --out tests/data/llama_cpp/qwen3.json
 
 real: for each prompt (plain text, or a user message through the file's chat template), the ids
 our tokenizer gives and the ids llama.cpp gives (they must agree), llama.cpp's 32 greedy tokens,
@@ -34,22 +36,53 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests import float64_reference  # noqa: E402
 
-CHAT_PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
-                "Explain photosynthesis in one sentence.", "List three prime numbers.",
-                "What is 12 times 7?", "Translate 'good morning' into Spanish.",
-                "Give me a tip for learning to code.", "What is the boiling point of water?",
-                "Name a famous painting.", "Why is the sky blue?", "Suggest a name for a cat.",
-                "How many legs does a spider have?", "What is the largest planet?", "Who wrote Hamlet?",
-                "Describe a rainbow in five words.", "What is the opposite of hot?", "Say hello in French.",
-                "What color is grass?", "Recommend a good book."]
-PLAIN_PROMPTS = ["The quick brown fox", "def fibonacci(n):\n    ", "Once upon a time, in a small village,",
-                 "The three laws of thermodynamics are", "import numpy as np\n\n"]
-TOKENIZER_TEXTS = ["Hello world", " Hello world", "Hello World!", "  leading spaces", "trailing   ",
-                   "numbers 1234567 and 3.14159", "don't won't I'm they're", "\n\n\ttabs\tand\nnewlines\n",
-                   "unicode: café naïve 東京 😀", "<|im_start|>user\nhi<|im_end|>\n", "a" * 40,
-                   "print('hello')  # comment", "x = [1, 2, 3]\nfor i in x:\n    print(i)"]
-LONG_TEXT = ("The river wound through the valley, past farms and mills, and each spring the water rose to meet "
-             "the old stone bridge.")
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in one sentence.",
+    "List three prime numbers.",
+    "What is 12 times 7?",
+    "Translate 'good morning' into Spanish.",
+    "Give me a tip for learning to code.",
+    "What is the boiling point of water?",
+    "Name a famous painting.",
+    "Why is the sky blue?",
+    "Suggest a name for a cat.",
+    "How many legs does a spider have?",
+    "What is the largest planet?",
+    "Who wrote Hamlet?",
+    "Describe a rainbow in five words.",
+    "What is the opposite of hot?",
+    "Say hello in French.",
+    "What color is grass?",
+    "Recommend a good book.",
+]
+PLAIN_PROMPTS = [
+    "The quick brown fox",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village,",
+    "The three laws of thermodynamics are",
+    "import numpy as np\n\n",
+]
+TOKENIZER_TEXTS = [
+    "Hello world",
+    " Hello world",
+    "Hello World!",
+    "  leading spaces",
+    "trailing   ",
+    "numbers 1234567 and 3.14159",
+    "don't won't I'm they're",
+    "\n\n\ttabs\tand\nnewlines\n",
+    "unicode: café naïve 東京 😀",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "a" * 40,
+    "print('hello')  # comment",
+    "x = [1, 2, 3]\nfor i in x:\n    print(i)",
+]
+LONG_TEXT = (
+    "The river wound through the valley, past farms and mills, and each spring the water rose to "
+    "meet the old stone bridge."
+)
 N_GREEDY = 32
 
 # Runs in the llama.cpp venv: read a job JSON, write logits (.npy) and tokens (JSON).
@@ -59,9 +92,10 @@ import numpy as np
 from llama_cpp import Llama
 job = json.load(open(sys.argv[1]))
 kv = {"type_k": 0, "type_v": 0} if job.get("f32_kv") else {}  # GGML_TYPE_F32 cache instead of f16
-llm = Llama(model_path=job["model"], n_ctx=job["n_ctx"], n_batch=job["n_ctx"], logits_all=True, n_threads=2,
-            verbose=False, seed=0, **kv)
-out = {"greedy": [], "tokenized": [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]}
+llm = Llama(model_path=job["model"], n_ctx=job["n_ctx"], n_batch=job["n_ctx"], logits_all=True,
+            n_threads=2, verbose=False, seed=0, **kv)
+tokenized = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]
+out = {"greedy": [], "tokenized": tokenized}
 for i, ids in enumerate(job["prompts"]):
     llm.reset()
     llm.eval(ids)
@@ -80,16 +114,32 @@ json.dump(out, open(f"{job['dir']}/out.json", "w"))
 """
 
 
-def run_llama_cpp(python: str, model: str, prompts: list[list[int]], texts: list[str], n_greedy: int, tmp: str,
-                  f32_kv: bool = False):
+def run_llama_cpp(
+    python: str,
+    model: str,
+    prompts: list[list[int]],
+    texts: list[str],
+    n_greedy: int,
+    tmp: str,
+    f32_kv: bool = False,
+):
     n_ctx = max(len(p) for p in prompts) + n_greedy + 8
-    job = {"model": model, "prompts": prompts, "texts": texts, "n_greedy": n_greedy, "dir": tmp,
-           "n_ctx": max(256, n_ctx), "f32_kv": f32_kv}
+    job = {
+        "model": model,
+        "prompts": prompts,
+        "texts": texts,
+        "n_greedy": n_greedy,
+        "dir": tmp,
+        "n_ctx": max(256, n_ctx),
+        "f32_kv": f32_kv,
+    }
     with open(os.path.join(tmp, "job.json"), "w") as f:
         json.dump(job, f)
     with open(os.path.join(tmp, "worker.py"), "w") as f:
         f.write(WORKER)
-    subprocess.run([python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")], check=True)
+    subprocess.run(
+        [python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")], check=True
+    )
     with open(os.path.join(tmp, "out.json")) as f:
         out = json.load(f)
     logits = [np.load(os.path.join(tmp, f"logits{i}.npy")) for i in range(len(prompts))]
@@ -105,8 +155,12 @@ def sha256(path: str) -> str:
 
 
 def llama_cpp_version(python: str) -> str:
-    return subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def real(args) -> dict:
@@ -116,7 +170,7 @@ def real(args) -> dict:
     gm = load_gguf(args.model)
     tok = Tokenizer.from_model(gm)
     prompts = []
-    for text in (CHAT_PROMPTS if args.chat else []):
+    for text in CHAT_PROMPTS if args.chat else []:
         rendered = tok.apply_chat_template([{"role": "user", "content": text}])
         ids = tok.encode(rendered, add_special=False)
         prompts.append({"text": text, "chat": True, "rendered": rendered, "ids": ids})
@@ -126,37 +180,61 @@ def real(args) -> dict:
     for text in plain:
         ids = tok.encode(text)
         if args.long_prompt and text is plain[-1]:
-            ids = ids[:args.long_prompt]
+            ids = ids[: args.long_prompt]
             text = tok.decode(ids[1:] if tok.add_bos else ids)
         prompts.append({"text": text, "chat": False, "rendered": text, "ids": ids})
     texts = [p["rendered"] for p in prompts] + TOKENIZER_TEXTS
     with tempfile.TemporaryDirectory() as tmp:
-        logits, out = run_llama_cpp(args.llama_python, args.model, [p["ids"] for p in prompts], texts, N_GREEDY, tmp)
-    for p, lg, greedy, margins, lcpp_ids in zip(prompts, logits, out["greedy"], out["margins"], out["tokenized"]):
+        logits, out = run_llama_cpp(
+            args.llama_python, args.model, [p["ids"] for p in prompts], texts, N_GREEDY, tmp
+        )
+    for p, lg, greedy, margins, lcpp_ids in zip(
+        prompts, logits, out["greedy"], out["margins"], out["tokenized"]
+    ):
         ref = float64_reference.forward(gm, p["ids"])
-        p["llama_cpp_ids_agree"] = lcpp_ids == p["ids"] or (tok.add_bos and lcpp_ids == p["ids"][1:])
+        p["llama_cpp_ids_agree"] = lcpp_ids == p["ids"] or (
+            tok.add_bos and lcpp_ids == p["ids"][1:]
+        )
         p["greedy"] = greedy
         p["greedy_margins"] = margins  # llama.cpp's top-1 minus top-2 logit at each greedy step
         p["llama_cpp_f64_distance"] = float(np.max(np.abs(lg - ref)))
         p["llama_cpp_argmax_equals_f64"] = bool((lg.argmax(-1) == ref.argmax(-1)).all())
-        print(f"{p['text'][:40]!r}: ids agree {p['llama_cpp_ids_agree']}, |llama.cpp - f64| "
-              f"{p['llama_cpp_f64_distance']:.3g}, greedy {tok.decode(greedy)[:60]!r}")
-    if args.f32_copy:  # the same weights dequantized to F32, f32 KV cache: llama.cpp's math without its rounding
+        print(
+            f"{p['text'][:40]!r}: ids agree {p['llama_cpp_ids_agree']}, |llama.cpp - f64| "
+            f"{p['llama_cpp_f64_distance']:.3g}, greedy {tok.decode(greedy)[:60]!r}"
+        )
+    if (
+        args.f32_copy
+    ):  # the same weights in F32, f32 KV cache: llama.cpp's math without its rounding
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "f32.gguf")
             write_f32_copy(gm, path)
-            f32_logits, f32_out = run_llama_cpp(args.llama_python, path, [p["ids"] for p in prompts], [], N_GREEDY,
-                                                tmp, f32_kv=True)
-        for p, lg, greedy, margins in zip(prompts, f32_logits, f32_out["greedy"], f32_out["margins"]):
+            f32_logits, f32_out = run_llama_cpp(
+                args.llama_python, path, [p["ids"] for p in prompts], [], N_GREEDY, tmp, f32_kv=True
+            )
+        for p, lg, greedy, margins in zip(
+            prompts, f32_logits, f32_out["greedy"], f32_out["margins"]
+        ):
             p["f32_copy_greedy"], p["f32_copy_greedy_margins"] = greedy, margins
             ref = float64_reference.forward(gm, p["ids"])
             d = np.max(np.abs(lg - ref), axis=-1)
             p["llama_cpp_f32_copy_f64_distance"] = float(d.max())
             p["llama_cpp_f32_copy_f64_distance_median"] = float(np.median(d))
-            print(f"{p['text'][:40]!r}: F32 copy |llama.cpp - f64| max {d.max():.3g}, median {np.median(d):.3g}")
-    tokenizer = [{"text": t, "ids": ids} for t, ids in zip(TOKENIZER_TEXTS, out["tokenized"][len(prompts):])]
-    return {"file": os.path.basename(args.model), "size": os.path.getsize(args.model), "sha256": sha256(args.model),
-            "n_greedy": N_GREEDY, "prompts": prompts, "tokenizer": tokenizer}
+            print(
+                f"{p['text'][:40]!r}: F32 copy |llama.cpp - f64| max {d.max():.3g}, "
+                f"median {np.median(d):.3g}"
+            )
+    tokenizer = [
+        {"text": t, "ids": ids} for t, ids in zip(TOKENIZER_TEXTS, out["tokenized"][len(prompts) :])
+    ]
+    return {
+        "file": os.path.basename(args.model),
+        "size": os.path.getsize(args.model),
+        "sha256": sha256(args.model),
+        "n_greedy": N_GREEDY,
+        "prompts": prompts,
+        "tokenizer": tokenizer,
+    }
 
 
 def write_f32_copy(gm, path: str) -> None:
@@ -168,8 +246,15 @@ def write_f32_copy(gm, path: str) -> None:
     from minfer_jax.files.gguf import QType, RawTensor
     from minfer_jax.files.synthetic import write_gguf
 
-    tensors = {n: RawTensor(n, QType.F32, t.shape, dequantize(np.asarray(t.data), t.qtype).reshape(t.shape)
-                            .astype(np.float32)) for n, t in gm.tensors.items()}
+    tensors = {
+        n: RawTensor(
+            n,
+            QType.F32,
+            t.shape,
+            dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float32),
+        )
+        for n, t in gm.tensors.items()
+    }
     tok = {k: v for k, v in gm.metadata.items() if k.startswith("tokenizer.")}
     tok.setdefault("tokenizer.ggml.merges", [])
     tok.setdefault("tokenizer.ggml.padding_token_id", tok.get("tokenizer.ggml.eos_token_id", 0))
@@ -186,35 +271,61 @@ def synthetic(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.gguf")
         write_gguf(gm, path, progress=False)
-        logits, out = run_llama_cpp(args.llama_python, path, prompts, [], 0, tmp, f32_kv=args.f32_kv)
+        logits, out = run_llama_cpp(
+            args.llama_python, path, prompts, [], 0, tmp, f32_kv=args.f32_kv
+        )
     rows = []
     for ids, lg in zip(prompts, logits):
         ref = float64_reference.forward(gm, ids)
         top2 = np.sort(lg, axis=-1)[:, -2:]
-        rows.append({"ids": ids, "argmax": lg.argmax(-1).tolist(), "margin": (top2[:, 1] - top2[:, 0]).tolist(),
-                     "llama_cpp_f64_distance": float(np.max(np.abs(lg - ref))),
-                     "f64_argmax_equal": int((lg.argmax(-1) == ref.argmax(-1)).sum())})
-        print(f"{len(ids)} tokens: |llama.cpp - f64| {rows[-1]['llama_cpp_f64_distance']:.3g}, llama.cpp argmax = f64 "
-              f"argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min margin {min(rows[-1]['margin']):.3g}")
+        rows.append(
+            {
+                "ids": ids,
+                "argmax": lg.argmax(-1).tolist(),
+                "margin": (top2[:, 1] - top2[:, 0]).tolist(),
+                "llama_cpp_f64_distance": float(np.max(np.abs(lg - ref))),
+                "f64_argmax_equal": int((lg.argmax(-1) == ref.argmax(-1)).sum()),
+            }
+        )
+        print(
+            f"{len(ids)} tokens: |llama.cpp - f64| {rows[-1]['llama_cpp_f64_distance']:.3g}, "
+            f"llama.cpp argmax = f64 argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min "
+            f"margin {min(rows[-1]['margin']):.3g}"
+        )
     return {"spec": args.spec, "seed": args.seed, "f32_kv": args.f32_kv, "prompts": rows}
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-python", default="/tmp/lcpp-venv/bin/python", help="a python with llama_cpp installed")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--llama-python",
+        default="/tmp/lcpp-venv/bin/python",
+        help="a python with llama_cpp installed",
+    )
     ap.add_argument("--out", required=True)
     sub = ap.add_subparsers(dest="kind", required=True)
     r = sub.add_parser("real")
     r.add_argument("model")
-    r.add_argument("--no-chat", dest="chat", action="store_false", help="plain prompts only (base models)")
-    r.add_argument("--long-prompt", type=int, default=0, metavar="N", help="one more prompt of N tokens")
-    r.add_argument("--f32-copy", action="store_true",
-                   help="also run llama.cpp on an F32 copy (f32 KV cache) and record its float64 distance")
+    r.add_argument(
+        "--no-chat", dest="chat", action="store_false", help="plain prompts only (base models)"
+    )
+    r.add_argument(
+        "--long-prompt", type=int, default=0, metavar="N", help="one more prompt of N tokens"
+    )
+    r.add_argument(
+        "--f32-copy",
+        action="store_true",
+        help="also run llama.cpp on an F32 copy (f32 KV cache) and record its float64 distance",
+    )
     s = sub.add_parser("synthetic")
     s.add_argument("spec")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--lengths", default="16,64,200,600")
-    s.add_argument("--f32-kv", action="store_true", help="llama.cpp's KV cache in f32 (default f16)")
+    s.add_argument(
+        "--f32-kv", action="store_true", help="llama.cpp's KV cache in f32 (default f16)"
+    )
     args = ap.parse_args(argv)
     result = real(args) if args.kind == "real" else synthetic(args)
     result["llama_cpp_python"] = llama_cpp_version(args.llama_python)

@@ -1,4 +1,5 @@
-"""Fold Nsight Compute's per-instruction SASS table into one row per opcode (not part of the package).
+"""Fold Nsight Compute's per-instruction SASS table into one row per opcode
+(not part of the package).
 
 usage: ncu -i REPORT.ncu-rep --page source --print-source sass --csv > sass.csv
        python tools/ncu_sass_summary.py sass.csv [--top 25]
@@ -31,7 +32,9 @@ def _opcode(src: str) -> str:
 
 def summarize(text: str, top: int) -> str:
     lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if '"Source"' in ln or ln.startswith("Address")), None)
+    start = next(
+        (i for i, ln in enumerate(lines) if '"Source"' in ln or ln.startswith("Address")), None
+    )
     if start is None:
         return "no SASS table found; first lines:\n" + "\n".join(lines[:20])
     rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
@@ -48,10 +51,15 @@ def summarize(text: str, top: int) -> str:
                 agg[op][c] += v
     key = next((c for c in cols if "Samples" in c), cols[0] if cols else "static")
     total = {c: sum(a[c] for a in agg.values()) or 1 for c in ["static", *cols]}
-    out = [f"columns: {cols}", f"{'opcode':12s} {'static':>7s} " + " ".join(f"{c[:28]:>30s}" for c in cols)]
+    out = [
+        f"columns: {cols}",
+        f"{'opcode':12s} {'static':>7s} " + " ".join(f"{c[:28]:>30s}" for c in cols),
+    ]
     for op, a in sorted(agg.items(), key=lambda kv: -kv[1][key])[:top]:
-        out.append(f"{op:12s} {a['static']:7.0f} " + " ".join(f"{a[c]:14.0f} ({100 * a[c] / total[c]:5.1f}%)      "
-                                                         for c in cols))
+        out.append(
+            f"{op:12s} {a['static']:7.0f} "
+            + " ".join(f"{a[c]:14.0f} ({100 * a[c] / total[c]:5.1f}%)      " for c in cols)
+        )
     return "\n".join(out)
 
 

@@ -22,11 +22,18 @@ def run(spec: str, tp: int, pp: int, tg: int, layers: int | None) -> dict:
     gm = synthetic_model(spec, layers=layers)
     model = minfer_jax.load(gguf_model=gm, ctx_size=pp + tg + 64, tensor_parallel=tp)
     prompt = [(7 * i + 3) % gm.config.vocab_size for i in range(pp)]
-    warm = [(7 * i + 4) % gm.config.vocab_size for i in range(pp)]  # no shared prefix: timed without reuse
+    warm = [
+        (7 * i + 4) % gm.config.vocab_size for i in range(pp)
+    ]  # no shared prefix: timed without reuse
     minfer_jax.generate(model, warm, max_new_tokens=tg)  # compile
     res = minfer_jax.generate(model, prompt, max_new_tokens=tg)
-    return {"tp": tp, "pp_tps": res.prefill_tps, "tg_tps": res.decode_tps, "tokens": res.tokens,
-            "weight_gib": model.weight_nbytes / 2**30}
+    return {
+        "tp": tp,
+        "pp_tps": res.prefill_tps,
+        "tg_tps": res.decode_tps,
+        "tokens": res.tokens,
+        "weight_gib": model.weight_nbytes / 2**30,
+    }
 
 
 def main(argv=None) -> int:
@@ -40,13 +47,19 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     rows = [run(a.model, tp, a.pp, a.tg, a.layers) for tp in a.tp]
     base = rows[0]
-    lines = [f"{a.model}, {len(jax.devices())} x {jax.devices()[0].device_kind}, pp{a.pp} / tg{a.tg}", "",
-             "| TP | pp t/s | tg t/s | tg scaling eff. | weights GiB (all shards) | tokens == TP %d |" % base["tp"],
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"{a.model}, {len(jax.devices())} x {jax.devices()[0].device_kind}, pp{a.pp} / tg{a.tg}",
+        "",
+        "| TP | pp t/s | tg t/s | tg scaling eff. | weights GiB (all shards) "
+        f"| tokens == TP {base['tp']} |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         eff = r["tg_tps"] / (r["tp"] / base["tp"] * base["tg_tps"])
-        lines.append(f"| {r['tp']} | {r['pp_tps']:.0f} | {r['tg_tps']:.1f} | {eff:.2f} | {r['weight_gib']:.2f} | "
-                     f"{r['tokens'] == base['tokens']} |")
+        lines.append(
+            f"| {r['tp']} | {r['pp_tps']:.0f} | {r['tg_tps']:.1f} | {eff:.2f} | "
+            f"{r['weight_gib']:.2f} | {r['tokens'] == base['tokens']} |"
+        )
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(a.out + ".json", "w") as f:

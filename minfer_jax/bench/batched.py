@@ -1,4 +1,5 @@
-"""llama-batched-bench's mode: B sequences of PP prompt tokens each, then TG tokens decoded together.
+"""llama-batched-bench's mode: B sequences of PP prompt tokens each, then TG tokens decoded
+together.
 
 Columns as llama-batched-bench prints them: PP TG B N_KV T_PP S_PP T_TG S_TG T S (T_PP: all B
 prompts prefilled, one after another in the plan's chunks; T_TG: one decode executable of TG steps
@@ -15,14 +16,22 @@ COLUMNS = ("PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", 
 
 
 def md_header() -> str:
-    return ("| " + " | ".join(f"{c:>9}" for c in COLUMNS) + " |\n"
-            "|" + "|".join("-" * 10 + ":" for _ in COLUMNS) + "|")
+    return (
+        "| " + " | ".join(f"{c:>9}" for c in COLUMNS) + " |\n"
+        "|" + "|".join("-" * 10 + ":" for _ in COLUMNS) + "|"
+    )
 
 
 def md_row(row: dict) -> str:
     def cell(c):
         v = row[c]
-        return f"{v:>9d}" if isinstance(v, int) else f"{v:>9.3f}" if c.startswith("T") else f"{v:>9.2f}"
+        return (
+            f"{v:>9d}"
+            if isinstance(v, int)
+            else f"{v:>9.3f}"
+            if c.startswith("T")
+            else f"{v:>9.2f}"
+        )
 
     return "| " + " | ".join(cell(c) for c in COLUMNS) + " |"
 

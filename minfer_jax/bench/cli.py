@@ -19,7 +19,12 @@ from collections.abc import Callable, Iterable, Sequence
 from minfer_jax import ops, validate
 from minfer_jax.bench.env import Env, ensure_mem_bw, header_line, make_env
 from minfer_jax.bench.fields import KERNEL_FIELDS, MODEL_FIELDS, OUTPUT_FORMATS, model_type
-from minfer_jax.bench.kernel_cases import KernelCase, ggml_cases, model_matmul_cases, run_kernel_case
+from minfer_jax.bench.kernel_cases import (
+    KernelCase,
+    ggml_cases,
+    model_matmul_cases,
+    run_kernel_case,
+)
 from minfer_jax.bench.model_tests import ModelBench, ModelSource, TestSpec, build_tests, context_for
 from minfer_jax.bench.parsing import BenchError, parse_int_range, parse_pg, parse_shapes
 from minfer_jax.bench.printers import Outputs, kernel_md_columns, model_md_columns, open_outputs
@@ -34,17 +39,18 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="bench.py",
-        description="minfer_jax benchmark: llama-bench compatible model tests (ppN, tgN, ppN+tgM) and "
-                    "per-shape kernel timings (--kernels). Timing is taken around compiled executables after "
-                    "a warm-up run; see minfer_jax/bench/ for the exact definitions.",
-        epilog="Multiple values can be given as comma lists or ranges (first-last, first-last+step, "
-               "first-last*mult), as in llama-bench. Examples:\n"
-               "  bench.py -m model.gguf -p 512 -n 128 -r 5\n"
-               "  bench.py --synthetic qwen2.5-7b:q4_k_m -p 512 -n 128 -o md --out rows.json\n"
-               "  bench.py --synthetic qwen2.5-0.5b:q4_k_m --write-gguf /tmp/s.gguf\n"
-               "  bench.py --ggml-shapes\n"
-               "  bench.py --kernels --synthetic qwen2.5-7b:q4_k_m --nt 1,512\n"
-               "  bench.py --shapes q4_k:4096x14336,q8_0:4096x14336 --nt 1,8,512",
+        description="minfer_jax benchmark: llama-bench compatible model tests (ppN, tgN, ppN+tgM) "
+        "and per-shape kernel timings (--kernels). Timing is taken around compiled "
+        "executables after a warm-up run; see minfer_jax/bench/ for the exact "
+        "definitions.",
+        epilog="Multiple values can be given as comma lists or ranges (first-last, "
+        "first-last+step, first-last*mult), as in llama-bench. Examples:\n"
+        "  bench.py -m model.gguf -p 512 -n 128 -r 5\n"
+        "  bench.py --synthetic qwen2.5-7b:q4_k_m -p 512 -n 128 -o md --out rows.json\n"
+        "  bench.py --synthetic qwen2.5-0.5b:q4_k_m --write-gguf /tmp/s.gguf\n"
+        "  bench.py --ggml-shapes\n"
+        "  bench.py --kernels --synthetic qwen2.5-7b:q4_k_m --nt 1,512\n"
+        "  bench.py --shapes q4_k:4096x14336,q8_0:4096x14336 --nt 1,8,512",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _model_args(p.add_argument_group("model"))
@@ -58,106 +64,288 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _model_args(g) -> None:
-    g.add_argument("-m", "--model", action="append", default=[], metavar="FILE",
-                   help="GGUF model path (or 'default', or hf:<repo>:<file>); comma list or repeated")
-    g.add_argument("--synthetic", action="append", default=[], metavar="SPEC",
-                   help="in-memory random-weight model '<config>:<ftype>' (configs: qwen2.5-0.5b, -1.5b, -3b, -7b, "
-                        "-14b; ftypes: q4_k_m, q4_0, q8_0, q6_k, ...); comma list or repeated")
-    g.add_argument("--layers", type=int, default=None, metavar="N",
-                   help="synthetic models only: override the layer count (quick runs)")
-    g.add_argument("--seed", type=int, default=0, help="seed of synthetic weights, random token ids and kernel inputs (default: 0)")
-    g.add_argument("--write-gguf", default=None, metavar="PATH",
-                   help="write the (single) synthetic model as a GGUF file for llama.cpp, then exit; "
-                        "with -p/-n/-pg given explicitly, also run the benchmark")
+    g.add_argument(
+        "-m",
+        "--model",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="GGUF model path (or 'default', or hf:<repo>:<file>); comma list or repeated",
+    )
+    g.add_argument(
+        "--synthetic",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="in-memory random-weight model '<config>:<ftype>' (configs: qwen2.5-0.5b, -1.5b, "
+        "-3b, -7b, -14b; ftypes: q4_k_m, q4_0, q8_0, q6_k, ...); comma list or repeated",
+    )
+    g.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="synthetic models only: override the layer count (quick runs)",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of synthetic weights, random token ids and kernel inputs (default: 0)",
+    )
+    g.add_argument(
+        "--write-gguf",
+        default=None,
+        metavar="PATH",
+        help="write the (single) synthetic model as a GGUF file for llama.cpp, then exit; "
+        "with -p/-n/-pg given explicitly, also run the benchmark",
+    )
 
 
 def _test_args(g) -> None:
-    g.add_argument("-p", "--n-prompt", action="append", default=None, metavar="N",
-                   help="prompt sizes for ppN tests (default: 512)")
-    g.add_argument("-n", "--n-gen", action="append", default=None, metavar="N",
-                   help="generation lengths for tgN tests (default: 128)")
-    g.add_argument("-pg", action="append", default=[], metavar="PP,TG",
-                   help="prefill PP tokens then generate TG, timed together: test 'ppPP+tgTG', t/s = (PP+TG) / time; "
-                        "repeat the flag for several pairs")
-    g.add_argument("-d", "--n-depth", action="append", default=None, metavar="N",
-                   help="tokens already in the cache before each timed test, filled untimed (list; default 0)")
-    g.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
-                   help="prefill chunk: tokens per prefill executable, a power of two (default: the platform's)")
-    g.add_argument("-r", "--repetitions", type=int, default=None, metavar="N",
-                   help="timed runs per test (kernel mode: timed trials per case; --startup: cold + warm process "
-                        "pairs) (default: 5; --startup: 1)")
-    g.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
-                   help="KV cache length for every test (default: smallest power of two >= prompt + gen)")
-    g.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each test/case")
+    g.add_argument(
+        "-p",
+        "--n-prompt",
+        action="append",
+        default=None,
+        metavar="N",
+        help="prompt sizes for ppN tests (default: 512)",
+    )
+    g.add_argument(
+        "-n",
+        "--n-gen",
+        action="append",
+        default=None,
+        metavar="N",
+        help="generation lengths for tgN tests (default: 128)",
+    )
+    g.add_argument(
+        "-pg",
+        action="append",
+        default=[],
+        metavar="PP,TG",
+        help="prefill PP tokens then generate TG, timed together: test 'ppPP+tgTG', t/s = (PP+TG) "
+        "/ time; repeat the flag for several pairs",
+    )
+    g.add_argument(
+        "-d",
+        "--n-depth",
+        action="append",
+        default=None,
+        metavar="N",
+        help="tokens already in the cache before each timed test, filled untimed (list; default 0)",
+    )
+    g.add_argument(
+        "-ub",
+        "--ubatch-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prefill chunk: tokens per prefill executable, a power of two (default: the "
+        "platform's)",
+    )
+    g.add_argument(
+        "-r",
+        "--repetitions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="timed runs per test (kernel mode: timed trials per case; --startup: cold + warm "
+        "process pairs) (default: 5; --startup: 1)",
+    )
+    g.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV cache length for every test (default: smallest power of two >= prompt + gen)",
+    )
+    g.add_argument(
+        "--no-warmup", action="store_true", help="skip the untimed warm-up run of each test/case"
+    )
 
 
 def _execution_args(g) -> None:
-    g.add_argument("--kernel-impl", choices=ops.KERNELS.names, default=None,
-                   help=f"matmul implementation: {ops.KERNELS.describe()}. Default: pallas on GPU, xla elsewhere")
-    g.add_argument("--gemm", choices=ops.GEMMS.names, default="auto",
-                   help=f"GEMM variant past {ops.GEMV_MAX_NT} tokens for block formats (default auto): "
-                        f"{ops.GEMMS.describe()}")
-    g.add_argument("--weights", choices=validate.LOAD_WEIGHT_MODES, default=None,
-                   help="model mode: weight storage on the device (default: quantized for pallas/interpret, dense "
-                        "for xla, as minfer_jax.load)")
-    g.add_argument("--no-compile-cache", action="store_true",
-                   help="disable JAX's persistent compilation cache (compile times then always mean a fresh compile)")
-    g.add_argument("--mem-bw", default="auto", metavar="auto|measure|none|GBPS",
-                   help="device memory bandwidth for '%% bw': auto = table (H200: 4200 GB/s) else measured with a "
-                        "jitted jnp.sum over a large f32 array; or a number in GB/s; or none (default: auto)")
+    g.add_argument(
+        "--kernel-impl",
+        choices=ops.KERNELS.names,
+        default=None,
+        help=f"matmul implementation: {ops.KERNELS.describe()}. Default: pallas on GPU, xla "
+        "elsewhere",
+    )
+    g.add_argument(
+        "--gemm",
+        choices=ops.GEMMS.names,
+        default="auto",
+        help=f"GEMM variant past {ops.GEMV_MAX_NT} tokens for block formats (default auto): "
+        f"{ops.GEMMS.describe()}",
+    )
+    g.add_argument(
+        "--weights",
+        choices=validate.LOAD_WEIGHT_MODES,
+        default=None,
+        help="model mode: weight storage on the device (default: quantized for pallas/interpret, "
+        "dense for xla, as minfer_jax.load)",
+    )
+    g.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="disable JAX's persistent compilation cache (compile times then always mean a fresh "
+        "compile)",
+    )
+    g.add_argument(
+        "--mem-bw",
+        default="auto",
+        metavar="auto|measure|none|GBPS",
+        help="device memory bandwidth for '%% bw': auto = table (H200: 4200 GB/s) else measured "
+        "with a jitted jnp.sum over a large f32 array; or a number in GB/s; or none "
+        "(default: auto)",
+    )
 
 
 def _kernel_args(g) -> None:
-    g.add_argument("--kernels", action="store_true",
-                   help="time each distinct (type, out, in) matmul the model(s) run (fused q/k/v and gate/up as "
-                        "loaded) instead of whole-model tests")
-    g.add_argument("--shapes", default=None, metavar="LIST",
-                   help="explicit kernel cases TYPE:OUTxIN, comma separated, e.g. q4_k:4096x14336,q8_0:4096x14336")
-    g.add_argument("--ggml-shapes", action="store_true",
-                   help="the cases of PERF_TARGETS.md's ggml table (Q4_0/Q5_0/Q8_0/Q4_K/Q6_K 4096x14336, Q4_K "
-                        "4096x4096 and 14336x4096; nt 1, and 8/512 where ggml lists them), with ggml's times")
-    g.add_argument("--nt", default=None, metavar="LIST",
-                   help="token counts per kernel case (default: 1,512; --ggml-shapes: ggml's own)")
-    g.add_argument("--kernel-reps", type=int, default=None, metavar="N",
-                   help="matmul calls unrolled in one timed executable, each on its own weight copy; per-call "
-                        "time = the executable's span on the device timeline / N (default: up to 40, "
-                        "fewer for big matrices)")
+    g.add_argument(
+        "--kernels",
+        action="store_true",
+        help="time each distinct (type, out, in) matmul the model(s) run (fused q/k/v and gate/up "
+        "as loaded) instead of whole-model tests",
+    )
+    g.add_argument(
+        "--shapes",
+        default=None,
+        metavar="LIST",
+        help="explicit kernel cases TYPE:OUTxIN, comma separated, e.g. "
+        "q4_k:4096x14336,q8_0:4096x14336",
+    )
+    g.add_argument(
+        "--ggml-shapes",
+        action="store_true",
+        help="the cases of ggml's MUL_MAT table (Q4_0/Q5_0/Q8_0/Q4_K/Q6_K 4096x14336, Q4_K "
+        "4096x4096 and 14336x4096; nt 1, and 8/512 where ggml lists them), with ggml's times",
+    )
+    g.add_argument(
+        "--nt",
+        default=None,
+        metavar="LIST",
+        help="token counts per kernel case (default: 1,512; --ggml-shapes: ggml's own)",
+    )
+    g.add_argument(
+        "--kernel-reps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="matmul calls unrolled in one timed executable, each on its own weight copy; per-call "
+        "time = the executable's span on the device timeline / N (default: up to 40, "
+        "fewer for big matrices)",
+    )
 
 
 def _batched_args(g) -> None:
-    g.add_argument("--batched", action="store_true",
-                   help="llama-batched-bench's table: B sequences of -npp prompt tokens, -ntg decoded together")
-    g.add_argument("-npp", action="append", default=None, metavar="N", help="prompt tokens per sequence (default 512)")
-    g.add_argument("-ntg", action="append", default=None, metavar="N", help="tokens generated per sequence (default 128)")
-    g.add_argument("-npl", action="append", default=None, metavar="B",
-                   help="sequences decoded at once, a list (default 1,2,4,8,16,32)")
+    g.add_argument(
+        "--batched",
+        action="store_true",
+        help="llama-batched-bench's table: B sequences of -npp prompt tokens, -ntg decoded "
+        "together",
+    )
+    g.add_argument(
+        "-npp",
+        action="append",
+        default=None,
+        metavar="N",
+        help="prompt tokens per sequence (default 512)",
+    )
+    g.add_argument(
+        "-ntg",
+        action="append",
+        default=None,
+        metavar="N",
+        help="tokens generated per sequence (default 128)",
+    )
+    g.add_argument(
+        "-npl",
+        action="append",
+        default=None,
+        metavar="B",
+        help="sequences decoded at once, a list (default 1,2,4,8,16,32)",
+    )
 
 
 def _startup_args(g) -> None:
-    g.add_argument("--startup", action="store_true",
-                   help="time fresh processes phase by phase, cold (empty cache directories) then warm: the CLI's "
-                        "run command until its first text, or with --server the server until /health is 200; "
-                        "-m MODEL (default: the built-in model) or --synthetic SPEC, -n tokens (default 64)")
-    g.add_argument("--server", action="store_true", help="--startup: time `python -m minfer_jax.server` instead")
-    g.add_argument("-np", "--parallel", type=int, default=1, metavar="N", help="--startup --server: slots (-np)")
-    g.add_argument("--startup-timeout", type=float, default=1200.0, metavar="S",
-                   help="--startup: give up on a process after S seconds (default 1200)")
-    g.add_argument("--startup-dir", default=None, metavar="DIR",
-                   help="--startup: where the runs' cache directories go (default: the system's temp directory)")
-    g.add_argument("--startup-keep", action="store_true", help="--startup: keep the cache directories afterwards")
-    g.add_argument("--startup-runs", choices=("both", "cold", "warm"), default="both",
-                   help="--startup: which runs, each repetition (default both: cold, then warm on its caches)")
-    g.add_argument("--startup-cache", default=None, metavar="DIR",
-                   help="--startup: use and keep this cache directory (a cold run needs it empty), e.g. to time "
-                        "cold and warm in two invocations; synthetic models are written under DIR/models")
+    g.add_argument(
+        "--startup",
+        action="store_true",
+        help="time fresh processes phase by phase, cold (empty cache directories) then warm: the "
+        "CLI's run command until its first text, or with --server the server until /health "
+        "is 200; -m MODEL (default: the built-in model) or --synthetic SPEC, -n tokens "
+        "(default 64)",
+    )
+    g.add_argument(
+        "--server",
+        action="store_true",
+        help="--startup: time `python -m minfer_jax.server` instead",
+    )
+    g.add_argument(
+        "-np",
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="--startup --server: slots (-np)",
+    )
+    g.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=1200.0,
+        metavar="S",
+        help="--startup: give up on a process after S seconds (default 1200)",
+    )
+    g.add_argument(
+        "--startup-dir",
+        default=None,
+        metavar="DIR",
+        help="--startup: where the runs' cache directories go (default: the system's temp "
+        "directory)",
+    )
+    g.add_argument(
+        "--startup-keep",
+        action="store_true",
+        help="--startup: keep the cache directories afterwards",
+    )
+    g.add_argument(
+        "--startup-runs",
+        choices=("both", "cold", "warm"),
+        default="both",
+        help="--startup: which runs, each repetition (default both: cold, then warm on its caches)",
+    )
+    g.add_argument(
+        "--startup-cache",
+        default=None,
+        metavar="DIR",
+        help="--startup: use and keep this cache directory (a cold run needs it empty), e.g. to "
+        "time cold and warm in two invocations; synthetic models are written under DIR/models",
+    )
 
 
 def _output_args(g) -> None:
-    g.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="md",
-                   help="format printed to stdout (default: md)")
-    g.add_argument("--out", action="append", default=[], metavar="FILE",
-                   help="also write to FILE; format from its extension (.md .csv .json .jsonl), else -o; repeatable")
-    g.add_argument("--progress", action="store_true", help="print progress (compiles, runs) to stderr")
+    g.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default="md",
+        help="format printed to stdout (default: md)",
+    )
+    g.add_argument(
+        "--out",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also write to FILE; format from its extension (.md .csv .json .jsonl), else -o; "
+        "repeatable",
+    )
+    g.add_argument(
+        "--progress", action="store_true", help="print progress (compiles, runs) to stderr"
+    )
 
 
 def _split_list(values: Iterable[str]) -> list[str]:
@@ -252,10 +440,15 @@ def _request(args) -> _Request:
     depths = _int_lists(args.n_depth, [0], "-d")
     if any(d < 0 for d in depths):
         raise BenchError("-d values must be >= 0")
-    req = _Request(models=_split_list(args.model), synths=_split_list(args.synthetic), shapes=shapes,
-                   kernel_mode=args.kernels or bool(shapes) or args.ggml_shapes, nts=nts,
-                   tests=build_tests(prompts, gens, pgs, depths),
-                   explicit_tests=args.n_prompt is not None or args.n_gen is not None or bool(args.pg))
+    req = _Request(
+        models=_split_list(args.model),
+        synths=_split_list(args.synthetic),
+        shapes=shapes,
+        kernel_mode=args.kernels or bool(shapes) or args.ggml_shapes,
+        nts=nts,
+        tests=build_tests(prompts, gens, pgs, depths),
+        explicit_tests=args.n_prompt is not None or args.n_gen is not None or bool(args.pg),
+    )
     _check_inputs(args, req)
     return req
 
@@ -273,14 +466,23 @@ def _check_inputs(args, req: _Request) -> None:
         raise BenchError("--write-gguf cannot be combined with kernel mode")
     if req.kernel_mode:
         if args.kernels and not (req.models or req.synths or req.shapes or args.ggml_shapes):
-            raise BenchError("--kernels needs -m MODEL, --synthetic SPEC, --shapes LIST or --ggml-shapes")
+            raise BenchError(
+                "--kernels needs -m MODEL, --synthetic SPEC, --shapes LIST or --ggml-shapes"
+            )
     elif not (req.models or req.synths):
-        raise BenchError("give -m MODEL or --synthetic SPEC (or --kernels/--shapes/--ggml-shapes for kernel mode)")
+        raise BenchError(
+            "give -m MODEL or --synthetic SPEC (or --kernels/--shapes/--ggml-shapes for kernel "
+            "mode)"
+        )
     if not req.kernel_mode and not req.tests and not args.write_gguf:
         raise BenchError("no tests: every -p/-n/-pg value is 0")
     if not req.kernel_mode:
-        limits = [SYNTHETIC_CONFIGS[parse_spec(s)[0]].context_length for s in req.synths] or [1 << 62]
-        for t in req.tests:  # N > context -> exit 2 before loading anything (files: checked after reading them)
+        limits = [SYNTHETIC_CONFIGS[parse_spec(s)[0]].context_length for s in req.synths] or [
+            1 << 62
+        ]
+        for t in (
+            req.tests
+        ):  # N > context -> exit 2 before loading anything (files: checked after reading them)
             context_for(t, args.ctx_size, min(limits))
 
 
@@ -289,8 +491,10 @@ def _kernel_impl(args) -> str:
     import jax
 
     if impl == "pallas" and jax.default_backend() != "gpu":
-        raise BenchError(f"--kernel-impl pallas needs a GPU (backend here: {jax.default_backend()}); "
-                         "use interpret or xla")
+        raise BenchError(
+            f"--kernel-impl pallas needs a GPU (backend here: {jax.default_backend()}); "
+            "use interpret or xla"
+        )
     return impl
 
 
@@ -300,10 +504,18 @@ def _main(argv: list[str]) -> int:
     if args.startup:
         from minfer_jax.bench import startup
 
-        log = (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)) if args.progress else (lambda s: None)
+        log = (
+            (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True))
+            if args.progress
+            else (lambda s: None)
+        )
         return startup.run(args, log)
     req = _request(args)
-    log = (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)) if args.progress else (lambda s: None)
+    log = (
+        (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True))
+        if args.progress
+        else (lambda s: None)
+    )
     if args.no_compile_cache:
         from minfer_jax.engine.runtime import COMPILATION_CACHE_ENV
 
@@ -330,7 +542,10 @@ def _write_gguf(args, spec: str) -> dict[tuple[str, str], ModelSource]:
     src = _load_source("synthetic", spec, args.layers, args.seed, args.progress)
     write_gguf(src.gguf, args.write_gguf, progress=args.progress)
     size = os.path.getsize(args.write_gguf)
-    print(f"wrote {src.label} ({model_type(src.gguf)}) to {args.write_gguf} ({size} bytes)", file=sys.stderr)
+    print(
+        f"wrote {src.label} ({model_type(src.gguf)}) to {args.write_gguf} ({size} bytes)",
+        file=sys.stderr,
+    )
     return {("synthetic", spec): src}
 
 
@@ -345,6 +560,7 @@ def _report_failure(what: str, e: Exception) -> None:
 
 
 # ---- kernel mode ---------------------------------------------------------------------------
+
 
 def _kernel_cases(args, req: _Request) -> list[KernelCase]:
     """--ggml-shapes, then --shapes, then every synthetic model's and model file's matmuls."""
@@ -364,9 +580,13 @@ def _kernel_cases(args, req: _Request) -> list[KernelCase]:
         from minfer_jax.files.model_source import resolve_model
 
         gm = load_gguf(resolve_model(m, progress=args.progress))
-        cases += model_matmul_cases({n: t.qtype for n, t in gm.tensors.items()},
-                                    {n: t.shape for n, t in gm.tensors.items()}, gm.config.tied_output,
-                                    default_nts, m)
+        cases += model_matmul_cases(
+            {n: t.qtype for n, t in gm.tensors.items()},
+            {n: t.shape for n, t in gm.tensors.items()},
+            gm.config.tied_output,
+            default_nts,
+            m,
+        )
     return cases
 
 
@@ -376,16 +596,32 @@ def _run_kernels(args, req: _Request, env: Env, impl: str, log: Callable[[str], 
     cases = _kernel_cases(args, req)
     if any(nt <= ops.GEMV_MAX_NT for c in cases for nt in c.nts):
         ensure_mem_bw(env)
-    out = open_outputs(args.output, args.out, KERNEL_FIELDS, kernel_md_columns(env), ("samples_us",),
-                       header_line(env, "kernels", impl), footer=_footer(env))
+    out = open_outputs(
+        args.output,
+        args.out,
+        KERNEL_FIELDS,
+        kernel_md_columns(env),
+        ("samples_us",),
+        header_line(env, "kernels", impl),
+        footer=_footer(env),
+    )
     failed = 0
     try:
         for case in cases:
             for nt in case.nts:
                 log(f"kernel {case.qtype.name} {case.n}x{case.k} nt={nt} ({impl})")
                 try:
-                    row = run_kernel_case(case, nt, env, impl=impl, gemm=args.gemm, trials=args.repetitions,
-                                          reps=args.kernel_reps, warmup=not args.no_warmup, seed=args.seed)
+                    row = run_kernel_case(
+                        case,
+                        nt,
+                        env,
+                        impl=impl,
+                        gemm=args.gemm,
+                        trials=args.repetitions,
+                        reps=args.kernel_reps,
+                        warmup=not args.no_warmup,
+                        seed=args.seed,
+                    )
                 except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
                     failed += 1
                     _report_failure(f"case {case.qtype.name}:{case.n}x{case.k} nt={nt}", e)
@@ -398,8 +634,15 @@ def _run_kernels(args, req: _Request, env: Env, impl: str, log: Callable[[str], 
 
 # ---- model mode ----------------------------------------------------------------------------
 
-def _run_models(args, req: _Request, env: Env, impl: str, log: Callable[[str], None],
-                preloaded: dict[tuple[str, str], ModelSource]) -> int:
+
+def _run_models(
+    args,
+    req: _Request,
+    env: Env,
+    impl: str,
+    log: Callable[[str], None],
+    preloaded: dict[tuple[str, str], ModelSource],
+) -> int:
     from minfer_jax.engine.runtime import load
 
     sources = [("model", m) for m in req.models] + [("synthetic", s) for s in req.synths]
@@ -412,18 +655,49 @@ def _run_models(args, req: _Request, env: Env, impl: str, log: Callable[[str], N
             log(f"loading {ref}")
             t0 = time.perf_counter()
             src = preloaded.pop((kind, ref), None) or _load_source(
-                kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress)
-            ctxs = [context_for(t, args.ctx_size, src.gguf.config.context_length) for t in req.tests]
-            model = load(gguf_model=src.gguf, ctx_size=max(ctxs), kernels=impl, weights=args.weights,
-                         gemm=args.gemm, device=env.device, progress=args.progress, prefill_chunk=args.ubatch_size)
-            log(f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} weights, "
-                f"{model.weight_nbytes / 1e9:.3f} GB on the device")
+                kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress
+            )
+            ctxs = [
+                context_for(t, args.ctx_size, src.gguf.config.context_length) for t in req.tests
+            ]
+            model = load(
+                gguf_model=src.gguf,
+                ctx_size=max(ctxs),
+                kernels=impl,
+                weights=args.weights,
+                gemm=args.gemm,
+                device=env.device,
+                progress=args.progress,
+                prefill_chunk=args.ubatch_size,
+            )
+            log(
+                f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} "
+                f"weights, {model.weight_nbytes / 1e9:.3f} GB on the device"
+            )
             if out is None:
-                out = open_outputs(args.output, args.out, MODEL_FIELDS, model_md_columns(env),
-                                   ("samples_ns", "samples_ts"), header_line(env, "model", impl), footer=_footer(env))
-            failed += _run_tests(ModelBench(model, src, env, reps=args.repetitions, ctx=args.ctx_size,
-                                             seed=args.seed, warmup=not args.no_warmup, log=log),
-                                 req.tests, out)
+                out = open_outputs(
+                    args.output,
+                    args.out,
+                    MODEL_FIELDS,
+                    model_md_columns(env),
+                    ("samples_ns", "samples_ts"),
+                    header_line(env, "model", impl),
+                    footer=_footer(env),
+                )
+            failed += _run_tests(
+                ModelBench(
+                    model,
+                    src,
+                    env,
+                    reps=args.repetitions,
+                    ctx=args.ctx_size,
+                    seed=args.seed,
+                    warmup=not args.no_warmup,
+                    log=log,
+                ),
+                req.tests,
+                out,
+            )
             del model  # before the next model loads
     finally:
         if out is not None:
@@ -441,14 +715,27 @@ def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> 
         raise BenchError("-npp must be >= 1, -ntg >= 0 and -npl values in 1..64")
     files = [open(f, "w") for f in args.out]
     try:
-        for kind, ref in [("model", m) for m in req.models] + [("synthetic", s) for s in req.synths]:
-            src = _load_source(kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress)
+        for kind, ref in [("model", m) for m in req.models] + [
+            ("synthetic", s) for s in req.synths
+        ]:
+            src = _load_source(
+                kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress
+            )
             need = max(pps) + max(tgs) + 1
             if need > src.gguf.config.context_length:
-                raise BenchError(f"-npp + -ntg = {need - 1} tokens exceed the model's context "
-                                 f"{src.gguf.config.context_length}")
-            model = load(gguf_model=src.gguf, ctx_size=need, kernels=impl, weights=args.weights, gemm=args.gemm,
-                         progress=args.progress, prefill_chunk=args.ubatch_size)
+                raise BenchError(
+                    f"-npp + -ntg = {need - 1} tokens exceed the model's context "
+                    f"{src.gguf.config.context_length}"
+                )
+            model = load(
+                gguf_model=src.gguf,
+                ctx_size=need,
+                kernels=impl,
+                weights=args.weights,
+                gemm=args.gemm,
+                progress=args.progress,
+                prefill_chunk=args.ubatch_size,
+            )
             batched.run(model, src.label, pps, tgs, npls, seed=args.seed, out_files=files, log=log)
             del model
     finally:

@@ -20,7 +20,6 @@ from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.sampling import GREEDY, GREEDY_MODE, RowSettings
 
 
-
 @dataclasses.dataclass
 class Runner:
     """One model and plan: compiles the plan's executables once and runs them on fresh caches."""
@@ -50,7 +49,8 @@ class Runner:
         return jax.block_until_ready((cache, steps.init_slot_state(p.n_slots, p.history)))
 
     def prepare(self, n_prompt: int, start: int, rows: int = 1) -> list:
-        """Compile the prefill buckets of n_prompt tokens from `start` and the decode rows; the chunks."""
+        """Compile the prefill buckets of n_prompt tokens from `start` and the decode rows; the
+        chunks."""
         chunks = self.plan.chunks(n_prompt, start) if n_prompt else []
         for _, bucket, _ in chunks:
             self.exe(self.plan.prefill_key(bucket, GREEDY_MODE))
@@ -62,12 +62,22 @@ class Runner:
         for start, bucket, n_valid in chunks:
             tokens = self.rng.integers(0, vocab, bucket).astype(np.int32)
             exe = self.exe(self.plan.prefill_key(bucket, GREEDY_MODE))
-            _, state, cache = exe(self.model.params, cache, state, tokens, np.int32(slot), np.int32(start),
-                                  np.int32(n_valid), self.history, self.rows1)
+            _, state, cache = exe(
+                self.model.params,
+                cache,
+                state,
+                tokens,
+                np.int32(slot),
+                np.int32(start),
+                np.int32(n_valid),
+                self.history,
+                self.rows1,
+            )
         return cache, state
 
     def decode(self, cache, state, slots: Sequence[int], position: int):
-        """Dispatch one decode executable (plan.decode_steps tokens) for rows `slots` at `position`."""
+        """Dispatch one decode executable (plan.decode_steps tokens) for rows `slots` at
+        `position`."""
         n = len(slots)
         key = self.plan.decode_key(n, position + self.plan.decode_steps, GREEDY_MODE)
         exe = self.exe(key)
@@ -75,12 +85,30 @@ class Runner:
         slot_arr = np.full((rows,), self.plan.scratch_slot, np.int32)
         slot_arr[:n] = slots
         positions = np.full((rows,), position, np.int32)
-        return exe(self.model.params, cache, state, slot_arr, positions, RowSettings.of([GREEDY] * rows, [0] * rows))
+        return exe(
+            self.model.params,
+            cache,
+            state,
+            slot_arr,
+            positions,
+            RowSettings.of([GREEDY] * rows, [0] * rows),
+        )
 
 
-def time_sequence(model, *, n_prompt: int, n_gen: int, depth: int, n_ctx: int, reps: int, warmup: bool,
-                  seed: int = 0, log=lambda s: None) -> tuple[list[int], float, Plan]:
-    """llama-bench's ppN / tgN / pgN+M at depth d for one sequence: (samples ns, compile s, plan)."""
+def time_sequence(
+    model,
+    *,
+    n_prompt: int,
+    n_gen: int,
+    depth: int,
+    n_ctx: int,
+    reps: int,
+    warmup: bool,
+    seed: int = 0,
+    log=lambda s: None,
+) -> tuple[list[int], float, Plan]:
+    """llama-bench's ppN / tgN / pgN+M at depth d for one sequence:
+    (samples ns, compile s, plan)."""
     plan = model.plan(ctx=n_ctx, decode_steps=max(n_gen, 1))
     runner = Runner(model, plan, seed)
     fill = runner.prepare(depth, 0)
@@ -128,6 +156,16 @@ def time_batched(model, *, n_pp: int, n_tg: int, n_seqs: int, seed: int = 0) -> 
     once()  # warm-up
     t_pp, t_tg = once()
     n_kv = n_seqs * (n_pp + n_tg)
-    return {"PP": n_pp, "TG": n_tg, "B": n_seqs, "N_KV": n_kv, "T_PP s": t_pp, "S_PP t/s": n_seqs * n_pp / t_pp,
-            "T_TG s": t_tg, "S_TG t/s": n_seqs * n_tg / t_tg if n_tg else float("nan"), "T s": t_pp + t_tg,
-            "S t/s": n_kv / (t_pp + t_tg), "compile_s": runner.compile_s}
+    return {
+        "PP": n_pp,
+        "TG": n_tg,
+        "B": n_seqs,
+        "N_KV": n_kv,
+        "T_PP s": t_pp,
+        "S_PP t/s": n_seqs * n_pp / t_pp,
+        "T_TG s": t_tg,
+        "S_TG t/s": n_seqs * n_tg / t_tg if n_tg else float("nan"),
+        "T s": t_pp + t_tg,
+        "S t/s": n_kv / (t_pp + t_tg),
+        "compile_s": runner.compile_s,
+    }

@@ -13,7 +13,7 @@ from typing import Any
 from minfer_jax.bench.parsing import BenchError
 
 # Measured memory read bandwidth per device kind (bytes/s), matched as a substring of
-# jax's device_kind. H200: ../shared/PERF_TARGETS.md (jnp.sum over 1 GiB f32: 4.15 - 4.28 TB/s).
+# jax's device_kind. H200: a jitted jnp.sum over 1 GiB of f32 read 4.15 - 4.28 TB/s.
 MEM_BW_TABLE: dict[str, float] = {"H200": 4.2e12}
 
 
@@ -66,10 +66,20 @@ def _cpu_info() -> str:
 def _git_build() -> tuple[str, int]:
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        commit = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        count = subprocess.run(["git", "-C", here, "rev-list", "--count", "HEAD"], capture_output=True, text=True,
-                               timeout=10, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        count = subprocess.run(
+            ["git", "-C", here, "rev-list", "--count", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
         return commit or "unknown", int(count or 0)
     except (OSError, subprocess.SubprocessError, ValueError):
         return "unknown", 0
@@ -107,9 +117,19 @@ def make_env(mem_bw: str = "auto", command: str = "") -> Env:
     else:
         backend = f"JAX-{plat.upper()}"
     commit, number = _git_build()
-    env = Env(platform=plat, device_kind=kind, backend=backend, gpu_info=kind if plat == "gpu" else "",
-              cpu_info=_cpu_info(), jax_version=jax.__version__, build_commit=commit, build_number=number,
-              n_threads=os.cpu_count() or 1, command=command, device=dev)
+    env = Env(
+        platform=plat,
+        device_kind=kind,
+        backend=backend,
+        gpu_info=kind if plat == "gpu" else "",
+        cpu_info=_cpu_info(),
+        jax_version=jax.__version__,
+        build_commit=commit,
+        build_number=number,
+        n_threads=os.cpu_count() or 1,
+        command=command,
+        device=dev,
+    )
     setting = str(mem_bw).strip().lower()
     if setting in ("none", "off", "n/a", "na"):
         env.mem_bw, env.mem_bw_source = None, "n/a"
@@ -126,7 +146,9 @@ def make_env(mem_bw: str = "auto", command: str = "") -> Env:
         try:
             gbps = float(setting)
         except ValueError:
-            raise BenchError(f"--mem-bw: expected auto, measure, none or a number of GB/s, got {mem_bw!r}") from None
+            raise BenchError(
+                f"--mem-bw: expected auto, measure, none or a number of GB/s, got {mem_bw!r}"
+            ) from None
         if not gbps > 0:
             raise BenchError(f"--mem-bw: must be > 0 GB/s, got {mem_bw!r}")
         env.mem_bw, env.mem_bw_source = gbps * 1e9, "given"
@@ -150,6 +172,8 @@ def header_line(env: Env, mode: str, impl: str) -> str:
 
     bw = "n/a" if env.mem_bw is None else f"{env.mem_bw / 1e9:.0f} GB/s ({env.mem_bw_source})"
     cache = "on" if jax.config.jax_compilation_cache_dir else "off"
-    return (f"minfer_jax bench ({mode}) | {now} | device: {env.device_label}, {env.backend} | "
-            f"jax {env.jax_version} | kernels: {impl} | mem bw: {bw} | compile cache: {cache} | "
-            f"build: {env.build_commit} ({env.build_number}) | cmd: {env.command}")
+    return (
+        f"minfer_jax bench ({mode}) | {now} | device: {env.device_label}, {env.backend} | "
+        f"jax {env.jax_version} | kernels: {impl} | mem bw: {bw} | compile cache: {cache} | "
+        f"build: {env.build_commit} ({env.build_number}) | cmd: {env.command}"
+    )

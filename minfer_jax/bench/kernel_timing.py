@@ -1,4 +1,5 @@
-"""Kernel-level timing and GPU parity: one (format, out, in, nt) matmul, timed inside one executable.
+"""Kernel-level timing and GPU parity: one (format, out, in, nt) matmul, timed inside one
+executable.
 
 Random planes are generated on the device (speed does not depend on weight values; scales are
 small and finite so the parity check is meaningful). Each case compiles one executable that runs
@@ -32,7 +33,8 @@ from minfer_jax.sizes import round_up
 
 
 def random_planes(key: jax.Array, qtype: QType, n: int, k: int) -> dict[str, jax.Array]:
-    """Planes of a random [n, k] weight with valid fields: 6-bit sub-scales in range, small f16 scales."""
+    """Planes of a random [n, k] weight with valid fields: 6-bit sub-scales in range, small f16
+    scales."""
     fmt = get_format(qtype)
     npad = round_up(n, 128)
     out = {}
@@ -50,7 +52,9 @@ def random_planes(key: jax.Array, qtype: QType, n: int, k: int) -> dict[str, jax
             out[plane.name] = jax.random.bits(pkey, shape, jnp.uint32)
         else:
             info = jnp.iinfo(dt)
-            out[plane.name] = jax.random.randint(pkey, shape, info.min, info.max + 1, jnp.int32).astype(dt)
+            out[plane.name] = jax.random.randint(
+                pkey, shape, info.min, info.max + 1, jnp.int32
+            ).astype(dt)
     return out
 
 
@@ -106,8 +110,11 @@ def device_kernel_events(run) -> list[tuple[float, float, str]]:
                 if not plane.name.startswith("/device:GPU"):
                     continue
                 for line in plane.lines:
-                    events += [(ev.start_ns, ev.duration_ns, ev.name) for ev in line.events
-                               if "memcpy" not in ev.name.lower() and "memset" not in ev.name.lower()]
+                    events += [
+                        (ev.start_ns, ev.duration_ns, ev.name)
+                        for ev in line.events
+                        if "memcpy" not in ev.name.lower() and "memset" not in ev.name.lower()
+                    ]
     return sorted(events)
 
 
@@ -119,8 +126,20 @@ def device_span_us(run) -> float | None:
     return (max(s + d for s, d, _ in events) - events[0][0]) / 1e3
 
 
-def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: str, reps: int = 40,
-             trials: int = 5, seed: int = 0, warmup: bool = True) -> KernelResult:
+def run_case(
+    qtype: QType,
+    n: int,
+    k: int,
+    nt: int,
+    matmul,
+    reference,
+    *,
+    impl: str,
+    reps: int = 40,
+    trials: int = 5,
+    seed: int = 0,
+    warmup: bool = True,
+) -> KernelResult:
     """Time `matmul(x, planes)` and compare one call against `reference(x, planes)`.
 
     One executable runs `reps` unrolled calls, each on its own weight copy; it is compiled ahead of
@@ -149,7 +168,7 @@ def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: 
 
     def run(e=exe, ws=weights) -> float:
         t = time.perf_counter()
-        jax.block_until_ready(e(xs[:len(ws)], ws))
+        jax.block_until_ready(e(xs[: len(ws)], ws))
         return time.perf_counter() - t
 
     if warmup:
@@ -182,5 +201,18 @@ def run_case(qtype: QType, n: int, k: int, nt: int, matmul, reference, *, impl: 
     rel = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
     if not np.all(np.isfinite(got)):
         rel = float("nan")
-    return KernelResult(QType(qtype).name, n, k, nt, impl, us, wbytes / us / 1e3, 2.0 * nt * n * k / us / 1e6, rel,
-                        compile_s, samples_us=samples, reps=reps, weight_bytes=wbytes)
+    return KernelResult(
+        QType(qtype).name,
+        n,
+        k,
+        nt,
+        impl,
+        us,
+        wbytes / us / 1e3,
+        2.0 * nt * n * k / us / 1e6,
+        rel,
+        compile_s,
+        samples_us=samples,
+        reps=reps,
+        weight_bytes=wbytes,
+    )

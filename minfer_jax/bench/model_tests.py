@@ -55,9 +55,14 @@ class TestSpec:
         return self.n_prompt + self.n_gen
 
 
-def build_tests(prompts: Sequence[int], gens: Sequence[int], pgs: Sequence[tuple[int, int]],
-                depths: Sequence[int] = (0,)) -> list[TestSpec]:
-    """llama-bench's instance order: every pp, then every tg, then every pg (zeros skipped), per depth."""
+def build_tests(
+    prompts: Sequence[int],
+    gens: Sequence[int],
+    pgs: Sequence[tuple[int, int]],
+    depths: Sequence[int] = (0,),
+) -> list[TestSpec]:
+    """llama-bench's instance order: every pp, then every tg, then every pg (zeros skipped), per
+    depth."""
     tests = []
     for d in depths:
         tests += [TestSpec(n, 0, d) for n in prompts if n > 0]
@@ -77,8 +82,10 @@ def context_for(test: TestSpec, ctx: int | None, model_ctx: int) -> int:
     else:
         n_ctx = pow2_at_least(need) if pow2_at_least(need) <= model_ctx else need
     if n_ctx > model_ctx:
-        raise BenchError(f"test {test.name} needs a cache of {n_ctx} tokens, more than the model's trained "
-                         f"context of {model_ctx}")
+        raise BenchError(
+            f"test {test.name} needs a cache of {n_ctx} tokens, more than the model's trained "
+            f"context of {model_ctx}"
+        )
     return n_ctx
 
 
@@ -95,8 +102,18 @@ class ModelSource:
 class ModelBench:
     """One loaded model: compiles each executable once, times tests, yields llama-bench rows."""
 
-    def __init__(self, model, source: ModelSource, env: Env, *, reps: int, ctx: int | None, seed: int,
-                 warmup: bool, log: Callable[[str], None]):
+    def __init__(
+        self,
+        model,
+        source: ModelSource,
+        env: Env,
+        *,
+        reps: int,
+        ctx: int | None,
+        seed: int,
+        warmup: bool,
+        log: Callable[[str], None],
+    ):
         self.model = model
         self.source = source
         self.env = env
@@ -117,13 +134,28 @@ class ModelBench:
         test_time = utc_stamp()
         self.log(f"{test.name}: context {n_ctx}")
         samples, compile_s, plan = time_sequence(
-            self.model, n_prompt=test.n_prompt, n_gen=test.n_gen, depth=test.n_depth, n_ctx=n_ctx, reps=self.reps,
-            warmup=self.warmup, seed=self.seed, log=lambda s: self.log(f"{test.name}: {s}"))
+            self.model,
+            n_prompt=test.n_prompt,
+            n_gen=test.n_gen,
+            depth=test.n_depth,
+            n_ctx=n_ctx,
+            reps=self.reps,
+            warmup=self.warmup,
+            seed=self.seed,
+            log=lambda s: self.log(f"{test.name}: {s}"),
+        )
         bucket = max((b for _, b, _ in plan.chunks(test.n_prompt, test.n_depth)), default=None)
         return self._row(test, n_ctx, bucket, compile_s, samples, test_time)
 
-    def _row(self, test: TestSpec, n_ctx: int, bucket: int | None, compile_s: float, samples: list[int],
-             test_time: str) -> dict:
+    def _row(
+        self,
+        test: TestSpec,
+        n_ctx: int,
+        bucket: int | None,
+        compile_s: float,
+        samples: list[int],
+        test_time: str,
+    ) -> dict:
         """llama-bench's fields (test::get_fields(), in order), then minfer_jax's columns."""
         m, env, cfg = self.model, self.env, self.model.config
         ts = [1e9 * test.n_tokens / s for s in samples]
@@ -131,27 +163,67 @@ class ModelBench:
         gbps, pct, tflops = self._rates(test, avg_ns * 1e-9, cfg)
         cache_type = np.dtype(m.cache_dtype).name.replace("float", "f")
         return {
-            "build_commit": env.build_commit, "build_number": env.build_number, "cpu_info": env.cpu_info,
-            "gpu_info": env.gpu_info, "backends": env.backend, "model_filename": self.source.label,
-            "model_type": self.mtype, "model_size": self.size, "model_n_params": self.n_params,
-            "n_batch": bucket or 1, "n_ubatch": bucket or 1, "n_threads": env.n_threads, "cpu_mask": "0x0",
-            "cpu_strict": False, "poll": 50, "type_k": cache_type, "type_v": cache_type,
-            "n_gpu_layers": 0 if env.is_cpu_backend else 99, "n_cpu_moe": 0, "split_mode": "none", "main_gpu": 0,
-            "no_kv_offload": False, "flash_attn": m.impl.kernels != "xla", "devices": "auto", "tensor_split": "0.00",
-            "tensor_buft_overrides": "none", "use_mmap": False, "embeddings": False, "no_op_offload": 0,
-            "no_host": False, "n_prompt": test.n_prompt, "n_gen": test.n_gen, "n_depth": test.n_depth,
-            "test_time": test_time, "avg_ns": avg_ns, "stddev_ns": int(_llama_stdev(samples)),
-            "avg_ts": float(np.mean(ts)), "stddev_ts": _llama_stdev(ts),
+            "build_commit": env.build_commit,
+            "build_number": env.build_number,
+            "cpu_info": env.cpu_info,
+            "gpu_info": env.gpu_info,
+            "backends": env.backend,
+            "model_filename": self.source.label,
+            "model_type": self.mtype,
+            "model_size": self.size,
+            "model_n_params": self.n_params,
+            "n_batch": bucket or 1,
+            "n_ubatch": bucket or 1,
+            "n_threads": env.n_threads,
+            "cpu_mask": "0x0",
+            "cpu_strict": False,
+            "poll": 50,
+            "type_k": cache_type,
+            "type_v": cache_type,
+            "n_gpu_layers": 0 if env.is_cpu_backend else 99,
+            "n_cpu_moe": 0,
+            "split_mode": "none",
+            "main_gpu": 0,
+            "no_kv_offload": False,
+            "flash_attn": m.impl.kernels != "xla",
+            "devices": "auto",
+            "tensor_split": "0.00",
+            "tensor_buft_overrides": "none",
+            "use_mmap": False,
+            "embeddings": False,
+            "no_op_offload": 0,
+            "no_host": False,
+            "n_prompt": test.n_prompt,
+            "n_gen": test.n_gen,
+            "n_depth": test.n_depth,
+            "test_time": test_time,
+            "avg_ns": avg_ns,
+            "stddev_ns": int(_llama_stdev(samples)),
+            "avg_ts": float(np.mean(ts)),
+            "stddev_ts": _llama_stdev(ts),
             # minfer_jax's own columns
-            "test": test.name, "jax_version": env.jax_version, "device": env.device_label,
-            "kernels": m.impl.kernels, "weight_mode": m.weight_mode, "n_ctx": n_ctx, "bucket": bucket,
-            "compile_s": compile_s, "weight_bytes_per_token": self.bytes_per_token, "weight_gbps": gbps,
-            "mem_bw_gbps": None if env.mem_bw is None else env.mem_bw / 1e9, "pct_mem_bw": pct,
-            "matmul_tflops": tflops, "peak_mem_bytes": env.peak_mem(), "command": env.command,
-            "samples_ns": samples, "samples_ts": ts,
+            "test": test.name,
+            "jax_version": env.jax_version,
+            "device": env.device_label,
+            "kernels": m.impl.kernels,
+            "weight_mode": m.weight_mode,
+            "n_ctx": n_ctx,
+            "bucket": bucket,
+            "compile_s": compile_s,
+            "weight_bytes_per_token": self.bytes_per_token,
+            "weight_gbps": gbps,
+            "mem_bw_gbps": None if env.mem_bw is None else env.mem_bw / 1e9,
+            "pct_mem_bw": pct,
+            "matmul_tflops": tflops,
+            "peak_mem_bytes": env.peak_mem(),
+            "command": env.command,
+            "samples_ns": samples,
+            "samples_ts": ts,
         }
 
-    def _rates(self, test: TestSpec, avg_s: float, cfg) -> tuple[float | None, float | None, float | None]:
+    def _rates(
+        self, test: TestSpec, avg_s: float, cfg
+    ) -> tuple[float | None, float | None, float | None]:
         """(weight GB/s, % of memory bandwidth) for tg tests, matmul TFLOP/s for pp tests."""
         gbps = pct = tflops = None
         if test.n_gen and not test.n_prompt and avg_s > 0:
@@ -159,6 +231,8 @@ class ModelBench:
             if self.env.mem_bw:
                 pct = 100.0 * gbps * 1e9 / self.env.mem_bw
         if test.n_prompt and not test.n_gen and avg_s > 0:
-            flops = 2.0 * test.n_prompt * _layer_matmul_elems(cfg) + 2.0 * cfg.vocab_size * cfg.d_model
+            flops = (
+                2.0 * test.n_prompt * _layer_matmul_elems(cfg) + 2.0 * cfg.vocab_size * cfg.d_model
+            )
             tflops = flops / avg_s / 1e12
         return gbps, pct, tflops

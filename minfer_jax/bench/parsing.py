@@ -16,7 +16,8 @@ _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+)(?:([+*])(\d+))?)?(?:,|$)")
 
 
 def parse_int_range(s: str, what: str = "value") -> list[int]:
-    """llama-bench's parse_int_range: comma list of first[-last[(+|*)step]], e.g. '128,512' or '16-2048*2'."""
+    """llama-bench's parse_int_range: comma list of first[-last[(+|*)step]], e.g. '128,512' or
+    '16-2048*2'."""
     out: list[int] = []
     rest = str(s).strip()
     if not rest:
@@ -24,7 +25,9 @@ def parse_int_range(s: str, what: str = "value") -> list[int]:
     while rest:
         m = _RANGE_RE.match(rest)
         if not m:
-            raise BenchError(f"{what}: cannot parse {s!r} (expected e.g. 512 or 128,512 or 16-2048*2)")
+            raise BenchError(
+                f"{what}: cannot parse {s!r} (expected e.g. 512 or 128,512 or 16-2048*2)"
+            )
         first = int(m.group(1))
         last = int(m.group(2)) if m.group(2) is not None else first
         op = m.group(3) or "+"
@@ -34,9 +37,11 @@ def parse_int_range(s: str, what: str = "value") -> list[int]:
             out.append(i)
             nxt = i + step if op == "+" else i * step
             if nxt <= i:
-                raise BenchError(f"{what}: invalid range {m.group(0).rstrip(',')!r} (it does not advance)")
+                raise BenchError(
+                    f"{what}: invalid range {m.group(0).rstrip(',')!r} (it does not advance)"
+                )
             i = nxt
-        rest = rest[m.end():]
+        rest = rest[m.end() :]
     return out
 
 
@@ -55,10 +60,14 @@ def _qtype(name: str):
     try:
         qt = QType[key]
     except KeyError:
-        raise BenchError(f"unknown weight type {name!r}; supported: {', '.join(q.name.lower() for q in FORMATS)}") from None
+        raise BenchError(
+            f"unknown weight type {name!r}; supported: {', '.join(q.name.lower() for q in FORMATS)}"
+        ) from None
     if qt not in FORMATS:
-        raise BenchError(f"weight type {qt.name} has no device layout; supported: "
-                         f"{', '.join(q.name.lower() for q in FORMATS)}")
+        raise BenchError(
+            f"weight type {qt.name} has no device layout; supported: "
+            f"{', '.join(q.name.lower() for q in FORMATS)}"
+        )
     return qt
 
 
@@ -71,13 +80,16 @@ def parse_shapes(s: str) -> list[tuple[Any, int, int]]:
         item = item.strip()
         m = re.fullmatch(r"([A-Za-z0-9_]+):(\d+)[xX](\d+)", item)
         if not m:
-            raise BenchError(f"--shapes: cannot parse {item!r} (expected TYPE:OUTxIN such as q4_k:4096x14336)")
+            raise BenchError(
+                f"--shapes: cannot parse {item!r} (expected TYPE:OUTxIN such as q4_k:4096x14336)"
+            )
         qt, n, k = _qtype(m.group(1)), int(m.group(2)), int(m.group(3))
         block = get_format(qt).block
         if n <= 0 or k <= 0:
             raise BenchError(f"--shapes: {item!r}: sizes must be positive")
         if k % block:
-            raise BenchError(f"--shapes: {item!r}: in={k} is not a multiple of {qt.name}'s block of {block}")
+            raise BenchError(
+                f"--shapes: {item!r}: in={k} is not a multiple of {qt.name}'s block of {block}"
+            )
         out.append((qt, n, k))
     return out
-

@@ -1,4 +1,5 @@
-"""Bench output: llama-bench's markdown table, csv, json and jsonl, row by row, to stdout and files."""
+"""Bench output: llama-bench's markdown table, csv, json and jsonl, row by row, to stdout and
+files."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from minfer_jax.bench.parsing import BenchError
 
 
 def _fmt_bytes_llama(n: int) -> str:
-    if n < 1024 ** 3:
+    if n < 1024**3:
         return f"{n / 1024 / 1024:.2f} MiB"
-    return f"{n / 1024 ** 3:.2f} GiB"
+    return f"{n / 1024**3:.2f} GiB"
 
 
 def _fmt_params(n: int) -> str:
@@ -43,7 +44,8 @@ class Column:
 
 
 def model_md_columns(env: Env) -> list[Column]:
-    """llama-bench's markdown fields (model, size, params, backend, ngl | threads, test, t/s), then ours."""
+    """llama-bench's markdown fields (model, size, params, backend, ngl | threads, test, t/s), then
+    ours."""
     cols = [
         Column("model", -30, lambda r: r["model_type"]),
         Column("size", 10, lambda r: _fmt_bytes_llama(r["model_size"])),
@@ -60,16 +62,30 @@ def model_md_columns(env: Env) -> list[Column]:
         Column("ctx", 6, lambda r: str(r["n_ctx"])),
         Column("bucket", 6, lambda r: "-" if r["bucket"] is None else str(r["bucket"])),
         Column("compile s", 9, lambda r: f"{r['compile_s']:.2f}"),
-        Column("GB/s", 8, lambda r: _na(r["weight_gbps"], ".1f") if r["n_gen"] and not r["n_prompt"] else "-"),
-        Column("% bw", 6, lambda r: _na(r["pct_mem_bw"], ".1f") if r["n_gen"] and not r["n_prompt"] else "-"),
-        Column("TFLOP/s", 8, lambda r: _na(r["matmul_tflops"], ".2f") if r["n_prompt"] and not r["n_gen"] else "-"),
+        Column(
+            "GB/s",
+            8,
+            lambda r: _na(r["weight_gbps"], ".1f") if r["n_gen"] and not r["n_prompt"] else "-",
+        ),
+        Column(
+            "% bw",
+            6,
+            lambda r: _na(r["pct_mem_bw"], ".1f") if r["n_gen"] and not r["n_prompt"] else "-",
+        ),
+        Column(
+            "TFLOP/s",
+            8,
+            lambda r: _na(r["matmul_tflops"], ".2f") if r["n_prompt"] and not r["n_gen"] else "-",
+        ),
         Column("peak mem", 10, lambda r: _fmt_mem(r["peak_mem_bytes"])),
     ]
     return cols
 
 
 def kernel_md_columns(env: Env) -> list[Column]:
-    gemv = lambda r: r["kernel"] in ("gemv", "xla") and r["nt"] <= _gemv_max_nt()
+    def gemv(r):
+        return r["kernel"] in ("gemv", "xla") and r["nt"] <= _gemv_max_nt()
+
     return [
         Column("type", -5, lambda r: r["qtype"]),
         Column("out x in", 13, lambda r: f"{r['n_out']} x {r['n_in']}"),
@@ -84,7 +100,11 @@ def kernel_md_columns(env: Env) -> list[Column]:
         Column("rel err", 8, lambda r: _na(r["rel_err"], ".1e")),
         Column("compile s", 9, lambda r: f"{r['compile_s']:.2f}"),
         Column("ggml us", 8, lambda r: _na(r["ggml_us"], ".1f")),
-        Column("vs ggml", 8, lambda r: "-" if r["speedup_vs_ggml"] is None else f"{r['speedup_vs_ggml']:.2f}x"),
+        Column(
+            "vs ggml",
+            8,
+            lambda r: "-" if r["speedup_vs_ggml"] is None else f"{r['speedup_vs_ggml']:.2f}x",
+        ),
     ]
 
 
@@ -121,8 +141,16 @@ def _json_value(field: str, v):
 class Printer:
     """Writes one output format to one stream, row by row (as llama-bench's printers do)."""
 
-    def __init__(self, fmt: str, fh: TextIO, fields: list[str], columns: list[Column], header: str | None,
-                 samples: tuple[str, ...], footer: str | None):
+    def __init__(
+        self,
+        fmt: str,
+        fh: TextIO,
+        fields: list[str],
+        columns: list[Column],
+        header: str | None,
+        samples: tuple[str, ...],
+        footer: str | None,
+    ):
         self.fmt, self.fh, self.fields, self.columns = fmt, fh, fields, columns
         self.header, self.samples, self.footer_text = header, samples, footer
         self.first = True
@@ -135,8 +163,22 @@ class Printer:
         if self.fmt == "md":
             if self.header:
                 self._w(self.header + "\n\n")
-            self._w("|" + "".join(f" {c.title:{'<' if c.width < 0 else '>'}{abs(c.width)}} |" for c in self.columns) + "\n")
-            self._w("|" + "".join(f" {'-' * (abs(c.width) - 1)}{':' if c.width > 0 else '-'} |" for c in self.columns) + "\n")
+            self._w(
+                "|"
+                + "".join(
+                    f" {c.title:{'<' if c.width < 0 else '>'}{abs(c.width)}} |"
+                    for c in self.columns
+                )
+                + "\n"
+            )
+            self._w(
+                "|"
+                + "".join(
+                    f" {'-' * (abs(c.width) - 1)}{':' if c.width > 0 else '-'} |"
+                    for c in self.columns
+                )
+                + "\n"
+            )
         elif self.fmt == "csv":
             self._w(",".join(self.fields) + "\n")
         elif self.fmt == "json":
@@ -144,7 +186,14 @@ class Printer:
 
     def row(self, r: dict) -> None:
         if self.fmt == "md":
-            self._w("|" + "".join(f" {c.value(r):{'<' if c.width < 0 else '>'}{abs(c.width)}} |" for c in self.columns) + "\n")
+            self._w(
+                "|"
+                + "".join(
+                    f" {c.value(r):{'<' if c.width < 0 else '>'}{abs(c.width)}} |"
+                    for c in self.columns
+                )
+                + "\n"
+            )
         elif self.fmt == "csv":
             vals = [_csv_value(f, r.get(f)) for f in self.fields]
             self._w(",".join('"' + v.replace('"', '""') + '"' for v in vals) + "\n")
@@ -168,7 +217,9 @@ class Printer:
 
 def _format_for_path(path: str, default: str) -> str:
     ext = os.path.splitext(path)[1].lower().lstrip(".")
-    return {"md": "md", "markdown": "md", "csv": "csv", "json": "json", "jsonl": "jsonl"}.get(ext, default)
+    return {"md": "md", "markdown": "md", "csv": "csv", "json": "json", "jsonl": "jsonl"}.get(
+        ext, default
+    )
 
 
 class Outputs:
@@ -188,13 +239,23 @@ class Outputs:
             fh.close()
 
 
-def open_outputs(fmt: str, paths: list[str], fields: list[str], columns: list[Column], samples: tuple[str, ...],
-                 header: str, footer: str | None = None) -> Outputs:
-    """Start a printer on stdout (format `fmt`) and one per --out path (format from its extension)."""
+def open_outputs(
+    fmt: str,
+    paths: list[str],
+    fields: list[str],
+    columns: list[Column],
+    samples: tuple[str, ...],
+    header: str,
+    footer: str | None = None,
+) -> Outputs:
+    """Start a printer on stdout (format `fmt`) and one per --out path
+    (format from its extension)."""
     printers = []
     files = []
     if fmt != "md":
-        print(header, file=sys.stderr)  # csv/json stay machine-readable; the same facts are in every row
+        print(
+            header, file=sys.stderr
+        )  # csv/json stay machine-readable; the same facts are in every row
     printers.append(Printer(fmt, sys.stdout, fields, columns, header, samples, footer))
     for path in paths:
         try:
@@ -202,7 +263,9 @@ def open_outputs(fmt: str, paths: list[str], fields: list[str], columns: list[Co
         except OSError as e:
             raise BenchError(f"cannot write --out {path}: {e.strerror or e}") from None
         files.append(fh)
-        printers.append(Printer(_format_for_path(path, fmt), fh, fields, columns, header, samples, footer))
+        printers.append(
+            Printer(_format_for_path(path, fmt), fh, fields, columns, header, samples, footer)
+        )
     for pr in printers:
         pr.start()
     return Outputs(printers, files)

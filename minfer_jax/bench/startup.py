@@ -36,7 +36,10 @@ REPO = Path(__file__).resolve().parents[2]
 PROMPT = "def fibonacci(n):"
 DEFAULT_TOKENS = 64
 _PHASE = re.compile(r"startup: (.+) (\d+(?:\.\d+)?) s$")
-_EXE = re.compile(r"executable (.+) \(([\w-]+): lower ([\d.]+), compile ([\d.]+), store load ([\d.]+), save ([\d.]+)\)")
+_EXE = re.compile(
+    r"executable (.+) \(([\w-]+): lower ([\d.]+), compile ([\d.]+), store load ([\d.]+), save "
+    r"([\d.]+)\)"
+)
 EXE_STEPS = ("lower", "compile", "store load", "save")
 FIRST_TEXT = "first text after the process started"
 
@@ -73,8 +76,13 @@ def parse_log(text: str) -> tuple[dict[str, float], list[dict]]:
         name, seconds = m.group(1), float(m.group(2))
         e = _EXE.fullmatch(name)
         if e:
-            exes.append(dict(label=e.group(1), source=e.group(2), **{
-                step: float(e.group(i + 3)) for i, step in enumerate(EXE_STEPS)}))
+            exes.append(
+                dict(
+                    label=e.group(1),
+                    source=e.group(2),
+                    **{step: float(e.group(i + 3)) for i, step in enumerate(EXE_STEPS)},
+                )
+            )
         elif name != FIRST_TEXT:
             phases[name] = phases.get(name, 0.0) + seconds
     return phases, exes
@@ -99,7 +107,9 @@ def run_cli(cmd: list[str], cache: Path, kind: str, timeout: float) -> Run:
     """One CLI process: seconds from spawn to its first byte on stdout, and its phase lines."""
     with tempfile.TemporaryFile("w+") as log:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=_env(cache))
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=_env(cache)
+        )
         first = None
         try:
             if proc.stdout.read(1):
@@ -121,8 +131,9 @@ def run_server(cmd: list[str], port: int, cache: Path, kind: str, timeout: float
     url = f"http://127.0.0.1:{port}/health"
     with tempfile.TemporaryFile("w+") as log:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_env(cache))
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_env(cache)
+        )
         ready = None
         try:
             while time.perf_counter() - t0 < timeout and proc.poll() is None:
@@ -157,7 +168,9 @@ def summarize(runs: list[Run], kind: str) -> dict:
     rs = [r for r in runs if r.kind == kind]
     names = list(dict.fromkeys(n for r in rs for n in r.phases))
     return dict(
-        runs=len(rs), ready_s=_median([r.ready_s for r in rs]), wall_s=_median([r.wall_s for r in rs]),
+        runs=len(rs),
+        ready_s=_median([r.ready_s for r in rs]),
+        wall_s=_median([r.wall_s for r in rs]),
         other_s=_median([r.other_s for r in rs]),
         phases={n: _median([r.phases.get(n, 0.0) for r in rs]) for n in names},
         executables={step: _median([r.exe_totals[step] for r in rs]) for step in EXE_STEPS},
@@ -173,42 +186,67 @@ def _cell(v) -> str:
 def markdown(result: dict) -> str:
     cold, warm = result["cold"], result["warm"]
     ready = "first text" if result["mode"] == "cli" else "/health 200"
-    rows = [(f"phase (median of {cold['runs']} / {warm['runs']} runs, s)", "cold", "warm"), ("---", "---:", "---:")]
+    rows = [
+        (f"phase (median of {cold['runs']} / {warm['runs']} runs, s)", "cold", "warm"),
+        ("---", "---:", "---:"),
+    ]
     for n in dict.fromkeys([*cold["phases"], *warm["phases"]]):
         rows.append((n, _cell(cold["phases"].get(n)), _cell(warm["phases"].get(n))))
     for step in EXE_STEPS:
-        rows.append((f"executables: {step}", _cell(cold["executables"][step]), _cell(warm["executables"][step])))
-    rows.append(("executables from the store / compiled", f"{_cell(cold['from_store'])} / {_cell(cold['compiled'])}",
-                 f"{_cell(warm['from_store'])} / {_cell(warm['compiled'])}"))
+        rows.append(
+            (
+                f"executables: {step}",
+                _cell(cold["executables"][step]),
+                _cell(warm["executables"][step]),
+            )
+        )
+    rows.append(
+        (
+            "executables from the store / compiled",
+            f"{_cell(cold['from_store'])} / {_cell(cold['compiled'])}",
+            f"{_cell(warm['from_store'])} / {_cell(warm['compiled'])}",
+        )
+    )
     rows.append((f"other (until {ready})", _cell(cold["other_s"]), _cell(warm["other_s"])))
     rows.append((f"**{ready}**", f"**{_cell(cold['ready_s'])}**", f"**{_cell(warm['ready_s'])}**"))
     rows.append(("process wall time", _cell(cold["wall_s"]), _cell(warm["wall_s"])))
-    head = (f"startup, {result['mode']}: `{shlex.join(result['command'])}`\n"
-            f"({result['platform']}; cold: empty cache directories, warm: the same directories again)\n\n")
+    head = (
+        f"startup, {result['mode']}: `{shlex.join(result['command'])}`\n"
+        f"({result['platform']}; cold: empty cache directories, warm: the same directories "
+        "again)\n\n"
+    )
     return head + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows) + "\n"
 
 
 def _synthetic_gguf(spec: str, layers: int | None, seed: int, directory: Path, log) -> Path:
-    """A synthetic model written as a GGUF (with the placeholder tokenizer), so the run reads a file as
-    a user's would (and the weights cache applies); an existing file of the same name is reused."""
+    """A synthetic model written as a GGUF (with the placeholder tokenizer), so the run reads a file
+    as a user's would (and the weights cache applies); an existing file of the same name is
+    reused."""
     from minfer_jax.files import synthetic
 
-    path = directory / f"{spec.replace(':', '-')}-seed{seed}" f"{f'-{layers}L' if layers else ''}.gguf"
+    path = directory / f"{spec.replace(':', '-')}-seed{seed}{f'-{layers}L' if layers else ''}.gguf"
     if not path.exists():
         log(f"writing {spec} as {path}")
         tmp = path.with_suffix(".tmp")
-        synthetic.write_gguf(synthetic.synthetic_model(spec, seed=seed, layers=layers), tmp, progress=False)
+        synthetic.write_gguf(
+            synthetic.synthetic_model(spec, seed=seed, layers=layers), tmp, progress=False
+        )
         os.replace(tmp, path)
     return path
 
 
 def _platform() -> str:
-    """The device the runs used, asked of a fresh process (this one never starts a backend: on a GPU it
-    would hold the memory the runs need)."""
-    code = ("import os, jax; d = jax.devices()[0]; "
-            "print(f'jax {jax.__version__}, {d.platform} ({d.device_kind}), {os.cpu_count()} CPU cores')")
+    """The device the runs used, asked of a fresh process (this one never starts a backend: on a GPU
+    it would hold the memory the runs need)."""
+    code = (
+        "import os, jax; d = jax.devices()[0]; "
+        "print(f'jax {jax.__version__}, {d.platform} ({d.device_kind}), {os.cpu_count()} CPU "
+        "cores')"
+    )
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
         return out.stdout.strip() or "unknown device"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown device"
@@ -231,8 +269,10 @@ def run(args, log) -> int:
     if kept is not None:
         kept.mkdir(parents=True, exist_ok=True)
         if "cold" in kinds and any(p.name != "models" for p in kept.iterdir()):
-            raise BenchError(f"--startup-cache {kept} is not empty: a cold run needs empty caches "
-                             "(use --startup-runs warm, or an empty directory)")
+            raise BenchError(
+                f"--startup-cache {kept} is not empty: a cold run needs empty caches "
+                "(use --startup-runs warm, or an empty directory)"
+            )
         if args.repetitions > 1 and "cold" in kinds:
             raise BenchError("--startup-cache keeps one cache: give -r 1, or --startup-runs warm")
     reps = args.repetitions
@@ -250,25 +290,56 @@ def run(args, log) -> int:
                 log(f"run {i + 1}/{reps} ({kind})")
                 if args.server:
                     port = _free_port()
-                    cmd = [sys.executable, "-m", "minfer_jax.server", "--port", str(port),
-                           "-np", str(args.parallel), "-c", str(args.ctx_size or 0)]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "minfer_jax.server",
+                        "--port",
+                        str(port),
+                        "-np",
+                        str(args.parallel),
+                        "-c",
+                        str(args.ctx_size or 0),
+                    ]
                     cmd += ["-m", model] if model else []
                     r = run_server(cmd, port, cache, kind, args.startup_timeout)
                 else:
                     n = str(args.n_gen[0] if args.n_gen else DEFAULT_TOKENS)
-                    cmd = [sys.executable, str(REPO / "scripts" / "generate.py"), "-p", PROMPT, "-n", n, "--temp", "0",
-                           "--verbose"] + (["-m", model] if model else []) + (
-                        ["-c", str(args.ctx_size)] if args.ctx_size else [])
+                    cmd = (
+                        [
+                            sys.executable,
+                            str(REPO / "scripts" / "generate.py"),
+                            "-p",
+                            PROMPT,
+                            "-n",
+                            n,
+                            "--temp",
+                            "0",
+                            "--verbose",
+                        ]
+                        + (["-m", model] if model else [])
+                        + (["-c", str(args.ctx_size)] if args.ctx_size else [])
+                    )
                     r = run_cli(cmd, cache, kind, args.startup_timeout)
                 if r.ready_s is None:
-                    sys.stderr.write(f"bench.py: {kind} run {i + 1} never became ready (exit {r.returncode}); "
-                                     f"its log ends with:\n{r.log_tail}\n")
+                    sys.stderr.write(
+                        f"bench.py: {kind} run {i + 1} never became ready (exit {r.returncode}); "
+                        f"its log ends with:\n{r.log_tail}\n"
+                    )
                 runs.append(r)
         shown = [os.path.relpath(c, REPO) if c.startswith(str(REPO)) else c for c in cmd[1:]]
-        result = dict(mode="server" if args.server else "cli", command=["python", *shown], platform=_platform(),
-                      **{k: summarize(runs, k) for k in ("cold", "warm")},
-                      runs=[{k: v for k, v in dataclasses.asdict(r).items() if k != "log_tail"} for r in runs])
-        sys.stdout.write(json.dumps(result, indent=1) + "\n" if args.output == "json" else markdown(result))
+        result = dict(
+            mode="server" if args.server else "cli",
+            command=["python", *shown],
+            platform=_platform(),
+            **{k: summarize(runs, k) for k in ("cold", "warm")},
+            runs=[
+                {k: v for k, v in dataclasses.asdict(r).items() if k != "log_tail"} for r in runs
+            ],
+        )
+        sys.stdout.write(
+            json.dumps(result, indent=1) + "\n" if args.output == "json" else markdown(result)
+        )
         return 0 if all(r.ready_s is not None for r in runs) else 1
     finally:
         if not args.startup_keep:

@@ -1,1 +1,2 @@
-"""The command line: `generate` (llama.cpp's flags, scripts/generate.py) and its interactive `chat`."""
+"""The command line: `generate` (llama.cpp's flags, scripts/generate.py) and its interactive
+`chat`."""

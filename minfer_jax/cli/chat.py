@@ -23,7 +23,8 @@ class _Totals:
     cached_tokens: int = 0  # of those, reused from the previous turn's K/V (not prefilled)
     prefill_s: float = 0.0
     generated: int = 0
-    decode_tokens: int = 0  # generated tokens that came out of decode (the first comes from prefill)
+    # generated tokens that came out of decode (the first comes from prefill)
+    decode_tokens: int = 0
     decode_s: float = 0.0
     compile_s: float = 0.0
     stop_reason: StopReason | None = None
@@ -42,10 +43,13 @@ def _rate(n: int, s: float) -> str:
 
 def _summary(t: _Totals) -> str:
     cached = f" ({t.cached_tokens} reused)" if t.cached_tokens else ""
-    return (f"prompt: {t.prompt_tokens} tokens{cached}, {_rate(t.prompt_tokens - t.cached_tokens, t.prefill_s)} "
-            f"({t.prefill_s:.2f} s) | "
-            f"generated: {t.generated} tokens, {_rate(t.decode_tokens, t.decode_s)} ({t.decode_s:.2f} s)\n"
-            f"compile: {t.compile_s:.2f} s | stop: {t.stop_reason or '-'}\n")
+    return (
+        f"prompt: {t.prompt_tokens} tokens{cached}, "
+        f"{_rate(t.prompt_tokens - t.cached_tokens, t.prefill_s)} ({t.prefill_s:.2f} s) | "
+        f"generated: {t.generated} tokens, {_rate(t.decode_tokens, t.decode_s)} ({t.decode_s:.2f} "
+        "s)\n"
+        f"compile: {t.compile_s:.2f} s | stop: {t.stop_reason or '-'}\n"
+    )
 
 
 @dataclasses.dataclass(eq=False)
@@ -85,18 +89,32 @@ class _Session:
         max_new = self.n_predict if self.n_predict >= 0 else self.max_len
         self.partial = []
         result, compile_s = self._produce(ids, max_new, (self.seed + turn) % 2**32)
-        self.last = _Totals(prompt_tokens=result.n_prompt, cached_tokens=result.cached_tokens,
-                            prefill_s=result.prefill_s, generated=len(result.tokens),
-                            decode_tokens=max(len(result.tokens) - 1, 0), decode_s=result.decode_s,
-                            compile_s=compile_s + result.compile_s, stop_reason=result.stop_reason, turns=1)
+        self.last = _Totals(
+            prompt_tokens=result.n_prompt,
+            cached_tokens=result.cached_tokens,
+            prefill_s=result.prefill_s,
+            generated=len(result.tokens),
+            decode_tokens=max(len(result.tokens) - 1, 0),
+            decode_s=result.decode_s,
+            compile_s=compile_s + result.compile_s,
+            stop_reason=result.stop_reason,
+            turns=1,
+        )
         self.totals.add(self.last)
         return result
 
     def _produce(self, ids: Sequence[int], max_new: int, seed: int):
-        """One generation through the model's scheduler: (GenerationResult, seconds compiling ahead)."""
+        """One generation through the model's scheduler: (GenerationResult, seconds compiling
+        ahead)."""
         sched = self.model.scheduler(1, ctx=self.max_len, decode_steps=CHUNK)
-        req = sched.submit(ids, max_new_tokens=max_new, sampler=self.sampler, seed=seed, stop=self.stop,
-                           on_text=self._on_text if self.stream else None)
+        req = sched.submit(
+            ids,
+            max_new_tokens=max_new,
+            sampler=self.sampler,
+            seed=seed,
+            stop=self.stop,
+            on_text=self._on_text if self.stream else None,
+        )
         compile_s = self._compile_ahead(sched, len(ids), max_new)
         sched.run([req])
         return req.result(), compile_s
@@ -109,7 +127,9 @@ class _Session:
         what = " + ".join(k.label for k in todo)
         stored = all(self.model.in_store(k) for k in todo)
         message = f"loading {what} from the executable store" if stored else f"compiling {what}"
-        with _Spinner(self.err, f"{message} (context {self.max_len})", "loaded" if stored else "compiled") as spin:
+        with _Spinner(
+            self.err, f"{message} (context {self.max_len})", "loaded" if stored else "compiled"
+        ) as spin:
             sched.compile(todo)
         if self.verbose:
             for k in todo:
@@ -156,6 +176,10 @@ class _Spinner:
         if self.animate:
             self.err.write(f"\r\033[K{self.message} ... {status}\n")
         else:
-            self.err.write(f"{self.done} in {self.elapsed:.1f} s\n" if exc_type is None else "compile interrupted\n")
+            self.err.write(
+                f"{self.done} in {self.elapsed:.1f} s\n"
+                if exc_type is None
+                else "compile interrupted\n"
+            )
         self.err.flush()
         return False

@@ -26,12 +26,14 @@ import time
 from collections.abc import Sequence
 
 from minfer_jax import ops, validate
+from minfer_jax.cli.chat import _Session, _summary
+from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
+
+# module attributes: tests substitute an already loaded model
+from minfer_jax.engine.runtime import load
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError, MinferError
 from minfer_jax.files.gguf import load_gguf
 from minfer_jax.files.model_source import resolve_model
-from minfer_jax.cli.chat import _Session, _summary
-from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
-from minfer_jax.engine.runtime import load  # module attributes: tests substitute an already loaded model
 
 PROG = "minfer-generate"
 DEFAULT_N_PREDICT = 128
@@ -64,8 +66,13 @@ class _UsageError(InvalidArgumentError):
 
 class _VersionAction(argparse.Action):
     def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
-                         help="print the version and exit")
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="print the version and exit",
+        )
 
     def __call__(self, parser, namespace, values, option_string=None):
         sys.stdout.write(_version() + "\n")
@@ -86,53 +93,147 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog=PROG,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     m = p.add_argument_group("model")
-    m.add_argument("-m", "--model", metavar="REF", default=None,
-                   help="GGUF path, 'default' or hf:<repo>:<file> (default: the built-in model)")
-    m.add_argument("-c", "--ctx-size", type=int, default=DEFAULT_CTX, metavar="N",
-                   help=f"context size in tokens, prompt + reply (default {DEFAULT_CTX}; 0 = the model's trained "
-                        "context; larger values are clamped to it)")
-    m.add_argument("--backend", "--kernels", dest="backend", default="auto",
-                   choices=("auto", *ops.KERNELS.names),
-                   help=f"quantized matmul implementation: {ops.KERNELS.describe()}; auto = pallas on a GPU, "
-                        "else xla")
-    m.add_argument("-tp", "--tensor-parallel", type=int, default=None, metavar="N",
-                   help="split the weights and KV cache over N devices (tensor parallelism; default: one device)")
+    m.add_argument(
+        "-m",
+        "--model",
+        metavar="REF",
+        default=None,
+        help="GGUF path, 'default' or hf:<repo>:<file> (default: the built-in model)",
+    )
+    m.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=DEFAULT_CTX,
+        metavar="N",
+        help=f"context size in tokens, prompt + reply (default {DEFAULT_CTX}; 0 = the model's "
+        "trained context; larger values are clamped to it)",
+    )
+    m.add_argument(
+        "--backend",
+        "--kernels",
+        dest="backend",
+        default="auto",
+        choices=("auto", *ops.KERNELS.names),
+        help=f"quantized matmul implementation: {ops.KERNELS.describe()}; auto = pallas on a GPU, "
+        "else xla",
+    )
+    m.add_argument(
+        "-tp",
+        "--tensor-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="split the weights and KV cache over N devices (tensor parallelism; default: one "
+        "device)",
+    )
 
     q = p.add_argument_group("prompt")
     src = q.add_mutually_exclusive_group()
-    src.add_argument("-p", "--prompt", metavar="TEXT", help="the prompt (else -f, else stdin if it is piped)")
+    src.add_argument(
+        "-p", "--prompt", metavar="TEXT", help="the prompt (else -f, else stdin if it is piped)"
+    )
     src.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE")
-    q.add_argument("--chat", action="store_true",
-                   help="apply the model's chat template; without a prompt on a terminal: interactive chat")
-    q.add_argument("-sys", "--system-prompt", metavar="TEXT", default=None,
-                   help="system message for chat mode (implies --chat)")
-    q.add_argument("--display-prompt", action=argparse.BooleanOptionalAction, default=False,
-                   help="echo the prompt before the completion (plain completion mode only; default: off)")
+    q.add_argument(
+        "--chat",
+        action="store_true",
+        help="apply the model's chat template; without a prompt on a terminal: interactive chat",
+    )
+    q.add_argument(
+        "-sys",
+        "--system-prompt",
+        metavar="TEXT",
+        default=None,
+        help="system message for chat mode (implies --chat)",
+    )
+    q.add_argument(
+        "--display-prompt",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="echo the prompt before the completion (plain completion mode only; default: off)",
+    )
 
     g = p.add_argument_group("generation")
-    g.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
-                   help=f"tokens to generate (default {DEFAULT_N_PREDICT}; -1 = until end of text or a full context)")
-    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop when TEXT is generated (not printed); repeatable")
-    g.add_argument("--temp", type=float, default=0.8, metavar="T", help="temperature (default 0.8; 0 = greedy)")
-    g.add_argument("--top-k", type=int, default=40, metavar="K", help="top-k sampling (default 40; 0 = off)")
-    g.add_argument("--top-p", type=float, default=0.95, metavar="P", help="top-p sampling (default 0.95; 1 = off)")
-    g.add_argument("--min-p", type=float, default=0.05, metavar="P", help="min-p sampling (default 0.05; 0 = off)")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, metavar="X",
-                   help="penalize repeated tokens (default 1.0 = off)")
-    g.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
-                   help="tokens of history the repeat penalty looks at (default 64; -1 = the context size)")
-    g.add_argument("-s", "--seed", type=int, default=-1, metavar="SEED",
-                   help="random seed, 0..2^32-1 (default -1: random; --verbose prints it)")
+    g.add_argument(
+        "-n",
+        "--n-predict",
+        type=int,
+        default=DEFAULT_N_PREDICT,
+        metavar="N",
+        help=f"tokens to generate (default {DEFAULT_N_PREDICT}; -1 = until end of text or a full "
+        "context)",
+    )
+    g.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="stop when TEXT is generated (not printed); repeatable",
+    )
+    g.add_argument(
+        "--temp", type=float, default=0.8, metavar="T", help="temperature (default 0.8; 0 = greedy)"
+    )
+    g.add_argument(
+        "--top-k", type=int, default=40, metavar="K", help="top-k sampling (default 40; 0 = off)"
+    )
+    g.add_argument(
+        "--top-p",
+        type=float,
+        default=0.95,
+        metavar="P",
+        help="top-p sampling (default 0.95; 1 = off)",
+    )
+    g.add_argument(
+        "--min-p",
+        type=float,
+        default=0.05,
+        metavar="P",
+        help="min-p sampling (default 0.05; 0 = off)",
+    )
+    g.add_argument(
+        "--repeat-penalty",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="penalize repeated tokens (default 1.0 = off)",
+    )
+    g.add_argument(
+        "--repeat-last-n",
+        type=int,
+        default=64,
+        metavar="N",
+        help="tokens of history the repeat penalty looks at (default 64; -1 = the context size)",
+    )
+    g.add_argument(
+        "-s",
+        "--seed",
+        type=int,
+        default=-1,
+        metavar="SEED",
+        help="random seed, 0..2^32-1 (default -1: random; --verbose prints it)",
+    )
 
     o = p.add_argument_group("output")
-    o.add_argument("--no-stream", dest="stream", action="store_false",
-                   help="print the text when generation ends instead of streaming it")
-    o.add_argument("-v", "--verbose", action="store_true",
-                   help="print model, backend, seed and sampler details on stderr")
+    o.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="print the text when generation ends instead of streaming it",
+    )
+    o.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print model, backend, seed and sampler details on stderr",
+    )
     o.add_argument("--version", action=_VersionAction)
     return p
 
@@ -152,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     with contextlib.suppress(AttributeError, ValueError):
-        sys.stdout.reconfigure(errors="replace")  # never die on a character the terminal cannot show
+        sys.stdout.reconfigure(
+            errors="replace"
+        )  # never die on a character the terminal cannot show
     try:
         return _run(args, sys.stdout, err)
     except MinferError as e:  # every user error; anything else is a bug and keeps its traceback
@@ -170,7 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fail(err, message: str) -> int:
     line = " ".join(message.split()) or "unknown error"
-    line = line.encode("utf-8", "backslashreplace").decode("utf-8")  # undecodable input echoed in the message
+    line = line.encode("utf-8", "backslashreplace").decode(
+        "utf-8"
+    )  # undecodable input echoed in the message
     err.write(f"error: {line}\n")
     err.flush()
     return EXIT_USAGE
@@ -183,14 +288,21 @@ def _fail(err, message: str) -> int:
 def _validate(args) -> None:
     # extreme counts are clamped (validate.clamped_count): only what means nothing is refused
     if args.n_predict < -1:
-        raise _UsageError(f"-n/--n-predict must be -1 (until the context is full) or >= 0, got {args.n_predict}")
+        raise _UsageError(
+            f"-n/--n-predict must be -1 (until the context is full) or >= 0, got {args.n_predict}"
+        )
     if args.ctx_size < 0:
-        raise _UsageError(f"-c/--ctx-size must be >= 0 (0 = the model's trained context; more is clamped to it), "
-                          f"got {args.ctx_size}")
+        raise _UsageError(
+            f"-c/--ctx-size must be >= 0 (0 = the model's trained context; more is clamped to it), "
+            f"got {args.ctx_size}"
+        )
     if not math.isfinite(args.temp):
         raise _UsageError(f"--temp must be a finite number, got {args.temp}")
     if args.top_k < 0:
-        raise _UsageError(f"--top-k must be >= 0 (0 = off; more than the vocabulary means all of it), got {args.top_k}")
+        raise _UsageError(
+            "--top-k must be >= 0 (0 = off; more than the vocabulary means all of it), got "
+            f"{args.top_k}"
+        )
     if not 0.0 < args.top_p <= 1.0:
         raise _UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 0.0 <= args.min_p <= 1.0:
@@ -198,17 +310,26 @@ def _validate(args) -> None:
     if not (math.isfinite(args.repeat_penalty) and args.repeat_penalty > 0):
         raise _UsageError(f"--repeat-penalty must be > 0, got {args.repeat_penalty}")
     if args.repeat_last_n < -1:
-        raise _UsageError(f"--repeat-last-n must be -1 (the context size) or >= 0 (more than the context means the "
-                          f"context), got {args.repeat_last_n}")
+        raise _UsageError(
+            "--repeat-last-n must be -1 (the context size) or >= 0 (more than the context means "
+            f"the context), got {args.repeat_last_n}"
+        )
     if not -1 <= args.seed < 2**32:
         raise _UsageError(f"-s/--seed must be -1 (random) or in 0..{2**32 - 1}, got {args.seed}")
-    for flag, value in (("-p/--prompt", args.prompt), ("-sys/--system-prompt", args.system_prompt),
-                        *(("--stop", s) for s in args.stop)):
+    for flag, value in (
+        ("-p/--prompt", args.prompt),
+        ("-sys/--system-prompt", args.system_prompt),
+        *(("--stop", s) for s in args.stop),
+    ):
         if value is not None:
             _text(flag, value)
-    if len(args.stop) > validate.MAX_STOP_STRINGS or any(len(s) > validate.MAX_STOP_CHARS for s in args.stop):
-        raise _UsageError(f"--stop: at most {validate.MAX_STOP_STRINGS} strings of at most "
-                          f"{validate.MAX_STOP_CHARS} characters")
+    if len(args.stop) > validate.MAX_STOP_STRINGS or any(
+        len(s) > validate.MAX_STOP_CHARS for s in args.stop
+    ):
+        raise _UsageError(
+            f"--stop: at most {validate.MAX_STOP_STRINGS} strings of at most "
+            f"{validate.MAX_STOP_CHARS} characters"
+        )
 
 
 def _text(flag: str, value: str) -> str:
@@ -238,12 +359,17 @@ def _read_prompt(args, chat: bool) -> str | None:
         except OSError as e:
             raise _UsageError(f"cannot read prompt file {args.file}: {e.strerror or e}") from None
         except UnicodeDecodeError as e:
-            raise _UsageError(f"prompt file {args.file} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+            raise _UsageError(
+                f"prompt file {args.file} is not UTF-8 text ({e.reason} at byte {e.start})"
+            ) from None
     if sys.stdin is not None and not _stdin_is_tty():
         return _strip_one_newline(_read_stdin())
     if chat:
         return None
-    raise _UsageError("no prompt: give -p TEXT or -f FILE, pipe text on stdin, or use --chat for an interactive chat")
+    raise _UsageError(
+        "no prompt: give -p TEXT or -f FILE, pipe text on stdin, or use --chat for an interactive "
+        "chat"
+    )
 
 
 def _read_stdin() -> str:
@@ -254,14 +380,18 @@ def _read_stdin() -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise _UsageError(f"stdin is not UTF-8 text ({e.reason} at byte {e.start}); pass UTF-8 text") from None
+        raise _UsageError(
+            f"stdin is not UTF-8 text ({e.reason} at byte {e.start}); pass UTF-8 text"
+        ) from None
 
 
 def _choose_ctx(requested: int, trained: int, err) -> int:
     if requested == 0:
         return trained
     if requested > trained:
-        err.write(f"warning: -c {requested} is larger than the model's trained context; using {trained}\n")
+        err.write(
+            f"warning: -c {requested} is larger than the model's trained context; using {trained}\n"
+        )
         return trained
     return requested
 
@@ -269,9 +399,16 @@ def _choose_ctx(requested: int, trained: int, err) -> int:
 def _make_sampler(args, ctx: int, vocab_size: int):
     from minfer_jax.engine.sampling import sampler_of
 
-    return sampler_of(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                      repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, history_cap=ctx,
-                      vocab=vocab_size)
+    return sampler_of(
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        repeat_last_n=args.repeat_last_n,
+        history_cap=ctx,
+        vocab=vocab_size,
+    )
 
 
 def _run(args, out, err) -> int:
@@ -283,8 +420,10 @@ def _run(args, out, err) -> int:
     seed = args.seed if args.seed >= 0 else secrets.randbelow(2**32)
     kernels = None if args.backend == "auto" else args.backend
     if kernels == "pallas" and jax.default_backend() != "gpu":
-        raise _UsageError(f"--backend pallas needs a GPU (this JAX runs on {jax.default_backend()}); "
-                          "use --backend xla or interpret")
+        raise _UsageError(
+            f"--backend pallas needs a GPU (this JAX runs on {jax.default_backend()}); "
+            "use --backend xla or interpret"
+        )
     progress = bool(getattr(err, "isatty", lambda: False)())
 
     started = process_age()  # the interpreter's start and the imports, before any timer of ours
@@ -296,38 +435,69 @@ def _run(args, out, err) -> int:
     timer.mark("parse")
     trained = gguf_model.config.context_length
     ctx = _choose_ctx(args.ctx_size, trained, err)
-    model = load(gguf_model=gguf_model, ctx_size=ctx, kernels=kernels, progress=progress,  # bounds the KV cache
-                 tensor_parallel=args.tensor_parallel)
+    model = load(
+        gguf_model=gguf_model,
+        ctx_size=ctx,
+        kernels=kernels,
+        progress=progress,  # bounds the KV cache
+        tensor_parallel=args.tensor_parallel,
+    )
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
     load_s = time.perf_counter() - t0
-    phases = {**({"python + imports": started} if started is not None else {}), **timer.phases,
-              **model.startup}
+    phases = {
+        **({"python + imports": started} if started is not None else {}),
+        **timer.phases,
+        **model.startup,
+    }
     if model.tokenizer is None:
-        raise MinferError(f"{path}: the GGUF has no tokenizer metadata (tokenizer.ggml.*); the CLI needs one")
+        raise MinferError(
+            f"{path}: the GGUF has no tokenizer metadata (tokenizer.ggml.*); the CLI needs one"
+        )
     max_len = min(ctx, model.ctx_size)
     if args.verbose:
         cfg = model.config
         name = gguf_model.metadata.get("general.name", os.path.basename(path))
-        err.write(f"model: {name} ({path})\n"
-                  f"  {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads}/{cfg.n_kv_heads} heads, "
-                  f"vocab {cfg.vocab_size}, trained context {trained}\n"
-                  f"backend: {jax.default_backend()}, kernels {model.impl.kernels}, weights {model.weight_mode} "
-                  f"({model.weight_nbytes / 2**20:.0f} MiB), context {max_len}, loaded in {load_s:.1f} s\n"
-                  f"seed: {seed}\n"
-                  f"sampler: {_describe_sampler(sampler)}\n")
+        err.write(
+            f"model: {name} ({path})\n"
+            f"  {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads}/{cfg.n_kv_heads} "
+            f"heads, vocab {cfg.vocab_size}, trained context {trained}\n"
+            f"backend: {jax.default_backend()}, kernels {model.impl.kernels}, weights "
+            f"{model.weight_mode} ({model.weight_nbytes / 2**20:.0f} MiB), context {max_len}, "
+            f"loaded in {load_s:.1f} s\n"
+            f"seed: {seed}\n"
+            f"sampler: {_describe_sampler(sampler)}\n"
+        )
         err.write("".join(format_phase(name, sec) + "\n" for name, sec in phases.items()))
         if model.weights_from == "cache":
             err.write("weights: mapped from the weights cache\n")
-    n_predict = validate.clamped_count("-n/--n-predict", args.n_predict, max_len, all_of="the context")
-    session = _Session(model=model, sampler=sampler, seed=seed, max_len=max_len, n_predict=n_predict,
-                       stop=tuple(args.stop), stream=args.stream, out=out, err=err, verbose=args.verbose)
+    n_predict = validate.clamped_count(
+        "-n/--n-predict", args.n_predict, max_len, all_of="the context"
+    )
+    session = _Session(
+        model=model,
+        sampler=sampler,
+        seed=seed,
+        max_len=max_len,
+        n_predict=n_predict,
+        stop=tuple(args.stop),
+        stream=args.stream,
+        out=out,
+        err=err,
+        verbose=args.verbose,
+    )
     tok = model.tokenizer
-    base = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
+    base = (
+        [{"role": "system", "content": args.system_prompt}]
+        if args.system_prompt is not None
+        else []
+    )
     if prompt is None:
         return _interactive(session, base)
 
     if chat:
-        ids = tok.encode(tok.apply_chat_template(base + [{"role": "user", "content": prompt}]), add_special=False)
+        ids = tok.encode(
+            tok.apply_chat_template(base + [{"role": "user", "content": prompt}]), add_special=False
+        )
     else:
         ids = tok.encode(prompt)
         if args.display_prompt:
@@ -340,7 +510,9 @@ def _run(args, out, err) -> int:
     _newline_if_needed(out, session)
     err.write(_summary(session.totals))
     if args.verbose and session.first_text_at is not None:
-        err.write(format_phase("first text after the process started", session.first_text_at) + "\n")
+        err.write(
+            format_phase("first text after the process started", session.first_text_at) + "\n"
+        )
     err.flush()
     return 0
 
@@ -388,8 +560,10 @@ def _interactive(session: _Session, base: list[dict]) -> int:
         import readline  # noqa: F401  (line editing and history for input())
     err = session.err
     tok = session.model.tokenizer
-    err.write("interactive chat: /exit or Ctrl-D quits, /reset clears the history, Ctrl-C stops a reply; "
-              "end a line with \\ to continue it\n")
+    err.write(
+        "interactive chat: /exit or Ctrl-D quits, /reset clears the history, Ctrl-C stops a reply; "
+        "end a line with \\ to continue it\n"
+    )
     err.flush()
     history = list(base)
     turn = 0
@@ -446,6 +620,7 @@ def _interactive(session: _Session, base: list[dict]) -> int:
         err.write(f"{session.totals.turns} replies; totals:\n" + _summary(session.totals))
         err.flush()
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -52,8 +52,9 @@ class ExecutableRecord:
     """Where one executable came from and what it cost (seconds)."""
 
     label: str
-    source: str  # "store" (deserialized) | "compiled" (traced, lowered, compiled) | "jax-cache" (traced,
+    # "store" (deserialized) | "compiled" (traced, lowered, compiled) | "jax-cache" (traced,
     # lowered, then loaded from JAX's persistent cache: not stored, see the module docstring)
+    source: str
     lower_s: float = 0.0
     compile_s: float = 0.0
     load_s: float = 0.0  # reading + deserializing a store entry (also spent on a failed read)
@@ -83,9 +84,14 @@ def jax_cache_useful(platform: str) -> bool:
     return platform != "cpu"
 
 
-# jax settings that change what a traced program computes (read defensively: names move between versions)
-_PROGRAM_FLAGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
-                  "jax_threefry_partitionable")
+# jax settings that change what a traced program computes (read defensively: names move between
+# versions)
+_PROGRAM_FLAGS = (
+    "jax_enable_x64",
+    "jax_default_matmul_precision",
+    "jax_numpy_rank_promotion",
+    "jax_threefry_partitionable",
+)
 JAX_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _hits = threading.local()  # JAX records the event in the compiling thread: count per thread
 
@@ -114,9 +120,14 @@ def fingerprint(model, key) -> str:
     leaves, treedef = jax.tree_util.tree_flatten(model.params)
     tp = model.tp
     parts = [
-        f"format={FORMAT}", f"key={key!r}", f"config={model.config!r}", f"impl={model.impl!r}",
+        f"format={FORMAT}",
+        f"key={key!r}",
+        f"config={model.config!r}",
+        f"impl={model.impl!r}",
         f"cache_dtype={model.cache_dtype}",
-        "tp=none" if tp is None else f"tp={tp.split!r} local={tp.local!r} mesh={dict(tp.mesh.shape)}",
+        "tp=none"
+        if tp is None
+        else f"tp={tp.split!r} local={tp.local!r} mesh={dict(tp.mesh.shape)}",
         f"params={treedef}",
         *(f"{tuple(x.shape)}:{x.dtype}:{x.sharding if tp is not None else ''}" for x in leaves),
         f"jax={jax.__version__} jaxlib={_jaxlib_version()}",
@@ -178,28 +189,46 @@ class ExecutableStore:
             from jax.experimental import serialize_executable
 
             exe = serialize_executable.deserialize_and_load(
-                entry["payload"], entry["in_tree"], entry["out_tree"], backend=devices[0].client,
-                execution_devices=devices)
+                entry["payload"],
+                entry["in_tree"],
+                entry["out_tree"],
+                backend=devices[0].client,
+                execution_devices=devices,
+            )
         except Exception as e:  # noqa: BLE001  corrupt, truncated, or a backend that cannot load: a miss
-            _log.warning("executable store: %s is unusable (%s: %s); compiling and overwriting it",
-                         path.name, type(e).__name__, e)
+            _log.warning(
+                "executable store: %s is unusable (%s: %s); compiling and overwriting it",
+                path.name,
+                type(e).__name__,
+                e,
+            )
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # least-recently-used order for pruning
         return exe
 
     def put(self, digest: str, compiled, label: str) -> bool:
-        """Serialize and write atomically (tmp + rename); False when this backend cannot serialize."""
+        """Serialize and write atomically (tmp + rename); False when this backend cannot
+        serialize."""
         if self.max_bytes <= 0:
             return False
         try:
             from jax.experimental import serialize_executable
 
             payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-            blob = pickle.dumps(dict(format=FORMAT, label=label, payload=payload, in_tree=in_tree,
-                                     out_tree=out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+            blob = pickle.dumps(
+                dict(
+                    format=FORMAT, label=label, payload=payload, in_tree=in_tree, out_tree=out_tree
+                ),
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
         except Exception as e:  # noqa: BLE001  e.g. a backend without serialization: compile every time
-            _log.info("executable store: %s cannot be serialized here (%s: %s)", label, type(e).__name__, e)
+            _log.info(
+                "executable store: %s cannot be serialized here (%s: %s)",
+                label,
+                type(e).__name__,
+                e,
+            )
             return False
         if len(blob) > self.max_bytes:
             return False
@@ -208,7 +237,9 @@ class ExecutableStore:
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=_SUFFIX)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide entries from a shared cache
+                    os.fchmod(
+                        f.fileno(), 0o644
+                    )  # mkstemp's 0600 would hide entries from a shared cache
                     f.write(blob)
                 os.replace(tmp, self.path(digest))
             except BaseException:
@@ -223,7 +254,11 @@ class ExecutableStore:
 
     def entries(self) -> list[Path]:
         try:
-            return [p for p in self.directory.iterdir() if p.suffix == _SUFFIX and not p.name.startswith(".")]
+            return [
+                p
+                for p in self.directory.iterdir()
+                if p.suffix == _SUFFIX and not p.name.startswith(".")
+            ]
         except OSError:
             return []
 
@@ -267,8 +302,9 @@ def obtain(model, key, store: ExecutableStore | None):
     exe = lowered.compile()
     t2 = time.perf_counter()
     source = "jax-cache" if getattr(_hits, "n", 0) > hits else "compiled"
-    if digest is not None and source == "compiled":
+    if store is not None and digest is not None and source == "compiled":
         store.put(digest, exe, label)
     t3 = time.perf_counter()
-    return exe, ExecutableRecord(label, source, lower_s=t1 - t0, compile_s=t2 - t1, load_s=load_s or 0.0,
-                                 save_s=t3 - t2)
+    return exe, ExecutableRecord(
+        label, source, lower_s=t1 - t0, compile_s=t2 - t1, load_s=load_s or 0.0, save_s=t3 - t2
+    )

@@ -33,7 +33,9 @@ def process_age() -> float | None:
     try:
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        start_ticks = int(fields[19])  # field 22 (starttime) counted after the ")" of the command name
+        start_ticks = int(
+            fields[19]
+        )  # field 22 (starttime) counted after the ")" of the command name
         with open("/proc/uptime", "rb") as f:
             uptime = float(f.read().split()[0])
         return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
@@ -47,7 +49,10 @@ def format_phase(name: str, seconds: float) -> str:
 
 
 def format_executable(record) -> str:
-    """An executable's line (executables.ExecutableRecord): its source and the seconds of each step."""
-    return format_phase(f"executable {record.label} ({record.source}: lower {record.lower_s:.2f}, compile "
-                        f"{record.compile_s:.2f}, store load {record.load_s:.2f}, save {record.save_s:.2f})",
-                        record.total_s)
+    """An executable's line (executables.ExecutableRecord): its source and the seconds of each
+    step."""
+    return format_phase(
+        f"executable {record.label} ({record.source}: lower {record.lower_s:.2f}, compile "
+        f"{record.compile_s:.2f}, store load {record.load_s:.2f}, save {record.save_s:.2f})",
+        record.total_s,
+    )

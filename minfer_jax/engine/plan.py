@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import cast
 
 import jax
 import jax.numpy as jnp
 
 from minfer_jax.engine import steps
-from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
-from minfer_jax.sizes import pow2_at_least, round_up
-from minfer_jax.model.cache import cache_spec
 from minfer_jax.engine.sampling import GREEDY_MODE, MODES, RowSettings, SamplerMode
+from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
+from minfer_jax.model.cache import cache_spec
+from minfer_jax.sizes import pow2_at_least, round_up
 
 MIN_BUCKET = 16  # smallest padded prompt chunk
 MIN_SPAN = 256  # smallest attention window an XLA decode executable is compiled for
 CACHE_ALIGN = 256  # cache positions per slot are a multiple of this (attention kernel blocks)
 MAX_SEQS = 64  # sequences one batch decodes at once
-DEFAULT_CHUNK = {"gpu": 2048, "cpu": 256}  # prefill chunk per platform (docs/BENCHMARKS.md, "Prefill chunk")
+DEFAULT_CHUNK = {
+    "gpu": 2048,
+    "cpu": 256,
+}  # prefill chunk per platform (docs/BENCHMARKS.md, "Prefill chunk")
 DECODE_STEPS = 16  # tokens per decode executable: the host sees tokens once per chunk
 MAX_DECODE_STEPS = 4096  # more only delays streaming and stop checks (bench tgN runs N in one)
 
@@ -40,11 +44,16 @@ class Plan:
     n_seqs: int = 1  # sequences decoded at once (cache slots; one scratch slot more when > 1)
     chunk: int = DEFAULT_CHUNK["cpu"]
     decode_steps: int = DECODE_STEPS
-    spans: bool = True  # decode attends over a power-of-two prefix (XLA path; kernels read [0, len))
+    # decode attends over a power-of-two prefix (XLA path; kernels read [0, len))
+    spans: bool = True
 
     def __post_init__(self):
-        for name, lo, hi in (("ctx", 1, 1 << 24), ("n_seqs", 1, MAX_SEQS), ("decode_steps", 1, MAX_DECODE_STEPS),
-                             ("chunk", MIN_BUCKET, 1 << 16)):
+        for name, lo, hi in (
+            ("ctx", 1, 1 << 24),
+            ("n_seqs", 1, MAX_SEQS),
+            ("decode_steps", 1, MAX_DECODE_STEPS),
+            ("chunk", MIN_BUCKET, 1 << 16),
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise PlanError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
@@ -76,7 +85,9 @@ class Plan:
     def chunks(self, n: int, start: int = 0) -> list[tuple[int, int, int]]:
         """(start, padded length, real tokens) of each prefill chunk of n tokens from `start`."""
         if start + n > self.ctx:
-            raise ContextOverflowError(f"{start + n} tokens do not fit in a context of {self.ctx} tokens")
+            raise ContextOverflowError(
+                f"{start + n} tokens do not fit in a context of {self.ctx} tokens"
+            )
         out = []
         while n > 0:
             size = min(n, self.chunk)
@@ -94,15 +105,23 @@ class Plan:
         return min(pow2_at_least(n_active), pow2_at_least(self.n_seqs))
 
     def span(self, end: int) -> int | None:
-        """Decode attention window for positions < end (None: the kernels read [0, len) themselves)."""
+        """Decode attention window for positions < end (None: the kernels read [0, len)
+        themselves)."""
         return min(pow2_at_least(end, MIN_SPAN), self.cache_len) if self.spans else None
 
     def prefill_key(self, bucket: int, mode: SamplerMode) -> PrefillKey:
         return PrefillKey(bucket, self.n_slots, self.cache_len, self.history, prefill_mode(mode))
 
     def decode_key(self, n_active: int, end: int, mode: SamplerMode) -> DecodeKey:
-        return DecodeKey(self.rows(n_active), self.decode_steps, self.n_slots, self.cache_len, self.history, mode,
-                         self.span(end))
+        return DecodeKey(
+            self.rows(n_active),
+            self.decode_steps,
+            self.n_slots,
+            self.cache_len,
+            self.history,
+            mode,
+            self.span(end),
+        )
 
     def serving_keys(self, modes=MODES) -> list:
         """Every executable a long-running server meets (for these sampler modes; by default all
@@ -117,8 +136,12 @@ class Plan:
         while r <= self.rows(self.n_seqs):
             rows.append(r)
             r *= 2
-        return list(dict.fromkeys([self.prefill_key(b, m) for m in modes for b in buckets] +
-                                  [self.decode_key(r, self.decode_steps + 1, m) for m in modes for r in rows]))
+        return list(
+            dict.fromkeys(
+                [self.prefill_key(b, m) for m in modes for b in buckets]
+                + [self.decode_key(r, self.decode_steps + 1, m) for m in modes for r in rows]
+            )
+        )
 
     def ready_keys(self) -> list:
         """The executables that serve every request on their own (the largest prefill bucket and
@@ -156,16 +179,29 @@ class PrefillKey:
 
     def covers(self, other, start: int = 0) -> bool:
         """This executable can run `other`'s chunk starting at `start` (padded to this bucket)."""
-        return (isinstance(other, PrefillKey) and self.mode.covers(other.mode) and self.bucket >= other.bucket
-                and (self.n_slots, self.cache_len, self.history) == (other.n_slots, other.cache_len, other.history)
-                and start + self.bucket <= self.cache_len)
+        return (
+            isinstance(other, PrefillKey)
+            and self.mode.covers(other.mode)
+            and self.bucket >= other.bucket
+            and (self.n_slots, self.cache_len, self.history)
+            == (other.n_slots, other.cache_len, other.history)
+            and start + self.bucket <= self.cache_len
+        )
 
     def lower(self, model):
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
         fn = _prefill_jit(model.config, model.impl, self.mode, model.tp)
-        return fn.lower(model.params, _cache(model, self), _state(self),
-                        jax.ShapeDtypeStruct((self.bucket,), jnp.int32), i32, i32, i32,
-                        jax.ShapeDtypeStruct((self.history,), jnp.int32), RowSettings.spec(1))
+        return fn.lower(
+            model.params,
+            _cache(model, self),
+            _state(self),
+            jax.ShapeDtypeStruct((self.bucket,), jnp.int32),
+            i32,
+            i32,
+            i32,
+            jax.ShapeDtypeStruct((self.history,), jnp.int32),
+            RowSettings.spec(1),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,10 +223,18 @@ class DecodeKey:
         """This executable can run `other`'s batch (padded to these rows)."""
         if not isinstance(other, DecodeKey):
             return False
-        wide_enough = other.span is None if self.span is None else other.span is not None and self.span >= other.span
-        return (self.mode.covers(other.mode) and self.rows >= other.rows
-                and wide_enough and (self.n_steps, self.n_slots, self.cache_len, self.history)
-                == (other.n_steps, other.n_slots, other.cache_len, other.history))
+        wide_enough = (
+            other.span is None
+            if self.span is None
+            else other.span is not None and self.span >= other.span
+        )
+        return (
+            self.mode.covers(other.mode)
+            and self.rows >= other.rows
+            and wide_enough
+            and (self.n_steps, self.n_slots, self.cache_len, self.history)
+            == (other.n_steps, other.n_slots, other.cache_len, other.history)
+        )
 
     @property
     def cost(self) -> tuple:
@@ -199,7 +243,9 @@ class DecodeKey:
     def lower(self, model):
         vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
         fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span, model.tp)
-        return fn.lower(model.params, _cache(model, self), _state(self), vec, vec, RowSettings.spec(self.rows))
+        return fn.lower(
+            model.params, _cache(model, self), _state(self), vec, vec, RowSettings.spec(self.rows)
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +261,12 @@ class LogitsKey:
     def lower(self, model):
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
         return _logits_jit(model.config, model.impl, model.tp).lower(
-            model.params, _cache(model, self), jax.ShapeDtypeStruct((self.bucket,), jnp.int32), i32, i32)
+            model.params,
+            _cache(model, self),
+            jax.ShapeDtypeStruct((self.bucket,), jnp.int32),
+            i32,
+            i32,
+        )
 
 
 def _cache(model, key):
@@ -225,13 +276,16 @@ def _cache(model, key):
 
 
 def _state(key):
-    return steps.SlotState(last_token=jax.ShapeDtypeStruct((key.n_slots,), jnp.int32),
-                           history=jax.ShapeDtypeStruct((key.n_slots, key.history), jnp.int32))
+    # abstract values (what the executable is lowered for), typed as the arrays they stand for
+    return steps.SlotState(
+        last_token=cast(jax.Array, jax.ShapeDtypeStruct((key.n_slots,), jnp.int32)),
+        history=cast(jax.Array, jax.ShapeDtypeStruct((key.n_slots, key.history), jnp.int32)),
+    )
 
 
-
-# Jitted step functions, built once per static configuration (never per call); cache and state donated.
-# tp (sharding.TensorParallel): the step runs per shard inside shard_map, with the shard's Config.
+# Jitted step functions, built once per static configuration (never per call); cache and state
+# donated. tp (sharding.TensorParallel): the step runs per shard inside shard_map, with the shard's
+# Config.
 def _step(fn, kind, cfg, tp, **static):
     if tp is None:
         return functools.partial(fn, cfg=cfg, **static)
@@ -240,13 +294,19 @@ def _step(fn, kind, cfg, tp, **static):
 
 @functools.cache
 def _prefill_jit(cfg, impl, mode, tp=None):
-    return jax.jit(_step(steps.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode), donate_argnums=(1, 2))
+    return jax.jit(
+        _step(steps.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode), donate_argnums=(1, 2)
+    )
 
 
 @functools.cache
 def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
-    return jax.jit(_step(steps.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span),
-                   donate_argnums=(1, 2))
+    return jax.jit(
+        _step(
+            steps.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span
+        ),
+        donate_argnums=(1, 2),
+    )
 
 
 @functools.cache

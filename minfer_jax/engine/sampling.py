@@ -2,13 +2,14 @@
 `sample_rows`, which draws one token for each row of a batch from per-row settings arrays.
 
 Order of operations follows llama.cpp's default sampler chain: repetition penalty over the last
-`repeat_last_n` tokens -> top-k -> top-p -> min-p -> temperature -> draw. temperature <= 0 is greedy.
+`repeat_last_n` tokens -> top-k -> top-p -> min-p -> temperature -> draw. temperature <= 0 is
+greedy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TypedDict, Unpack
+from typing import TypedDict, Unpack, cast
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,9 @@ import jax.numpy as jnp
 from minfer_jax import validate
 
 FULL_SORT_CAP = 4096  # top-p/min-p without top-k consider at most this many candidates
-MAX_REPEAT_LAST_N = 1 << 24  # history slots on the device (64 MiB); generate() and the CLI clamp it to the context
+MAX_REPEAT_LAST_N = (
+    1 << 24
+)  # history slots on the device (64 MiB); generate() and the CLI clamp it to the context
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +38,12 @@ class Sampler:
             "top_k": validate.integer("top_k", self.top_k, 0, validate.INT32_MAX),
             "top_p": validate.number("top_p", self.top_p, 0.0, 1.0, lo_open=True),
             "min_p": validate.number("min_p", self.min_p, 0.0, 1.0),
-            "repeat_penalty": validate.number("repeat_penalty", self.repeat_penalty, 0.0, lo_open=True),
-            "repeat_last_n": validate.integer("repeat_last_n", self.repeat_last_n, 0, MAX_REPEAT_LAST_N),
+            "repeat_penalty": validate.number(
+                "repeat_penalty", self.repeat_penalty, 0.0, lo_open=True
+            ),
+            "repeat_last_n": validate.integer(
+                "repeat_last_n", self.repeat_last_n, 0, MAX_REPEAT_LAST_N
+            ),
         }
         for name, value in fields.items():
             object.__setattr__(self, name, value)
@@ -65,8 +72,9 @@ class SamplerKeywords(TypedDict, total=False):
     repeat_last_n: int
 
 
-def sampler_of(*, history_cap: int | None = None, vocab: int | None = None,
-               **settings: Unpack[SamplerKeywords]) -> Sampler:
+def sampler_of(
+    *, history_cap: int | None = None, vocab: int | None = None, **settings: Unpack[SamplerKeywords]
+) -> Sampler:
     """A Sampler from keywords, greedy unless a temperature is given; greedy drops the filters
     (they do not change argmax), so every greedy request shares one executable.
 
@@ -74,14 +82,19 @@ def sampler_of(*, history_cap: int | None = None, vocab: int | None = None,
     repeat_last_n of -1 or past the context is the context, top_k past the vocabulary is all of it.
     """
     if history_cap is not None and "repeat_last_n" in settings:
-        settings["repeat_last_n"] = validate.clamped_count("repeat_last_n", settings["repeat_last_n"], history_cap,
-                                                           all_of="the context")
+        settings["repeat_last_n"] = validate.clamped_count(
+            "repeat_last_n", settings["repeat_last_n"], history_cap, all_of="the context"
+        )
     if vocab is not None and "top_k" in settings:
-        settings["top_k"] = validate.clamped_count("top_k", settings["top_k"], vocab, all_of="the vocabulary",
-                                                   minus_one=False)
-    s = Sampler(**{"temperature": 0.0, **settings})
+        settings["top_k"] = validate.clamped_count(
+            "top_k", settings["top_k"], vocab, all_of="the vocabulary", minus_one=False
+        )
+    settings.setdefault("temperature", 0.0)
+    s = Sampler(**settings)
     if s.greedy:
-        return dataclasses.replace(GREEDY, repeat_penalty=s.repeat_penalty, repeat_last_n=s.repeat_last_n)
+        return dataclasses.replace(
+            GREEDY, repeat_penalty=s.repeat_penalty, repeat_last_n=s.repeat_last_n
+        )
     return s
 
 
@@ -94,22 +107,26 @@ def within_context(sampler: Sampler, ctx: int, vocab: int | None = None) -> Samp
     return dataclasses.replace(sampler, repeat_last_n=min(sampler.repeat_last_n, ctx), top_k=top_k)
 
 
-def apply_repeat_penalty(logits: jax.Array, history: jax.Array, penalty: float) -> jax.Array:
-    """llama.cpp's penalty: logits of tokens in history [n] (-1 = empty) divided (if > 0) or multiplied by penalty."""
+def apply_repeat_penalty(
+    logits: jax.Array, history: jax.Array, penalty: float | jax.Array
+) -> jax.Array:
+    """llama.cpp's penalty: logits of tokens in history [n] (-1 = empty) divided (if > 0) or
+    multiplied by penalty."""
     valid = history >= 0
     idx = jnp.where(valid, history, 0)
     seen = jnp.zeros(logits.shape, bool).at[idx].max(valid)
     return jnp.where(seen, jnp.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
-# -- the engine's sampler: many rows at once ---------------------------------------------------------
+# -- the engine's sampler: many rows at once -------------------------------------------------------
 # Settings travel as arrays (one row per sequence) so a batch of different samplers shares one
 # executable; only three static modes exist (`SamplerMode`), so no setting a request may carry
 # compiles a new executable. A row's random key is derived from its seed and the position of the
 # token it draws, and its draw is a Gumbel-max over the whole vocabulary masked by value
 # thresholds, so a sequence samples the same tokens whatever batch, mode, chunk or slot it runs in.
 
-NARROW_CAP = 64  # candidates the SAMPLED mode sorts: enough for top_k <= 64 (llama.cpp's default 40)
+# candidates the SAMPLED mode sorts: enough for top_k <= 64 (llama.cpp's default 40)
+NARROW_CAP = 64
 WIDE_CAP = FULL_SORT_CAP  # the FULL mode's: top_k up to 4096, top-p/min-p without a small top_k
 
 
@@ -129,30 +146,47 @@ class RowSettings:
 
     @staticmethod
     def of(samplers, seeds, rows: int | None = None) -> RowSettings:
-        """Host arrays for these samplers (padded with greedy rows up to `rows`); seeds in 0..2**64-1."""
+        """Host arrays for these samplers (padded with greedy rows up to `rows`); seeds in
+        0..2**64-1."""
         import numpy as np
 
         pad = (rows or len(samplers)) - len(samplers)
         samplers = list(samplers) + [GREEDY] * pad
         seeds = [int(s) % 2**64 for s in seeds] + [0] * pad
 
-        def col(name, dtype):
-            return np.asarray([getattr(s, name) for s in samplers], dtype)
+        # host columns: an executable's arguments, typed as the arrays it sees
+        def col(name, dtype) -> jax.Array:
+            return cast(jax.Array, np.asarray([getattr(s, name) for s in samplers], dtype))
 
-        return RowSettings(temperature=col("temperature", np.float32), top_k=col("top_k", np.int32),
-                           top_p=col("top_p", np.float32), min_p=col("min_p", np.float32),
-                           repeat_penalty=col("repeat_penalty", np.float32),
-                           repeat_last_n=np.asarray([s.history_len for s in samplers], np.int32),
-                           seed=np.asarray([s % 2**32 for s in seeds], np.uint32),
-                           seed_hi=np.asarray([s >> 32 for s in seeds], np.uint32))
+        return RowSettings(
+            temperature=col("temperature", np.float32),
+            top_k=col("top_k", np.int32),
+            top_p=col("top_p", np.float32),
+            min_p=col("min_p", np.float32),
+            repeat_penalty=col("repeat_penalty", np.float32),
+            repeat_last_n=cast(jax.Array, np.asarray([s.history_len for s in samplers], np.int32)),
+            seed=cast(jax.Array, np.asarray([s % 2**32 for s in seeds], np.uint32)),
+            seed_hi=cast(jax.Array, np.asarray([s >> 32 for s in seeds], np.uint32)),
+        )
 
     @staticmethod
     def spec(rows: int) -> RowSettings:
         """The abstract shapes of `of(...)` for `rows` rows (what an executable is lowered for)."""
-        f32, i32 = jax.ShapeDtypeStruct((rows,), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.int32)
-        u32 = jax.ShapeDtypeStruct((rows,), jnp.uint32)
-        return RowSettings(temperature=f32, top_k=i32, top_p=f32, min_p=f32, repeat_penalty=f32,
-                           repeat_last_n=i32, seed=u32, seed_hi=u32)
+        # abstract values, typed as the arrays they stand for
+        f32, i32, u32 = (
+            cast(jax.Array, jax.ShapeDtypeStruct((rows,), t))
+            for t in (jnp.float32, jnp.int32, jnp.uint32)
+        )
+        return RowSettings(
+            temperature=f32,
+            top_k=i32,
+            top_p=f32,
+            min_p=f32,
+            repeat_penalty=f32,
+            repeat_last_n=i32,
+            seed=u32,
+            seed_hi=u32,
+        )
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -171,7 +205,9 @@ class SamplerMode:
         return WIDE_CAP if self.rank >= 2 else NARROW_CAP
 
     @property
-    def penalty(self) -> bool:  # the repeat penalty is applied (rows with repeat_penalty 1 are unchanged)
+    def penalty(
+        self,
+    ) -> bool:  # the repeat penalty is applied (rows with repeat_penalty 1 are unchanged)
         return self.rank >= 2
 
     @property
@@ -209,6 +245,7 @@ def push_history(history: jax.Array, tokens: jax.Array) -> jax.Array:
 
 def row_keys(rows: RowSettings, positions: jax.Array) -> jax.Array:
     """One PRNG key per row from its 64-bit seed and the position of the token it draws."""
+
     def key(lo, hi, pos):
         k = jax.random.PRNGKey(lo)
         k = jnp.where(hi != 0, jax.random.fold_in(k, hi), k)
@@ -235,26 +272,40 @@ def keep_mask(logits: jax.Array, rows: RowSettings, cap: int) -> jax.Array:
     ninf = jnp.float32(-jnp.inf)
     t_k = jnp.where((rows.top_k > 0)[:, None], at(k), ninf)
     t_p = jnp.where((rows.top_p < 1.0)[:, None], at(n_top_p), ninf)
-    t_min = jnp.where((rows.min_p > 0.0)[:, None], vals[:, :1] + jnp.log(jnp.maximum(rows.min_p, 1e-30))[:, None],
-                      ninf)
+    t_min = jnp.where(
+        (rows.min_p > 0.0)[:, None],
+        vals[:, :1] + jnp.log(jnp.maximum(rows.min_p, 1e-30))[:, None],
+        ninf,
+    )
     return logits >= jnp.maximum(jnp.maximum(t_k, t_p), t_min)
 
 
-def sample_rows(logits: jax.Array, positions: jax.Array, rows: RowSettings, history: jax.Array,
-                mode: SamplerMode) -> jax.Array:
+def sample_rows(
+    logits: jax.Array,
+    positions: jax.Array,
+    rows: RowSettings,
+    history: jax.Array,
+    mode: SamplerMode,
+) -> jax.Array:
     """logits [B, vocab] -> token ids [B] int32; row b draws the token of position positions[b]."""
     logits = logits.astype(jnp.float32)
     if mode.penalty:
         width = history.shape[1]
         recent = jnp.arange(width)[None, :] >= width - rows.repeat_last_n[:, None]
-        logits = jax.vmap(apply_repeat_penalty)(logits, jnp.where(recent, history, -1), rows.repeat_penalty)
+        logits = jax.vmap(apply_repeat_penalty)(
+            logits, jnp.where(recent, history, -1), rows.repeat_penalty
+        )
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if not mode.sampled:
         return greedy
     keys = row_keys(rows, positions)
     temp = jnp.where(rows.temperature > 0, rows.temperature, 1.0)[:, None]
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)  # [B, vocab]
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(
+        keys
+    )  # [B, vocab]
     filtered = (rows.top_k > 0) | (rows.top_p < 1.0) | (rows.min_p > 0.0)
     keep = keep_mask(logits, rows, mode.cap) | ~filtered[:, None]
-    tokens = jnp.argmax(jnp.where(keep, logits / temp + gumbel, -jnp.inf), axis=-1).astype(jnp.int32)
+    tokens = jnp.argmax(jnp.where(keep, logits / temp + gumbel, -jnp.inf), axis=-1).astype(
+        jnp.int32
+    )
     return jnp.where(rows.temperature > 0, tokens, greedy)

@@ -31,12 +31,12 @@ import jax
 import numpy as np
 
 from minfer_jax import validate
-
 from minfer_jax.engine import steps
+from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey
+from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.errors import ContextOverflowError
-from minfer_jax.engine.plan import Plan
-from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
+from minfer_jax.model.cache import KVCache
 
 _ids = itertools.count()
 
@@ -87,8 +87,12 @@ class TextStream:
 
     def take(self) -> str:
         """Text that is final now (all of it once the sequence has ended)."""
-        end = len(self.text) if self.reason is not None else max(len(self.text) - self.hold, self.emitted)
-        piece, self.emitted = self.text[self.emitted:end], end
+        end = (
+            len(self.text)
+            if self.reason is not None
+            else max(len(self.text) - self.hold, self.emitted)
+        )
+        piece, self.emitted = self.text[self.emitted : end], end
         return piece
 
 
@@ -126,9 +130,17 @@ class DecodeChunk:
 class Request:
     """One generation: prompt and settings in, streamed text and a GenerationResult out."""
 
-    def __init__(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampler: Sampler, seed: int,
-                 stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None,
-                 on_done: Callable[[Request], None] | None = None):
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampler: Sampler,
+        seed: int,
+        stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+        on_done: Callable[[Request], None] | None = None,
+    ):
         self.id = next(_ids)
         self.prompt = [int(t) for t in prompt_ids]
         self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
@@ -143,7 +155,8 @@ class Request:
         self.chunks: list[tuple[int, int, int]] = []
         self.produced = 0  # tokens sampled by dispatched work (the first by the last prefill chunk)
         self.cached = 0  # prompt tokens reused from the slot's previous sequence (prefix reuse)
-        self.limit = 0  # most tokens this sequence may produce (max_new_tokens, or the context's room)
+        # most tokens this sequence may produce (max_new_tokens, or the context's room)
+        self.limit = 0
         self.timing = Timing()
 
     def cancel(self) -> None:
@@ -164,9 +177,17 @@ class Request:
         if self.error is not None:
             raise self.error
         s, t = self.stream, self.timing
-        return steps.GenerationResult(tokens=list(s.tokens), text=s.text, prompt_tokens=self.prompt,
-                                       stop_reason=s.reason, prefill_s=t.prefill_s, decode_s=t.decode_s,
-                                       compile_s=t.compile_s, cached_tokens=self.cached)
+        assert s is not None and s.reason is not None  # done without an error: finished
+        return steps.GenerationResult(
+            tokens=list(s.tokens),
+            text=s.text,
+            prompt_tokens=self.prompt,
+            stop_reason=s.reason,
+            prefill_s=t.prefill_s,
+            decode_s=t.decode_s,
+            compile_s=t.compile_s,
+            cached_tokens=self.cached,
+        )
 
 
 class Scheduler:
@@ -178,28 +199,47 @@ class Scheduler:
         # (plan keys' `covers`); engine/warmup.py compiles the rest in the background
         self.compile_in_loop = compile_in_loop
         self.stand_ins = 0  # dispatches that ran on a covering executable instead of their own
-        self.cache = self.state = None  # allocated on first use, donated through every step
+        # allocated on first use, donated through every step
+        self.cache: KVCache | None = None
+        self.state: steps.SlotState | None = None
         self.free_slots = list(range(plan.n_seqs))
         # per free slot, the tokens whose K/V it still holds at positions [0, len) (prefix reuse)
         self.slot_tokens: dict[int, list[int]] = {}
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
-        self.inflight: collections.deque[FirstToken | DecodeChunk] = collections.deque()  # dispatched, not read
+        self.inflight: collections.deque[FirstToken | DecodeChunk] = (
+            collections.deque()
+        )  # dispatched, not read
         self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self.compile_s = 0.0  # every compile this loop waited for
         self.tokens_out = 0  # tokens handed to requests (metrics)
         self._wake = threading.Event()
 
     # -- submitting ------------------------------------------------------------------------
-    def submit(self, prompt_ids: Sequence[int], *, max_new_tokens: int = 128, sampler: Sampler | None = None,
-               seed: int = 0, stop: Sequence[str] = (), on_text: Callable[[str], None] | None = None,
-               on_done: Callable[[Request], None] | None = None) -> Request:
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        sampler: Sampler | None = None,
+        seed: int = 0,
+        stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+        on_done: Callable[[Request], None] | None = None,
+    ) -> Request:
         """Queue a generation (thread-safe); the loop picks it up at its next step."""
         prompt_ids = validate.token_ids(prompt_ids, self.model.config.vocab_size, "prompt")
         validate.integer("max_new_tokens", max_new_tokens, 0, validate.INT32_MAX)
-        req = Request(prompt_ids, max_new_tokens=max_new_tokens, sampler=sampler or Sampler(temperature=0.0),
-                      seed=seed, stop=stop, on_text=on_text, on_done=on_done)
+        req = Request(
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            sampler=sampler or Sampler(temperature=0.0),
+            seed=seed,
+            stop=stop,
+            on_text=on_text,
+            on_done=on_done,
+        )
         self.check(req)
         self.incoming.put(req)
         self._wake.set()
@@ -209,12 +249,20 @@ class Scheduler:
         """The context check (ids and limits are validated by submit)."""
         n, ctx = len(req.prompt), self.plan.ctx
         if n >= ctx:
-            raise ContextOverflowError(f"the prompt is {n} tokens but the context holds {ctx}, which leaves no room "
-                                       "to generate; use a larger context (-c, ctx_size) or a shorter prompt")
+            raise ContextOverflowError(
+                f"the prompt is {n} tokens but the context holds {ctx}, which leaves no room "
+                "to generate; use a larger context (-c, ctx_size) or a shorter prompt"
+            )
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.decoding or self.inflight or not self.incoming.empty())
+        return bool(
+            self.waiting
+            or self.prefilling
+            or self.decoding
+            or self.inflight
+            or not self.incoming.empty()
+        )
 
     def run(self, requests: Sequence[Request] = ()) -> None:
         """Step until these requests (or, with none given, all) are done."""
@@ -239,7 +287,11 @@ class Scheduler:
             self._admit()
             dispatched = self._dispatch_prefill()
             dispatched = self._dispatch_decode() or dispatched
-            keep = 1 if dispatched and self.inflight and isinstance(self.inflight[-1], DecodeChunk) else 0
+            keep = (
+                1
+                if dispatched and self.inflight and isinstance(self.inflight[-1], DecodeChunk)
+                else 0
+            )
             while len(self.inflight) > keep:
                 self._read(self.inflight.popleft())
         except BaseException as e:
@@ -249,7 +301,9 @@ class Scheduler:
     def _admit(self) -> None:
         while not self.incoming.empty():
             self.waiting.append(self.incoming.get())
-        for req in [r for r in itertools.chain(self.waiting, self.prefilling, self.decoding) if r.cancelled]:
+        for req in [
+            r for r in itertools.chain(self.waiting, self.prefilling, self.decoding) if r.cancelled
+        ]:
             self._finish(req, StopReason.CANCELLED)
         while self.waiting and self.free_slots:
             req = self.waiting.popleft()
@@ -258,15 +312,21 @@ class Scheduler:
     def _start(self, req: Request) -> None:
         plan, n = self.plan, len(req.prompt)
         req.limit = min(req.max_new_tokens, plan.ctx - n)
-        req.stream = TextStream(self.model.tokenizer, max_new_tokens=req.max_new_tokens, limit=plan.ctx - n,
-                                stop=req.stop)
+        req.stream = TextStream(
+            self.model.tokenizer,
+            max_new_tokens=req.max_new_tokens,
+            limit=plan.ctx - n,
+            stop=req.stop,
+        )
         if req.max_new_tokens == 0:
             self._finish(req, StopReason.LENGTH)
             return
         self._ensure_state()
         req.slot, req.cached = self._take_slot(req.prompt)
         if self.compile_in_loop:
-            req.timing.compile_s = self.compile(self.needed(n, req.max_new_tokens, req.sampler, start=req.cached))
+            req.timing.compile_s = self.compile(
+                self.needed(n, req.max_new_tokens, req.sampler, start=req.cached)
+            )
         req.chunks = plan.chunks(n - req.cached, req.cached)
         req.timing.start, req.timing.compile_at_start = time.perf_counter(), self.compile_s
         self.prefilling.append(req)
@@ -275,6 +335,7 @@ class Scheduler:
         """The free slot whose kept tokens share the longest prefix with prompt, and how many of
         them to reuse (at least one prompt token is prefilled: it yields the first token's
         logits). Without a match: a slot that keeps nothing, else the one freed longest ago."""
+
         def shared(slot: int) -> int:
             kept = self.slot_tokens.get(slot, ())
             n = 0
@@ -298,10 +359,16 @@ class Scheduler:
         start: prompt tokens a slot already holds (prefix reuse)."""
         plan = self.plan
         mode = SamplerMode.of([sampler])
-        keys = list(dict.fromkeys(plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt - start, start)))
+        keys: list[PrefillKey | DecodeKey] = list(
+            dict.fromkeys(
+                plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt - start, start)
+            )
+        )
         if max_new > 1:
             batch_mode = SamplerMode.of([r.sampler for r in self.decoding] + [sampler])
-            keys.append(plan.decode_key(len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode))
+            keys.append(
+                plan.decode_key(len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode)
+            )
         return keys
 
     def compile(self, keys) -> float:
@@ -320,9 +387,12 @@ class Scheduler:
         covers it while its own is not compiled yet."""
         if self.compile_in_loop or self.model.is_compiled(key):
             return key
-        covering = [k for k in self.model.compiled_keys() if type(k) is type(key) and k.covers(key, start)]
+        covering = [
+            k for k in self.model.compiled_keys() if type(k) is type(key) and k.covers(key, start)
+        ]
         if not covering:
-            return key  # nothing compiled serves it: compile here (a server compiles plan.ready_keys first)
+            # nothing compiled serves it: compile here (a server compiles plan.ready_keys first)
+            return key
         self.stand_ins += 1
         return min(covering, key=lambda k: k.cost)
 
@@ -347,15 +417,24 @@ class Scheduler:
         start, bucket, n_valid = req.chunks.pop(0)
         key = self._runnable(self.plan.prefill_key(bucket, self.mode([req.sampler])), start)
         tokens = np.zeros((key.bucket,), np.int32)
-        tokens[:n_valid] = req.prompt[start:start + n_valid]
+        tokens[:n_valid] = req.prompt[start : start + n_valid]
         width = self.plan.history
         history = np.full((width,), -1, np.int32)
-        tail = req.prompt[max(0, start + n_valid - width):start + n_valid] if width else []
-        history[width - len(tail):] = tail
+        tail = req.prompt[max(0, start + n_valid - width) : start + n_valid] if width else []
+        history[width - len(tail) :] = tail
         exe = self._exe(key)
-        token, self.state, self.cache = exe(self.model.params, self.cache, self.state, tokens, np.int32(req.slot),
-                                            np.int32(start), np.int32(n_valid), history,
-                                            RowSettings.of([req.sampler], [req.seed]))
+        assert req.slot is not None  # prefilling requests hold a slot
+        token, self.state, self.cache = exe(
+            self.model.params,
+            self.cache,
+            self.state,
+            tokens,
+            np.int32(req.slot),
+            np.int32(start),
+            np.int32(n_valid),
+            history,
+            RowSettings.of([req.sampler], [req.seed]),
+        )
         if not req.chunks:
             self.prefilling.popleft()
             req.produced = 1
@@ -376,8 +455,14 @@ class Scheduler:
         for i, r in enumerate(rows):
             slots[i], positions[i] = r.slot, len(r.prompt) + r.produced - 1
         exe = self._exe(key)
-        out, self.state, self.cache = exe(self.model.params, self.cache, self.state, slots, positions,
-                                          RowSettings.of([r.sampler for r in rows], [r.seed for r in rows], width))
+        out, self.state, self.cache = exe(
+            self.model.params,
+            self.cache,
+            self.state,
+            slots,
+            positions,
+            RowSettings.of([r.sampler for r in rows], [r.seed for r in rows], width),
+        )
         valid = []
         for r in rows:
             valid.append(min(plan.decode_steps, r.limit - r.produced))
@@ -393,6 +478,7 @@ class Scheduler:
                 return
             t = req.timing
             t.first = time.perf_counter()
+            assert t.start is not None  # set when its prefill was dispatched
             t.prefill_s = t.first - t.start - (self.compile_s - t.compile_at_start)
             t.compile_at_first = self.compile_s
             self._deliver(req, [token])
@@ -403,14 +489,16 @@ class Scheduler:
                 self._deliver(req, out[:valid, i].tolist())
 
     def _deliver(self, req: Request, tokens: list[int]) -> None:
+        stream = req.stream
+        assert stream is not None  # tokens reach started requests only
         for t in tokens:
-            req.stream.push(t)
+            stream.push(t)
         self.tokens_out += len(tokens)
-        piece = req.stream.take()
+        piece = stream.take()
         if piece and req.on_text is not None:
             req.on_text(piece)
-        if req.finished:
-            self._finish(req, req.stream.reason)
+        if stream.reason is not None:  # req.finished
+            self._finish(req, stream.reason)
 
     def _finish(self, req: Request, reason: StopReason) -> None:
         if req.stream is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from minfer_jax import ops
-
 from minfer_jax.engine import sampling
 from minfer_jax.errors import MinferError
 from minfer_jax.files.gguf import GGUFModel, RawTensor
@@ -52,7 +52,9 @@ def make_mesh(degree: int, devices=None) -> Mesh:
     """A 1-D mesh over the first `degree` devices (all processes' devices under jax.distributed)."""
     devices = list(jax.devices() if devices is None else devices)
     if isinstance(degree, bool) or not isinstance(degree, int) or not 1 <= degree <= len(devices):
-        raise ShardingError(f"tensor_parallel must be an integer in 1..{len(devices)} (devices), got {degree!r}")
+        raise ShardingError(
+            f"tensor_parallel must be an integer in 1..{len(devices)} (devices), got {degree!r}"
+        )
     return Mesh(np.asarray(devices[:degree]), (AXIS,))
 
 
@@ -74,25 +76,39 @@ class Split:
 
 def _blocks_of(model: GGUFModel, role: str) -> int:
     """The widest GGUF block along K of one role over all layers (1 for float formats)."""
-    return max(get_format(model.tensors[f"blk.{i}.{role}.weight"].qtype).block for i in range(model.config.n_layers))
+    return max(
+        get_format(model.tensors[f"blk.{i}.{role}.weight"].qtype).block
+        for i in range(model.config.n_layers)
+    )
 
 
 def split_of(model: GGUFModel, degree: int) -> Split:
     """The split of a GGUF's matrices (block widths from its ffn_down / attn_output formats)."""
-    return plan_split(model.config, degree, o_block=_blocks_of(model, "attn_output"),
-                      ff_block=_blocks_of(model, "ffn_down"))
+    return plan_split(
+        model.config,
+        degree,
+        o_block=_blocks_of(model, "attn_output"),
+        ff_block=_blocks_of(model, "ffn_down"),
+    )
 
 
 def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Split:
     """Shard rows and K windows for `degree` shards; K splits fall on o_block / ff_block weights."""
     n = degree
     if cfg.n_heads % n:
-        raise ShardingError(f"tensor_parallel {n} does not divide the model's {cfg.n_heads} query heads")
+        raise ShardingError(
+            f"tensor_parallel {n} does not divide the model's {cfg.n_heads} query heads"
+        )
     if cfg.n_kv_heads % n and n % cfg.n_kv_heads:
-        raise ShardingError(f"tensor_parallel {n} and the model's {cfg.n_kv_heads} KV heads: one must divide the other")
+        raise ShardingError(
+            f"tensor_parallel {n} and the model's {cfg.n_kv_heads} KV heads: one must divide the "
+            "other"
+        )
     heads, hd = cfg.n_heads // n, cfg.head_dim
     kv_heads = max(1, cfg.n_kv_heads // n)
-    kv_first = tuple(s * kv_heads if cfg.n_kv_heads >= n else s * cfg.n_kv_heads // n for s in range(n))
+    kv_first = tuple(
+        s * kv_heads if cfg.n_kv_heads >= n else s * cfg.n_kv_heads // n for s in range(n)
+    )
     fb = ff_block
     nb = cfg.d_ff // fb
     counts = [nb // n + (s < nb % n) for s in range(n)]  # whole down blocks per shard
@@ -102,22 +118,32 @@ def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Spli
     owned = [(s * heads * hd, (s + 1) * heads * hd) for s in range(n)]
     o_starts = tuple(a // ob * ob for a, _ in owned)
     o_width = max(round_up(b, ob) - w for (_, b), w in zip(owned, o_starts))
-    return Split(degree=n, heads=heads, kv_heads=kv_heads, kv_first=kv_first, ff_ranges=ff_ranges,
-                 ff_width=max(counts) * fb, o_starts=o_starts, o_width=o_width,
-                 o_offsets=tuple(a - w for (a, _), w in zip(owned, o_starts)),
-                 vocab_local=-(-cfg.vocab_size // n))
+    return Split(
+        degree=n,
+        heads=heads,
+        kv_heads=kv_heads,
+        kv_first=kv_first,
+        ff_ranges=ff_ranges,
+        ff_width=max(counts) * fb,
+        o_starts=o_starts,
+        o_width=o_width,
+        o_offsets=tuple(a - w for (a, _), w in zip(owned, o_starts)),
+        vocab_local=-(-cfg.vocab_size // n),
+    )
 
 
 def local_config(cfg: Config, split: Split) -> Config:
     """The Config one shard's layer math runs with: its heads, KV heads and d_ff slice (d_model, the
     residual width, stays whole; the shard's q width is its q_dim, heads x head_dim)."""
-    return dataclasses.replace(cfg, n_heads=split.heads, n_kv_heads=split.kv_heads, d_ff=split.ff_width,
-                               tied_output=False)
+    return dataclasses.replace(
+        cfg, n_heads=split.heads, n_kv_heads=split.kv_heads, d_ff=split.ff_width, tied_output=False
+    )
 
 
 # -- raw GGUF tensors cut per shard (before any repacking: whole rows and whole blocks) ---------
 def _rows(t: RawTensor, a: int, b: int, n_out: int) -> RawTensor:
-    """Rows [a, b) of t, zero rows appended up to n_out (zero bytes decode to zero in every format)."""
+    """Rows [a, b) of t, zero rows appended up to n_out (zero bytes decode to zero in every
+    format)."""
     data = np.asarray(t.data)[a:b]
     pad = np.zeros((n_out - (b - a), *data.shape[1:]), data.dtype)
     return RawTensor(t.name, t.qtype, (n_out, *t.shape[1:]), np.concatenate([data, pad]))
@@ -135,23 +161,35 @@ def _k_window(t: RawTensor, k0: int, width: int) -> RawTensor:
     return RawTensor(t.name, t.qtype, (rows, width), window)
 
 
-_REPLICATED_LAYER_VECTORS = ("attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight",
-                             "post_attention_norm.weight", "post_ffw_norm.weight")
+_REPLICATED_LAYER_VECTORS = (
+    "attn_norm.weight",
+    "ffn_norm.weight",
+    "attn_q_norm.weight",
+    "attn_k_norm.weight",
+    "post_attention_norm.weight",
+    "post_ffw_norm.weight",
+)
 
 
 def shard_tensors(model: GGUFModel, split: Split, s: int) -> dict[str, RawTensor]:
     """Shard s's tensors under the GGUF names, so load_params builds its Params unchanged."""
     cfg, hd, t = model.config, model.config.head_dim, model.tensors
-    out = {n: t[n] for n in ("token_embd.weight", "output_norm.weight", "rope_freqs.weight") if n in t}
+    out: dict[str, RawTensor] = {
+        n: t[n] for n in ("token_embd.weight", "output_norm.weight", "rope_freqs.weight") if n in t
+    }
     head = t["token_embd.weight" if cfg.tied_output else "output.weight"]
     va, vb = s * split.vocab_local, min((s + 1) * split.vocab_local, cfg.vocab_size)
-    out["output.weight"] = dataclasses.replace(_rows(head, va, vb, split.vocab_local), name="output.weight")
+    out["output.weight"] = dataclasses.replace(
+        _rows(head, va, vb, split.vocab_local), name="output.weight"
+    )
     qa, kva = s * split.heads * hd, split.kv_first[s] * hd
     qn, kvn = split.heads * hd, split.kv_heads * hd
     fa, fb = split.ff_ranges[s]
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        for name in _REPLICATED_LAYER_VECTORS:  # norms (per-head q/k norms: the same [hd] on every shard)
+        for (
+            name
+        ) in _REPLICATED_LAYER_VECTORS:  # norms (per-head q/k norms: the same [hd] on every shard)
             if p + name in t:
                 out[p + name] = t[p + name]
         for part in ("weight", "bias"):
@@ -160,7 +198,9 @@ def shard_tensors(model: GGUFModel, split: Split, s: int) -> dict[str, RawTensor
             out[f"{p}attn_q.{part}"] = _rows(t[f"{p}attn_q.{part}"], qa, qa + qn, qn)
             for r in ("attn_k", "attn_v"):
                 out[f"{p}{r}.{part}"] = _rows(t[f"{p}{r}.{part}"], kva, kva + kvn, kvn)
-        out[p + "attn_output.weight"] = _k_window(t[p + "attn_output.weight"], split.o_starts[s], split.o_width)
+        out[p + "attn_output.weight"] = _k_window(
+            t[p + "attn_output.weight"], split.o_starts[s], split.o_width
+        )
         for r in ("ffn_gate", "ffn_up"):
             out[f"{p}{r}.weight"] = _rows(t[f"{p}{r}.weight"], fa, fb, split.ff_width)
         out[p + "ffn_down.weight"] = _k_window(t[p + "ffn_down.weight"], fa, split.ff_width)
@@ -170,20 +210,30 @@ def shard_tensors(model: GGUFModel, split: Split, s: int) -> dict[str, RawTensor
 def _assemble(mesh: Mesh, *leaves: jax.Array) -> jax.Array:
     """One global array from each local shard's leaf (on its device), concatenated along axis 0."""
     shape = (leaves[0].shape[0] * mesh.devices.size, *leaves[0].shape[1:])
-    return jax.make_array_from_single_device_arrays(shape, NamedSharding(mesh, PARAMS_SPEC), list(leaves))
+    return jax.make_array_from_single_device_arrays(
+        shape, NamedSharding(mesh, PARAMS_SPEC), list(leaves)
+    )
 
 
-def shard_params(model: GGUFModel, split: Split, mesh: Mesh, opts: LoadOptions = LoadOptions()) -> Params:
+def shard_params(
+    model: GGUFModel, split: Split, mesh: Mesh, opts: LoadOptions = LoadOptions()
+) -> Params:
     """Params whose leaves are split over the mesh (static shapes: one shard's), built shard by
     shard on the shard's own device (this process's devices only: the multi-host path)."""
     local_cfg = local_config(model.config, split)
-    shards = [load_params(dataclasses.replace(model, config=local_cfg, tensors=shard_tensors(model, split, s)),
-                          opts, device=dev)
-              for s, dev in enumerate(mesh.devices.flat) if dev.process_index == jax.process_index()]
+    shards = [
+        load_params(
+            dataclasses.replace(model, config=local_cfg, tensors=shard_tensors(model, split, s)),
+            opts,
+            device=dev,
+        )
+        for s, dev in enumerate(mesh.devices.flat)
+        if dev.process_index == jax.process_index()
+    ]
     return jax.tree.map(functools.partial(_assemble, mesh), *shards)
 
 
-# -- the in-shard hooks (model/layers.py / steps.py `par`) and the shard_map wrappers -------------------
+# -- the in-shard hooks (model/layers.py / steps.py `par`) and the shard_map wrappers --------------
 @dataclasses.dataclass(frozen=True)
 class TensorParallel:
     """Static (hashable) description of a split model; its methods run inside shard_map."""
@@ -206,52 +256,80 @@ class TensorParallel:
         return jax.lax.psum(ops.matmul(x, w, impl), AXIS)
 
     def _vocab_ids(self) -> jax.Array:
-        return jax.lax.axis_index(AXIS) * self.split.vocab_local + jnp.arange(self.split.vocab_local)
+        return jax.lax.axis_index(AXIS) * self.split.vocab_local + jnp.arange(
+            self.split.vocab_local
+        )
 
     def full_logits(self, local: jax.Array) -> jax.Array:
         """[..., vocab / TP] per shard -> [..., vocab] (the padding rows dropped)."""
-        return jax.lax.all_gather(local, AXIS, axis=local.ndim - 1, tiled=True)[..., :self.config.vocab_size]
+        return jax.lax.all_gather(local, AXIS, axis=local.ndim - 1, tiled=True)[
+            ..., : self.config.vocab_size
+        ]
 
-    def sample_rows(self, local: jax.Array, positions, rows, history, mode: sampling.SamplerMode) -> jax.Array:
-        """Greedy batches: argmax per shard, then the TP (max, index) pairs; else over gathered logits."""
+    def sample_rows(
+        self, local: jax.Array, positions, rows, history, mode: sampling.SamplerMode
+    ) -> jax.Array:
+        """Greedy batches: argmax per shard, then the TP (max, index) pairs; else over gathered
+        logits."""
         if mode.sampled or mode.penalty:
             return sampling.sample_rows(self.full_logits(local), positions, rows, history, mode)
         ids = self._vocab_ids()
-        masked = jnp.where(ids < self.config.vocab_size, local.astype(jnp.float32), -jnp.inf)  # [B, Vl]
+        masked = jnp.where(
+            ids < self.config.vocab_size, local.astype(jnp.float32), -jnp.inf
+        )  # [B, Vl]
         best = jnp.max(masked, axis=-1)  # [B]
         where = ids[jnp.argmax(masked, axis=-1)]
         all_best = jax.lax.all_gather(best, AXIS)  # [TP, B]: the first shard holding the max wins,
         all_where = jax.lax.all_gather(where, AXIS)  # as jnp.argmax's first maximum does
-        return jnp.take_along_axis(all_where, jnp.argmax(all_best, axis=0)[None], axis=0)[0].astype(jnp.int32)
+        return jnp.take_along_axis(all_where, jnp.argmax(all_best, axis=0)[None], axis=0)[0].astype(
+            jnp.int32
+        )
 
     # -- the cache --------------------------------------------------------------------------
     def cache_shape(self, n_slots: int, max_len: int) -> tuple[int, int, int, int]:
         return (n_slots, self.degree * self.split.kv_heads, max_len, self.config.head_dim)
 
     def cache_spec(self, n_slots: int, max_len: int, dtype) -> KVCache:
-        spec = jax.ShapeDtypeStruct(self.cache_shape(n_slots, max_len), jnp.dtype(dtype),
-                                    sharding=NamedSharding(self.mesh, CACHE_SPEC))
-        return KVCache(k=(spec,) * self.config.n_layers, v=(spec,) * self.config.n_layers)
+        spec = jax.ShapeDtypeStruct(
+            self.cache_shape(n_slots, max_len),
+            jnp.dtype(dtype),
+            sharding=NamedSharding(self.mesh, CACHE_SPEC),
+        )
+        # abstract (for lowering), typed as the arrays it stands for
+        specs = cast(tuple[jax.Array, ...], (spec,) * self.config.n_layers)
+        return KVCache(k=specs, v=specs)
 
     def init_cache(self, n_slots: int, max_len: int, dtype=jnp.float32) -> KVCache:
-        zeros = jax.jit(lambda: jnp.zeros(self.cache_shape(n_slots, max_len), dtype),
-                        out_shardings=NamedSharding(self.mesh, CACHE_SPEC))
-        return KVCache(k=tuple(zeros() for _ in range(self.config.n_layers)),
-                       v=tuple(zeros() for _ in range(self.config.n_layers)))
+        zeros = jax.jit(
+            lambda: jnp.zeros(self.cache_shape(n_slots, max_len), dtype),
+            out_shardings=NamedSharding(self.mesh, CACHE_SPEC),
+        )
+        return KVCache(
+            k=tuple(zeros() for _ in range(self.config.n_layers)),
+            v=tuple(zeros() for _ in range(self.config.n_layers)),
+        )
 
     # -- engine step functions over the mesh --------------------------------------------------
     def shard_step(self, fn, kind: str):
-        """engine.prefill_chunk / decode_chunk / prompt_logits (cfg, impl, mode bound) over the mesh."""
+        """engine.prefill_chunk / decode_chunk / prompt_logits (cfg, impl, mode bound) over the
+        mesh."""
         r, c = REPLICATED, CACHE_SPEC
         in_specs, out_specs = {
             "prefill": ((PARAMS_SPEC, c, r, r, r, r, r, r, r), (r, r, c)),
             "decode": ((PARAMS_SPEC, c, r, r, r, r), (r, r, c)),
             "logits": ((PARAMS_SPEC, c, r, r, r), (r, c)),
         }[kind]
-        return jax.shard_map(functools.partial(fn, par=self), mesh=self.mesh, in_specs=in_specs,
-                             out_specs=out_specs, check_vma=False)  # pallas_call has no replication rule
+        return jax.shard_map(
+            functools.partial(fn, par=self),
+            mesh=self.mesh,
+            in_specs=in_specs,
+            out_specs=out_specs,
+            check_vma=False,
+        )  # pallas_call has no replication rule
 
 
 def tensor_parallel(model: GGUFModel, degree: int, devices=None) -> TensorParallel:
     split = split_of(model, degree)
-    return TensorParallel(make_mesh(degree, devices), split, model.config, local_config(model.config, split))
+    return TensorParallel(
+        make_mesh(degree, devices), split, model.config, local_config(model.config, split)
+    )

@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax import ops
+from minfer_jax.engine.sampling import RowSettings, SamplerMode, push_history, sample_rows
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.decoder import forward_chunk, forward_decode, logits_from_hidden
 from minfer_jax.model.weights import Params
-from minfer_jax.engine.sampling import RowSettings, SamplerMode, push_history, sample_rows
 
 
 @jax.tree_util.register_dataclass
@@ -40,12 +40,28 @@ class SlotState:
 
 
 def init_slot_state(n_slots: int, history: int) -> SlotState:
-    return SlotState(last_token=jnp.zeros((n_slots,), jnp.int32), history=jnp.full((n_slots, history), -1, jnp.int32))
+    return SlotState(
+        last_token=jnp.zeros((n_slots,), jnp.int32),
+        history=jnp.full((n_slots, history), -1, jnp.int32),
+    )
 
 
-def prefill_chunk(params: Params, cache: KVCache, state: SlotState, tokens: jax.Array, slot: jax.Array,
-                  start: jax.Array, n_valid: jax.Array, history: jax.Array, rows: RowSettings, *, cfg: Config,
-                  impl: ops.Impl, mode: SamplerMode, par=None):
+def prefill_chunk(
+    params: Params,
+    cache: KVCache,
+    state: SlotState,
+    tokens: jax.Array,
+    slot: jax.Array,
+    start: jax.Array,
+    n_valid: jax.Array,
+    history: jax.Array,
+    rows: RowSettings,
+    *,
+    cfg: Config,
+    impl: ops.Impl,
+    mode: SamplerMode,
+    par=None,
+):
     """Run tokens [C] (the first n_valid real) of sequence `slot` from position `start`.
 
     Samples the token after the last valid one with the slot's settings `rows` ([1] each) and its
@@ -53,22 +69,40 @@ def prefill_chunk(params: Params, cache: KVCache, state: SlotState, tokens: jax.
     host. Returns (token, state, cache); only the last chunk of a prompt's token matters.
     """
     h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)  # [C, d]
-    last = jax.lax.dynamic_slice_in_dim(h, n_valid - 1, 1, axis=0)  # [1, d]: one row through the head
+    last = jax.lax.dynamic_slice_in_dim(
+        h, n_valid - 1, 1, axis=0
+    )  # [1, d]: one row through the head
     logits = logits_from_hidden(params, last, impl)
     token = _sample(par, logits, (start + n_valid)[None], rows, history[None], mode)
     history = push_history(history[None], token)[0]
-    state = SlotState(last_token=state.last_token.at[slot].set(token[0]), history=state.history.at[slot].set(history))
+    state = SlotState(
+        last_token=state.last_token.at[slot].set(token[0]),
+        history=state.history.at[slot].set(history),
+    )
     return token[0], state, cache
 
 
-def decode_chunk(params: Params, cache: KVCache, state: SlotState, slots: jax.Array, positions: jax.Array,
-                 rows: RowSettings, *, cfg: Config, impl: ops.Impl, mode: SamplerMode, n_steps: int,
-                 span: int | None = None, par=None):
+def decode_chunk(
+    params: Params,
+    cache: KVCache,
+    state: SlotState,
+    slots: jax.Array,
+    positions: jax.Array,
+    rows: RowSettings,
+    *,
+    cfg: Config,
+    impl: ops.Impl,
+    mode: SamplerMode,
+    n_steps: int,
+    span: int | None = None,
+    par=None,
+):
     """Advance rows [B] (slot slots[b], feeding its last token at positions[b]) by n_steps tokens.
 
     span (static, XLA path): attend over cache positions [0, span) (positions + n_steps <= span).
     Returns (tokens [n_steps, B] int32, state, cache).
     """
+
     def step(i, carry):
         out, tokens, history, cache = carry
         pos = positions + i
@@ -79,14 +113,26 @@ def decode_chunk(params: Params, cache: KVCache, state: SlotState, slots: jax.Ar
     out = jnp.zeros((n_steps, slots.shape[0]), jnp.int32)
     # only the penalty reads or grows the history: other modes leave it where it is
     history = state.history[slots] if mode.penalty else jnp.zeros((slots.shape[0], 0), jnp.int32)
-    out, tokens, history, cache = jax.lax.fori_loop(0, n_steps, step, (out, state.last_token[slots], history, cache))
+    out, tokens, history, cache = jax.lax.fori_loop(
+        0, n_steps, step, (out, state.last_token[slots], history, cache)
+    )
     history = state.history.at[slots].set(history) if mode.penalty else state.history
     return out, SlotState(last_token=state.last_token.at[slots].set(tokens), history=history), cache
 
 
-def prompt_logits(params: Params, cache: KVCache, tokens: jax.Array, slot: jax.Array, start: jax.Array, *,
-                  cfg: Config, impl: ops.Impl, par=None):
-    """Logits at every position of tokens [T] of sequence `slot` from `start`: ([T, vocab] f32, cache)."""
+def prompt_logits(
+    params: Params,
+    cache: KVCache,
+    tokens: jax.Array,
+    slot: jax.Array,
+    start: jax.Array,
+    *,
+    cfg: Config,
+    impl: ops.Impl,
+    par=None,
+):
+    """Logits at every position of tokens [T] of sequence `slot` from `start`:
+    ([T, vocab] f32, cache)."""
     h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)
     logits = logits_from_hidden(params, h, impl)
     return (logits if par is None else par.full_logits(logits)), cache
@@ -119,7 +165,8 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     compile_s: float
-    cached_tokens: int = 0  # prompt tokens whose K/V a previous request left in the slot (not prefilled again)
+    # prompt tokens whose K/V a previous request left in the slot (not prefilled again)
+    cached_tokens: int = 0
 
     @property
     def n_prompt(self) -> int:

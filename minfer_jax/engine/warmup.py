@@ -81,10 +81,17 @@ class Warmup:
                     if stop.is_set():
                         return
                     self._one(key, f"background {i}/{len(keys)}")
-                self.log(f"background: all {len(keys)} executables ready in {time.perf_counter() - t0:.1f} s")
-            except BaseException as e:  # the stand-ins keep serving; report it, don't kill the server
+                self.log(
+                    f"background: all {len(keys)} executables ready in "
+                    f"{time.perf_counter() - t0:.1f} s"
+                )
+            except (
+                BaseException
+            ) as e:  # the stand-ins keep serving; report it, don't kill the server
                 self.error = e
-                self.log(f"background compile failed: {e!r}; requests keep running on the ready set")
+                self.log(
+                    f"background compile failed: {e!r}; requests keep running on the ready set"
+                )
             finally:
                 self.done.set()
 

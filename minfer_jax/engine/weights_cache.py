@@ -100,8 +100,16 @@ def cache_key(path: str, opts) -> str | None:
             h.update(f.read(_PROBE))
     except OSError:
         return None
-    parts = [f"format={FORMAT}", f"file={real}", f"size={st.st_size}", f"mtime={st.st_mtime_ns}",
-             f"probe={h.hexdigest()}", f"opts={opts!r}", f"jax={jax.__version__}", f"source={_producers_hash()}"]
+    parts = [
+        f"format={FORMAT}",
+        f"file={real}",
+        f"size={st.st_size}",
+        f"mtime={st.st_mtime_ns}",
+        f"probe={h.hexdigest()}",
+        f"opts={opts!r}",
+        f"jax={jax.__version__}",
+        f"source={_producers_hash()}",
+    ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -114,7 +122,8 @@ class WeightsCache:
         return self.directory / f"{digest}{_SUFFIX}"
 
     def get(self, digest: str, device):
-        """The params of an entry on `device` (mapped, not read, where the backend allows), or None."""
+        """The params of an entry on `device` (mapped, not read, where the backend allows), or
+        None."""
         path = self.path(digest)
         try:
             f = open(path, "rb")
@@ -134,22 +143,35 @@ class WeightsCache:
                 start = _aligned(_PREFIX + n)
                 size = os.fstat(f.fileno()).st_size
                 if size != start + header["data_bytes"]:
-                    raise ValueError(f"{size} bytes, the header says {start + header['data_bytes']} (truncated?)")
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays valid after the close
-            host = [np.frombuffer(data, jnp.dtype(dtype), int(np.prod(shape)), start + offset).reshape(shape)
-                    for offset, shape, dtype in header["leaves"]]
+                    raise ValueError(
+                        f"{size} bytes, the header says {start + header['data_bytes']} (truncated?)"
+                    )
+                data = mmap.mmap(
+                    f.fileno(), 0, access=mmap.ACCESS_READ
+                )  # stays valid after the close
+            host = [
+                np.frombuffer(data, jnp.dtype(dtype), int(np.prod(shape)), start + offset).reshape(
+                    shape
+                )
+                for offset, shape, dtype in header["leaves"]
+            ]
             leaves = jax.device_put(host, device)
             params = jax.tree_util.tree_unflatten(header["treedef"], leaves)
         except Exception as e:  # noqa: BLE001  corrupt or foreign: a miss, rebuilt and overwritten
-            _log.warning("weights cache: %s is unusable (%s: %s); rebuilding the weights", path.name,
-                         type(e).__name__, e)
+            _log.warning(
+                "weights cache: %s is unusable (%s: %s); rebuilding the weights",
+                path.name,
+                type(e).__name__,
+                e,
+            )
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # least-recently-used order for pruning
         return params
 
     def put(self, digest: str, params) -> bool:
-        """Write the params' host bytes atomically; False when they do not fit the cache or the disk."""
+        """Write the params' host bytes atomically; False when they do not fit the cache or the
+        disk."""
         leaves, treedef = jax.tree_util.tree_flatten(params)
         layout, size = [], 0  # offsets relative to the data's start
         for x in leaves:
@@ -157,22 +179,30 @@ class WeightsCache:
             layout.append((size, tuple(int(s) for s in x.shape), jnp.dtype(x.dtype).name))
             size += int(x.size) * jnp.dtype(x.dtype).itemsize
         try:
-            blob = pickle.dumps(dict(format=FORMAT, treedef=treedef, leaves=layout, data_bytes=size),
-                                protocol=pickle.HIGHEST_PROTOCOL)
+            blob = pickle.dumps(
+                dict(format=FORMAT, treedef=treedef, leaves=layout, data_bytes=size),
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
         except Exception as e:  # noqa: BLE001  a pytree this jax cannot pickle: run without the cache
             _log.info("weights cache: cannot describe the params (%s: %s)", type(e).__name__, e)
             return False
         start = _aligned(_PREFIX + len(blob))
         total = start + size
         if total > self.max_bytes:
-            _log.info("weights cache: %.1f GB exceed %s=%g; not cached", total / 1e9, LIMIT_ENV,
-                      self.max_bytes / 2**30)
+            _log.info(
+                "weights cache: %.1f GB exceed %s=%g; not cached",
+                total / 1e9,
+                LIMIT_ENV,
+                self.max_bytes / 2**30,
+            )
             return False
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.prune(keep_free=total)
             if shutil.disk_usage(self.directory).free < total + (1 << 30):  # leave the disk a GiB
-                _log.info("weights cache: not enough free disk for %.1f GB; not cached", total / 1e9)
+                _log.info(
+                    "weights cache: not enough free disk for %.1f GB; not cached", total / 1e9
+                )
                 return False
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=_SUFFIX)
             try:
@@ -181,7 +211,7 @@ class WeightsCache:
                     f.write(_MAGIC + struct.pack("<Q", len(blob)) + blob)
                     for (off, _, _), x in zip(layout, leaves):
                         f.seek(start + off)
-                        f.write(memoryview(np.ascontiguousarray(np.asarray(x))).cast("B"))
+                        f.write(np.ascontiguousarray(np.asarray(x)).data.cast("B"))
                     f.truncate(total)
                 os.replace(tmp, self.path(digest))
             except BaseException:
@@ -238,5 +268,7 @@ class Entry:
 def entry_for(path: str, opts) -> Entry | None:
     """The cache entry of a GGUF file loaded with `opts` (None: cache off, or no file to key on)."""
     directory = cache_dir()
-    digest = cache_key(path, opts) if directory is not None else None
+    if directory is None:
+        return None
+    digest = cache_key(path, opts)
     return None if digest is None else Entry(WeightsCache(directory), digest)

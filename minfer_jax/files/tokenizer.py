@@ -26,9 +26,9 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from minfer_jax.files.chat_template import CHATML_TEMPLATE, render_chat_template
 from minfer_jax import validate
 from minfer_jax.errors import GGUFError, InvalidArgumentError, UnsupportedError
+from minfer_jax.files.chat_template import CHATML_TEMPLATE, render_chat_template
 
 # The split regex of Qwen2's tokenizer.json (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2).
 QWEN2_PATTERN = (
@@ -66,26 +66,41 @@ _QWEN2 = BytePairPre(QWEN2_PATTERN, nfc=True)
 _LLAMA3 = BytePairPre(LLAMA3_PATTERN, ignore_merges=True, add_bos=True)
 _GPT2 = BytePairPre(None)
 BPE_PRE_TOKENIZERS = {
-    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
-    "llama-bpe": _LLAMA3, "llama3": _LLAMA3, "llama-v3": _LLAMA3,
+    "qwen2": _QWEN2,
+    "deepseek-r1-qwen": _QWEN2,
+    "llama-bpe": _LLAMA3,
+    "llama3": _LLAMA3,
+    "llama-v3": _LLAMA3,
     "smollm": BytePairPre(None, digits=True),
-    "gpt-2": _GPT2, "gpt2": _GPT2,
+    "gpt-2": _GPT2,
+    "gpt2": _GPT2,
 }
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(1, 7)
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(
+    1, 7
+)
 
 # Control tokens that end a turn in the chat formats this family uses (llama.cpp's EOG names).
 END_OF_TURN_TOKENS = (
-    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
-    "<｜end▁of▁sentence｜>", "<end_of_turn>", "<EOT>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_turn>",
+    "<EOT>",
 )
 
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table that byte-level BPE tokens are spelled in."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -136,7 +151,9 @@ def _spm_token_bytes(tokens: Sequence[str], types: Sequence[int]) -> list[bytes]
                 continue
             except ValueError:
                 pass
-        out.append((text if kind == TOKEN_CONTROL else text.replace(SPM_SPACE, " ")).encode("utf-8"))
+        out.append(
+            (text if kind == TOKEN_CONTROL else text.replace(SPM_SPACE, " ")).encode("utf-8")
+        )
     return out
 
 
@@ -151,12 +168,16 @@ def _require_list(meta: Mapping[str, Any], key: str, item_type: type, source: st
     """A metadata array that must exist and hold `item_type` values."""
     value = meta.get(key)
     if not isinstance(value, (list, tuple)):
-        raise GGUFError(f"{source}: metadata {key!r} must be an array of {item_type.__name__}, "
-                        f"got {type(value).__name__}")
+        raise GGUFError(
+            f"{source}: metadata {key!r} must be an array of {item_type.__name__}, "
+            f"got {type(value).__name__}"
+        )
     for i, item in enumerate(value):
         if not isinstance(item, item_type) or isinstance(item, bool):
-            raise GGUFError(f"{source}: metadata {key!r} must be an array of {item_type.__name__}, "
-                            f"but item #{i} is {type(item).__name__} {item!r:.60}")
+            raise GGUFError(
+                f"{source}: metadata {key!r} must be an array of {item_type.__name__}, "
+                f"but item #{i} is {type(item).__name__} {item!r:.60}"
+            )
     return list(value)
 
 
@@ -166,8 +187,10 @@ def _optional_id(meta: Mapping[str, Any], key: str, n_vocab: int, source: str) -
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < n_vocab:
-        raise GGUFError(f"{source}: metadata {key!r} = {value!r} is not a token id "
-                        f"(vocabulary has {n_vocab} tokens)")
+        raise GGUFError(
+            f"{source}: metadata {key!r} = {value!r} is not a token id "
+            f"(vocabulary has {n_vocab} tokens)"
+        )
     return value
 
 
@@ -180,8 +203,10 @@ def _bpe_pre(meta: Mapping[str, Any], source: str) -> BytePairPre:
     arch = meta.get("general.architecture", "qwen2")
     pre = meta.get("tokenizer.ggml.pre", "qwen2" if arch == "qwen2" else None)
     if not isinstance(pre, str) or pre not in BPE_PRE_TOKENIZERS:
-        raise UnsupportedError(f"{source}: pre-tokenizer {pre!r} is not supported "
-                               f"(known: {', '.join(sorted(BPE_PRE_TOKENIZERS))})")
+        raise UnsupportedError(
+            f"{source}: pre-tokenizer {pre!r} is not supported "
+            f"(known: {', '.join(sorted(BPE_PRE_TOKENIZERS))})"
+        )
     return BPE_PRE_TOKENIZERS[pre]
 
 
@@ -195,37 +220,63 @@ def _split_merges(merges: list[str], tokens: list[str], source: str) -> list[tup
     vocab = set(tokens)
     for i, pair in enumerate(pairs):
         if len(pair) != 2:
-            raise GGUFError(f"{source}: merge #{i} {merges[i]!r} is not two tokens separated by a space")
+            raise GGUFError(
+                f"{source}: merge #{i} {merges[i]!r} is not two tokens separated by a space"
+            )
         for piece in (*pair, pair[0] + pair[1]):
             if piece not in vocab:
-                raise GGUFError(f"{source}: merge #{i} {merges[i]!r} needs the token {piece!r}, "
-                                "which is not in the vocabulary")
+                raise GGUFError(
+                    f"{source}: merge #{i} {merges[i]!r} needs the token {piece!r}, "
+                    "which is not in the vocabulary"
+                )
     return pairs
 
 
-def _build_backend(tokens: list[str], types: list[int], merges: list[tuple[str, str]],
-                   pre: BytePairPre, source: str) -> Any:
+def _build_backend(
+    tokens: list[str],
+    types: list[int],
+    merges: list[tuple[str, str]],
+    pre: BytePairPre,
+    source: str,
+) -> Any:
     """The tokenizers.Tokenizer that encodes byte-level BPE (see module docstring)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    vocab = dict(zip(tokens, range(len(tokens))))  # duplicate spellings: the last id wins, as in llama.cpp
+    vocab = dict(
+        zip(tokens, range(len(tokens)))
+    )  # duplicate spellings: the last id wins, as in llama.cpp
     try:
-        bpe = models.BPE(vocab, merges, unk_token=None, byte_fallback=False, ignore_merges=pre.ignore_merges,
-                         fuse_unk=False)
+        bpe = models.BPE(
+            vocab,
+            merges,
+            unk_token=None,
+            byte_fallback=False,
+            ignore_merges=pre.ignore_merges,
+            fuse_unk=False,
+        )
     except Exception as e:
         raise GGUFError(f"{source}: token merges do not fit the vocabulary: {e}") from None
     backend = Tokenizer(bpe)
     if pre.nfc:
         backend.normalizer = normalizers.NFC()
     if pre.split is not None:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(pre.split), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ])
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pre.split), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(
+                    add_prefix_space=False, trim_offsets=False, use_regex=False
+                ),
+            ]
+        )
     else:  # GPT-2's own regex inside ByteLevel, single digits split off first where asked
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
-        backend.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-                                 if pre.digits else byte_level)
+        byte_level = pre_tokenizers.ByteLevel(
+            add_prefix_space=False, trim_offsets=False, use_regex=True
+        )
+        backend.pre_tokenizer = (
+            pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+            if pre.digits
+            else byte_level
+        )
     backend.decoder = decoders.ByteLevel()
     _add_special_tokens(backend, tokens, types)
     return backend
@@ -237,10 +288,20 @@ def _add_special_tokens(backend: Any, tokens: list[str], types: list[int]) -> No
 
     # USER_DEFINED tokens (<tool_call>) are matched in text like CONTROL ones but are ordinary
     # text when decoding (HF: special=False; llama.cpp always prints them).
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, k in zip(tokens, types) if k == TOKEN_CONTROL])
-    backend.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, k in zip(tokens, types) if k == TOKEN_USER_DEFINED])
+    backend.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, k in zip(tokens, types)
+            if k == TOKEN_CONTROL
+        ]
+    )
+    backend.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, k in zip(tokens, types)
+            if k == TOKEN_USER_DEFINED
+        ]
+    )
 
 
 SPM_SPACE = "\u2581"  # SentencePiece's visible space '▁'
@@ -253,29 +314,42 @@ def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
     for piece, i in vocab.items():
-        local = [(piece[:j], piece[j:]) for j in range(1, len(piece)) if piece[:j] in vocab and piece[j:] in vocab]
+        local = [
+            (piece[:j], piece[j:])
+            for j in range(1, len(piece))
+            if piece[:j] in vocab and piece[j:] in vocab
+        ]
         local.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
         merges.extend((scores[i], lr) for lr in local)
     merges.sort(key=lambda m: -m[0])  # stable: ties keep the id order
     return [lr for _, lr in merges]
 
 
-def _build_spm_backend(tokens: list[str], types: list[int], scores: list[float], add_space_prefix: bool,
-                       unk: str | None, source: str) -> Any:
+def _build_spm_backend(
+    tokens: list[str],
+    types: list[int],
+    scores: list[float],
+    add_space_prefix: bool,
+    unk: str | None,
+    source: str,
+) -> Any:
     """SentencePiece BPE (`tokenizer.ggml.model = llama`: Llama 2, TinyLlama, Mistral, Gemma) as a
     tokenizers BPE with byte fallback to the <0xXX> tokens, the form of HF's tokenizer.json."""
     from tokenizers import Tokenizer, models, normalizers
 
     vocab = dict(zip(tokens, range(len(tokens))))
     try:
-        bpe = models.BPE(vocab, _spm_merges(tokens, scores), unk_token=unk, byte_fallback=True,
-                         fuse_unk=True)
+        bpe = models.BPE(
+            vocab, _spm_merges(tokens, scores), unk_token=unk, byte_fallback=True, fuse_unk=True
+        )
     except Exception as e:
         raise GGUFError(f"{source}: the SentencePiece vocabulary cannot be built: {e}") from None
     backend = Tokenizer(bpe)
     space = normalizers.Replace(" ", SPM_SPACE)
     # llama.cpp: a space before the text and after every special token (add_space_prefix)
-    backend.normalizer = normalizers.Sequence([normalizers.Prepend(SPM_SPACE), space]) if add_space_prefix else space
+    backend.normalizer = (
+        normalizers.Sequence([normalizers.Prepend(SPM_SPACE), space]) if add_space_prefix else space
+    )
     _add_special_tokens(backend, tokens, types)
     return backend
 
@@ -283,18 +357,37 @@ def _build_spm_backend(tokens: list[str], types: list[int], scores: list[float],
 class Tokenizer:
     """Text <-> token ids for one model, plus its chat template; build with `from_metadata`."""
 
-    def __init__(self, *, backend: Any, tokens: list[str], types: list[int],
-                 bos_id: int | None, add_bos: bool, eos_id: int | None,
-                 eos_ids: frozenset[int], chat_template: str, source: str, add_eos: bool = False,
-                 sentencepiece: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        backend: Any,
+        tokens: list[str],
+        types: list[int],
+        bos_id: int | None,
+        add_bos: bool,
+        eos_id: int | None,
+        eos_ids: frozenset[int],
+        chat_template: str,
+        source: str,
+        add_eos: bool = False,
+        sentencepiece: bool = False,
+    ) -> None:
         self._backend = backend
         self._tokens = tokens
         self._types = types
-        self._bytes = _spm_token_bytes(tokens, types) if sentencepiece else _token_bytes(tokens, types)
+        self._bytes = (
+            _spm_token_bytes(tokens, types) if sentencepiece else _token_bytes(tokens, types)
+        )
         self._control_ids = frozenset(i for i, k in enumerate(types) if k == TOKEN_CONTROL)
-        # text a prefix's last characters could still turn into (count_at_least): an added token, plus lookahead
-        self._unsettled_chars = max((len(t) for t, k in zip(tokens, types) if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED)),
-                                    default=0) + 2
+        # text a prefix's last characters could still turn into (count_at_least): an added token,
+        # plus lookahead
+        self._unsettled_chars = (
+            max(
+                (len(t) for t, k in zip(tokens, types) if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED)),
+                default=0,
+            )
+            + 2
+        )
         self._literal = None  # the backend with CONTROL tokens as plain text, built on first use
         self._literal_lock = threading.Lock()
         self.bos_id = bos_id
@@ -313,8 +406,10 @@ class Tokenizer:
         'llama': SentencePiece BPE with byte fallback (scores instead of merges)."""
         model = meta.get("tokenizer.ggml.model")
         if model not in ("gpt2", "llama"):
-            raise UnsupportedError(f"{source}: tokenizer model {model!r} is not supported "
-                                   "(only 'gpt2' byte-level BPE and 'llama' SentencePiece BPE)")
+            raise UnsupportedError(
+                f"{source}: tokenizer model {model!r} is not supported "
+                "(only 'gpt2' byte-level BPE and 'llama' SentencePiece BPE)"
+            )
         pre = _bpe_pre(meta, source) if model == "gpt2" else None
         tokens = _require_list(meta, "tokenizer.ggml.tokens", str, source)
         if not tokens:
@@ -322,30 +417,55 @@ class Tokenizer:
         types = _token_types(meta, len(tokens), source)
         bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", len(tokens), source)
         eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source)
-        # llama.cpp's defaults where the file says nothing: BOS for SentencePiece and Llama 3 vocabularies
-        add_bos = _optional_bool(meta, "tokenizer.ggml.add_bos_token", pre.add_bos if pre else True, source)
+        # llama.cpp's defaults where the file says nothing: BOS for SentencePiece and Llama 3
+        # vocabularies
+        add_bos = _optional_bool(
+            meta, "tokenizer.ggml.add_bos_token", pre.add_bos if pre else True, source
+        )
         add_eos = _optional_bool(meta, "tokenizer.ggml.add_eos_token", False, source)
-        for flag, key, token_id in ((add_bos, "add_bos_token", bos_id), (add_eos, "add_eos_token", eos_id)):
+        for flag, key, token_id in (
+            (add_bos, "add_bos_token", bos_id),
+            (add_eos, "add_eos_token", eos_id),
+        ):
             if flag and token_id is None:
                 raise GGUFError(f"{source}: {key} is set but there is no {key[4:7]}_token_id")
         template = meta.get("tokenizer.chat_template") or CHATML_TEMPLATE
         if not isinstance(template, str):
-            raise GGUFError(f"{source}: metadata 'tokenizer.chat_template' must be a string, "
-                            f"got {type(template).__name__}")
+            raise GGUFError(
+                f"{source}: metadata 'tokenizer.chat_template' must be a string, "
+                f"got {type(template).__name__}"
+            )
         if pre is not None:
-            merges = _split_merges(_require_list(meta, "tokenizer.ggml.merges", str, source), tokens, source)
+            merges = _split_merges(
+                _require_list(meta, "tokenizer.ggml.merges", str, source), tokens, source
+            )
             backend = _build_backend(tokens, types, merges, pre, source)
         else:
             scores = _require_list(meta, "tokenizer.ggml.scores", float, source)
             if len(scores) != len(tokens):
                 raise GGUFError(f"{source}: {len(scores)} token scores for {len(tokens)} tokens")
             unk_id = _optional_id(meta, "tokenizer.ggml.unknown_token_id", len(tokens), source)
-            backend = _build_spm_backend(tokens, types, scores,
-                                         _optional_bool(meta, "tokenizer.ggml.add_space_prefix", True, source),
-                                         None if unk_id is None else tokens[unk_id], source)
-        return cls(backend=backend, tokens=tokens, types=types, bos_id=bos_id, add_bos=add_bos, eos_id=eos_id,
-                   eos_ids=_eos_ids(meta, tokens, types, source), chat_template=template, source=source,
-                   add_eos=add_eos, sentencepiece=pre is None)
+            backend = _build_spm_backend(
+                tokens,
+                types,
+                scores,
+                _optional_bool(meta, "tokenizer.ggml.add_space_prefix", True, source),
+                None if unk_id is None else tokens[unk_id],
+                source,
+            )
+        return cls(
+            backend=backend,
+            tokens=tokens,
+            types=types,
+            bos_id=bos_id,
+            add_bos=add_bos,
+            eos_id=eos_id,
+            eos_ids=_eos_ids(meta, tokens, types, source),
+            chat_template=template,
+            source=source,
+            add_eos=add_eos,
+            sentencepiece=pre is None,
+        )
 
     @classmethod
     def from_model(cls, model: Any) -> Tokenizer:
@@ -402,7 +522,9 @@ class Tokenizer:
         settled_end = len(prefix) - self._unsettled_chars
         words = enc.word_ids
         for j, (_, end) in enumerate(enc.offsets):
-            if end > settled_end:  # the first token that may change; its pre-token's earlier tokens too
+            if (
+                end > settled_end
+            ):  # the first token that may change; its pre-token's earlier tokens too
                 while j > 0 and words[j] is not None and words[j - 1] == words[j]:
                     j -= 1
                 return j
@@ -411,11 +533,15 @@ class Tokenizer:
     def _run(self, backend: Any, text: str) -> Any:
         try:
             return backend.encode(text, add_special_tokens=False)
-        except BaseException as e:  # tokenizers' PanicException is a BaseException: the vocab is broken
+        except (
+            BaseException
+        ) as e:  # tokenizers' PanicException is a BaseException: the vocab is broken
             if type(e).__name__ != "PanicException":
                 raise
-            raise GGUFError(f"{self.source}: the tokenizer failed on this text ({e}); its vocabulary or merges "
-                            "are inconsistent") from None
+            raise GGUFError(
+                f"{self.source}: the tokenizer failed on this text ({e}); its vocabulary or merges "
+                "are inconsistent"
+            ) from None
 
     def _literal_backend(self) -> Any:
         with self._literal_lock:
@@ -423,7 +549,8 @@ class Tokenizer:
                 from tokenizers import Tokenizer as Backend
 
                 literal = Backend.from_str(self._backend.to_str())
-                literal.encode_special_tokens = True  # special=True added tokens (CONTROL) split as text
+                # special=True added tokens (CONTROL) split as text
+                literal.encode_special_tokens = True
                 self._literal = literal
             return self._literal
 
@@ -434,20 +561,31 @@ class Tokenizer:
     def token_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
         """Raw bytes of `ids` (a single token can be part of a UTF-8 character)."""
         table = self._bytes
-        return b"".join(table[self._check_id(i)] for i in ids
-                        if not (skip_special and i in self._control_ids))
+        return b"".join(
+            table[self._check_id(i)] for i in ids if not (skip_special and i in self._control_ids)
+        )
 
     def decode_stream(self, skip_special: bool = False) -> DecodeStream:
         """An incremental detokenizer for printing tokens as they are generated."""
         return DecodeStream(self, skip_special=skip_special)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
-                            add_generation_prompt: bool = True, **extra: Any) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
         """Render the file's chat template (ChatML when it has none) for `messages`."""
-        specials = {"bos_token": self._spelling(self.bos_id), "eos_token": self._spelling(self._eos_id)}
-        return render_chat_template(self.chat_template, messages,
-                                    add_generation_prompt=add_generation_prompt,
-                                    **{**specials, **extra})
+        specials = {
+            "bos_token": self._spelling(self.bos_id),
+            "eos_token": self._spelling(self._eos_id),
+        }
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            **{**specials, **extra},
+        )
 
     def _spelling(self, token_id: int | None) -> str:
         return "" if token_id is None else self._tokens[token_id]
@@ -455,14 +593,21 @@ class Tokenizer:
     def _check_id(self, token_id: int) -> int:
         """Reject ids outside the vocabulary (a negative id would silently index from the end)."""
         if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
-            raise InvalidArgumentError(f"token id must be an int, got {token_id!r:.60} ({type(token_id).__name__})")
+            raise InvalidArgumentError(
+                f"token id must be an int, got {token_id!r:.60} ({type(token_id).__name__})"
+            )
         i = int(token_id)
         if not 0 <= i < len(self._tokens):
-            raise InvalidArgumentError(f"token id {i} is outside the vocabulary (0..{len(self._tokens) - 1})")
+            raise InvalidArgumentError(
+                f"token id {i} is outside the vocabulary (0..{len(self._tokens) - 1})"
+            )
         return i
 
     def __repr__(self) -> str:
-        return f"Tokenizer({self.source!r}, vocab_size={self.vocab_size}, eos_ids={sorted(self.eos_ids)})"
+        return (
+            f"Tokenizer({self.source!r}, vocab_size={self.vocab_size}, "
+            f"eos_ids={sorted(self.eos_ids)})"
+        )
 
 
 def _token_types(meta: Mapping[str, Any], n_vocab: int, source: str) -> list[int]:
@@ -475,20 +620,29 @@ def _token_types(meta: Mapping[str, Any], n_vocab: int, source: str) -> list[int
     return types
 
 
-def _eos_ids(meta: Mapping[str, Any], tokens: list[str], types: list[int], source: str) -> frozenset[int]:
+def _eos_ids(
+    meta: Mapping[str, Any], tokens: list[str], types: list[int], source: str
+) -> frozenset[int]:
     """Ids that end generation: eos/eot/eom from metadata plus end-of-turn tokens in the vocab.
 
     Qwen2.5 instruct declares <|im_end|> as eos while its base/FIM use <|endoftext|>; stopping
     on both is what llama.cpp does (its EOG set) and what a chat loop needs.
     """
     ids = set()
-    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+    for key in (
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ):
         token_id = _optional_id(meta, key, len(tokens), source)
         if token_id is not None:
             ids.add(token_id)
     wanted = set(END_OF_TURN_TOKENS)
-    ids.update(i for i, (t, k) in enumerate(zip(tokens, types))
-               if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and t in wanted)
+    ids.update(
+        i
+        for i, (t, k) in enumerate(zip(tokens, types))
+        if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and t in wanted
+    )
     return frozenset(ids)
 
 

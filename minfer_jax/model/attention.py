@@ -31,8 +31,16 @@ def _kernel_options(cfg: Config, window: int) -> dict:
     return options
 
 
-def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot: jax.Array, start: jax.Array,
-                    cfg: Config, impl, window: int = 0) -> jax.Array:
+def chunk_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slot: jax.Array,
+    start: jax.Array,
+    cfg: Config,
+    impl,
+    window: int = 0,
+) -> jax.Array:
     """q [T, H, hd] at positions start + [0, T) of sequence `slot` -> [T, H * hd] f32.
 
     window > 0 (sliding-window layers): a query at p sees keys p - window < key <= p only."""
@@ -40,10 +48,19 @@ def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot: 
     if _kernels(impl):
         from minfer_jax.pallas import attention
 
-        out = attention.chunk_attention(q, k_cache, v_cache, slot, start, interpret=impl.kernels == "interpret",
-                                        **_kernel_options(cfg, window))
+        out = attention.chunk_attention(
+            q,
+            k_cache,
+            v_cache,
+            slot,
+            start,
+            interpret=impl.kernels == "interpret",
+            **_kernel_options(cfg, window),
+        )
         return out.reshape(t, cfg.q_dim)
-    k = jax.lax.dynamic_index_in_dim(k_cache, slot, axis=0, keepdims=False).astype(jnp.float32)  # [Hkv, S, hd]
+    k = jax.lax.dynamic_index_in_dim(k_cache, slot, axis=0, keepdims=False).astype(
+        jnp.float32
+    )  # [Hkv, S, hd]
     v = jax.lax.dynamic_index_in_dim(v_cache, slot, axis=0, keepdims=False).astype(jnp.float32)
     qg = q.astype(jnp.float32).reshape(t, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
     scores = jnp.einsum("tgrd,gsd->grts", qg, k) * cfg.softmax_scale  # [Hkv, rep, T, S]
@@ -62,8 +79,17 @@ def _visible(keys: jax.Array, positions: jax.Array, window: int) -> jax.Array:
     return visible
 
 
-def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots: jax.Array, positions: jax.Array,
-                     cfg: Config, impl, span: int | None = None, window: int = 0) -> jax.Array:
+def decode_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slots: jax.Array,
+    positions: jax.Array,
+    cfg: Config,
+    impl,
+    span: int | None = None,
+    window: int = 0,
+) -> jax.Array:
     """q [B, H, hd], row b at position positions[b] of slot slots[b] -> [B, H * hd] f32.
 
     span (static, XLA path only): keys are read from slots [0, span); every position < span.
@@ -73,8 +99,15 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots
     if _kernels(impl):
         from minfer_jax.pallas import decode_attention as dec
 
-        out = dec.decode_attention(q[:, None], k_cache, v_cache, slots, positions + 1,
-                                   interpret=impl.kernels == "interpret", **_kernel_options(cfg, window))
+        out = dec.decode_attention(
+            q[:, None],
+            k_cache,
+            v_cache,
+            slots,
+            positions + 1,
+            interpret=impl.kernels == "interpret",
+            **_kernel_options(cfg, window),
+        )
         return out.reshape(b, cfg.q_dim)
     s = k_cache.shape[2] if span is None else span
     k = k_cache[slots, :, :s].astype(jnp.float32)  # [B, Hkv, span, hd]

@@ -37,8 +37,10 @@ def cache_shape(cfg: Config, n_slots: int, max_len: int) -> tuple[int, int, int,
 
 def init_cache(cfg: Config, n_slots: int, max_len: int, dtype=jnp.float32) -> KVCache:
     shape = cache_shape(cfg, n_slots, max_len)
-    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
-                   v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)))
+    return KVCache(
+        k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+        v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+    )
 
 
 def cache_spec(cfg: Config, n_slots: int, max_len: int, dtype) -> KVCache:

@@ -8,11 +8,18 @@ from minfer_jax import validate
 from minfer_jax.errors import InvalidArgumentError
 
 # Upper bounds far above any supported model (Qwen2 72B / Llama 70B: 80 layers, d_model 8192, 64
-# heads, ff 29568, vocab 152k-256k, context 128k-1M) that keep every derived size (layers x context x
-# heads) an int32-sized product per axis; the KV cache's bytes are checked against the device at load
-# (runtime.load).
-_LIMITS = {"n_layers": 1 << 12, "d_model": 1 << 17, "n_heads": 1 << 12, "n_kv_heads": 1 << 12, "d_ff": 1 << 20,
-           "context_length": validate.INT32_MAX, "vocab_size": validate.INT32_MAX}
+# heads, ff 29568, vocab 152k-256k, context 128k-1M) that keep every derived size (layers x context
+# x heads) an int32-sized product per axis; the KV cache's bytes are checked against the device at
+# load (runtime.load).
+_LIMITS = {
+    "n_layers": 1 << 12,
+    "d_model": 1 << 17,
+    "n_heads": 1 << 12,
+    "n_kv_heads": 1 << 12,
+    "d_ff": 1 << 20,
+    "context_length": validate.INT32_MAX,
+    "vocab_size": validate.INT32_MAX,
+}
 
 # Model families with a layer module (model/families.py maps each to it).
 FAMILIES = ("qwen2", "llama", "qwen3", "gemma3")
@@ -37,12 +44,16 @@ class Config:
     rms_eps: float
     tied_output: bool  # no output.weight: the head reuses token_embd.weight
     family: str = "qwen2"
-    head_dim: int = 0  # 0: d_model // n_heads (Qwen3 and Gemma 3 files state their own: attention.key_length)
-    rope_freq_factors: bool = False  # the file has rope_freqs.weight (Llama 3.1+): per-frequency divisors
-    rope_scale: float = 1.0  # linear RoPE scaling: positions multiplied by this (1 / scaling.factor)
+    # 0: d_model // n_heads (Qwen3 and Gemma 3 files state their own: attention.key_length)
+    head_dim: int = 0
+    # the file has rope_freqs.weight (Llama 3.1+): per-frequency divisors
+    rope_freq_factors: bool = False
+    # linear RoPE scaling: positions multiplied by this (1 / scaling.factor)
+    rope_scale: float = 1.0
     attn_scale: float = 0.0  # softmax scale of q.k; 0: head_dim ** -0.5
     sliding_window: int = 0  # local layers attend to the last sliding_window positions; 0: none
-    swa_period: int = 0  # with a window: every swa_period-th layer (i % period == period - 1) is global
+    # with a window: every swa_period-th layer (i % period == period - 1) is global
+    swa_period: int = 0
     rope_theta_local: float = 0.0  # RoPE base of the local (sliding-window) layers; 0: rope_theta
 
     def __post_init__(self):
@@ -51,15 +62,20 @@ class Config:
         validate.choice("Config.family", self.family, FAMILIES)
         if self.head_dim == 0:  # derived: d_model must split into even heads
             if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-                raise InvalidArgumentError(f"Config.d_model {self.d_model} is not an even multiple of n_heads "
-                                           f"{self.n_heads} (RoPE needs an even head_dim)")
+                raise InvalidArgumentError(
+                    f"Config.d_model {self.d_model} is not an even multiple of n_heads "
+                    f"{self.n_heads} (RoPE needs an even head_dim)"
+                )
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         validate.integer("Config.head_dim", self.head_dim, 1, 1 << 12)
         if self.head_dim % 2:
-            raise InvalidArgumentError(f"Config.head_dim {self.head_dim} is odd (RoPE needs an even head_dim)")
+            raise InvalidArgumentError(
+                f"Config.head_dim {self.head_dim} is odd (RoPE needs an even head_dim)"
+            )
         if self.n_heads % self.n_kv_heads:
             raise InvalidArgumentError(
-                f"Config.n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+                f"Config.n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
+            )
         validate.number("Config.rope_theta", self.rope_theta, 0.0, lo_open=True)
         validate.number("Config.rms_eps", self.rms_eps, 0.0, lo_open=True)
         validate.number("Config.rope_scale", self.rope_scale, 0.0, lo_open=True)
@@ -84,7 +100,7 @@ class Config:
 
     @property
     def softmax_scale(self) -> float:
-        return self.attn_scale or self.head_dim ** -0.5
+        return self.attn_scale or self.head_dim**-0.5
 
     def is_local(self, layer: int) -> bool:
         """Whether layer `layer` attends through the sliding window (llama.cpp's swa_layers)."""
@@ -97,7 +113,11 @@ class Config:
         return self.sliding_window if self.is_local(layer) else 0
 
     def layer_rope_theta(self, layer: int) -> float:
-        return self.rope_theta_local if self.is_local(layer) and self.rope_theta_local else self.rope_theta
+        return (
+            self.rope_theta_local
+            if self.is_local(layer) and self.rope_theta_local
+            else self.rope_theta
+        )
 
     def layer_rope_scale(self, layer: int) -> float:
         """Linear RoPE scaling applies to the global layers only (llama.cpp: freq_scale_swa = 1)."""

@@ -26,51 +26,95 @@ from minfer_jax.model.layers import LayerCall
 from minfer_jax.model.weights import Params
 
 
-def _layers(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache, cfg: Config,
-            impl: ops.Impl, attend: Callable, par=None) -> tuple[jax.Array, KVCache]:
-    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)`, final norm.
-    par: None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)."""
+def _layers(
+    params: Params,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: KVCache,
+    cfg: Config,
+    impl: ops.Impl,
+    attend: Callable,
+    par=None,
+) -> tuple[jax.Array, KVCache]:
+    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)`, final
+    norm. par: None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)."""
     fam = family(cfg)
     x = fam.embed(params, tokens, cfg)  # [T, d]
     ks, vs = list(cache.k), list(cache.v)
     for i, layer in enumerate(params.layers):  # unrolled at trace time
 
         def layer_attend(q, k, v, i=i):
-            ks[i], vs[i], att = attend(q, k.astype(ks[i].dtype), v.astype(vs[i].dtype), ks[i], vs[i], cfg.window(i))
+            ks[i], vs[i], att = attend(
+                q, k.astype(ks[i].dtype), v.astype(vs[i].dtype), ks[i], vs[i], cfg.window(i)
+            )
             return att
 
-        call = LayerCall(positions=positions, attend=layer_attend, cfg=cfg, impl=impl, par=par,
-                         rope_freqs=params.rope_freqs)
+        call = LayerCall(
+            positions=positions,
+            attend=layer_attend,
+            cfg=cfg,
+            impl=impl,
+            par=par,
+            rope_freqs=params.rope_freqs,
+        )
         x = fam.block(x, layer, i, call)
     return ops.rms_norm(x, params.out_norm, cfg.rms_eps), KVCache(k=tuple(ks), v=tuple(vs))
 
 
-def forward_chunk(params: Params, tokens: jax.Array, slot: jax.Array, start: jax.Array, cache: KVCache,
-                  cfg: Config, impl: ops.Impl, par=None) -> tuple[jax.Array, KVCache]:
-    """tokens [T] of sequence `slot` at positions start + [0, T) -> final normed hidden [T, d], cache."""
+def forward_chunk(
+    params: Params,
+    tokens: jax.Array,
+    slot: jax.Array,
+    start: jax.Array,
+    cache: KVCache,
+    cfg: Config,
+    impl: ops.Impl,
+    par=None,
+) -> tuple[jax.Array, KVCache]:
+    """tokens [T] of sequence `slot` at positions start + [0, T) -> final normed hidden [T, d],
+    cache."""
     positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
 
     def attend(q, k, v, k_cache, v_cache, window):
         at = (slot, 0, start, 0)  # [T, Hkv, hd] -> the slot's rows [Hkv, start:start+T]
         k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 0, 1)[None], at)
         v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 0, 1)[None], at)
-        return k_cache, v_cache, attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl, window)
+        return (
+            k_cache,
+            v_cache,
+            attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl, window),
+        )
 
     return _layers(params, tokens, positions, cache, cfg, impl, attend, par)
 
 
-def forward_decode(params: Params, tokens: jax.Array, slots: jax.Array, positions: jax.Array, cache: KVCache,
-                   cfg: Config, impl: ops.Impl, span: int | None = None, par=None) -> tuple[jax.Array, KVCache]:
+def forward_decode(
+    params: Params,
+    tokens: jax.Array,
+    slots: jax.Array,
+    positions: jax.Array,
+    cache: KVCache,
+    cfg: Config,
+    impl: ops.Impl,
+    span: int | None = None,
+    par=None,
+) -> tuple[jax.Array, KVCache]:
     """tokens [B], row b in slot slots[b] at position positions[b] -> logits [B, vocab] f32, cache.
 
     span (static, XLA path): attend over cache positions [0, span) only; every position < span.
     par (inside shard_map): the logits are this shard's vocabulary slice [B, vocab / TP].
     """
+
     def attend(q, k, v, k_cache, v_cache, window):
         k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence
         v_cache = v_cache.at[slots, :, positions].set(v)
-        return k_cache, v_cache, attention.decode_attention(q, k_cache, v_cache, slots, positions, cfg, impl, span,
-                                                            window)
+        return (
+            k_cache,
+            v_cache,
+            attention.decode_attention(
+                q, k_cache, v_cache, slots, positions, cfg, impl, span, window
+            ),
+        )
 
     h, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par)
     return logits_from_hidden(params, h, impl), cache

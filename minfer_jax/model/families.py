@@ -32,7 +32,9 @@ def for_architecture(arch: str, path: str) -> ModuleType:
     module = _MODULES.get(arch)
     if module is None:
         known = "; ".join(f"'{m.ARCHITECTURE}' ({m.MODELS})" for m in _MODULES.values())
-        raise UnsupportedError(f"{path}: unsupported architecture {arch!r}; minfer_jax runs {known}")
+        raise UnsupportedError(
+            f"{path}: unsupported architecture {arch!r}; minfer_jax runs {known}"
+        )
     return module
 
 

@@ -1,4 +1,5 @@
-"""Gemma 3 text models (1B, and the language part of 4B / 12B / 27B): `general.architecture = gemma3`.
+"""Gemma 3 text models (1B, and the language part of 4B / 12B / 27B): `general.architecture =
+gemma3`.
 
 Layer (llama.cpp's gemma3 graph): h = x + n_pa(Wo . attn(rope(n_q(Wq.n(x))), rope(n_k(Wk.n(x))),
 Wv.n(x))); x' = h + n_pf(Wdown . (gelu_tanh(Wgate.n(h)) * Wup.n(h))), n_* RMSNorms (the GGUF
@@ -31,13 +32,25 @@ LAYERS_27B = 62
 
 
 def config_from_metadata(md) -> Config:
-    fields = {**schema.common_fields(md), **schema.head_dim_field(md), **schema.rope_scaling_fields(md)}
+    fields = {
+        **schema.common_fields(md),
+        **schema.head_dim_field(md),
+        **schema.rope_scaling_fields(md),
+    }
     window = md.int("attention.sliding_window", default=0)
     if window <= 0:
         raise UnsupportedError(f"{md.path}: gemma3 file without attention.sliding_window")
-    default_scale = (fields["d_model"] / fields["n_heads"]) ** -0.5 if fields["n_layers"] == LAYERS_27B else 0.0
-    cfg = Config(family=ARCHITECTURE, sliding_window=window, swa_period=SWA_PERIOD, rope_theta_local=LOCAL_ROPE_THETA,
-                 attn_scale=md.float("attention.scale", default=default_scale), **fields)
+    default_scale = (
+        (fields["d_model"] / fields["n_heads"]) ** -0.5 if fields["n_layers"] == LAYERS_27B else 0.0
+    )
+    cfg = Config(
+        family=ARCHITECTURE,
+        sliding_window=window,
+        swa_period=SWA_PERIOD,
+        rope_theta_local=LOCAL_ROPE_THETA,
+        attn_scale=md.float("attention.scale", default=default_scale),
+        **fields,
+    )
     schema.check_full_rotary(md, cfg)
     return cfg
 
@@ -57,7 +70,12 @@ def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Arr
     theta, scale = cfg.layer_rope_theta(i), cfg.layer_rope_scale(i)
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
     q, k = ops.rms_norm(q, layer.q_norm, eps), ops.rms_norm(k, layer.k_norm, eps)  # per head
-    q, k = layers.rope_neox(q, pos, theta, scale=scale), layers.rope_neox(k, pos, theta, scale=scale)
+    q, k = (
+        layers.rope_neox(q, pos, theta, scale=scale),
+        layers.rope_neox(k, pos, theta, scale=scale),
+    )
     att = layers.row_matmul(call.par, "attn_out", call.attend(q, k, v), layer.wo, call.impl)
     x = x + ops.rms_norm(att, layer.post_attn_norm, eps)
-    return x + ops.rms_norm(layers.gated_ffn(x, layer, call, act=layers.gelu_tanh), layer.post_ffn_norm, eps)
+    return x + ops.rms_norm(
+        layers.gated_ffn(x, layer, call, act=layers.gelu_tanh), layer.post_ffn_norm, eps
+    )

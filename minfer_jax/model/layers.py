@@ -22,11 +22,15 @@ class LayerCall:
     """What a layer needs besides its weights (a trace-time container, not a pytree)."""
 
     positions: jax.Array  # [T] int32: each token's position
-    attend: Callable  # attend(q [T, H, hd], k, v [T, Hkv, hd]) -> [T, H * hd]: cache write + attention
+    attend: (
+        Callable  # attend(q [T, H, hd], k, v [T, Hkv, hd]) -> [T, H * hd]: cache write + attention
+    )
     cfg: Config
     impl: ops.Impl
-    par: object = None  # None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)
-    rope_freqs: jax.Array | None = None  # [hd / 2] Llama 3.1+ frequency divisors (rope_freqs.weight)
+    # None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)
+    par: object = None
+    # [hd / 2] Llama 3.1+ frequency divisors (rope_freqs.weight)
+    rope_freqs: jax.Array | None = None
 
 
 def embed(params: Params, tokens: jax.Array, cfg: Config) -> jax.Array:
@@ -43,20 +47,30 @@ def _inv_freq(hd: int, theta: float, freq_factors: jax.Array | None, scale: floa
     return inv_freq
 
 
-def rope_neox(x: jax.Array, positions: jax.Array, theta: float, freq_factors: jax.Array | None = None,
-              scale: float = 1.0) -> jax.Array:
+def rope_neox(
+    x: jax.Array,
+    positions: jax.Array,
+    theta: float,
+    freq_factors: jax.Array | None = None,
+    scale: float = 1.0,
+) -> jax.Array:
     """NeoX RoPE (llama.cpp ROPE_TYPE_NEOX: Qwen2, Qwen3, Gemma 3): x [T, heads, hd] rotated by
     position [T]; pairs (i, i + hd/2)."""
     hd = x.shape[-1]
     inv_freq = _inv_freq(hd, theta, freq_factors, scale)  # [hd/2]
     ang = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [T, hd/2]
     cos, sin = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]  # [T, 1, hd/2]
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def rope_normal(x: jax.Array, positions: jax.Array, theta: float, freq_factors: jax.Array | None = None,
-                scale: float = 1.0) -> jax.Array:
+def rope_normal(
+    x: jax.Array,
+    positions: jax.Array,
+    theta: float,
+    freq_factors: jax.Array | None = None,
+    scale: float = 1.0,
+) -> jax.Array:
     """llama.cpp's normal RoPE (ROPE_TYPE_NORM: the Llama family): pairs (2i, 2i + 1).
 
     convert_hf_to_gguf permutes Llama's Q/K rows so that adjacent pairs in the file are HF's
@@ -74,26 +88,33 @@ def project_qkv(x: jax.Array, layer: Layer, cfg: Config, impl: ops.Impl):
     """attn_norm(x) [T, d] through q/k/v (+ their biases where the file has them) ->
     q [T, H, hd], k and v [T, Hkv, hd], not rotated."""
     t, qd, kv = x.shape[0], cfg.q_dim, cfg.kv_dim
-    qkv = jnp.concatenate(ops.norm_matmuls(x, layer.attn_norm, cfg.rms_eps, layer.qkv, impl), axis=-1)  # [T, qd + 2kv]
+    qkv = jnp.concatenate(
+        ops.norm_matmuls(x, layer.attn_norm, cfg.rms_eps, layer.qkv, impl), axis=-1
+    )  # [T, qd + 2kv]
     if layer.qkv_bias is not None:
         qkv = qkv + layer.qkv_bias
     q = qkv[:, :qd].reshape(t, cfg.n_heads, cfg.head_dim)
-    k = qkv[:, qd:qd + kv].reshape(t, cfg.n_kv_heads, cfg.head_dim)
-    v = qkv[:, qd + kv:].reshape(t, cfg.n_kv_heads, cfg.head_dim)
+    k = qkv[:, qd : qd + kv].reshape(t, cfg.n_kv_heads, cfg.head_dim)
+    v = qkv[:, qd + kv :].reshape(t, cfg.n_kv_heads, cfg.head_dim)
     return q, k, v
 
 
 def row_matmul(par, which: str, x: jax.Array, w, impl: ops.Impl) -> jax.Array:
-    """o ("attn_out") and down ("ffn_out"): one device's matmul, or a shard's partial product + all-reduce."""
+    """o ("attn_out") and down ("ffn_out"): one device's matmul, or a shard's partial product +
+    all-reduce."""
     return ops.matmul(x, w, impl) if par is None else par.row_matmul(which, x, w, impl)
 
 
-def gated_ffn(x: jax.Array, layer: Layer, call: LayerCall, act: Callable = jax.nn.silu) -> jax.Array:
-    """down(act(gate(n(x))) * up(n(x))) with n = ffn_norm: SwiGLU (silu) or GeGLU (tanh gelu). [T, d]."""
+def gated_ffn(
+    x: jax.Array, layer: Layer, call: LayerCall, act: Callable = jax.nn.silu
+) -> jax.Array:
+    """down(act(gate(n(x))) * up(n(x))) with n = ffn_norm: SwiGLU (silu) or GeGLU (tanh gelu).
+    [T, d]."""
     cfg, impl = call.cfg, call.impl
-    gate_up = jnp.concatenate(ops.norm_matmuls(x, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl),
-                              axis=-1)  # [T, 2ff]
-    gate, up = gate_up[:, :cfg.d_ff], gate_up[:, cfg.d_ff:]
+    gate_up = jnp.concatenate(
+        ops.norm_matmuls(x, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl), axis=-1
+    )  # [T, 2ff]
+    gate, up = gate_up[:, : cfg.d_ff], gate_up[:, cfg.d_ff :]
     return row_matmul(call.par, "ffn_out", act(gate) * up, layer.w_down, impl)
 
 

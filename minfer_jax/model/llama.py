@@ -1,11 +1,12 @@
 """Llama family (Llama 2 / 3.x, SmolLM2, TinyLlama, Mistral 7B, DeepSeek-R1-Distill-Llama):
 `general.architecture = llama`.
 
-Layer: h = x + Wo . attn(rope(Wq.n(x)), rope(Wk.n(x)), Wv.n(x)); x' = h + Wdown . (silu(Wgate.n(h)) *
-Wup.n(h)): Qwen2's layer without the q/k/v biases, with llama.cpp's normal RoPE (adjacent pairs:
-convert_hf_to_gguf permutes Q/K for it), divided per frequency by rope_freqs.weight where the file
-has one (Llama 3.1+), and linear RoPE scaling where the file asks for it. Tied or untied head.
-Mistral's sliding window (4096) is not applied: llama.cpp ignores it for this architecture too.
+Layer: h = x + Wo . attn(rope(Wq.n(x)), rope(Wk.n(x)), Wv.n(x)); x' = h + Wdown .
+(silu(Wgate.n(h)) * Wup.n(h)): Qwen2's layer without the q/k/v biases, with llama.cpp's normal RoPE
+(adjacent pairs: convert_hf_to_gguf permutes Q/K for it), divided per frequency by rope_freqs.weight
+where the file has one (Llama 3.1+), and linear RoPE scaling where the file asks for it. Tied or
+untied head. Mistral's sliding window (4096) is not applied: llama.cpp ignores it for this
+architecture too.
 """
 
 from __future__ import annotations
@@ -25,10 +26,20 @@ embed = layers.embed
 
 def config_from_metadata(md) -> Config:
     if md.int("expert_count", default=0) > 0:
-        raise UnsupportedError(f"{md.path}: mixture-of-experts Llama models (Mixtral) are not supported")
-    fields = {**schema.common_fields(md), **schema.head_dim_field(md), **schema.rope_scaling_fields(md)}
-    cfg = Config(family=ARCHITECTURE, rope_freq_factors="rope_freqs.weight" in md.tensor_names,
-                 attn_scale=md.float("attention.scale", default=0.0), **fields)
+        raise UnsupportedError(
+            f"{md.path}: mixture-of-experts Llama models (Mixtral) are not supported"
+        )
+    fields = {
+        **schema.common_fields(md),
+        **schema.head_dim_field(md),
+        **schema.rope_scaling_fields(md),
+    }
+    cfg = Config(
+        family=ARCHITECTURE,
+        rope_freq_factors="rope_freqs.weight" in md.tensor_names,
+        attn_scale=md.float("attention.scale", default=0.0),
+        **fields,
+    )
     schema.check_full_rotary(md, cfg)
     return cfg
 

@@ -1,4 +1,5 @@
-"""Qwen2 family (Qwen2, Qwen2.5, Qwen2.5-Coder, DeepSeek-R1-Distill-Qwen): `general.architecture = qwen2`.
+"""Qwen2 family (Qwen2, Qwen2.5, Qwen2.5-Coder, DeepSeek-R1-Distill-Qwen): `general.architecture =
+qwen2`.
 
 Layer: h = x + Wo . attn(rope(Wq.n(x) + bq), rope(Wk.n(x) + bk), Wv.n(x) + bv);
 x' = h + Wdown . (silu(Wgate.n(h)) * Wup.n(h)), with n = RMSNorm (eps from metadata), RoPE in
@@ -24,8 +25,6 @@ def config_from_metadata(md) -> Config:
     return Config(**schema.common_fields(md))
 
 
-
-
 def tensor_shapes(cfg: Config):
     yield from schema.global_shapes(cfg)
     for i in range(cfg.n_layers):
@@ -35,7 +34,10 @@ def tensor_shapes(cfg: Config):
 def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
     cfg = call.cfg
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
-    q, k = layers.rope_neox(q, call.positions, cfg.rope_theta), layers.rope_neox(k, call.positions, cfg.rope_theta)
+    q, k = (
+        layers.rope_neox(q, call.positions, cfg.rope_theta),
+        layers.rope_neox(k, call.positions, cfg.rope_theta),
+    )
     x = x + layers.row_matmul(call.par, "attn_out", call.attend(q, k, v), layer.wo, call.impl)
     return x + layers.gated_ffn(x, layer, call)
 

@@ -20,8 +20,12 @@ embed = layers.embed
 
 
 def config_from_metadata(md) -> Config:
-    cfg = Config(family=ARCHITECTURE, **schema.common_fields(md), **schema.head_dim_field(md),
-                 **schema.rope_scaling_fields(md))
+    cfg = Config(
+        family=ARCHITECTURE,
+        **schema.common_fields(md),
+        **schema.head_dim_field(md),
+        **schema.rope_scaling_fields(md),
+    )
     schema.check_full_rotary(md, cfg)
     return cfg
 
@@ -35,7 +39,10 @@ def tensor_shapes(cfg: Config):
 def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
     cfg, pos = call.cfg, call.positions
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
-    q, k = ops.rms_norm(q, layer.q_norm, cfg.rms_eps), ops.rms_norm(k, layer.k_norm, cfg.rms_eps)  # per head
+    q, k = (
+        ops.rms_norm(q, layer.q_norm, cfg.rms_eps),
+        ops.rms_norm(k, layer.k_norm, cfg.rms_eps),
+    )  # per head
     q = layers.rope_neox(q, pos, cfg.rope_theta, scale=cfg.rope_scale)
     k = layers.rope_neox(k, pos, cfg.rope_theta, scale=cfg.rope_scale)
     x = x + layers.row_matmul(call.par, "attn_out", call.attend(q, k, v), layer.wo, call.impl)

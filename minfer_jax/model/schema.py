@@ -21,8 +21,9 @@ def global_shapes(cfg: Config) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "rope_freqs.weight", (cfg.head_dim // 2,)
 
 
-def layer_shapes(cfg: Config, i: int, *, bias: bool = False, qk_norm: bool = False,
-                 post_norms: bool = False) -> dict[str, tuple[int, ...]]:
+def layer_shapes(
+    cfg: Config, i: int, *, bias: bool = False, qk_norm: bool = False, post_norms: bool = False
+) -> dict[str, tuple[int, ...]]:
     """Layer i's tensors: attention and gated FFN, with q/k/v biases (Qwen2), per-head q/k norms
     (Qwen3, Gemma 3) and the norms after attention and FFN (Gemma 3) where the family has them."""
     d, qd, kv, ff, hd = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.d_ff, cfg.head_dim
@@ -42,8 +43,14 @@ def layer_shapes(cfg: Config, i: int, *, bias: bool = False, qk_norm: bool = Fal
     shapes[p + "attn_output.weight"] = (d, qd)
     if post_norms:
         shapes[p + "post_attention_norm.weight"] = (d,)
-    shapes.update({p + "ffn_norm.weight": (d,), p + "ffn_gate.weight": (ff, d), p + "ffn_up.weight": (ff, d),
-                   p + "ffn_down.weight": (d, ff)})
+    shapes.update(
+        {
+            p + "ffn_norm.weight": (d,),
+            p + "ffn_gate.weight": (ff, d),
+            p + "ffn_up.weight": (ff, d),
+            p + "ffn_down.weight": (d, ff),
+        }
+    )
     if post_norms:
         shapes[p + "post_ffw_norm.weight"] = (d,)
     return shapes
@@ -73,12 +80,15 @@ def head_dim_field(md) -> dict:
     k = md.int("attention.key_length", default=0)
     v = md.int("attention.value_length", default=k)
     if k and v != k:
-        raise UnsupportedError(f"{md.path}: attention.key_length {k} != attention.value_length {v} is not supported")
+        raise UnsupportedError(
+            f"{md.path}: attention.key_length {k} != attention.value_length {v} is not supported"
+        )
     return {"head_dim": k} if k else {}
 
 
 def rope_scaling_fields(md) -> dict:
-    """Linear RoPE scaling (`rope.scaling.type` = linear, `rope.scaling.factor`); other kinds refused."""
+    """Linear RoPE scaling (`rope.scaling.type` = linear, `rope.scaling.factor`); other kinds
+    refused."""
     kind = md.str("rope.scaling.type", default="none")
     factor = md.positive_float("rope.scaling.factor", default=1.0)
     if kind == "none" or factor == 1.0:
@@ -89,7 +99,10 @@ def rope_scaling_fields(md) -> dict:
 
 
 def check_full_rotary(md, cfg: Config) -> None:
-    """RoPE over the whole head (rope.dimension_count = head_dim); partial rotary is not supported."""
+    """RoPE over the whole head (rope.dimension_count = head_dim); partial rotary is not
+    supported."""
     n = md.int("rope.dimension_count", default=cfg.head_dim)
     if n != cfg.head_dim:
-        raise UnsupportedError(f"{md.path}: RoPE over {n} of {cfg.head_dim} head dimensions is not supported")
+        raise UnsupportedError(
+            f"{md.path}: RoPE over {n} of {cfg.head_dim} head dimensions is not supported"
+        )

@@ -26,7 +26,6 @@ from minfer_jax.files.gguf import GGUFModel, QType, RawTensor
 from minfer_jax.quant import ggml
 from minfer_jax.quant.planes import repack
 
-
 LOAD_THREADS = min(8, os.cpu_count() or 1)  # tensors repacked / dequantized at once
 
 
@@ -55,7 +54,8 @@ class QWeight:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DenseWeight:
-    """A dequantized [n, k] matrix, stored as [n, k] (transposed=False) or [k, n] (transposed=True)."""
+    """A dequantized [n, k] matrix, stored as [n, k] (transposed=False) or [k, n]
+    (transposed=True)."""
 
     w: jax.Array
     transposed: bool = dataclasses.field(metadata=dict(static=True))
@@ -109,7 +109,8 @@ class Params:
     layers: list[Layer]
     out_norm: jax.Array  # [d]
     output: Weight | None  # [vocab, d]; None: tied to embed
-    rope_freqs: jax.Array | None = None  # [hd / 2] RoPE frequency divisors (Llama 3.1+ rope_freqs.weight)
+    # [hd / 2] RoPE frequency divisors (Llama 3.1+ rope_freqs.weight)
+    rope_freqs: jax.Array | None = None
 
     @property
     def head(self) -> Weight:
@@ -138,10 +139,16 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     rows = sum(x.shape[0] for x in tensors)
     shape = (rows, t.shape[1])
     if opts.mode == "dense":
-        w = jnp.concatenate([ggml.dequantize(x.data, x.qtype, x.shape) for x in tensors])  # [n, k] f32, bit-exact
+        w = jnp.concatenate(
+            [ggml.dequantize(x.data, x.qtype, x.shape) for x in tensors]
+        )  # [n, k] f32, bit-exact
         if t.name == "token_embd.weight" or rows >= 2 * t.shape[1]:
-            return DenseWeight(jax.device_put(w.astype(jnp.dtype(opts.wide_dtype)), device), transposed=False)
-        return DenseWeight(jax.device_put(w.T.astype(jnp.dtype(opts.dense_dtype)), device), transposed=True)
+            return DenseWeight(
+                jax.device_put(w.astype(jnp.dtype(opts.wide_dtype)), device), transposed=False
+            )
+        return DenseWeight(
+            jax.device_put(w.T.astype(jnp.dtype(opts.dense_dtype)), device), transposed=True
+        )
     raw = np.concatenate([np.asarray(x.data) for x in tensors]) if len(tensors) > 1 else t.data
     planes = repack(raw, t.qtype, shape)
     return QWeight({n: jax.device_put(v, device) for n, v in planes.items()}, QType(t.qtype), shape)
@@ -181,8 +188,14 @@ class LayerMatmul:
     role: str  # the members' roles joined by "+", e.g. "attn_q+attn_k"
 
 
-def layer_matmuls(qtypes: Mapping[str, QType], shapes: Mapping[str, Sequence[int]], layer: int, *,
-                  fuse: bool = True, dense: bool = False) -> list[LayerMatmul]:
+def layer_matmuls(
+    qtypes: Mapping[str, QType],
+    shapes: Mapping[str, Sequence[int]],
+    layer: int,
+    *,
+    fuse: bool = True,
+    dense: bool = False,
+) -> list[LayerMatmul]:
     """The matmuls of layer `layer` as loaded (q/k/v and gate/up fused as `fused_runs` says), from
     tensor types and shapes alone, in the order a token meets them."""
     out = []
@@ -190,8 +203,15 @@ def layer_matmuls(qtypes: Mapping[str, QType], shapes: Mapping[str, Sequence[int
         names = [f"blk.{layer}.{r}.weight" for r in roles]
         for run in fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense):
             members = tuple(names[i] for i in run)
-            out.append(LayerMatmul(members, QType(qtypes[members[0]]), sum(int(shapes[n][0]) for n in members),
-                                   int(shapes[members[0]][1]), "+".join(roles[i] for i in run)))
+            out.append(
+                LayerMatmul(
+                    members,
+                    QType(qtypes[members[0]]),
+                    sum(int(shapes[n][0]) for n in members),
+                    int(shapes[members[0]][1]),
+                    "+".join(roles[i] for i in run),
+                )
+            )
     return out
 
 
@@ -202,8 +222,13 @@ def _group(model: GGUFModel, names: list[str], opts: LoadOptions, device) -> tup
     return tuple(_matrix([ts[i] for i in run], opts, device) for run in runs)
 
 
-def load_params(model: GGUFModel, opts: LoadOptions = LoadOptions(), *, device=None,
-                progress: Callable[[Iterable], Iterable] | None = None) -> Params:
+def load_params(
+    model: GGUFModel,
+    opts: LoadOptions = LoadOptions(),
+    *,
+    device=None,
+    progress: Callable[[Iterable], Iterable] | None = None,
+) -> Params:
     """Build Params from a validated GGUF, layer by layer (peak host memory: one layer)."""
     if opts.mode not in ("quantized", "dense"):
         raise ValueError(f"LoadOptions.mode must be 'quantized' or 'dense', got {opts.mode!r}")
@@ -231,16 +256,25 @@ def load_params(model: GGUFModel, opts: LoadOptions = LoadOptions(), *, device=N
             ffn_norm=vec(p + "ffn_norm.weight"),
             gate_up=_group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device),
             w_down=_matrix([t[p + "ffn_down.weight"]], opts, device),
-            q_norm=optional_vec(p + "attn_q_norm.weight"), k_norm=optional_vec(p + "attn_k_norm.weight"),
+            q_norm=optional_vec(p + "attn_q_norm.weight"),
+            k_norm=optional_vec(p + "attn_k_norm.weight"),
             post_attn_norm=optional_vec(p + "post_attention_norm.weight"),
-            post_ffn_norm=optional_vec(p + "post_ffw_norm.weight"))
+            post_ffn_norm=optional_vec(p + "post_ffw_norm.weight"),
+        )
 
     # Repacking is numpy work that releases the GIL: layers in parallel (a 7B's 4.4 GB took minutes
     # on one core); at most a few layers' host copies live at once.
     with concurrent.futures.ThreadPoolExecutor(max_workers=LOAD_THREADS) as pool:
         embed = pool.submit(_matrix, [t["token_embd.weight"]], opts, device)
-        output = None if cfg.tied_output else pool.submit(_matrix, [t["output.weight"]], opts, device)
+        output = (
+            None if cfg.tied_output else pool.submit(_matrix, [t["output.weight"]], opts, device)
+        )
         layers = pool.map(layer, range(cfg.n_layers))
         layers = list(progress(layers) if progress else layers)
-        return Params(embed=embed.result(), layers=layers, out_norm=vec("output_norm.weight"),
-                      output=None if output is None else output.result(), rope_freqs=optional_vec("rope_freqs.weight"))
+        return Params(
+            embed=embed.result(),
+            layers=layers,
+            out_norm=vec("output_norm.weight"),
+            output=None if output is None else output.result(),
+            rope_freqs=optional_vec("rope_freqs.weight"),
+        )

@@ -31,7 +31,9 @@ from minfer_jax.errors import MinferError
 from minfer_jax.pallas import tiles
 from minfer_jax.sizes import pow2_at_least, round_up
 
-HIGHEST = lax.Precision.HIGHEST  # references: exact f32 products on every backend (the GPU default is TF32)
+HIGHEST = (
+    lax.Precision.HIGHEST
+)  # references: exact f32 products on every backend (the GPU default is TF32)
 
 LOG2_E = math.log2(math.e)  # exp(x) = exp2(x * log2 e): scores are kept in base 2
 M_INIT = float(jnp.finfo(jnp.float32).min)  # finite running max: exp2(M_INIT - m) is 0, never NaN
@@ -54,7 +56,8 @@ class ChunkConfig:
 
 
 # Per (head_dim, chunks up to 512 tokens / longer ones), the fastest measured on the H200
-# (docs/BENCHMARKS.md, "Chunk attention"): key splits for the 0.5B's two KV heads, wider tiles at 128.
+# (docs/BENCHMARKS.md, "Chunk attention"): key splits for the 0.5B's two KV heads, wider tiles at
+# 128.
 CHUNK_CONFIGS = {
     (64, 512): ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2, k_splits=4),
     (64, 2048): ChunkConfig(block_q=64, block_k=64, num_warps=4, num_stages=2, k_splits=4),
@@ -63,62 +66,98 @@ CHUNK_CONFIGS = {
 }
 
 
-def chunk_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
-                 num_warps: int | None = None, num_stages: int | None = None,
-                 k_splits: int | None = None, t_len: int = 512, wide_cache: bool = False) -> ChunkConfig:
+def chunk_config(
+    head_dim: int,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    k_splits: int | None = None,
+    t_len: int = 512,
+    wide_cache: bool = False,
+) -> ChunkConfig:
     """The table's config for head_dim and chunk length with any given field overriding it.
 
     wide_cache (f32 K/V): the table's tiles at most 64 x 64, since 128 x 128 f32 tiles asked for
     256 KB of shared memory on the H200 (227 KB available); head_dim 256 (Gemma 3) likewise (not yet
     timed on the GPU)."""
     base = CHUNK_CONFIGS.get((head_dim if head_dim <= 64 else 128, 512 if t_len <= 512 else 2048))
-    if wide_cache or head_dim > 128:  # f32 K/V, or Gemma 3 heads: 64 x 256 f16 is 128 x 128 in bytes
-        base = dataclasses.replace(base, block_q=min(base.block_q, 64), block_k=min(base.block_k, 64))
-    cfg = ChunkConfig(block_q=block_q or base.block_q, block_k=block_k or base.block_k,
-                      num_warps=num_warps or base.num_warps, num_stages=num_stages or base.num_stages,
-                      k_splits=k_splits or base.k_splits)
+    if (
+        wide_cache or head_dim > 128
+    ):  # f32 K/V, or Gemma 3 heads: 64 x 256 f16 is 128 x 128 in bytes
+        base = dataclasses.replace(
+            base, block_q=min(base.block_q, 64), block_k=min(base.block_k, 64)
+        )
+    cfg = ChunkConfig(
+        block_q=block_q or base.block_q,
+        block_k=block_k or base.block_k,
+        num_warps=num_warps or base.num_warps,
+        num_stages=num_stages or base.num_stages,
+        k_splits=k_splits or base.k_splits,
+    )
     if cfg.k_splits < 1:
         raise AttentionShapeError(f"k_splits={cfg.k_splits} must be >= 1")
     for name in ("block_q", "block_k"):
         value = getattr(cfg, name)
         if value < 16 or value & (value - 1):
-            raise AttentionShapeError(f"{name}={value} must be a power of two >= 16 (Triton dot tiles)")
+            raise AttentionShapeError(
+                f"{name}={value} must be a power of two >= 16 (Triton dot tiles)"
+            )
     return cfg
 
 
 def check_cache(k_cache: jax.Array, v_cache: jax.Array, n_heads: int, head_dim: int) -> None:
-    """Raise AttentionShapeError unless k/v are [n_slots, Hkv, max_len, head_dim] and Hkv divides n_heads."""
+    """Raise AttentionShapeError unless k/v are [n_slots, Hkv, max_len, head_dim] and Hkv divides
+    n_heads."""
     if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise AttentionShapeError(f"k_cache {k_cache.shape} {k_cache.dtype} and v_cache {v_cache.shape} "
-                                  f"{v_cache.dtype} must share one [n_slots, n_kv_heads, max_len, head_dim] "
-                                  "shape and dtype")
+        raise AttentionShapeError(
+            f"k_cache {k_cache.shape} {k_cache.dtype} and v_cache {v_cache.shape} "
+            f"{v_cache.dtype} must share one [n_slots, n_kv_heads, max_len, head_dim] "
+            "shape and dtype"
+        )
     n_kv, head = k_cache.shape[1], k_cache.shape[3]
     if head != head_dim or head_dim & (head_dim - 1) or head_dim < 16:
-        raise AttentionShapeError(f"head_dim {head_dim} (cache {head}) must match and be a power of two >= 16")
+        raise AttentionShapeError(
+            f"head_dim {head_dim} (cache {head}) must match and be a power of two >= 16"
+        )
     if n_heads % n_kv:
         raise AttentionShapeError(f"{n_heads} query heads are not a multiple of {n_kv} KV heads")
 
 
 def online_softmax_step(carry, s, v):
     """One key tile of the online softmax: s [rows, bk] base-2 scores (-inf where masked),
-    v [bk, hd]; carry (acc [rows, hd] f32, m [rows] running max, l [rows] running sum)."""
+    v [bk, hd]; carry (acc [rows, hd] f32, m [rows] running max, lsum [rows] running sum)."""
     acc, m_prev, l_prev = carry
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=1))
     correction = jnp.exp2(m_prev - m_next)
     p = jnp.exp2(s - m_next[:, None])
     l_next = correction * l_prev + jnp.sum(p, axis=1)
-    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    pv = lax.dot_general(
+        p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
     return correction[:, None] * acc + pv, m_next, l_next
 
 
 def scores(q: jax.Array, k: jax.Array, qk_scale: float) -> jax.Array:
     """q [rows, hd] . k [bk, hd]^T in f32, times qk_scale (sm_scale * log2 e)."""
-    return lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * qk_scale
+    return (
+        lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * qk_scale
+    )
 
 
 @functools.cache
-def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int, qk_scale: float,
-                  grid_key: tuple, windowed: bool = False):
+def _chunk_kernel(
+    rep: int,
+    t_len: int,
+    n_blocks: int,
+    block_q: int,
+    block_k: int,
+    k_splits: int,
+    qk_scale: float,
+    grid_key: tuple,
+    windowed: bool = False,
+):
     """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847).
     windowed: meta holds a third value, the sliding window (traced: one kernel for every layer)."""
     if windowed:
@@ -131,7 +170,9 @@ def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: in
         q = q_ref[...]  # [block_q, hd] in the cache dtype
         row0 = i * block_q
         rows = row0 + lax.broadcasted_iota(jnp.int32, (block_q,), 0)
-        q_pos = start + jnp.minimum(lax.div(rows, rep), t_len - 1)  # padded rows act as the last query
+        q_pos = start + jnp.minimum(
+            lax.div(rows, rep), t_len - 1
+        )  # padded rows act as the last query
         first_pos = start + lax.div(row0, rep)
         last_pos = start + jnp.minimum(lax.div(row0 + block_q - 1, rep), t_len - 1)
         n_open = lax.div(first_pos + 1, block_k)  # tiles every row of the block sees whole
@@ -150,22 +191,30 @@ def _chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: in
                 s = jnp.where(keys[None, :] <= q_pos[:, None], s, -jnp.inf)
             return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
 
-        carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.full((block_q,), M_INIT, jnp.float32),
-                 jnp.zeros((block_q,), jnp.float32))
-        carry = lax.fori_loop(lo, jnp.minimum(hi, n_open), functools.partial(step, masked=False), carry)
-        acc, m, l = lax.fori_loop(jnp.maximum(lo, n_open), hi, functools.partial(step, masked=True), carry)
+        carry = (
+            jnp.zeros(q_ref.shape, jnp.float32),
+            jnp.full((block_q,), M_INIT, jnp.float32),
+            jnp.zeros((block_q,), jnp.float32),
+        )
+        carry = lax.fori_loop(
+            lo, jnp.minimum(hi, n_open), functools.partial(step, masked=False), carry
+        )
+        acc, m, lsum = lax.fori_loop(
+            jnp.maximum(lo, n_open), hi, functools.partial(step, masked=True), carry
+        )
         if k_splits == 1:
-            o_ref[...] = acc / l[:, None]
+            o_ref[...] = acc / lsum[:, None]
         else:  # unnormalized partials, merged by merge_splits
             o_ref[...] = acc
             stat_refs[0][...] = m
-            stat_refs[1][...] = l
+            stat_refs[1][...] = lsum
 
     return kernel
 
 
-def _windowed_chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int,
-                           qk_scale: float):
+def _windowed_chunk_kernel(
+    rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int, qk_scale: float
+):
     """The chunk kernel on a sliding-window layer: a query at p sees keys p - window < key <= p, so
     the key loop starts at the first tile any row of the block sees (a 16k-token prefill with a
     512 window reads ~512 keys per query, not 16k). Tiles every row sees whole skip the mask."""
@@ -183,9 +232,13 @@ def _windowed_chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, bl
         n_tiles = lax.div(last_pos + block_k, block_k)
         n_open = lax.div(first_pos + 1, block_k)  # tiles below: no key past any row's position
         w_lo = lax.div(jnp.maximum(first_pos - window + 1, 0), block_k)  # first tile any row sees
-        w_open = lax.div(jnp.maximum(last_pos - window + 1, 0) + block_k - 1, block_k)  # from here: inside every window
+        w_open = lax.div(
+            jnp.maximum(last_pos - window + 1, 0) + block_k - 1, block_k
+        )  # from here: inside every window
         a = jnp.maximum(w_lo, jnp.minimum(w_open, n_open))
-        b = jnp.maximum(a, n_open)  # [a, b): seen whole by every row; [w_lo, a) and [b, n_tiles): masked
+        b = jnp.maximum(
+            a, n_open
+        )  # [a, b): seen whole by every row; [w_lo, a) and [b, n_tiles): masked
         lo, hi = w_lo, n_tiles
         if k_splits > 1:
             per_split = lax.div(n_tiles - w_lo + k_splits - 1, k_splits)
@@ -201,36 +254,56 @@ def _windowed_chunk_kernel(rep: int, t_len: int, n_blocks: int, block_q: int, bl
                 s = jnp.where(seen, s, -jnp.inf)
             return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
 
-        carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.full((block_q,), M_INIT, jnp.float32),
-                 jnp.zeros((block_q,), jnp.float32))
+        carry = (
+            jnp.zeros(q_ref.shape, jnp.float32),
+            jnp.full((block_q,), M_INIT, jnp.float32),
+            jnp.zeros((block_q,), jnp.float32),
+        )
         carry = lax.fori_loop(lo, jnp.minimum(hi, a), functools.partial(step, masked=True), carry)
-        carry = lax.fori_loop(jnp.maximum(lo, a), jnp.minimum(hi, b), functools.partial(step, masked=False), carry)
-        acc, m, l = lax.fori_loop(jnp.maximum(lo, b), hi, functools.partial(step, masked=True), carry)
+        carry = lax.fori_loop(
+            jnp.maximum(lo, a), jnp.minimum(hi, b), functools.partial(step, masked=False), carry
+        )
+        acc, m, lsum = lax.fori_loop(
+            jnp.maximum(lo, b), hi, functools.partial(step, masked=True), carry
+        )
         if k_splits == 1:
-            o_ref[...] = acc / l[:, None]
+            o_ref[...] = acc / lsum[:, None]
         else:
             o_ref[...] = acc
             stat_refs[0][...] = m
-            stat_refs[1][...] = l
+            stat_refs[1][...] = lsum
 
     return kernel
 
 
-def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
-    """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, l [..., S, rows]
-    base-2 running max and sum (an empty split has m = M_INIT, l = 0, o = 0) -> [..., rows, hd].
-    A row that saw no key at all (an unused decode row of length 0) comes out as zeros, not NaN."""
+def merge_splits(o: jax.Array, m: jax.Array, lsum: jax.Array) -> jax.Array:
+    """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, lsum
+    [..., S, rows] base-2 running max and sum (an empty split has m = M_INIT, lsum = 0, o = 0) ->
+    [..., rows, hd]. A row that saw no key at all (an unused decode row of length 0) comes out as
+    zeros, not NaN."""
     m_all = jnp.max(m, axis=-2, keepdims=True)
     weight = jnp.exp2(m - m_all)  # [..., S, rows]
-    total = jnp.sum(weight * l, axis=-2)
+    total = jnp.sum(weight * lsum, axis=-2)
     total = jnp.where(total > 0, total, 1.0)
     return jnp.sum(weight[..., None] * o, axis=-3) / total[..., None]
 
 
-def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, start, *,
-                    sm_scale: float | None = None, block_q: int | None = None, block_k: int | None = None,
-                    num_warps: int | None = None, num_stages: int | None = None, k_splits: int | None = None,
-                    interpret: bool = False, window=None) -> jax.Array:
+def chunk_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slot,
+    start,
+    *,
+    sm_scale: float | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    k_splits: int | None = None,
+    interpret: bool = False,
+    window=None,
+) -> jax.Array:
     """q [T, H, hd] at positions start .. start+T-1 of cache slot `slot` (both traced int32
     scalars) over the cache's keys 0 .. start+t -> [T, H, hd] float32. The caller keeps
     start + T <= max_len (start is traced, so it cannot be checked here).
@@ -238,20 +311,36 @@ def chunk_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, 
     t_len, n_heads, head_dim = q.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if t_len < MIN_T or t_len > MAX_T or t_len & (t_len - 1):
-        raise AttentionShapeError(f"chunk length T={t_len} must be a power of two in [{MIN_T}, {MAX_T}]")
-    cfg = chunk_config(head_dim, block_q, block_k, num_warps, num_stages, k_splits, t_len=t_len,
-                       wide_cache=k_cache.dtype.itemsize > 2)
+        raise AttentionShapeError(
+            f"chunk length T={t_len} must be a power of two in [{MIN_T}, {MAX_T}]"
+        )
+    cfg = chunk_config(
+        head_dim,
+        block_q,
+        block_k,
+        num_warps,
+        num_stages,
+        k_splits,
+        t_len=t_len,
+        wide_cache=k_cache.dtype.itemsize > 2,
+    )
     if k_cache.shape[2] % cfg.block_k:
-        raise AttentionShapeError(f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}")
-    scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
+        raise AttentionShapeError(
+            f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}"
+        )
+    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     meta = [jnp.asarray(slot, jnp.int32), jnp.asarray(start, jnp.int32)]
     if window is not None:
         meta.append(jnp.asarray(window, jnp.int32))
-    return _chunk_attention(q, k_cache, v_cache, jnp.stack(meta), sm_scale=scale, cfg=cfg, interpret=interpret)
+    return _chunk_attention(
+        q, k_cache, v_cache, jnp.stack(meta), sm_scale=scale, cfg=cfg, interpret=interpret
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "cfg", "interpret"))
-def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkConfig, interpret: bool):
+def _chunk_attention(
+    q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkConfig, interpret: bool
+):
     t_len, n_heads, head_dim = q.shape
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
@@ -262,24 +351,47 @@ def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkCo
     tiles.silence_triton_deprecation()
 
     qg = q.reshape(t_len, n_kv, rep, head_dim).transpose(1, 0, 2, 3).reshape(n_kv, n_rows, head_dim)
-    qg = jnp.pad(qg.astype(k_cache.dtype), ((0, 0), (0, rows_pad - n_rows), (0, 0)))  # [Hkv, rows_pad, hd]
+    qg = jnp.pad(
+        qg.astype(k_cache.dtype), ((0, 0), (0, rows_pad - n_rows), (0, 0))
+    )  # [Hkv, rows_pad, hd]
     splits = cfg.k_splits
     windowed = meta.shape[0] == 3
-    kernel = _chunk_kernel(rep, t_len, n_blocks, block_q, cfg.block_k, splits, sm_scale * LOG2_E,
-                           (k_cache.shape, str(k_cache.dtype)), *((True,) if windowed else ()))
+    kernel = _chunk_kernel(
+        rep,
+        t_len,
+        n_blocks,
+        block_q,
+        cfg.block_k,
+        splits,
+        sm_scale * LOG2_E,
+        (k_cache.shape, str(k_cache.dtype)),
+        *((True,) if windowed else ()),
+    )
     whole_cache = pl.BlockSpec(k_cache.shape, lambda h, i, s: (0, 0, 0, 0))
-    in_specs = [pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, n_blocks - 1 - i, 0)),
-                whole_cache, whole_cache, pl.BlockSpec(meta.shape, lambda h, i, s: (0,))]
+    in_specs = [
+        pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, n_blocks - 1 - i, 0)),
+        whole_cache,
+        whole_cache,
+        pl.BlockSpec(meta.shape, lambda h, i, s: (0,)),
+    ]
     if splits == 1:
         out_shape = [jax.ShapeDtypeStruct((n_kv, rows_pad, head_dim), jnp.float32)]
         out_specs = [in_specs[0]]
     else:
         part = (n_kv, splits, rows_pad)
-        out_shape = [jax.ShapeDtypeStruct(part + (head_dim,), jnp.float32), jax.ShapeDtypeStruct(part, jnp.float32),
-                     jax.ShapeDtypeStruct(part, jnp.float32)]
+        out_shape = [
+            jax.ShapeDtypeStruct(part + (head_dim,), jnp.float32),
+            jax.ShapeDtypeStruct(part, jnp.float32),
+            jax.ShapeDtypeStruct(part, jnp.float32),
+        ]
         stat_spec = pl.BlockSpec((None, None, block_q), lambda h, i, s: (h, s, n_blocks - 1 - i))
-        out_specs = [pl.BlockSpec((None, None, block_q, head_dim), lambda h, i, s: (h, s, n_blocks - 1 - i, 0)),
-                     stat_spec, stat_spec]
+        out_specs = [
+            pl.BlockSpec(
+                (None, None, block_q, head_dim), lambda h, i, s: (h, s, n_blocks - 1 - i, 0)
+            ),
+            stat_spec,
+            stat_spec,
+        ]
     parts = pl.pallas_call(
         kernel,
         out_shape=out_shape,
@@ -296,13 +408,21 @@ def _chunk_attention(q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkCo
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale",))
-def chunk_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slot, start, *,
-                              sm_scale: float | None = None, window=None) -> jax.Array:
+def chunk_attention_reference(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slot,
+    start,
+    *,
+    sm_scale: float | None = None,
+    window=None,
+) -> jax.Array:
     """The kernel's math in plain jnp over the slot's whole cache row (f32, dense softmax):
     q [T, H, hd] at positions start .. start+T-1 -> [T, H, hd] float32."""
     t_len, n_heads, head_dim = q.shape
     n_kv, max_len = k_cache.shape[1], k_cache.shape[2]
-    scale = head_dim ** -0.5 if sm_scale is None else sm_scale
+    scale = head_dim**-0.5 if sm_scale is None else sm_scale
     k = k_cache[slot].astype(jnp.float32)  # [Hkv, S, hd]
     v = v_cache[slot].astype(jnp.float32)
     qg = q.astype(k_cache.dtype).astype(jnp.float32).reshape(t_len, n_kv, n_heads // n_kv, head_dim)

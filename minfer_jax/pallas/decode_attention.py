@@ -1,4 +1,5 @@
-"""Decode attention (flash-decoding): nq = 1..8 new tokens of each of B sequences over their cache slots.
+"""Decode attention (flash-decoding): nq = 1..8 new tokens of each of B sequences over their cache
+slots.
 
 Cache layout as in attention.py: [n_slots, n_kv_heads, max_len, head_dim]. Row b of the batch
 lives in slot slots[b] and holds lengths[b] positions including its nq new tokens: its query j sits
@@ -24,8 +25,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import device, tiles
-from minfer_jax.pallas.attention import (HIGHEST, LOG2_E, M_INIT, AttentionShapeError, check_cache, merge_splits,
-                                         online_softmax_step, scores)
+from minfer_jax.pallas.attention import (
+    HIGHEST,
+    LOG2_E,
+    M_INIT,
+    AttentionShapeError,
+    check_cache,
+    merge_splits,
+    online_softmax_step,
+    scores,
+)
 from minfer_jax.sizes import pow2_at_least
 
 MAX_NQ = 8
@@ -47,21 +56,45 @@ class DecodeConfig:
     num_stages: int
 
 
-def decode_config(batch: int, n_kv_heads: int, k_splits: int | None = None, block_k: int | None = None,
-                  num_warps: int | None = None, num_stages: int | None = None) -> DecodeConfig:
-    """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding them."""
-    splits = k_splits or max(1, min(MAX_SPLITS, pow2_at_least(-(-device.programs(TARGET_PROGRAMS) // (batch * n_kv_heads)))))
-    cfg = DecodeConfig(k_splits=splits, block_k=block_k or 64, num_warps=num_warps or 4, num_stages=num_stages or 2)
+def decode_config(
+    batch: int,
+    n_kv_heads: int,
+    k_splits: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> DecodeConfig:
+    """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding
+    them."""
+    splits = k_splits or max(
+        1,
+        min(
+            MAX_SPLITS, pow2_at_least(-(-device.programs(TARGET_PROGRAMS) // (batch * n_kv_heads)))
+        ),
+    )
+    cfg = DecodeConfig(
+        k_splits=splits, block_k=block_k or 64, num_warps=num_warps or 4, num_stages=num_stages or 2
+    )
     if cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
-        raise AttentionShapeError(f"block_k={cfg.block_k} must be a power of two >= 16 (Triton dot tiles)")
+        raise AttentionShapeError(
+            f"block_k={cfg.block_k} must be a power of two >= 16 (Triton dot tiles)"
+        )
     if cfg.k_splits < 1:
         raise AttentionShapeError(f"k_splits={cfg.k_splits} must be >= 1")
     return cfg
 
 
 @functools.cache
-def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk_scale: float, grid_key: tuple,
-                   windowed: bool = False):
+def _decode_kernel(
+    rep: int,
+    nq: int,
+    rows: int,
+    k_splits: int,
+    block_k: int,
+    qk_scale: float,
+    grid_key: tuple,
+    windowed: bool = False,
+):
     """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847).
     windowed: one more [B] operand, the sliding window (traced): keys q_pos - window < key <= q_pos,
     and the key loop starts at the first tile the row's first query sees."""
@@ -73,7 +106,9 @@ def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk
         n_tiles = lax.div(length + block_k - 1, block_k)
         if windowed:
             window = window_ref[b]
-            first = lax.div(jnp.maximum(length - nq - window + 1, 0), block_k)  # the first query's first tile
+            first = lax.div(
+                jnp.maximum(length - nq - window + 1, 0), block_k
+            )  # the first query's first tile
             per_split = lax.div(n_tiles - first + k_splits - 1, k_splits)
             lo = first + split * per_split
         else:
@@ -82,7 +117,9 @@ def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk
         hi = jnp.minimum(lo + per_split, n_tiles)
         q = q_ref[...]  # [rows, hd] in the cache dtype
         row_ids = lax.broadcasted_iota(jnp.int32, (rows,), 0)
-        q_pos = length - nq + jnp.minimum(lax.div(row_ids, rep), nq - 1)  # padded rows act as the last query
+        q_pos = (
+            length - nq + jnp.minimum(lax.div(row_ids, rep), nq - 1)
+        )  # padded rows act as the last query
 
         def step(j, carry):
             k0 = pl.multiple_of(j * block_k, block_k)
@@ -94,20 +131,34 @@ def _decode_kernel(rep: int, nq: int, rows: int, k_splits: int, block_k: int, qk
             s = jnp.where(seen, s, -jnp.inf)
             return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
 
-        carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.full((rows,), M_INIT, jnp.float32),
-                 jnp.zeros((rows,), jnp.float32))
-        acc, m, l = lax.fori_loop(lo, hi, step, carry)
+        carry = (
+            jnp.zeros(q_ref.shape, jnp.float32),
+            jnp.full((rows,), M_INIT, jnp.float32),
+            jnp.zeros((rows,), jnp.float32),
+        )
+        acc, m, lsum = lax.fori_loop(lo, hi, step, carry)
         o_ref[...] = acc
         m_ref[...] = m
-        l_ref[...] = l
+        l_ref[...] = lsum
 
     return kernel
 
 
-def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots, lengths, *,
-                     sm_scale: float | None = None, k_splits: int | None = None, block_k: int | None = None,
-                     num_warps: int | None = None, num_stages: int | None = None,
-                     interpret: bool = False, window=None) -> jax.Array:
+def decode_attention(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slots,
+    lengths,
+    *,
+    sm_scale: float | None = None,
+    k_splits: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool = False,
+    window=None,
+) -> jax.Array:
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
     in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
     unused batch row) reads nothing and returns zeros. window (traced int32, > 0): query p sees
@@ -120,18 +171,32 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots
         raise AttentionShapeError(f"nq={nq} query tokens per row; supported 1 .. {MAX_NQ}")
     cfg = decode_config(batch, k_cache.shape[1], k_splits, block_k, num_warps, num_stages)
     if k_cache.shape[2] % cfg.block_k:
-        raise AttentionShapeError(f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}")
-    scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
+        raise AttentionShapeError(
+            f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}"
+        )
+    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     slots = jnp.broadcast_to(jnp.asarray(slots, jnp.int32), (batch,))
     lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), (batch,))
-    windows = () if window is None else (jnp.broadcast_to(jnp.asarray(window, jnp.int32), (batch,)),)
-    return _decode_attention(q, k_cache, v_cache, slots, lengths, *windows, sm_scale=scale, cfg=cfg,
-                             interpret=interpret)
+    windows = (
+        () if window is None else (jnp.broadcast_to(jnp.asarray(window, jnp.int32), (batch,)),)
+    )
+    return _decode_attention(
+        q, k_cache, v_cache, slots, lengths, *windows, sm_scale=scale, cfg=cfg, interpret=interpret
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "cfg", "interpret"))
-def _decode_attention(q, k_cache, v_cache, slots, lengths, *windows, sm_scale: float, cfg: DecodeConfig,
-                      interpret: bool):
+def _decode_attention(
+    q,
+    k_cache,
+    v_cache,
+    slots,
+    lengths,
+    *windows,
+    sm_scale: float,
+    cfg: DecodeConfig,
+    interpret: bool,
+):
     batch, nq, n_heads, head_dim = q.shape
     n_kv = k_cache.shape[1]
     rep = n_heads // n_kv
@@ -140,48 +205,87 @@ def _decode_attention(q, k_cache, v_cache, slots, lengths, *windows, sm_scale: f
     splits = cfg.k_splits
     tiles.silence_triton_deprecation()
 
-    qg = q.reshape(batch, nq, n_kv, rep, head_dim).transpose(0, 2, 1, 3, 4).reshape(batch, n_kv, n_rows, head_dim)
-    qg = jnp.pad(qg.astype(k_cache.dtype), ((0, 0), (0, 0), (0, rows - n_rows), (0, 0)))  # [B, Hkv, rows, hd]
-    kernel = _decode_kernel(rep, nq, rows, splits, cfg.block_k, sm_scale * LOG2_E,
-                            (batch, k_cache.shape, str(k_cache.dtype)), *((True,) if windows else ()))
+    qg = (
+        q.reshape(batch, nq, n_kv, rep, head_dim)
+        .transpose(0, 2, 1, 3, 4)
+        .reshape(batch, n_kv, n_rows, head_dim)
+    )
+    qg = jnp.pad(
+        qg.astype(k_cache.dtype), ((0, 0), (0, 0), (0, rows - n_rows), (0, 0))
+    )  # [B, Hkv, rows, hd]
+    kernel = _decode_kernel(
+        rep,
+        nq,
+        rows,
+        splits,
+        cfg.block_k,
+        sm_scale * LOG2_E,
+        (batch, k_cache.shape, str(k_cache.dtype)),
+        *((True,) if windows else ()),
+    )
     whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, s: (0, 0, 0, 0))
     per_row = pl.BlockSpec((batch,), lambda b, h, s: (0,))
     part_shape = (batch, n_kv, splits, rows)
-    o, m, l = pl.pallas_call(
+    o, m, lsum = pl.pallas_call(
         kernel,
-        out_shape=[jax.ShapeDtypeStruct(part_shape + (head_dim,), jnp.float32),
-                   jax.ShapeDtypeStruct(part_shape, jnp.float32), jax.ShapeDtypeStruct(part_shape, jnp.float32)],
+        out_shape=[
+            jax.ShapeDtypeStruct(part_shape + (head_dim,), jnp.float32),
+            jax.ShapeDtypeStruct(part_shape, jnp.float32),
+            jax.ShapeDtypeStruct(part_shape, jnp.float32),
+        ],
         grid=(batch, n_kv, splits),
-        in_specs=[pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
-                  whole_cache, whole_cache, per_row, per_row, *(per_row for _ in windows)],
-        out_specs=[pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
-                   pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
-                   pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0))],
+        in_specs=[
+            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
+            whole_cache,
+            whole_cache,
+            per_row,
+            per_row,
+            *(per_row for _ in windows),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
+        ],
         compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
         interpret=interpret,
         name="decode_attention",
     )(qg, k_cache, v_cache, slots, lengths, *windows)
-    out = merge_splits(o, m, l)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
+    out = merge_splits(o, m, lsum)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
     out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nq, n_heads, head_dim)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale",))
-def decode_attention_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots, lengths, *,
-                               sm_scale: float | None = None, window=None) -> jax.Array:
+def decode_attention_reference(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slots,
+    lengths,
+    *,
+    sm_scale: float | None = None,
+    window=None,
+) -> jax.Array:
     """The kernel's math in plain jnp over each row's whole cache slot (f32, dense softmax)."""
     batch, nq, n_heads, head_dim = q.shape
     n_kv, max_len = k_cache.shape[1], k_cache.shape[2]
-    scale = head_dim ** -0.5 if sm_scale is None else sm_scale
+    scale = head_dim**-0.5 if sm_scale is None else sm_scale
     slots = jnp.broadcast_to(jnp.asarray(slots, jnp.int32), (batch,))
     lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), (batch,))
     k = k_cache[slots].astype(jnp.float32)  # [B, Hkv, S, hd]
     v = v_cache[slots].astype(jnp.float32)
-    qg = q.astype(k_cache.dtype).astype(jnp.float32).reshape(batch, nq, n_kv, n_heads // n_kv, head_dim)
+    qg = (
+        q.astype(k_cache.dtype)
+        .astype(jnp.float32)
+        .reshape(batch, nq, n_kv, n_heads // n_kv, head_dim)
+    )
     s = jnp.einsum("bjgrd,bgsd->bgrjs", qg, k, precision=HIGHEST) * scale
     q_pos = lengths[:, None] - nq + jnp.arange(nq)[None, :]  # [B, nq]
     visible = jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None]  # [B, nq, S]
     if window is not None:
         visible &= q_pos[:, :, None] - jnp.arange(max_len)[None, None, :] < window
     p = jax.nn.softmax(jnp.where(visible[:, None, None], s, -jnp.inf), axis=-1)
-    return jnp.einsum("bgrjs,bgsd->bjgrd", p, v, precision=HIGHEST).reshape(batch, nq, n_heads, head_dim)
+    return jnp.einsum("bgrjs,bgsd->bjgrd", p, v, precision=HIGHEST).reshape(
+        batch, nq, n_heads, head_dim
+    )

@@ -40,7 +40,9 @@ class DequantConfig:
 
 def choose_config(npad: int, k: int) -> DequantConfig:
     bn, bk, warps = DEQUANT_TILE
-    return DequantConfig(bn=tiles.pow2_divisor(npad, bn), bk=tiles.pow2_divisor(k, bk), num_warps=warps)
+    return DequantConfig(
+        bn=tiles.pow2_divisor(npad, bn), bk=tiles.pow2_divisor(k, bk), num_warps=warps
+    )
 
 
 @functools.cache
@@ -59,8 +61,9 @@ def _plane_block_index(bk: int, wpc: int, i, j):
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "config", "interpret"))
-def dequantize(planes: dict, *, qtype: QType, config: DequantConfig | None = None,
-               interpret: bool = False) -> jax.Array:
+def dequantize(
+    planes: dict, *, qtype: QType, config: DequantConfig | None = None, interpret: bool = False
+) -> jax.Array:
     """The weight's planes -> [Npad, K] in the format's compute dtype."""
     fmt = get_format(qtype)
     arrays = tiles.plane_arrays(fmt, planes)
@@ -69,8 +72,12 @@ def dequantize(planes: dict, *, qtype: QType, config: DequantConfig | None = Non
     cfg = config or choose_config(npad, k)
     assert npad % cfg.bn == 0 and k % cfg.bk == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()
-    in_specs = [pl.BlockSpec((cfg.bn, tile_cols(cfg.bk, p.wpc)), functools.partial(_plane_block_index, cfg.bk, p.wpc))
-                for p in fmt.planes]
+    in_specs = [
+        pl.BlockSpec(
+            (cfg.bn, tile_cols(cfg.bk, p.wpc)), functools.partial(_plane_block_index, cfg.bk, p.wpc)
+        )
+        for p in fmt.planes
+    ]
     return pl.pallas_call(
         _kernel(qtype, cfg.bn, cfg.bk, fmt.compute_dtype),
         out_shape=jax.ShapeDtypeStruct((npad, k), fmt.compute_dtype),

@@ -45,12 +45,15 @@ def current() -> Gpu:
     if dev.platform != "gpu":
         return TUNED
     sms = getattr(dev, "core_count", None)
-    return Gpu(kind=str(getattr(dev, "device_kind", "")),
-               sms=sms if isinstance(sms, int) and sms > 0 else TUNED_SMS)
+    return Gpu(
+        kind=str(getattr(dev, "device_kind", "")),
+        sms=sms if isinstance(sms, int) and sms > 0 else TUNED_SMS,
+    )
 
 
 def programs(on_tuned: int) -> int:
-    """A program-count target measured on the tuned GPU, scaled to this GPU's SMs (unchanged there)."""
+    """A program-count target measured on the tuned GPU, scaled to this GPU's SMs
+    (unchanged there)."""
     return max(1, on_tuned * current().sms // TUNED_SMS)
 
 

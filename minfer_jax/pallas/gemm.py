@@ -29,7 +29,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.pallas import device, tiles
-from minfer_jax.quant.planes import QType, field_ints, field_scales, fields_per_word, get_format, int_to_half
+from minfer_jax.quant.planes import (
+    QType,
+    field_ints,
+    field_scales,
+    fields_per_word,
+    get_format,
+    int_to_half,
+)
 from minfer_jax.sizes import round_up
 
 
@@ -42,7 +49,8 @@ class GemmConfig:
     num_stages: int = 2
     splits: int = 1  # K split: partial sums [splits, M, N] added by XLA (few tokens: more programs)
     magic_half: bool = False  # integers to f16 by planes.int_to_half's bit trick
-    field_major: bool = False  # one dot per field index on x's permuted columns (planes.FIELD_PLANES)
+    # one dot per field index on x's permuted columns (planes.FIELD_PLANES)
+    field_major: bool = False
 
 
 # Tiles (bn, bk, num_warps, num_stages) from the H200 sweeps at 512 x 4096 x 14336
@@ -88,30 +96,56 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
     else:
         bn, bk, warps, stages = F32_TILE if fmt.compute_dtype == jnp.float32 else HALF_TILE
     if m > FEW_TOKEN_MAX_NT:
-        return GemmConfig(bm=bm, bn=bn, bk=tiles.pow2_divisor(k, bk), num_warps=warps,
-                          num_stages=device.stages(stages))
-    if fmt.ints is not None:  # block formats: the few-token tile (float weights keep theirs: unmeasured)
+        return GemmConfig(
+            bm=bm,
+            bn=bn,
+            bk=tiles.pow2_divisor(k, bk),
+            num_warps=warps,
+            num_stages=device.stages(stages),
+        )
+    if (
+        fmt.ints is not None
+    ):  # block formats: the few-token tile (float weights keep theirs: unmeasured)
         bn, bk, warps, stages = FEW_TOKEN_TILE
     bk = tiles.pow2_divisor(k, bk)
-    return GemmConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=device.stages(stages),
-                      splits=few_token_splits(fmt, n, k, bn, bk), magic_half=fmt.ints is not None,
-                      field_major=qtype in FIELD_MAJOR and bk // fields_per_word(qtype) >= FIELD_MIN_WORDS)
+    return GemmConfig(
+        bm=bm,
+        bn=bn,
+        bk=bk,
+        num_warps=warps,
+        num_stages=device.stages(stages),
+        splits=few_token_splits(fmt, n, k, bn, bk),
+        magic_half=fmt.ints is not None,
+        field_major=qtype in FIELD_MAJOR and bk // fields_per_word(qtype) >= FIELD_MIN_WORDS,
+    )
 
 
-def few_token_splits(fmt, n: int, k: int, bn: int, bk: int, target: int | None = None,
-                     token_blocks: int = 1) -> int:
+def few_token_splits(
+    fmt, n: int, k: int, bn: int, bk: int, target: int | None = None, token_blocks: int = 1
+) -> int:
     """The K split (a divisor of the K steps, each split whole blocks: the K-quants' d is one per
     256) whose program count lands nearest `target` (default FEW_TOKEN_PROGRAMS, scaled to this
     GPU); 1 when the rows alone reach it."""
     target = target or device.programs(FEW_TOKEN_PROGRAMS)
     programs = token_blocks * round_up(n, 128) // bn
-    return 1 if programs >= target else tiles.nearest_split(k // max(bk, fmt.block), programs, target)
+    return (
+        1 if programs >= target else tiles.nearest_split(k // max(bk, fmt.block), programs, target)
+    )
 
 
 @functools.cache
-def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, magic_half: bool = False,
-            field_major: bool = False):
-    """One kernel closure per configuration (jax#40847: a shared function object can reuse a trace)."""
+def _kernel(
+    qtype: QType,
+    bm: int,
+    bn: int,
+    bk: int,
+    k: int,
+    compute_dtype,
+    magic_half: bool = False,
+    field_major: bool = False,
+):
+    """One kernel closure per configuration (jax#40847: a shared function object can reuse a
+    trace)."""
     fmt = get_format(qtype)
     n_k = k // bk
     dn = (((1,), (1,)), ((), ()))
@@ -124,7 +158,9 @@ def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, magi
         def step(j, acc):
             k0 = j * bk
             kx = k0 if isinstance(k0, int) else pl.multiple_of(k0, bk)
-            if field_major:  # x's columns kx + i * words + j hold x[kx + per j + i] (permute_field_major)
+            if (
+                field_major
+            ):  # x's columns kx + i * words + j hold x[kx + per j + i] (permute_field_major)
                 t = tiles.load_plane_tiles(fmt, plane_refs, 0, bn, k0, bk)
                 a, b = field_scales(qtype, t, compute_dtype)  # [bn, words]
                 for i in range(per):
@@ -134,7 +170,9 @@ def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, magi
                     xi = x_ref[:, pl.ds(kx + i * words, words)]  # [bm, words]
                     acc = acc + lax.dot_general(xi, w, dn, preferred_element_type=jnp.float32)
                 return acc
-            w = tiles.load_weight_tile(fmt, plane_refs, 0, bn, k0, bk, compute_dtype, magic_half)  # [bn, bk]
+            w = tiles.load_weight_tile(
+                fmt, plane_refs, 0, bn, k0, bk, compute_dtype, magic_half
+            )  # [bn, bk]
             xt = x_ref[:, pl.ds(kx, bk)]  # [bm, bk]
             return acc + lax.dot_general(xt, w, dn, preferred_element_type=jnp.float32)  # [bm, bn]
 
@@ -145,8 +183,15 @@ def _kernel(qtype: QType, bm: int, bn: int, bk: int, k: int, compute_dtype, magi
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "interpret"))
-def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmConfig | None = None,
-         interpret: bool = False) -> jax.Array:
+def gemm(
+    x: jax.Array,
+    planes: dict,
+    *,
+    qtype: QType,
+    n_out: int,
+    config: GemmConfig | None = None,
+    interpret: bool = False,
+) -> jax.Array:
     """x [M, K] . W^T -> [M, n_out] f32, W given as its planes."""
     m, k = x.shape
     fmt = get_format(qtype)
@@ -155,7 +200,11 @@ def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmCo
     npad = arrays[0].shape[0]
     mpad = round_up(m, cfg.bm)
     k_split = k // cfg.splits
-    assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % max(cfg.bk, fmt.block) == 0, (cfg, npad, k)
+    assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % max(cfg.bk, fmt.block) == 0, (
+        cfg,
+        npad,
+        k,
+    )
     tiles.silence_triton_deprecation()
 
     xp = tiles.cast_rows(x, mpad, fmt.compute_dtype)  # [Mpad, K]
@@ -163,9 +212,22 @@ def gemm(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: GemmCo
         per = fields_per_word(qtype)
         assert cfg.bk // per >= FIELD_MIN_WORDS and fmt.compute_dtype == jnp.float16, cfg
         xp = permute_field_major(xp, cfg.bk, per)
-    kernel = _kernel(qtype, cfg.bm, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.magic_half, cfg.field_major)
-    out = tiled_call(kernel, [xp], arrays, fmt, cfg.bm, cfg.bn, cfg.num_warps, cfg.num_stages, interpret,
-                     f"gemm_{fmt.name.lower()}", splits=cfg.splits)
+    kernel = _kernel(
+        qtype, cfg.bm, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.magic_half, cfg.field_major
+    )
+    out = tiled_call(
+        kernel,
+        [xp],
+        arrays,
+        fmt,
+        cfg.bm,
+        cfg.bn,
+        cfg.num_warps,
+        cfg.num_stages,
+        interpret,
+        f"gemm_{fmt.name.lower()}",
+        splits=cfg.splits,
+    )
     return out[:m, :n_out]
 
 
@@ -176,16 +238,31 @@ def permute_field_major(x: jax.Array, bk: int, per: int) -> jax.Array:
     return x.reshape(m, k // bk, bk // per, per).transpose(0, 1, 3, 2).reshape(m, k)
 
 
-def tiled_call(kernel, token_inputs, plane_arrays, fmt, bm: int, bn: int, num_warps: int, num_stages: int,
-               interpret: bool, name: str, splits: int = 1) -> jax.Array:
+def tiled_call(
+    kernel,
+    token_inputs,
+    plane_arrays,
+    fmt,
+    bm: int,
+    bn: int,
+    num_warps: int,
+    num_stages: int,
+    interpret: bool,
+    name: str,
+    splits: int = 1,
+) -> jax.Array:
     """Grid (Mpad / bm, Npad / bn, splits), token blocks fastest: token-side inputs [Mpad, cols]
     blocked by rows, planes blocked by weight rows, both by K range when split; output [Mpad, Npad]
     f32 (with splits > 1 the partial sums [splits, Mpad, Npad] added by XLA). Shared by both GEMM
     variants; every input's columns must be proportional to K (so a K range is a column block)."""
     mpad, npad = token_inputs[0].shape[0], plane_arrays[0].shape[0]
     k = plane_arrays[0].shape[1] * fmt.planes[0].wpc
-    in_specs = [pl.BlockSpec((bm, t.shape[1] // splits), lambda i, j, s: (i, s)) for t in token_inputs]
-    in_specs += [pl.BlockSpec((bn, k // splits // p.wpc), lambda i, j, s: (j, s)) for p in fmt.planes]
+    in_specs = [
+        pl.BlockSpec((bm, t.shape[1] // splits), lambda i, j, s: (i, s)) for t in token_inputs
+    ]
+    in_specs += [
+        pl.BlockSpec((bn, k // splits // p.wpc), lambda i, j, s: (j, s)) for p in fmt.planes
+    ]
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((splits, mpad, npad), jnp.float32),

@@ -1,4 +1,5 @@
-"""Prefill GEMM, integer variant: int8 activations x int8 weight quants -> int32, rescaled per block.
+"""Prefill GEMM, integer variant: int8 activations x int8 weight quants -> int32, rescaled per
+block.
 
 Status: interpret-mode tested only; it has not yet been compiled or timed on the GPU, so ops.py
 does not dispatch to it by default (`Impl(gemm="int8")` opts in). docs/ARCHITECTURE.md.
@@ -81,8 +82,9 @@ def _kernel(qtype: QType, bm: int, bn: int, k: int):
             k0 = pl.multiple_of(j * XBLOCK, XBLOCK)
             xq = xq_ref[:, pl.ds(k0, XBLOCK)]  # [bm, 32] int8
             xs = xs_ref[:, pl.ds(j, 1)]  # [bm, 1]
-            q, a2, b2 = decode_ints(qtype, tiles.load_plane_tiles(fmt, plane_refs, 0, bn, k0, XBLOCK),
-                                    jnp.float32)  # q [bn, 32]; a2, b2 [bn, halves]
+            q, a2, b2 = decode_ints(
+                qtype, tiles.load_plane_tiles(fmt, plane_refs, 0, bn, k0, XBLOCK), jnp.float32
+            )  # q [bn, 32]; a2, b2 [bn, halves]
             lane = lax.iota(jnp.int32, XBLOCK)[None, :]
             for h in range(halves):
                 # this group's scale/offset (column h: a where-sum, since a loaded tensor cannot be
@@ -91,7 +93,9 @@ def _kernel(qtype: QType, bm: int, bn: int, k: int):
                 a = jnp.sum(jnp.where(pick, a2, 0.0), axis=1, keepdims=True)  # [bn, 1]
                 b = None if b2 is None else jnp.sum(jnp.where(pick, b2, 0.0), axis=1, keepdims=True)
                 qh = q if halves == 1 else jnp.where(lane // g == h, q, 0)
-                d = lax.dot_general(xq, qh.astype(jnp.int8), dn, preferred_element_type=jnp.int32)  # [bm, bn]
+                d = lax.dot_general(
+                    xq, qh.astype(jnp.int8), dn, preferred_element_type=jnp.int32
+                )  # [bm, bn]
                 acc = acc + d.astype(jnp.float32) * xs * a.reshape(1, bn)
                 if b is not None:
                     acc = acc + xsum_ref[:, pl.ds(j * halves + h, 1)] * b.reshape(1, bn)
@@ -105,8 +109,15 @@ def _kernel(qtype: QType, bm: int, bn: int, k: int):
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "interpret"))
-def gemm_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: Int8GemmConfig | None = None,
-              interpret: bool = False) -> jax.Array:
+def gemm_int8(
+    x: jax.Array,
+    planes: dict,
+    *,
+    qtype: QType,
+    n_out: int,
+    config: Int8GemmConfig | None = None,
+    interpret: bool = False,
+) -> jax.Array:
     """x [M, K] . W^T -> [M, n_out] f32 through int8 dots (activations quantized per 32 values)."""
     m, k = x.shape
     fmt = get_format(qtype)
@@ -118,23 +129,41 @@ def gemm_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, config: I
     mpad = round_up(m, cfg.bm)
     g = group_size(qtype)
     k_split = k // cfg.splits
-    assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % max(XBLOCK, fmt.block) == 0, (cfg, npad, k)
+    assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % max(XBLOCK, fmt.block) == 0, (
+        cfg,
+        npad,
+        k,
+    )
     tiles.silence_triton_deprecation()
 
     xq, xs, xsum = quantize_activations(jnp.pad(x, ((0, mpad - m), (0, 0))), g)
-    out = tiled_call(_kernel(qtype, cfg.bm, cfg.bn, k_split), [xq, xs, xsum], arrays, fmt, cfg.bm, cfg.bn,
-                     cfg.num_warps, cfg.num_stages, interpret, f"gemm_int8_{fmt.name.lower()}", splits=cfg.splits)
+    out = tiled_call(
+        _kernel(qtype, cfg.bm, cfg.bn, k_split),
+        [xq, xs, xsum],
+        arrays,
+        fmt,
+        cfg.bm,
+        cfg.bn,
+        cfg.num_warps,
+        cfg.num_stages,
+        interpret,
+        f"gemm_int8_{fmt.name.lower()}",
+        splits=cfg.splits,
+    )
     return out[:m, :n_out]
 
 
 def gemm_int8_reference(x: jax.Array, planes: dict, *, qtype: QType, n_out: int) -> jax.Array:
-    """The same arithmetic on whole arrays: identical activation quantization, exact integer group sums."""
+    """The same arithmetic on whole arrays: identical activation quantization, exact integer group
+    sums."""
     m, k = x.shape
     g = group_size(qtype)
     xq, xs, xsum = quantize_activations(x, g)
     q, a, b = decode_ints(qtype, planes, jnp.float32)  # q [Npad, K], a/b [Npad, K/g]
     q, a = q[:n_out], a[:n_out]
-    s = jnp.einsum("mgk,ngk->mng", xq.reshape(m, k // g, g).astype(jnp.int32), q.reshape(n_out, k // g, g))
+    s = jnp.einsum(
+        "mgk,ngk->mng", xq.reshape(m, k // g, g).astype(jnp.int32), q.reshape(n_out, k // g, g)
+    )
     scale = jnp.repeat(xs, XBLOCK // g, axis=1)  # activation scale of each weight group [M, K/g]
     y = jnp.sum(s.astype(jnp.float32) * scale[:, None, :] * a[None], axis=-1)
     if b is not None:

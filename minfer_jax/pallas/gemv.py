@@ -41,16 +41,33 @@ from minfer_jax.pallas.gemv_tuning import MAX_NT, NT_PAD, TUNING, GemvConfig, ch
 from minfer_jax.quant.planes import QType, decode_ints, get_format
 from minfer_jax.sizes import pow2_at_least
 
-__all__ = ["MAX_NT", "NT_PAD", "GemvConfig", "choose_config", "gemv_float", "gemv_float_reference", "gemv_int8",
-           "gemv_int8_reference"]
+__all__ = [
+    "MAX_NT",
+    "NT_PAD",
+    "GemvConfig",
+    "choose_config",
+    "gemv_float",
+    "gemv_float_reference",
+    "gemv_int8",
+    "gemv_int8_reference",
+]
 
 _STATIC = ("qtype", "n_out", "config", "interpret")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def gemv_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, x_scale: jax.Array | None = None,
-              config: GemvConfig | None = None, interpret: bool = False) -> jax.Array:
-    """Block formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its planes.
+def gemv_int8(
+    x: jax.Array,
+    planes: dict,
+    *,
+    qtype: QType,
+    n_out: int,
+    x_scale: jax.Array | None = None,
+    config: GemvConfig | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Block formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
+    planes.
 
     x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py):
     inside the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion
@@ -68,37 +85,66 @@ def gemv_int8(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, x_scale: 
     block = gemv_int8_kernel.Block(qtype, ntp, cfg.bn, gt, gs // gt)
     dot4 = int8_words.dp4a_emulated if interpret else _dp4a
     if cfg.prequant:
-        xw, xsc = int8_words.quantize_x(qtype, x if x_scale is None else x * x_scale, tuning.exact_round)  # one XLA fusion
+        xw, xsc = int8_words.quantize_x(
+            qtype, x if x_scale is None else x * x_scale, tuning.exact_round
+        )  # one XLA fusion
         x_ops = (xw, xsc)  # [ntp, G, x_slots, x_words] int32, [ntp, 4, G, 1] f32
-        in_specs = [pl.BlockSpec((ntp, gs, spec.x_slots, spec.x_words), lambda i, s: (0, s, 0, 0)),
-                    pl.BlockSpec((ntp, 4, gs, 1), lambda i, s: (0, 0, s, 0))]
+        in_specs = [
+            pl.BlockSpec((ntp, gs, spec.x_slots, spec.x_words), lambda i, s: (0, s, 0, 0)),
+            pl.BlockSpec((ntp, 4, gs, 1), lambda i, s: (0, 0, s, 0)),
+        ]
         dims3, flat = tuning.tile_shapes(prequant=True)
         kernel = gemv_int8_kernel.prequantized_x_kernel(block, dims3, dot4, cfg.x_first)
     else:
         x_ops = (int8_words.x_view(qtype, x),)  # [ntp, G, x_words, 4, x_slots]
-        in_specs = [pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))]
+        in_specs = [
+            pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
+        ]
         if x_scale is not None:  # scaled inside the kernel, as x is loaded
             x_ops += (int8_words.x_view(qtype, x_scale[None]),)  # [1, G, x_words, 4, x_slots]
-            in_specs.append(pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0)))
+            in_specs.append(
+                pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
+            )
         dims3, flat = tuning.tile_shapes(prequant=False)
-        kernel = gemv_int8_kernel.in_kernel_x_kernel(block, tuning.exact_round, x_scale is not None, dot4, cfg.x_first)
+        kernel = gemv_int8_kernel.in_kernel_x_kernel(
+            block, tuning.exact_round, x_scale is not None, dot4, cfg.x_first
+        )
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     arrays = []
     for name, tail in spec.view_tails(dims3, flat):
         arrays.append(wp[name])
-        in_specs.append(pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail))))
+        in_specs.append(
+            pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail)))
+        )
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
         arrays.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    out = _split_k_call(kernel, in_specs, (*x_ops, *arrays), cfg, npad, ntp, interpret,
-                        f"gemv_int8_{qtype.name.lower()}")
+    out = _split_k_call(
+        kernel,
+        in_specs,
+        (*x_ops, *arrays),
+        cfg,
+        npad,
+        ntp,
+        interpret,
+        f"gemv_int8_{qtype.name.lower()}",
+    )
     return out.sum(axis=0)[:nt, :n_out]
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def gemv_float(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, x_scale: jax.Array | None = None,
-               config: GemvConfig | None = None, interpret: bool = False) -> jax.Array:
-    """Float formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its planes."""
+def gemv_float(
+    x: jax.Array,
+    planes: dict,
+    *,
+    qtype: QType,
+    n_out: int,
+    x_scale: jax.Array | None = None,
+    config: GemvConfig | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Float formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
+    planes."""
     cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config)
     fmt = get_format(qtype)
     nt, k = x.shape
@@ -111,13 +157,22 @@ def gemv_float(x: jax.Array, planes: dict, *, qtype: QType, n_out: int, x_scale:
         kernel = _fma_kernel(qtype, cfg.bn, cfg.bk, k_split)
     else:
         kernel = _dot_kernel(qtype, cfg.bn, cfg.bk, k_split, fmt.compute_dtype)
-    out = _split_k_call(kernel, in_specs, (x16, *tiles.plane_arrays(fmt, planes)), cfg, npad, NT_PAD, interpret,
-                        f"gemv_{fmt.name.lower()}")
+    out = _split_k_call(
+        kernel,
+        in_specs,
+        (x16, *tiles.plane_arrays(fmt, planes)),
+        cfg,
+        npad,
+        NT_PAD,
+        interpret,
+        f"gemv_{fmt.name.lower()}",
+    )
     return out.sum(axis=0)[:nt, :n_out]
 
 
 def _prologue(x, planes, qtype: QType, n_out: int, x_scale, config):
-    """What both families check and resolve first: token count, config, padded rows, x_scale in f32."""
+    """What both families check and resolve first: token count, config, padded rows, x_scale in
+    f32."""
     nt, k = x.shape
     if not 1 <= nt <= NT_PAD:
         raise ValueError(f"gemv takes 1 .. {NT_PAD} tokens, got {nt}")
@@ -135,7 +190,9 @@ def _row_block_index(n_tail: int, i, s):
     return (i, s) + (0,) * n_tail
 
 
-def _split_k_call(kernel, in_specs, operands, cfg: GemvConfig, npad: int, rows: int, interpret: bool, name: str):
+def _split_k_call(
+    kernel, in_specs, operands, cfg: GemvConfig, npad: int, rows: int, interpret: bool, name: str
+):
     """Grid (Npad / bn, splits) -> partial sums [splits, rows, Npad] f32 (XLA adds the splits)."""
     return pl.pallas_call(
         kernel,
@@ -153,12 +210,18 @@ def _dp4a(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
     """c + dot of the four signed bytes of a and b, per element (PTX dp4a; GPU only)."""
     from jax.experimental.pallas import triton as pltriton
 
-    [r] = pltriton.elementwise_inline_asm("dp4a.s32.s32 $0, $1, $2, $3;", args=[a, b, c], constraints="=r,r,r,r",
-                                          pack=1, result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.int32)])
+    [r] = pltriton.elementwise_inline_asm(
+        "dp4a.s32.s32 $0, $1, $2, $3;",
+        args=[a, b, c],
+        constraints="=r,r,r,r",
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.int32)],
+    )
     return r
 
 
 # One kernel closure per configuration (jax#40847: a shared function object can reuse a trace).
+
 
 @functools.cache
 def _fma_kernel(qtype: QType, bn: int, bk: int, k_split: int):
@@ -195,8 +258,9 @@ def _dot_kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype):
             w = tiles.load_weight_tile(fmt, plane_refs, 0, bn, k0, bk, compute_dtype)  # [bn, bk]
             kx = k0 if isinstance(k0, int) else pl.multiple_of(k0, bk)
             xt = x_ref[:, pl.ds(kx, bk)]  # [16, bk]
-            return acc + lax.dot_general(xt, w, (((1,), (1,)), ((), ())),
-                                         preferred_element_type=jnp.float32)  # [16, bn]
+            return acc + lax.dot_general(
+                xt, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )  # [16, bn]
 
         acc = jnp.zeros((NT_PAD, bn), jnp.float32)
         o_ref[...] = tiles.k_steps(k_split // bk, step, acc)
@@ -206,8 +270,10 @@ def _dot_kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype):
 
 # ----------------------------------------------------------------------------- references
 
-def gemv_int8_reference(x: jax.Array, planes, *, qtype: QType, n_out: int,
-                        x_scale: jax.Array | None = None) -> jax.Array:
+
+def gemv_int8_reference(
+    x: jax.Array, planes, *, qtype: QType, n_out: int, x_scale: jax.Array | None = None
+) -> jax.Array:
     """What gemv_int8 computes, on whole arrays with planes.decode_ints (not the word tricks): the
     same activation quantization (and rounding, TUNING's exact_round) and exact integer sums."""
     if x_scale is not None:
@@ -218,14 +284,21 @@ def gemv_int8_reference(x: jax.Array, planes, *, qtype: QType, n_out: int,
     g = k // spec.group
     xv = int8_words.x_view(qtype, x)
     q, a, b = decode_ints(qtype, planes, jnp.float32)  # q [Npad, K] (offset applied), a/b [Npad, G]
-    q = (q[:n_out] - spec.offset).reshape(n_out, g, spec.group)  # raw integers, as the kernel multiplies them
+    q = (q[:n_out] - spec.offset).reshape(
+        n_out, g, spec.group
+    )  # raw integers, as the kernel multiplies them
     ys = []
     for t in range(nt):
-        words, dx, xo, xsum = int8_words.quantize_slots([xv[t, ..., s] for s in range(spec.x_slots)], spec.offset,
-                                                        exact_round)
+        words, dx, xo, xsum = int8_words.quantize_slots(
+            [xv[t, ..., s] for s in range(spec.x_slots)], spec.offset, exact_round
+        )
         xq = lax.bitcast_convert_type(jnp.stack(words, axis=0), jnp.int8)  # [S, G, W, 4]
-        xq = xq.transpose(1, 2, 3, 0).reshape(g, spec.group).astype(jnp.int32)  # natural order in the group
-        s = jnp.einsum("gk,ngk->ng", xq, q, preferred_element_type=jnp.int32).astype(jnp.float32)  # [N, G]
+        xq = (
+            xq.transpose(1, 2, 3, 0).reshape(g, spec.group).astype(jnp.int32)
+        )  # natural order in the group
+        s = jnp.einsum("gk,ngk->ng", xq, q, preferred_element_type=jnp.int32).astype(
+            jnp.float32
+        )  # [N, G]
         y = jnp.sum(a[:n_out] * (s * dx[None, :] + xo[None, :]), axis=-1)
         if b is not None:
             y = y + b[:n_out] @ xsum
@@ -233,9 +306,11 @@ def gemv_int8_reference(x: jax.Array, planes, *, qtype: QType, n_out: int,
     return jnp.stack(ys)
 
 
-def gemv_float_reference(x: jax.Array, planes, *, qtype: QType, n_out: int,
-                         x_scale: jax.Array | None = None) -> jax.Array:
-    """What gemv_float computes: whole-matrix decode in the compute dtype + one f32-accumulated dot."""
+def gemv_float_reference(
+    x: jax.Array, planes, *, qtype: QType, n_out: int, x_scale: jax.Array | None = None
+) -> jax.Array:
+    """What gemv_float computes: whole-matrix decode in the compute dtype + one f32-accumulated
+    dot."""
     if x_scale is not None:
         x = x.astype(jnp.float32) * x_scale.astype(jnp.float32)
     return tiles.dequant_matmul_reference(x, planes, qtype=qtype, n_out=n_out)

@@ -55,8 +55,11 @@ class _XSource:
 
 # One kernel closure per configuration (jax#40847: a shared function object can reuse a trace).
 
+
 @functools.cache
-def in_kernel_x_kernel(block: Block, exact_round: bool, scaled: bool, dot4: Callable, x_first: bool):
+def in_kernel_x_kernel(
+    block: Block, exact_round: bool, scaled: bool, dot4: Callable, x_first: bool
+):
     """x as f32 views [ntp, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
     quantized per step and token; per-group values as [bn, gt] tiles."""
     spec = int8_words.SPECS[block.qtype]
@@ -102,26 +105,36 @@ def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callab
 
     def kernel(*refs):
         *in_refs, o_ref = refs
-        x_refs, plane_refs = in_refs[:x_src.n_refs], in_refs[x_src.n_refs:]
+        x_refs, plane_refs = in_refs[: x_src.n_refs], in_refs[x_src.n_refs :]
         views = dict(zip([n for n, _ in spec.views], plane_refs))
-        coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views):]))
+        coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views) :]))
         split_g0 = pl.program_id(1) * (block.n_steps * gt)  # this split's first group
 
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
             x_raw = [x_src.load(x_refs, tok, g0) for tok in range(ntp)] if x_first else None
-            t = {name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
-                 for name, tail in spec.view_tails(dims3, flat)}  # [bn, gt, *tail]
-            groups = col((split_g0 + g0 + lax.iota(jnp.int32, gt))[None, :])  # [1, gt(, 1)] absolute
+            t = {
+                name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
+                for name, tail in spec.view_tails(dims3, flat)
+            }  # [bn, gt, *tail]
+            groups = col(
+                (split_g0 + g0 + lax.iota(jnp.int32, gt))[None, :]
+            )  # [1, gt(, 1)] absolute
             rows = col(lax.iota(jnp.int32, bn)[:, None])
             for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
                 t[name] = coarse[name][rows, groups // per]  # [bn, gt(, 1)]
             xq = [x_src.prepare(raw) for raw in x_raw] if x_first else None
-            words, a, b = spec.fn(t, groups % 2)  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
+            words, a, b = spec.fn(
+                t, groups % 2
+            )  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
-                xw, dx, xo, xsum = xq[tok] if x_first else x_src.prepare(x_src.load(x_refs, tok, g0))
-                out.append(accs[tok] + _token_sums(spec, words, a, b, xw, dx, xo, xsum, dot4, dims3))
+                xw, dx, xo, xsum = (
+                    xq[tok] if x_first else x_src.prepare(x_src.load(x_refs, tok, g0))
+                )
+                out.append(
+                    accs[tok] + _token_sums(spec, words, a, b, xw, dx, xo, xsum, dot4, dims3)
+                )
             return tuple(out)
 
         accs = tuple(jnp.zeros((bn, gt, 1) if dims3 else (bn, gt), jnp.float32) for _ in range(ntp))

@@ -1,4 +1,5 @@
-"""GEMV policy: one frozen tuning row per weight format (TUNING) and the per-shape GemvConfig it gives.
+"""GEMV policy: one frozen tuning row per weight format (TUNING) and the per-shape GemvConfig it
+gives.
 
 Everything the GEMV decides per format lives in its row; everything shared by all formats of a
 path is a named constant below. Every value was measured on the H200 (device.TUNED_ON); the
@@ -24,13 +25,16 @@ from minfer_jax.sizes import round_up
 
 NT_PAD = 16  # x rows fed to the float formats' dot: Triton needs >= 16 on every dot side
 MAX_NT = 8  # largest token count routed here (ops.GEMV_MAX_NT mirrors it)
-OFF = MAX_NT + 1  # an Int8Row token threshold past every default-routed token count: the choice is off
+OFF = (
+    MAX_NT + 1
+)  # an Int8Row token threshold past every default-routed token count: the choice is off
 
 INT8_STEP_WEIGHTS = 512  # weights per row in a program's one step [G-step]
 INT8_BN_TOKENS = 32  # rows per program from 2 tokens on [G-step]
 INT8_MAX_PROGRAMS = 16384  # cap on row blocks x K splits [G-step]
 PREQUANT_MIN_NT = 3  # from this token count on, x is quantized before the kernel [G-prequant-nt]
-PREQUANT_MIN_PROGRAMS = 896  # prequant_rows / prequant_steps only while this many programs remain [G-prequant-tiles]
+# prequant_rows / prequant_steps only while this many programs remain [G-prequant-tiles]
+PREQUANT_MIN_PROGRAMS = 896
 
 TARGET_PROGRAMS = 1024  # float formats: ~8 programs per SM on the H200's 132 SMs [G-float-split]
 TILE_ELEMS = 8192  # float formats: bn * bk ceiling (decoded tile + intermediates in registers)
@@ -45,9 +49,12 @@ class GemvConfig:
     splits: int
     num_warps: int = 4
     num_stages: int = 1  # Triton's software pipelining of these loads measured slower [G-stages]
-    fma: bool = False  # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator [G-fma]
-    prequant: bool = False  # integer path: x quantized by XLA before the kernel (int8_words.quantize_x)
-    x_first: bool = False  # integer path: x loaded (and quantized) before the weights are decoded [G-x-first]
+    # float formats, nt == 1: CUDA-core multiply-add into a [bn, bk] f32 accumulator [G-fma]
+    fma: bool = False
+    # integer path: x quantized by XLA before the kernel (int8_words.quantize_x)
+    prequant: bool = False
+    # integer path: x loaded (and quantized) before the weights are decoded [G-x-first]
+    x_first: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +89,8 @@ class Int8Row:
 
     def tile_shapes(self, prequant: bool) -> tuple[bool, bool]:
         """(dims3, flat): per-group values as [bn, gt, 1] tiles (prequant_3d rows, pre-quantized x);
-        one-word quant views (Q2_K, Q3_K) as [bn, gt] on the other pre-quantized kernels [G-flat-words]."""
+        one-word quant views (Q2_K, Q3_K) as [bn, gt] on the other pre-quantized kernels
+        [G-flat-words]."""
         dims3 = prequant and self.prequant_3d
         return dims3, prequant and not dims3
 
@@ -92,7 +100,8 @@ class FloatRow:
     """A float format's choices: tile width and the one-token multiply-add path."""
 
     max_bk: int = 256  # weights per step, at most
-    fma_nt: int = 1  # token count that multiply-adds on CUDA cores instead of the 16-row dot [G-fma]
+    # token count that multiply-adds on CUDA cores instead of the 16-row dot [G-fma]
+    fma_nt: int = 1
 
     def config(self, qtype: QType, n: int, k: int, nt: int) -> GemvConfig:
         npad = round_up(n, 128)
@@ -104,16 +113,16 @@ class FloatRow:
 TUNING: dict[QType, Int8Row | FloatRow] = {  # measured on device.TUNED_ON (the H200)
     #                   rows at  x first from        pre-quantized x
     #                   1 token  in-kernel prequant  rows steps 3-D    exact_round
-    QType.Q8_0: Int8Row(32,      2,        OFF,      32,  1,    False, True),
-    QType.Q4_0: Int8Row(32,      2,        3,        64,  1,    True,  False),
-    QType.Q4_1: Int8Row(32,      2,        8,        32,  1,    False, True),
-    QType.Q5_0: Int8Row(32,      1,        OFF,      32,  1,    False, True),
-    QType.Q5_1: Int8Row(32,      1,        OFF,      32,  1,    False, True),
-    QType.Q4_K: Int8Row(32,      OFF,      8,        32,  4,    True,  True),
-    QType.Q5_K: Int8Row(32,      1,        OFF,      32,  1,    False, True),
-    QType.Q6_K: Int8Row(16,      1,        3,        32,  1,    False, True),
-    QType.Q3_K: Int8Row(16,      1,        OFF,      32,  1,    False, True),
-    QType.Q2_K: Int8Row(16,      OFF,      OFF,      32,  1,    False, True),
+    QType.Q8_0: Int8Row(32, 2, OFF, 32, 1, False, True),
+    QType.Q4_0: Int8Row(32, 2, 3, 64, 1, True, False),
+    QType.Q4_1: Int8Row(32, 2, 8, 32, 1, False, True),
+    QType.Q5_0: Int8Row(32, 1, OFF, 32, 1, False, True),
+    QType.Q5_1: Int8Row(32, 1, OFF, 32, 1, False, True),
+    QType.Q4_K: Int8Row(32, OFF, 8, 32, 4, True, True),
+    QType.Q5_K: Int8Row(32, 1, OFF, 32, 1, False, True),
+    QType.Q6_K: Int8Row(16, 1, 3, 32, 1, False, True),
+    QType.Q3_K: Int8Row(16, 1, OFF, 32, 1, False, True),
+    QType.Q2_K: Int8Row(16, OFF, OFF, 32, 1, False, True),
     QType.F32: FloatRow(),
     QType.F16: FloatRow(),
     QType.BF16: FloatRow(),
@@ -125,8 +134,14 @@ def generic(r: Int8Row | FloatRow) -> Int8Row | FloatRow:
     per pre-quantized program, flat tiles; one-token rows and rounding (numerics) as measured."""
     if isinstance(r, FloatRow):
         return r
-    return dataclasses.replace(r, x_first_from=OFF, prequant_x_first_from=OFF, prequant_rows=INT8_BN_TOKENS,
-                               prequant_steps=1, prequant_3d=False)
+    return dataclasses.replace(
+        r,
+        x_first_from=OFF,
+        prequant_x_first_from=OFF,
+        prequant_rows=INT8_BN_TOKENS,
+        prequant_steps=1,
+        prequant_3d=False,
+    )
 
 
 def row(qtype: QType) -> Int8Row | FloatRow:
@@ -145,7 +160,8 @@ def _divisors(n: int) -> list[int]:
 
 
 def _splits(chunks: int, programs: int) -> int:
-    """The K split (a divisor of chunks) whose program count lands nearest TARGET_PROGRAMS [G-float-split]."""
+    """The K split (a divisor of chunks) whose program count lands nearest TARGET_PROGRAMS
+    [G-float-split]."""
     return tiles.nearest_split(chunks, programs, device.programs(TARGET_PROGRAMS))
 
 

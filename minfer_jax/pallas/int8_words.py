@@ -1,4 +1,5 @@
-"""Block formats as int8x4 words: the integer GEMV's kernel-side layouts (pallas/gemv.py; llama.cpp's MMVQ idea).
+"""Block formats as int8x4 words: the integer GEMV's kernel-side layouts
+(pallas/gemv.py; llama.cpp's MMVQ idea).
 
 Every block format is, per output row and per scale group of `group` weights (quant.planes):
 
@@ -21,9 +22,9 @@ step (`quantize_slots`), so both dp4a operands hold the same four weights.
 Views. A quant plane [Npad, K / wpc] of uint32 words is reshaped (free, outside the kernel) to
 [Npad, K / group, words per group] (always the first view), a per-group field to [Npad, K / group]
 (2-D tiles) or [Npad, K / group, 1] (3-D tiles: the value then meets its group's words by a size-1
-broadcast rather than an expand_dims; which the GEMV uses is measured, pallas/gemv_tuning.py). Fields
-coarser than a group (K-quant super-block d, dmin; Q3_K's high-bit word shared by two groups) are
-gathered per group inside the kernel (`coarse`: plane -> groups per plane column), to the same
+broadcast rather than an expand_dims; which the GEMV uses is measured, pallas/gemv_tuning.py).
+Fields coarser than a group (K-quant super-block d, dmin; Q3_K's high-bit word shared by two groups)
+are gathered per group inside the kernel (`coarse`: plane -> groups per plane column), to the same
 shape as the per-group fields.
 """
 
@@ -49,20 +50,28 @@ class WordSpec:
     x_slots: int  # word tensors per group (byte permutations of the group's x)
     x_words: int  # words per group per slot
     offset: int  # added to the raw integers: value = a * (q + offset) + b
-    views: tuple[tuple[str, tuple[int, ...]], ...]  # plane -> words per group (first: the quants; then fields)
+    views: tuple[
+        tuple[str, tuple[int, ...]], ...
+    ]  # plane -> words per group (first: the quants; then fields)
     coarse: tuple[tuple[str, int], ...]  # plane -> groups per plane column (gathered per group)
     # (tiles, parity int32 (group index % 2) of the per-group shape) -> (slot words: x_slots
     # tensors [bn, G, x_words] of int8x4, a f32, b f32 or None), per-group values (fields, parity,
     # a, b) [bn, G] for 2-D tiles or [bn, G, 1] for 3-D ones
     fn: Callable = dataclasses.field(compare=False)
 
-    def view_tails(self, dims3: bool, flat_words: bool = False) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    def view_tails(
+        self, dims3: bool, flat_words: bool = False
+    ) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """(plane, trailing tile shape) for 2-D or 3-D per-group tiles; flat_words: one-word quant
         views (Q2_K, Q3_K) as [bn, G] too."""
+
         def words_tail(tail):
             return () if flat_words and tail == (1,) else tail
-        return tuple((name, words_tail(tail) if i == 0 else ((1,) if dims3 else ()))
-                     for i, (name, tail) in enumerate(self.views))
+
+        return tuple(
+            (name, words_tail(tail) if i == 0 else ((1,) if dims3 else ()))
+            for i, (name, tail) in enumerate(self.views)
+        )
 
 
 # x rounding without conversion instructions (F2I / FRND run at a quarter of the FP32 rate on
@@ -98,7 +107,8 @@ def _nibbles(w):  # [bn, G, 4] nibble words -> (even weights, odd weights) as in
 
 
 def _q5_high(qh):
-    """qh [bn, G(, 1)] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd) [bn, G, 4]."""
+    """qh [bn, G(, 1)] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd)
+    [bn, G, 4]."""
     j = lax.iota(jnp.uint32, 4)
     h = _col(qh)
     return (h << (4 - j)) & 0x10101010, (h >> j) & 0x10101010
@@ -177,12 +187,25 @@ SPECS: dict[QType, WordSpec] = {
     QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", ())), (), _q8_0),
     QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0),
     QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", ()), ("m", ())), (), _q4_1),
-    QType.Q5_0: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0),  # signed words
+    QType.Q5_0: WordSpec(
+        32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0
+    ),  # signed words
     QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ()), ("m", ())), (), _q5_1),
-    QType.Q4_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)), _q4_k),
-    QType.Q5_K: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)),
-                         _q5_k),
-    QType.Q6_K: WordSpec(16, 2, 2, -32, (("ql", (2,)), ("qh", ()), ("sc", ())), (("d", 16),), _q6_k),
+    QType.Q4_K: WordSpec(
+        32, 2, 4, 0, (("qs", (4,)), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)), _q4_k
+    ),
+    QType.Q5_K: WordSpec(
+        32,
+        2,
+        4,
+        0,
+        (("qs", (4,)), ("qh", ()), ("sc", ()), ("m", ())),
+        (("d", 8), ("dmin", 8)),
+        _q5_k,
+    ),
+    QType.Q6_K: WordSpec(
+        16, 2, 2, -32, (("ql", (2,)), ("qh", ()), ("sc", ())), (("d", 16),), _q6_k
+    ),
     QType.Q3_K: WordSpec(16, 4, 1, -4, (("qs", (1,)), ("sc", ())), (("qh", 2), ("d", 16)), _q3_k),
     QType.Q2_K: WordSpec(16, 4, 1, 0, (("qs", (1,)), ("sc", ())), (("d", 16), ("dmin", 16)), _q2_k),
 }
@@ -194,8 +217,9 @@ def dp4a_emulated(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
     b = lax.bitcast_convert_type(b, jnp.int32)
     for i in range(4):
         left = jnp.int32(24 - 8 * i)
-        c = c + lax.shift_right_arithmetic(a << left, jnp.int32(24)) * lax.shift_right_arithmetic(b << left,
-                                                                                                    jnp.int32(24))
+        c = c + lax.shift_right_arithmetic(a << left, jnp.int32(24)) * lax.shift_right_arithmetic(
+            b << left, jnp.int32(24)
+        )
     return c
 
 
@@ -204,9 +228,10 @@ def dp4a_emulated(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
 # the f32 activations (one launch fewer per matmul; docs/BENCHMARKS.md, GEMV choices
 # [G-prequant-nt]); from gemv_tuning.PREQUANT_MIN_NT tokens on by quantize_x before the kernel.
 
+
 def x_view(qtype: QType, x: jax.Array) -> jax.Array:
-    """x [nt, K] -> f32 [nt, G, x_words, 4, x_slots]: the group's position w * 4 * slots + b * slots + s
-    at [g, w, b, s] (a reshape: free in XLA)."""
+    """x [nt, K] -> f32 [nt, G, x_words, 4, x_slots]: the group's position w * 4 * slots + b * slots
+    + s at [g, w, b, s] (a reshape: free in XLA)."""
     spec = SPECS[qtype]
     nt, k = x.shape
     return x.astype(F32).reshape(nt, k // spec.group, spec.x_words, 4, spec.x_slots)
@@ -224,6 +249,7 @@ def quantize_slots(xs: list[jax.Array], offset: int, exact_round: bool = True):
 
     Runs inside the kernel (on loaded tiles) and in the reference (on whole arrays).
     """
+
     def rows(v, op):  # [G, W, 4] -> [G]
         return op(op(v, axis=-1), axis=-1)
 
@@ -232,7 +258,9 @@ def quantize_slots(xs: list[jax.Array], offset: int, exact_round: bool = True):
     for v in xs[1:]:
         amax = jnp.maximum(amax, rows(jnp.abs(v), jnp.max))
         xsum = xsum + rows(v, jnp.sum)
-    inv = jnp.where(amax > 0, 127.0 / jnp.where(amax > 0, amax, 1.0), 0.0)[:, None, None]  # [G, 1, 1]
+    inv = jnp.where(amax > 0, 127.0 / jnp.where(amax > 0, amax, 1.0), 0.0)[
+        :, None, None
+    ]  # [G, 1, 1]
     shifts = (lax.iota(jnp.int32, 4) * 8)[None, None, :]
     words, sum_q = [], 0
     for v in xs:
@@ -253,13 +281,21 @@ def quantize_x(qtype: QType, x: jax.Array, exact_round: bool) -> tuple[jax.Array
     nt, k = x.shape
     g = k // spec.group
     xv = x_view(qtype, x).reshape(nt * g, spec.x_words, 4, spec.x_slots)
-    words, dx, xo, xsum = quantize_slots([xv[..., s] for s in range(spec.x_slots)], spec.offset, exact_round)
+    words, dx, xo, xsum = quantize_slots(
+        [xv[..., s] for s in range(spec.x_slots)], spec.offset, exact_round
+    )
     xw = jnp.stack(words, axis=1).reshape(nt, g, spec.x_slots, spec.x_words)
-    xsc = jnp.stack([dx, xo, xsum, jnp.zeros_like(dx)], axis=0).reshape(4, nt, g, 1).transpose(1, 0, 2, 3)
+    xsc = (
+        jnp.stack([dx, xo, xsum, jnp.zeros_like(dx)], axis=0)
+        .reshape(4, nt, g, 1)
+        .transpose(1, 0, 2, 3)
+    )
     return xw, xsc
 
 
-def word_planes(qtype: QType, planes, dims3: bool = False, flat_words: bool = False) -> dict[str, jax.Array]:
+def word_planes(
+    qtype: QType, planes, dims3: bool = False, flat_words: bool = False
+) -> dict[str, jax.Array]:
     """Planes reshaped to [Npad, K / group, *tail] (coarse planes unchanged)."""
     out = {}
     for name, tail in SPECS[qtype].view_tails(dims3, flat_words):

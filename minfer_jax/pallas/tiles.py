@@ -32,9 +32,13 @@ def load_plane_tiles(fmt: Format, plane_refs, r0, bn: int, k0, bk: int) -> dict[
     return tiles
 
 
-def load_weight_tile(fmt: Format, plane_refs, r0, bn: int, k0, bk: int, dtype, magic_half: bool = False) -> jax.Array:
+def load_weight_tile(
+    fmt: Format, plane_refs, r0, bn: int, k0, bk: int, dtype, magic_half: bool = False
+) -> jax.Array:
     """Decode rows [r0, r0+bn) x weights [k0, k0+bk) of a weight into values [bn, bk] of dtype."""
-    return decode(fmt.qtype, load_plane_tiles(fmt, plane_refs, r0, bn, k0, bk), dtype, magic_half=magic_half)
+    return decode(
+        fmt.qtype, load_plane_tiles(fmt, plane_refs, r0, bn, k0, bk), dtype, magic_half=magic_half
+    )
 
 
 def k_steps(n_steps: int, step, init):
@@ -70,8 +74,12 @@ def silence_triton_deprecation() -> None:
     Mosaic GPU variants can replace kernels one at a time behind ops.py (docs/ARCHITECTURE.md).
     Called once, from the kernel wrappers, never at import time.
     """
-    warnings.filterwarnings("ignore", message=r".*[Tt]riton.*deprecat.*", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", message=r".*deprecat.*[Tt]riton.*", category=DeprecationWarning)
+    warnings.filterwarnings(
+        "ignore", message=r".*[Tt]riton.*deprecat.*", category=DeprecationWarning
+    )
+    warnings.filterwarnings(
+        "ignore", message=r".*deprecat.*[Tt]riton.*", category=DeprecationWarning
+    )
 
 
 def compiler_params(num_warps: int, num_stages: int):

@@ -69,8 +69,9 @@ def _f16_to_f32(h: jax.Array) -> jax.Array:
     The hardware/XLA convert sets the quiet bit of signalling NaNs; numpy keeps sign and payload
     (mantissa << 13) unchanged, so NaNs are rebuilt bitwise. Everything else converts exactly.
     """
-    f = lax.bitcast_convert_type(lax.bitcast_convert_type(h, jnp.float16).astype(jnp.float32),
-                                 jnp.uint32)  # [...]
+    f = lax.bitcast_convert_type(
+        lax.bitcast_convert_type(h, jnp.float16).astype(jnp.float32), jnp.uint32
+    )  # [...]
     h32 = h.astype(jnp.uint32)  # [...]
     is_nan = ((h32 & 0x7C00) == 0x7C00) & ((h32 & 0x03FF) != 0)  # [...]
     nan = ((h32 & 0x8000) << 16) | 0x7F800000 | ((h32 & 0x03FF) << 13)  # [...]
@@ -79,7 +80,7 @@ def _f16_to_f32(h: jax.Array) -> jax.Array:
 
 def _f16_at(b: jax.Array, offset: int) -> jax.Array:
     """The little-endian f16 at byte `offset` of each block: uint8 [..., T] -> f32 [..., 1]."""
-    h = lax.bitcast_convert_type(b[..., offset:offset + 2], jnp.uint16)  # [...]
+    h = lax.bitcast_convert_type(b[..., offset : offset + 2], jnp.uint16)  # [...]
     return _f16_to_f32(h)[..., None]  # [..., 1]
 
 
@@ -131,7 +132,8 @@ def _deq_f16(b: jax.Array) -> jax.Array:
 
 
 def _deq_bf16(b: jax.Array) -> jax.Array:
-    """BF16: 2 bytes, the top half of an f32 (gguf-py: int16 -> int32 << 16). [..., 2] -> [..., 1]"""
+    """BF16: 2 bytes, the top half of an f32 (gguf-py: int16 -> int32 << 16). [..., 2] ->
+    [..., 1]"""
     h = lax.bitcast_convert_type(b, jnp.uint16).astype(jnp.uint32)  # [...]
     return lax.bitcast_convert_type(h << 16, jnp.float32)[..., None]  # [..., 1]
 
@@ -203,7 +205,9 @@ def _deq_q3_k(b: jax.Array) -> jax.Array:
     hi = _merge_last(_unpack(s[..., 8:12], 2), 2)  # [..., 16]
     sc = _f32((lo | (hi << 4)).astype(jnp.int32) - 32)  # [..., 16]
     dl = (d * sc)[..., None]  # [..., 16, 1]
-    ql = _split_last(_merge_last(_unpack(_split_last(b[..., 32:96], 2, 32), 2), 3), 16, 16)  # [..., 16, 16]
+    ql = _split_last(
+        _merge_last(_unpack(_split_last(b[..., 32:96], 2, 32), 2), 3), 16, 16
+    )  # [..., 16, 16]
     qh = _split_last(_merge_last(_unpack(b[..., 0:32], 1), 2), 16, 16)  # [..., 16, 16]
     q = _f32(ql.astype(jnp.int32) - ((qh ^ 1) << 2).astype(jnp.int32))  # [..., 16, 16]
     return _merge_last(dl * q, 2)  # [..., 256]
@@ -217,7 +221,9 @@ def _deq_q4_k(b: jax.Array) -> jax.Array:
     sc, m = _k_scale_min(b[..., 4:16])  # [..., 8]
     dl = (d * _f32(sc))[..., None]  # [..., 8, 1]
     dm = (dmin * _f32(m))[..., None]  # [..., 8, 1]
-    q = _f32(_split_last(_merge_last(_unpack(_split_last(b[..., 16:144], 4, 32), 4), 3), 8, 32))  # [..., 8, 32]
+    q = _f32(
+        _split_last(_merge_last(_unpack(_split_last(b[..., 16:144], 4, 32), 4), 3), 8, 32)
+    )  # [..., 8, 32]
     return _merge_last(dl * q - dm, 2)  # [..., 256]
 
 
@@ -229,7 +235,9 @@ def _deq_q5_k(b: jax.Array) -> jax.Array:
     sc, m = _k_scale_min(b[..., 4:16])  # [..., 8]
     dl = (d * _f32(sc))[..., None]  # [..., 8, 1]
     dm = (dmin * _f32(m))[..., None]  # [..., 8, 1]
-    ql = _split_last(_merge_last(_unpack(_split_last(b[..., 48:176], 4, 32), 4), 3), 8, 32)  # [..., 8, 32]
+    ql = _split_last(
+        _merge_last(_unpack(_split_last(b[..., 48:176], 4, 32), 4), 3), 8, 32
+    )  # [..., 8, 32]
     qh = _unpack(b[..., 16:48], 1)  # [..., 8, 32]
     return _merge_last(dl * _f32(ql | (qh << 4)) - dm, 2)  # [..., 256]
 
@@ -294,7 +302,8 @@ def _check_qtype(qtype) -> QType:
     if qt not in _FORMATS:
         raise UnsupportedError(
             f"dequantize: ggml type {qt.name} is not supported "
-            f"(supported: {', '.join(q.name for q in _FORMATS)})")
+            f"(supported: {', '.join(q.name for q in _FORMATS)})"
+        )
     return qt
 
 
@@ -302,20 +311,28 @@ def _as_blocks(data: jax.Array, qtype: QType, rows: int, cols: int) -> jax.Array
     """data (uint8 bytes, or the float format's own dtype) -> uint8 blocks [rows, cols/bs, ts]."""
     bs, ts = GGML_QUANT_SIZES[qtype]
     if cols % bs:
-        raise ValueError(f"dequantize {qtype.name}: row length {cols} is not a multiple of the block size {bs}")
+        raise ValueError(
+            f"dequantize {qtype.name}: row length {cols} is not a multiple of the block size {bs}"
+        )
     nb = cols // bs
     native = _FORMATS[qtype].native
     if data.dtype == np.uint8:
         if data.size != rows * nb * ts:
-            raise ValueError(f"dequantize {qtype.name}: {data.size} bytes for {rows}x{cols} weights, "
-                             f"expected {rows * nb * ts}")
+            raise ValueError(
+                f"dequantize {qtype.name}: {data.size} bytes for {rows}x{cols} weights, "
+                f"expected {rows * nb * ts}"
+            )
         return data.reshape(rows, nb, ts)  # [rows, nb, ts]
     if native is not None and data.dtype == native:
         if data.size != rows * cols:
-            raise ValueError(f"dequantize {qtype.name}: {data.size} elements, expected {rows}x{cols}")
+            raise ValueError(
+                f"dequantize {qtype.name}: {data.size} elements, expected {rows}x{cols}"
+            )
         return lax.bitcast_convert_type(data.reshape(rows, cols), jnp.uint8)  # [rows, cols, ts]
-    raise ValueError(f"dequantize {qtype.name}: data of dtype {data.dtype} is neither uint8 bytes"
-                     + (f" nor {native}" if native is not None else ""))
+    raise ValueError(
+        f"dequantize {qtype.name}: data of dtype {data.dtype} is neither uint8 bytes"
+        + (f" nor {native}" if native is not None else "")
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "shape"))

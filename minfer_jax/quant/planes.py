@@ -63,7 +63,9 @@ class Format:
     block: int  # weights per GGUF block: K must be a multiple of it
     compute_dtype: np.dtype  # dtype the kernels decode into and feed the dot with
     repack: Callable[[np.ndarray, int], dict[str, np.ndarray]] = dataclasses.field(compare=False)
-    ints: Callable | None = dataclasses.field(compare=False)  # block formats: (tiles, dtype) -> (q, a, b)
+    ints: Callable | None = dataclasses.field(
+        compare=False
+    )  # block formats: (tiles, dtype) -> (q, a, b)
 
     @property
     def name(self) -> str:
@@ -76,13 +78,15 @@ class Format:
 # byte b holds weight 8j + 2b + h (nibble word j, half h); these orders put the high bits of
 # exactly those weights where two ops (shift, mask) move them next to their nibbles.
 
+
 def _q5h_order(k):
     """1-bit, 32 weights per word: weight k = 8j + 2b + h at bit 8b + 4h + j."""
     return 8 * ((k >> 1) & 3) + 4 * (k & 1) + (k >> 3)
 
 
 def _q6h_order(k):
-    """2-bit, 16 weights per word: weight k = 8j + 2b + h at field 4b + 2j + h (bits 8b + 4j + 2h)."""
+    """2-bit, 16 weights per word: weight k = 8j + 2b + h at field 4b + 2j + h
+    (bits 8b + 4j + 2h)."""
     return 4 * ((k >> 1) & 3) + 2 * (k >> 3) + (k & 1)
 
 
@@ -100,7 +104,7 @@ def _blocks(raw: np.ndarray, qtype: QType) -> np.ndarray:
 
 def _f16(blocks: np.ndarray, off: int) -> np.ndarray:
     """The f16 field at byte `off` of every block: [rows, nb] float16."""
-    return np.ascontiguousarray(blocks[:, :, off:off + 2]).view(np.float16)[..., 0]
+    return np.ascontiguousarray(blocks[:, :, off : off + 2]).view(np.float16)[..., 0]
 
 
 def _pack(values: np.ndarray, bits: int, order: Callable | None = None) -> np.ndarray:
@@ -115,13 +119,16 @@ def _pack(values: np.ndarray, bits: int, order: Callable | None = None) -> np.nd
         v = permuted
     v = v.reshape(rows, -1, 8 // bits)  # [rows, bytes, fields per byte]
     packed = v[..., 0].copy()  # [rows, bytes], little-endian words
-    for i in range(1, 8 // bits):  # one pass per field: numpy's reduce over a tiny axis is ~10x slower
+    for i in range(
+        1, 8 // bits
+    ):  # one pass per field: numpy's reduce over a tiny axis is ~10x slower
         packed |= v[..., i] << np.uint8(i * bits)
     return packed.view("<u4").astype(np.uint32)
 
 
 def _nibbles_32(qs: np.ndarray) -> np.ndarray:
-    """GGUF 32-weight nibble layout (byte j: weight j low, weight j+16 high) -> [rows, nb*32] values."""
+    """GGUF 32-weight nibble layout (byte j: weight j low, weight j+16 high) -> [rows, nb*32]
+    values."""
     lo, hi = qs & 0x0F, qs >> 4  # [rows, nb, 16]
     return np.concatenate([lo, hi], axis=-1).reshape(qs.shape[0], -1)
 
@@ -132,7 +139,8 @@ def _bits_32(qh: np.ndarray) -> np.ndarray:
 
 
 def _kquant_nibbles(qs: np.ndarray) -> np.ndarray:
-    """Q4_K/Q5_K qs [rows, ns, 128]: chunk c of 32 bytes holds weights 64c+l (low) and 64c+32+l (high)."""
+    """Q4_K/Q5_K qs [rows, ns, 128]: chunk c of 32 bytes holds weights 64c+l (low) and 64c+32+l
+    (high)."""
     rows, ns = qs.shape[:2]
     q = qs.reshape(rows, ns, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
     return (q & 0x0F).reshape(rows, ns * 256)
@@ -151,7 +159,10 @@ def _pad_rows(planes: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]
     padded = round_up(rows, ROW_ALIGN)
     if padded == rows:
         return planes
-    return {k: np.concatenate([v, np.zeros((padded - rows,) + v.shape[1:], v.dtype)]) for k, v in planes.items()}
+    return {
+        k: np.concatenate([v, np.zeros((padded - rows,) + v.shape[1:], v.dtype)])
+        for k, v in planes.items()
+    }
 
 
 def _repack_float(dtype):
@@ -159,13 +170,16 @@ def _repack_float(dtype):
         if raw.dtype == np.uint8:  # BF16 arrives as bytes
             raw = np.ascontiguousarray(raw).view(np.uint16).view(jnp.bfloat16)
         return {"w": np.asarray(raw).astype(dtype).reshape(raw.shape[0], k)}
+
     return repack
 
 
 def _repack_q8_0(raw, k):
     b = _blocks(raw, QType.Q8_0)
-    return {"q": np.ascontiguousarray(b[:, :, 2:]).reshape(b.shape[0], k).view("<u4").astype(np.uint32),
-            "d": _f16(b, 0)}
+    return {
+        "q": np.ascontiguousarray(b[:, :, 2:]).reshape(b.shape[0], k).view("<u4").astype(np.uint32),
+        "d": _f16(b, 0),
+    }
 
 
 def _repack_q4_0(raw, k):
@@ -180,46 +194,76 @@ def _repack_q4_1(raw, k):
 
 def _repack_q5_0(raw, k):
     b = _blocks(raw, QType.Q5_0)
-    return {"qs": _pack(_nibbles_32(b[:, :, 6:]), 4), "qh": _pack(_bits_32(b[:, :, 2:6]), 1, _q5h_order),
-            "d": _f16(b, 0)}
+    return {
+        "qs": _pack(_nibbles_32(b[:, :, 6:]), 4),
+        "qh": _pack(_bits_32(b[:, :, 2:6]), 1, _q5h_order),
+        "d": _f16(b, 0),
+    }
 
 
 def _repack_q5_1(raw, k):
     b = _blocks(raw, QType.Q5_1)
-    return {"qs": _pack(_nibbles_32(b[:, :, 8:]), 4), "qh": _pack(_bits_32(b[:, :, 4:8]), 1, _q5h_order),
-            "d": _f16(b, 0), "m": _f16(b, 2)}
+    return {
+        "qs": _pack(_nibbles_32(b[:, :, 8:]), 4),
+        "qh": _pack(_bits_32(b[:, :, 4:8]), 1, _q5h_order),
+        "d": _f16(b, 0),
+        "m": _f16(b, 2),
+    }
 
 
 def _repack_q2_k(raw, k):
     # block: scales[16] (lo nibble scale, hi nibble min) | qs[64] | d | dmin
     b = _blocks(raw, QType.Q2_K)
     rows, ns = b.shape[:2]
-    qs = b[:, :, 16:80].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    qs = b[:, :, 16:80].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(
+        1, 1, 1, 4, 1
+    )
     q = (qs & 3).reshape(rows, ns * 256)  # chunk c of 32 bytes, shift s -> weights 128c + 32s + l
-    return {"qs": _pack(q, 2), "sc": np.ascontiguousarray(b[:, :, 0:16]).reshape(rows, -1),
-            "d": _f16(b, 80), "dmin": _f16(b, 82)}
+    return {
+        "qs": _pack(q, 2),
+        "sc": np.ascontiguousarray(b[:, :, 0:16]).reshape(rows, -1),
+        "d": _f16(b, 80),
+        "dmin": _f16(b, 82),
+    }
 
 
 def _repack_q3_k(raw, k):
     # block: hmask[32] | qs[64] | scales[12] (16 x 6-bit, offset 32) | d
     b = _blocks(raw, QType.Q3_K)
     rows, ns = b.shape[:2]
-    ql = b[:, :, 32:96].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    ql = b[:, :, 32:96].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(
+        1, 1, 1, 4, 1
+    )
     ql = (ql & 3).reshape(rows, ns * 256)
     qh = b[:, :, 0:32].reshape(rows, ns, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
     qh = (qh & 1).reshape(rows, ns * 256)  # bit i of byte l -> weight 32i + l
     s = b[:, :, 96:108]
-    lo = (s[..., 0:8].reshape(rows, ns, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)).reshape(rows, ns, 16)
-    hi = (s[..., 8:12].reshape(rows, ns, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)).reshape(rows, ns, 16)
+    lo = (
+        s[..., 0:8].reshape(rows, ns, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    ).reshape(rows, ns, 16)
+    hi = (
+        s[..., 8:12].reshape(rows, ns, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    ).reshape(rows, ns, 16)
     sc = ((lo & 0x0F) | ((hi & 0x03) << 4)).astype(np.int8) - np.int8(32)
-    return {"qs": _pack(ql, 2), "qh": _pack(qh, 1, _q3h_order), "sc": sc.reshape(rows, -1), "d": _f16(b, 108)}
+    return {
+        "qs": _pack(ql, 2),
+        "qh": _pack(qh, 1, _q3h_order),
+        "sc": sc.reshape(rows, -1),
+        "d": _f16(b, 108),
+    }
 
 
 def _repack_q4_k(raw, k):
     # block: d | dmin | scales[12] | qs[128]
     b = _blocks(raw, QType.Q4_K)
     sc, mn = _kquant_scale_min(b[:, :, 4:16])
-    return {"qs": _pack(_kquant_nibbles(b[:, :, 16:144]), 4), "sc": sc, "m": mn, "d": _f16(b, 0), "dmin": _f16(b, 2)}
+    return {
+        "qs": _pack(_kquant_nibbles(b[:, :, 16:144]), 4),
+        "sc": sc,
+        "m": mn,
+        "d": _f16(b, 0),
+        "dmin": _f16(b, 2),
+    }
 
 
 def _repack_q5_k(raw, k):
@@ -229,25 +273,40 @@ def _repack_q5_k(raw, k):
     sc, mn = _kquant_scale_min(b[:, :, 4:16])
     qh = b[:, :, 16:48].reshape(rows, ns, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
     qh = (qh & 1).reshape(rows, ns * 256)
-    return {"qs": _pack(_kquant_nibbles(b[:, :, 48:176]), 4), "qh": _pack(qh, 1, _q5h_order), "sc": sc, "m": mn,
-            "d": _f16(b, 0), "dmin": _f16(b, 2)}
+    return {
+        "qs": _pack(_kquant_nibbles(b[:, :, 48:176]), 4),
+        "qh": _pack(qh, 1, _q5h_order),
+        "sc": sc,
+        "m": mn,
+        "d": _f16(b, 0),
+        "dmin": _f16(b, 2),
+    }
 
 
 def _repack_q6_k(raw, k):
     # block: ql[128] | qh[64] | scales[16] (int8) | d
     b = _blocks(raw, QType.Q6_K)
     rows, ns = b.shape[:2]
-    ql = b[:, :, 0:128].reshape(rows, ns, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
+    ql = b[:, :, 0:128].reshape(rows, ns, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(
+        1, 1, 1, 2, 1
+    )
     ql = (ql & 0x0F).reshape(rows, ns * 256)  # byte 64h + j, shift 4s -> weight 128h + 64s + j
-    qh = b[:, :, 128:192].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    qh = b[:, :, 128:192].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(
+        1, 1, 1, 4, 1
+    )
     qh = (qh & 3).reshape(rows, ns * 256)  # byte 32h + l, shift 2s -> weight 128h + 32s + l
-    return {"ql": _pack(ql, 4), "qh": _pack(qh, 2, _q6h_order),
-            "sc": np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(rows, -1), "d": _f16(b, 208)}
+    return {
+        "ql": _pack(ql, 4),
+        "qh": _pack(qh, 2, _q6h_order),
+        "sc": np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(rows, -1),
+        "d": _f16(b, 208),
+    }
 
 
 # ----------------------------------------------------------------------------- jnp decode helpers
 # Everything below runs both inside Pallas kernels (on loaded tiles) and on whole arrays, so it
 # sticks to ops the Triton lowering supports: elementwise ops, broadcasts, iota and reshapes.
+
 
 def unpack(w: jax.Array, bits: int, order: Callable | None = None) -> jax.Array:
     """uint32 words [r, c] -> int32 [r, c * 32 / bits] in natural k order (inverse of _pack)."""
@@ -260,7 +319,8 @@ def unpack(w: jax.Array, bits: int, order: Callable | None = None) -> jax.Array:
 
 
 def group_scale(v: jax.Array, s: jax.Array) -> jax.Array:
-    """v [r, K] * s [r, K / g] with s broadcast over groups of g = K / s.shape[1] consecutive weights."""
+    """v [r, K] * s [r, K / g] with s broadcast over groups of g = K / s.shape[1] consecutive
+    weights."""
     r, k = v.shape
     g = k // s.shape[1]
     return (v.reshape(r, k // g, g) * s[:, :, None]).reshape(r, k)
@@ -285,7 +345,8 @@ def group_affine(v: jax.Array, s: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def superblock_scale(sub: jax.Array, d: jax.Array, dtype) -> jax.Array:
-    """K-quant sub-scales [r, n_sub] (ints) times their superblock's d [r, n_super] -> [r, n_sub] dtype."""
+    """K-quant sub-scales [r, n_sub] (ints) times their superblock's d [r, n_super] -> [r, n_sub]
+    dtype."""
     r, n = sub.shape
     per = n // d.shape[1]
     return (d.astype(dtype)[:, :, None] * sub.astype(dtype).reshape(r, n // per, per)).reshape(r, n)
@@ -312,21 +373,36 @@ def _ints_q4_1(t, dtype):
 
 
 def _ints_q5_0(t, dtype):
-    return (unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4)) - 16, t["d"].astype(dtype), None
+    return (
+        (unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4)) - 16,
+        t["d"].astype(dtype),
+        None,
+    )
 
 
 def _ints_q5_1(t, dtype):
-    return unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4), t["d"].astype(dtype), t["m"].astype(dtype)
+    return (
+        unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4),
+        t["d"].astype(dtype),
+        t["m"].astype(dtype),
+    )
 
 
 def _ints_q2_k(t, dtype):
     sc = t["sc"].astype(jnp.int32)
-    return unpack(t["qs"], 2), superblock_scale(sc & 0x0F, t["d"], dtype), -superblock_scale(sc >> 4, t["dmin"], dtype)
+    return (
+        unpack(t["qs"], 2),
+        superblock_scale(sc & 0x0F, t["d"], dtype),
+        -superblock_scale(sc >> 4, t["dmin"], dtype),
+    )
 
 
 def _ints_q3_k(t, dtype):
-    return ((unpack(t["qs"], 2) | (unpack(t["qh"], 1, _q3h_order) << 2)) - 4, superblock_scale(t["sc"], t["d"], dtype),
-            None)
+    return (
+        (unpack(t["qs"], 2) | (unpack(t["qh"], 1, _q3h_order) << 2)) - 4,
+        superblock_scale(t["sc"], t["d"], dtype),
+        None,
+    )
 
 
 def _scales_q4_k(t, dtype):
@@ -338,13 +414,19 @@ def _ints_q4_k(t, dtype):
 
 
 def _ints_q5_k(t, dtype):
-    return (unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4), superblock_scale(t["sc"], t["d"], dtype),
-            -superblock_scale(t["m"], t["dmin"], dtype))
+    return (
+        unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4),
+        superblock_scale(t["sc"], t["d"], dtype),
+        -superblock_scale(t["m"], t["dmin"], dtype),
+    )
 
 
 def _ints_q6_k(t, dtype):
-    return ((unpack(t["ql"], 4) | (unpack(t["qh"], 2, _q6h_order) << 4)) - 32, superblock_scale(t["sc"], t["d"], dtype),
-            None)
+    return (
+        (unpack(t["ql"], 4) | (unpack(t["qh"], 2, _q6h_order) << 4)) - 32,
+        superblock_scale(t["sc"], t["d"], dtype),
+        None,
+    )
 
 
 # Field-major decode (the few-token GEMM, pallas/gemm.py): a format's low-bit plane holds `per`
@@ -353,15 +435,22 @@ def _ints_q6_k(t, dtype):
 # word, and no reshape of the tile: that kernel's dot takes x with its K-columns permuted to match.
 # FIELD_PLANES: qtype -> (that plane, bits per field).
 
+
 def _per_word(v: jax.Array, words: int) -> jax.Array:
     """[r, G] per-group values -> [r, words], each repeated over its group's words."""
     r, g = v.shape
     return jnp.broadcast_to(v[:, :, None], (r, g, words // g)).reshape(r, words)
 
 
-FIELD_PLANES = {q: ("qs", 4) for q in (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K)}
+FIELD_PLANES = {
+    q: ("qs", 4) for q in (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K)
+}
 FIELD_PLANES.update({QType.Q6_K: ("ql", 4), QType.Q8_0: ("q", 8)})
-_FIELD_OFFSET = {QType.Q4_0: 8, QType.Q5_0: 16, QType.Q6_K: 32}  # subtracted from the assembled integer
+_FIELD_OFFSET = {
+    QType.Q4_0: 8,
+    QType.Q5_0: 16,
+    QType.Q6_K: 32,
+}  # subtracted from the assembled integer
 
 
 def fields_per_word(qtype: QType) -> int:
@@ -389,9 +478,13 @@ def field_ints(qtype: QType, tiles: Mapping[str, jax.Array], i: int) -> jax.Arra
     q = ((words >> jnp.uint32(bits * i)) & jnp.uint32((1 << bits) - 1)).astype(jnp.int32)
     if qtype == QType.Q8_0:
         return (q ^ 0x80) - 0x80  # bytes -> signed
-    if qtype == QType.Q6_K:  # 2 high bits: word j // 2 of qh, field 4 (i // 2) + 2 (j % 2) + i % 2 (_q6h_order)
+    if (
+        qtype == QType.Q6_K
+    ):  # 2 high bits: word j // 2 of qh, field 4 (i // 2) + 2 (j % 2) + i % 2 (_q6h_order)
         shift, mask = 2 * (4 * (i >> 1) + (i & 1)) + 4 * (j & 1), 3
-    elif "qh" in tiles:  # Q5_*: 1 high bit: word j // 4 of qh, bit 8 (i // 2) + 4 (i % 2) + j % 4 (_q5h_order)
+    elif (
+        "qh" in tiles
+    ):  # Q5_*: 1 high bit: word j // 4 of qh, bit 8 (i // 2) + 4 (i % 2) + j % 4 (_q5h_order)
         shift, mask = 8 * (i >> 1) + 4 * (i & 1) + (j & 3), 1
     else:
         return q - _FIELD_OFFSET.get(qtype, 0)
@@ -400,45 +493,123 @@ def field_ints(qtype: QType, tiles: Mapping[str, jax.Array], i: int) -> jax.Arra
     return (q | (high << 4)) - _FIELD_OFFSET.get(qtype, 0)
 
 
-_U8, _I8, _U32, _F16 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint32), np.dtype(np.float16)
-_ORDERS = {(QType.Q5_0, "qh"): _q5h_order, (QType.Q5_1, "qh"): _q5h_order, (QType.Q5_K, "qh"): _q5h_order,
-           (QType.Q6_K, "qh"): _q6h_order, (QType.Q3_K, "qh"): _q3h_order}
+_U8, _I8, _U32, _F16 = (
+    np.dtype(np.uint8),
+    np.dtype(np.int8),
+    np.dtype(np.uint32),
+    np.dtype(np.float16),
+)
+_ORDERS = {
+    (QType.Q5_0, "qh"): _q5h_order,
+    (QType.Q5_1, "qh"): _q5h_order,
+    (QType.Q5_K, "qh"): _q5h_order,
+    (QType.Q6_K, "qh"): _q6h_order,
+    (QType.Q3_K, "qh"): _q3h_order,
+}
 
 
 def _fmt(qtype, planes, block, repack, ints, compute=_F16):
-    return Format(qtype, tuple(Plane(n, np.dtype(d), w, _ORDERS.get((qtype, n))) for n, d, w in planes), block,
-                  np.dtype(compute), repack, ints)
+    return Format(
+        qtype,
+        tuple(Plane(n, np.dtype(d), w, _ORDERS.get((qtype, n))) for n, d, w in planes),
+        block,
+        np.dtype(compute),
+        repack,
+        ints,
+    )
 
 
-FORMATS: dict[QType, Format] = {f.qtype: f for f in [
-    _fmt(QType.F32, [("w", np.float32, 1)], 1, _repack_float(np.float32), None, np.float32),
-    _fmt(QType.F16, [("w", np.float16, 1)], 1, _repack_float(np.float16), None),
-    _fmt(QType.BF16, [("w", jnp.bfloat16, 1)], 1, _repack_float(jnp.bfloat16), None, jnp.bfloat16),
-    _fmt(QType.Q8_0, [("q", _U32, 4), ("d", _F16, 32)], 32, _repack_q8_0, _ints_q8_0),
-    _fmt(QType.Q4_0, [("qs", _U32, 8), ("d", _F16, 32)], 32, _repack_q4_0, _ints_q4_0),
-    _fmt(QType.Q4_1, [("qs", _U32, 8), ("d", _F16, 32), ("m", _F16, 32)], 32, _repack_q4_1, _ints_q4_1),
-    _fmt(QType.Q5_0, [("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32)], 32, _repack_q5_0, _ints_q5_0),
-    _fmt(QType.Q5_1, [("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32), ("m", _F16, 32)], 32,
-         _repack_q5_1, _ints_q5_1),
-    _fmt(QType.Q2_K, [("qs", _U32, 16), ("sc", _U8, 16), ("d", _F16, 256), ("dmin", _F16, 256)], 256,
-         _repack_q2_k, _ints_q2_k),
-    _fmt(QType.Q3_K, [("qs", _U32, 16), ("qh", _U32, 32), ("sc", _I8, 16), ("d", _F16, 256)], 256,
-         _repack_q3_k, _ints_q3_k),
-    _fmt(QType.Q4_K, [("qs", _U32, 8), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256), ("dmin", _F16, 256)],
-         256, _repack_q4_k, _ints_q4_k),
-    _fmt(QType.Q5_K, [("qs", _U32, 8), ("qh", _U32, 32), ("sc", _U8, 32), ("m", _U8, 32), ("d", _F16, 256),
-                      ("dmin", _F16, 256)], 256, _repack_q5_k, _ints_q5_k),
-    _fmt(QType.Q6_K, [("ql", _U32, 8), ("qh", _U32, 16), ("sc", _I8, 16), ("d", _F16, 256)], 256,
-         _repack_q6_k, _ints_q6_k),
-]}
+FORMATS: dict[QType, Format] = {
+    f.qtype: f
+    for f in [
+        _fmt(QType.F32, [("w", np.float32, 1)], 1, _repack_float(np.float32), None, np.float32),
+        _fmt(QType.F16, [("w", np.float16, 1)], 1, _repack_float(np.float16), None),
+        _fmt(
+            QType.BF16, [("w", jnp.bfloat16, 1)], 1, _repack_float(jnp.bfloat16), None, jnp.bfloat16
+        ),
+        _fmt(QType.Q8_0, [("q", _U32, 4), ("d", _F16, 32)], 32, _repack_q8_0, _ints_q8_0),
+        _fmt(QType.Q4_0, [("qs", _U32, 8), ("d", _F16, 32)], 32, _repack_q4_0, _ints_q4_0),
+        _fmt(
+            QType.Q4_1,
+            [("qs", _U32, 8), ("d", _F16, 32), ("m", _F16, 32)],
+            32,
+            _repack_q4_1,
+            _ints_q4_1,
+        ),
+        _fmt(
+            QType.Q5_0,
+            [("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32)],
+            32,
+            _repack_q5_0,
+            _ints_q5_0,
+        ),
+        _fmt(
+            QType.Q5_1,
+            [("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32), ("m", _F16, 32)],
+            32,
+            _repack_q5_1,
+            _ints_q5_1,
+        ),
+        _fmt(
+            QType.Q2_K,
+            [("qs", _U32, 16), ("sc", _U8, 16), ("d", _F16, 256), ("dmin", _F16, 256)],
+            256,
+            _repack_q2_k,
+            _ints_q2_k,
+        ),
+        _fmt(
+            QType.Q3_K,
+            [("qs", _U32, 16), ("qh", _U32, 32), ("sc", _I8, 16), ("d", _F16, 256)],
+            256,
+            _repack_q3_k,
+            _ints_q3_k,
+        ),
+        _fmt(
+            QType.Q4_K,
+            [
+                ("qs", _U32, 8),
+                ("sc", _U8, 32),
+                ("m", _U8, 32),
+                ("d", _F16, 256),
+                ("dmin", _F16, 256),
+            ],
+            256,
+            _repack_q4_k,
+            _ints_q4_k,
+        ),
+        _fmt(
+            QType.Q5_K,
+            [
+                ("qs", _U32, 8),
+                ("qh", _U32, 32),
+                ("sc", _U8, 32),
+                ("m", _U8, 32),
+                ("d", _F16, 256),
+                ("dmin", _F16, 256),
+            ],
+            256,
+            _repack_q5_k,
+            _ints_q5_k,
+        ),
+        _fmt(
+            QType.Q6_K,
+            [("ql", _U32, 8), ("qh", _U32, 16), ("sc", _I8, 16), ("d", _F16, 256)],
+            256,
+            _repack_q6_k,
+            _ints_q6_k,
+        ),
+    ]
+}
 
 
 def get_format(qtype: QType) -> Format:
     try:
         return FORMATS[QType(qtype)]
     except (KeyError, ValueError):
-        raise UnsupportedError(f"weight type {getattr(qtype, 'name', qtype)} has no device layout; "
-                               f"supported: {', '.join(q.name for q in FORMATS)}") from None
+        raise UnsupportedError(
+            f"weight type {getattr(qtype, 'name', qtype)} has no device layout; "
+            f"supported: {', '.join(q.name for q in FORMATS)}"
+        ) from None
 
 
 def repack(raw: np.ndarray, qtype: QType, shape: tuple[int, int]) -> dict[str, np.ndarray]:
@@ -446,15 +617,24 @@ def repack(raw: np.ndarray, qtype: QType, shape: tuple[int, int]) -> dict[str, n
     rows, k = shape
     fmt = get_format(qtype)
     if k % fmt.block:
-        raise UnsupportedError(f"{fmt.name} matrix with {k} columns: not a multiple of its block of {fmt.block}")
+        raise UnsupportedError(
+            f"{fmt.name} matrix with {k} columns: not a multiple of its block of {fmt.block}"
+        )
     planes = fmt.repack(np.asarray(raw), k)
     for p in fmt.planes:
         arr = planes[p.name]
-        assert arr.shape == (rows, k // p.wpc) and arr.dtype == p.dtype, (fmt.name, p, arr.shape, arr.dtype)
+        assert arr.shape == (rows, k // p.wpc) and arr.dtype == p.dtype, (
+            fmt.name,
+            p,
+            arr.shape,
+            arr.dtype,
+        )
     return _pad_rows(planes, rows)
 
 
-def decode(qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32, *, magic_half: bool = False) -> jax.Array:
+def decode(
+    qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32, *, magic_half: bool = False
+) -> jax.Array:
     """Plane tiles of rows [r0, r0+bn) x weights [k0, k0+bk) -> values [bn, bk] in dtype.
 
     A plane whose group is wider than the tile (wpc > bk) contributes its one covering column
@@ -482,7 +662,8 @@ def int_to_half(q: jax.Array) -> jax.Array:
 
 
 def decode_ints(qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32):
-    """Block formats: plane tiles -> (q int32 [bn, bk], per-group scale a, per-group offset b or None)."""
+    """Block formats: plane tiles -> (q int32 [bn, bk], per-group scale a, per-group offset b or
+    None)."""
     fmt = get_format(qtype)
     if fmt.ints is None:
         raise UnsupportedError(f"{fmt.name} is a float format: it has no integer form")

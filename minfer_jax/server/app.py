@@ -38,7 +38,8 @@ from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, lon
 from minfer_jax.server.openai_format import Reply, error_body, sse
 from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, CompletionRequest, parse
 
-DISCONNECT_POLL_S = 0.5  # a non-streamed request checks this often whether its client is still there
+# a non-streamed request checks this often whether its client is still there
+DISCONNECT_POLL_S = 0.5
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -47,11 +48,19 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, kind: str, param: str | None = None, code=None):
         super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.status, self.message, self.kind, self.param, self.code = (
+            status,
+            message,
+            kind,
+            param,
+            code,
+        )
 
 
 def _error_response(e: ApiError, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error_body(e.message, e.kind, e.param, e.code), status_code=e.status, headers=headers)
+    return JSONResponse(
+        error_body(e.message, e.kind, e.param, e.code), status_code=e.status, headers=headers
+    )
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -70,8 +79,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServerBusy)
     async def _busy(_, e: ServerBusy):
-        return _error_response(ApiError(429, str(e), "rate_limit_error", code="rate_limit_exceeded"),
-                               headers={"Retry-After": "1"})
+        return _error_response(
+            ApiError(429, str(e), "rate_limit_error", code="rate_limit_exceeded"),
+            headers={"Retry-After": "1"},
+        )
 
     @app.exception_handler(MinferError)
     async def _engine(_, e: MinferError):
@@ -84,7 +95,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _bug(_, e: Exception):
-        return _error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error"))
+        return _error_response(
+            ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+        )
 
 
 def _text_prompt_ids(model, prompt: str | list[int], limit: int) -> list[int]:
@@ -106,8 +119,11 @@ def _chat_prompt_ids(model, messages: list[dict], limit: int, literal: bool) -> 
     from minfer_jax.files.prompts import encode_chat
 
     if model.tokenizer is None:
-        raise BadRequest("this model has no tokenizer (and so no chat template): use /v1/completions with "
-                         "token ids", "messages")
+        raise BadRequest(
+            "this model has no tokenizer (and so no chat template): use /v1/completions with "
+            "token ids",
+            "messages",
+        )
     try:
         return encode_chat(model.tokenizer, messages, limit, literal=literal)
     except MinferError as e:  # the template refused or failed, more tokens than the context holds
@@ -123,12 +139,20 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool):
             yield sse(reply.chunk(piece))
         req = handle.req
         if req.error is not None:
-            yield sse(error_body(f"generation failed: {type(req.error).__name__}: {req.error}", "server_error"))
+            yield sse(
+                error_body(
+                    f"generation failed: {type(req.error).__name__}: {req.error}", "server_error"
+                )
+            )
             return
         result = req.result()
         yield sse(reply.chunk(reason=result.stop_reason))
         if include_usage:
-            yield sse(reply.usage_chunk(len(result.prompt_tokens), len(result.tokens), result.cached_tokens))
+            yield sse(
+                reply.usage_chunk(
+                    len(result.prompt_tokens), len(result.tokens), result.cached_tokens
+                )
+            )
         yield sse("[DONE]")
     finally:
         handle.cancel()
@@ -152,8 +176,12 @@ def _authorize(backend: Backend, request: Request) -> None:
         return
     got = request.headers.get("authorization", "").encode()
     if not secrets.compare_digest(got, f"Bearer {key}".encode()):
-        raise ApiError(401, "invalid API key: send 'Authorization: Bearer <key>'", "authentication_error",
-                       code="invalid_api_key")
+        raise ApiError(
+            401,
+            "invalid API key: send 'Authorization: Bearer <key>'",
+            "authentication_error",
+            code="invalid_api_key",
+        )
 
 
 def _ready(backend: Backend, request: Request) -> Backend:
@@ -171,28 +199,53 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
     # extreme counts are clamped (validate.clamped_count), as generate() and the CLI do
     wanted = backend.settings.n_predict if body.max_tokens is None else body.max_tokens
     max_tokens = validate.clamped_count("max_tokens", wanted, ctx, all_of="the context")
-    sampler = sampler_of(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
-                         repeat_penalty=body.repeat_penalty, repeat_last_n=body.repeat_last_n, history_cap=ctx,
-                         vocab=vocab)
+    sampler = sampler_of(
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        min_p=body.min_p,
+        repeat_penalty=body.repeat_penalty,
+        repeat_last_n=body.repeat_last_n,
+        history_cap=ctx,
+        vocab=vocab,
+    )
     try:
-        handle = backend.submit(ids, max_tokens=max_tokens, sampler=sampler, seed=body.seed, stop=body.stops,
-                                stream=body.stream)
+        handle = backend.submit(
+            ids,
+            max_tokens=max_tokens,
+            sampler=sampler,
+            seed=body.seed,
+            stop=body.stops,
+            stream=body.stream,
+        )
     except ServerBusy:
         raise
     except MinferError as e:  # the scheduler's checks: empty prompt, over the context, bad token id
         raise BadRequest(str(e), "messages" if kind == "chat" else "prompt") from None
     reply = Reply(kind, backend.model_id)
     if body.stream:
-        return StreamingResponse(_stream(handle, reply, body.include_usage), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return StreamingResponse(
+            _stream(handle, reply, body.include_usage),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
     if not await _wait(request, handle):
         return Response(status_code=499)  # nginx's "client closed request": nobody reads it
     req = handle.req
     if req.error is not None:
-        raise ApiError(500, f"generation failed: {type(req.error).__name__}: {req.error}", "server_error")
+        raise ApiError(
+            500, f"generation failed: {type(req.error).__name__}: {req.error}", "server_error"
+        )
     result = req.result()
-    return JSONResponse(reply.full(result.text, result.stop_reason, len(result.prompt_tokens), len(result.tokens),
-                                  result.cached_tokens))
+    return JSONResponse(
+        reply.full(
+            result.text,
+            result.stop_reason,
+            len(result.prompt_tokens),
+            len(result.tokens),
+            result.cached_tokens,
+        )
+    )
 
 
 class _Admission:
@@ -227,14 +280,18 @@ class _Admission:
             await run_in_threadpool(self._resolve)
 
 
-def _add_generation_routes(app: FastAPI, backend: Backend, admission: _Admission, literal_content: bool) -> None:
+def _add_generation_routes(
+    app: FastAPI, backend: Backend, admission: _Admission, literal_content: bool
+) -> None:
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
     async def completions(request: Request):
         limits = await admission.limits_for(request)
         ctx = backend.scheduler.plan.ctx
         raw = await limits.read_body(request)
-        body = await run_in_threadpool(parse, CompletionRequest, raw, lambda data: limits.check_json(data, ctx))
+        body = await run_in_threadpool(
+            parse, CompletionRequest, raw, lambda data: limits.check_json(data, ctx)
+        )
         del raw  # the largest copy of the prompt: not kept while the request runs
         ids = await run_in_threadpool(_text_prompt_ids, backend.model, body.prompt, ctx - 1)
         body.prompt = ids
@@ -246,12 +303,16 @@ def _add_generation_routes(app: FastAPI, backend: Backend, admission: _Admission
         limits = await admission.limits_for(request)
         ctx = backend.scheduler.plan.ctx
         raw = await limits.read_body(request)
-        body = await run_in_threadpool(parse, ChatCompletionRequest, raw, lambda data: limits.check_json(data, ctx))
+        body = await run_in_threadpool(
+            parse, ChatCompletionRequest, raw, lambda data: limits.check_json(data, ctx)
+        )
         del raw
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
         limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
-        ids = await run_in_threadpool(_chat_prompt_ids, backend.model, messages, ctx - 1, literal_content)
+        ids = await run_in_threadpool(
+            _chat_prompt_ids, backend.model, messages, ctx - 1, literal_content
+        )
         del messages
         return await _generate(backend, request, "chat", body, ids)
 
@@ -263,11 +324,28 @@ def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> N
         limits = await admission.limits_for(request)
         b = backend
         cfg, plan = b.model.config, b.scheduler.plan
-        meta = {"n_vocab": cfg.vocab_size, "n_ctx": plan.ctx, "n_ctx_train": cfg.context_length,
-                "n_parallel": plan.n_seqs, "n_embd": cfg.d_model, "max_body_bytes": limits.max_body_bytes,
-                "max_prompt_chars": limits.max_prompt_chars, "max_messages": limits.max_messages}
-        return {"object": "list", "data": [{"id": b.model_id, "object": "model", "created": int(b.started),
-                                            "owned_by": "minfer_jax", "meta": meta}]}
+        meta = {
+            "n_vocab": cfg.vocab_size,
+            "n_ctx": plan.ctx,
+            "n_ctx_train": cfg.context_length,
+            "n_parallel": plan.n_seqs,
+            "n_embd": cfg.d_model,
+            "max_body_bytes": limits.max_body_bytes,
+            "max_prompt_chars": limits.max_prompt_chars,
+            "max_messages": limits.max_messages,
+        }
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": b.model_id,
+                    "object": "model",
+                    "created": int(b.started),
+                    "owned_by": "minfer_jax",
+                    "meta": meta,
+                }
+            ],
+        }
 
     @app.get("/health")
     @app.get("/v1/health", include_in_schema=False)
@@ -277,7 +355,9 @@ def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> N
             return {"status": "ok"}
         if status == "loading":
             return _error_response(ApiError(503, "Loading model", "unavailable_error", code=503))
-        return _error_response(ApiError(500, f"the model failed to load: {backend.error}", "server_error"))
+        return _error_response(
+            ApiError(500, f"the model failed to load: {backend.error}", "server_error")
+        )
 
     @app.get("/metrics")
     async def prometheus(request: Request):
@@ -285,8 +365,15 @@ def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> N
         return PlainTextResponse(metrics.render(backend), media_type=metrics.CONTENT_TYPE)
 
 
-def create_app(settings: ServerSettings, *, loader=None, on_fatal=None, limits: RequestLimits = RequestLimits(),
-               access: AccessPolicy | None = None, literal_content: bool = True) -> FastAPI:
+def create_app(
+    settings: ServerSettings,
+    *,
+    loader=None,
+    on_fatal=None,
+    limits: RequestLimits = RequestLimits(),
+    access: AccessPolicy | None = None,
+    literal_content: bool = True,
+) -> FastAPI:
     """The app for these settings; the model starts loading when the app starts (its lifespan).
 
     limits: what one request may cost (limits.py); access: Host/Origin/Content-Type checks
@@ -308,7 +395,9 @@ def create_app(settings: ServerSettings, *, loader=None, on_fatal=None, limits: 
             preparing.cancel()
             await run_in_threadpool(backend.close)
 
-    app = FastAPI(title="minfer_jax", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="minfer_jax", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.backend = backend
     app.add_middleware(AccessGuard, policy=access)
     _install_error_handlers(app)

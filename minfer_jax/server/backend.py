@@ -2,8 +2,8 @@
 thread, admits requests (or refuses them when the queue is full) and bridges each request's text
 from the loop thread into the asyncio event loop that serves it.
 
-The scheduler (minfer_jax.engine.scheduler) is the one host loop; this module only owns its thread and
-the bookkeeping the HTTP side needs (live requests, counters for /metrics).
+The scheduler (minfer_jax.engine.scheduler) is the one host loop; this module only owns its thread
+and the bookkeeping the HTTP side needs (live requests, counters for /metrics).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ _log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: lines 
 
 DEFAULT_SLOT_CTX = 4096  # tokens per slot when -c is 0 (capped by the model's trained context)
 # One token per event: on the H200 (7B, -np 32) 1 step kept ITL p50 at ~1x TPOT and served 8 / 32
-# clients at 0.80-0.89x / 1.09x the tokens/s of 16 steps (docs/BENCHMARKS.md "Server start and streaming")
+# clients at 0.80-0.89x / 1.09x the tokens/s of 16 steps (docs/BENCHMARKS.md "Server start and
+# streaming")
 DEFAULT_DECODE_STEPS = 1
 THROUGHPUT_WINDOW_S = 10.0  # tokens/s on /metrics: tokens generated over about this many seconds
 
@@ -41,12 +42,15 @@ class ServerSettingsError(MinferError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-    model: str | None = None  # -m: path, hf:repo:file, synthetic:<spec> (load_model), None: the built-in default
+    # -m: path, hf:repo:file, synthetic:<spec> (load_model), None: the built-in default
+    model: str | None = None
     n_parallel: int = 1  # -np: sequences decoded at once (KV cache slots)
     ctx_size: int = 0  # -c: total context over all slots (0: DEFAULT_SLOT_CTX per slot)
     n_predict: int = -1  # -n: default max_tokens (-1: until the slot's context is full)
-    max_queued: int | None = None  # requests waiting for a slot beyond the running ones (None: 4 x -np)
-    decode_steps: int = DEFAULT_DECODE_STEPS  # tokens per decode executable: text streams once per such chunk
+    # requests waiting for a slot beyond the running ones (None: 4 x -np)
+    max_queued: int | None = None
+    # tokens per decode executable: text streams once per such chunk
+    decode_steps: int = DEFAULT_DECODE_STEPS
     alias: str | None = None  # the model id /v1/models reports (default: the file's name)
     api_key: str | None = None
     warmup: bool = True  # compile the first executables before /health says ok
@@ -56,16 +60,22 @@ class ServerSettings:
         from minfer_jax.engine.plan import MAX_SEQS
 
         if not 1 <= self.n_parallel <= MAX_SEQS:
-            raise ServerSettingsError(f"-np/--parallel must be in 1..{MAX_SEQS}, got {self.n_parallel}")
+            raise ServerSettingsError(
+                f"-np/--parallel must be in 1..{MAX_SEQS}, got {self.n_parallel}"
+            )
         if self.ctx_size < 0 or (self.ctx_size and self.ctx_size < self.n_parallel * 16):
-            raise ServerSettingsError(f"-c/--ctx-size {self.ctx_size} leaves fewer than 16 tokens for each of "
-                                      f"{self.n_parallel} slots (use 0 for {DEFAULT_SLOT_CTX} per slot)")
+            raise ServerSettingsError(
+                f"-c/--ctx-size {self.ctx_size} leaves fewer than 16 tokens for each of "
+                f"{self.n_parallel} slots (use 0 for {DEFAULT_SLOT_CTX} per slot)"
+            )
         if self.n_predict < -1:
             raise ServerSettingsError(f"-n/--n-predict must be >= -1, got {self.n_predict}")
         if self.max_queued is not None and self.max_queued < 0:
             raise ServerSettingsError(f"--max-queued must be >= 0, got {self.max_queued}")
         if not 1 <= self.decode_steps <= MAX_DECODE_STEPS:
-            raise ServerSettingsError(f"--decode-steps must be in 1..{MAX_DECODE_STEPS}, got {self.decode_steps}")
+            raise ServerSettingsError(
+                f"--decode-steps must be in 1..{MAX_DECODE_STEPS}, got {self.decode_steps}"
+            )
 
     @property
     def slot_ctx(self) -> int | None:
@@ -91,12 +101,21 @@ def load_model(ref: str | None, **kwargs):
     while parts[-1].startswith(("layers=", "seed=")):
         key, _, value = parts.pop().partition("=")
         if not value.isdigit():
-            raise ServerSettingsError(f"{ref!r}: {key}= needs a non-negative integer, got {value!r}")
+            raise ServerSettingsError(
+                f"{ref!r}: {key}= needs a non-negative integer, got {value!r}"
+            )
         extra[key] = int(value)
     gm = synthetic.synthetic_model(":".join(parts), **extra)
     tokens, types, merges = synthetic.placeholder_vocab(gm.config.vocab_size)
-    gm.metadata.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
-                        "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges})
+    gm.metadata.update(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": "qwen2",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": merges,
+        }
+    )
     return load(gguf_model=gm, **kwargs)
 
 
@@ -122,7 +141,9 @@ class Throughput:
 
     def __init__(self, window: float = THROUGHPUT_WINDOW_S):
         self.window = window
-        self.samples: collections.deque[tuple[float, int]] = collections.deque([(time.monotonic(), 0)])
+        self.samples: collections.deque[tuple[float, int]] = collections.deque(
+            [(time.monotonic(), 0)]
+        )
         self.lock = threading.Lock()
 
     def note(self, total: int, now: float | None = None) -> None:
@@ -147,8 +168,13 @@ class Throughput:
 class Handle:
     """One submitted request as the event loop sees it: text pieces in an asyncio queue."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: bool, on_progress: Callable[[], None],
-                 on_finished: Callable):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        stream: bool,
+        on_progress: Callable[[], None],
+        on_finished: Callable,
+    ):
         self.loop, self.stream = loop, stream
         self.on_progress, self.on_finished = on_progress, on_finished
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()  # streamed pieces, then None
@@ -197,8 +223,12 @@ class Handle:
 class Backend:
     """Model + scheduler + loop thread, loaded in the background (see the module docstring)."""
 
-    def __init__(self, settings: ServerSettings, loader: Callable | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None):
+    def __init__(
+        self,
+        settings: ServerSettings,
+        loader: Callable | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ):
         self.settings = settings
         self.loader = loader
         self.on_fatal = on_fatal
@@ -232,9 +262,15 @@ class Backend:
             from minfer_jax.engine.scheduler import Scheduler
             from minfer_jax.engine.warmup import Warmup
 
-            if s.slot_ctx is not None and model.ctx_size < s.slot_ctx:  # clamped like -c of the CLI and load()
-                _log.warning("-c/--ctx-size: %d tokens per slot is more than the model's trained context; using %d",
-                             s.slot_ctx, model.ctx_size)
+            if (
+                s.slot_ctx is not None and model.ctx_size < s.slot_ctx
+            ):  # clamped like -c of the CLI and load()
+                _log.warning(
+                    "-c/--ctx-size: %d tokens per slot is more than the model's trained context; "
+                    "using %d",
+                    s.slot_ctx,
+                    model.ctx_size,
+                )
             plan = model.plan(s.n_parallel, model.ctx_size, s.decode_steps)
             sched = Scheduler(model, plan, compile_in_loop=not s.warmup)
             warm = self.warmup = Warmup(model, plan, log=_log.info)
@@ -242,10 +278,16 @@ class Backend:
                 t0 = time.perf_counter()
                 warm.ready()
                 self._trial_run(model, sched)
-                _log.info("ready: %d executables serve every request (%.1f s); %d more compile in the background",
-                          len(plan.ready_keys()), time.perf_counter() - t0, len(warm.plan.serving_keys()) -
-                          len(plan.ready_keys()))
-            loop = threading.Thread(target=sched.serve_forever, args=(self.stop,), name="minfer-loop", daemon=True)
+                _log.info(
+                    "ready: %d executables serve every request (%.1f s); %d more compile in the "
+                    "background",
+                    len(plan.ready_keys()),
+                    time.perf_counter() - t0,
+                    len(warm.plan.serving_keys()) - len(plan.ready_keys()),
+                )
+            loop = threading.Thread(
+                target=sched.serve_forever, args=(self.stop,), name="minfer-loop", daemon=True
+            )
             self.threads.append(loop)
             self.model, self.scheduler = model, sched
             loop.start()
@@ -264,9 +306,14 @@ class Backend:
         from minfer_jax.engine.sampling import sampler_of
         from minfer_jax.server.schemas import DEFAULT_TEMPERATURE
 
-        token = model.tokenizer.bos_id if model.tokenizer is not None and model.tokenizer.bos_id is not None else 0
-        req = sched.submit([token], max_new_tokens=2, sampler=sampler_of(temperature=DEFAULT_TEMPERATURE),
-                           seed=0)
+        token = (
+            model.tokenizer.bos_id
+            if model.tokenizer is not None and model.tokenizer.bos_id is not None
+            else 0
+        )
+        req = sched.submit(
+            [token], max_new_tokens=2, sampler=sampler_of(temperature=DEFAULT_TEMPERATURE), seed=0
+        )
         sched.run([req])
         req.result()
 
@@ -295,22 +342,39 @@ class Backend:
         return os.path.basename(self.settings.model or "default")
 
     # -- requests --------------------------------------------------------------------------------
-    def submit(self, prompt_ids: Sequence[int], *, max_tokens: int | None, sampler, seed: int | None,
-               stop: Sequence[str], stream: bool) -> Handle:
-        """Queue one generation; ServerBusy when the queue is full, MinferError for a bad request."""
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int | None,
+        sampler,
+        seed: int | None,
+        stop: Sequence[str],
+        stream: bool,
+    ) -> Handle:
+        """Queue one generation; ServerBusy when the queue is full, MinferError for a bad
+        request."""
         sched, s = self.scheduler, self.settings
         limit = s.n_parallel + s.queue_limit
         handle = Handle(asyncio.get_running_loop(), stream, self._progress, self._finished)
         with self.lock:
             if self.live >= limit:
-                raise ServerBusy(f"{self.live} requests are running or queued (the limit is {limit}: "
-                                 f"{s.n_parallel} slots + {s.queue_limit} queued); retry later")
+                raise ServerBusy(
+                    f"{self.live} requests are running or queued (the limit is {limit}: "
+                    f"{s.n_parallel} slots + {s.queue_limit} queued); retry later"
+                )
             self.live += 1
         n = s.n_predict if max_tokens is None else max_tokens
         try:
-            handle.req = sched.submit(prompt_ids, max_new_tokens=sched.plan.ctx if n < 0 else n, sampler=sampler,
-                                      seed=secrets.randbits(32) if seed is None or seed < 0 else seed, stop=stop,
-                                      on_text=handle.on_text, on_done=handle.on_done)
+            handle.req = sched.submit(
+                prompt_ids,
+                max_new_tokens=sched.plan.ctx if n < 0 else n,
+                sampler=sampler,
+                seed=secrets.randbits(32) if seed is None or seed < 0 else seed,
+                stop=stop,
+                on_text=handle.on_text,
+                on_done=handle.on_done,
+            )
         except BaseException:
             with self.lock:
                 self.live -= 1
@@ -327,6 +391,8 @@ class Backend:
         """A request is done (scheduler thread): update the counters behind /metrics."""
         with self.lock:
             self.live -= 1
-            self.finish_reasons[req.stream.reason if req.stream is not None else StopReason.ERROR] += 1
+            self.finish_reasons[
+                req.stream.reason if req.stream is not None else StopReason.ERROR
+            ] += 1
             self.prompt_tokens_cached += req.cached
         self._progress()

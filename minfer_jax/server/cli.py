@@ -45,51 +45,138 @@ def build_parser() -> argparse.ArgumentParser:
     from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
     from minfer_jax.server.limits import DEFAULT_MAX_MESSAGES
 
-    p = _Parser(prog=PROG, description="OpenAI-compatible HTTP server for a Qwen2-family GGUF model (minfer_jax).",
-                epilog=EPILOG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-m", "--model", metavar="REF", default=None,
-                   help="GGUF path or hf:<repo>:<file> (default: the built-in model, the `model` extra); "
-                        "synthetic:<config>:<ftype>[:layers=N] serves random weights of real shapes (benchmarks)")
-    p.add_argument("-a", "--alias", metavar="NAME", default=None, help="model id for /v1/models (default: file name)")
+    p = _Parser(
+        prog=PROG,
+        description="OpenAI-compatible HTTP server for a Qwen2-family GGUF model (minfer_jax).",
+        epilog=EPILOG,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-m",
+        "--model",
+        metavar="REF",
+        default=None,
+        help="GGUF path or hf:<repo>:<file> (default: the built-in model, the `model` extra); "
+        "synthetic:<config>:<ftype>[:layers=N] serves random weights of real shapes (benchmarks)",
+    )
+    p.add_argument(
+        "-a",
+        "--alias",
+        metavar="NAME",
+        default=None,
+        help="model id for /v1/models (default: file name)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
-    p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
-                   help="sequences decoded at once: KV cache slots (default 1)")
-    p.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N",
-                   help=f"total context in tokens, divided among the -np slots (default 0: {DEFAULT_SLOT_CTX} "
-                        "per slot, at most the model's trained context)")
-    p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
-                   help="default max_tokens of a request (default -1: until the slot's context is full)")
-    p.add_argument("--max-queued", type=int, default=None, metavar="N",
-                   help="requests that may wait for a slot; more get 429 (default 4 x -np)")
-    p.add_argument("--decode-steps", type=int, default=DEFAULT_DECODE_STEPS, metavar="N",
-                   help="tokens per decode executable; text streams once per such chunk (default "
-                        f"{DEFAULT_DECODE_STEPS}: every token as it is made; 16 trades that for throughput at few "
-                        "clients)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
-    p.add_argument("--max-body-bytes", type=int, default=0, metavar="N",
-                   help="largest request body; more gets 413 (default 0: 8 bytes per --max-prompt-chars, >= 1 MiB)")
-    p.add_argument("--max-prompt-chars", type=int, default=0, metavar="N",
-                   help="longest prompt (or chat messages' content) in characters, refused before tokenizing "
-                        "(default 0: the slot's context x the longest token, what could fit)")
-    p.add_argument("--max-messages", type=int, default=DEFAULT_MAX_MESSAGES, metavar="N",
-                   help=f"most messages in a chat request (default {DEFAULT_MAX_MESSAGES}, OpenAI's)")
-    p.add_argument("--allowed-hosts", default="", metavar="H1,H2",
-                   help="without --api-key, Host/Origin names answered besides localhost, 127.0.0.1, ::1 and "
-                        "the --host address ('*': any; default: none)")
-    p.add_argument("--any-content-type", action="store_true",
-                   help="accept POST bodies whatever their Content-Type (default: application/json only)")
-    p.add_argument("--parse-special-in-content", action="store_true",
-                   help="let special-token text in chat message content (<|im_start|>, ...) become control "
-                        "tokens, as transformers and llama-server do (default: it stays literal text)")
-    p.add_argument("--backend", "--kernels", dest="backend", default="auto",
-                   choices=("auto", *ops.KERNELS.names),
-                   help=f"quantized matmuls: {ops.KERNELS.describe()}; auto = pallas on a GPU, else xla")
-    p.add_argument("--no-warmup", dest="warmup", action="store_false",
-                   help="skip compiling the first executables before /health reports ok")
-    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
-                   help="uvicorn's log level (default info)")
+    p.add_argument(
+        "-np",
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="sequences decoded at once: KV cache slots (default 1)",
+    )
+    p.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"total context in tokens, divided among the -np slots (default 0: {DEFAULT_SLOT_CTX} "
+        "per slot, at most the model's trained context)",
+    )
+    p.add_argument(
+        "-n",
+        "--n-predict",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="default max_tokens of a request (default -1: until the slot's context is full)",
+    )
+    p.add_argument(
+        "--max-queued",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests that may wait for a slot; more get 429 (default 4 x -np)",
+    )
+    p.add_argument(
+        "--decode-steps",
+        type=int,
+        default=DEFAULT_DECODE_STEPS,
+        metavar="N",
+        help="tokens per decode executable; text streams once per such chunk (default "
+        f"{DEFAULT_DECODE_STEPS}: every token as it is made; 16 trades that for throughput at few "
+        "clients)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1/* and /metrics",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="largest request body; more gets 413 (default 0: 8 bytes per --max-prompt-chars, >= "
+        "1 MiB)",
+    )
+    p.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=0,
+        metavar="N",
+        help="longest prompt (or chat messages' content) in characters, refused before tokenizing "
+        "(default 0: the slot's context x the longest token, what could fit)",
+    )
+    p.add_argument(
+        "--max-messages",
+        type=int,
+        default=DEFAULT_MAX_MESSAGES,
+        metavar="N",
+        help=f"most messages in a chat request (default {DEFAULT_MAX_MESSAGES}, OpenAI's)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="H1,H2",
+        help="without --api-key, Host/Origin names answered besides localhost, 127.0.0.1, ::1 and "
+        "the --host address ('*': any; default: none)",
+    )
+    p.add_argument(
+        "--any-content-type",
+        action="store_true",
+        help="accept POST bodies whatever their Content-Type (default: application/json only)",
+    )
+    p.add_argument(
+        "--parse-special-in-content",
+        action="store_true",
+        help="let special-token text in chat message content (<|im_start|>, ...) become control "
+        "tokens, as transformers and llama-server do (default: it stays literal text)",
+    )
+    p.add_argument(
+        "--backend",
+        "--kernels",
+        dest="backend",
+        default="auto",
+        choices=("auto", *ops.KERNELS.names),
+        help=f"quantized matmuls: {ops.KERNELS.describe()}; auto = pallas on a GPU, else xla",
+    )
+    p.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="skip compiling the first executables before /health reports ok",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn's log level (default info)",
+    )
     return p
 
 
@@ -98,10 +185,18 @@ def settings_from(args):
 
     if not 0 <= args.port <= 65535:
         raise _UsageError(f"--port must be in 0..65535, got {args.port}")
-    return ServerSettings(model=args.model, n_parallel=args.parallel, ctx_size=args.ctx_size,
-                          n_predict=args.n_predict, max_queued=args.max_queued, decode_steps=args.decode_steps,
-                          alias=args.alias, api_key=args.api_key, warmup=args.warmup,
-                          kernels=None if args.backend == "auto" else args.backend)
+    return ServerSettings(
+        model=args.model,
+        n_parallel=args.parallel,
+        ctx_size=args.ctx_size,
+        n_predict=args.n_predict,
+        max_queued=args.max_queued,
+        decode_steps=args.decode_steps,
+        alias=args.alias,
+        api_key=args.api_key,
+        warmup=args.warmup,
+        kernels=None if args.backend == "auto" else args.backend,
+    )
 
 
 def http_options_from(args) -> dict:
@@ -109,11 +204,22 @@ def http_options_from(args) -> dict:
     from minfer_jax.server.guards import AccessPolicy
     from minfer_jax.server.limits import RequestLimits
 
-    limits = RequestLimits(max_body_bytes=args.max_body_bytes, max_prompt_chars=args.max_prompt_chars,
-                           max_messages=args.max_messages)
-    access = AccessPolicy.build(api_key=args.api_key, listen_host=args.host, extra_hosts=args.allowed_hosts.split(","),
-                                any_content_type=args.any_content_type)
-    return {"limits": limits, "access": access, "literal_content": not args.parse_special_in_content}
+    limits = RequestLimits(
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_chars=args.max_prompt_chars,
+        max_messages=args.max_messages,
+    )
+    access = AccessPolicy.build(
+        api_key=args.api_key,
+        listen_host=args.host,
+        extra_hosts=args.allowed_hosts.split(","),
+        any_content_type=args.any_content_type,
+    )
+    return {
+        "limits": limits,
+        "access": access,
+        "literal_content": not args.parse_special_in_content,
+    }
 
 
 def _warn_open(args, access) -> None:
@@ -121,9 +227,12 @@ def _warn_open(args, access) -> None:
     from minfer_jax.server.guards import WILDCARD_ADDRESSES, host_name
 
     if access.allowed_hosts is not None and host_name(args.host) in WILDCARD_ADDRESSES:
-        print(f"warning: listening on {args.host} without --api-key: only requests addressed to "
-              f"{', '.join(sorted(access.allowed_hosts))} are answered (--api-key or --allowed-hosts for others)",
-              file=sys.stderr)
+        print(
+            f"warning: listening on {args.host} without --api-key: only requests addressed to "
+            f"{', '.join(sorted(access.allowed_hosts))} are answered (--api-key or "
+            "--allowed-hosts for others)",
+            file=sys.stderr,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,8 +256,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _warn_open(args, http["access"])
     app = create_app(settings, on_fatal=on_fatal, **http)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=5,
+        )
+    )
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled once it has shut down

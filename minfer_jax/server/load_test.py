@@ -13,7 +13,8 @@ Figures (client side, on loopback):
   aggregate tokens/s  completion tokens of all measured requests / wall time of the measured run
   TTFT                request sent -> first non-empty text event
   ITL                 gap between consecutive text events (the server streams once per decode
-                      chunk, so one event may carry several tokens: vLLM's benchmark counts the same)
+                      chunk, so one event may carry several tokens: vLLM's benchmark counts the
+                      same)
   TPOT                per request, (last event - first event) / (completion tokens - 1)
 Bounded: at most MAX_CLIENTS clients and MAX_REQUESTS requests, `--timeout` seconds in all, and
 loopback URLs only (this is a benchmark of the local server, not a traffic generator).
@@ -47,7 +48,9 @@ class LoadTestError(MinferError, ValueError):
 @dataclasses.dataclass
 class Timing:
     sent: float
-    events: list[float] = dataclasses.field(default_factory=list)  # arrival of each non-empty text event
+    events: list[float] = dataclasses.field(
+        default_factory=list
+    )  # arrival of each non-empty text event
     completion_tokens: int = 0
     error: str | None = None
     end: float = 0.0
@@ -60,9 +63,15 @@ class Timing:
 def _check(url: str, clients: int, requests: int, max_tokens: int, prompt_tokens: int) -> None:
     host = urlparse(url).hostname
     if host not in LOOPBACK:
-        raise LoadTestError(f"--url must point at this machine ({', '.join(sorted(LOOPBACK))}), got host {host!r}")
-    for name, v, hi in (("clients", clients, MAX_CLIENTS), ("requests", requests, MAX_REQUESTS),
-                        ("max-tokens", max_tokens, 1 << 16), ("prompt-tokens", prompt_tokens, 1 << 20)):
+        raise LoadTestError(
+            f"--url must point at this machine ({', '.join(sorted(LOOPBACK))}), got host {host!r}"
+        )
+    for name, v, hi in (
+        ("clients", clients, MAX_CLIENTS),
+        ("requests", requests, MAX_REQUESTS),
+        ("max-tokens", max_tokens, 1 << 16),
+        ("prompt-tokens", prompt_tokens, 1 << 20),
+    ):
         if not 1 <= v <= hi:
             raise LoadTestError(f"--{name} must be in 1..{hi}, got {v}")
 
@@ -80,7 +89,9 @@ async def _one(client, url: str, body: dict) -> Timing:
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
             if r.status_code != 200:
-                t.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+                t.error = (
+                    f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+                )
                 return t
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -111,15 +122,33 @@ async def _run_all(client, url: str, bodies: list[dict], clients: int) -> list[T
     return out
 
 
-def _bodies(n: int, first: int, prompt_tokens: int, max_tokens: int, vocab: int, temperature: float,
-            seed: int, ignore_eos: bool = False) -> list[dict]:
+def _bodies(
+    n: int,
+    first: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    vocab: int,
+    temperature: float,
+    seed: int,
+    ignore_eos: bool = False,
+) -> list[dict]:
     hi = max(vocab - RESERVED_TOP_IDS, 1)
     out = []
     for i in range(first, first + n):
         ids = np.random.default_rng([seed, i]).integers(0, hi, prompt_tokens).tolist()
-        out.append({"prompt": ids, "max_tokens": max_tokens, "temperature": temperature, "seed": i,
-                    "stream": True, "stream_options": {"include_usage": True}})
-        if ignore_eos:  # llama-server's field: every requested token is generated, as with random weights
+        out.append(
+            {
+                "prompt": ids,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "seed": i,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        )
+        if (
+            ignore_eos
+        ):  # llama-server's field: every requested token is generated, as with random weights
             out[-1]["ignore_eos"] = True
     return out
 
@@ -132,27 +161,51 @@ def summarize(timings: list[Timing], wall: float, settings: dict) -> dict:
     ok = [t for t in timings if t.error is None]
     ttft = [t.ttft for t in ok if t.ttft is not None]
     itl = [b - a for t in ok for a, b in zip(t.events, t.events[1:])]
-    tpot = [(t.events[-1] - t.events[0]) / (t.completion_tokens - 1) for t in ok
-            if len(t.events) >= 2 and t.completion_tokens > 1]
+    tpot = [
+        (t.events[-1] - t.events[0]) / (t.completion_tokens - 1)
+        for t in ok
+        if len(t.events) >= 2 and t.completion_tokens > 1
+    ]
     tokens = sum(t.completion_tokens for t in ok)
     ms = lambda v: None if v is None else v * 1e3  # noqa: E731
-    return {**settings, "ok": len(ok), "failed": len(timings) - len(ok),
-            "errors": sorted({t.error for t in timings if t.error})[:5], "wall_s": wall,
-            "completion_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else None,
-            "ttft_ms_p50": ms(_pct(ttft, 50)), "ttft_ms_p99": ms(_pct(ttft, 99)),
-            "itl_ms_p50": ms(_pct(itl, 50)), "itl_ms_p99": ms(_pct(itl, 99)), "itl_ms_max": ms(max(itl, default=None)),
-            "tokens_per_event": tokens / max(sum(len(t.events) for t in ok), 1),
-            "tpot_ms_p50": ms(_pct(tpot, 50)), "tpot_ms_p99": ms(_pct(tpot, 99)),
-            "e2e_s_p50": _pct([t.end - t.sent for t in ok], 50)}
+    return {
+        **settings,
+        "ok": len(ok),
+        "failed": len(timings) - len(ok),
+        "errors": sorted({t.error for t in timings if t.error})[:5],
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / wall if wall > 0 else None,
+        "ttft_ms_p50": ms(_pct(ttft, 50)),
+        "ttft_ms_p99": ms(_pct(ttft, 99)),
+        "itl_ms_p50": ms(_pct(itl, 50)),
+        "itl_ms_p99": ms(_pct(itl, 99)),
+        "itl_ms_max": ms(max(itl, default=None)),
+        "tokens_per_event": tokens / max(sum(len(t.events) for t in ok), 1),
+        "tpot_ms_p50": ms(_pct(tpot, 50)),
+        "tpot_ms_p99": ms(_pct(tpot, 99)),
+        "e2e_s_p50": _pct([t.end - t.sent for t in ok], 50),
+    }
 
 
-COLUMNS = [("clients", "clients", "d"), ("requests", "requests", "d"), ("ok", "ok", "d"),
-           ("prompt_tokens", "PP", "d"), ("max_tokens", "TG", "d"), ("wall_s", "wall s", ".2f"),
-           ("completion_tokens", "tokens", "d"), ("tokens_per_s", "tok/s", ".1f"),
-           ("ttft_ms_p50", "TTFT p50 ms", ".1f"), ("ttft_ms_p99", "TTFT p99 ms", ".1f"),
-           ("itl_ms_p50", "ITL p50 ms", ".1f"), ("itl_ms_p99", "ITL p99 ms", ".1f"), ("itl_ms_max", "ITL max ms", ".1f"),
-           ("tokens_per_event", "tokens/event", ".2f"),
-           ("tpot_ms_p50", "TPOT p50 ms", ".2f"), ("tpot_ms_p99", "TPOT p99 ms", ".2f")]
+COLUMNS = [
+    ("clients", "clients", "d"),
+    ("requests", "requests", "d"),
+    ("ok", "ok", "d"),
+    ("prompt_tokens", "PP", "d"),
+    ("max_tokens", "TG", "d"),
+    ("wall_s", "wall s", ".2f"),
+    ("completion_tokens", "tokens", "d"),
+    ("tokens_per_s", "tok/s", ".1f"),
+    ("ttft_ms_p50", "TTFT p50 ms", ".1f"),
+    ("ttft_ms_p99", "TTFT p99 ms", ".1f"),
+    ("itl_ms_p50", "ITL p50 ms", ".1f"),
+    ("itl_ms_p99", "ITL p99 ms", ".1f"),
+    ("itl_ms_max", "ITL max ms", ".1f"),
+    ("tokens_per_event", "tokens/event", ".2f"),
+    ("tpot_ms_p50", "TPOT p50 ms", ".2f"),
+    ("tpot_ms_p99", "TPOT p99 ms", ".2f"),
+]
 
 
 def markdown(summary: dict) -> str:
@@ -162,9 +215,20 @@ def markdown(summary: dict) -> str:
     return "\n".join([head, rule, "| " + " | ".join(cells) + " |"])
 
 
-async def run(url: str, *, clients: int = 8, requests: int = 32, max_tokens: int = 128, prompt_tokens: int = 512,
-              warmup: int | None = None, temperature: float = 0.0, seed: int = 0, timeout: float = 600.0,
-              api_key: str | None = None, ignore_eos: bool = False) -> dict:
+async def run(
+    url: str,
+    *,
+    clients: int = 8,
+    requests: int = 32,
+    max_tokens: int = 128,
+    prompt_tokens: int = 512,
+    warmup: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    timeout: float = 600.0,
+    api_key: str | None = None,
+    ignore_eos: bool = False,
+) -> dict:
     """The load test; returns summarize()'s dict (see the module docstring)."""
     import httpx
 
@@ -172,37 +236,76 @@ async def run(url: str, *, clients: int = 8, requests: int = 32, max_tokens: int
     _check(url, clients, requests, max_tokens, prompt_tokens)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=clients + 1)
-    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=httpx.Timeout(timeout)) as client:
+    async with httpx.AsyncClient(
+        headers=headers, limits=limits, timeout=httpx.Timeout(timeout)
+    ) as client:
         vocab = await _vocab(client, url)
         n_warm = clients if warmup is None else warmup
-        warm = _bodies(n_warm, requests, prompt_tokens, max_tokens, vocab, temperature, seed, ignore_eos)
+        warm = _bodies(
+            n_warm, requests, prompt_tokens, max_tokens, vocab, temperature, seed, ignore_eos
+        )
         await asyncio.wait_for(_run_all(client, url, warm, clients), timeout)
-        bodies = _bodies(requests, 0, prompt_tokens, max_tokens, vocab, temperature, seed, ignore_eos)
+        bodies = _bodies(
+            requests, 0, prompt_tokens, max_tokens, vocab, temperature, seed, ignore_eos
+        )
         t0 = time.perf_counter()
         timings = await asyncio.wait_for(_run_all(client, url, bodies, clients), timeout)
         wall = time.perf_counter() - t0
-    settings = dict(url=url, clients=clients, requests=requests, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
-                    warmup=n_warm, temperature=temperature)
+    settings = dict(
+        url=url,
+        clients=clients,
+        requests=requests,
+        max_tokens=max_tokens,
+        prompt_tokens=prompt_tokens,
+        warmup=n_warm,
+        temperature=temperature,
+    )
     return summarize(timings, wall, settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minfer_jax.server.load_test", description=__doc__.split("\n")[0],
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="python -m minfer_jax.server.load_test",
+        description=__doc__.split("\n")[0],
+        allow_abbrev=False,
+    )
     p.add_argument("--url", default="http://127.0.0.1:8080", help="the server (loopback only)")
-    p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients (default 8)")
+    p.add_argument(
+        "--clients", type=int, default=8, help="concurrent streaming clients (default 8)"
+    )
     p.add_argument("--requests", type=int, default=32, help="measured requests in all (default 32)")
-    p.add_argument("--max-tokens", type=int, default=128, help="max_tokens of each request (default 128)")
-    p.add_argument("--prompt-tokens", type=int, default=512, help="prompt length in tokens (default 512)")
-    p.add_argument("--warmup", type=int, default=None, help="unmeasured requests first (default: --clients)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument(
+        "--max-tokens", type=int, default=128, help="max_tokens of each request (default 128)"
+    )
+    p.add_argument(
+        "--prompt-tokens", type=int, default=512, help="prompt length in tokens (default 512)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=None, help="unmeasured requests first (default: --clients)"
+    )
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds for each of warm-up and run (default 600)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds for each of warm-up and run (default 600)",
+    )
     p.add_argument("--api-key", default=None)
-    p.add_argument("--ignore-eos", action="store_true",
-                   help='add "ignore_eos": true to each request (llama-server: generate every requested token)')
-    p.add_argument("--json", metavar="FILE", default=None, help="write the figures as JSON ('-': stdout)")
-    p.add_argument("--out", metavar="FILE", default=None, help="also write the markdown table to FILE")
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help='add "ignore_eos": true to each request (llama-server: generate every requested '
+        "token)",
+    )
+    p.add_argument(
+        "--json", metavar="FILE", default=None, help="write the figures as JSON ('-': stdout)"
+    )
+    p.add_argument(
+        "--out", metavar="FILE", default=None, help="also write the markdown table to FILE"
+    )
     return p
 
 
@@ -211,10 +314,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        summary = asyncio.run(run(args.url, clients=args.clients, requests=args.requests, max_tokens=args.max_tokens,
-                                  prompt_tokens=args.prompt_tokens, warmup=args.warmup,
-                                  temperature=args.temperature, seed=args.seed, timeout=args.timeout,
-                                  api_key=args.api_key, ignore_eos=args.ignore_eos))
+        summary = asyncio.run(
+            run(
+                args.url,
+                clients=args.clients,
+                requests=args.requests,
+                max_tokens=args.max_tokens,
+                prompt_tokens=args.prompt_tokens,
+                warmup=args.warmup,
+                temperature=args.temperature,
+                seed=args.seed,
+                timeout=args.timeout,
+                api_key=args.api_key,
+                ignore_eos=args.ignore_eos,
+            )
+        )
     except (LoadTestError, OSError, TimeoutError, httpx.HTTPError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

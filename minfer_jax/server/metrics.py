@@ -14,11 +14,17 @@ PREFIX = "minfer_"
 STOP_REASONS = tuple(r.value for r in StopReason)  # each shown, 0 until one finishes so
 
 
-def _family(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]) -> list[str]:
+def _family(
+    name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]
+) -> list[str]:
     lines = [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}"]
     for labels, value in samples:
         tag = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        lines.append(f"{PREFIX}{name}{{{tag}}} {_number(value)}" if tag else f"{PREFIX}{name} {_number(value)}")
+        lines.append(
+            f"{PREFIX}{name}{{{tag}}} {_number(value)}"
+            if tag
+            else f"{PREFIX}{name} {_number(value)}"
+        )
     return lines
 
 
@@ -35,39 +41,91 @@ def render(backend) -> str:
         finished, live = dict(backend.finish_reasons), backend.live
     if sched is not None:
         running = len(sched.prefilling) + len(sched.decoding)
-        queued = max(live - running, 0)  # accepted, not done, holding no slot (also while being admitted)
+        queued = max(
+            live - running, 0
+        )  # accepted, not done, holding no slot (also while being admitted)
         used = s.n_parallel - len(sched.free_slots)
         tokens_out, stand_ins = sched.tokens_out, sched.stand_ins
         compiled = len(backend.model.compiled_keys())
-        planned = len({*sched.plan.serving_keys(), *sched.plan.ready_keys()}) if backend.settings.warmup else compiled
+        planned = (
+            len({*sched.plan.serving_keys(), *sched.plan.ready_keys()})
+            if backend.settings.warmup
+            else compiled
+        )
     else:
         queued = running = used = tokens_out = stand_ins = compiled = planned = 0
     lines = []
-    lines += _family("ready", "gauge", "1 once the model is loaded and the server accepts requests.",
-                     [({}, float(backend.ready.is_set()))])
-    lines += _family("tokens_per_second", "gauge",
-                     f"Tokens generated per second over the last {backend.throughput.window:g} s, all requests.",
-                     [({}, backend.throughput.rate(tokens_out))])
-    lines += _family("tokens_generated_total", "counter", "Tokens generated (sampled and delivered) since start.",
-                     [({}, tokens_out)])
-    lines += _family("prompt_tokens_total", "counter", "Prompt tokens of accepted requests since start.",
-                     [({}, prompt_total)])
-    lines += _family("prompt_tokens_cached_total", "counter",
-                     "Prompt tokens whose K/V a slot still held from an earlier request (not prefilled again).",
-                     [({}, cached_total)])
-    lines += _family("requests_total", "counter", "Requests accepted (queued for generation) since start.",
-                     [({}, requests_total)])
-    lines += _family("requests_finished_total", "counter", "Requests finished, by stop reason.",
-                     [({"reason": r}, finished.get(r, 0)) for r in sorted(set(STOP_REASONS) | set(finished))])
-    lines += _family("requests_running", "gauge", "Requests holding a KV slot (prefilling or decoding).",
-                     [({}, running)])
-    lines += _family("requests_queued", "gauge", "Requests accepted and waiting for a KV slot.", [({}, queued)])
+    lines += _family(
+        "ready",
+        "gauge",
+        "1 once the model is loaded and the server accepts requests.",
+        [({}, float(backend.ready.is_set()))],
+    )
+    lines += _family(
+        "tokens_per_second",
+        "gauge",
+        f"Tokens generated per second over the last {backend.throughput.window:g} s, all requests.",
+        [({}, backend.throughput.rate(tokens_out))],
+    )
+    lines += _family(
+        "tokens_generated_total",
+        "counter",
+        "Tokens generated (sampled and delivered) since start.",
+        [({}, tokens_out)],
+    )
+    lines += _family(
+        "prompt_tokens_total",
+        "counter",
+        "Prompt tokens of accepted requests since start.",
+        [({}, prompt_total)],
+    )
+    lines += _family(
+        "prompt_tokens_cached_total",
+        "counter",
+        "Prompt tokens whose K/V a slot still held from an earlier request (not prefilled again).",
+        [({}, cached_total)],
+    )
+    lines += _family(
+        "requests_total",
+        "counter",
+        "Requests accepted (queued for generation) since start.",
+        [({}, requests_total)],
+    )
+    lines += _family(
+        "requests_finished_total",
+        "counter",
+        "Requests finished, by stop reason.",
+        [({"reason": r}, finished.get(r, 0)) for r in sorted(set(STOP_REASONS) | set(finished))],
+    )
+    lines += _family(
+        "requests_running",
+        "gauge",
+        "Requests holding a KV slot (prefilling or decoding).",
+        [({}, running)],
+    )
+    lines += _family(
+        "requests_queued", "gauge", "Requests accepted and waiting for a KV slot.", [({}, queued)]
+    )
     lines += _family("kv_slots_used", "gauge", "KV cache slots in use.", [({}, used)])
-    lines += _family("kv_slots_capacity", "gauge", "KV cache slots in all (-np).", [({}, s.n_parallel)])
-    lines += _family("executables_compiled", "gauge", "Executables compiled or loaded (the rest compile in the "
-                     "background after start).", [({}, compiled)])
-    lines += _family("executables_planned", "gauge", "Executables a server compiles in all (plan.serving_keys).",
-                     [({}, planned)])
-    lines += _family("stand_in_dispatches_total", "counter", "Steps run on a larger compiled executable while "
-                     "their own was still compiling.", [({}, stand_ins)])
+    lines += _family(
+        "kv_slots_capacity", "gauge", "KV cache slots in all (-np).", [({}, s.n_parallel)]
+    )
+    lines += _family(
+        "executables_compiled",
+        "gauge",
+        "Executables compiled or loaded (the rest compile in the background after start).",
+        [({}, compiled)],
+    )
+    lines += _family(
+        "executables_planned",
+        "gauge",
+        "Executables a server compiles in all (plan.serving_keys).",
+        [({}, planned)],
+    )
+    lines += _family(
+        "stand_in_dispatches_total",
+        "counter",
+        "Steps run on a larger compiled executable while their own was still compiling.",
+        [({}, stand_ins)],
+    )
     return "\n".join(lines) + "\n"

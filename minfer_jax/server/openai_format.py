@@ -11,25 +11,39 @@ import uuid
 
 from minfer_jax.engine.steps import StopReason
 
-# scheduler stop reasons -> OpenAI finish_reason ("context": the slot is full, which OpenAI calls length)
-FINISH_REASON = {StopReason.EOS: "stop", StopReason.STOP: "stop", StopReason.LENGTH: "length",
-                 StopReason.CONTEXT: "length", StopReason.CANCELLED: "stop"}
+# scheduler stop reasons -> OpenAI finish_reason ("context": the slot is full, which OpenAI calls
+# length)
+FINISH_REASON = {
+    StopReason.EOS: "stop",
+    StopReason.STOP: "stop",
+    StopReason.LENGTH: "length",
+    StopReason.CONTEXT: "length",
+    StopReason.CANCELLED: "stop",
+}
 
 
 def new_id(kind: str) -> str:
     return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
 
 
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | int | None = None) -> dict:
+def error_body(
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; cached_tokens: prompt tokens reused from a slot (not prefilled again)."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    """OpenAI's usage object; cached_tokens: prompt tokens reused from a slot
+    (not prefilled again)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
 class Reply:
@@ -42,35 +56,64 @@ class Reply:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, reason: StopReason, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    def full(
+        self,
+        text: str,
+        reason: StopReason,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+    ) -> dict:
         """The non-streamed response."""
         finish = FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
             head = self._head("chat.completion")
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
             head = self._head("text_completion")
-        return {**head, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+        return {
+            **head,
+            "choices": [choice],
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
+        }
 
-    def chunk(self, text: str | None = None, reason: StopReason | None = None, *, role: bool = False) -> dict:
+    def chunk(
+        self, text: str | None = None, reason: StopReason | None = None, *, role: bool = False
+    ) -> dict:
         """One streamed chunk: a text piece, the opening role (chat), or the final finish_reason."""
         finish = None if reason is None else FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            delta = (
+                {"role": "assistant", "content": ""}
+                if role
+                else ({} if text is None else {"content": text})
+            )
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    def usage_chunk(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> dict:
         """stream_options.include_usage: the last chunk, with no choices."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+        return {
+            **self._head(obj),
+            "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
+        }
 
 
 def sse(obj: dict | str) -> str:
     """One server-sent event: `data: <json>` and a blank line ([DONE] as it is)."""
-    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    data = (
+        obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    )
     return f"data: {data}\n\n"

@@ -43,15 +43,24 @@ StopString = Annotated[Text, Field(max_length=validate.MAX_STOP_CHARS)]
 
 # OpenAI settings the engine does not implement: accepted only at their no-op values.
 UNSUPPORTED = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-    "suffix": (None, ""), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
-    "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+    "n": (1,),
+    "best_of": (1,),
+    "echo": (False,),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "suffix": (None, ""),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
     "response_format": (None, {"type": "text"}),
 }
 
 
 class BadRequest(MinferError, ValueError):
-    """A request the server rejects with `status` (400); `param` names the offending field (or None)."""
+    """A request the server rejects with `status` (400); `param` names the offending field
+    (or None)."""
 
     status = 400
 
@@ -68,7 +77,8 @@ _parsing = 0  # bodies being parsed now, by any thread: the collector runs again
 @contextlib.contextmanager
 def _collector_paused():
     """Python's cyclic collector paused while a body is parsed: each container json builds counts
-    towards a collection that walks them all again (4 MB of `[[],[],...]`: 1.2 s instead of 0.14)."""
+    towards a collection that walks them all again (4 MB of `[[],[],...]`: 1.2 s instead of
+    0.14)."""
     global _parsing
     with _collector:
         _parsing += 1
@@ -86,8 +96,12 @@ def _collector_paused():
 def _same(value: Any, allowed: Any) -> bool:
     """A no-op value: 0 and 0.0 alike, but never true for 1 or false for 0."""
     numbers = (int, float)
-    if isinstance(value, numbers) and isinstance(allowed, numbers) and not isinstance(value, bool) \
-            and not isinstance(allowed, bool):
+    if (
+        isinstance(value, numbers)
+        and isinstance(allowed, numbers)
+        and not isinstance(value, bool)
+        and not isinstance(allowed, bool)
+    ):
         return value == allowed
     return type(value) is type(allowed) and value == allowed
 
@@ -119,11 +133,14 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
         # of a union's alternatives: the deepest, then one that matched the type, then the last
         err = max(reversed(errs), key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
         where = ".".join(str(p) for p in err["loc"] if _is_field(p)) or None
-        raise BadRequest(f"{where or 'body'}: {err['msg']} (got {_shown(err.get('input'))})", where) from None
+        raise BadRequest(
+            f"{where or 'body'}: {err['msg']} (got {_shown(err.get('input'))})", where
+        ) from None
 
 
 def _shown(value: Any) -> str:
-    """At most 80 characters of a JSON value, for an error message (deep nesting and surrogates too)."""
+    """At most 80 characters of a JSON value, for an error message
+    (deep nesting and surrogates too)."""
     try:
         text = json.dumps(value, default=str)
     except (RecursionError, ValueError):
@@ -134,7 +151,9 @@ def _shown(value: Any) -> str:
 def _is_field(part: str | int) -> bool:
     """A field name or list index of an error's location, not the tag of a union's alternative
     ("str", "list[int]", "function-after[...]")."""
-    return isinstance(part, int) or (part.isidentifier() and part not in ("str", "int", "float", "bool"))
+    return isinstance(part, int) or (
+        part.isidentifier() and part not in ("str", "int", "float", "bool")
+    )
 
 
 class StreamOptions(BaseModel):
@@ -142,7 +161,8 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-DEFAULT_TEMPERATURE = 0.8  # llama-server's; the server warms up its executables for it and for greedy
+# llama-server's; the server warms up its executables for it and for greedy
+DEFAULT_TEMPERATURE = 0.8
 SEED_MAX = 2**64 - 1  # OpenAI's seed is an integer; llama-server's a uint32: 64 bits hold both
 
 
@@ -159,8 +179,12 @@ class _Generation(BaseModel):
     min_p: float = Field(0.05, ge=0.0, le=1.0)
     repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
     repeat_last_n: int = Field(64, ge=-1)  # -1 or past the context: the context
-    seed: int | None = Field(None, ge=-1, le=SEED_MAX)  # None or -1: a random seed; passed on whole (64 bits)
-    stop: StopString | Annotated[list[StopString], Field(max_length=validate.MAX_STOP_STRINGS)] | None = None
+    seed: int | None = Field(
+        None, ge=-1, le=SEED_MAX
+    )  # None or -1: a random seed; passed on whole (64 bits)
+    stop: (
+        StopString | Annotated[list[StopString], Field(max_length=validate.MAX_STOP_STRINGS)] | None
+    ) = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 
