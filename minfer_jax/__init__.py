@@ -1,4 +1,4 @@
-"""minfer_jax: GGUF inference in JAX (Qwen2, Llama, Qwen3, Gemma 3); quantized matmuls as Pallas kernels.
+"""minfer_jax: GGUF inference in JAX (Qwen2, Llama, Qwen3, Gemma 3), Pallas quantized matmuls.
 
 Usage:
 

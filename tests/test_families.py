@@ -219,7 +219,8 @@ def test_real_greedy_tokens_equal_llama_cpp_on_the_f32_copy(name):
         )
     n = len(expected["prompts"])
     print(
-        f"{name}: {equal}/{n} prompts give all {expected['n_greedy']} greedy tokens of llama.cpp's F32 copy"
+        f"{name}: {equal}/{n} prompts give all {expected['n_greedy']} greedy tokens "
+        "of llama.cpp's F32 copy"
     )
     assert equal >= n - 1
 

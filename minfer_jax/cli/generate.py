@@ -43,7 +43,7 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 DESCRIPTION = """\
-Generate text with a GGUF model of the Qwen2, Llama, Qwen3 or Gemma 3 family (JAX; Pallas kernels on a GPU).
+Generate text with a Qwen2, Llama, Qwen3 or Gemma 3 GGUF model (JAX; Pallas kernels on a GPU).
 Generated text is streamed to stdout; progress, timings and errors go to stderr."""
 
 EPILOG = """\
