@@ -360,6 +360,22 @@ def test_model_type_names():
     assert desc("qwen2.5-3b", 15 | 1024) == "qwen2 3B Q4_K - Medium (guessed)"
 
 
+@pytest.mark.parametrize(
+    "cfg_name,want",
+    [  # llama-bench's model_type of the same files (H200, 2026-12-02); 30 layers: llama.cpp's 256M
+        ("llama3.1-8b", "llama 8B Q4_K - Medium"),
+        ("qwen3-8b", "qwen3 8B Q4_K - Medium"),
+        ("gemma3-1b", "gemma3 1B Q4_K - Medium"),
+        ("smollm2-135m", "llama 256M Q4_K - Medium"),
+        ("gemma3-tiny", "gemma3 ?B Q4_K - Medium"),
+    ],
+)
+def test_model_type_names_of_the_families(cfg_name, want):
+    cfg = SYNTHETIC_CONFIGS[cfg_name]
+    md = {"general.architecture": cfg.family, "general.file_type": 15}
+    assert fields.model_type(types.SimpleNamespace(config=cfg, metadata=md)) == want
+
+
 # ------------------------------------------------------------------------------------------ errors
 
 

@@ -29,6 +29,7 @@ from minfer_jax.bench.model_tests import ModelBench, ModelSource, TestSpec, buil
 from minfer_jax.bench.parsing import BenchError, parse_int_range, parse_pg, parse_shapes
 from minfer_jax.bench.printers import Outputs, kernel_md_columns, model_md_columns, open_outputs
 from minfer_jax.errors import MinferError
+from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,8 +78,9 @@ def _model_args(g) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="in-memory random-weight model '<config>:<ftype>' (configs: qwen2.5-0.5b, -1.5b, "
-        "-3b, -7b, -14b; ftypes: q4_k_m, q4_0, q8_0, q6_k, ...); comma list or repeated",
+        help="in-memory random-weight model '<config>:<ftype>' (configs: "
+        + ", ".join(SYNTHETIC_CONFIGS)
+        + "; ftypes: q4_k_m, q4_0, q8_0, q6_k, ...); comma list or repeated",
     )
     g.add_argument(
         "--layers",

@@ -179,6 +179,50 @@ def _qwen2_type_name(cfg) -> str:
     return {32: "7B", 36: "3B", 48: "14B", 64: "32B", 80: "70B"}.get(n, "?B")
 
 
+def _llama_type_name(cfg) -> str:
+    """llama.cpp's models/llama.cpp: by layer count (32 layers by vocabulary, 80 by kv heads)."""
+    n = cfg.n_layers
+    if n == 32:
+        return "3B" if cfg.vocab_size == 49152 else "7B" if cfg.vocab_size < 40000 else "8B"
+    if n == 80:
+        return "65B" if cfg.n_heads == cfg.n_kv_heads else "70B"
+    sizes = {
+        16: "1B",
+        22: "1B",
+        26: "3B",
+        28: "3B",
+        30: "256M",
+        36: "8B",
+        40: "13B",
+        48: "34B",
+        60: "30B",
+    }
+    return sizes.get(n, "?B")
+
+
+def _qwen3_type_name(cfg) -> str:
+    """llama.cpp's models/qwen3.cpp (by layer count, then width)."""
+    n = cfg.n_layers
+    if n == 28:
+        return "0.6B" if cfg.d_model == 1024 else "1.7B"
+    if n == 36:
+        return "4B" if cfg.d_model == 2560 else "8B"
+    return {40: "14B", 64: "32B"}.get(n, "?B")
+
+
+def _gemma3_type_name(cfg) -> str:
+    """llama.cpp's models/gemma3.cpp (by layer count)."""
+    return {18: "270M", 26: "1B", 32: "8B", 34: "4B", 48: "12B", 62: "27B"}.get(cfg.n_layers, "?B")
+
+
+_TYPE_NAMES = {
+    "qwen2": _qwen2_type_name,
+    "llama": _llama_type_name,
+    "qwen3": _qwen3_type_name,
+    "gemma3": _gemma3_type_name,
+}
+
+
 def model_type(gmodel) -> str:
     """llama_model_desc(): '<arch> <size> <ftype name>', e.g. 'qwen2 7B Q4_K - Medium'."""
     arch = gmodel.metadata.get("general.architecture", "qwen2")
@@ -189,7 +233,8 @@ def model_type(gmodel) -> str:
         ft = int(ft)
         base = _FTYPE_NAMES.get(ft & ~_FTYPE_GUESSED, "unknown, may not work")
         name = base + (" (guessed)" if ft & _FTYPE_GUESSED else "")
-    return f"{arch} {_qwen2_type_name(gmodel.config)} {name}"
+    size = _TYPE_NAMES.get(arch, lambda _: "?B")(gmodel.config)
+    return f"{arch} {size} {name}"
 
 
 def model_size_params(gmodel) -> tuple[int, int]:

@@ -99,91 +99,29 @@ SYNTHETIC_CONFIGS: dict[str, Config] = {
 # HuggingFaceTB/SmolLM2-135M-Instruct (the real file of tests/test_families.py). The "-tiny" ones
 # are small models of the same families for tests (gemma3-tiny: 7 layers, so one global layer).
 _EPS_1E5 = float(np.float32(1e-5))
-SYNTHETIC_CONFIGS.update(
-    {
-        "llama3.1-8b": Config(
-            32,
-            4096,
-            32,
-            8,
-            14336,
-            131072,
-            128256,
-            500000.0,
-            _EPS_1E5,
-            False,
-            family="llama",
-            rope_freq_factors=True,
-        ),
-        "smollm2-135m": Config(
-            30, 576, 9, 3, 1536, 8192, 49152, 100000.0, _EPS_1E5, True, family="llama"
-        ),
-        "qwen3-8b": Config(
-            36,
-            4096,
-            32,
-            8,
-            12288,
-            40960,
-            151936,
-            1000000.0,
-            _EPS_1E6,
-            False,
-            family="qwen3",
-            head_dim=128,
-        ),
-        "gemma3-1b": Config(
-            26,
-            1152,
-            4,
-            1,
-            6912,
-            32768,
-            262144,
-            1000000.0,
-            _EPS_1E6,
-            True,
-            family="gemma3",
-            head_dim=256,
-            sliding_window=512,
-            swa_period=6,
-            rope_theta_local=10000.0,
-        ),
-        "llama-tiny": Config(
-            2,
-            256,
-            4,
-            2,
-            512,
-            2048,
-            512,
-            500000.0,
-            _EPS_1E5,
-            False,
-            family="llama",
-            rope_freq_factors=True,
-        ),
-        "qwen3-tiny": Config(
-            2, 256, 4, 2, 512, 2048, 512, 1000000.0, _EPS_1E6, False, family="qwen3", head_dim=128
-        ),
-        "gemma3-tiny": Config(
-            7,
-            256,
-            2,
-            1,
-            512,
-            2048,
-            512,
-            1000000.0,
-            _EPS_1E6,
-            True,
-            family="gemma3",
-            head_dim=128,
-            sliding_window=32,
-            swa_period=6,
-            rope_theta_local=10000.0,
-        ),
-    }
+_GEMMA3_LOCAL = dict(family="gemma3", swa_period=6, rope_theta_local=10000.0)
+# fmt: off
+SYNTHETIC_CONFIGS.update({
+    #               layers d_model heads kv d_ff  context vocab  rope_theta eps       tied
+    "llama3.1-8b":  Config(32, 4096, 32, 8, 14336, 131072, 128256, 500000.0,  _EPS_1E5, False,
+                           family="llama", rope_freq_factors=True),
+    "smollm2-135m": Config(30, 576,  9,  3, 1536,  8192,   49152,  100000.0,  _EPS_1E5, True,
+                           family="llama"),
+    "qwen3-8b":     Config(36, 4096, 32, 8, 12288, 40960,  151936, 1000000.0, _EPS_1E6, False,
+                           family="qwen3", head_dim=128),
+    "gemma3-1b":    Config(26, 1152, 4,  1, 6912,  32768,  262144, 1000000.0, _EPS_1E6, True,
+                           head_dim=256, sliding_window=512, **_GEMMA3_LOCAL),
+    "llama-tiny":   Config(2,  256,  4,  2, 512,   2048,   512,    500000.0,  _EPS_1E5, False,
+                           family="llama", rope_freq_factors=True),
+    "qwen3-tiny":   Config(2,  256,  4,  2, 512,   2048,   512,    1000000.0, _EPS_1E6, False,
+                           family="qwen3", head_dim=128),
+    "gemma3-tiny":  Config(7,  256,  2,  1, 512,   2048,   512,    1000000.0, _EPS_1E6, True,
+                           head_dim=128, sliding_window=32, **_GEMMA3_LOCAL),
+})
+# fmt: on
+# gemma3-1b with every layer global (no sliding window): the A/B of sliding-window prefill.
+SYNTHETIC_CONFIGS["gemma3-1b-global"] = dataclasses.replace(
+    SYNTHETIC_CONFIGS["gemma3-1b"], sliding_window=0
 )
 
 
