@@ -15,9 +15,15 @@ import math
 import numpy as np
 from gguf.quants import dequantize
 
+_LAST: list = []  # [(gm, {name: float64 array})]: the last model's weights, dequantized once
+
 
 def _weights(gm):
-    cache = {}
+    """name -> the tensor dequantized to float64, kept for the last model only (1-4 GB for the
+    real files; a divergence check runs several forwards on one model)."""
+    if not _LAST or _LAST[0][0] is not gm:
+        _LAST[:] = [(gm, {})]
+    cache = _LAST[0][1]
 
     def w(name):
         if name not in cache:

@@ -157,15 +157,23 @@ def test_real_logits_within_llama_cpp_distance_of_float64(name):
         np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
 
 
+@functools.cache
+def _greedy(name: str) -> list:
+    """Our greedy tokens of every expected prompt: one generate_batch for both references."""
+    _, model = _real(name)
+    expected = _expected(REAL_FILES[name][1])
+    return minfer_jax.generate_batch(
+        model, [p["ids"] for p in expected["prompts"]], max_new_tokens=expected["n_greedy"]
+    )
+
+
 @pytest.mark.parametrize("name", REAL_FILES)
 def test_real_greedy_tokens_equal_llama_cpp(name):
     """32 greedy tokens of each prompt through the engine (prefill + decode loop) against
     llama.cpp's."""
     gm, model = _real(name)
     expected = _expected(REAL_FILES[name][1])
-    results = minfer_jax.generate_batch(
-        model, [p["ids"] for p in expected["prompts"]], max_new_tokens=expected["n_greedy"]
-    )
+    results = _greedy(name)
     equal = 0
     for p, r in zip(expected["prompts"], results):
         ours = r.tokens
@@ -198,9 +206,7 @@ def test_real_greedy_tokens_equal_llama_cpp_on_the_f32_copy(name):
     prompt, but for a tie closer than both distances from float64."""
     gm, model = _real(name)
     expected = _expected(REAL_FILES[name][1])
-    results = minfer_jax.generate_batch(
-        model, [p["ids"] for p in expected["prompts"]], max_new_tokens=expected["n_greedy"]
-    )
+    results = _greedy(name)
     equal = 0
     for p, r in zip(expected["prompts"], results):
         assert (

@@ -1,9 +1,9 @@
-"""The Qwen2 model against the math: a float64 numpy forward written here, independent of the
-package.
+"""The Qwen2 model against the math: the float64 numpy forward of tests/float64_reference.py,
+independent of the package.
 
 The reference dequantizes with gguf.quants and implements Qwen2 from its definition (RMSNorm,
-q/k/v with bias, NeoX RoPE, GQA causal attention, SwiGLU, untied head). On the CPU the package
-runs its dense path: weights dequantized bit-exactly, f32 storage, f32 matmuls.
+q/k/v with bias, NeoX RoPE, GQA causal attention, SwiGLU, tied or untied head). On the CPU the
+package runs its dense path: weights dequantized bit-exactly, f32 storage, f32 matmuls.
 
 Tolerance. The only differences are f32 rounding in sums of up to 4864 products through 24
 layers (error ~ sqrt(K) * 2^-24 * |x||w| per dot, amplified along the residual stream). Measured:
@@ -18,71 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gguf.quants import dequantize
 
 import minfer_jax
 from minfer_jax.engine import steps as gen
 from minfer_jax.engine.sampling import GREEDY, RowSettings, SamplerMode
 from minfer_jax.model.qwen2 import forward_decode
+from tests import float64_reference
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number, counting from zero."""\n'
-
-
-def ref_weights(gm):
-    cache = {}
-
-    def w(name):
-        if name not in cache:
-            t = gm.tensors[name]
-            cache[name] = (
-                dequantize(np.asarray(t.data), t.qtype).reshape(t.shape).astype(np.float64)
-            )
-        return cache[name]
-
-    return w
-
-
-def ref_forward(gm, tokens):
-    """float64 Qwen2 forward over tokens [T] from position 0 -> logits [T, vocab]."""
-    cfg = gm.config
-    w = ref_weights(gm)
-    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    t = len(tokens)
-
-    def norm(x, g):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_eps) * g
-
-    def rope(x):  # x [T, H, hd], NeoX: rotate pairs (i, i + hd/2)
-        inv = cfg.rope_theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
-        ang = np.arange(t, dtype=np.float64)[:, None] * inv[None]
-        c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
-        a, b = x[..., : hd // 2], x[..., hd // 2 :]
-        return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
-
-    x = w("token_embd.weight")[np.asarray(tokens)]
-    causal = np.tril(np.ones((t, t), bool))
-    for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        h = norm(x, w(p + "attn_norm.weight"))
-        q = (h @ w(p + "attn_q.weight").T + w(p + "attn_q.bias")).reshape(t, nh, hd)
-        k = (h @ w(p + "attn_k.weight").T + w(p + "attn_k.bias")).reshape(t, nkv, hd)
-        v = (h @ w(p + "attn_v.weight").T + w(p + "attn_v.bias")).reshape(t, nkv, hd)
-        q, k = rope(q), rope(k)
-        k = np.repeat(k, nh // nkv, axis=1)
-        v = np.repeat(v, nh // nkv, axis=1)
-        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
-        s = np.where(causal[None], s, -np.inf)
-        pr = np.exp(s - s.max(-1, keepdims=True))
-        pr /= pr.sum(-1, keepdims=True)
-        o = np.einsum("hts,shd->thd", pr, v).reshape(t, nh * hd)
-        x = x + o @ w(p + "attn_output.weight").T
-        h = norm(x, w(p + "ffn_norm.weight"))
-        g = h @ w(p + "ffn_gate.weight").T
-        u = h @ w(p + "ffn_up.weight").T
-        x = x + (g / (1 + np.exp(-g)) * u) @ w(p + "ffn_down.weight").T
-    x = norm(x, w("output_norm.weight"))
-    head = "token_embd.weight" if cfg.tied_output else "output.weight"
-    return x @ w(head).T
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +43,7 @@ def prompt_ids(model):
 @pytest.mark.real_model
 def test_logits_match_float64_reference(model, real_model, prompt_ids):
     got = model.logits(prompt_ids)
-    ref = ref_forward(real_model, prompt_ids)
+    ref = float64_reference.forward(real_model, prompt_ids)
     assert got.shape == ref.shape == (16, model.config.vocab_size)
     err = np.max(np.abs(got - ref))
     print(f"max |logit - float64 logit| = {err:.2e}")
