@@ -119,7 +119,8 @@ SYNTHETIC_CONFIGS.update({
                            head_dim=128, sliding_window=32, **_GEMMA3_LOCAL),
 })
 # fmt: on
-# gemma3-1b with every layer global (no sliding window): the A/B of sliding-window prefill.
+# gemma3-1b with every layer global (no sliding window): the A/B of sliding-window prefill, in
+# memory (bench.py --synthetic); a gemma3 GGUF must name its window, so its file does not load.
 SYNTHETIC_CONFIGS["gemma3-1b-global"] = dataclasses.replace(
     SYNTHETIC_CONFIGS["gemma3-1b"], sliding_window=0
 )
