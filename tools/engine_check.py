@@ -15,7 +15,12 @@ against each alone (B = 1: the GEMV); per row the identical prefix and, at a div
 lone run's top-2 logit gap (issue 16: each sequence's greedy tokens alone or batched).
 --profile B,...: where a decode step's device time goes at batch B (GPU kernels on the
 jax.profiler timeline, summed by name over --gen steps of B sequences).
--m FILE replaces --synthetic for --batch-parity and --profile (a real model: fewer near-ties).
+--f64 B: issue 26's float64 check of the decode path: greedy tokens of B prompts (natural text
+and code with -m, random ids on a synthetic model), each alone and as one batch, and at every
+decode step the float64 forward's (tests/float64_reference.py) top-1 on the same prefix; a
+disagreement counts where the float64 top-2 gap exceeds --f64-gap (0.02 logits).
+-m FILE replaces --synthetic for --batch-parity, --profile and --f64 (a real model: fewer
+near-ties).
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ def main() -> None:
     ap.add_argument("--batched", default="", metavar="B,...")
     ap.add_argument("--batch-parity", type=int, default=0, metavar="B")
     ap.add_argument("--profile", default="", metavar="B,...")
+    ap.add_argument("--f64", type=int, default=0, metavar="B")
+    ap.add_argument("--f64-gap", type=float, default=0.02)
     ap.add_argument(
         "--kernels", default="pallas", help="pallas (GPU) | interpret (a CPU smoke test)"
     )
@@ -66,7 +73,10 @@ def main() -> None:
     if a.profile:
         for b in (int(v) for v in a.profile.split(",")):
             print(step_profile(gm, b, a.gen, a.ctx, a.kernels), flush=True)
-    if a.batch_parity or a.profile:
+    if a.f64:
+        out = f64_check(gm, a.f64, a.gen, a.ctx, a.kernels, a.f64_gap)
+        print(json.dumps(out, indent=1), flush=True)
+    if a.batch_parity or a.profile or a.f64:
         return
     if a.model or not a.prompt:
         ap.error("the speed and memory check needs --synthetic and --prompt")
@@ -119,6 +129,63 @@ def main() -> None:
             out_files=[],
             log=lambda s: None,
         )
+
+
+NATURAL_PROMPTS = [
+    "def fibonacci(n):",
+    "The capital of France is",
+    "import numpy as np\n\ndef softmax(x):",
+    "Once upon a time, in a small village by the sea,",
+    "SELECT name, COUNT(*) FROM orders",
+    "The three laws of thermodynamics are",
+    "class Stack:\n    def __init__(self):",
+    "Photosynthesis is the process by which",
+]
+
+
+def f64_check(gm, n_seqs: int, gen: int, ctx: int, kernels: str, gap: float) -> dict:
+    """Each decode step's greedy token (alone and in one batch of n_seqs) against the float64
+    forward's top-1 on the same prefix: one float64 forward per generated sequence gives every
+    step's logits (causal)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from tests import float64_reference
+
+    m = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
+    m_alone = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
+    if not str(gm.path).startswith("synthetic:"):
+        texts = (NATURAL_PROMPTS * (n_seqs // len(NATURAL_PROMPTS) + 1))[:n_seqs]
+        prompts = [m.tokenizer.encode(t) for t in texts]
+    else:
+        rng = np.random.default_rng(4)
+        prompts = [
+            [int(t) for t in rng.integers(0, gm.config.vocab_size, int(rng.integers(5, 65)))]
+            for _ in range(n_seqs)
+        ]
+    paths = {
+        "alone": [minfer_jax.generate(m_alone, p, max_new_tokens=gen).tokens for p in prompts],
+        "batched": [r.tokens for r in minfer_jax.generate_batch(m, prompts, max_new_tokens=gen)],
+    }
+    out: dict = {"n_seqs": n_seqs, "generated": gen, "gap": gap}
+    for name, runs in paths.items():
+        steps = off = off_clear = 0
+        worst = 0.0
+        for p, toks in zip(prompts, runs):
+            ref = float64_reference.forward(gm, p + toks)  # [T, vocab]
+            for j, t in enumerate(toks):
+                row = ref[len(p) + j - 1]
+                top2 = np.sort(row)[-2:]
+                steps += 1
+                if int(row.argmax()) != t:
+                    off += 1
+                    d = float(top2[1] - top2[0])
+                    worst = max(worst, d)
+                    off_clear += d > gap
+        out[name] = dict(steps=steps, disagree=off, disagree_past_gap=off_clear, worst_gap=worst)
+    out["alone_equals_batched"] = sum(a == b for a, b in zip(paths["alone"], paths["batched"]))
+    return out
 
 
 def parity(gm, n: int, gen: int) -> dict:
