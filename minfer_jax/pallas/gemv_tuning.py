@@ -110,23 +110,25 @@ class FloatRow:
         return GemvConfig(bn=bn, bk=bk, splits=_splits(k // bk, npad // bn), fma=nt == self.fma_nt)
 
 
+# fmt: off
 TUNING: dict[QType, Int8Row | FloatRow] = {  # measured on device.TUNED_ON (the H200)
     #                   rows at  x first from        pre-quantized x
     #                   1 token  in-kernel prequant  rows steps 3-D    exact_round
-    QType.Q8_0: Int8Row(32, 2, OFF, 32, 1, False, True),
-    QType.Q4_0: Int8Row(32, 2, 3, 64, 1, True, False),
-    QType.Q4_1: Int8Row(32, 2, 8, 32, 1, False, True),
-    QType.Q5_0: Int8Row(32, 1, OFF, 32, 1, False, True),
-    QType.Q5_1: Int8Row(32, 1, OFF, 32, 1, False, True),
-    QType.Q4_K: Int8Row(32, OFF, 8, 32, 4, True, True),
-    QType.Q5_K: Int8Row(32, 1, OFF, 32, 1, False, True),
-    QType.Q6_K: Int8Row(16, 1, 3, 32, 1, False, True),
-    QType.Q3_K: Int8Row(16, 1, OFF, 32, 1, False, True),
-    QType.Q2_K: Int8Row(16, OFF, OFF, 32, 1, False, True),
+    QType.Q8_0: Int8Row(32,      2,        OFF,      32,  1,    False, True),
+    QType.Q4_0: Int8Row(32,      2,        3,        64,  1,    True,  False),
+    QType.Q4_1: Int8Row(32,      2,        8,        32,  1,    False, True),
+    QType.Q5_0: Int8Row(32,      1,        OFF,      32,  1,    False, True),
+    QType.Q5_1: Int8Row(32,      1,        OFF,      32,  1,    False, True),
+    QType.Q4_K: Int8Row(32,      OFF,      8,        32,  4,    True,  True),
+    QType.Q5_K: Int8Row(32,      1,        OFF,      32,  1,    False, True),
+    QType.Q6_K: Int8Row(16,      1,        3,        32,  1,    False, True),
+    QType.Q3_K: Int8Row(16,      1,        OFF,      32,  1,    False, True),
+    QType.Q2_K: Int8Row(16,      OFF,      OFF,      32,  1,    False, True),
     QType.F32: FloatRow(),
     QType.F16: FloatRow(),
     QType.BF16: FloatRow(),
 }
+# fmt: on
 
 
 def generic(r: Int8Row | FloatRow) -> Int8Row | FloatRow:
