@@ -17,6 +17,7 @@ from kernel_mode import KERNELS
 from minfer_jax.bench import cli, fields, kernel_cases, model_tests, parsing
 from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
 from minfer_jax.sizes import pow2_at_least
+from tests.configs import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--synthetic", "qwen2.5-0.5b:q4_0", "--layers", "1"]
@@ -269,21 +270,9 @@ def test_kernel_cases_are_the_loaders_weights():
 
     from minfer_jax.files.quant_mix import tensor_types
     from minfer_jax.files.synthetic import synthetic_model_from_config
-    from minfer_jax.model.config import Config
     from minfer_jax.model.weights import load_params
 
-    cfg = Config(
-        n_layers=3,
-        d_model=256,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=512,
-        context_length=512,
-        vocab_size=300,
-        rope_theta=1e6,
-        rms_eps=1e-6,
-        tied_output=False,
-    )
+    cfg = tiny_config()
     types_ = tensor_types(
         cfg, "q4_k_m"
     )  # layer 2: Q6_K attn_v and ffn_down beside Q4_K -> [q; k] and v

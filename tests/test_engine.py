@@ -13,20 +13,9 @@ from minfer_jax.engine.plan import Plan, PlanError
 from minfer_jax.engine.sampling import Sampler
 from minfer_jax.engine.scheduler import TextStream
 from minfer_jax.files.synthetic import synthetic_model_from_config
-from minfer_jax.model.config import Config
+from tests.configs import tiny_config
 
-TINY = Config(
-    n_layers=2,
-    d_model=128,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=256,
-    context_length=1024,
-    vocab_size=300,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tied_output=False,
-)
+TINY = tiny_config(n_layers=2, d_model=128, d_ff=256, context_length=1024)
 SAMPLED = dict(
     temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, repeat_last_n=16
 )

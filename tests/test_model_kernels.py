@@ -13,21 +13,10 @@ import minfer_jax
 from kernel_mode import KERNELS
 from minfer_jax import ops
 from minfer_jax.files.synthetic import synthetic_model_from_config
-from minfer_jax.model.config import Config
 from minfer_jax.model.weights import LoadOptions, fused_runs, load_params
+from tests.configs import tiny_config
 
-TINY = Config(
-    n_layers=2,
-    d_model=256,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=512,
-    context_length=512,
-    vocab_size=300,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tied_output=False,
-)
+TINY = tiny_config(n_layers=2)
 
 
 @pytest.fixture(scope="module")

@@ -18,19 +18,9 @@ import numpy as np
 import pytest
 
 from minfer_jax.model.config import Config
+from tests.configs import tiny_config
 
-TINY = Config(
-    n_layers=2,
-    d_model=256,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=768,
-    context_length=512,
-    vocab_size=301,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tied_output=False,
-)
+TINY = tiny_config(n_layers=2, d_ff=768, vocab_size=301)
 QWEN25_7B = Config(
     n_layers=28,
     d_model=3584,

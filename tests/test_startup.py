@@ -19,20 +19,9 @@ import minfer_jax
 from minfer_jax.engine import executables, weights_cache
 from minfer_jax.engine.phases import PhaseTimer, format_executable, format_phase
 from minfer_jax.files.synthetic import synthetic_model_from_config, write_gguf
-from minfer_jax.model.config import Config
+from tests.configs import tiny_config
 
-TINY = Config(
-    n_layers=2,
-    d_model=128,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=256,
-    context_length=1024,
-    vocab_size=300,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tied_output=False,
-)
+TINY = tiny_config(n_layers=2, d_model=128, d_ff=256, context_length=1024)
 PROMPT = [5, 17, 42, 99, 7]
 # jax._src.dispatch.BACKEND_COMPILE_EVENT
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"

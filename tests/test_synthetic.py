@@ -18,26 +18,12 @@ from minfer_jax.files.synthetic import (
     synthetic_model_from_config,
     write_gguf,
 )
-from minfer_jax.model.config import Config
+from tests.configs import tiny_config
 
 QUANT_TYPES = sorted(SUPPORTED_TYPES - FLOAT_TYPES)
 
 
-def tiny(**kw) -> Config:
-    base = dict(
-        n_layers=3,
-        d_model=256,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=512,
-        context_length=512,
-        vocab_size=300,
-        rope_theta=1e6,
-        rms_eps=1e-6,
-        tied_output=False,
-    )
-    base.update(kw)
-    return Config(**base)
+tiny = tiny_config
 
 
 def layer_types(types, suffix, n_layers):
