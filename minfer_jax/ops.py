@@ -17,6 +17,11 @@ per shape bucket and compiled into that bucket's executable. Its kinds (Route.ki
                   on float weights
       "gemm-i8"   "int8": int8 activations x int8 quants (pallas/gemm_int8.py; block formats;
                   opt-in: slower on the H200, docs/BENCHMARKS.md)
+With impl.deterministic on the kernels every matmul of up to DETERMINISTIC_MAX_NT rows (any
+decode batch) computes each row exactly as a one-row call does (Route.row_chunk): the one-token
+GEMV's configuration at every row count, in calls of at most GEMV_MAX_NT rows where the GEMM would
+otherwise take over. (The XLA paths get batch invariance from decoder.forward_decode instead: its
+rows run one after another, XLA's dots and reductions depending on the row count.)
 `norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where every one
 is "gemv" and impl.fold_norm is set, the norm is folded into them (Route.fold_norm, "gemv+fold").
 The kernel benchmark asks it too (`kernel_case`: the route, its kernel call and its reference).
@@ -41,6 +46,9 @@ from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words, tiles
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
+# impl.deterministic: matmuls of up to this many rows compute each row as alone (plan.MAX_SEQS,
+# the largest decode batch; prefill chunks this short take the same path)
+DETERMINISTIC_MAX_NT = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +106,20 @@ class Impl:
     # GEMV path: RMSNorm folded into the matmuls that read it (norm_matmuls). Off by default: on
     # the H200 it did not pay (docs/BENCHMARKS.md, GEMV choices [G-fold-norm]).
     fold_norm: bool = False
+    # batch invariance: every row of a decode batch computed as it is alone (kernels: route's
+    # row_chunk and the attention's fixed key splits; XLA: decoder.forward_decode runs the rows one
+    # after another); slower decode past a few rows (docs/BENCHMARKS.md)
+    deterministic: bool = False
 
     def __post_init__(self):
         validate.choice("Impl.kernels", self.kernels, KERNEL_MODES)
         validate.integer("Impl.gemv_max_nt", self.gemv_max_nt, 1, gemv.NT_PAD)
         validate.choice("Impl.gemm", self.gemm, GEMM_VARIANTS)
-        if not isinstance(self.fold_norm, bool):
-            raise InvalidArgumentError(f"Impl.fold_norm must be a bool, got {self.fold_norm!r}")
+        for name in ("fold_norm", "deterministic"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(
+                    f"Impl.{name} must be a bool, got {getattr(self, name)!r}"
+                )
 
 
 def default_impl(platform: str | None = None) -> Impl:
@@ -126,11 +141,15 @@ class Route:
 
     kind: str  # one of ROUTE_KINDS
     fold_norm: bool = False  # "gemv" only: the RMSNorm before it folded into x (norm_matmuls)
+    # impl.deterministic, GEMV: rows per call (<= GEMV_MAX_NT), each computed with the one-token
+    # config, so as alone; None: all rows in one call, the config chosen for their count
+    row_chunk: int | None = None
 
     @property
     def label(self) -> str:
-        """The kind, "+fold" appended when the norm is folded in (e.g. "gemv+fold")."""
-        return self.kind + ("+fold" if self.fold_norm else "")
+        """The kind, "+fold" appended when the norm is folded in (e.g. "gemv+fold"), "/rows"
+        when each row is computed as alone (deterministic)."""
+        return self.kind + ("+fold" if self.fold_norm else "") + ("/rows" if self.row_chunk else "")
 
 
 def route(w: Weight, nt: int, impl: Impl, *, after_norm: bool = False) -> Route:
@@ -144,13 +163,15 @@ def route(w: Weight, nt: int, impl: Impl, *, after_norm: bool = False) -> Route:
 def _quantized_route(qtype: QType, nt: int, impl: Impl, after_norm: bool = False) -> Route:
     if impl.kernels == "xla":
         return Route("xla")
-    if nt > impl.gemv_max_nt:
+    alone = impl.deterministic and nt <= DETERMINISTIC_MAX_NT
+    if nt > impl.gemv_max_nt and not alone:
         return Route(_PREFILL_KINDS[gemm_variant(impl.gemm, qtype, nt)])
+    chunk = impl.gemv_max_nt if alone else None
     if qtype not in int8_words.SPECS:
-        return Route("gemv-float")
+        return Route("gemv-float", row_chunk=chunk)
     # Block formats only fold: their GEMV keeps g * x in f32 up to its per-group int8 quantization,
     # while float weights would round the unnormalized g * x to f16 (residual outliers overflow).
-    return Route("gemv", fold_norm=after_norm and impl.fold_norm)
+    return Route("gemv", fold_norm=after_norm and impl.fold_norm, row_chunk=chunk)
 
 
 def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
@@ -169,6 +190,8 @@ def route_call(r: Route, qtype: QType, n_out: int, impl: Impl):
     interpret = impl.kernels == "interpret"
     if r.kind == "xla":
         return lambda x, planes: tiles.dequant_matmul_reference(x, planes, **kw)
+    if r.kind in ("gemv", "gemv-float"):
+        kw["deterministic"] = r.row_chunk is not None
     if r.kind == "gemv":
         return lambda x, planes, x_scale=None: gemv.gemv_int8(
             x, planes, x_scale=x_scale, interpret=interpret, **kw
@@ -212,8 +235,18 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
         wm = w.w if w.transposed else w.w.T  # [K, N]
         y = jnp.dot(x2.astype(wm.dtype), wm, preferred_element_type=jnp.float32)
     else:
-        y = route_call(r, w.qtype, w.shape[0], impl)(x2, w.planes)
+        y = by_rows(route_call(r, w.qtype, w.shape[0], impl), r.row_chunk, x2, w.planes)
     return y.reshape(*lead, y.shape[-1])
+
+
+def by_rows(call, row_chunk: int | None, x: jax.Array, *operands) -> jax.Array:
+    """call(x, *operands) [nt, N], in calls of row_chunk rows (Route.row_chunk; one call if
+    None)."""
+    nt = x.shape[0]
+    if row_chunk is None or nt <= row_chunk:
+        return call(x, *operands)
+    parts = [call(x[i : i + row_chunk], *operands) for i in range(0, nt, row_chunk)]
+    return jnp.concatenate(parts, axis=0)
 
 
 def norm_matmuls(
@@ -238,9 +271,12 @@ def norm_matmuls(
     x2 = x.reshape(nt, k).astype(jnp.float32)
     r = jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + eps)  # [nt, 1]
     return [
-        (route_call(rt, w.qtype, w.shape[0], impl)(x2, w.planes, norm_weight) * r).reshape(
-            *lead, w.shape[0]
-        )
+        (
+            by_rows(
+                route_call(rt, w.qtype, w.shape[0], impl), rt.row_chunk, x2, w.planes, norm_weight
+            )
+            * r
+        ).reshape(*lead, w.shape[0])
         for rt, w in zip(routes, weights)
     ]
 

@@ -174,7 +174,14 @@ LOAD_WEIGHT_MODES = ("quantized", "dense")
 
 
 def load_arguments(
-    *, ctx_size: Any, weights: Any, kernels: Any, gemm: Any, prefill_chunk: Any, platform: str
+    *,
+    ctx_size: Any,
+    weights: Any,
+    kernels: Any,
+    gemm: Any,
+    prefill_chunk: Any,
+    platform: str,
+    deterministic: Any = False,
 ) -> None:
     """runtime.load's options (ctx_size past the trained context is clamped to it once the file is
     read)."""
@@ -195,6 +202,8 @@ def load_arguments(
             raise InvalidArgumentError(
                 f"prefill_chunk (tokens per prefill executable): {e}"
             ) from None
+    if not isinstance(deterministic, bool):
+        raise InvalidArgumentError(f"deterministic must be True or False, got {deterministic!r}")
     if weights is not None:
         choice("weights", weights, LOAD_WEIGHT_MODES)
     if kernels is not None:

@@ -10,9 +10,12 @@ host loop, and peak device memory against weights + KV cache (issue 15/16 accept
 reference path (same quantized weights); a divergence is reported with the reference's top-2
 logit gap at that position (a near-tie when the gap is below the paths' logit difference).
 --batched B,...: llama-batched-bench rows (-npp 512 -ntg 128) on the same loaded model.
---batch-parity B: B prompts decoded as one batch through the kernels (B > 8: the split GEMM)
-against each alone (B = 1: the GEMV); per row the identical prefix and, at a divergence, the
-lone run's top-2 logit gap (issue 16: each sequence's greedy tokens alone or batched).
+--batch-parity B[,B...]: prompts decoded in batches of B through the kernels (B > 8: the split
+GEMM, or with --deterministic the one-token GEMV in calls of 8 rows) against each alone (B = 1:
+the GEMV); per row the identical prefix and, at a divergence, the lone run's top-2 logit gap
+(issue 16/26: each sequence's greedy tokens alone or batched). The prompts: --prompts FILE (a
+JSON {"prompts": [...]} of texts, e.g. tests/data/invariance_prompts.json), else B random ones.
+--deterministic: load(deterministic=True) for every check.
 --profile B,...: where a decode step's device time goes at batch B (GPU kernels on the
 jax.profiler timeline, summed by name over --gen steps of B sequences).
 --f64 B: issue 26's float64 check of the decode path: greedy tokens of B prompts (natural text
@@ -56,7 +59,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--parity", type=int, default=0, metavar="N")
     ap.add_argument("--batched", default="", metavar="B,...")
-    ap.add_argument("--batch-parity", type=int, default=0, metavar="B")
+    ap.add_argument("--batch-parity", default="", metavar="B[,B...]")
+    ap.add_argument("--prompts", default=None, metavar="FILE")
+    ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--profile", default="", metavar="B,...")
     ap.add_argument("--f64", type=int, default=0, metavar="B")
     ap.add_argument("--f64-gap", type=float, default=0.02)
@@ -66,15 +71,14 @@ def main() -> None:
     a = ap.parse_args()
     gm = synthetic_model(a.synthetic, layers=a.layers) if a.synthetic else load_gguf(a.model)
     if a.batch_parity:
-        print(
-            json.dumps(batch_parity(gm, a.batch_parity, a.gen, a.ctx, a.kernels), indent=1),
-            flush=True,
-        )
+        batches = [int(b) for b in a.batch_parity.split(",")]
+        out = batch_parity(gm, batches, a.gen, a.ctx, a.kernels, a.prompts, a.deterministic)
+        print(json.dumps(out, indent=1), flush=True)
     if a.profile:
         for b in (int(v) for v in a.profile.split(",")):
-            print(step_profile(gm, b, a.gen, a.ctx, a.kernels), flush=True)
+            print(step_profile(gm, b, a.gen, a.ctx, a.kernels, a.deterministic), flush=True)
     if a.f64:
-        out = f64_check(gm, a.f64, a.gen, a.ctx, a.kernels, a.f64_gap)
+        out = f64_check(gm, a.f64, a.gen, a.ctx, a.kernels, a.f64_gap, a.deterministic)
         print(json.dumps(out, indent=1), flush=True)
     if a.batch_parity or a.profile or a.f64:
         return
@@ -143,7 +147,9 @@ NATURAL_PROMPTS = [
 ]
 
 
-def f64_check(gm, n_seqs: int, gen: int, ctx: int, kernels: str, gap: float) -> dict:
+def f64_check(
+    gm, n_seqs: int, gen: int, ctx: int, kernels: str, gap: float, deterministic: bool = False
+) -> dict:
     """Each decode step's greedy token (alone and in one batch of n_seqs) against the float64
     forward's top-1 on the same prefix: one float64 forward per generated sequence gives every
     step's logits (causal)."""
@@ -153,8 +159,9 @@ def f64_check(gm, n_seqs: int, gen: int, ctx: int, kernels: str, gap: float) -> 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from tests import float64_reference
 
-    m = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
-    m_alone = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
+    kw = dict(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
+    m = minfer_jax.load(**kw, deterministic=deterministic)
+    m_alone = minfer_jax.load(**kw, deterministic=deterministic)
     if not str(gm.path).startswith("synthetic:"):
         texts = (NATURAL_PROMPTS * (n_seqs // len(NATURAL_PROMPTS) + 1))[:n_seqs]
         prompts = [m.tokenizer.encode(t) for t in texts]
@@ -208,43 +215,84 @@ def parity(gm, n: int, gen: int) -> dict:
     return out
 
 
-def batch_parity(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -> dict:
-    """Greedy tokens of n_seqs random prompts (5 .. 64 tokens) batched vs alone, both through the
-    kernels."""
-    m = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
-    # a model of its own for the lone runs: on `m` they would reuse the batch's prompt prefixes
-    m_alone = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
-    rng = np.random.default_rng(2)
-    prompts = [
-        [int(t) for t in rng.integers(0, gm.config.vocab_size, int(rng.integers(5, 65)))]
-        for _ in range(n_seqs)
-    ]
-    batch = minfer_jax.generate_batch(m, prompts, max_new_tokens=gen)
-    rows = []
-    for p, r in zip(prompts, batch):
-        alone = minfer_jax.generate(m_alone, p, max_new_tokens=gen).tokens
-        same = next(
-            (i for i, (x, y) in enumerate(zip(r.tokens, alone)) if x != y),
-            min(len(r.tokens), len(alone)),
+def batch_parity(
+    gm,
+    batches: list[int],
+    gen: int,
+    ctx: int,
+    kernels: str = "pallas",
+    prompts_file: str | None = None,
+    deterministic: bool = False,
+) -> dict:
+    """Greedy tokens of each prompt alone and in consecutive batches of B (for each B), both
+    through the kernels: per B the rows whose tokens equal the lone run's, and per differing row
+    the identical prefix and the lone run's top-2 logit gap there."""
+
+    def load():
+        return minfer_jax.load(
+            gguf_model=gm,
+            ctx_size=ctx,
+            kernels=kernels,
+            weights="quantized",
+            deterministic=deterministic,
         )
-        row = dict(
-            prompt=len(p), tokens=len(alone), identical_prefix=same, identical=r.tokens == alone
-        )
-        if not row["identical"] and same < len(alone):
-            top2 = np.sort(np.asarray(m_alone.logits(p + alone[:same]))[-1])[-2:]
-            row["alone_top2_gap_at_divergence"] = float(top2[1] - top2[0])
-        rows.append(row)
-    return dict(
-        n_seqs=n_seqs, generated=gen, identical_rows=sum(r["identical"] for r in rows), rows=rows
+
+    if prompts_file:
+        with open(prompts_file) as f:
+            texts = json.load(f)["prompts"]
+        tokenizer = load().tokenizer
+        prompts = [tokenizer.encode(t) for t in texts]
+    else:
+        rng = np.random.default_rng(2)
+        prompts = [
+            [int(t) for t in rng.integers(0, gm.config.vocab_size, int(rng.integers(5, 65)))]
+            for _ in range(max(batches))
+        ]
+    # one model per run: a model reuses the prompt prefixes its slots hold from earlier runs
+    m_alone = load()
+    alone = [minfer_jax.generate(m_alone, p, max_new_tokens=gen).tokens for p in prompts]
+    out: dict = dict(
+        n_prompts=len(prompts),
+        prompt_tokens=[len(p) for p in prompts],
+        generated=gen,
+        deterministic=deterministic,
+        kernels=kernels,
     )
+    for b in batches:
+        m = load()
+        got = []
+        for i in range(0, len(prompts), b):
+            group = prompts[i : i + b]
+            got += [r.tokens for r in minfer_jax.generate_batch(m, group, max_new_tokens=gen)]
+        rows = []
+        for i, (p, mine, lone) in enumerate(zip(prompts, got, alone)):
+            if mine == lone:
+                continue
+            same = next((j for j, (x, y) in enumerate(zip(mine, lone)) if x != y), len(lone))
+            row = dict(prompt=i, identical_prefix=same)
+            if same < len(lone):
+                top2 = np.sort(np.asarray(m_alone.logits(p + lone[:same]))[-1])[-2:]
+                row["alone_top2_gap_at_divergence"] = float(top2[1] - top2[0])
+            rows.append(row)
+        out[f"B={b}"] = dict(identical_rows=len(prompts) - len(rows), differing=rows)
+        del m
+    return out
 
 
-def step_profile(gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas") -> str:
+def step_profile(
+    gm, n_seqs: int, gen: int, ctx: int, kernels: str = "pallas", deterministic: bool = False
+) -> str:
     """A markdown table: GPU time per kernel name over `gen` decode steps of n_seqs sequences.
 
     The traced generate_batch repeats the warm-ups' prompts, so prefix reuse leaves one prompt
     token each to prefill and the trace is (nearly) all decode."""
-    m = minfer_jax.load(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
+    m = minfer_jax.load(
+        gguf_model=gm,
+        ctx_size=ctx,
+        kernels=kernels,
+        weights="quantized",
+        deterministic=deterministic,
+    )
     rng = np.random.default_rng(3)
     prompts = [[int(t) for t in rng.integers(0, gm.config.vocab_size, 64)] for _ in range(n_seqs)]
 

@@ -184,6 +184,12 @@ def _execution_args(g) -> None:
         f"{ops.GEMMS.describe()}",
     )
     g.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="batch-invariant decode (minfer_jax.load(deterministic=True)): each row computed "
+        "as it is alone",
+    )
+    g.add_argument(
         "--weights",
         choices=validate.LOAD_WEIGHT_MODES,
         default=None,
@@ -671,6 +677,7 @@ def _run_models(
                 device=env.device,
                 progress=args.progress,
                 prefill_chunk=args.ubatch_size,
+                deterministic=args.deterministic,
             )
             log(
                 f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} "
@@ -737,6 +744,7 @@ def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> 
                 gemm=args.gemm,
                 progress=args.progress,
                 prefill_chunk=args.ubatch_size,
+                deterministic=args.deterministic,
             )
             batched.run(model, src.label, pps, tgs, npls, seed=args.seed, out_files=files, log=log)
             del model

@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         "else xla",
     )
     m.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="a sequence gets the same tokens alone or batched (slower decode past a few rows)",
+    )
+    m.add_argument(
         "-tp",
         "--tensor-parallel",
         type=int,
@@ -441,6 +446,7 @@ def _run(args, out, err) -> int:
         kernels=kernels,
         progress=progress,  # bounds the KV cache
         tensor_parallel=args.tensor_parallel,
+        deterministic=args.deterministic,
     )
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
     load_s = time.perf_counter() - t0

@@ -123,7 +123,8 @@ class Model:
             n_seqs=n_seqs,
             chunk=self.chunk,
             decode_steps=decode_steps,
-            spans=self.impl.kernels == "xla",
+            # deterministic: every row over the whole slot, whatever the batch's longest row
+            spans=self.impl.kernels == "xla" and not self.impl.deterministic,
         )
 
     def executable(self, key) -> tuple[Callable, float]:
@@ -229,6 +230,7 @@ def load(
     gguf_model: GGUFModel | None = None,
     prefill_chunk: int | None = None,
     tensor_parallel: int | None = None,
+    deterministic: bool = False,
 ) -> Model:
     """Load a Qwen2 GGUF (None: the built-in default model) onto the default device.
 
@@ -240,7 +242,9 @@ def load(
     variant past 8 tokens, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per
     prefill executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
     gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
-    and the KV cache over this many devices (sharding.py; None: the one device).
+    and the KV cache over this many devices (sharding.py; None: the one device). deterministic:
+    a sequence gets the same tokens alone or in any batch (ops.Impl.deterministic; slower decode
+    past a few rows, docs/BENCHMARKS.md).
     """
     timer = PhaseTimer()
     device = device or jax.devices()[0]  # the first call starts the backend (CUDA: seconds)
@@ -253,6 +257,7 @@ def load(
         gemm=gemm,
         prefill_chunk=prefill_chunk,
         platform=platform,
+        deterministic=deterministic,
     )
     from minfer_jax.files.model_source import resolve_model
     from minfer_jax.files.tokenizer import Tokenizer
@@ -266,7 +271,9 @@ def load(
     source = gguf_model.path
     cfg = gguf_model.config
     impl = dataclasses.replace(
-        ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform), gemm=gemm
+        ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform),
+        gemm=gemm,
+        deterministic=deterministic,
     )
     mode = weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
     ctx = (

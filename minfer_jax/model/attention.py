@@ -106,6 +106,7 @@ def decode_attention(
             slots,
             positions + 1,
             interpret=impl.kernels == "interpret",
+            deterministic=impl.deterministic,
             **_kernel_options(cfg, window),
         )
         return out.reshape(b, cfg.q_dim)

@@ -103,7 +103,21 @@ def forward_decode(
 
     span (static, XLA path): attend over cache positions [0, span) only; every position < span.
     par (inside shard_map): the logits are this shard's vocabulary slice [B, vocab / TP].
+    impl.deterministic off the compiled kernels: the rows run one after another through the
+    one-row step (a scan carrying the cache), since XLA's dots and reductions sum in an order
+    that depends on the row count; the kernels keep each row's sums the same themselves (ops.py).
     """
+    if impl.deterministic and impl.kernels != "pallas" and tokens.shape[0] > 1:
+
+        def one_row(cache, row):
+            token, slot, position = row
+            logits, cache = forward_decode(
+                params, token[None], slot[None], position[None], cache, cfg, impl, span, par
+            )
+            return cache, logits[0]
+
+        cache, logits = jax.lax.scan(one_row, cache, (tokens, slots, positions))
+        return logits, cache
 
     def attend(q, k, v, k_cache, v_cache, window):
         k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence

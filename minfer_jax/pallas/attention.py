@@ -276,16 +276,27 @@ def _windowed_chunk_kernel(
     return kernel
 
 
-def merge_splits(o: jax.Array, m: jax.Array, lsum: jax.Array) -> jax.Array:
+def merge_splits(o: jax.Array, m: jax.Array, lsum: jax.Array, ordered: bool = False) -> jax.Array:
     """Log-sum-exp merge of key-split partials: o [..., S, rows, hd] unnormalized, m, lsum
     [..., S, rows] base-2 running max and sum (an empty split has m = M_INIT, lsum = 0, o = 0) ->
     [..., rows, hd]. A row that saw no key at all (an unused decode row of length 0) comes out as
-    zeros, not NaN."""
+    zeros, not NaN. ordered: the splits added left to right (a reduce's order may depend on the
+    other axes: batch invariance; the max is exact in any order)."""
     m_all = jnp.max(m, axis=-2, keepdims=True)
     weight = jnp.exp2(m - m_all)  # [..., S, rows]
-    total = jnp.sum(weight * lsum, axis=-2)
+    total = _sum_splits(weight * lsum, -2, ordered)
     total = jnp.where(total > 0, total, 1.0)
-    return jnp.sum(weight[..., None] * o, axis=-3) / total[..., None]
+    return _sum_splits(weight[..., None] * o, -3, ordered) / total[..., None]
+
+
+def _sum_splits(x: jax.Array, axis: int, ordered: bool) -> jax.Array:
+    if not ordered:
+        return jnp.sum(x, axis=axis)
+    parts = [jnp.take(x, s, axis=axis) for s in range(x.shape[axis])]
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
 
 
 def chunk_attention(

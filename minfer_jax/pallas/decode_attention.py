@@ -44,6 +44,9 @@ MIN_ROWS = 16  # Triton dot tiles need >= 16 rows
 # [B, Hkv, splits, rows, hd] f32 stay small beside the K/V they replace.
 TARGET_PROGRAMS = 256
 MAX_SPLITS = 64
+# deterministic: the key splits of this batch size at every batch size (a row's partials and
+# their merge then do not depend on the batch)
+DETERMINISTIC_BATCH = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,7 @@ class DecodeConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    ordered: bool = False  # splits merged in a fixed order (deterministic)
 
 
 def decode_config(
@@ -63,17 +67,22 @@ def decode_config(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    deterministic: bool = False,
 ) -> DecodeConfig:
     """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding
-    them."""
+    them. deterministic: the splits of DETERMINISTIC_BATCH rows whatever the batch, merged in a
+    fixed order."""
+    rows = DETERMINISTIC_BATCH if deterministic else batch
     splits = k_splits or max(
         1,
-        min(
-            MAX_SPLITS, pow2_at_least(-(-device.programs(TARGET_PROGRAMS) // (batch * n_kv_heads)))
-        ),
+        min(MAX_SPLITS, pow2_at_least(-(-device.programs(TARGET_PROGRAMS) // (rows * n_kv_heads)))),
     )
     cfg = DecodeConfig(
-        k_splits=splits, block_k=block_k or 64, num_warps=num_warps or 4, num_stages=num_stages or 2
+        k_splits=splits,
+        block_k=block_k or 64,
+        num_warps=num_warps or 4,
+        num_stages=num_stages or 2,
+        ordered=deterministic,
     )
     if cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
         raise AttentionShapeError(
@@ -158,18 +167,22 @@ def decode_attention(
     num_stages: int | None = None,
     interpret: bool = False,
     window=None,
+    deterministic: bool = False,
 ) -> jax.Array:
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
     in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
     unused batch row) reads nothing and returns zeros. window (traced int32, > 0): query p sees
-    keys p - window < key <= p only."""
+    keys p - window < key <= p only. deterministic: a row's result does not depend on the batch
+    (decode_config)."""
     if q.ndim != 4:
         raise AttentionShapeError(f"q has shape {q.shape}; expected [B, nq, H, head_dim]")
     batch, nq, n_heads, head_dim = q.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if not 1 <= nq <= MAX_NQ:
         raise AttentionShapeError(f"nq={nq} query tokens per row; supported 1 .. {MAX_NQ}")
-    cfg = decode_config(batch, k_cache.shape[1], k_splits, block_k, num_warps, num_stages)
+    cfg = decode_config(
+        batch, k_cache.shape[1], k_splits, block_k, num_warps, num_stages, deterministic
+    )
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(
             f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}"
@@ -251,7 +264,7 @@ def _decode_attention(
         interpret=interpret,
         name="decode_attention",
     )(qg, k_cache, v_cache, slots, lengths, *windows)
-    out = merge_splits(o, m, lsum)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
+    out = merge_splits(o, m, lsum, cfg.ordered)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
     out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nq, n_heads, head_dim)
 

@@ -52,7 +52,7 @@ __all__ = [
     "gemv_int8_reference",
 ]
 
-_STATIC = ("qtype", "n_out", "config", "interpret")
+_STATIC = ("qtype", "n_out", "config", "deterministic", "interpret")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -64,6 +64,7 @@ def gemv_int8(
     n_out: int,
     x_scale: jax.Array | None = None,
     config: GemvConfig | None = None,
+    deterministic: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """Block formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
@@ -71,8 +72,9 @@ def gemv_int8(
 
     x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py):
     inside the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion
-    that quantizes x before it."""
-    cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config)
+    that quantizes x before it. deterministic: each row's result does not depend on nt (one
+    config for all, choose_config; split-K partials added in a fixed order)."""
+    cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config, deterministic)
     spec = int8_words.SPECS[qtype]
     nt, k = x.shape
     ntp = pow2_at_least(nt)
@@ -129,7 +131,7 @@ def gemv_int8(
         interpret,
         f"gemv_int8_{qtype.name.lower()}",
     )
-    return out.sum(axis=0)[:nt, :n_out]
+    return _add_splits(out, deterministic)[:nt, :n_out]
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -141,11 +143,12 @@ def gemv_float(
     n_out: int,
     x_scale: jax.Array | None = None,
     config: GemvConfig | None = None,
+    deterministic: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """Float formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
-    planes."""
-    cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config)
+    planes. deterministic: as gemv_int8's."""
+    cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config, deterministic)
     fmt = get_format(qtype)
     nt, k = x.shape
     k_split = k // cfg.splits
@@ -167,16 +170,27 @@ def gemv_float(
         interpret,
         f"gemv_{fmt.name.lower()}",
     )
-    return out.sum(axis=0)[:nt, :n_out]
+    return _add_splits(out, deterministic)[:nt, :n_out]
 
 
-def _prologue(x, planes, qtype: QType, n_out: int, x_scale, config):
+def _add_splits(out: jax.Array, ordered: bool) -> jax.Array:
+    """[splits, rows, Npad] -> [rows, Npad]; ordered: added left to right, one elementwise chain
+    (a reduce's order may depend on the rows: batch invariance)."""
+    if not ordered:
+        return out.sum(axis=0)
+    total = out[0]
+    for s in range(1, out.shape[0]):
+        total = total + out[s]
+    return total
+
+
+def _prologue(x, planes, qtype: QType, n_out: int, x_scale, config, deterministic: bool):
     """What both families check and resolve first: token count, config, padded rows, x_scale in
     f32."""
     nt, k = x.shape
     if not 1 <= nt <= NT_PAD:
         raise ValueError(f"gemv takes 1 .. {NT_PAD} tokens, got {nt}")
-    cfg = config or choose_config(qtype, n_out, k, nt)
+    cfg = config or choose_config(qtype, n_out, k, nt, deterministic)
     npad = tiles.plane_arrays(get_format(qtype), planes)[0].shape[0]
     k_split = k // cfg.splits
     assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % cfg.bk == 0, (cfg, npad, k)

@@ -152,9 +152,17 @@ def row(qtype: QType) -> Int8Row | FloatRow:
     return r if device.current().tuned else generic(r)
 
 
-def choose_config(qtype: QType, n: int, k: int, nt: int = 1) -> GemvConfig:
-    """Blocks and path for one weight shape and token count: the format's row applied."""
-    return row(qtype).config(qtype, n, k, nt)
+def choose_config(
+    qtype: QType, n: int, k: int, nt: int = 1, deterministic: bool = False
+) -> GemvConfig:
+    """Blocks and path for one weight shape and token count: the format's row applied.
+
+    deterministic: one configuration for every token count (the one-token blocks, x quantized
+    in the kernel, the float formats' tensor-core dot), so that each token's sums run in the
+    same order whatever else is in the call."""
+    if not deterministic:
+        return row(qtype).config(qtype, n, k, nt)
+    return dataclasses.replace(row(qtype).config(qtype, n, k, 1), fma=False)
 
 
 def _divisors(n: int) -> list[int]:

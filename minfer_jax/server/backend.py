@@ -55,6 +55,7 @@ class ServerSettings:
     api_key: str | None = None
     warmup: bool = True  # compile the first executables before /health says ok
     kernels: str | None = None  # minfer_jax.load(kernels=...): None picks the platform's default
+    deterministic: bool = False  # minfer_jax.load(deterministic=...): batch-invariant tokens
 
     def __post_init__(self):
         from minfer_jax.engine.plan import MAX_SEQS
@@ -257,7 +258,13 @@ class Backend:
             loader = self.loader or load_model
             s = self.settings
             started, t0 = process_age(), time.perf_counter()
-            model = loader(s.model, ctx_size=s.slot_ctx, kernels=s.kernels, progress=False)
+            model = loader(
+                s.model,
+                ctx_size=s.slot_ctx,
+                kernels=s.kernels,
+                deterministic=s.deterministic,
+                progress=False,
+            )
             _log_phases(model, started, time.perf_counter() - t0)
             from minfer_jax.engine.scheduler import Scheduler
             from minfer_jax.engine.warmup import Warmup

@@ -166,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"quantized matmuls: {ops.KERNELS.describe()}; auto = pallas on a GPU, else xla",
     )
     p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="each request gets the tokens it gets alone, whatever else is being served "
+        "(slower decode with several requests at once)",
+    )
+    p.add_argument(
         "--no-warmup",
         dest="warmup",
         action="store_false",
@@ -196,6 +202,7 @@ def settings_from(args):
         api_key=args.api_key,
         warmup=args.warmup,
         kernels=None if args.backend == "auto" else args.backend,
+        deterministic=args.deterministic,
     )
 
 
