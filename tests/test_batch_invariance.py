@@ -21,6 +21,7 @@ import pytest
 import minfer_jax
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax import ops
+from minfer_jax.engine import plan
 from minfer_jax.files.synthetic import synthetic_model_from_config
 from minfer_jax.model.decoder import forward_chunk, forward_decode
 from minfer_jax.pallas import decode_attention as dec
@@ -121,6 +122,7 @@ def test_the_deterministic_gemv_config_is_one_for_every_token_count():
 
 
 def test_deterministic_routes_keep_decode_batches_on_the_one_token_gemv(tiny_gguf):
+    assert ops.DETERMINISTIC_MAX_NT == plan.MAX_SEQS  # every decode batch the plan makes
     m = _load(tiny_gguf, KERNELS)
     w = m.params.layers[0].w_down
     for nt in (1, 8, 16, 64):

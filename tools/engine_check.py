@@ -16,6 +16,11 @@ the GEMV); per row the identical prefix and, at a divergence, the lone run's top
 (issue 16/26: each sequence's greedy tokens alone or batched). The prompts: --prompts FILE (a
 JSON {"prompts": [...]} of texts, e.g. tests/data/invariance_prompts.json), else B random ones.
 --deterministic: load(deterministic=True) for every check.
+--step-invariance B,...: one decode step of each of the first 4 prompts (--prompts, else random)
+with its row alone in a 1-slot cache, alone in a B + 1-slot cache, replicated in B rows and beside
+B - 1 other prompts: max |logit difference| against the lone step, and for a replicated row that
+differs the fewest leading layers that already differ (a bisection over truncated models, each a
+real decode executable): where batch invariance breaks.
 --profile B,...: where a decode step's device time goes at batch B (GPU kernels on the
 jax.profiler timeline, summed by name over --gen steps of B sequences).
 --f64 B: issue 26's float64 check of the decode path: greedy tokens of B prompts (natural text
@@ -62,6 +67,7 @@ def main() -> None:
     ap.add_argument("--batch-parity", default="", metavar="B[,B...]")
     ap.add_argument("--prompts", default=None, metavar="FILE")
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--step-invariance", default="", metavar="B,...")
     ap.add_argument("--profile", default="", metavar="B,...")
     ap.add_argument("--f64", type=int, default=0, metavar="B")
     ap.add_argument("--f64-gap", type=float, default=0.02)
@@ -80,7 +86,11 @@ def main() -> None:
     if a.f64:
         out = f64_check(gm, a.f64, a.gen, a.ctx, a.kernels, a.f64_gap, a.deterministic)
         print(json.dumps(out, indent=1), flush=True)
-    if a.batch_parity or a.profile or a.f64:
+    if a.step_invariance:
+        batches = [int(b) for b in a.step_invariance.split(",")]
+        out = step_invariance(gm, batches, a.ctx, a.kernels, a.prompts, a.deterministic)
+        print(json.dumps(out, indent=1), flush=True)
+    if a.batch_parity or a.profile or a.f64 or a.step_invariance:
         return
     if a.model or not a.prompt:
         ap.error("the speed and memory check needs --synthetic and --prompt")
@@ -276,6 +286,99 @@ def batch_parity(
             rows.append(row)
         out[f"B={b}"] = dict(identical_rows=len(prompts) - len(rows), differing=rows)
         del m
+    return out
+
+
+def step_invariance(
+    gm,
+    batches: list[int],
+    ctx: int,
+    kernels: str = "pallas",
+    prompts_file: str | None = None,
+    deterministic: bool = False,
+    n_prompts: int = 4,
+) -> dict:
+    """One decode step of a prompt's row alone and beside other rows (see --step-invariance)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from minfer_jax.model.cache import KVCache
+    from minfer_jax.model.decoder import forward_chunk, forward_decode
+    from minfer_jax.sizes import pow2_at_least
+
+    m = minfer_jax.load(  # the XLA path on its default dense weights: what a CPU user runs
+        gguf_model=gm,
+        ctx_size=ctx,
+        kernels=kernels,
+        weights="dense" if kernels == "xla" else "quantized",
+        deterministic=deterministic,
+    )
+    cfg, impl, cache_len = m.config, m.impl, m.plan().cache_len
+    if prompts_file:
+        with open(prompts_file) as f:
+            prompts = [m.tokenizer.encode(t) for t in json.load(f)["prompts"]]
+    else:
+        rng = np.random.default_rng(5)
+        prompts = [[int(t) for t in rng.integers(0, cfg.vocab_size, 40)] for _ in range(8)]
+    prefill = jax.jit(
+        lambda params, tokens, slot, cache: forward_chunk(
+            params, tokens, slot, jnp.int32(0), cache, cfg, impl
+        )[1]
+    )
+    step = jax.jit(
+        lambda params, cache, tokens, slots, positions: forward_decode(
+            params, tokens, slots, positions, cache, cfg, impl
+        )[0]
+    )
+
+    def filled(n_slots: int, rows: list[list[int]]):
+        """A cache of n_slots with rows[i][:-1] prefilled into slot i."""
+        cache = m.new_cache(n_slots, cache_len)
+        for slot, p in enumerate(rows):
+            tokens = np.zeros((max(16, pow2_at_least(len(p) - 1)),), np.int32)
+            tokens[: len(p) - 1] = p[:-1]
+            cache = prefill(m.params, jnp.asarray(tokens), jnp.int32(slot), cache)
+        return cache
+
+    def run(params, cache, rows: list[list[int]]):
+        tokens = jnp.asarray([p[-1] for p in rows], jnp.int32)
+        positions = jnp.asarray([len(p) - 1 for p in rows], jnp.int32)
+        slots = jnp.arange(len(rows), dtype=jnp.int32)
+        return np.asarray(step(params, cache, tokens, slots, positions))
+
+    def truncated(params, cache, n_layers: int):
+        return (
+            dataclasses.replace(params, layers=params.layers[:n_layers]),
+            KVCache(k=cache.k[:n_layers], v=cache.v[:n_layers]),
+        )
+
+    out: dict = {"kernels": kernels, "deterministic": deterministic, "prompts": []}
+    for i, p in enumerate(prompts[:n_prompts]):
+        others = [q for j, q in enumerate(prompts) if j != i]
+        alone_cache = filled(1, [p])
+        alone = run(m.params, alone_cache, [p])[0]
+        row: dict = {"prompt": i, "tokens": len(p)}
+        for b in batches:
+            wide = run(m.params, filled(b + 1, [p]), [p])[0]
+            rep_cache = filled(b + 1, [p] * b)
+            replicated = run(m.params, rep_cache, [p] * b)
+            mixed = run(m.params, filled(b + 1, [p, *others[: b - 1]]), [p, *others[: b - 1]])[0]
+            entry = {
+                "alone_in_b+1_slots": float(np.max(np.abs(wide - alone))),
+                "replicated_rows": [float(np.max(np.abs(r - alone))) for r in replicated],
+                "beside_others": float(np.max(np.abs(mixed - alone))),
+            }
+            if entry["replicated_rows"][0]:
+                lo, hi = 0, cfg.n_layers  # layers [0, lo) agree, [0, hi) differ
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    a1 = run(*truncated(m.params, alone_cache, mid), [p])[0]
+                    rb = run(*truncated(m.params, rep_cache, mid), [p] * b)[0]
+                    lo, hi = (mid, hi) if np.array_equal(a1, rb) else (lo, mid)
+                entry["first_layers_that_differ"] = hi
+            row[f"B={b}"] = entry
+        out["prompts"].append(row)
     return out
 
 
