@@ -284,19 +284,9 @@ def merge_splits(o: jax.Array, m: jax.Array, lsum: jax.Array, ordered: bool = Fa
     other axes: batch invariance; the max is exact in any order)."""
     m_all = jnp.max(m, axis=-2, keepdims=True)
     weight = jnp.exp2(m - m_all)  # [..., S, rows]
-    total = _sum_splits(weight * lsum, -2, ordered)
+    total = tiles.sum_splits(weight * lsum, -2, ordered)
     total = jnp.where(total > 0, total, 1.0)
-    return _sum_splits(weight[..., None] * o, -3, ordered) / total[..., None]
-
-
-def _sum_splits(x: jax.Array, axis: int, ordered: bool) -> jax.Array:
-    if not ordered:
-        return jnp.sum(x, axis=axis)
-    parts = [jnp.take(x, s, axis=axis) for s in range(x.shape[axis])]
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
+    return tiles.sum_splits(weight[..., None] * o, -3, ordered) / total[..., None]
 
 
 def chunk_attention(

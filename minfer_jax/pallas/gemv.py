@@ -131,7 +131,7 @@ def gemv_int8(
         interpret,
         f"gemv_int8_{qtype.name.lower()}",
     )
-    return _add_splits(out, deterministic)[:nt, :n_out]
+    return tiles.sum_splits(out, 0, deterministic)[:nt, :n_out]
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -170,18 +170,7 @@ def gemv_float(
         interpret,
         f"gemv_{fmt.name.lower()}",
     )
-    return _add_splits(out, deterministic)[:nt, :n_out]
-
-
-def _add_splits(out: jax.Array, ordered: bool) -> jax.Array:
-    """[splits, rows, Npad] -> [rows, Npad]; ordered: added left to right, one elementwise chain
-    (a reduce's order may depend on the rows: batch invariance)."""
-    if not ordered:
-        return out.sum(axis=0)
-    total = out[0]
-    for s in range(1, out.shape[0]):
-        total = total + out[s]
-    return total
+    return tiles.sum_splits(out, 0, deterministic)[:nt, :n_out]
 
 
 def _prologue(x, planes, qtype: QType, n_out: int, x_scale, config, deterministic: bool):

@@ -88,6 +88,18 @@ def compiler_params(num_warps: int, num_stages: int):
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
+def sum_splits(x: jax.Array, axis: int, ordered: bool) -> jax.Array:
+    """Split partials summed over `axis`; ordered: added left to right as one elementwise chain,
+    since a reduce may order its sums by the other axes' sizes (batch invariance)."""
+    if not ordered:
+        return jnp.sum(x, axis=axis)
+    parts = [jnp.take(x, s, axis=axis) for s in range(x.shape[axis])]
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
 def cast_rows(x: jax.Array, rows: int, dtype) -> jax.Array:
     """x [n, K] -> [rows, K] in dtype, zero rows appended (XLA fuses this into x's producer)."""
     x = x.astype(dtype)
