@@ -24,19 +24,11 @@ from hypothesis import HealthCheck, settings
 from minfer_jax.files.synthetic import placeholder_vocab, synthetic_model_from_config
 from minfer_jax.model.config import Config
 from minfer_jax.model.qwen2 import ARCHITECTURE
+from tests.configs import tiny_config
 
 FUZZ_EXAMPLES_ENV = "MINFER_FUZZ_EXAMPLES"
-TINY = Config(
-    n_layers=1,
-    d_model=64,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=128,
-    context_length=128,
-    vocab_size=300,
-    rope_theta=10000.0,
-    rms_eps=1e-6,
-    tied_output=True,
+TINY = tiny_config(
+    n_layers=1, d_model=64, d_ff=128, context_length=128, rope_theta=10000.0, tied_output=True
 )
 KEEP = object()
 

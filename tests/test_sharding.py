@@ -17,22 +17,11 @@ import sys
 import numpy as np
 import pytest
 
-from minfer_jax.model.config import Config
+from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS
 from tests.configs import tiny_config
 
 TINY = tiny_config(n_layers=2, d_ff=768, vocab_size=301)
-QWEN25_7B = Config(
-    n_layers=28,
-    d_model=3584,
-    n_heads=28,
-    n_kv_heads=4,
-    d_ff=18944,
-    context_length=32768,
-    vocab_size=152064,
-    rope_theta=1e6,
-    rms_eps=1e-6,
-    tied_output=False,
-)
+QWEN25_7B = SYNTHETIC_CONFIGS["qwen2.5-7b"]  # the split plan reads its shapes only
 PROMPT = [5, 17, 250, 3, 99]
 DEGREES = (1, 2, 4)
 
