@@ -22,10 +22,12 @@ import minfer_jax
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax import ops
 from minfer_jax.engine import plan
+from minfer_jax.engine.plan import MIN_BUCKET
 from minfer_jax.files.synthetic import synthetic_model_from_config
 from minfer_jax.model.decoder import forward_chunk, forward_decode
 from minfer_jax.pallas import decode_attention as dec
 from minfer_jax.pallas import gemv_tuning
+from minfer_jax.sizes import pow2_at_least
 from tests.configs import tiny_config
 
 TINY = tiny_config(n_layers=2, context_length=1024)
@@ -53,8 +55,10 @@ def _rows_alone_and_batched(m, lengths: list[int], seed: int = 0):
     cache = m.new_cache(len(lengths) + 1, 1024)
     prefill = jax.jit(lambda p, t, s, c: forward_chunk(p, t, s, jnp.int32(0), c, cfg, impl)[1])
     for slot, n in enumerate(lengths):
-        tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, n), jnp.int32)
-        cache = prefill(m.params, tokens, jnp.int32(slot), cache)
+        # padded to a chunk the attention kernel takes; the pad's K/V lie past the decode position
+        tokens = np.zeros(pow2_at_least(n, MIN_BUCKET), np.int32)
+        tokens[:n] = rng.integers(0, cfg.vocab_size, n)
+        cache = prefill(m.params, jnp.asarray(tokens), jnp.int32(slot), cache)
     plan = m.plan(len(lengths))
 
     def step(params, cache, tokens, slots, positions, span):
@@ -168,3 +172,14 @@ def test_load_takes_only_a_bool_for_deterministic(tiny_gguf):
         minfer_jax.load(gguf_model=tiny_gguf, kernels="xla", deterministic="yes")
     with pytest.raises(minfer_jax.InvalidArgumentError, match="deterministic"):
         ops.Impl(deterministic=1)
+
+
+def test_the_deterministic_mode_reuses_no_prefix(tiny_gguf):
+    """A slot's kept K/V came from another chunking (or from decode steps): the mode prefills every
+    prompt whole, where the default reuses the conversation so far."""
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, TINY.vocab_size, 40)]
+    for deterministic, reused in ((False, True), (True, False)):
+        m = _load(tiny_gguf, "xla", deterministic=deterministic, ctx=256)
+        first = minfer_jax.generate(m, ids, max_new_tokens=4, decode_steps=4)
+        again = minfer_jax.generate(m, ids + first.tokens, max_new_tokens=4, decode_steps=4)
+        assert (again.cached_tokens > 0) == reused, (deterministic, again.cached_tokens)

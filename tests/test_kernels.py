@@ -19,7 +19,7 @@ import pytest
 
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax.bench.kernel_timing import random_planes
-from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words
 from minfer_jax.quant.planes import (
     FIELD_PLANES,
     FORMATS,
@@ -212,9 +212,11 @@ def test_gemv_k_split_inside_super_blocks(qtype, nt):
 
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q4_0, QType.Q3_K])
-def test_gemv_prequantized_tile_shapes(qtype):
-    """The tiles of the measured several-token rules, on a small matrix: Q4_K 4 steps per program
-    (a K loop over 3-D tiles), Q4_0 64 rows of 3-D tiles, Q3_K flat one-word quant views."""
+def test_gemv_prequantized_tile_shapes(qtype, monkeypatch):
+    """The tiles of the measured several-token rules, on a small matrix (pre-quantized here, as
+    from PREQUANT_MIN_WEIGHTS on): Q4_K 4 steps per program (a K loop over 3-D tiles), Q4_0 64
+    rows of 3-D tiles, Q3_K flat one-word quant views."""
+    monkeypatch.setattr(gemv_tuning, "PREQUANT_MIN_WEIGHTS", 0)
     n, k, nt = 136, 4096, 3
     cfg = gemv.choose_config(qtype, n, k, nt)
     assert cfg.prequant
@@ -248,6 +250,19 @@ def test_gemv_one_token_config_is_one_step_per_program():
     assert (cfg.bn, cfg.bk, cfg.splits, cfg.prequant) == (32, 16 * 32, 7, True)
     cfg = gemv.choose_config(QType.Q4_K, 896, 896, 8)  # 0.5B: 7 chunks, no power-of-two step count
     assert (cfg.bk, cfg.splits) == (128, 7)
+    # x quantized in the kernel at every token count below PREQUANT_MIN_WEIGHTS (the 0.5B's
+    # matrices, the 7B's k / v), before it from 3 tokens on for the larger ones
+    assert [
+        gemv.choose_config(q, n, k, nt).prequant
+        for q, n, k, nt in [
+            (QType.Q5_0, 896, 896, 4),
+            (QType.Q5_0, 4864, 896, 8),
+            (QType.Q6_K, 512, 3584, 8),
+            (QType.Q4_K, 3584, 3584, 2),
+            (QType.Q4_K, 3584, 3584, 3),
+            (QType.Q4_K, 18944, 3584, 8),
+        ]
+    ] == [False, False, False, False, True, True]
     cfg = gemv.choose_config(QType.Q4_K, 896, 4864, 8)  # 19 chunks: one step each
     assert (cfg.bk, cfg.splits) == (256, 19)
     # x before the weights where measured faster: per format, path and (Q8_0) token count

@@ -20,7 +20,9 @@ JSON {"prompts": [...]} of texts, e.g. tests/data/invariance_prompts.json), else
 with its row alone in a 1-slot cache, alone in a B + 1-slot cache, replicated in B rows and beside
 B - 1 other prompts: max |logit difference| against the lone step, and for a replicated row that
 differs the fewest leading layers that already differ (a bisection over truncated models, each a
-real decode executable): where batch invariance breaks.
+real decode executable): where batch invariance breaks. Also the prompt's K/V prefilled into the
+wider cache, and prefilled with its first token apart (as prefix reuse does), against the lone
+prefill's.
 --profile B,...: where a decode step's device time goes at batch B (GPU kernels on the
 jax.profiler timeline, summed by name over --gen steps of B sequences).
 --f64 B: issue 26's float64 check of the decode path: greedy tokens of B prompts (natural text
@@ -322,24 +324,38 @@ def step_invariance(
         rng = np.random.default_rng(5)
         prompts = [[int(t) for t in rng.integers(0, cfg.vocab_size, 40)] for _ in range(8)]
     prefill = jax.jit(
-        lambda params, tokens, slot, cache: forward_chunk(
-            params, tokens, slot, jnp.int32(0), cache, cfg, impl
+        lambda params, tokens, slot, start, cache: forward_chunk(
+            params, tokens, slot, start, cache, cfg, impl
         )[1]
     )
+
+    def prefill_at(params, tokens, slot, start: int, cache):
+        return prefill(params, tokens, slot, jnp.int32(start), cache)
+
     step = jax.jit(
         lambda params, cache, tokens, slots, positions: forward_decode(
             params, tokens, slots, positions, cache, cfg, impl
         )[0]
     )
 
-    def filled(n_slots: int, rows: list[list[int]]):
-        """A cache of n_slots with rows[i][:-1] prefilled into slot i."""
+    def filled(n_slots: int, rows: list[list[int]], first: int = 0):
+        """A cache of n_slots with rows[i][:-1] prefilled into slot i (first > 0: its first
+        `first` tokens in a chunk of their own, then the rest from there, as prefix reuse
+        does)."""
         cache = m.new_cache(n_slots, cache_len)
         for slot, p in enumerate(rows):
-            tokens = np.zeros((max(16, pow2_at_least(len(p) - 1)),), np.int32)
-            tokens[: len(p) - 1] = p[:-1]
-            cache = prefill(m.params, jnp.asarray(tokens), jnp.int32(slot), cache)
+            for lo, hi in ((0, first), (first, len(p) - 1)) if first else ((0, len(p) - 1),):
+                tokens = np.zeros((max(16, pow2_at_least(hi - lo)),), np.int32)
+                tokens[: hi - lo] = p[lo:hi]
+                cache = prefill_at(m.params, jnp.asarray(tokens), jnp.int32(slot), lo, cache)
         return cache
+
+    def cache_difference(a, b, n: int) -> float:
+        """max |K/V difference| of slot 0's first n positions over every layer."""
+        return max(
+            float(jnp.max(jnp.abs(x[0, :, :n].astype(jnp.float32) - y[0, :, :n])))
+            for x, y in zip(a.k + a.v, b.k + b.v)
+        )
 
     def run(params, cache, rows: list[list[int]]):
         tokens = jnp.asarray([p[-1] for p in rows], jnp.int32)
@@ -358,13 +374,22 @@ def step_invariance(
         others = [q for j, q in enumerate(prompts) if j != i]
         alone_cache = filled(1, [p])
         alone = run(m.params, alone_cache, [p])[0]
-        row: dict = {"prompt": i, "tokens": len(p)}
+        reused = filled(1, [p], first=1)
+        row: dict = {
+            "prompt": i,
+            "tokens": len(p),
+            # the prompt's K/V and step when its first token was prefilled apart (prefix reuse)
+            "prefix_reused_cache": cache_difference(reused, alone_cache, len(p) - 1),
+            "prefix_reused_step": float(np.max(np.abs(run(m.params, reused, [p])[0] - alone))),
+        }
         for b in batches:
-            wide = run(m.params, filled(b + 1, [p]), [p])[0]
+            wide_cache = filled(b + 1, [p])
+            wide = run(m.params, wide_cache, [p])[0]
             rep_cache = filled(b + 1, [p] * b)
             replicated = run(m.params, rep_cache, [p] * b)
             mixed = run(m.params, filled(b + 1, [p, *others[: b - 1]]), [p, *others[: b - 1]])[0]
             entry = {
+                "prefill_in_b+1_slots": cache_difference(wide_cache, alone_cache, len(p) - 1),
                 "alone_in_b+1_slots": float(np.max(np.abs(wide - alone))),
                 "replicated_rows": [float(np.max(np.abs(r - alone))) for r in replicated],
                 "beside_others": float(np.max(np.abs(mixed - alone))),

@@ -4,7 +4,8 @@ usage: python tools/gemv_variants.py --variants "sliced=1;prequant=1;bn=64,num_w
            [--shapes q5_0:4096x14336,...] [--nt 1,8] [--reps 20] [--jsonl out.jsonl]
 
 Each variant is a comma-separated list of GemvConfig fields (ints; 0/1 for flags) applied with
-dataclasses.replace to gemv.choose_config's pick for every case; the default config is always
+dataclasses.replace to gemv.choose_config's pick for every case (as_nt=N: its pick for N tokens,
+e.g. as_nt=1 runs every token count with the one-token config); the default config is always
 timed first. Same machine, same process: machines lent for the H200 differ by up to ~8 %, so a
 change of tiles is only judged against its baseline timed beside it (tools/gemv_ab.py does the
 same for two code revisions). Every case is checked against gemv_reference. Not part of the package.
@@ -21,7 +22,7 @@ from minfer_jax.pallas import gemv as G
 
 def parse_variants(text: str) -> list[dict]:
     """Parse "a=1,b=2;c=0" -> [{"a": 1, "b": 2}, {"c": 0}], fields checked against GemvConfig."""
-    fields = {f.name: f.type for f in dataclasses.fields(G.GemvConfig)}
+    fields = {f.name: f.type for f in dataclasses.fields(G.GemvConfig)} | {"as_nt": int}
     out = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         v = {}
@@ -53,9 +54,10 @@ def main():
     variants = [{}] + parse_variants(a.variants)
     cases = parse_cases(a)
     for qt, n, k, nt in cases:
-        base = G.choose_config(qt, n, k, nt)
         for v in variants:
-            cfg = dataclasses.replace(base, **v)
+            tag = ",".join(f"{k}={val}" for k, val in v.items()) or "default"
+            fields = {f: val for f, val in v.items() if f != "as_nt"}
+            cfg = dataclasses.replace(G.choose_config(qt, n, k, v.get("as_nt", nt)), **fields)
 
             def f(x, w, cfg=cfg, qt=qt, n=n):
                 return G.gemv_int8(x, w, qtype=qt, n_out=n, config=cfg)
@@ -63,7 +65,6 @@ def main():
             def r(x, w, qt=qt, n=n):
                 return G.gemv_int8_reference(x, w, qtype=qt, n_out=n)
 
-            tag = ",".join(f"{k}={val}" for k, val in v.items()) or "default"
             try:
                 res = KB.run_case(qt, n, k, nt, f, r, impl="gemv", reps=a.reps)
             except Exception as e:  # noqa: BLE001 - one failing lowering must not hide the rest

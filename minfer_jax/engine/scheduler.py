@@ -8,7 +8,8 @@ it. Each `step()`:
      tokens (at least one chunk): prompts interleave with decoding, and short prompts arriving
      together (a server's clients) start together instead of one per decode chunk. A prompt
      starts where the longest prefix its slot still holds ends (prefix reuse: a shared system
-     prompt or a conversation's earlier turns are not prefilled again),
+     prompt or a conversation's earlier turns are not prefilled again; off in the
+     deterministic mode),
   3. dispatches one decode chunk (`plan.decode_steps` tokens) for every decoding sequence,
   4. only then reads the tokens of the previous chunk: JAX dispatches asynchronously, so the
      device runs chunk k while the host detokenizes chunk k - 1 and checks its stops. A stop
@@ -512,7 +513,10 @@ class Scheduler:
         if req in self.decoding:
             self.decoding.remove(req)
         if req.slot is not None:
-            self.slot_tokens[req.slot] = self._kept_tokens(req)
+            # deterministic: no prefix reuse, since kept K/V came from another chunking (or from
+            # decode steps), so a prompt's K/V would depend on what ran in its slot before
+            if not self.model.impl.deterministic:
+                self.slot_tokens[req.slot] = self._kept_tokens(req)
             self.free_slots.append(req.slot)
             req.slot = None
         t = req.timing
