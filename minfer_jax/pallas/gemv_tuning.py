@@ -10,8 +10,9 @@ program targets scaled to its SMs (device.programs).
 
 Integer path (block formats): every program one straight-line step of INT8_STEP_WEIGHTS weights
 per row (no K loop: all its loads issue at once), K split into as many chunks as that takes.
-For few tokens x is quantized inside every program; from PREQUANT_MIN_NT tokens on by one XLA
-fusion before the kernel, where a few formats take other tiles (Int8Row.prequant_*).
+For few tokens x is quantized inside every program; from PREQUANT_MIN_NT tokens on, for matrices
+of PREQUANT_MIN_WEIGHTS or more, by one XLA fusion before the kernel, where a few formats take
+other tiles (Int8Row.prequant_*).
 Float formats: a [bn, bk] decoded tile per step, K split to about TARGET_PROGRAMS programs.
 """
 
@@ -33,6 +34,9 @@ INT8_STEP_WEIGHTS = 512  # weights per row in a program's one step [G-step]
 INT8_BN_TOKENS = 32  # rows per program from 2 tokens on [G-step]
 INT8_MAX_PROGRAMS = 16384  # cap on row blocks x K splits [G-step]
 PREQUANT_MIN_NT = 3  # from this token count on, x is quantized before the kernel [G-prequant-nt]
+# ... for matrices of at least this many weights: below it the prepass launch costs more than
+# the in-kernel quantization it saves (the 0.5B's matrices, the 7B's k / v) [G-prequant-size]
+PREQUANT_MIN_WEIGHTS = 1 << 23
 # prequant_rows / prequant_steps only while this many programs remain [G-prequant-tiles]
 PREQUANT_MIN_PROGRAMS = 896
 
@@ -73,7 +77,7 @@ class Int8Row:
         npad = round_up(n, 128)
         group = int8_words.SPECS[qtype].group
         gt = tiles.pow2_divisor(k // group, INT8_STEP_WEIGHTS // group)
-        prequant = nt >= PREQUANT_MIN_NT
+        prequant = nt >= PREQUANT_MIN_NT and n * k >= PREQUANT_MIN_WEIGHTS
         bn = self.rows_one_token if nt == 1 else INT8_BN_TOKENS
         chunks, steps = k // (gt * group), 1
         if prequant:
