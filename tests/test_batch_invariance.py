@@ -183,3 +183,28 @@ def test_the_deterministic_mode_reuses_no_prefix(tiny_gguf):
         first = minfer_jax.generate(m, ids, max_new_tokens=4, decode_steps=4)
         again = minfer_jax.generate(m, ids + first.tokens, max_new_tokens=4, decode_steps=4)
         assert (again.cached_tokens > 0) == reused, (deterministic, again.cached_tokens)
+
+
+def test_a_lone_row_decodes_as_two_identical_rows_on_the_compiled_kernels(tiny_gguf):
+    """XLA:GPU compiles a one-row step's fusions apart from a many-row step's (and rounds
+    differently there; docs/BENCHMARKS.md, "Batch invariance"), so the mode computes a lone row as
+    one of two identical rows. Traced only: this checks the shapes the step computes at, on any
+    machine; the GPU run of the tests above checks the bits."""
+    import dataclasses
+
+    m = _load(tiny_gguf, KERNELS)
+    cache = m.new_cache(2, 256)
+    one = jnp.zeros((1,), jnp.int32)
+    for deterministic, rows in ((True, 2), (False, 1)):
+        impl = dataclasses.replace(m.impl, kernels="pallas", deterministic=deterministic)
+        jaxpr = jax.make_jaxpr(
+            lambda p, c, t: forward_decode(p, t, t, t, c, m.config, impl)[0]  # noqa: B023
+        )(m.params, cache, one)
+        assert jaxpr.out_avals[0].shape == (1, TINY.vocab_size)
+        head_rows = {
+            v.aval.shape[0]
+            for eqn in jaxpr.jaxpr.eqns
+            for v in eqn.outvars
+            if v.aval.shape[-1:] == (TINY.vocab_size,) and len(v.aval.shape) == 2
+        }
+        assert rows in head_rows and (deterministic or head_rows == {1}), (deterministic, head_rows)

@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--prompts", default=None, metavar="FILE")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--step-invariance", default="", metavar="B,...")
+    ap.add_argument("--op-level", action="store_true")
     ap.add_argument("--profile", default="", metavar="B,...")
     ap.add_argument("--f64", type=int, default=0, metavar="B")
     ap.add_argument("--f64-gap", type=float, default=0.02)
@@ -90,7 +91,9 @@ def main() -> None:
         print(json.dumps(out, indent=1), flush=True)
     if a.step_invariance:
         batches = [int(b) for b in a.step_invariance.split(",")]
-        out = step_invariance(gm, batches, a.ctx, a.kernels, a.prompts, a.deterministic)
+        out = step_invariance(
+            gm, batches, a.ctx, a.kernels, a.prompts, a.deterministic, op_level=a.op_level
+        )
         print(json.dumps(out, indent=1), flush=True)
     if a.batch_parity or a.profile or a.f64 or a.step_invariance:
         return
@@ -299,8 +302,11 @@ def step_invariance(
     prompts_file: str | None = None,
     deterministic: bool = False,
     n_prompts: int = 4,
+    op_level: bool = False,
 ) -> dict:
-    """One decode step of a prompt's row alone and beside other rows (see --step-invariance)."""
+    """One decode step of a prompt's row alone and beside other rows (see --step-invariance);
+    op_level: where a replicated row differs, also op_differences() over the fewest layers that
+    differ."""
     import dataclasses
 
     import jax.numpy as jnp
@@ -332,11 +338,10 @@ def step_invariance(
     def prefill_at(params, tokens, slot, start: int, cache):
         return prefill(params, tokens, slot, jnp.int32(start), cache)
 
-    step = jax.jit(
-        lambda params, cache, tokens, slots, positions: forward_decode(
-            params, tokens, slots, positions, cache, cfg, impl
-        )[0]
-    )
+    def step_fn(params, cache, tokens, slots, positions):
+        return forward_decode(params, tokens, slots, positions, cache, cfg, impl)[0]
+
+    step = jax.jit(step_fn)
 
     def filled(n_slots: int, rows: list[list[int]], first: int = 0):
         """A cache of n_slots with rows[i][:-1] prefilled into slot i (first > 0: its first
@@ -357,11 +362,14 @@ def step_invariance(
             for x, y in zip(a.k + a.v, b.k + b.v)
         )
 
-    def run(params, cache, rows: list[list[int]]):
+    def step_args(rows: list[list[int]]):
+        """(tokens, slots, positions) of one decode step: row i in slot i at its last token."""
         tokens = jnp.asarray([p[-1] for p in rows], jnp.int32)
         positions = jnp.asarray([len(p) - 1 for p in rows], jnp.int32)
-        slots = jnp.arange(len(rows), dtype=jnp.int32)
-        return np.asarray(step(params, cache, tokens, slots, positions))
+        return tokens, jnp.arange(len(rows), dtype=jnp.int32), positions
+
+    def run(params, cache, rows: list[list[int]]):
+        return np.asarray(step(params, cache, *step_args(rows)))
 
     def truncated(params, cache, n_layers: int):
         return (
@@ -394,6 +402,10 @@ def step_invariance(
                 "replicated_rows": [float(np.max(np.abs(r - alone))) for r in replicated],
                 "beside_others": float(np.max(np.abs(mixed - alone))),
             }
+            # the lone row run as b identical rows of its own 1-slot cache (same slot, position)
+            entry["alone_as_b_rows"] = float(
+                np.max(np.abs(run(m.params, alone_cache, [p] * b)[0] - alone))
+            )
             if entry["replicated_rows"][0]:
                 lo, hi = 0, cfg.n_layers  # layers [0, lo) agree, [0, hi) differ
                 while hi - lo > 1:
@@ -402,9 +414,129 @@ def step_invariance(
                     rb = run(*truncated(m.params, rep_cache, mid), [p] * b)[0]
                     lo, hi = (mid, hi) if np.array_equal(a1, rb) else (lo, mid)
                 entry["first_layers_that_differ"] = hi
+                if op_level:
+                    entry["ops"] = op_differences(
+                        step_fn,
+                        (*truncated(m.params, alone_cache, hi), *step_args([p])),
+                        (*truncated(m.params, rep_cache, hi), *step_args([p] * b)),
+                    )
             row[f"B={b}"] = entry
         out["prompts"].append(row)
     return out
+
+
+def op_differences(fn, alone_args: tuple, batch_args: tuple, limit: int = 8) -> dict:
+    """fn's jaxpr run one primitive at a time on the lone args and on the batch args (whose row
+    0 / slot 0 is the lone row): the first `limit` primitives whose lone part of the output
+    differs while every input's lone part agrees, and whether the eager outputs differ at all.
+    The lone part of a batch value: the leading slice of the lone value's size along every axis
+    whose size differs (rows, padded rows, cache slots)."""
+    import jax.numpy as jnp
+
+    def lone_part(batch_val, lone_val):
+        if batch_val.shape == lone_val.shape:
+            return batch_val
+        if batch_val.ndim != lone_val.ndim:
+            return None
+        return batch_val[tuple(slice(0, n) for n in lone_val.shape)]
+
+    def same(batch_val, lone_val) -> bool | None:
+        part = lone_part(batch_val, lone_val)
+        if part is None:
+            return None
+        return bool(jnp.array_equal(part, lone_val, equal_nan=True))
+
+    lone_trace, batch_trace = _eager_trace(fn, alone_args), _eager_trace(fn, batch_args)
+    culprits, n_differ = [], 0
+    pairs = zip(lone_trace[:-1], batch_trace[:-1])
+    for (eqn, lone_ins, lone_outs), (beqn, batch_ins, batch_outs) in pairs:
+        if eqn.primitive.name != beqn.primitive.name:
+            return {"error": f"the traces part at {eqn.primitive.name} / {beqn.primitive.name}"}
+        outs = [same(b, a) for b, a in zip(batch_outs, lone_outs)]
+        if False not in outs:
+            continue
+        n_differ += 1
+        if False in [same(b, a) for b, a in zip(batch_ins, lone_ins)] or len(culprits) >= limit:
+            continue
+        i = outs.index(False)
+        diff = jnp.abs(
+            lone_part(batch_outs[i], lone_outs[i]).astype(jnp.float32)
+            - lone_outs[i].astype(jnp.float32)
+        )
+        culprits.append(
+            {
+                "primitive": eqn.primitive.name,
+                "lone_shapes": [list(v.shape) for v in lone_outs],
+                "batch_shapes": [list(v.shape) for v in batch_outs],
+                "max_difference": float(jnp.max(diff)),
+                "elements_that_differ": int(jnp.sum(diff > 0)),
+                "where": _source_line(eqn),
+            }
+        )
+    return {
+        "primitives": len(lone_trace),
+        "primitives_that_differ": n_differ,
+        "logits_differ_eagerly": not same(batch_trace[-1][2][0], lone_trace[-1][2][0])
+        if lone_trace
+        else None,
+        "first_with_agreeing_inputs": culprits,
+    }
+
+
+_INLINED = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
+
+
+def _eager_trace(fn, args: tuple) -> list:
+    """[(eqn, inputs, outputs)] of fn's jaxpr evaluated one primitive at a time, jit and custom
+    derivative calls inlined; the last entry's outputs include fn's result."""
+    closed = jax.make_jaxpr(fn)(*args)
+    records: list = []
+
+    def run(jaxpr, consts, invals):
+        env = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, invals))
+
+        def read(v):
+            return v.val if type(v).__name__ == "Literal" else env[v]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(v) for v in eqn.invars]
+            sub = next(
+                (eqn.params[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in eqn.params),
+                None,
+            )
+            if eqn.primitive.name in _INLINED and sub is not None:
+                inner = getattr(sub, "jaxpr", sub)
+                outs = run(inner, getattr(sub, "consts", ()), ins)
+            else:
+                bind_params = eqn.primitive.get_bind_params(eqn.params)
+                # older jax returns (subfuns, params)
+                subfuns, bind_params = (
+                    bind_params if isinstance(bind_params, tuple) else ((), bind_params)
+                )
+                outs = eqn.primitive.bind(*subfuns, *ins, **bind_params)
+                outs = list(outs) if eqn.primitive.multiple_results else [outs]
+                records.append((eqn, ins, outs))
+            env.update(zip(eqn.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
+
+    result = run(closed.jaxpr, closed.consts, jax.tree.leaves(args))
+    records.append((records[-1][0], [], result))  # the function's own outputs
+    return records
+
+
+def _source_line(eqn, depth: int = 3) -> str:
+    """Where in the code eqn was made: its innermost `depth` frames outside jax, innermost
+    first."""
+    from jax._src import source_info_util
+
+    try:
+        frames = list(source_info_util.user_frames(eqn.source_info.traceback))[:depth]
+        return " < ".join(
+            f"{f.file_name.split('/')[-1]}:{f.start_line} {f.function_name}" for f in frames
+        )
+    except (AttributeError, TypeError):  # jax's private API moved: its one-line summary
+        return source_info_util.summarize(eqn.source_info)
 
 
 def step_profile(

@@ -106,7 +106,15 @@ def forward_decode(
     impl.deterministic off the compiled kernels: the rows run one after another through the
     one-row step (a scan carrying the cache), since XLA's dots and reductions sum in an order
     that depends on the row count; the kernels keep each row's sums the same themselves (ops.py).
+    On the compiled kernels a lone row runs as two identical rows (their cache writes coincide):
+    XLA compiles a one-row step's fusions differently from a many-row step's, and rounds
+    differently there, while every step of two or more rows gives a row the same bits
+    (docs/BENCHMARKS.md, "Batch invariance").
     """
+    if impl.deterministic and impl.kernels == "pallas" and tokens.shape[0] == 1:
+        pair = [jnp.concatenate([a, a]) for a in (tokens, slots, positions)]
+        logits, cache = forward_decode(params, *pair, cache, cfg, impl, span, par)
+        return logits[:1], cache
     if impl.deterministic and impl.kernels != "pallas" and tokens.shape[0] > 1:
 
         def one_row(cache, row):
