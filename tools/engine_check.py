@@ -487,8 +487,8 @@ _INLINED = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custo
 
 
 def _eager_trace(fn, args: tuple) -> list:
-    """[(eqn, inputs, outputs)] of fn's jaxpr evaluated one primitive at a time, jit and custom
-    derivative calls inlined; the last entry's outputs include fn's result."""
+    """[(eqn, inputs (its literals left out), outputs)] of fn's jaxpr evaluated one primitive at a
+    time, jit and custom derivative calls inlined; the last entry's outputs are fn's result."""
     closed = jax.make_jaxpr(fn)(*args)
     records: list = []
 
@@ -497,7 +497,7 @@ def _eager_trace(fn, args: tuple) -> list:
         env.update(zip(jaxpr.invars, invals))
 
         def read(v):
-            return v.val if type(v).__name__ == "Literal" else env[v]
+            return v.val if _literal(v) else env[v]
 
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
@@ -510,19 +510,24 @@ def _eager_trace(fn, args: tuple) -> list:
                 outs = run(inner, getattr(sub, "consts", ()), ins)
             else:
                 bind_params = eqn.primitive.get_bind_params(eqn.params)
-                # older jax returns (subfuns, params)
+                # some jax versions return (subfuns, params), others the params alone
                 subfuns, bind_params = (
                     bind_params if isinstance(bind_params, tuple) else ((), bind_params)
                 )
                 outs = eqn.primitive.bind(*subfuns, *ins, **bind_params)
                 outs = list(outs) if eqn.primitive.multiple_results else [outs]
-                records.append((eqn, ins, outs))
+                # a literal is part of the op: one that depends on the row count parts the op
+                records.append((eqn, [x for v, x in zip(eqn.invars, ins) if not _literal(v)], outs))
             env.update(zip(eqn.outvars, outs))
         return [read(v) for v in jaxpr.outvars]
 
     result = run(closed.jaxpr, closed.consts, jax.tree.leaves(args))
     records.append((records[-1][0], [], result))  # the function's own outputs
     return records
+
+
+def _literal(v) -> bool:
+    return type(v).__name__ == "Literal"
 
 
 def _source_line(eqn, depth: int = 3) -> str:
