@@ -107,8 +107,9 @@ class Impl:
     # the H200 it did not pay (docs/BENCHMARKS.md, GEMV choices [G-fold-norm]).
     fold_norm: bool = False
     # batch invariance: every row of a decode batch computed as it is alone (kernels: route's
-    # row_chunk and the attention's fixed key splits; XLA: decoder.forward_decode runs the rows one
-    # after another); slower decode past a few rows (docs/BENCHMARKS.md)
+    # row_chunk, the attention's fixed key splits, a lone row run as two by
+    # decoder.forward_decode; XLA: forward_decode runs the rows one after another); slower decode,
+    # most past 8 rows (docs/BENCHMARKS.md, "Batch invariance")
     deterministic: bool = False
 
     def __post_init__(self):

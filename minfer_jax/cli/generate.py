@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--deterministic",
         action="store_true",
-        help="a sequence gets the same tokens alone or batched (slower decode past a few rows)",
+        help="a sequence gets the same tokens alone or batched (slower decode, most past 8 rows)",
     )
     m.add_argument(
         "-tp",

@@ -243,8 +243,8 @@ def load(
     prefill executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
     gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
     and the KV cache over this many devices (sharding.py; None: the one device). deterministic:
-    a sequence gets the same tokens alone or in any batch (ops.Impl.deterministic; slower decode
-    past a few rows, docs/BENCHMARKS.md).
+    a sequence gets the same tokens alone or in any batch (ops.Impl.deterministic; slower decode,
+    most past 8 rows: docs/BENCHMARKS.md, "Batch invariance").
     """
     timer = PhaseTimer()
     device = device or jax.devices()[0]  # the first call starts the backend (CUDA: seconds)

@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--deterministic",
         action="store_true",
         help="each request gets the tokens it gets alone, whatever else is being served "
-        "(slower decode with several requests at once)",
+        "(slower decode, most with more than 8 requests at once)",
     )
     p.add_argument(
         "--no-warmup",
