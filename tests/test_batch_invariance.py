@@ -2,7 +2,8 @@
 for bit, and so the same tokens, alone or beside any other rows.
 
 The kernels keep each row's sums the same themselves (one GEMV configuration at every row count,
-GEMV calls of 8 rows past 8, the attention's key splits fixed, split sums added in a fixed order);
+GEMV calls of 8 rows past 8, the attention's key splits fixed, split sums added in a fixed order),
+and a lone row runs as two, since XLA:GPU compiles a one-row step's fusions apart;
 the XLA paths run a decode batch's rows one after another (decoder.forward_decode), since XLA's
 CPU dots and row reductions sum in an order that depends on the number of rows. The same tests
 run through the compiled kernels on a GPU (tests/kernel_mode.py).
