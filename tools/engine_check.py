@@ -446,10 +446,12 @@ def op_differences(fn, alone_args: tuple, batch_args: tuple, limit: int = 8) -> 
             return None
         return bool(jnp.array_equal(part, lone_val, equal_nan=True))
 
-    lone_trace, batch_trace = _eager_trace(fn, alone_args), _eager_trace(fn, batch_args)
+    (lone_trace, lone_result), (batch_trace, batch_result) = (
+        _eager_trace(fn, alone_args),
+        _eager_trace(fn, batch_args),
+    )
     culprits, n_differ = [], 0
-    pairs = zip(lone_trace[:-1], batch_trace[:-1])
-    for (eqn, lone_ins, lone_outs), (beqn, batch_ins, batch_outs) in pairs:
+    for (eqn, lone_ins, lone_outs), (beqn, batch_ins, batch_outs) in zip(lone_trace, batch_trace):
         if eqn.primitive.name != beqn.primitive.name:
             return {"error": f"the traces part at {eqn.primitive.name} / {beqn.primitive.name}"}
         outs = [same(b, a) for b, a in zip(batch_outs, lone_outs)]
@@ -476,9 +478,7 @@ def op_differences(fn, alone_args: tuple, batch_args: tuple, limit: int = 8) -> 
     return {
         "primitives": len(lone_trace),
         "primitives_that_differ": n_differ,
-        "logits_differ_eagerly": not same(batch_trace[-1][2][0], lone_trace[-1][2][0])
-        if lone_trace
-        else None,
+        "logits_differ_eagerly": not same(batch_result[0], lone_result[0]),
         "first_with_agreeing_inputs": culprits,
     }
 
@@ -486,9 +486,9 @@ def op_differences(fn, alone_args: tuple, batch_args: tuple, limit: int = 8) -> 
 _INLINED = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
 
 
-def _eager_trace(fn, args: tuple) -> list:
-    """[(eqn, inputs (its literals left out), outputs)] of fn's jaxpr evaluated one primitive at a
-    time, jit and custom derivative calls inlined; the last entry's outputs are fn's result."""
+def _eager_trace(fn, args: tuple) -> tuple[list, list]:
+    """fn's jaxpr evaluated one primitive at a time, jit and custom derivative calls inlined:
+    ([(eqn, inputs (its literals left out), outputs)] per primitive, fn's outputs)."""
     closed = jax.make_jaxpr(fn)(*args)
     records: list = []
 
@@ -522,8 +522,7 @@ def _eager_trace(fn, args: tuple) -> list:
         return [read(v) for v in jaxpr.outvars]
 
     result = run(closed.jaxpr, closed.consts, jax.tree.leaves(args))
-    records.append((records[-1][0], [], result))  # the function's own outputs
-    return records
+    return records, result
 
 
 def _literal(v) -> bool:
