@@ -24,6 +24,8 @@ otherwise take over. (The XLA paths get batch invariance from decoder.forward_de
 rows run one after another, XLA's dots and reductions depending on the row count.)
 `norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where every one
 is "gemv" and impl.fold_norm is set, the norm is folded into them (Route.fold_norm, "gemv+fold").
+`norm_matmul_parts` returns them before their split-K partials are added, for a kernel that adds
+them itself (impl.fused_decode: pallas/decode_qkv.py).
 The kernel benchmark asks it too (`kernel_case`: the route, its kernel call and its reference).
 
 "pallas" runs the Triton kernels on the GPU; "interpret" runs the same kernels in Pallas'
@@ -111,12 +113,17 @@ class Impl:
     # decoder.forward_decode; XLA: forward_decode runs the rows one after another); slower decode,
     # most past 8 rows (docs/BENCHMARKS.md, "Batch invariance")
     deterministic: bool = False
+    # kernels, decode: a layer's q / k / v epilogue (partial sums, biases, RoPE, cache writes) and
+    # the attention's split merge each one Pallas launch (pallas/decode_qkv.py,
+    # decode_attention.merge_splits_kernel) where XLA runs five and four (docs/BENCHMARKS.md,
+    # "Decode fusion"); off: the XLA path, for A/B
+    fused_decode: bool = True
 
     def __post_init__(self):
         validate.choice("Impl.kernels", self.kernels, KERNEL_MODES)
         validate.integer("Impl.gemv_max_nt", self.gemv_max_nt, 1, gemv.NT_PAD)
         validate.choice("Impl.gemm", self.gemm, GEMM_VARIANTS)
-        for name in ("fold_norm", "deterministic"):
+        for name in ("fold_norm", "deterministic", "fused_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(
                     f"Impl.{name} must be a bool, got {getattr(self, name)!r}"
@@ -184,15 +191,17 @@ def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
     return requested
 
 
-def route_call(r: Route, qtype: QType, n_out: int, impl: Impl):
+def route_call(r: Route, qtype: QType, n_out: int, impl: Impl, partials: bool = False):
     """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K]]) ->
-    [nt, n_out] f32 (x_scale: "gemv+fold" only, the norm weight)."""
+    [nt, n_out] f32 (x_scale: "gemv+fold" only, the norm weight); partials ("gemv" and
+    "gemv-float" only): the GEMV's split-K partials unadded."""
     kw: dict[str, Any] = dict(qtype=qtype, n_out=n_out)
     interpret = impl.kernels == "interpret"
     if r.kind == "xla":
         return lambda x, planes: tiles.dequant_matmul_reference(x, planes, **kw)
     if r.kind in ("gemv", "gemv-float"):
         kw["deterministic"] = r.row_chunk is not None
+        kw["partials"] = partials
     if r.kind == "gemv":
         return lambda x, planes, x_scale=None: gemv.gemv_int8(
             x, planes, x_scale=x_scale, interpret=interpret, **kw
@@ -280,6 +289,26 @@ def norm_matmuls(
         ).reshape(*lead, w.shape[0])
         for rt, w in zip(routes, weights)
     ]
+
+
+def norm_matmul_parts(
+    x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl
+) -> list[jax.Array]:
+    """norm_matmuls before the split-K partial sums are added: x [nt, K] -> for each weight
+    [S, R >= nt, Np >= N] f32 whose S slices add up to its output in rows [0, nt) and columns
+    [0, N): a one-call GEMV's partials, else the finished product as one slice."""
+    nt = x.shape[0]
+    routes = [route(w, nt, impl, after_norm=True) for w in weights]
+    if any(r.fold_norm for r in routes):
+        return [y[None] for y in norm_matmuls(x, norm_weight, eps, weights, impl)]
+    h = rms_norm(x, norm_weight, eps)
+    parts = []
+    for r, w in zip(routes, weights):
+        if r.kind in ("gemv", "gemv-float") and r.row_chunk is None:
+            parts.append(route_call(r, w.qtype, w.shape[0], impl, partials=True)(h, w.planes))
+        else:
+            parts.append(matmul(h, w, impl)[None])
+    return parts
 
 
 def _dequant_gemm(x: jax.Array, planes, qtype: QType, n_out: int, interpret: bool) -> jax.Array:

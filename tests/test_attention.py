@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from minfer_jax.errors import MinferError
-from minfer_jax.pallas import attention, decode_attention
+from minfer_jax.pallas import attention, decode_attention, decode_qkv
 from tests.kernel_mode import INTERPRET
 
 # large but finite in f16 too: masking by multiplication (0 * junk, or junk scores) would show
@@ -132,6 +132,10 @@ def test_decode_attention(lengths, slots, nq, n_heads, n_kv, head_dim, max_len, 
     ref = decode_attention.decode_attention_reference(q, k, v, slots_a, lengths_a)
     chex.assert_shape(got, (batch, nq, n_heads, head_dim))
     chex.assert_trees_all_close(got, ref, atol=ATOL, rtol=0)
+    jnp_merge = decode_attention.decode_attention(
+        q, k, v, slots_a, lengths_a, k_splits=k_splits, interpret=INTERPRET, fused=False
+    )
+    chex.assert_trees_all_close(jnp_merge, got, atol=1e-5, rtol=0)
 
     for b, (slot, n) in enumerate(zip(slots, lengths)):
         dense = dense_attention_np(
@@ -177,6 +181,48 @@ def test_merge_splits_matches_one_softmax():
     )[0, 0]
     p = np.exp2(s - s.max(axis=1, keepdims=True))
     np.testing.assert_allclose(np.asarray(got), (p / p.sum(axis=1, keepdims=True)) @ v, atol=1e-5)
+
+
+@pytest.mark.parametrize("widths", [(896 + 128, 128), (896, 128, 128), (896 + 256,)])
+def test_write_qkv_matches_its_reference(widths):
+    """The decode q / k / v epilogue kernel: partial sums (7, 5 or 3 splits), bias, NeoX RoPE,
+    cache writes (a position past the cache writes nothing) and q's attention layout are its jnp
+    reference's to one f16 rounding (XLA may contract the rotation's multiply-adds differently),
+    for q / k / v in one, two or three projections."""
+    rng = np.random.default_rng(len(widths))
+    n_heads, n_kv, hd = 14, 2, 64
+    parts = tuple(
+        jnp.asarray(rng.normal(size=(s, 4, -(-w // 128) * 128)), jnp.float32)
+        for s, w in zip((7, 5, 3), widths)
+    )
+    bias = jnp.asarray(rng.normal(size=(sum(widths),)), jnp.float32)
+    inv_freq = 1.0 / (1e6 ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+    positions, slots = jnp.array([5, 100, 128], jnp.int32), jnp.array([1, 0, 2], jnp.int32)
+    k_cache = jnp.asarray(rng.normal(size=(3, n_kv, 128, hd)), jnp.float16)
+    args = (parts, bias, inv_freq, positions, slots, k_cache, k_cache + 1)
+    kw = dict(widths=widths, n_heads=n_heads, rows=16)
+    got = decode_qkv.write_qkv(*args, interpret=INTERPRET, **kw)
+    want = decode_qkv.write_qkv_reference(*args, **kw)
+    atol = 1e-6 if INTERPRET else 2e-3  # compiled: the GPU's cos / sin may differ by an ulp
+    chex.assert_trees_all_close(got, want, atol=atol, rtol=2e-3)
+    chex.assert_trees_all_equal(got[1][2], k_cache[2])  # position 128 of 128: nothing written
+
+
+def test_merge_splits_kernel_matches_merge_splits():
+    """The one-launch merge equals the jnp merge, empty splits and a row that saw no key (zeros)
+    included, and keeps only the first n_rows rows."""
+    rng = np.random.default_rng(1)
+    batch, n_kv, splits, rows, hd = 2, 3, 8, 16, 64
+    m = rng.normal(size=(batch, n_kv, splits, rows)).astype(np.float32) * 8
+    lsum = rng.uniform(0.5, 3, size=m.shape).astype(np.float32)
+    o = rng.normal(size=(*m.shape, hd)).astype(np.float32)
+    m[:, :, 5], lsum[:, :, 5], o[:, :, 5] = attention.M_INIT, 0, 0  # an empty split
+    m[1], lsum[1], o[1] = attention.M_INIT, 0, 0  # an unused batch row
+    args = [jnp.asarray(a) for a in (o, m, lsum)]
+    got = decode_attention.merge_splits_kernel(*args, 7, interpret=INTERPRET)
+    chex.assert_shape(got, (batch, n_kv, 7, hd))
+    chex.assert_trees_all_close(got, attention.merge_splits(*args)[:, :, :7], atol=1e-5, rtol=1e-5)
+    chex.assert_trees_all_equal(got[1], jnp.zeros_like(got[1]))
 
 
 def test_new_start_or_lengths_do_not_retrace():

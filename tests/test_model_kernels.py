@@ -5,7 +5,10 @@ through the split GEMM; layer 1 has a Q6_K v
 beside Q4_K q and k, so its q/k/v run as two fused matmuls ([q; k] and v)."""
 
 import dataclasses
+import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -13,6 +16,8 @@ import minfer_jax
 from kernel_mode import KERNELS
 from minfer_jax import ops
 from minfer_jax.files.synthetic import synthetic_model_from_config
+from minfer_jax.model.cache import KVCache, cache_shape
+from minfer_jax.model.decoder import forward_decode
 from minfer_jax.model.weights import LoadOptions, fused_runs, load_params
 from tests.configs import tiny_config
 
@@ -97,3 +102,32 @@ def test_neighbours_of_one_format_are_fused(tiny_models, tiny_gguf):
     np.testing.assert_allclose(
         np.asarray(apart.logits(seq)), np.asarray(ref.logits(seq)), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_decode_matches_the_xla_epilogue(tiny_models, rows):
+    """impl.fused_decode (q / k / v partial sums, biases, RoPE and cache writes in one kernel; the
+    attention's split merge in another) gives the cache of the XLA ops it replaces and their
+    logits up to the merge's rounding (which the next layer's int8 activations can turn into one
+    quantization step)."""
+    kern = tiny_models[0]
+    n_slots, max_len = 4, 64
+    shape = cache_shape(TINY, n_slots, max_len)
+    rng = np.random.default_rng(rows)
+    cache = KVCache(
+        k=tuple(jnp.asarray(rng.normal(size=shape), jnp.float16) for _ in range(TINY.n_layers)),
+        v=tuple(jnp.asarray(rng.normal(size=shape), jnp.float16) for _ in range(TINY.n_layers)),
+    )
+    tokens = jnp.asarray([7, 300, 41][:rows], jnp.int32)
+    slots = jnp.asarray([2, 0, 3][:rows], jnp.int32)
+    positions = jnp.asarray([9, 0, 40][:rows], jnp.int32)
+    out = {}
+    for fused in (True, False):
+        impl = dataclasses.replace(kern.impl, fused_decode=fused)
+        out[fused] = jax.jit(functools.partial(forward_decode, cfg=TINY, impl=impl))(
+            kern.params, tokens, slots, positions, cache
+        )
+    (lf, cf), (lx, cx) = out[True], out[False]
+    np.testing.assert_allclose(np.asarray(lf), np.asarray(lx), atol=2e-2 * float(jnp.max(abs(lx))))
+    for a, b in zip(jax.tree.leaves(cf), jax.tree.leaves(cx)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-3)

@@ -190,6 +190,12 @@ def _execution_args(g) -> None:
         "as it is alone",
     )
     g.add_argument(
+        "--unfused-decode",
+        action="store_true",
+        help="decode's q/k/v epilogue and attention merge as XLA ops instead of the fused kernels "
+        "(ops.Impl.fused_decode off; for A/B)",
+    )
+    g.add_argument(
         "--weights",
         choices=validate.LOAD_WEIGHT_MODES,
         default=None,
@@ -679,6 +685,7 @@ def _run_models(
                 prefill_chunk=args.ubatch_size,
                 deterministic=args.deterministic,
             )
+            model = _with_impl_options(model, args)
             log(
                 f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} "
                 f"weights, {model.weight_nbytes / 1e9:.3f} GB on the device"
@@ -746,12 +753,21 @@ def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> 
                 prefill_chunk=args.ubatch_size,
                 deterministic=args.deterministic,
             )
+            model = _with_impl_options(model, args)
             batched.run(model, src.label, pps, tgs, npls, seed=args.seed, out_files=files, log=log)
             del model
     finally:
         for f in files:
             f.close()
     return 0
+
+
+def _with_impl_options(model, args):
+    """The bench's A/B switches that load() does not take (ops.Impl fields)."""
+    if not args.unfused_decode:
+        return model
+    impl = dataclasses.replace(model.impl, fused_decode=False)
+    return dataclasses.replace(model, impl=impl, _compiled={})
 
 
 def _run_tests(mb: ModelBench, tests: list[TestSpec], out: Outputs) -> int:

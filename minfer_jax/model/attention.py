@@ -107,6 +107,7 @@ def decode_attention(
             positions + 1,
             interpret=impl.kernels == "interpret",
             deterministic=impl.deterministic,
+            fused=impl.fused_decode,
             **_kernel_options(cfg, window),
         )
         return out.reshape(b, cfg.q_dim)
@@ -118,3 +119,52 @@ def decode_attention(
     visible = _visible(jnp.arange(s)[None, :], positions[:, None], window)  # [B, span]
     probs = jax.nn.softmax(jnp.where(visible[:, None, None], scores, -jnp.inf), axis=-1)
     return jnp.einsum("bgrs,bgsd->bgrd", probs, v).reshape(b, cfg.q_dim)
+
+
+def decode_attention_projected(
+    parts: list[jax.Array],
+    widths: tuple[int, ...],
+    bias: jax.Array | None,
+    inv_freq: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slots: jax.Array,
+    positions: jax.Array,
+    cfg: Config,
+    impl,
+    window: int = 0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Decode on the kernels (impl.fused_decode) from the q / k / v projections' split-K partials
+    (ops.norm_matmul_parts; widths: each one's true columns): one kernel sums them, adds bias,
+    applies NeoX RoPE with inv_freq, writes k / v at positions and lays q out for the attention
+    kernel (pallas/decode_qkv.py) -> (k_cache, v_cache, [B, H * hd] f32)."""
+    from minfer_jax.pallas import decode_attention as dec
+    from minfer_jax.pallas import decode_qkv
+
+    b, interpret = positions.shape[0], impl.kernels == "interpret"
+    qg, k_cache, v_cache = decode_qkv.write_qkv(
+        tuple(parts),
+        bias,
+        inv_freq,
+        positions,
+        slots,
+        k_cache,
+        v_cache,
+        widths=widths,
+        n_heads=cfg.n_heads,
+        rows=dec.query_rows(1, cfg.n_heads, cfg.n_kv_heads),
+        interpret=interpret,
+    )
+    out = dec.decode_attention_grouped(
+        qg,
+        k_cache,
+        v_cache,
+        slots,
+        positions + 1,
+        nq=1,
+        n_heads=cfg.n_heads,
+        interpret=interpret,
+        deterministic=impl.deterministic,
+        **_kernel_options(cfg, window),
+    )
+    return k_cache, v_cache, out.reshape(b, cfg.q_dim)

@@ -35,9 +35,12 @@ def _layers(
     impl: ops.Impl,
     attend: Callable,
     par=None,
+    attend_projected: Callable | None = None,
 ) -> tuple[jax.Array, KVCache]:
-    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)`, final
-    norm. par: None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)."""
+    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)` (or,
+    where the family's layer takes it, `attend_projected(parts, widths, bias, inv_freq, k_cache,
+    v_cache, window)`: LayerCall), final norm. par: None on one device; inside shard_map the
+    shard's hooks (sharding.TensorParallel)."""
     fam = family(cfg)
     x = fam.embed(params, tokens, cfg)  # [T, d]
     ks, vs = list(cache.k), list(cache.v)
@@ -49,6 +52,12 @@ def _layers(
             )
             return att
 
+        def layer_attend_projected(parts, widths, bias, inv_freq, i=i):
+            ks[i], vs[i], att = attend_projected(
+                parts, widths, bias, inv_freq, ks[i], vs[i], cfg.window(i)
+            )
+            return att
+
         call = LayerCall(
             positions=positions,
             attend=layer_attend,
@@ -56,6 +65,7 @@ def _layers(
             impl=impl,
             par=par,
             rope_freqs=params.rope_freqs,
+            attend_projected=None if attend_projected is None else layer_attend_projected,
         )
         x = fam.block(x, layer, i, call)
     return ops.rms_norm(x, params.out_norm, cfg.rms_eps), KVCache(k=tuple(ks), v=tuple(vs))
@@ -138,7 +148,23 @@ def forward_decode(
             ),
         )
 
-    h, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par)
+    def attend_projected(parts, widths, bias, inv_freq, k_cache, v_cache, window):
+        return attention.decode_attention_projected(
+            parts, widths, bias, inv_freq, k_cache, v_cache, slots, positions, cfg, impl, window
+        )
+
+    fused = impl.fused_decode and impl.kernels != "xla" and par is None
+    h, cache = _layers(
+        params,
+        tokens,
+        positions,
+        cache,
+        cfg,
+        impl,
+        attend,
+        par,
+        attend_projected if fused else None,
+    )
     return logits_from_hidden(params, h, impl), cache
 
 

@@ -31,6 +31,10 @@ class LayerCall:
     par: object = None
     # [hd / 2] Llama 3.1+ frequency divisors (rope_freqs.weight)
     rope_freqs: jax.Array | None = None
+    # decode on the kernels with impl.fused_decode (decoder.forward_decode):
+    # attend_projected(parts, widths, bias, inv_freq) -> [B, H * hd], the projections' partials
+    # to attention in two kernels (attention.decode_attention_projected)
+    attend_projected: Callable | None = None
 
 
 def embed(params: Params, tokens: jax.Array, cfg: Config) -> jax.Array:
@@ -97,6 +101,22 @@ def project_qkv(x: jax.Array, layer: Layer, cfg: Config, impl: ops.Impl):
     k = qkv[:, qd : qd + kv].reshape(t, cfg.n_kv_heads, cfg.head_dim)
     v = qkv[:, qd + kv :].reshape(t, cfg.n_kv_heads, cfg.head_dim)
     return q, k, v
+
+
+def attend_neox(x: jax.Array, layer: Layer, call: LayerCall) -> jax.Array:
+    """Attention of a layer with NeoX RoPE and no q / k norms (Qwen2): q / k / v of attn_norm(x)
+    (+ biases), rotated, through the cache -> [T, H * hd]. With call.attend_projected (fused
+    decode) the projections' split-K partials go to one kernel that does the rest."""
+    cfg = call.cfg
+    if call.attend_projected is not None:
+        parts = ops.norm_matmul_parts(x, layer.attn_norm, cfg.rms_eps, layer.qkv, call.impl)
+        widths = tuple(w.shape[0] for w in layer.qkv)
+        inv_freq = _inv_freq(cfg.head_dim, cfg.rope_theta, None, 1.0)
+        return call.attend_projected(parts, widths, layer.qkv_bias, inv_freq)
+    q, k, v = project_qkv(x, layer, cfg, call.impl)
+    q = rope_neox(q, call.positions, cfg.rope_theta)
+    k = rope_neox(k, call.positions, cfg.rope_theta)
+    return call.attend(q, k, v)
 
 
 def row_matmul(par, which: str, x: jax.Array, w, impl: ops.Impl) -> jax.Array:

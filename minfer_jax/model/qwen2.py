@@ -32,13 +32,9 @@ def tensor_shapes(cfg: Config):
 
 
 def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
-    cfg = call.cfg
-    q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
-    q, k = (
-        layers.rope_neox(q, call.positions, cfg.rope_theta),
-        layers.rope_neox(k, call.positions, cfg.rope_theta),
+    x = x + layers.row_matmul(
+        call.par, "attn_out", layers.attend_neox(x, layer, call), layer.wo, call.impl
     )
-    x = x + layers.row_matmul(call.par, "attn_out", call.attend(q, k, v), layer.wo, call.impl)
     return x + layers.gated_ffn(x, layer, call)
 
 

@@ -168,21 +168,81 @@ def decode_attention(
     interpret: bool = False,
     window=None,
     deterministic: bool = False,
+    fused: bool = True,
 ) -> jax.Array:
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
     in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
     unused batch row) reads nothing and returns zeros. window (traced int32, > 0): query p sees
     keys p - window < key <= p only. deterministic: a row's result does not depend on the batch
-    (decode_config)."""
+    (decode_config). fused: the splits merged by merge_splits_kernel, else in jnp."""
     if q.ndim != 4:
         raise AttentionShapeError(f"q has shape {q.shape}; expected [B, nq, H, head_dim]")
     batch, nq, n_heads, head_dim = q.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if not 1 <= nq <= MAX_NQ:
         raise AttentionShapeError(f"nq={nq} query tokens per row; supported 1 .. {MAX_NQ}")
-    cfg = decode_config(
-        batch, k_cache.shape[1], k_splits, block_k, num_warps, num_stages, deterministic
+    n_kv = k_cache.shape[1]
+    rep, rows = n_heads // n_kv, query_rows(nq, n_heads, n_kv)
+    qg = (
+        q.reshape(batch, nq, n_kv, rep, head_dim)
+        .transpose(0, 2, 1, 3, 4)
+        .reshape(batch, n_kv, nq * rep, head_dim)
     )
+    qg = jnp.pad(
+        qg.astype(k_cache.dtype), ((0, 0), (0, 0), (0, rows - nq * rep), (0, 0))
+    )  # [B, Hkv, rows, hd]
+    return decode_attention_grouped(
+        qg,
+        k_cache,
+        v_cache,
+        slots,
+        lengths,
+        nq=nq,
+        n_heads=n_heads,
+        sm_scale=sm_scale,
+        k_splits=k_splits,
+        block_k=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        interpret=interpret,
+        window=window,
+        deterministic=deterministic,
+        fused=fused,
+    )
+
+
+def query_rows(nq: int, n_heads: int, n_kv: int) -> int:
+    """Rows of one KV group's query tile: its nq * rep queries, padded to a power of two >= 16."""
+    return max(MIN_ROWS, pow2_at_least(nq * (n_heads // n_kv)))
+
+
+def decode_attention_grouped(
+    qg: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slots,
+    lengths,
+    *,
+    nq: int,
+    n_heads: int,
+    sm_scale: float | None = None,
+    k_splits: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool = False,
+    window=None,
+    deterministic: bool = False,
+    fused: bool = True,
+) -> jax.Array:
+    """decode_attention with q already laid out as the kernel reads it: qg [B, Hkv, rows, hd] in
+    the cache dtype (row j * rep + r: query j of head g * rep + r; rows = query_rows, the rest
+    zero; as decode_qkv.write_qkv writes it) -> [B, nq, H, hd] float32."""
+    batch, n_kv, rows, head_dim = qg.shape
+    check_cache(k_cache, v_cache, n_heads, head_dim)
+    if rows != query_rows(nq, n_heads, n_kv):
+        raise AttentionShapeError(f"qg has {rows} rows; expected {query_rows(nq, n_heads, n_kv)}")
+    cfg = decode_config(batch, n_kv, k_splits, block_k, num_warps, num_stages, deterministic)
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(
             f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}"
@@ -194,38 +254,43 @@ def decode_attention(
         () if window is None else (jnp.broadcast_to(jnp.asarray(window, jnp.int32), (batch,)),)
     )
     return _decode_attention(
-        q, k_cache, v_cache, slots, lengths, *windows, sm_scale=scale, cfg=cfg, interpret=interpret
+        qg,
+        k_cache,
+        v_cache,
+        slots,
+        lengths,
+        *windows,
+        nq=nq,
+        n_heads=n_heads,
+        sm_scale=scale,
+        cfg=cfg,
+        interpret=interpret,
+        fused=fused,
     )
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "cfg", "interpret"))
+@functools.partial(
+    jax.jit, static_argnames=("nq", "n_heads", "sm_scale", "cfg", "interpret", "fused")
+)
 def _decode_attention(
-    q,
+    qg,
     k_cache,
     v_cache,
     slots,
     lengths,
     *windows,
+    nq: int,
+    n_heads: int,
     sm_scale: float,
     cfg: DecodeConfig,
     interpret: bool,
+    fused: bool,
 ):
-    batch, nq, n_heads, head_dim = q.shape
-    n_kv = k_cache.shape[1]
+    batch, n_kv, rows, head_dim = qg.shape
     rep = n_heads // n_kv
     n_rows = nq * rep
-    rows = max(MIN_ROWS, pow2_at_least(n_rows))
     splits = cfg.k_splits
     tiles.silence_triton_deprecation()
-
-    qg = (
-        q.reshape(batch, nq, n_kv, rep, head_dim)
-        .transpose(0, 2, 1, 3, 4)
-        .reshape(batch, n_kv, n_rows, head_dim)
-    )
-    qg = jnp.pad(
-        qg.astype(k_cache.dtype), ((0, 0), (0, 0), (0, rows - n_rows), (0, 0))
-    )  # [B, Hkv, rows, hd]
     kernel = _decode_kernel(
         rep,
         nq,
@@ -264,9 +329,44 @@ def _decode_attention(
         interpret=interpret,
         name="decode_attention",
     )(qg, k_cache, v_cache, slots, lengths, *windows)
-    out = merge_splits(o, m, lsum, cfg.ordered)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
+    if fused and splits & (splits - 1) == 0:  # Triton blocks: S a power of two
+        out = merge_splits_kernel(o, m, lsum, n_rows, interpret=interpret)
+    else:
+        out = merge_splits(o, m, lsum, cfg.ordered)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
     out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nq, n_heads, head_dim)
+
+
+def merge_splits_kernel(
+    o: jax.Array, m: jax.Array, lsum: jax.Array, n_rows: int, *, interpret: bool = False
+) -> jax.Array:
+    """attention.merge_splits as one kernel: o [B, Hkv, S, rows, hd], m, lsum [B, Hkv, S, rows]
+    -> [B, Hkv, n_rows, hd] f32 (the first n_rows rows). Program (b, g, r) merges one query row's
+    S partials; its sums run in one order whatever the batch (batch invariance)."""
+    batch, n_kv, splits, _, head_dim = o.shape
+
+    def kernel(o_ref, m_ref, l_ref, out_ref):
+        m = m_ref[...]  # [S]
+        weight = jnp.exp2(m - jnp.max(m))
+        total = jnp.sum(weight * l_ref[...])
+        total = jnp.where(total > 0, total, 1.0)
+        out_ref[...] = jnp.sum(weight[:, None] * o_ref[...], axis=0) / total
+
+    per_row = pl.BlockSpec((None, None, splits, None), lambda b, g, r: (b, g, 0, r))
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((batch, n_kv, n_rows, head_dim), jnp.float32),
+        grid=(batch, n_kv, n_rows),
+        in_specs=[
+            pl.BlockSpec((None, None, splits, None, head_dim), lambda b, g, r: (b, g, 0, r, 0)),
+            per_row,
+            per_row,
+        ],
+        out_specs=pl.BlockSpec((None, None, None, head_dim), lambda b, g, r: (b, g, r, 0)),
+        compiler_params=tiles.compiler_params(4, 1),
+        interpret=interpret,
+        name="decode_merge",
+    )(o, m, lsum)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale",))

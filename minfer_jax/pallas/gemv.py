@@ -52,7 +52,7 @@ __all__ = [
     "gemv_int8_reference",
 ]
 
-_STATIC = ("qtype", "n_out", "config", "deterministic", "interpret")
+_STATIC = ("qtype", "n_out", "config", "deterministic", "partials", "interpret")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -65,10 +65,12 @@ def gemv_int8(
     x_scale: jax.Array | None = None,
     config: GemvConfig | None = None,
     deterministic: bool = False,
+    partials: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """Block formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
-    planes.
+    planes; partials: the split-K partial sums [splits, pow2(nt), Npad] unadded (for a consumer
+    kernel that adds them itself: decode_qkv).
 
     x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py):
     inside the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion
@@ -131,7 +133,7 @@ def gemv_int8(
         interpret,
         f"gemv_int8_{qtype.name.lower()}",
     )
-    return tiles.sum_splits(out, 0, deterministic)[:nt, :n_out]
+    return out if partials else tiles.sum_splits(out, 0, deterministic)[:nt, :n_out]
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -144,10 +146,11 @@ def gemv_float(
     x_scale: jax.Array | None = None,
     config: GemvConfig | None = None,
     deterministic: bool = False,
+    partials: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """Float formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
-    planes. deterministic: as gemv_int8's."""
+    planes. deterministic, partials ([splits, NT_PAD, Npad]): as gemv_int8's."""
     cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config, deterministic)
     fmt = get_format(qtype)
     nt, k = x.shape
@@ -170,7 +173,7 @@ def gemv_float(
         interpret,
         f"gemv_{fmt.name.lower()}",
     )
-    return tiles.sum_splits(out, 0, deterministic)[:nt, :n_out]
+    return out if partials else tiles.sum_splits(out, 0, deterministic)[:nt, :n_out]
 
 
 def _prologue(x, planes, qtype: QType, n_out: int, x_scale, config, deterministic: bool):

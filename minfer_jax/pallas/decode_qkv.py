@@ -1,0 +1,181 @@
+"""Decode q/k/v epilogue: the q / k / v projections' outputs to the decode-attention kernel's
+inputs in one launch per layer (XLA runs the same as five: q, k and v each summed and rotated,
+two cache updates).
+
+For each batch row b the kernel sums the split-K partials of the projections (gemv.gemv_int8's
+`partials=True` output; an already summed matmul is one "split"), adds the biases, rotates q and
+k by NeoX RoPE at positions[b] (pairs (i, i + hd/2), as model/layers.rope_neox), writes k and v
+into row b's cache slot at that position (in place: the cache buffers are aliased to the
+outputs; a position outside the cache writes nothing) and lays q out as decode_attention reads
+it: [B, Hkv, rows, hd] in the cache dtype, query heads of KV group g in rows [0, rep), the rest
+zero. Grid (B, Hkv, max(rows, rep + 2)): program (b, g, j) writes q row j of KV group g (a head
+for j < rep, zeros past it), the k head for j = rep, the v head for j = rep + 1: many small
+programs, all their loads in flight at once. Each sum runs in the same order whatever the batch
+(batch invariance).
+
+Columns: the projections' outputs concatenated are one row's q | k | v ([H*hd | Hkv*hd |
+Hkv*hd]); each part holds whole regions of it (a fused q/k/v weight, or one weight per region).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from minfer_jax.pallas import tiles
+
+__all__ = ["write_qkv", "write_qkv_reference"]
+
+
+def _regions(widths: tuple[int, ...], q_dim: int, kv_dim: int) -> tuple[tuple[int, int], ...]:
+    """(part index, column offset inside that part) of the q, k and v regions."""
+    starts, col = [], 0
+    for w in widths:
+        starts.append(col)
+        col += w
+    if col != q_dim + 2 * kv_dim:
+        raise ValueError(f"q/k/v parts are {col} columns wide, expected {q_dim + 2 * kv_dim}")
+    out = []
+    for region in (0, q_dim, q_dim + kv_dim):
+        i = max(j for j, s in enumerate(starts) if s <= region)
+        width = q_dim if region == 0 else kv_dim
+        if region + width > starts[i] + widths[i]:
+            raise ValueError(f"a q/k/v part boundary falls inside the region at column {region}")
+        out.append((i, region - starts[i]))
+    return tuple(out)
+
+
+@functools.partial(jax.jit, static_argnames=("widths", "n_heads", "rows", "interpret"))
+def write_qkv(
+    parts: tuple[jax.Array, ...],
+    bias: jax.Array | None,
+    inv_freq: jax.Array,
+    positions: jax.Array,
+    slots: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    *,
+    widths: tuple[int, ...],
+    n_heads: int,
+    rows: int,
+    interpret: bool = False,
+):
+    """parts: [S_i, R_i >= B, Np_i >= widths[i]] f32 each, the first widths[i] columns of part i
+    (concatenated) row b's q | k | v before bias; bias [H*hd + 2*Hkv*hd] or None; inv_freq
+    [hd / 2] f32 (RoPE frequencies); positions, slots [B] int32; k_cache, v_cache
+    [n_slots, Hkv, max_len, hd] -> (q [B, Hkv, rows, hd] cache dtype, k_cache, v_cache)."""
+    n_slots, n_kv, max_len, hd = k_cache.shape
+    batch, half, rep = positions.shape[0], hd // 2, n_heads // n_kv
+    q_at, k_at, v_at = _regions(widths, n_heads * hd, n_kv * hd)
+    splits = tuple(p.shape[0] for p in parts)
+    has_bias = bias is not None
+    dtype = k_cache.dtype
+    tiles.silence_triton_deprecation()
+
+    lanes = max(rows, rep + 2)  # program j: q row j (zeros past rep); j = rep: k; rep + 1: v
+
+    def kernel(*refs):
+        part_refs = refs[: len(parts)]
+        rest = refs[len(parts) :]
+        bias_ref, rest = (rest[0], rest[1:]) if has_bias else (None, rest)
+        freq_ref, pos_ref, slot_ref, _, _, q_ref, k_ref, v_ref = rest
+        b, g, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        pos, slot = pos_ref[b], slot_ref[b]
+
+        def load(at, region_col, col):  # [half] f32: columns [col, col + half) of a region
+            i, offset = at
+            start = pl.multiple_of(offset + col, half)
+            v = part_refs[i][0, b, pl.ds(start, half)]
+            for s in range(1, splits[i]):  # left to right: the same order at every batch size
+                v = v + part_refs[i][s, b, pl.ds(start, half)]
+            if has_bias:
+                v = v + bias_ref[pl.ds(pl.multiple_of(region_col + col, half), half)]
+            return v
+
+        def rotated(at, region_col, col):
+            angle = pos.astype(jnp.float32) * freq_ref[...]
+            cos, sin = jnp.cos(angle), jnp.sin(angle)
+            x1, x2 = load(at, region_col, col), load(at, region_col, col + half)
+            return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+        def store(ref, index, lo, hi):
+            ref[(*index, pl.ds(0, half))] = lo.astype(dtype)
+            ref[(*index, pl.ds(half, half))] = hi.astype(dtype)
+
+        @pl.when(j < rep)
+        def _():
+            store(q_ref, (j,), *rotated(q_at, 0, (g * rep + j) * hd))
+
+        @pl.when((j >= rep) & (j < rows))
+        def _():
+            zeros = jnp.zeros((half,), jnp.float32)
+            store(q_ref, (j,), zeros, zeros)
+
+        in_cache = (pos >= 0) & (pos < max_len)
+
+        @pl.when((j == rep) & in_cache)
+        def _():
+            store(k_ref, (slot, g, pos), *rotated(k_at, n_heads * hd, g * hd))
+
+        @pl.when((j == rep + 1) & in_cache)
+        def _():
+            v_col = (n_heads + n_kv) * hd
+            lo, hi = load(v_at, v_col, g * hd), load(v_at, v_col, g * hd + half)
+            store(v_ref, (slot, g, pos), lo, hi)
+
+    whole = lambda a: pl.BlockSpec(a.shape, lambda b, g, j: (0,) * a.ndim)  # noqa: E731
+    operands = (*parts, *((bias.astype(jnp.float32),) if has_bias else ()))
+    operands += (inv_freq.astype(jnp.float32), positions, slots, k_cache, v_cache)
+    n_in = len(operands)
+    return pl.pallas_call(
+        kernel,
+        out_shape=[
+            jax.ShapeDtypeStruct((batch, n_kv, rows, hd), dtype),
+            jax.ShapeDtypeStruct(k_cache.shape, dtype),
+            jax.ShapeDtypeStruct(v_cache.shape, dtype),
+        ],
+        grid=(batch, n_kv, lanes),
+        in_specs=[whole(a) for a in operands],
+        out_specs=[
+            pl.BlockSpec((None, None, rows, hd), lambda b, g, j: (b, g, 0, 0)),
+            whole(k_cache),
+            whole(v_cache),
+        ],
+        input_output_aliases={n_in - 2: 1, n_in - 1: 2},
+        compiler_params=tiles.compiler_params(1, 1),
+        interpret=interpret,
+        name="decode_qkv",
+    )(*operands)
+
+
+def write_qkv_reference(
+    parts, bias, inv_freq, positions, slots, k_cache, v_cache, *, widths, n_heads, rows
+):
+    """write_qkv's math in plain jnp (partials added left to right, rotation as
+    model/layers.rope_neox, cache rows set by scatter)."""
+    n_kv, hd = k_cache.shape[1], k_cache.shape[3]
+    batch, rep, q_dim, kv_dim = positions.shape[0], n_heads // n_kv, n_heads * hd, n_kv * hd
+    sums = [tiles.sum_splits(p, 0, ordered=True)[:batch, :w] for p, w in zip(parts, widths)]
+    qkv = jnp.concatenate(sums, axis=-1)
+    if bias is not None:
+        qkv = qkv + bias
+    angle = positions.astype(jnp.float32)[:, None] * inv_freq.astype(jnp.float32)[None, :]
+    cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]
+
+    def rope(x):  # [B, heads, hd]
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    q = rope(qkv[:, :q_dim].reshape(batch, n_heads, hd))
+    k = rope(qkv[:, q_dim : q_dim + kv_dim].reshape(batch, n_kv, hd))
+    v = qkv[:, q_dim + kv_dim :].reshape(batch, n_kv, hd)
+    at = jnp.where(positions >= 0, positions, k_cache.shape[2])  # outside: dropped, not wrapped
+    k_cache = k_cache.at[slots, :, at].set(k.astype(k_cache.dtype), mode="drop")
+    v_cache = v_cache.at[slots, :, at].set(v.astype(v_cache.dtype), mode="drop")
+    qg = q.reshape(batch, n_kv, rep, hd).astype(k_cache.dtype)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, rows - rep), (0, 0)))
+    return qg, k_cache, v_cache
