@@ -24,8 +24,8 @@ otherwise take over. (The XLA paths get batch invariance from decoder.forward_de
 rows run one after another, XLA's dots and reductions depending on the row count.)
 `norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where every one
 is "gemv" and impl.fold_norm is set, the norm is folded into them (Route.fold_norm, "gemv+fold").
-`matmul_parts` / `norm_matmul_parts` return them before their split-K partials are added, for a
-kernel that adds them itself (impl.fused_decode: pallas/decode_qkv.py, `add_rms_norm`).
+`norm_matmul_parts` returns them before their split-K partials are added, for a kernel that adds
+them itself (impl.fused_decode: pallas/decode_qkv.py).
 The kernel benchmark asks it too (`kernel_case`: the route, its kernel call and its reference).
 
 "pallas" runs the Triton kernels on the GPU; "interpret" runs the same kernels in Pallas'
@@ -295,39 +295,20 @@ def norm_matmul_parts(
     x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl
 ) -> list[jax.Array]:
     """norm_matmuls before the split-K partial sums are added: x [nt, K] -> for each weight
-    matmul_parts of the normed x (the folded norm's finished products where it folds)."""
+    [S, R >= nt, Np >= N] f32 whose S slices add up to its output in rows [0, nt) and columns
+    [0, N): a one-call GEMV's partials, else the finished product as one slice."""
     nt = x.shape[0]
-    if any(route(w, nt, impl, after_norm=True).fold_norm for w in weights):
+    routes = [route(w, nt, impl, after_norm=True) for w in weights]
+    if any(r.fold_norm for r in routes):
         return [y[None] for y in norm_matmuls(x, norm_weight, eps, weights, impl)]
     h = rms_norm(x, norm_weight, eps)
-    return [matmul_parts(h, w, impl) for w in weights]
-
-
-def matmul_parts(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
-    """matmul(x, w) before its split-K partial sums are added: x [nt, K] -> [S, R >= nt, Np >= N]
-    f32 whose S slices add up to the product in rows [0, nt) and columns [0, N): a one-call
-    GEMV's partials, else the finished product as one slice."""
-    r = route(w, x.shape[0], impl)
-    if r.kind in ("gemv", "gemv-float") and r.row_chunk is None:
-        return route_call(r, w.qtype, w.shape[0], impl, partials=True)(x, w.planes)
-    return matmul(x, w, impl)[None]
-
-
-def add_rms_norm(
-    x: jax.Array, parts: list[jax.Array], norm_weight: jax.Array, eps: float, impl: Impl
-) -> tuple[jax.Array, jax.Array]:
-    """h = x + the sum of each matmul_parts in parts, and rms_norm(h): x [nt, d] -> (h, normed)
-    [nt, d] f32; on the kernels one launch (pallas/rms_norm.py), else XLA."""
-    if impl.kernels == "xla":
-        h = x.astype(jnp.float32)
-        for p in parts:
-            h = h + p.sum(axis=0)[: x.shape[0], : x.shape[1]]
-        return h, rms_norm(h, norm_weight, eps)
-    from minfer_jax.pallas import rms_norm as rms_norm_kernel
-
-    return rms_norm_kernel.add_rms_norm(
-        x, tuple(parts), norm_weight, eps=eps, interpret=impl.kernels == "interpret"
-    )
+    parts = []
+    for r, w in zip(routes, weights):
+        if r.kind in ("gemv", "gemv-float") and r.row_chunk is None:
+            parts.append(route_call(r, w.qtype, w.shape[0], impl, partials=True)(h, w.planes))
+        else:
+            parts.append(matmul(h, w, impl)[None])
+    return parts
 
 
 def _dequant_gemm(x: jax.Array, planes, qtype: QType, n_out: int, interpret: bool) -> jax.Array:

@@ -19,7 +19,7 @@ import pytest
 
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax.bench.kernel_timing import random_planes
-from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, rms_norm
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words
 from minfer_jax.quant.planes import (
     FIELD_PLANES,
     FORMATS,
@@ -649,27 +649,3 @@ def test_kernel_case_call_matches_its_reference(qtype, nt, gemm_variant, want):
     got = call(x, w.planes)
     check(got, reference(x, w.planes), qtype)
     np.testing.assert_array_equal(np.asarray(ops.matmul(x, w, impl)), np.asarray(got))
-
-
-@pytest.mark.parametrize("d,splits", [(896, (7,)), (3584, (19, 1)), (1152, ())])
-def test_add_rms_norm_matches_its_reference(d, splits):
-    """The decode residual add + RMSNorm kernel: x plus the partials of zero, one or two matmuls
-    (7 / 19 splits, padded rows and columns ignored), then the norm, as its jnp reference; and
-    the GEMV's partials really add up to its output."""
-    rng = np.random.default_rng(d)
-    x = jnp.asarray(rng.normal(size=(3, d)) * 4, jnp.float32)
-    parts = tuple(jnp.asarray(rng.normal(size=(s, 4, d + 128)), jnp.float32) for s in splits)
-    weight = jnp.asarray(rng.uniform(0.5, 2, size=(d,)), jnp.float32)
-    got = rms_norm.add_rms_norm(x, parts, weight, eps=1e-6, interpret=INTERPRET)
-    want = rms_norm.add_rms_norm_reference(x, parts, weight, eps=1e-6)
-    chex.assert_trees_all_close(got, want, atol=1e-5, rtol=1e-5)
-
-
-def test_gemv_partials_add_up_to_its_output():
-    qtype, n, k = QType.Q5_0, 896, 896
-    planes = random_planes(jax.random.PRNGKey(0), qtype, n, k)
-    x = jax.random.normal(jax.random.PRNGKey(1), (1, k))
-    parts = gemv.gemv_int8(x, planes, qtype=qtype, n_out=n, partials=True, interpret=INTERPRET)
-    assert parts.shape[0] > 1  # split K
-    whole = gemv.gemv_int8(x, planes, qtype=qtype, n_out=n, interpret=INTERPRET)
-    chex.assert_trees_all_close(parts.sum(axis=0)[:1, :n], whole, atol=1e-4, rtol=1e-5)

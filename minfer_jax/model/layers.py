@@ -31,9 +31,9 @@ class LayerCall:
     par: object = None
     # [hd / 2] Llama 3.1+ frequency divisors (rope_freqs.weight)
     rope_freqs: jax.Array | None = None
-    # decode on the kernels with impl.fused_decode (decoder.forward_decode; the family's layer
-    # then runs as fused_decode_neox): attend_projected(parts, widths, bias, inv_freq) ->
-    # [B, H * hd], the projections' partials to attention (attention.decode_attention_projected)
+    # decode on the kernels with impl.fused_decode (decoder.forward_decode):
+    # attend_projected(parts, widths, bias, inv_freq) -> [B, H * hd], the projections' partials
+    # to attention in two kernels (attention.decode_attention_projected)
     attend_projected: Callable | None = None
 
 
@@ -105,32 +105,18 @@ def project_qkv(x: jax.Array, layer: Layer, cfg: Config, impl: ops.Impl):
 
 def attend_neox(x: jax.Array, layer: Layer, call: LayerCall) -> jax.Array:
     """Attention of a layer with NeoX RoPE and no q / k norms (Qwen2): q / k / v of attn_norm(x)
-    (+ biases), rotated, through the cache -> [T, H * hd]."""
+    (+ biases), rotated, through the cache -> [T, H * hd]. With call.attend_projected (fused
+    decode) the projections' split-K partials go to one kernel that does the rest."""
     cfg = call.cfg
+    if call.attend_projected is not None:
+        parts = ops.norm_matmul_parts(x, layer.attn_norm, cfg.rms_eps, layer.qkv, call.impl)
+        widths = tuple(w.shape[0] for w in layer.qkv)
+        inv_freq = _inv_freq(cfg.head_dim, cfg.rope_theta, None, 1.0)
+        return call.attend_projected(parts, widths, layer.qkv_bias, inv_freq)
     q, k, v = project_qkv(x, layer, cfg, call.impl)
     q = rope_neox(q, call.positions, cfg.rope_theta)
     k = rope_neox(k, call.positions, cfg.rope_theta)
     return call.attend(q, k, v)
-
-
-def fused_decode_neox(x: jax.Array, layer: Layer, call: LayerCall, act: Callable) -> jax.Array:
-    """A Qwen2-style layer (attend_neox, then gated_ffn) on the fused decode path
-    (call.attend_projected): the same math with each matmul's split-K partials handed to the
-    kernel that reads them: attn_norm in one launch, q / k / v partials to the attention's
-    epilogue (attention.decode_attention_projected), o's partials to the residual add and
-    ffn_norm in one launch (ops.add_rms_norm)."""
-    cfg, impl = call.cfg, call.impl
-    _, h = ops.add_rms_norm(x, [], layer.attn_norm, cfg.rms_eps, impl)
-    parts = [ops.matmul_parts(h, w, impl) for w in layer.qkv]
-    widths = tuple(w.shape[0] for w in layer.qkv)
-    inv_freq = _inv_freq(cfg.head_dim, cfg.rope_theta, None, 1.0)
-    att = call.attend_projected(parts, widths, layer.qkv_bias, inv_freq)
-    x, h = ops.add_rms_norm(
-        x, [ops.matmul_parts(att, layer.wo, impl)], layer.ffn_norm, cfg.rms_eps, impl
-    )
-    gate_up = jnp.concatenate([ops.matmul(h, w, impl) for w in layer.gate_up], axis=-1)
-    gate, up = gate_up[:, : cfg.d_ff], gate_up[:, cfg.d_ff :]
-    return x + ops.matmul(act(gate) * up, layer.w_down, impl)
 
 
 def row_matmul(par, which: str, x: jax.Array, w, impl: ops.Impl) -> jax.Array:

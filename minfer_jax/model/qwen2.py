@@ -32,8 +32,6 @@ def tensor_shapes(cfg: Config):
 
 
 def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
-    if call.attend_projected is not None:
-        return layers.fused_decode_neox(x, layer, call, jax.nn.silu)
     x = x + layers.row_matmul(
         call.par, "attn_out", layers.attend_neox(x, layer, call), layer.wo, call.impl
     )
