@@ -649,3 +649,14 @@ def test_kernel_case_call_matches_its_reference(qtype, nt, gemm_variant, want):
     got = call(x, w.planes)
     check(got, reference(x, w.planes), qtype)
     np.testing.assert_array_equal(np.asarray(ops.matmul(x, w, impl)), np.asarray(got))
+
+
+def test_gemv_partials_add_up_to_its_output():
+    """gemv_int8(partials=True) (what the fused decode epilogue reads) adds up to its output."""
+    qtype, n, k = QType.Q5_0, 896, 896
+    planes = random_planes(jax.random.PRNGKey(0), qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(1), (1, k))
+    parts = gemv.gemv_int8(x, planes, qtype=qtype, n_out=n, partials=True, interpret=INTERPRET)
+    assert parts.shape[0] > 1  # split K
+    whole = gemv.gemv_int8(x, planes, qtype=qtype, n_out=n, interpret=INTERPRET)
+    chex.assert_trees_all_close(parts.sum(axis=0)[:1, :n], whole, atol=1e-4, rtol=1e-5)
