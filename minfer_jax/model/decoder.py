@@ -120,6 +120,9 @@ def forward_decode(
     XLA compiles a one-row step's fusions differently from a many-row step's, and rounds
     differently there, while every step of two or more rows gives a row the same bits
     (docs/BENCHMARKS.md, "Batch invariance").
+    impl.fused_decode on the kernels (one device, head_dim / 2 a power of two): a family layer that
+    takes LayerCall.attend_projected (Qwen2's) hands its q / k / v GEMVs' partials to
+    attention.decode_attention_projected (decode_qkv's epilogue kernel, then the attention).
     """
     if impl.deterministic and impl.kernels == "pallas" and tokens.shape[0] == 1:
         pair = [jnp.concatenate([a, a]) for a in (tokens, slots, positions)]
@@ -153,7 +156,8 @@ def forward_decode(
             parts, widths, bias, inv_freq, k_cache, v_cache, slots, positions, cfg, impl, window
         )
 
-    fused = impl.fused_decode and impl.kernels != "xla" and par is None
+    half = cfg.head_dim // 2  # the epilogue kernel's tiles: a power of two
+    fused = impl.fused_decode and impl.kernels != "xla" and par is None and half & (half - 1) == 0
     h, cache = _layers(
         params,
         tokens,
