@@ -154,27 +154,12 @@ def _decode_kernel(
 
 
 def decode_attention(
-    q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
-    slots,
-    lengths,
-    *,
-    sm_scale: float | None = None,
-    k_splits: int | None = None,
-    block_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    interpret: bool = False,
-    window=None,
-    deterministic: bool = False,
-    fused: bool = True,
+    q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots, lengths, **options
 ) -> jax.Array:
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
     in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
-    unused batch row) reads nothing and returns zeros. window (traced int32, > 0): query p sees
-    keys p - window < key <= p only. deterministic: a row's result does not depend on the batch
-    (decode_config). fused: the splits merged by merge_splits_kernel, else in jnp."""
+    unused batch row) reads nothing and returns zeros. options: decode_attention_grouped's
+    (sm_scale, tiles, interpret, window, deterministic, fused)."""
     if q.ndim != 4:
         raise AttentionShapeError(f"q has shape {q.shape}; expected [B, nq, H, head_dim]")
     batch, nq, n_heads, head_dim = q.shape
@@ -192,22 +177,7 @@ def decode_attention(
         qg.astype(k_cache.dtype), ((0, 0), (0, 0), (0, rows - nq * rep), (0, 0))
     )  # [B, Hkv, rows, hd]
     return decode_attention_grouped(
-        qg,
-        k_cache,
-        v_cache,
-        slots,
-        lengths,
-        nq=nq,
-        n_heads=n_heads,
-        sm_scale=sm_scale,
-        k_splits=k_splits,
-        block_k=block_k,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        interpret=interpret,
-        window=window,
-        deterministic=deterministic,
-        fused=fused,
+        qg, k_cache, v_cache, slots, lengths, nq=nq, n_heads=n_heads, **options
     )
 
 
@@ -237,7 +207,10 @@ def decode_attention_grouped(
 ) -> jax.Array:
     """decode_attention with q already laid out as the kernel reads it: qg [B, Hkv, rows, hd] in
     the cache dtype (row j * rep + r: query j of head g * rep + r; rows = query_rows, the rest
-    zero; as decode_qkv.write_qkv writes it) -> [B, nq, H, hd] float32."""
+    zero; as decode_qkv.write_qkv writes it) -> [B, nq, H, hd] float32. window (traced int32,
+    > 0): query p sees keys p - window < key <= p only. deterministic: a row's result does not
+    depend on the batch (decode_config). fused: the splits merged by merge_splits_kernel, else in
+    jnp. The tiles default to decode_config's."""
     batch, n_kv, rows, head_dim = qg.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if rows != query_rows(nq, n_heads, n_kv):
