@@ -23,7 +23,8 @@ GEMV's configuration at every row count, in calls of at most GEMV_MAX_NT rows wh
 otherwise take over. (The XLA paths get batch invariance from decoder.forward_decode instead: its
 rows run one after another, XLA's dots and reductions depending on the row count.)
 `norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where every one
-is "gemv" and impl.fold_norm is set, the norm is folded into them (Route.fold_norm, "gemv+fold").
+is a "gemv" that quantizes x in the kernel, of at most gemv_tuning.FOLD_NORM_MAX_K inputs, and
+impl.fold_norm is set, each GEMV computes the norm itself (Route.fold_norm, "gemv+fold").
 `norm_matmul_parts` returns them before their split-K partials are added, for a kernel that adds
 them itself (impl.fused_decode: pallas/decode_qkv.py).
 The kernel benchmark asks it too (`kernel_case`: the route, its kernel call and its reference).
@@ -44,7 +45,7 @@ import jax.numpy as jnp
 from minfer_jax import validate
 from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.model.weights import DenseWeight, Weight
-from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, int8_words, tiles
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
@@ -105,9 +106,10 @@ class Impl:
     kernels: str = "xla"  # "pallas" | "interpret" | "xla"
     gemv_max_nt: int = GEMV_MAX_NT
     gemm: str = "auto"  # prefill variant: "auto" | "f16" (decode in-kernel) | "dequant" | "int8"
-    # GEMV path: RMSNorm folded into the matmuls that read it (norm_matmuls). Off by default: on
-    # the H200 it did not pay (docs/BENCHMARKS.md, GEMV choices [G-fold-norm]).
-    fold_norm: bool = False
+    # GEMV path: the RMSNorm before a layer's q/k/v and gate/up matmuls computed inside each of
+    # their GEMV programs where x is narrow (norm_matmuls; docs/BENCHMARKS.md, GEMV choices
+    # [G-fold-norm]); off: the norm as XLA ops, for A/B
+    fold_norm: bool = True
     # batch invariance: every row of a decode batch computed as it is alone (kernels: route's
     # row_chunk, the attention's fixed key splits, a lone row run as two by
     # decoder.forward_decode; XLA: forward_decode runs the rows one after another); slower decode,
@@ -148,7 +150,7 @@ class Route:
     """Which kernel runs one matmul: static, fixed at trace time by the weight, nt and Impl."""
 
     kind: str  # one of ROUTE_KINDS
-    fold_norm: bool = False  # "gemv" only: the RMSNorm before it folded into x (norm_matmuls)
+    fold_norm: bool = False  # "gemv" only: the RMSNorm before it computed in the GEMV
     # impl.deterministic, GEMV: rows per call (<= GEMV_MAX_NT), each computed with the one-token
     # config, so as alone; None: all rows in one call, the config chosen for their count
     row_chunk: int | None = None
@@ -162,13 +164,24 @@ class Route:
 
 def route(w: Weight, nt: int, impl: Impl, *, after_norm: bool = False) -> Route:
     """The kernel matmul(x, w, impl) runs for nt tokens; after_norm: x is an RMSNorm's output
-    (norm_matmuls), so the route is "gemv+fold" where impl.fold_norm lets it be."""
+    (norm_matmuls), so the route is "gemv+fold" where impl.fold_norm and the shape let it be."""
     if isinstance(w, DenseWeight):
         return Route("dense")
-    return _quantized_route(w.qtype, nt, impl, after_norm)
+    r = _quantized_route(w.qtype, nt, impl)
+    if after_norm and impl.fold_norm and r.kind == "gemv" and _foldable(w.qtype, *w.shape, nt, r):
+        return dataclasses.replace(r, fold_norm=True)
+    return r
 
 
-def _quantized_route(qtype: QType, nt: int, impl: Impl, after_norm: bool = False) -> Route:
+def _foldable(qtype: QType, n: int, k: int, nt: int, r: Route) -> bool:
+    """The norm fits in the GEMV: x narrow enough that every program reading its whole rows costs
+    less than the two XLA launches it replaces, and x quantized in the kernel."""
+    rows = min(nt, r.row_chunk or nt)
+    cfg = gemv.choose_config(qtype, n, k, rows, r.row_chunk is not None)
+    return k <= gemv_tuning.FOLD_NORM_MAX_K and not cfg.prequant
+
+
+def _quantized_route(qtype: QType, nt: int, impl: Impl) -> Route:
     if impl.kernels == "xla":
         return Route("xla")
     alone = impl.deterministic and nt <= DETERMINISTIC_MAX_NT
@@ -177,9 +190,7 @@ def _quantized_route(qtype: QType, nt: int, impl: Impl, after_norm: bool = False
     chunk = impl.gemv_max_nt if alone else None
     if qtype not in int8_words.SPECS:
         return Route("gemv-float", row_chunk=chunk)
-    # Block formats only fold: their GEMV keeps g * x in f32 up to its per-group int8 quantization,
-    # while float weights would round the unnormalized g * x to f16 (residual outliers overflow).
-    return Route("gemv", fold_norm=after_norm and impl.fold_norm, row_chunk=chunk)
+    return Route("gemv", row_chunk=chunk)
 
 
 def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
@@ -192,9 +203,10 @@ def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
 
 
 def route_call(r: Route, qtype: QType, n_out: int, impl: Impl, partials: bool = False):
-    """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K]]) ->
-    [nt, n_out] f32 (x_scale: "gemv+fold" only, the norm weight); partials ("gemv" and
-    "gemv-float" only): the GEMV's split-K partials unadded."""
+    """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K],
+    norm_eps]) -> [nt, n_out] f32 (x_scale, norm_eps: "gemv+fold" only, the norm's weight and
+    epsilon, x its input); partials ("gemv" and "gemv-float" only): the GEMV's split-K partials
+    unadded."""
     kw: dict[str, Any] = dict(qtype=qtype, n_out=n_out)
     interpret = impl.kernels == "interpret"
     if r.kind == "xla":
@@ -203,8 +215,8 @@ def route_call(r: Route, qtype: QType, n_out: int, impl: Impl, partials: bool = 
         kw["deterministic"] = r.row_chunk is not None
         kw["partials"] = partials
     if r.kind == "gemv":
-        return lambda x, planes, x_scale=None: gemv.gemv_int8(
-            x, planes, x_scale=x_scale, interpret=interpret, **kw
+        return lambda x, planes, x_scale=None, norm_eps=None: gemv.gemv_int8(
+            x, planes, x_scale=x_scale, norm_eps=norm_eps, interpret=interpret, **kw
         )
     if r.kind == "gemv-float":
         return lambda x, planes: gemv.gemv_float(x, planes, interpret=interpret, **kw)
@@ -265,12 +277,10 @@ def norm_matmuls(
     """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w]
     f32.
 
-    Where every weight's route is "gemv+fold" (kernels, nt <= gemv_max_nt, block formats,
-    impl.fold_norm) the norm is folded into the matmuls: W (r g x) = r (W (g x)) with r =
-    rsqrt(mean(x^2) + eps) one scalar per token, so each GEMV scales x by g as it loads it and r
-    multiplies the outputs in the fusion that already adds the split-K partial sums. The fusion
-    that wrote the normalized x (one launch per norm in every decode step) is gone; r's reduction
-    over x remains.
+    Where every weight's route is "gemv+fold" each GEMV program computes the norm of the rows of x
+    it reads (rsqrt(mean(x^2) + eps) from the whole row, then (x * rsqrt) * norm_weight on its
+    slice, quantized as it is loaded), so the two XLA launches of the norm (the sum of squares
+    and the multiply) are gone from the decode step.
     """
     lead, k = x.shape[:-1], x.shape[-1]
     nt = math.prod(lead)
@@ -279,13 +289,9 @@ def norm_matmuls(
         h = rms_norm(x, norm_weight, eps)
         return [matmul(h, w, impl) for w in weights]
     x2 = x.reshape(nt, k).astype(jnp.float32)
-    r = jax.lax.rsqrt(jnp.mean(x2 * x2, axis=-1, keepdims=True) + eps)  # [nt, 1]
     return [
-        (
-            by_rows(
-                route_call(rt, w.qtype, w.shape[0], impl), rt.row_chunk, x2, w.planes, norm_weight
-            )
-            * r
+        by_rows(
+            route_call(rt, w.qtype, w.shape[0], impl), rt.row_chunk, x2, w.planes, norm_weight, eps
         ).reshape(*lead, w.shape[0])
         for rt, w in zip(routes, weights)
     ]
@@ -299,13 +305,17 @@ def norm_matmul_parts(
     [0, N): a one-call GEMV's partials, else the finished product as one slice."""
     nt = x.shape[0]
     routes = [route(w, nt, impl, after_norm=True) for w in weights]
-    if any(r.fold_norm for r in routes):
-        return [y[None] for y in norm_matmuls(x, norm_weight, eps, weights, impl)]
-    h = rms_norm(x, norm_weight, eps)
+    folded = all(r.fold_norm for r in routes)
+    h = x.astype(jnp.float32) if folded else rms_norm(x, norm_weight, eps)
+    extra = (norm_weight, eps) if folded else ()
     parts = []
     for r, w in zip(routes, weights):
         if r.kind in ("gemv", "gemv-float") and r.row_chunk is None:
-            parts.append(route_call(r, w.qtype, w.shape[0], impl, partials=True)(h, w.planes))
+            call = route_call(r, w.qtype, w.shape[0], impl, partials=True)
+            parts.append(call(h, w.planes, *extra))
+        elif folded:  # deterministic: in calls of row_chunk rows, each finished
+            call = route_call(r, w.qtype, w.shape[0], impl)
+            parts.append(by_rows(call, r.row_chunk, h, w.planes, *extra)[None])
         else:
             parts.append(matmul(h, w, impl)[None])
     return parts

@@ -325,16 +325,25 @@ def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):
         )
 
 
-@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K, QType.Q6_K, QType.Q8_0, QType.F16])
+@pytest.mark.parametrize(
+    "qtype,k",
+    [
+        (QType.Q5_0, 896),
+        (QType.Q4_K, 768),
+        (QType.Q6_K, 1024),
+        (QType.Q8_0, 896),
+        (QType.F16, 1024),
+    ],
+)
 @pytest.mark.parametrize("nt", [1, 3])
-def test_norm_folded_into_gemv(qtype, nt):
-    """ops.norm_matmuls with the RMSNorm folded into the GEMVs (x scaled by the norm weight in the
-    kernel, rsqrt(mean x^2) on the outputs) == norm first, then the same GEMVs; float weights are
-    not folded (their f16 cast of the unnormalized x could overflow) and take the plain path."""
+def test_norm_folded_into_gemv(qtype, k, nt):
+    """ops.norm_matmuls with the RMSNorm computed inside the GEMVs (each program: the rows' sum of
+    squares in power-of-two pieces, 896 = 512 + 256 + 128, then its slice normalized and scaled
+    as it is loaded) == the norm first, then the same GEMVs; float weights take the plain path."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
 
-    n, k = 130, 1024
+    n = 130
     ws = [QWeight(random_planes(jax.random.PRNGKey(s), qtype, n, k), qtype, (n, k)) for s in (6, 7)]
     x = (
         jax.random.normal(jax.random.PRNGKey(8), (nt, k), jnp.float32) * 30.0
@@ -608,8 +617,16 @@ def test_route_dense_and_norm_folding():
     assert (r.kind, r.fold_norm, r.label) == ("gemv", True, "gemv+fold")
     assert not ops.route(_qweight(QType.Q5_0), 3, fold).fold_norm  # x not a norm's output
     assert not ops.route(
-        _qweight(QType.Q5_0), 3, ops.Impl("pallas"), after_norm=True
+        _qweight(QType.Q5_0), 3, ops.Impl("pallas", fold_norm=False), after_norm=True
     ).fold_norm  # fold_norm off
+    wide = gemv_tuning.FOLD_NORM_MAX_K * 2
+    assert not ops.route(_qweight(QType.Q5_0, 128, wide), 1, fold, after_norm=True).fold_norm
+    big = _qweight(QType.Q5_0, 16384, 1024)  # 2^24 weights: x pre-quantized from 3 rows
+    assert ops.route(big, 2, fold, after_norm=True).fold_norm
+    assert not ops.route(big, 3, fold, after_norm=True).fold_norm
+    assert ops.route(
+        big, 3, ops.Impl("pallas", deterministic=True), after_norm=True
+    ).fold_norm  # the deterministic mode quantizes x in the kernel at every row count
     assert ops.route(_qweight(QType.F16), 1, fold, after_norm=True) == ops.Route(
         "gemv-float"
     )  # float: never

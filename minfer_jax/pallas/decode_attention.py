@@ -68,18 +68,25 @@ def decode_config(
     num_warps: int | None = None,
     num_stages: int | None = None,
     deterministic: bool = False,
+    max_len: int | None = None,
 ) -> DecodeConfig:
     """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding
     them. deterministic: the splits of DETERMINISTIC_BATCH rows whatever the batch, merged in a
-    fixed order."""
+    fixed order. max_len (the cache's): no more default splits than the cache has key tiles
+    (rounded up to a power of two), except in the deterministic mode, whose splits never change."""
     rows = DETERMINISTIC_BATCH if deterministic else batch
+    block_k = block_k or 64
     splits = k_splits or max(
         1,
         min(MAX_SPLITS, pow2_at_least(-(-device.programs(TARGET_PROGRAMS) // (rows * n_kv_heads)))),
     )
+    if not k_splits and max_len and not deterministic:
+        # a split past the cache's last tile only writes an empty partial for the merge to read
+        # (short caches: docs/BENCHMARKS.md, "Decode fusion")
+        splits = min(splits, pow2_at_least(-(-max_len // block_k)))
     cfg = DecodeConfig(
         k_splits=splits,
-        block_k=block_k or 64,
+        block_k=block_k,
         num_warps=num_warps or 4,
         num_stages=num_stages or 2,
         ordered=deterministic,
@@ -215,7 +222,9 @@ def decode_attention_grouped(
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if rows != query_rows(nq, n_heads, n_kv):
         raise AttentionShapeError(f"qg has {rows} rows; expected {query_rows(nq, n_heads, n_kv)}")
-    cfg = decode_config(batch, n_kv, k_splits, block_k, num_warps, num_stages, deterministic)
+    cfg = decode_config(
+        batch, n_kv, k_splits, block_k, num_warps, num_stages, deterministic, k_cache.shape[2]
+    )
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(
             f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}"

@@ -53,9 +53,10 @@ __all__ = [
 ]
 
 _STATIC = ("qtype", "n_out", "config", "deterministic", "partials", "interpret")
+_STATIC_INT8 = (*_STATIC, "norm_eps")
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@functools.partial(jax.jit, static_argnames=_STATIC_INT8)
 def gemv_int8(
     x: jax.Array,
     planes: dict,
@@ -63,6 +64,7 @@ def gemv_int8(
     qtype: QType,
     n_out: int,
     x_scale: jax.Array | None = None,
+    norm_eps: float | None = None,
     config: GemvConfig | None = None,
     deterministic: bool = False,
     partials: bool = False,
@@ -109,9 +111,14 @@ def gemv_int8(
             in_specs.append(
                 pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
             )
+        norm = None
+        if norm_eps is not None:  # whole rows, for the norm's sum of squares
+            x_ops += (x.astype(jnp.float32),)
+            in_specs.append(pl.BlockSpec((ntp, k), lambda i, s: (0, 0)))
+            norm = (k, float(norm_eps))
         dims3, flat = tuning.tile_shapes(prequant=False)
         kernel = gemv_int8_kernel.in_kernel_x_kernel(
-            block, tuning.exact_round, x_scale is not None, dot4, cfg.x_first
+            block, tuning.exact_round, x_scale is not None, dot4, cfg.x_first, norm
         )
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     arrays = []
@@ -278,12 +285,21 @@ def _dot_kernel(qtype: QType, bn: int, bk: int, k_split: int, compute_dtype):
 
 
 def gemv_int8_reference(
-    x: jax.Array, planes, *, qtype: QType, n_out: int, x_scale: jax.Array | None = None
+    x: jax.Array,
+    planes,
+    *,
+    qtype: QType,
+    n_out: int,
+    x_scale: jax.Array | None = None,
+    norm_eps: float | None = None,
 ) -> jax.Array:
     """What gemv_int8 computes, on whole arrays with planes.decode_ints (not the word tricks): the
     same activation quantization (and rounding, TUNING's exact_round) and exact integer sums."""
+    x = x.astype(jnp.float32)
+    if norm_eps is not None:
+        x = x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + norm_eps)
     if x_scale is not None:
-        x = x.astype(jnp.float32) * x_scale.astype(jnp.float32)
+        x = x * x_scale.astype(jnp.float32)
     spec = int8_words.SPECS[qtype]
     exact_round = TUNING[qtype].exact_round
     nt, k = x.shape

@@ -58,15 +58,28 @@ class _XSource:
 
 @functools.cache
 def in_kernel_x_kernel(
-    block: Block, exact_round: bool, scaled: bool, dot4: Callable, x_first: bool
+    block: Block,
+    exact_round: bool,
+    scaled: bool,
+    dot4: Callable,
+    x_first: bool,
+    norm: tuple[int, float] | None = None,
 ):
     """x as f32 views [ntp, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
-    quantized per step and token; per-group values as [bn, gt] tiles."""
+    quantized per step and token; per-group values as [bn, gt] tiles.
+
+    norm = (K, eps): x is an RMSNorm's input and the scale its weight. One more ref, x's whole
+    rows [ntp, K], gives each token's rsqrt(mean(x^2) + eps), and the program quantizes
+    (x * rsqrt) * scale, the norm's output, as it loads its slice."""
     spec = int8_words.SPECS[block.qtype]
     gt = block.gt
+    assert norm is None or scaled, "the folded norm needs its weight as the scale"
 
     def load(x_refs, tok, g0):  # one load per slot: [gt, x_words, 4] f32 each
         xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
+        if norm is not None:
+            r = _row_rsqrt(x_refs[2], tok, *norm)
+            xs = [v * r for v in xs]
         if scaled:
             xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
         return xs
@@ -75,7 +88,25 @@ def in_kernel_x_kernel(
         words, dx, xo, xsum = int8_words.quantize_slots(raw, spec.offset, exact_round)
         return [w[None] for w in words], dx[None], xo[None], xsum[None]
 
-    return _kernel(block, _XSource(2 if scaled else 1, load, prepare), False, False, dot4, x_first)
+    n_refs = 1 + scaled + (norm is not None)
+    return _kernel(block, _XSource(n_refs, load, prepare), False, False, dot4, x_first)
+
+
+def _row_rsqrt(row_ref, tok: int, k: int, eps: float):
+    """rsqrt(mean(x^2) + eps) of token tok's whole row [K] of row_ref, loaded in power-of-two
+    pieces (Triton tensors): a scalar."""
+    total, start = None, 0
+    for size in _pow2_pieces(k):
+        v = row_ref[tok, pl.ds(start, size)]
+        part = jnp.sum(v * v)
+        total = part if total is None else total + part
+        start += size
+    return lax.rsqrt(total * jnp.float32(1.0 / k) + jnp.float32(eps))
+
+
+def _pow2_pieces(k: int) -> list[int]:
+    """k as a sum of distinct powers of two, largest first (896 -> [512, 256, 128])."""
+    return [1 << b for b in range(k.bit_length() - 1, -1, -1) if k >> b & 1]
 
 
 @functools.cache
