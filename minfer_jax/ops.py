@@ -174,11 +174,14 @@ def route(w: Weight, nt: int, impl: Impl, *, after_norm: bool = False) -> Route:
 
 
 def _foldable(qtype: QType, n: int, k: int, nt: int, r: Route) -> bool:
-    """The norm fits in the GEMV: x narrow enough that every program reading its whole rows costs
-    less than the two XLA launches it replaces, and x quantized in the kernel."""
-    rows = min(nt, r.row_chunk or nt)
-    cfg = gemv.choose_config(qtype, n, k, rows, r.row_chunk is not None)
-    return k <= gemv_tuning.FOLD_NORM_MAX_K and not cfg.prequant
+    """The norm fits in the GEMV: x narrow and few tokens, so that every program reading their
+    whole rows costs less than the two XLA launches it replaces, and x quantized in the kernel.
+    The deterministic mode (r.row_chunk) folds at every row count: a row's numerics must not
+    depend on the batch."""
+    alone = r.row_chunk is not None
+    if k > gemv_tuning.FOLD_NORM_MAX_K or (nt > gemv_tuning.FOLD_NORM_MAX_NT and not alone):
+        return False
+    return not gemv.choose_config(qtype, n, k, min(nt, r.row_chunk or nt), alone).prequant
 
 
 def _quantized_route(qtype: QType, nt: int, impl: Impl) -> Route:

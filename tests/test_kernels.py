@@ -335,13 +335,16 @@ def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):
         (QType.F16, 1024),
     ],
 )
-@pytest.mark.parametrize("nt", [1, 3])
-def test_norm_folded_into_gemv(qtype, k, nt):
+@pytest.mark.parametrize("nt,deterministic", [(1, False), (3, True)])
+def test_norm_folded_into_gemv(qtype, k, nt, deterministic):
     """ops.norm_matmuls with the RMSNorm computed inside the GEMVs (each program: the rows' sum of
     squares in power-of-two pieces, 896 = 512 + 256 + 128, then its slice normalized and scaled
-    as it is loaded) == the norm first, then the same GEMVs; float weights take the plain path."""
+    as it is loaded) == the norm first, then the same GEMVs; float weights take the plain path.
+    One token by default; several rows in the deterministic mode, which folds at every count."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
+
+    impl = ops.Impl(KERNELS, deterministic=deterministic)
 
     n = 130
     ws = [QWeight(random_planes(jax.random.PRNGKey(s), qtype, n, k), qtype, (n, k)) for s in (6, 7)]
@@ -349,8 +352,11 @@ def test_norm_folded_into_gemv(qtype, k, nt):
         jax.random.normal(jax.random.PRNGKey(8), (nt, k), jnp.float32) * 30.0
     )  # a residual stream's scale
     g = 1.0 + 0.5 * jax.random.normal(jax.random.PRNGKey(9), (k,), jnp.float32)
-    folded = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl(KERNELS, fold_norm=True))
-    plain = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl(KERNELS, fold_norm=False))
+    assert all(ops.route(w, nt, impl, after_norm=True).fold_norm for w in ws) == (
+        qtype != QType.F16
+    )
+    folded = ops.norm_matmuls(x, g, 1e-6, ws, impl)
+    plain = ops.norm_matmuls(x, g, 1e-6, ws, dataclasses.replace(impl, fold_norm=False))
     for a, b in zip(folded, plain):
         chex.assert_shape(a, (nt, n))
         np.testing.assert_allclose(
@@ -613,20 +619,20 @@ def test_route_dense_and_norm_folding():
         "dense"
     )
     fold = ops.Impl("pallas", fold_norm=True)
-    r = ops.route(_qweight(QType.Q5_0), 3, fold, after_norm=True)
+    r = ops.route(_qweight(QType.Q5_0), 1, fold, after_norm=True)
     assert (r.kind, r.fold_norm, r.label) == ("gemv", True, "gemv+fold")
-    assert not ops.route(_qweight(QType.Q5_0), 3, fold).fold_norm  # x not a norm's output
+    assert not ops.route(_qweight(QType.Q5_0), 1, fold).fold_norm  # x not a norm's output
+    few = gemv_tuning.FOLD_NORM_MAX_NT + 1
+    assert not ops.route(_qweight(QType.Q5_0), few, fold, after_norm=True).fold_norm
     assert not ops.route(
         _qweight(QType.Q5_0), 3, ops.Impl("pallas", fold_norm=False), after_norm=True
     ).fold_norm  # fold_norm off
     wide = gemv_tuning.FOLD_NORM_MAX_K * 2
     assert not ops.route(_qweight(QType.Q5_0, 128, wide), 1, fold, after_norm=True).fold_norm
-    big = _qweight(QType.Q5_0, 16384, 1024)  # 2^24 weights: x pre-quantized from 3 rows
-    assert ops.route(big, 2, fold, after_norm=True).fold_norm
-    assert not ops.route(big, 3, fold, after_norm=True).fold_norm
-    assert ops.route(
-        big, 3, ops.Impl("pallas", deterministic=True), after_norm=True
-    ).fold_norm  # the deterministic mode quantizes x in the kernel at every row count
+    for nt in (1, 2, 8, 32):  # the deterministic mode: one-token numerics at every row count
+        assert ops.route(
+            _qweight(QType.Q5_0), nt, ops.Impl("pallas", deterministic=True), after_norm=True
+        ).fold_norm
     assert ops.route(_qweight(QType.F16), 1, fold, after_norm=True) == ops.Route(
         "gemv-float"
     )  # float: never

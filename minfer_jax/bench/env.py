@@ -80,7 +80,12 @@ def _git_build() -> tuple[str, int]:
             timeout=10,
             check=True,
         ).stdout.strip()
-        return commit or "unknown", int(count or 0)
+        # a tree that differs from HEAD (a copy of a working tree, say) is not that commit's code
+        dirty = subprocess.run(
+            ["git", "-C", here, "diff", "--quiet", "HEAD", "--"], capture_output=True, timeout=10
+        ).returncode
+        commit = (commit or "unknown") + ("-dirty" if commit and dirty == 1 else "")
+        return commit, int(count or 0)
     except (OSError, subprocess.SubprocessError, ValueError):
         return "unknown", 0
 

@@ -41,8 +41,10 @@ PREQUANT_MIN_WEIGHTS = 1 << 23
 PREQUANT_MIN_PROGRAMS = 896
 
 # the RMSNorm before a GEMV computed in each of its programs (ops.norm_matmuls) up to this many
-# inputs: every program reads x's whole rows for the sum of squares [G-fold-norm]
+# inputs and tokens: every program reads x's whole rows for the sums of squares [G-fold-norm]
+# (the deterministic mode folds at every row count, so that a row's numerics never change)
 FOLD_NORM_MAX_K = 1024
+FOLD_NORM_MAX_NT = 1
 
 TARGET_PROGRAMS = 1024  # float formats: ~8 programs per SM on the H200's 132 SMs [G-float-split]
 TILE_ELEMS = 8192  # float formats: bn * bk ceiling (decoded tile + intermediates in registers)
