@@ -23,8 +23,9 @@ GEMV's configuration at every row count, in calls of at most GEMV_MAX_NT rows wh
 otherwise take over. (The XLA paths get batch invariance from decoder.forward_decode instead: its
 rows run one after another, XLA's dots and reductions depending on the row count.)
 `norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where every one
-is a "gemv" that quantizes x in the kernel, of at most gemv_tuning.FOLD_NORM_MAX_K inputs, and
-impl.fold_norm is set, each GEMV computes the norm itself (Route.fold_norm, "gemv+fold").
+is a "gemv" that quantizes x in the kernel, of at most gemv_tuning.FOLD_NORM_MAX_K inputs and
+FOLD_NORM_MAX_NT tokens (any in the deterministic mode), and impl.fused_decode is set, each
+GEMV computes the norm itself (Route.fold_norm, "gemv+fold").
 `norm_matmul_parts` returns them before their split-K partials are added, for a kernel that adds
 them itself (impl.fused_decode: pallas/decode_qkv.py).
 The kernel benchmark asks it too (`kernel_case`: the route, its kernel call and its reference).
@@ -106,10 +107,6 @@ class Impl:
     kernels: str = "xla"  # "pallas" | "interpret" | "xla"
     gemv_max_nt: int = GEMV_MAX_NT
     gemm: str = "auto"  # prefill variant: "auto" | "f16" (decode in-kernel) | "dequant" | "int8"
-    # GEMV path: the RMSNorm before a layer's q/k/v and gate/up matmuls computed inside each of
-    # their GEMV programs where x is narrow (norm_matmuls; docs/BENCHMARKS.md, GEMV choices
-    # [G-fold-norm]); off: the norm as XLA ops, for A/B
-    fold_norm: bool = True
     # batch invariance: every row of a decode batch computed as it is alone (kernels: route's
     # row_chunk, the attention's fixed key splits, a lone row run as two by
     # decoder.forward_decode; XLA: forward_decode runs the rows one after another); slower decode,
@@ -118,14 +115,15 @@ class Impl:
     # kernels, decode: a layer's q / k / v epilogue (partial sums, biases, RoPE, cache writes) and
     # the attention's split merge each one Pallas launch (pallas/decode_qkv.py,
     # decode_attention.merge_splits_kernel) where XLA runs five and four (docs/BENCHMARKS.md,
-    # "Decode fusion"); off: the XLA path, for A/B
+    # "Decode fusion"), and the RMSNorm before narrow q/k/v and gate/up GEMVs computed inside
+    # them (norm_matmuls, [G-fold-norm]); off: the XLA ops, for A/B
     fused_decode: bool = True
 
     def __post_init__(self):
         validate.choice("Impl.kernels", self.kernels, KERNEL_MODES)
         validate.integer("Impl.gemv_max_nt", self.gemv_max_nt, 1, gemv.NT_PAD)
         validate.choice("Impl.gemm", self.gemm, GEMM_VARIANTS)
-        for name in ("fold_norm", "deterministic", "fused_decode"):
+        for name in ("deterministic", "fused_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(
                     f"Impl.{name} must be a bool, got {getattr(self, name)!r}"
@@ -164,11 +162,12 @@ class Route:
 
 def route(w: Weight, nt: int, impl: Impl, *, after_norm: bool = False) -> Route:
     """The kernel matmul(x, w, impl) runs for nt tokens; after_norm: x is an RMSNorm's output
-    (norm_matmuls), so the route is "gemv+fold" where impl.fold_norm and the shape let it be."""
+    (norm_matmuls), so the route is "gemv+fold" where impl.fused_decode and the shape let it be."""
     if isinstance(w, DenseWeight):
         return Route("dense")
     r = _quantized_route(w.qtype, nt, impl)
-    if after_norm and impl.fold_norm and r.kind == "gemv" and _foldable(w.qtype, *w.shape, nt, r):
+    fold = after_norm and impl.fused_decode and r.kind == "gemv"
+    if fold and _foldable(w.qtype, *w.shape, nt, r):
         return dataclasses.replace(r, fold_norm=True)
     return r
 

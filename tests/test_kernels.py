@@ -356,7 +356,7 @@ def test_norm_folded_into_gemv(qtype, k, nt, deterministic):
         qtype != QType.F16
     )
     folded = ops.norm_matmuls(x, g, 1e-6, ws, impl)
-    plain = ops.norm_matmuls(x, g, 1e-6, ws, dataclasses.replace(impl, fold_norm=False))
+    plain = ops.norm_matmuls(x, g, 1e-6, ws, dataclasses.replace(impl, fused_decode=False))
     for a, b in zip(folded, plain):
         chex.assert_shape(a, (nt, n))
         np.testing.assert_allclose(
@@ -615,18 +615,16 @@ def test_route_dense_and_norm_folding():
     from minfer_jax.model.weights import DenseWeight
 
     dense = DenseWeight(jnp.zeros((256, 128)), transposed=True)
-    assert ops.route(dense, 1, ops.Impl("pallas", fold_norm=True), after_norm=True) == ops.Route(
-        "dense"
-    )
-    fold = ops.Impl("pallas", fold_norm=True)
+    assert ops.route(dense, 1, ops.Impl("pallas"), after_norm=True) == ops.Route("dense")
+    fold = ops.Impl("pallas")
     r = ops.route(_qweight(QType.Q5_0), 1, fold, after_norm=True)
     assert (r.kind, r.fold_norm, r.label) == ("gemv", True, "gemv+fold")
     assert not ops.route(_qweight(QType.Q5_0), 1, fold).fold_norm  # x not a norm's output
     few = gemv_tuning.FOLD_NORM_MAX_NT + 1
     assert not ops.route(_qweight(QType.Q5_0), few, fold, after_norm=True).fold_norm
     assert not ops.route(
-        _qweight(QType.Q5_0), 3, ops.Impl("pallas", fold_norm=False), after_norm=True
-    ).fold_norm  # fold_norm off
+        _qweight(QType.Q5_0), 3, ops.Impl("pallas", fused_decode=False), after_norm=True
+    ).fold_norm  # fused_decode off
     wide = gemv_tuning.FOLD_NORM_MAX_K * 2
     assert not ops.route(_qweight(QType.Q5_0, 128, wide), 1, fold, after_norm=True).fold_norm
     for nt in (1, 2, 8, 32):  # the deterministic mode: one-token numerics at every row count
@@ -639,9 +637,7 @@ def test_route_dense_and_norm_folding():
     assert ops.route(_qweight(QType.Q5_0), 9, fold, after_norm=True) == ops.Route(
         "gemm"
     )  # past the GEMV: never
-    assert ops.route(
-        _qweight(QType.Q5_0), 1, ops.Impl("xla", fold_norm=True), after_norm=True
-    ) == ops.Route("xla")
+    assert ops.route(_qweight(QType.Q5_0), 1, ops.Impl("xla"), after_norm=True) == ops.Route("xla")
     with pytest.raises(ValueError, match="dense"):
         ops.route_call(ops.Route("dense"), QType.F32, 128, fold)
 

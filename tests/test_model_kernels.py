@@ -37,12 +37,15 @@ def tiny_models(tiny_gguf):
     return load(KERNELS), load("xla")
 
 
-@pytest.mark.parametrize("fold_norm", [True, False])
-def test_kernel_path_matches_reference_path(tiny_models, fold_norm):
+@pytest.mark.parametrize("fused", [True, False])
+def test_kernel_path_matches_reference_path(tiny_models, fused):
     kern, ref = tiny_models
     kern = dataclasses.replace(
-        kern, impl=dataclasses.replace(kern.impl, fold_norm=fold_norm), _compiled={}
+        kern, impl=dataclasses.replace(kern.impl, fused_decode=fused), _compiled={}
     )
+    layer = kern.params.layers[0]
+    for w in (*layer.qkv, *layer.gate_up):  # one decode row takes the folded norm, or not
+        assert ops.route(w, 1, kern.impl, after_norm=True).fold_norm == fused
     prompt = [5, 17, 250, 3, 99]
     got = list(minfer_jax.generate(kern, prompt, max_new_tokens=4).tokens)
     want = list(minfer_jax.generate(ref, prompt, max_new_tokens=4).tokens)

@@ -171,8 +171,8 @@ def _execution_args(g) -> None:
     g.add_argument(
         "--unfused-decode",
         action="store_true",
-        help="decode's q/k/v epilogue and attention merge as XLA ops instead of the fused kernels "
-        "(ops.Impl.fused_decode off; for A/B)",
+        help="decode's q/k/v epilogue, attention merge and RMSNorm as XLA ops instead of the fused "
+        "kernels (ops.Impl.fused_decode off; for A/B)",
     )
     g.add_argument(
         "--weights",
