@@ -294,6 +294,18 @@ def test_decode_attention_rejects_unsupported_shapes():
         )
 
 
+def test_decode_splits_capped_by_the_cache_tiles():
+    """No more default key splits than the cache has 64-key tiles (power of two); an explicit
+    k_splits and the deterministic mode's fixed splits are kept."""
+    full = decode_attention.decode_config(1, 2).k_splits
+    assert decode_attention.decode_config(1, 2, max_len=128).k_splits == 2
+    assert decode_attention.decode_config(1, 2, max_len=640).k_splits == min(full, 16)
+    assert decode_attention.decode_config(1, 2, max_len=1 << 15).k_splits == full
+    assert decode_attention.decode_config(1, 2, k_splits=8, max_len=128).k_splits == 8
+    det = decode_attention.decode_config(1, 2, deterministic=True)
+    assert decode_attention.decode_config(1, 2, deterministic=True, max_len=128) == det
+
+
 def lower_for_gpu(fn, *avals):
     """Lower fn for CUDA on any host (jax.export): runs the Pallas Triton lowering rules
     (power-of-two load/store sizes, indexers) that interpret mode skips; Triton's own compile still
