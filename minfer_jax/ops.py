@@ -316,8 +316,7 @@ def norm_matmul_parts(
             call = route_call(r, w.qtype, w.shape[0], impl, partials=True)
             parts.append(call(h, w.planes, *extra))
         elif folded:  # deterministic: in calls of row_chunk rows, each finished
-            call = route_call(r, w.qtype, w.shape[0], impl)
-            parts.append(by_rows(call, r.row_chunk, h, w.planes, *extra)[None])
+            parts.append(norm_matmuls(x, norm_weight, eps, [w], impl)[0][None])
         else:
             parts.append(matmul(h, w, impl)[None])
     return parts
