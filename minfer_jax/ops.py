@@ -22,10 +22,15 @@ decode batch) computes each row exactly as a one-row call does (Route.row_chunk)
 GEMV's configuration at every row count, in calls of at most GEMV_MAX_NT rows where the GEMM would
 otherwise take over. (The XLA paths get batch invariance from decoder.forward_decode instead: its
 rows run one after another, XLA's dots and reductions depending on the row count.)
-`norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where every one
-is a "gemv" that quantizes x in the kernel, of at most gemv_tuning.FOLD_NORM_MAX_K inputs and
-FOLD_NORM_MAX_NT tokens (any in the deterministic mode), and impl.fused_decode is set, each
-GEMV computes the norm itself (Route.fold_norm, "gemv+fold").
+`norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where a weight's
+route is a "gemv" that quantizes x in the kernel and impl.fused_decode is set, the GEMV applies the
+norm itself (Route.fold_norm): up to gemv_tuning.FOLD_NORM_MAX_K inputs and FOLD_NORM_MAX_NT
+tokens (any row count in the deterministic mode) every program computes the rows' rsqrt
+("gemv+fold"); past that XLA computes it and the kernel multiplies ("gemv+rsqrt"). Folded GEMVs of
+the same x (q / k / v, gate / up of different formats) run as one launch where their configs
+allow (gemv.groupable).
+`glu_matmul` asks it for the down projection of a SwiGLU: the same GEMVs form silu(gate) * up
+as they load x ("gemv+glu").
 `norm_matmul_parts` returns them before their split-K partials are added, for a kernel that adds
 them itself (impl.fused_decode: pallas/decode_qkv.py).
 The kernel benchmark asks it too (`kernel_case`: the route, its kernel call and its reference).
@@ -45,7 +50,7 @@ import jax.numpy as jnp
 
 from minfer_jax import validate
 from minfer_jax.errors import InvalidArgumentError
-from minfer_jax.model.weights import DenseWeight, Weight
+from minfer_jax.model.weights import DenseWeight, QWeight, Weight
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import QType, get_format
 
@@ -148,39 +153,58 @@ class Route:
     """Which kernel runs one matmul: static, fixed at trace time by the weight, nt and Impl."""
 
     kind: str  # one of ROUTE_KINDS
-    fold_norm: bool = False  # "gemv" only: the RMSNorm before it computed in the GEMV
+    # "gemv" only, the RMSNorm before it applied in the GEMV: "fold" (every program computes the
+    # rows' rsqrt) or "rsqrt" (XLA computes it, the kernel multiplies); None: XLA's norm first
+    fold_norm: str | None = None
+    # "gemv" only: x is [gate | up] and the GEMV forms silu(gate) * up as it loads it (glu_matmul)
+    glu: bool = False
     # impl.deterministic, GEMV: rows per call (<= GEMV_MAX_NT), each computed with the one-token
     # config, so as alone; None: all rows in one call, the config chosen for their count
     row_chunk: int | None = None
 
     @property
     def label(self) -> str:
-        """The kind, "+fold" appended when the norm is folded in (e.g. "gemv+fold"), "/rows"
-        when each row is computed as alone (deterministic)."""
-        return self.kind + ("+fold" if self.fold_norm else "") + ("/rows" if self.row_chunk else "")
+        """The kind, "+fold" or "+rsqrt" appended when the norm is applied in the GEMV (e.g.
+        "gemv+fold"), "/rows" when each row is computed as alone (deterministic)."""
+        fold = f"+{self.fold_norm}" if self.fold_norm else ""
+        return self.kind + fold + ("+glu" if self.glu else "") + ("/rows" if self.row_chunk else "")
 
 
-def route(w: Weight, nt: int, impl: Impl, *, after_norm: bool = False) -> Route:
+def route(
+    w: Weight, nt: int, impl: Impl, *, after_norm: bool = False, after_glu: bool = False
+) -> Route:
     """The kernel matmul(x, w, impl) runs for nt tokens; after_norm: x is an RMSNorm's output
-    (norm_matmuls), so the route is "gemv+fold" where impl.fused_decode and the shape let it be."""
+    (norm_matmuls), so the GEMV applies the norm where impl.fused_decode lets it
+    (Route.fold_norm); after_glu: x is silu(gate) * up (glu_matmul), formed by the GEMV under the
+    same conditions (Route.glu)."""
     if isinstance(w, DenseWeight):
         return Route("dense")
     r = _quantized_route(w.qtype, nt, impl)
-    fold = after_norm and impl.fused_decode and r.kind == "gemv"
-    if fold and _foldable(w.qtype, *w.shape, nt, r):
-        return dataclasses.replace(r, fold_norm=True)
-    return r
+    if not (impl.fused_decode and r.kind == "gemv" and (after_norm or after_glu)):
+        return r
+    if after_glu:
+        return dataclasses.replace(r, glu=not _xla_quantizes_x(w.qtype, *w.shape, nt, r))
+    return dataclasses.replace(r, fold_norm=_fold_mode(w.qtype, *w.shape, nt, r))
 
 
-def _foldable(qtype: QType, n: int, k: int, nt: int, r: Route) -> bool:
-    """The norm fits in the GEMV: x narrow and few tokens, so that every program reading their
-    whole rows costs less than the two XLA launches it replaces, and x quantized in the kernel.
-    The deterministic mode (r.row_chunk) folds at every row count: a row's numerics must not
-    depend on the batch."""
+def _xla_quantizes_x(qtype: QType, n: int, k: int, nt: int, r: Route) -> bool:
+    """Whether the GEMV's x is quantized by an XLA fusion before it (gemv_tuning's prequant),
+    which then fuses the ops that make x too: nothing for the kernel to take over."""
     alone = r.row_chunk is not None
-    if k > gemv_tuning.FOLD_NORM_MAX_K or (nt > gemv_tuning.FOLD_NORM_MAX_NT and not alone):
-        return False
-    return not gemv.choose_config(qtype, n, k, min(nt, r.row_chunk or nt), alone).prequant
+    return gemv.choose_config(qtype, n, k, min(nt, r.row_chunk or nt), alone).prequant
+
+
+def _fold_mode(qtype: QType, n: int, k: int, nt: int, r: Route) -> str | None:
+    """How a GEMV applies the norm before it (Route.fold_norm), or None where x is quantized by
+    XLA (which fuses the norm's multiply there itself). Every program recomputing the rsqrt from
+    whole rows costs less than XLA's reduce launch only for narrow x and few tokens; the
+    deterministic mode (r.row_chunk) folds the same way at every row count: a row's numerics
+    must not depend on the batch."""
+    alone = r.row_chunk is not None
+    if _xla_quantizes_x(qtype, n, k, nt, r):
+        return None
+    narrow = k <= gemv_tuning.FOLD_NORM_MAX_K
+    return "fold" if narrow and (nt <= gemv_tuning.FOLD_NORM_MAX_NT or alone) else "rsqrt"
 
 
 def _quantized_route(qtype: QType, nt: int, impl: Impl) -> Route:
@@ -279,24 +303,14 @@ def norm_matmuls(
     """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w]
     f32.
 
-    Where every weight's route is "gemv+fold" each GEMV program computes the norm of the rows of x
-    it reads (rsqrt(mean(x^2) + eps) from the whole row, then (x * rsqrt) * norm_weight on its
-    slice, quantized as it is loaded), so the two XLA launches of the norm (the sum of squares
-    and the multiply) are gone from the decode step.
-    """
+    Where a weight's route folds the norm (Route.fold_norm) its GEMV reads x itself: "fold" has
+    every program compute the rsqrt(mean(x^2) + eps) of the rows it reads, "rsqrt" takes it from
+    one XLA reduce; each then quantizes (x * rsqrt) * norm_weight as it loads its slice, so the
+    norm's multiply (and with "fold" its reduce) leaves the decode step. Folded GEMVs run as one
+    launch where their configs allow (_folded_groups)."""
     lead, k = x.shape[:-1], x.shape[-1]
-    nt = math.prod(lead)
-    routes = [route(w, nt, impl, after_norm=True) for w in weights]
-    if not all(r.fold_norm for r in routes):
-        h = rms_norm(x, norm_weight, eps)
-        return [matmul(h, w, impl) for w in weights]
-    x2 = x.reshape(nt, k).astype(jnp.float32)
-    return [
-        by_rows(
-            route_call(rt, w.qtype, w.shape[0], impl), rt.row_chunk, x2, w.planes, norm_weight, eps
-        ).reshape(*lead, w.shape[0])
-        for rt, w in zip(routes, weights)
-    ]
+    outs = _norm_products(x.reshape(-1, k), norm_weight, eps, weights, impl, partials=False)
+    return [y.reshape(*lead, y.shape[-1]) for y in outs]
 
 
 def norm_matmul_parts(
@@ -305,21 +319,104 @@ def norm_matmul_parts(
     """norm_matmuls before the split-K partial sums are added: x [nt, K] -> for each weight
     [S, R >= nt, Np >= N] f32 whose S slices add up to its output in rows [0, nt) and columns
     [0, N): a one-call GEMV's partials, else the finished product as one slice."""
+    return _norm_products(x, norm_weight, eps, weights, impl, partials=True)
+
+
+def _norm_products(x, norm_weight, eps: float, weights, impl: Impl, partials: bool) -> list:
+    """norm_matmuls on x [nt, K] (partials: as norm_matmul_parts)."""
     nt = x.shape[0]
+    x = x.astype(jnp.float32)
     routes = [route(w, nt, impl, after_norm=True) for w in weights]
-    folded = all(r.fold_norm for r in routes)
-    h = x.astype(jnp.float32) if folded else rms_norm(x, norm_weight, eps)
-    extra = (norm_weight, eps) if folded else ()
-    parts = []
-    for r, w in zip(routes, weights):
-        if r.kind in ("gemv", "gemv-float") and r.row_chunk is None:
-            call = route_call(r, w.qtype, w.shape[0], impl, partials=True)
-            parts.append(call(h, w.planes, *extra))
-        elif folded:  # deterministic: in calls of row_chunk rows, each finished
-            parts.append(norm_matmuls(x, norm_weight, eps, [w], impl)[0][None])
+    rsqrt = None
+    if any(r.fold_norm == "rsqrt" for r in routes):
+        rsqrt = jax.lax.rsqrt(jnp.mean(x * x, axis=-1) + eps)  # [nt]: one XLA reduce
+    h = rms_norm(x, norm_weight, eps) if not all(r.fold_norm for r in routes) else None
+    out: list = [None] * len(weights)
+    for group in _folded_groups(routes, weights, nt):
+        r = routes[group[0]]
+        whole = partials and r.kind in ("gemv", "gemv-float") and r.row_chunk is None
+        if not r.fold_norm:
+            [i] = group
+            w = weights[i]
+            assert h is not None  # an unfolded route: the norm was computed above
+            if whole:
+                out[i] = route_call(r, w.qtype, w.shape[0], impl, partials=True)(h, w.planes)
+            else:
+                out[i] = matmul(h, w, impl)
+                out[i] = out[i][None] if partials else out[i]
+            continue
+        members = [weights[i] for i in group]
+
+        def call(xs, rs, members=members, r=r, whole=whole):
+            return gemv.gemv_int8_group(
+                xs,
+                tuple(w.planes for w in members),
+                qtypes=tuple(w.qtype for w in members),
+                n_outs=tuple(w.shape[0] for w in members),
+                x_scale=norm_weight,
+                row_scale=rs,
+                norm_eps=float(eps) if r.fold_norm == "fold" else None,
+                deterministic=r.row_chunk is not None,
+                partials=whole,
+                interpret=impl.kernels == "interpret",
+            )
+
+        chunk = r.row_chunk or nt
+        pieces = [
+            call(x[i : i + chunk], None if rsqrt is None else rsqrt[i : i + chunk])
+            for i in range(0, nt, chunk)
+        ]
+        for m, i in enumerate(group):
+            y = pieces[0][m] if len(pieces) == 1 else jnp.concatenate([p[m] for p in pieces])
+            out[i] = y if whole or not partials else y[None]
+    return out
+
+
+def _folded_groups(routes, weights, nt: int) -> list[list[int]]:
+    """The weights' indices in launches: folded GEMVs of one fold mode, row chunk and groupable
+    config together (gemv_tuning.GROUP_FOLDED_GEMVS), every other weight alone."""
+    groups: list[list[int]] = []
+    keys: list = []
+    for i, (r, w) in enumerate(zip(routes, weights)):
+        if r.fold_norm and gemv_tuning.GROUP_FOLDED_GEMVS:
+            cfg = gemv.choose_config(
+                w.qtype, w.shape[0], w.shape[1], min(nt, r.row_chunk or nt), r.row_chunk is not None
+            )
+            key = (r.fold_norm, r.row_chunk, cfg.splits, cfg.num_warps, cfg.num_stages)
+            if key in keys:
+                groups[keys.index(key)].append(i)
+                continue
+            keys.append(key)
         else:
-            parts.append(matmul(h, w, impl)[None])
-    return parts
+            keys.append(None)
+        groups.append([i])
+    return groups
+
+
+def glu_matmul(gate_up: jax.Array, w: Weight, impl: Impl) -> jax.Array:
+    """matmul(silu(gate) * up, w) for gate_up = [gate | up] [..., 2K] f32 -> [..., N] f32. Where
+    the route says so (Route.glu) the GEMV forms silu(gate) * up as it loads x, so the SwiGLU's
+    XLA launch leaves the decode step."""
+    lead, width = gate_up.shape[:-1], gate_up.shape[-1]
+    nt = math.prod(lead)
+    r = route(w, nt, impl, after_glu=True)
+    if not r.glu or not isinstance(w, QWeight):
+        half = width // 2
+        return matmul(jax.nn.silu(gate_up[..., :half]) * gate_up[..., half:], w, impl)
+
+    def call(x):
+        return gemv.gemv_int8(
+            x,
+            w.planes,
+            qtype=w.qtype,
+            n_out=w.shape[0],
+            gated=True,
+            deterministic=r.row_chunk is not None,
+            interpret=impl.kernels == "interpret",
+        )
+
+    y = by_rows(call, r.row_chunk, gate_up.reshape(nt, width).astype(jnp.float32))
+    return y.reshape(*lead, y.shape[-1])
 
 
 def _dequant_gemm(x: jax.Array, planes, qtype: QType, n_out: int, interpret: bool) -> jax.Array:

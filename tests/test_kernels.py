@@ -13,13 +13,14 @@ import functools
 
 import chex
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax.bench.kernel_timing import random_planes
-from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import (
     FIELD_PLANES,
     FORMATS,
@@ -325,42 +326,129 @@ def test_gemv_x_quantized_in_kernel_or_before(qtype, nt):
         )
 
 
+def _pallas_launches(fn, *args) -> list[str]:
+    """The names of the Pallas kernels fn(*args) launches, in trace order (nested jits too)."""
+    names = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                names.append(str(eqn.params.get("name_and_src_info", eqn.params.get("name"))))
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return names
+
+
 @pytest.mark.parametrize(
-    "qtype,k",
+    "qtypes,k",
     [
-        (QType.Q5_0, 896),
-        (QType.Q4_K, 768),
-        (QType.Q6_K, 1024),
-        (QType.Q8_0, 896),
-        (QType.F16, 1024),
+        ((QType.Q5_0, QType.Q5_0), 896),
+        ((QType.Q5_0, QType.Q8_0), 896),  # the 0.5B's q+k and v: two formats, one launch
+        ((QType.Q4_K, QType.Q6_K), 768),
+        ((QType.Q6_K, QType.Q6_K), 1024),
+        ((QType.Q4_K, QType.Q6_K), 2048),  # past FOLD_NORM_MAX_K: XLA's rsqrt, the kernel's scale
+        ((QType.F16, QType.F16), 1024),
     ],
+    ids=lambda v: "+".join(q.name for q in v) if isinstance(v, tuple) else str(v),
 )
-@pytest.mark.parametrize("nt,deterministic", [(1, False), (3, True)])
-def test_norm_folded_into_gemv(qtype, k, nt, deterministic):
-    """ops.norm_matmuls with the RMSNorm computed inside the GEMVs (each program: the rows' sum of
-    squares in power-of-two pieces, 896 = 512 + 256 + 128, then its slice normalized and scaled
-    as it is loaded) == the norm first, then the same GEMVs; float weights take the plain path.
-    One token by default; several rows in the deterministic mode, which folds at every count."""
+@pytest.mark.parametrize("nt,deterministic", [(1, False), (2, False), (3, True)])
+def test_norm_folded_into_gemv(qtypes, k, nt, deterministic):
+    """ops.norm_matmuls with the RMSNorm applied inside the GEMVs == the norm first, then the same
+    GEMVs. Narrow x at one token ("fold"): each program sums the rows' squares in power-of-two
+    pieces (896 = 512 + 256 + 128); wider x or more rows ("rsqrt"): XLA's rsqrt, multiplied in
+    the kernel. The weights run as one launch even in two formats; float weights take the plain
+    path. The deterministic mode folds at every row count."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
 
     impl = ops.Impl(KERNELS, deterministic=deterministic)
-
-    n = 130
-    ws = [QWeight(random_planes(jax.random.PRNGKey(s), qtype, n, k), qtype, (n, k)) for s in (6, 7)]
+    sizes = (130, 70)
+    ws = [
+        QWeight(random_planes(jax.random.PRNGKey(s), q, n, k), q, (n, k))
+        for s, q, n in zip((6, 7), qtypes, sizes)
+    ]
     x = (
         jax.random.normal(jax.random.PRNGKey(8), (nt, k), jnp.float32) * 30.0
     )  # a residual stream's scale
     g = 1.0 + 0.5 * jax.random.normal(jax.random.PRNGKey(9), (k,), jnp.float32)
-    assert all(ops.route(w, nt, impl, after_norm=True).fold_norm for w in ws) == (
-        qtype != QType.F16
+    modes = {ops.route(w, nt, impl, after_norm=True).fold_norm for w in ws}
+    narrow = k <= gemv_tuning.FOLD_NORM_MAX_K and (
+        nt <= gemv_tuning.FOLD_NORM_MAX_NT or deterministic
     )
+    want = None if qtypes[0] == QType.F16 else "fold" if narrow else "rsqrt"
+    assert modes == {want}
+    launches = _pallas_launches(lambda x: ops.norm_matmuls(x, g, 1e-6, ws, impl), x)
+    assert len(launches) == (2 if want is None else 1), launches
     folded = ops.norm_matmuls(x, g, 1e-6, ws, impl)
     plain = ops.norm_matmuls(x, g, 1e-6, ws, dataclasses.replace(impl, fused_decode=False))
-    for a, b in zip(folded, plain):
+    parts = ops.norm_matmul_parts(x, g, 1e-6, ws, impl)
+    for a, b, p, n in zip(folded, plain, parts, sizes):
         chex.assert_shape(a, (nt, n))
-        np.testing.assert_allclose(
-            np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5 * float(jnp.max(jnp.abs(b)))
+        scale = float(jnp.max(jnp.abs(b)))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5 * scale)
+        summed = tiles.sum_splits(p, 0, True)[:nt, :n]
+        np.testing.assert_allclose(np.asarray(summed), np.asarray(a), rtol=1e-6, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize(
+    "qtype,k", [(QType.Q8_0, 4864), (QType.Q6_K, 4864), (QType.Q4_K, 512), (QType.Q5_0, 896)]
+)
+@pytest.mark.parametrize("nt,deterministic", [(1, False), (2, False), (3, True)])
+def test_swiglu_formed_in_the_down_gemv(qtype, k, nt, deterministic):
+    """ops.glu_matmul: the down GEMV forming silu(gate) * up as it loads x ("gemv+glu") == the
+    SwiGLU first, then the same GEMV; the kernel == its reference, with x quantized in the kernel
+    and by XLA."""
+    from minfer_jax import ops
+    from minfer_jax.model.weights import QWeight
+
+    impl = ops.Impl(KERNELS, deterministic=deterministic)
+    n = 136
+    w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
+    gate_up = jax.random.normal(jax.random.PRNGKey(3), (nt, 2 * k), jnp.float32) * 2.0
+    r = ops.route(w, nt, impl, after_glu=True)
+    assert (r.glu, r.label.split("/")[0]) == (True, "gemv+glu")
+    got = ops.glu_matmul(gate_up, w, impl)
+    plain = ops.glu_matmul(gate_up, w, dataclasses.replace(impl, fused_decode=False))
+    scale = float(jnp.max(jnp.abs(plain)))
+    chex.assert_shape(got, (nt, n))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(plain), rtol=2e-5, atol=2e-5 * scale)
+    ref = gemv.gemv_int8_reference(gate_up, w.planes, qtype=qtype, n_out=n, gated=True)
+    base = gemv.choose_config(qtype, n, k, nt)
+    for prequant in (False, True):
+        cfg = dataclasses.replace(base, prequant=prequant)
+        check(
+            gemv.gemv_int8(
+                gate_up,
+                w.planes,
+                qtype=qtype,
+                n_out=n,
+                gated=True,
+                config=cfg,
+                interpret=INTERPRET,
+            ),
+            ref,
+            qtype,
+        )
+
+
+def test_gemv_group_matches_each_weight_alone():
+    """gemv_int8_group: one launch through weights of three formats == gemv_int8 on each, and
+    configs that do not share a K split are refused."""
+    k, nt = 512, 2
+    qtypes, sizes = (QType.Q4_K, QType.Q6_K, QType.Q8_0), (200, 64, 130)
+    ws = [planes_for(q, n, k) for q, n in zip(qtypes, sizes)]
+    x = jax.random.normal(jax.random.PRNGKey(1), (nt, k), jnp.float32)
+    got = gemv.gemv_int8_group(x, tuple(ws), qtypes=qtypes, n_outs=sizes, interpret=INTERPRET)
+    for y, w, q, n in zip(got, ws, qtypes, sizes):
+        check(y, gemv.gemv_int8_reference(x, w, qtype=q, n_out=n), q)
+    cfgs = [gemv.choose_config(q, n, k, nt) for q, n in zip(qtypes, sizes)]
+    cfgs[1] = dataclasses.replace(cfgs[1], splits=cfgs[0].splits * 2, bk=cfgs[1].bk // 2)
+    assert not gemv.groupable(cfgs)
+    with pytest.raises(ValueError, match="one K split"):
+        gemv.gemv_int8_group(
+            x, tuple(ws), qtypes=qtypes, n_outs=sizes, configs=tuple(cfgs), interpret=INTERPRET
         )
 
 
@@ -605,7 +693,7 @@ def test_route_every_branch(qtype, nt, impl, want):
 
     impl = ops.Impl(**{"kernels": "pallas", **impl})
     r = ops.route(_qweight(qtype), nt, impl)
-    assert (r.kind, r.fold_norm, r.label) == (want, False, want)
+    assert (r.kind, r.fold_norm, r.label) == (want, None, want)
     assert r.kind in ops.ROUTE_KINDS
     assert ops.kernel_case(qtype, 128, nt, impl)[0] == r  # the benchmark's route is the model's
 
@@ -618,19 +706,30 @@ def test_route_dense_and_norm_folding():
     assert ops.route(dense, 1, ops.Impl("pallas"), after_norm=True) == ops.Route("dense")
     fold = ops.Impl("pallas")
     r = ops.route(_qweight(QType.Q5_0), 1, fold, after_norm=True)
-    assert (r.kind, r.fold_norm, r.label) == ("gemv", True, "gemv+fold")
+    assert (r.kind, r.fold_norm, r.label) == ("gemv", "fold", "gemv+fold")
     assert not ops.route(_qweight(QType.Q5_0), 1, fold).fold_norm  # x not a norm's output
-    few = gemv_tuning.FOLD_NORM_MAX_NT + 1
-    assert not ops.route(_qweight(QType.Q5_0), few, fold, after_norm=True).fold_norm
+    few = gemv_tuning.FOLD_NORM_MAX_NT + 1  # more rows: XLA's rsqrt, the kernel's multiply
+    r = ops.route(_qweight(QType.Q5_0), few, fold, after_norm=True)
+    assert (r.fold_norm, r.label) == ("rsqrt", "gemv+rsqrt")
     assert not ops.route(
         _qweight(QType.Q5_0), 3, ops.Impl("pallas", fused_decode=False), after_norm=True
     ).fold_norm  # fused_decode off
     wide = gemv_tuning.FOLD_NORM_MAX_K * 2
-    assert not ops.route(_qweight(QType.Q5_0, 128, wide), 1, fold, after_norm=True).fold_norm
+    assert ops.route(_qweight(QType.Q5_0, 128, wide), 1, fold, after_norm=True).fold_norm == "rsqrt"
+    big = gemv_tuning.PREQUANT_MIN_WEIGHTS // 896 + 128  # x quantized by XLA: it fuses the norm
+    assert ops.route(_qweight(QType.Q5_0, big, 896), 3, fold, after_norm=True).fold_norm is None
+    r = ops.route(_qweight(QType.Q8_0), 2, fold, after_glu=True)
+    assert (r.glu, r.fold_norm, r.label) == (True, None, "gemv+glu")
+    assert not ops.route(_qweight(QType.Q5_0, big, 896), 3, fold, after_glu=True).glu
+    assert not ops.route(
+        _qweight(QType.Q8_0), 1, ops.Impl("pallas", fused_decode=False), after_glu=True
+    ).glu
     for nt in (1, 2, 8, 32):  # the deterministic mode: one-token numerics at every row count
-        assert ops.route(
-            _qweight(QType.Q5_0), nt, ops.Impl("pallas", deterministic=True), after_norm=True
-        ).fold_norm
+        det = ops.Impl("pallas", deterministic=True)
+        assert ops.route(_qweight(QType.Q5_0), nt, det, after_norm=True).fold_norm == "fold"
+        assert ops.route(_qweight(QType.Q5_0, 128, wide), nt, det, after_norm=True).fold_norm == (
+            "rsqrt"
+        )
     assert ops.route(_qweight(QType.F16), 1, fold, after_norm=True) == ops.Route(
         "gemv-float"
     )  # float: never

@@ -49,11 +49,23 @@ __all__ = [
     "gemv_float",
     "gemv_float_reference",
     "gemv_int8",
+    "gemv_int8_group",
     "gemv_int8_reference",
+    "groupable",
 ]
 
 _STATIC = ("qtype", "n_out", "config", "deterministic", "partials", "interpret")
-_STATIC_INT8 = (*_STATIC, "norm_eps")
+_STATIC_INT8 = (*_STATIC, "norm_eps", "gated")
+_STATIC_GROUP = (
+    "qtypes",
+    "n_outs",
+    "configs",
+    "norm_eps",
+    "gated",
+    "deterministic",
+    "partials",
+    "interpret",
+)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC_INT8)
@@ -64,83 +76,230 @@ def gemv_int8(
     qtype: QType,
     n_out: int,
     x_scale: jax.Array | None = None,
+    row_scale: jax.Array | None = None,
     norm_eps: float | None = None,
+    gated: bool = False,
     config: GemvConfig | None = None,
     deterministic: bool = False,
     partials: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
-    """Block formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
-    planes; partials: the split-K partial sums [splits, pow2(nt), Npad] unadded (for a consumer
-    kernel that adds them itself: decode_qkv).
+    """Block formats: (x [nt, K] (nt <= 16) * row_scale [nt, None] * x_scale [K]) . W^T ->
+    [nt, n_out] f32, W as its planes; partials: the split-K partial sums [splits, pow2(nt), Npad]
+    unadded (for a consumer kernel that adds them itself: decode_qkv).
 
-    x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py):
-    inside the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion
-    that quantizes x before it. deterministic: each row's result does not depend on nt (one
-    config for all, choose_config; split-K partials added in a fixed order)."""
-    cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config, deterministic)
-    spec = int8_words.SPECS[qtype]
-    nt, k = x.shape
+    x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py),
+    row_scale (optional, f32 [nt]) per token (the norm's rsqrt, computed outside); both inside
+    the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion that
+    quantizes x before it. norm_eps (in-kernel x, x_scale given, no row_scale): x is an RMSNorm's
+    input, and every program computes each token's rsqrt(mean(x^2) + norm_eps) from its whole
+    row. gated: x is [gate | up] [nt, 2K] and the product reads silu(gate) * up (SwiGLU formed as
+    x is loaded, or in the fusion that quantizes it). deterministic: each row's result does not
+    depend on nt (one config for all, choose_config; split-K partials added in a fixed order)."""
+    [out] = gemv_int8_group(
+        x,
+        (planes,),
+        qtypes=(qtype,),
+        n_outs=(n_out,),
+        x_scale=x_scale,
+        row_scale=row_scale,
+        norm_eps=norm_eps,
+        gated=gated,
+        configs=None if config is None else (config,),
+        deterministic=deterministic,
+        partials=partials,
+        interpret=interpret,
+    )
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC_GROUP)
+def gemv_int8_group(
+    x: jax.Array,
+    planes: tuple[dict, ...],
+    *,
+    qtypes: tuple[QType, ...],
+    n_outs: tuple[int, ...],
+    x_scale: jax.Array | None = None,
+    row_scale: jax.Array | None = None,
+    norm_eps: float | None = None,
+    gated: bool = False,
+    configs: tuple[GemvConfig, ...] | None = None,
+    deterministic: bool = False,
+    partials: bool = False,
+    interpret: bool = False,
+) -> tuple[jax.Array, ...]:
+    """gemv_int8 of the same x through several block-format weights (of any formats, the same K)
+    in one launch: the grid's row blocks are the weights' row blocks one after another, and each
+    program runs its weight's format (one branch per weight). -> one result per weight, as
+    gemv_int8's. Their configs must share the K split and compiler settings (groupable)."""
+    nt, k = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
+    cfgs = configs or tuple(
+        choose_config(q, n, k, nt, deterministic) for q, n in zip(qtypes, n_outs)
+    )
+    if not groupable(cfgs):
+        raise ValueError(f"one GEMV launch needs one K split and compiler setting, got {cfgs}")
+    npads = [_prologue(x, p, q, c, k) for p, q, c in zip(planes, qtypes, cfgs)]
+    if x_scale is not None:
+        x_scale = x_scale.astype(jnp.float32)
     ntp = pow2_at_least(nt)
+    x = jnp.pad(x, ((0, ntp - nt), (0, 0)))
+    if row_scale is not None:
+        row_scale = jnp.pad(row_scale.astype(jnp.float32), (0, ntp - nt))
+    members = [
+        _int8_member(x, p, q, c, k, x_scale, row_scale, norm_eps, gated, interpret)
+        for p, q, c in zip(planes, qtypes, cfgs)
+    ]
+    row_blocks = [npad // c.bn for npad, c in zip(npads, cfgs)]
+    starts = [sum(row_blocks[:m]) for m in range(len(members))]
+    in_specs, operands, out_specs = [], [], []
+    for (ops_m, specs_m, _), start, blocks, c in zip(members, starts, row_blocks, cfgs):
+        local = functools.partial(_local_block, start, blocks, len(members) > 1)
+        operands += ops_m
+        in_specs += [_shifted(spec, local) for spec in specs_m]
+        out_specs.append(pl.BlockSpec((None, ntp, c.bn), lambda i, s, f=local: (s, 0, f(i))))
+    n_refs = [len(ops_m) for ops_m, _, _ in members]
+    bodies = [body for _, _, body in members]
+    kernel = (
+        bodies[0]
+        if len(members) == 1
+        else _branch_kernel(tuple(bodies), tuple(n_refs), tuple(starts))
+    )
+    name = "gemv_int8_" + "+".join(q.name.lower() for q in qtypes)
+    outs = pl.pallas_call(
+        kernel,
+        out_shape=[
+            jax.ShapeDtypeStruct((cfgs[0].splits, ntp, npad), jnp.float32) for npad in npads
+        ],
+        grid=(sum(row_blocks), cfgs[0].splits),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        compiler_params=tiles.compiler_params(cfgs[0].num_warps, cfgs[0].num_stages),
+        interpret=interpret,
+        name=name,
+    )(*operands)
+    if partials:
+        return tuple(outs)
+    return tuple(tiles.sum_splits(o, 0, deterministic)[:nt, :n] for o, n in zip(outs, n_outs))
+
+
+def groupable(configs) -> bool:
+    """Whether GEMVs of these configs can share one launch: one K split (the grid's second axis)
+    and one num_warps / num_stages (per launch)."""
+    return len({(c.splits, c.num_warps, c.num_stages) for c in configs}) == 1
+
+
+def _int8_member(
+    x, planes, qtype: QType, cfg: GemvConfig, k: int, x_scale, row_scale, norm_eps, gated, interpret
+):
+    """One weight's share of a gemv_int8_group launch: (operands, their BlockSpecs with the row
+    block numbered from 0, the kernel body (*its refs, its output ref))."""
+    spec = int8_words.SPECS[qtype]
+    ntp = x.shape[0]
     n_groups = k // spec.group
     gs = n_groups // cfg.splits  # groups per split
     gt = cfg.bk // spec.group  # groups per step
     assert n_groups % cfg.splits == 0 and gs % gt == 0, (cfg, k)
-    x = jnp.pad(x, ((0, ntp - nt), (0, 0)))
     tuning = row(qtype)
     block = gemv_int8_kernel.Block(qtype, ntp, cfg.bn, gt, gs // gt)
     dot4 = int8_words.dp4a_emulated if interpret else _dp4a
     if cfg.prequant:
+        xs = gemv_int8_kernel.silu(x[:, :k]) * x[:, k:] if gated else x
+        xs = xs if row_scale is None else xs * row_scale[:, None]
         xw, xsc = int8_words.quantize_x(
-            qtype, x if x_scale is None else x * x_scale, tuning.exact_round
+            qtype, xs if x_scale is None else xs * x_scale, tuning.exact_round
         )  # one XLA fusion
-        x_ops = (xw, xsc)  # [ntp, G, x_slots, x_words] int32, [ntp, 4, G, 1] f32
+        x_ops = [xw, xsc]  # [ntp, G, x_slots, x_words] int32, [ntp, 4, G, 1] f32
         in_specs = [
             pl.BlockSpec((ntp, gs, spec.x_slots, spec.x_words), lambda i, s: (0, s, 0, 0)),
             pl.BlockSpec((ntp, 4, gs, 1), lambda i, s: (0, 0, s, 0)),
         ]
         dims3, flat = tuning.tile_shapes(prequant=True)
-        kernel = gemv_int8_kernel.prequantized_x_kernel(block, dims3, dot4, cfg.x_first)
+        body = gemv_int8_kernel.prequantized_x_kernel(block, dims3, dot4, cfg.x_first)
     else:
-        x_ops = (int8_words.x_view(qtype, x),)  # [ntp, G, x_words, 4, x_slots]
+        x_ops = [int8_words.x_view(qtype, x)]  # [ntp, G (2G gated), x_words, 4, x_slots]
         in_specs = [
             pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
         ]
+        if gated:  # the same view again, its block cfg.splits blocks on: up's groups
+            x_ops.append(x_ops[0])
+            in_specs.append(
+                pl.BlockSpec(
+                    (ntp, gs, spec.x_words, 4, spec.x_slots),
+                    lambda i, s: (0, s + cfg.splits, 0, 0, 0),
+                )
+            )
         if x_scale is not None:  # scaled inside the kernel, as x is loaded
-            x_ops += (int8_words.x_view(qtype, x_scale[None]),)  # [1, G, x_words, 4, x_slots]
+            x_ops.append(int8_words.x_view(qtype, x_scale[None]))  # [1, G, x_words, 4, x_slots]
             in_specs.append(
                 pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
             )
         norm = None
-        if norm_eps is not None:  # whole rows, for the norm's sum of squares
-            x_ops += (x.astype(jnp.float32),)
+        if row_scale is not None:  # a per-token multiplier, loaded as a scalar
+            x_ops.append(row_scale)
+            in_specs.append(pl.BlockSpec((ntp,), lambda i, s: (0,)))
+        elif norm_eps is not None:  # whole rows, for the norm's sum of squares
+            x_ops.append(x.astype(jnp.float32))
             in_specs.append(pl.BlockSpec((ntp, k), lambda i, s: (0, 0)))
             norm = (k, float(norm_eps))
         dims3, flat = tuning.tile_shapes(prequant=False)
-        kernel = gemv_int8_kernel.in_kernel_x_kernel(
-            block, tuning.exact_round, x_scale is not None, dot4, cfg.x_first, norm
+        body = gemv_int8_kernel.in_kernel_x_kernel(
+            block,
+            tuning.exact_round,
+            x_scale is not None,
+            dot4,
+            cfg.x_first,
+            norm,
+            row_scale is not None,
+            gated,
         )
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
-    arrays = []
     for name, tail in spec.view_tails(dims3, flat):
-        arrays.append(wp[name])
+        x_ops.append(wp[name])
         in_specs.append(
             pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail)))
         )
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
-        arrays.append(wp[name])
+        x_ops.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    out = _split_k_call(
-        kernel,
-        in_specs,
-        (*x_ops, *arrays),
-        cfg,
-        npad,
-        ntp,
-        interpret,
-        f"gemv_int8_{qtype.name.lower()}",
-    )
-    return out if partials else tiles.sum_splits(out, 0, deterministic)[:nt, :n_out]
+    return x_ops, in_specs, body
+
+
+def _local_block(start: int, blocks: int, clamp: bool, i):
+    """A grouped launch's row block i as its weight's own row block (clamped into range for the
+    other weights' programs, which only compute the block's address, never touch it)."""
+    if not clamp:
+        return i
+    return jnp.clip(i - start, 0, blocks - 1)
+
+
+def _shifted(spec: pl.BlockSpec, local) -> pl.BlockSpec:
+    """spec with its index map reading the row block through `local`."""
+    index_map = spec.index_map
+    return pl.BlockSpec(spec.block_shape, lambda i, s: index_map(local(i), s))
+
+
+@functools.cache
+def _branch_kernel(bodies: tuple, n_refs: tuple, starts: tuple):
+    """One program of a grouped launch: the body of the weight its row block belongs to."""
+
+    def kernel(*refs):
+        n_in = sum(n_refs)
+        ins, outs = refs[:n_in], refs[n_in:]
+        i, split = pl.program_id(0), pl.program_id(1)  # read here: the interpreter needs it
+        for m, body in enumerate(bodies):
+            first = sum(n_refs[:m])
+            if m == 0:
+                inside = i < starts[1]
+            elif m + 1 == len(bodies):
+                inside = i >= starts[m]
+            else:
+                inside = (i >= starts[m]) & (i < starts[m + 1])
+            pl.when(inside)(
+                functools.partial(body, *ins[first : first + n_refs[m]], outs[m], split=split)
+            )
+
+    return kernel
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -158,11 +317,12 @@ def gemv_float(
 ) -> jax.Array:
     """Float formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
     planes. deterministic, partials ([splits, NT_PAD, Npad]): as gemv_int8's."""
-    cfg, npad, x_scale = _prologue(x, planes, qtype, n_out, x_scale, config, deterministic)
+    cfg = config or choose_config(qtype, n_out, x.shape[1], x.shape[0], deterministic)
+    npad = _prologue(x, planes, qtype, cfg)
     fmt = get_format(qtype)
     nt, k = x.shape
     k_split = k // cfg.splits
-    xs = x if x_scale is None else x * x_scale  # fused into the cast below
+    xs = x if x_scale is None else x * x_scale.astype(jnp.float32)  # fused into the cast below
     x16 = tiles.cast_rows(xs, NT_PAD, fmt.compute_dtype)  # [16, K]
     in_specs = [pl.BlockSpec((NT_PAD, k_split), lambda i, s: (0, s))]
     in_specs += [pl.BlockSpec((cfg.bn, k_split // p.wpc), lambda i, s: (i, s)) for p in fmt.planes]
@@ -183,20 +343,17 @@ def gemv_float(
     return out if partials else tiles.sum_splits(out, 0, deterministic)[:nt, :n_out]
 
 
-def _prologue(x, planes, qtype: QType, n_out: int, x_scale, config, deterministic: bool):
-    """What both families check and resolve first: token count, config, padded rows, x_scale in
-    f32."""
-    nt, k = x.shape
+def _prologue(x, planes, qtype: QType, cfg: GemvConfig, k: int | None = None) -> int:
+    """What both families check first (token count, blocks against the shapes; k: the weight's
+    inputs, x's by default) -> padded rows."""
+    nt, k = x.shape[0], k or x.shape[1]
     if not 1 <= nt <= NT_PAD:
         raise ValueError(f"gemv takes 1 .. {NT_PAD} tokens, got {nt}")
-    cfg = config or choose_config(qtype, n_out, k, nt, deterministic)
     npad = tiles.plane_arrays(get_format(qtype), planes)[0].shape[0]
     k_split = k // cfg.splits
     assert npad % cfg.bn == 0 and k % cfg.splits == 0 and k_split % cfg.bk == 0, (cfg, npad, k)
     tiles.silence_triton_deprecation()
-    if x_scale is not None:
-        x_scale = x_scale.astype(jnp.float32)
-    return cfg, npad, x_scale
+    return npad
 
 
 def _row_block_index(n_tail: int, i, s):
@@ -291,12 +448,19 @@ def gemv_int8_reference(
     qtype: QType,
     n_out: int,
     x_scale: jax.Array | None = None,
+    row_scale: jax.Array | None = None,
     norm_eps: float | None = None,
+    gated: bool = False,
 ) -> jax.Array:
     """What gemv_int8 computes, on whole arrays with planes.decode_ints (not the word tricks): the
     same activation quantization (and rounding, TUNING's exact_round) and exact integer sums."""
     x = x.astype(jnp.float32)
-    if norm_eps is not None:
+    if gated:
+        half = x.shape[1] // 2
+        x = jax.nn.silu(x[:, :half]) * x[:, half:]
+    if row_scale is not None:
+        x = x * row_scale.astype(jnp.float32)[:, None]
+    elif norm_eps is not None:
         x = x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + norm_eps)
     if x_scale is not None:
         x = x * x_scale.astype(jnp.float32)

@@ -64,32 +64,48 @@ def in_kernel_x_kernel(
     dot4: Callable,
     x_first: bool,
     norm: tuple[int, float] | None = None,
+    row_scaled: bool = False,
+    gated: bool = False,
 ):
     """x as f32 views [ntp, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
     quantized per step and token; per-group values as [bn, gt] tiles.
 
     norm = (K, eps): x is an RMSNorm's input and the scale its weight. One more ref, x's whole
     rows [ntp, K], gives each token's rsqrt(mean(x^2) + eps), and the program quantizes
-    (x * rsqrt) * scale, the norm's output, as it loads its slice."""
+    (x * rsqrt) * scale, the norm's output, as it loads its slice. row_scaled: the same with
+    each token's rsqrt given (one more ref, [ntp] f32), for rows too wide to reread per program.
+    gated: x is silu(gate) * up, from two views (gate's, then up's) loaded side by side (SwiGLU
+    formed as the down projection loads it)."""
     spec = int8_words.SPECS[block.qtype]
     gt = block.gt
     assert norm is None or scaled, "the folded norm needs its weight as the scale"
+    assert not (norm is not None and row_scaled), "the rsqrt is computed here or given, not both"
+    at_scale = 1 + gated  # ref positions: x (or gate), [up], [scale], [rows or rsqrt]
+    at_rows = at_scale + scaled
 
     def load(x_refs, tok, g0):  # one load per slot: [gt, x_words, 4] f32 each
         xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
-        if norm is not None:
-            r = _row_rsqrt(x_refs[2], tok, *norm)
+        if gated:
+            ups = [x_refs[1][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
+            xs = [silu(v) * u for v, u in zip(xs, ups)]
+        if norm is not None or row_scaled:
+            r = _row_rsqrt(x_refs[at_rows], tok, *norm) if norm else x_refs[at_rows][tok]
             xs = [v * r for v in xs]
         if scaled:
-            xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
+            xs = [v * x_refs[at_scale][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
         return xs
 
     def prepare(raw):
         words, dx, xo, xsum = int8_words.quantize_slots(raw, spec.offset, exact_round)
         return [w[None] for w in words], dx[None], xo[None], xsum[None]
 
-    n_refs = 1 + scaled + (norm is not None)
+    n_refs = at_rows + (norm is not None) + row_scaled
     return _kernel(block, _XSource(n_refs, load, prepare), False, False, dot4, x_first)
+
+
+def silu(v):
+    """v * sigmoid(v), as jax.nn.silu (spelled out: one exp, one divide, in any kernel)."""
+    return v / (1.0 + jnp.exp(-v))
 
 
 def _row_rsqrt(row_ref, tok: int, k: int, eps: float):
@@ -134,12 +150,13 @@ def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callab
     ntp, bn, gt = block.ntp, block.bn, block.gt
     col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)  # [r, gt] -> per-group shape
 
-    def kernel(*refs):
+    def kernel(*refs, split=None):  # split: program_id(1), read by a caller that branches
         *in_refs, o_ref = refs
         x_refs, plane_refs = in_refs[: x_src.n_refs], in_refs[x_src.n_refs :]
         views = dict(zip([n for n, _ in spec.views], plane_refs))
         coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views) :]))
-        split_g0 = pl.program_id(1) * (block.n_steps * gt)  # this split's first group
+        split = pl.program_id(1) if split is None else split
+        split_g0 = split * (block.n_steps * gt)  # this split's first group
 
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)

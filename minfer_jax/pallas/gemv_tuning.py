@@ -45,6 +45,9 @@ PREQUANT_MIN_PROGRAMS = 896
 # (the deterministic mode folds at every row count, so that a row's numerics never change)
 FOLD_NORM_MAX_K = 1024
 FOLD_NORM_MAX_NT = 1
+# folded GEMVs of the same x (a layer's q / k / v or gate / up in formats of their own) run as
+# one launch, each program branching to its weight's format [G-group]
+GROUP_FOLDED_GEMVS = True
 
 TARGET_PROGRAMS = 1024  # float formats: ~8 programs per SM on the H200's 132 SMs [G-float-split]
 TILE_ELEMS = 8192  # float formats: bn * bk ceiling (decoded tile + intermediates in registers)
