@@ -29,8 +29,6 @@ tokens (any row count in the deterministic mode) every program computes the rows
 ("gemv+fold"); past that XLA computes it and the kernel multiplies ("gemv+rsqrt"). Folded GEMVs of
 the same x (q / k / v, gate / up of different formats) run as one launch where their configs
 allow (gemv.groupable).
-`glu_matmul` asks it for the down projection of a SwiGLU: the same GEMVs form silu(gate) * up
-as they load x ("gemv+glu").
 `norm_matmul_parts` returns them before their split-K partials are added, for a kernel that adds
 them itself (impl.fused_decode: pallas/decode_qkv.py).
 The kernel benchmark asks it too (`kernel_case`: the route, its kernel call and its reference).
@@ -50,7 +48,7 @@ import jax.numpy as jnp
 
 from minfer_jax import validate
 from minfer_jax.errors import InvalidArgumentError
-from minfer_jax.model.weights import DenseWeight, QWeight, Weight
+from minfer_jax.model.weights import DenseWeight, Weight
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import QType, get_format
 
@@ -156,8 +154,6 @@ class Route:
     # "gemv" only, the RMSNorm before it applied in the GEMV: "fold" (every program computes the
     # rows' rsqrt) or "rsqrt" (XLA computes it, the kernel multiplies); None: XLA's norm first
     fold_norm: str | None = None
-    # "gemv" only: x is [gate | up] and the GEMV forms silu(gate) * up as it loads it (glu_matmul)
-    glu: bool = False
     # impl.deterministic, GEMV: rows per call (<= GEMV_MAX_NT), each computed with the one-token
     # config, so as alone; None: all rows in one call, the config chosen for their count
     row_chunk: int | None = None
@@ -167,24 +163,19 @@ class Route:
         """The kind, "+fold" or "+rsqrt" appended when the norm is applied in the GEMV (e.g.
         "gemv+fold"), "/rows" when each row is computed as alone (deterministic)."""
         fold = f"+{self.fold_norm}" if self.fold_norm else ""
-        return self.kind + fold + ("+glu" if self.glu else "") + ("/rows" if self.row_chunk else "")
+        return self.kind + fold + ("/rows" if self.row_chunk else "")
 
 
-def route(
-    w: Weight, nt: int, impl: Impl, *, after_norm: bool = False, after_glu: bool = False
-) -> Route:
+def route(w: Weight, nt: int, impl: Impl, *, after_norm: bool = False) -> Route:
     """The kernel matmul(x, w, impl) runs for nt tokens; after_norm: x is an RMSNorm's output
     (norm_matmuls), so the GEMV applies the norm where impl.fused_decode lets it
-    (Route.fold_norm); after_glu: x is silu(gate) * up (glu_matmul), formed by the GEMV under the
-    same conditions (Route.glu)."""
+    (Route.fold_norm)."""
     if isinstance(w, DenseWeight):
         return Route("dense")
     r = _quantized_route(w.qtype, nt, impl)
-    if not (impl.fused_decode and r.kind == "gemv" and (after_norm or after_glu)):
-        return r
-    if after_glu:
-        return dataclasses.replace(r, glu=not _xla_quantizes_x(w.qtype, *w.shape, nt, r))
-    return dataclasses.replace(r, fold_norm=_fold_mode(w.qtype, *w.shape, nt, r))
+    if after_norm and impl.fused_decode and r.kind == "gemv":
+        return dataclasses.replace(r, fold_norm=_fold_mode(w.qtype, *w.shape, nt, r))
+    return r
 
 
 def _xla_quantizes_x(qtype: QType, n: int, k: int, nt: int, r: Route) -> bool:
@@ -391,32 +382,6 @@ def _folded_groups(routes, weights, nt: int) -> list[list[int]]:
             keys.append(None)
         groups.append([i])
     return groups
-
-
-def glu_matmul(gate_up: jax.Array, w: Weight, impl: Impl) -> jax.Array:
-    """matmul(silu(gate) * up, w) for gate_up = [gate | up] [..., 2K] f32 -> [..., N] f32. Where
-    the route says so (Route.glu) the GEMV forms silu(gate) * up as it loads x, so the SwiGLU's
-    XLA launch leaves the decode step."""
-    lead, width = gate_up.shape[:-1], gate_up.shape[-1]
-    nt = math.prod(lead)
-    r = route(w, nt, impl, after_glu=True)
-    if not r.glu or not isinstance(w, QWeight):
-        half = width // 2
-        return matmul(jax.nn.silu(gate_up[..., :half]) * gate_up[..., half:], w, impl)
-
-    def call(x):
-        return gemv.gemv_int8(
-            x,
-            w.planes,
-            qtype=w.qtype,
-            n_out=w.shape[0],
-            gated=True,
-            deterministic=r.row_chunk is not None,
-            interpret=impl.kernels == "interpret",
-        )
-
-    y = by_rows(call, r.row_chunk, gate_up.reshape(nt, width).astype(jnp.float32))
-    return y.reshape(*lead, y.shape[-1])
 
 
 def _dequant_gemm(x: jax.Array, planes, qtype: QType, n_out: int, interpret: bool) -> jax.Array:

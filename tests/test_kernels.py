@@ -392,47 +392,6 @@ def test_norm_folded_into_gemv(qtypes, k, nt, deterministic):
         np.testing.assert_allclose(np.asarray(summed), np.asarray(a), rtol=1e-6, atol=1e-6 * scale)
 
 
-@pytest.mark.parametrize(
-    "qtype,k", [(QType.Q8_0, 4864), (QType.Q6_K, 4864), (QType.Q4_K, 512), (QType.Q5_0, 896)]
-)
-@pytest.mark.parametrize("nt,deterministic", [(1, False), (2, False), (3, True)])
-def test_swiglu_formed_in_the_down_gemv(qtype, k, nt, deterministic):
-    """ops.glu_matmul: the down GEMV forming silu(gate) * up as it loads x ("gemv+glu") == the
-    SwiGLU first, then the same GEMV; the kernel == its reference, with x quantized in the kernel
-    and by XLA."""
-    from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
-
-    impl = ops.Impl(KERNELS, deterministic=deterministic)
-    n = 136
-    w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
-    gate_up = jax.random.normal(jax.random.PRNGKey(3), (nt, 2 * k), jnp.float32) * 2.0
-    r = ops.route(w, nt, impl, after_glu=True)
-    assert (r.glu, r.label.split("/")[0]) == (True, "gemv+glu")
-    got = ops.glu_matmul(gate_up, w, impl)
-    plain = ops.glu_matmul(gate_up, w, dataclasses.replace(impl, fused_decode=False))
-    scale = float(jnp.max(jnp.abs(plain)))
-    chex.assert_shape(got, (nt, n))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(plain), rtol=2e-5, atol=2e-5 * scale)
-    ref = gemv.gemv_int8_reference(gate_up, w.planes, qtype=qtype, n_out=n, gated=True)
-    base = gemv.choose_config(qtype, n, k, nt)
-    for prequant in (False, True):
-        cfg = dataclasses.replace(base, prequant=prequant)
-        check(
-            gemv.gemv_int8(
-                gate_up,
-                w.planes,
-                qtype=qtype,
-                n_out=n,
-                gated=True,
-                config=cfg,
-                interpret=INTERPRET,
-            ),
-            ref,
-            qtype,
-        )
-
-
 def test_gemv_group_matches_each_weight_alone():
     """gemv_int8_group: one launch through weights of three formats == gemv_int8 on each, and
     configs that do not share a K split are refused."""
@@ -718,12 +677,6 @@ def test_route_dense_and_norm_folding():
     assert ops.route(_qweight(QType.Q5_0, 128, wide), 1, fold, after_norm=True).fold_norm == "rsqrt"
     big = gemv_tuning.PREQUANT_MIN_WEIGHTS // 896 + 128  # x quantized by XLA: it fuses the norm
     assert ops.route(_qweight(QType.Q5_0, big, 896), 3, fold, after_norm=True).fold_norm is None
-    r = ops.route(_qweight(QType.Q8_0), 2, fold, after_glu=True)
-    assert (r.glu, r.fold_norm, r.label) == (True, None, "gemv+glu")
-    assert not ops.route(_qweight(QType.Q5_0, big, 896), 3, fold, after_glu=True).glu
-    assert not ops.route(
-        _qweight(QType.Q8_0), 1, ops.Impl("pallas", fused_decode=False), after_glu=True
-    ).glu
     for nt in (1, 2, 8, 32):  # the deterministic mode: one-token numerics at every row count
         det = ops.Impl("pallas", deterministic=True)
         assert ops.route(_qweight(QType.Q5_0), nt, det, after_norm=True).fold_norm == "fold"

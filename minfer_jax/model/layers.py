@@ -125,23 +125,19 @@ def row_matmul(par, which: str, x: jax.Array, w, impl: ops.Impl) -> jax.Array:
     return ops.matmul(x, w, impl) if par is None else par.row_matmul(which, x, w, impl)
 
 
-def gated_ffn(x: jax.Array, layer: Layer, call: LayerCall, act: str = "silu") -> jax.Array:
-    """down(act(gate(n(x))) * up(n(x))) with n = ffn_norm: SwiGLU ("silu") or GeGLU
-    ("gelu_tanh"). [T, d]. A SwiGLU on one device goes through ops.glu_matmul (the down GEMV
-    forms silu(gate) * up itself where its route allows)."""
+def gated_ffn(
+    x: jax.Array, layer: Layer, call: LayerCall, act: Callable = jax.nn.silu
+) -> jax.Array:
+    """down(act(gate(n(x))) * up(n(x))) with n = ffn_norm: SwiGLU (silu) or GeGLU (tanh gelu).
+    [T, d]."""
     cfg, impl = call.cfg, call.impl
     gate_up = jnp.concatenate(
         ops.norm_matmuls(x, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl), axis=-1
     )  # [T, 2ff]
-    if act == "silu" and call.par is None:
-        return ops.glu_matmul(gate_up, layer.w_down, impl)
     gate, up = gate_up[:, : cfg.d_ff], gate_up[:, cfg.d_ff :]
-    return row_matmul(call.par, "ffn_out", ACTIVATIONS[act](gate) * up, layer.w_down, impl)
+    return row_matmul(call.par, "ffn_out", act(gate) * up, layer.w_down, impl)
 
 
 def gelu_tanh(x: jax.Array) -> jax.Array:
     """GELU, tanh approximation (ggml_gelu; Gemma's gelu_pytorch_tanh)."""
     return jax.nn.gelu(x, approximate=True)
-
-
-ACTIVATIONS: dict[str, Callable] = {"silu": jax.nn.silu, "gelu_tanh": gelu_tanh}  # gated_ffn's

@@ -82,7 +82,7 @@ def decode_config(
     )
     if not k_splits and max_len and not deterministic:
         # a split past the cache's last tile only writes an empty partial for the merge to read
-        # (a 128-token cache: 2 splits, not 64; docs/BENCHMARKS.md, first section)
+        # (a 128-token cache: 2 splits, not 64; docs/BENCHMARKS.md, "Decode beside llama.cpp")
         splits = min(splits, pow2_at_least(-(-max_len // block_k)))
     cfg = DecodeConfig(
         k_splits=splits,

@@ -55,13 +55,12 @@ __all__ = [
 ]
 
 _STATIC = ("qtype", "n_out", "config", "deterministic", "partials", "interpret")
-_STATIC_INT8 = (*_STATIC, "norm_eps", "gated")
+_STATIC_INT8 = (*_STATIC, "norm_eps")
 _STATIC_GROUP = (
     "qtypes",
     "n_outs",
     "configs",
     "norm_eps",
-    "gated",
     "deterministic",
     "partials",
     "interpret",
@@ -78,7 +77,6 @@ def gemv_int8(
     x_scale: jax.Array | None = None,
     row_scale: jax.Array | None = None,
     norm_eps: float | None = None,
-    gated: bool = False,
     config: GemvConfig | None = None,
     deterministic: bool = False,
     partials: bool = False,
@@ -93,9 +91,8 @@ def gemv_int8(
     the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion that
     quantizes x before it. norm_eps (in-kernel x, x_scale given, no row_scale): x is an RMSNorm's
     input, and every program computes each token's rsqrt(mean(x^2) + norm_eps) from its whole
-    row. gated: x is [gate | up] [nt, 2K] and the product reads silu(gate) * up (SwiGLU formed as
-    x is loaded, or in the fusion that quantizes it). deterministic: each row's result does not
-    depend on nt (one config for all, choose_config; split-K partials added in a fixed order)."""
+    row. deterministic: each row's result does not depend on nt (one config for all,
+    choose_config; split-K partials added in a fixed order)."""
     [out] = gemv_int8_group(
         x,
         (planes,),
@@ -104,7 +101,6 @@ def gemv_int8(
         x_scale=x_scale,
         row_scale=row_scale,
         norm_eps=norm_eps,
-        gated=gated,
         configs=None if config is None else (config,),
         deterministic=deterministic,
         partials=partials,
@@ -123,7 +119,6 @@ def gemv_int8_group(
     x_scale: jax.Array | None = None,
     row_scale: jax.Array | None = None,
     norm_eps: float | None = None,
-    gated: bool = False,
     configs: tuple[GemvConfig, ...] | None = None,
     deterministic: bool = False,
     partials: bool = False,
@@ -133,13 +128,13 @@ def gemv_int8_group(
     in one launch: the grid's row blocks are the weights' row blocks one after another, and each
     program runs its weight's format (one branch per weight). -> one result per weight, as
     gemv_int8's. Their configs must share the K split and compiler settings (groupable)."""
-    nt, k = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
+    nt, k = x.shape
     cfgs = configs or tuple(
         choose_config(q, n, k, nt, deterministic) for q, n in zip(qtypes, n_outs)
     )
     if not groupable(cfgs):
         raise ValueError(f"one GEMV launch needs one K split and compiler setting, got {cfgs}")
-    npads = [_prologue(x, p, q, c, k) for p, q, c in zip(planes, qtypes, cfgs)]
+    npads = [_prologue(x, p, q, c) for p, q, c in zip(planes, qtypes, cfgs)]
     if x_scale is not None:
         x_scale = x_scale.astype(jnp.float32)
     ntp = pow2_at_least(nt)
@@ -147,7 +142,7 @@ def gemv_int8_group(
     if row_scale is not None:
         row_scale = jnp.pad(row_scale.astype(jnp.float32), (0, ntp - nt))
     members = [
-        _int8_member(x, p, q, c, k, x_scale, row_scale, norm_eps, gated, interpret)
+        _int8_member(x, p, q, c, x_scale, row_scale, norm_eps, interpret)
         for p, q, c in zip(planes, qtypes, cfgs)
     ]
     row_blocks = [npad // c.bn for npad, c in zip(npads, cfgs)]
@@ -189,13 +184,11 @@ def groupable(configs) -> bool:
     return len({(c.splits, c.num_warps, c.num_stages) for c in configs}) == 1
 
 
-def _int8_member(
-    x, planes, qtype: QType, cfg: GemvConfig, k: int, x_scale, row_scale, norm_eps, gated, interpret
-):
+def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_scale, norm_eps, interpret):
     """One weight's share of a gemv_int8_group launch: (operands, their BlockSpecs with the row
     block numbered from 0, the kernel body (*its refs, its output ref))."""
     spec = int8_words.SPECS[qtype]
-    ntp = x.shape[0]
+    ntp, k = x.shape
     n_groups = k // spec.group
     gs = n_groups // cfg.splits  # groups per split
     gt = cfg.bk // spec.group  # groups per step
@@ -204,8 +197,7 @@ def _int8_member(
     block = gemv_int8_kernel.Block(qtype, ntp, cfg.bn, gt, gs // gt)
     dot4 = int8_words.dp4a_emulated if interpret else _dp4a
     if cfg.prequant:
-        xs = gemv_int8_kernel.silu(x[:, :k]) * x[:, k:] if gated else x
-        xs = xs if row_scale is None else xs * row_scale[:, None]
+        xs = x if row_scale is None else x * row_scale[:, None]
         xw, xsc = int8_words.quantize_x(
             qtype, xs if x_scale is None else xs * x_scale, tuning.exact_round
         )  # one XLA fusion
@@ -217,18 +209,10 @@ def _int8_member(
         dims3, flat = tuning.tile_shapes(prequant=True)
         body = gemv_int8_kernel.prequantized_x_kernel(block, dims3, dot4, cfg.x_first)
     else:
-        x_ops = [int8_words.x_view(qtype, x)]  # [ntp, G (2G gated), x_words, 4, x_slots]
+        x_ops = [int8_words.x_view(qtype, x)]  # [ntp, G, x_words, 4, x_slots]
         in_specs = [
             pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
         ]
-        if gated:  # the same view again, its block cfg.splits blocks on: up's groups
-            x_ops.append(x_ops[0])
-            in_specs.append(
-                pl.BlockSpec(
-                    (ntp, gs, spec.x_words, 4, spec.x_slots),
-                    lambda i, s: (0, s + cfg.splits, 0, 0, 0),
-                )
-            )
         if x_scale is not None:  # scaled inside the kernel, as x is loaded
             x_ops.append(int8_words.x_view(qtype, x_scale[None]))  # [1, G, x_words, 4, x_slots]
             in_specs.append(
@@ -251,7 +235,6 @@ def _int8_member(
             cfg.x_first,
             norm,
             row_scale is not None,
-            gated,
         )
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     for name, tail in spec.view_tails(dims3, flat):
@@ -343,10 +326,9 @@ def gemv_float(
     return out if partials else tiles.sum_splits(out, 0, deterministic)[:nt, :n_out]
 
 
-def _prologue(x, planes, qtype: QType, cfg: GemvConfig, k: int | None = None) -> int:
-    """What both families check first (token count, blocks against the shapes; k: the weight's
-    inputs, x's by default) -> padded rows."""
-    nt, k = x.shape[0], k or x.shape[1]
+def _prologue(x, planes, qtype: QType, cfg: GemvConfig) -> int:
+    """What both families check first (token count, blocks against the shapes) -> padded rows."""
+    nt, k = x.shape
     if not 1 <= nt <= NT_PAD:
         raise ValueError(f"gemv takes 1 .. {NT_PAD} tokens, got {nt}")
     npad = tiles.plane_arrays(get_format(qtype), planes)[0].shape[0]
@@ -450,14 +432,10 @@ def gemv_int8_reference(
     x_scale: jax.Array | None = None,
     row_scale: jax.Array | None = None,
     norm_eps: float | None = None,
-    gated: bool = False,
 ) -> jax.Array:
     """What gemv_int8 computes, on whole arrays with planes.decode_ints (not the word tricks): the
     same activation quantization (and rounding, TUNING's exact_round) and exact integer sums."""
     x = x.astype(jnp.float32)
-    if gated:
-        half = x.shape[1] // 2
-        x = jax.nn.silu(x[:, :half]) * x[:, half:]
     if row_scale is not None:
         x = x * row_scale.astype(jnp.float32)[:, None]
     elif norm_eps is not None:

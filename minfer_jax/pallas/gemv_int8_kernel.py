@@ -65,7 +65,6 @@ def in_kernel_x_kernel(
     x_first: bool,
     norm: tuple[int, float] | None = None,
     row_scaled: bool = False,
-    gated: bool = False,
 ):
     """x as f32 views [ntp, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
     quantized per step and token; per-group values as [bn, gt] tiles.
@@ -73,26 +72,20 @@ def in_kernel_x_kernel(
     norm = (K, eps): x is an RMSNorm's input and the scale its weight. One more ref, x's whole
     rows [ntp, K], gives each token's rsqrt(mean(x^2) + eps), and the program quantizes
     (x * rsqrt) * scale, the norm's output, as it loads its slice. row_scaled: the same with
-    each token's rsqrt given (one more ref, [ntp] f32), for rows too wide to reread per program.
-    gated: x is silu(gate) * up, from two views (gate's, then up's) loaded side by side (SwiGLU
-    formed as the down projection loads it)."""
+    each token's rsqrt given (one more ref, [ntp] f32), for rows too wide to reread per program."""
     spec = int8_words.SPECS[block.qtype]
     gt = block.gt
     assert norm is None or scaled, "the folded norm needs its weight as the scale"
     assert not (norm is not None and row_scaled), "the rsqrt is computed here or given, not both"
-    at_scale = 1 + gated  # ref positions: x (or gate), [up], [scale], [rows or rsqrt]
-    at_rows = at_scale + scaled
+    at_rows = 1 + scaled  # ref positions: x, [scale], [rows or rsqrt]
 
     def load(x_refs, tok, g0):  # one load per slot: [gt, x_words, 4] f32 each
         xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
-        if gated:
-            ups = [x_refs[1][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
-            xs = [silu(v) * u for v, u in zip(xs, ups)]
         if norm is not None or row_scaled:
             r = _row_rsqrt(x_refs[at_rows], tok, *norm) if norm else x_refs[at_rows][tok]
             xs = [v * r for v in xs]
         if scaled:
-            xs = [v * x_refs[at_scale][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
+            xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
         return xs
 
     def prepare(raw):
@@ -101,11 +94,6 @@ def in_kernel_x_kernel(
 
     n_refs = at_rows + (norm is not None) + row_scaled
     return _kernel(block, _XSource(n_refs, load, prepare), False, False, dot4, x_first)
-
-
-def silu(v):
-    """v * sigmoid(v), as jax.nn.silu (spelled out: one exp, one divide, in any kernel)."""
-    return v / (1.0 + jnp.exp(-v))
 
 
 def _row_rsqrt(row_ref, tok: int, k: int, eps: float):
