@@ -220,10 +220,9 @@ def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
 
 
 def route_call(r: Route, qtype: QType, n_out: int, impl: Impl, partials: bool = False):
-    """The kernel call of a quantized weight's route: (x [nt, K], planes[, x_scale [K],
-    norm_eps]) -> [nt, n_out] f32 (x_scale, norm_eps: "gemv+fold" only, the norm's weight and
-    epsilon, x its input); partials ("gemv" and "gemv-float" only): the GEMV's split-K partials
-    unadded."""
+    """The kernel call of a quantized weight's route: (x [nt, K], planes) -> [nt, n_out] f32;
+    partials ("gemv" and "gemv-float" only): the GEMV's split-K partials unadded. (A folded
+    norm's GEMVs are called by _norm_products, in groups.)"""
     kw: dict[str, Any] = dict(qtype=qtype, n_out=n_out)
     interpret = impl.kernels == "interpret"
     if r.kind == "xla":
@@ -232,9 +231,7 @@ def route_call(r: Route, qtype: QType, n_out: int, impl: Impl, partials: bool = 
         kw["deterministic"] = r.row_chunk is not None
         kw["partials"] = partials
     if r.kind == "gemv":
-        return lambda x, planes, x_scale=None, norm_eps=None: gemv.gemv_int8(
-            x, planes, x_scale=x_scale, norm_eps=norm_eps, interpret=interpret, **kw
-        )
+        return lambda x, planes: gemv.gemv_int8(x, planes, interpret=interpret, **kw)
     if r.kind == "gemv-float":
         return lambda x, planes: gemv.gemv_float(x, planes, interpret=interpret, **kw)
     if r.kind == "gemm":
