@@ -320,7 +320,7 @@ def _norm_products(x, norm_weight, eps: float, weights, impl: Impl, partials: bo
         rsqrt = jax.lax.rsqrt(jnp.mean(x * x, axis=-1) + eps)  # [nt]: one XLA reduce
     h = rms_norm(x, norm_weight, eps) if not all(r.fold_norm for r in routes) else None
     out: list = [None] * len(weights)
-    for group in _folded_groups(routes, weights, nt):
+    for group, configs in _folded_groups(routes, weights, nt):
         r = routes[group[0]]
         whole = partials and r.kind in ("gemv", "gemv-float") and r.row_chunk is None
         if not r.fold_norm:
@@ -335,12 +335,13 @@ def _norm_products(x, norm_weight, eps: float, weights, impl: Impl, partials: bo
             continue
         members = [weights[i] for i in group]
 
-        def call(xs, rs, members=members, r=r, whole=whole):
+        def call(xs, rs, members=members, r=r, whole=whole, configs=configs):
             return gemv.gemv_int8_group(
                 xs,
                 tuple(w.planes for w in members),
                 qtypes=tuple(w.qtype for w in members),
                 n_outs=tuple(w.shape[0] for w in members),
+                configs=configs,
                 x_scale=norm_weight,
                 row_scale=rs,
                 norm_eps=float(eps) if r.fold_norm == "fold" else None,
@@ -360,25 +361,27 @@ def _norm_products(x, norm_weight, eps: float, weights, impl: Impl, partials: bo
     return out
 
 
-def _folded_groups(routes, weights, nt: int) -> list[list[int]]:
-    """The weights' indices in launches: folded GEMVs of one fold mode, row chunk and groupable
-    config together (gemv_tuning.GROUP_FOLDED_GEMVS), every other weight alone."""
-    groups: list[list[int]] = []
-    keys: list = []
+def _folded_groups(routes, weights, nt: int) -> list[tuple[list[int], tuple | None]]:
+    """The weights' indices in launches, each with its GEMV configs: folded GEMVs of one fold mode
+    and row chunk whose configs are gemv.groupable together (gemv_tuning.GROUP_FOLDED_GEMVS), every
+    other weight alone (configs None: its route decides)."""
+    groups: list[tuple[list[int], list]] = []
     for i, (r, w) in enumerate(zip(routes, weights)):
-        if r.fold_norm and gemv_tuning.GROUP_FOLDED_GEMVS:
-            cfg = gemv.choose_config(
-                w.qtype, w.shape[0], w.shape[1], min(nt, r.row_chunk or nt), r.row_chunk is not None
-            )
-            key = (r.fold_norm, r.row_chunk, cfg.splits, cfg.num_warps, cfg.num_stages)
-            if key in keys:
-                groups[keys.index(key)].append(i)
-                continue
-            keys.append(key)
+        if not r.fold_norm:
+            groups.append(([i], []))
+            continue
+        rows, alone = min(nt, r.row_chunk or nt), r.row_chunk is not None
+        cfg = gemv.choose_config(w.qtype, w.shape[0], w.shape[1], rows, alone)  # each chunk's
+        for members, cfgs in groups if gemv_tuning.GROUP_FOLDED_GEMVS else ():
+            first = routes[members[0]]
+            same = cfgs and (first.fold_norm, first.row_chunk) == (r.fold_norm, r.row_chunk)
+            if same and gemv.groupable([*cfgs, cfg]):
+                members.append(i)
+                cfgs.append(cfg)
+                break
         else:
-            keys.append(None)
-        groups.append([i])
-    return groups
+            groups.append(([i], [cfg]))
+    return [(members, tuple(cfgs) or None) for members, cfgs in groups]
 
 
 def _dequant_gemm(x: jax.Array, planes, qtype: QType, n_out: int, interpret: bool) -> jax.Array:

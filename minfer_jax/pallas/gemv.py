@@ -185,8 +185,8 @@ def groupable(configs) -> bool:
 
 
 def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_scale, norm_eps, interpret):
-    """One weight's share of a gemv_int8_group launch: (operands, their BlockSpecs with the row
-    block numbered from 0, the kernel body (*its refs, its output ref))."""
+    """One weight's share of a gemv_int8_group launch: (its operands, x's then the planes', their
+    BlockSpecs with the row block numbered from 0, the kernel body (*its refs, its output ref))."""
     spec = int8_words.SPECS[qtype]
     ntp, k = x.shape
     n_groups = k // spec.group
@@ -201,7 +201,7 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_scale, n
         xw, xsc = int8_words.quantize_x(
             qtype, xs if x_scale is None else xs * x_scale, tuning.exact_round
         )  # one XLA fusion
-        x_ops = [xw, xsc]  # [ntp, G, x_slots, x_words] int32, [ntp, 4, G, 1] f32
+        operands = [xw, xsc]  # [ntp, G, x_slots, x_words] int32, [ntp, 4, G, 1] f32
         in_specs = [
             pl.BlockSpec((ntp, gs, spec.x_slots, spec.x_words), lambda i, s: (0, s, 0, 0)),
             pl.BlockSpec((ntp, 4, gs, 1), lambda i, s: (0, 0, s, 0)),
@@ -209,21 +209,21 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_scale, n
         dims3, flat = tuning.tile_shapes(prequant=True)
         body = gemv_int8_kernel.prequantized_x_kernel(block, dims3, dot4, cfg.x_first)
     else:
-        x_ops = [int8_words.x_view(qtype, x)]  # [ntp, G, x_words, 4, x_slots]
+        operands = [int8_words.x_view(qtype, x)]  # [ntp, G, x_words, 4, x_slots]
         in_specs = [
             pl.BlockSpec((ntp, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
         ]
         if x_scale is not None:  # scaled inside the kernel, as x is loaded
-            x_ops.append(int8_words.x_view(qtype, x_scale[None]))  # [1, G, x_words, 4, x_slots]
+            operands.append(int8_words.x_view(qtype, x_scale[None]))  # [1, G, x_words, 4, x_slots]
             in_specs.append(
                 pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
             )
         norm = None
         if row_scale is not None:  # a per-token multiplier, loaded as a scalar
-            x_ops.append(row_scale)
+            operands.append(row_scale)
             in_specs.append(pl.BlockSpec((ntp,), lambda i, s: (0,)))
         elif norm_eps is not None:  # whole rows, for the norm's sum of squares
-            x_ops.append(x.astype(jnp.float32))
+            operands.append(x.astype(jnp.float32))
             in_specs.append(pl.BlockSpec((ntp, k), lambda i, s: (0, 0)))
             norm = (k, float(norm_eps))
         dims3, flat = tuning.tile_shapes(prequant=False)
@@ -238,14 +238,14 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_scale, n
         )
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     for name, tail in spec.view_tails(dims3, flat):
-        x_ops.append(wp[name])
+        operands.append(wp[name])
         in_specs.append(
             pl.BlockSpec((cfg.bn, gs, *tail), functools.partial(_row_block_index, len(tail)))
         )
     for name, _ in spec.coarse:  # whole rows (n_groups / per columns): indexed by absolute group
-        x_ops.append(wp[name])
+        operands.append(wp[name])
         in_specs.append(pl.BlockSpec((cfg.bn, wp[name].shape[1]), lambda i, s: (i, 0)))
-    return x_ops, in_specs, body
+    return operands, in_specs, body
 
 
 def _local_block(start: int, blocks: int, clamp: bool, i):
