@@ -3,7 +3,7 @@
 usage: PYTHONPATH=. python tools/attention_bench.py [--only chunk|decode] [--models 0.5b,7b]
            [--ts 512,1024,2048] [--starts 0,4096,16384,30720] [--batches 1,8,32]
            [--lengths 4096,16384,32768] [--nqs 1] [--splits 8,16,32,64] [--chunk-configs ...]
-           [--reps 4] [--trials 2] [--check] [--out FILE.md]
+           [--decode-configs splits/bk/warps/stages,...] [--ours-only] [--reps 4] [--trials 2] [--check] [--out FILE.md]
 
 Every candidate runs `reps` times unrolled in one executable, each call on its own f16 cache copy
 (so K/V stream from HBM, not L2, and XLA cannot merge calls); a time is the device-timeline span of
@@ -294,8 +294,20 @@ def bench_decode(a, table: Table):
             ]  # [B, S, Hkv, hd]
             slots = jnp.arange(b, dtype=jnp.int32)
             ours = {
-                n: functools.partial(D.decode_attention, k_splits=n, interpret=a.interpret)
+                f"ours k_splits {n} bk64": functools.partial(
+                    D.decode_attention, k_splits=n, interpret=a.interpret
+                )
                 for n in a.splits
+            } | {
+                f"ours {'/'.join(map(str, c))}": functools.partial(
+                    D.decode_attention,
+                    k_splits=c[0],
+                    block_k=c[1],
+                    num_warps=c[2],
+                    num_stages=c[3],
+                    interpret=a.interpret,
+                )
+                for c in a.decode_configs
             }
             for nq in a.nqs:
                 qs = [
@@ -307,15 +319,15 @@ def bench_decode(a, table: Table):
                     rate = gbps(2.0 * b * hkv * length * hd * 2)
                     lens = jnp.full((b,), length, jnp.int32)
                     ins = [(q, k, v, slots, lens) for q, (k, v) in zip(qs, caches)]
-                    for splits, fn in ours.items():
+                    for name, fn in ours.items():
                         attempt(
                             table,
-                            cells + [f"ours k_splits {splits} bk64"],
+                            cells + [name],
                             lambda fn=fn, ins=ins: span_us(fn, ins),
                             rate,
                         )
                     # jax's gqa and this cuDNN call have no causal offset for several tokens
-                    if nq == 1:
+                    if nq == 1 and not a.ours_only:
                         ext_in = [(q, k, v, lens) for q, (k, v) in zip(qs, ext_caches)]
                         attempt(
                             table,
@@ -329,6 +341,8 @@ def bench_decode(a, table: Table):
                             lambda ext_in=ext_in: span_us(cudnn_decode, ext_in),
                             rate,
                         )
+                    if a.ours_only:
+                        continue
                     attempt(
                         table,
                         cells + ["xla (dense over the whole slot)"],
@@ -442,6 +456,14 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--chunk-configs", default=CHUNK_CONFIGS, help="bq/bk/warps/stages/splits,... for ours"
     )
+    ap.add_argument(
+        "--decode-configs",
+        default="",
+        help="splits/block_k/warps/stages,... more decode candidates of ours",
+    )
+    ap.add_argument(
+        "--ours-only", action="store_true", help="decode: no jax / cuDNN / XLA candidates"
+    )
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--trials", type=int, default=TRIALS)
     ap.add_argument("--check", action="store_true")
@@ -455,6 +477,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.models = [m for m in a.models.split(",") if m]
     MAX_LEN, TRIALS = a.max_len, a.trials
+    a.decode_configs = [
+        tuple(int(x) for x in c.split("/")) for c in a.decode_configs.split(",") if c
+    ]
     a.chunk_configs = [tuple(int(x) for x in c.split("/")) for c in a.chunk_configs.split(",") if c]
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
     ok = run_checks(a.interpret) if a.check else True
