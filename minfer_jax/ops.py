@@ -25,12 +25,13 @@ rows run one after another, XLA's dots and reductions depending on the row count
 `norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where a weight's
 route is a "gemv" that quantizes x in the kernel and impl.fused_decode is set, the GEMV applies the
 norm itself (Route.fold_norm): up to gemv_tuning.FOLD_NORM_MAX_K inputs and FOLD_NORM_MAX_NT
-tokens (any row count in the deterministic mode) every program computes the rows' rsqrt
-("gemv+fold"); past that XLA computes it and the kernel multiplies ("gemv+rsqrt"). Folded GEMVs of
-the same x (q / k / v, gate / up of different formats) run as one launch where their configs
-allow (gemv.groupable).
-`norm_matmul_parts` returns them before their split-K partials are added, for a kernel that adds
-them itself (impl.fused_decode: pallas/decode_qkv.py).
+tokens (any row count in the deterministic mode) every program computes the rows' rsqrt from
+their whole rows ("gemv+fold"); past that, or wherever the rows' sums of squares are given (a
+residual add's: pallas/split_sums.py), the kernel computes it from those sums ("gemv+rsqrt",
+one XLA reduce making them where not given). Folded GEMVs of the same x (q / k / v, gate / up of
+different formats) run as one launch where their configs allow (gemv.groupable).
+`norm_matmul_parts` and `matmul_parts` return products before their split-K partials are added,
+for a kernel that adds them itself (impl.fused_decode: pallas/decode_qkv.py, split_sums.py).
 The kernel benchmark asks it too (`kernel_case`: the route, its kernel call and its reference).
 
 "pallas" runs the Triton kernels on the GPU; "interpret" runs the same kernels in Pallas'
@@ -115,11 +116,12 @@ class Impl:
     # decoder.forward_decode; XLA: forward_decode runs the rows one after another); slower decode,
     # most past 8 rows (docs/BENCHMARKS.md, "Batch invariance")
     deterministic: bool = False
-    # kernels, decode: a layer's q / k / v epilogue (partial sums, biases, RoPE, cache writes) and
-    # the attention's split merge each one Pallas launch (pallas/decode_qkv.py,
-    # decode_attention.merge_splits_kernel) where XLA runs five and four (docs/BENCHMARKS.md,
-    # "Decode fusion"), and the RMSNorm before narrow q/k/v and gate/up GEMVs computed inside
-    # them (norm_matmuls, [G-fold-norm]); off: the XLA ops, for A/B
+    # kernels, decode: a layer's q / k / v epilogue (partial sums, biases, RoPE, cache writes),
+    # the attention's split merge, the residual adds and the gated activation each one Pallas
+    # launch (pallas/decode_qkv.py, decode_attention.merge_splits_kernel, split_sums.py) where
+    # XLA runs two to five (docs/BENCHMARKS.md, "Decode fusion"), and the RMSNorm before q/k/v
+    # and gate/up GEMVs applied inside them (norm_matmuls, [G-fold-norm]); off: the XLA ops,
+    # for A/B
     fused_decode: bool = True
 
     def __post_init__(self):
@@ -152,7 +154,8 @@ class Route:
 
     kind: str  # one of ROUTE_KINDS
     # "gemv" only, the RMSNorm before it applied in the GEMV: "fold" (every program computes the
-    # rows' rsqrt) or "rsqrt" (XLA computes it, the kernel multiplies); None: XLA's norm first
+    # rows' rsqrt from their whole rows) or "rsqrt" (from the rows' sums of squares, given);
+    # None: XLA's norm first
     fold_norm: str | None = None
     # impl.deterministic, GEMV: rows per call (<= GEMV_MAX_NT), each computed with the one-token
     # config, so as alone; None: all rows in one call, the config chosen for their count
@@ -166,15 +169,17 @@ class Route:
         return self.kind + fold + ("/rows" if self.row_chunk else "")
 
 
-def route(w: Weight, nt: int, impl: Impl, *, after_norm: bool = False) -> Route:
+def route(
+    w: Weight, nt: int, impl: Impl, *, after_norm: bool = False, sumsq: bool = False
+) -> Route:
     """The kernel matmul(x, w, impl) runs for nt tokens; after_norm: x is an RMSNorm's output
     (norm_matmuls), so the GEMV applies the norm where impl.fused_decode lets it
-    (Route.fold_norm)."""
+    (Route.fold_norm); sumsq: the norm input's sums of squares are given."""
     if isinstance(w, DenseWeight):
         return Route("dense")
     r = _quantized_route(w.qtype, nt, impl)
     if after_norm and impl.fused_decode and r.kind == "gemv":
-        return dataclasses.replace(r, fold_norm=_fold_mode(w.qtype, *w.shape, nt, r))
+        return dataclasses.replace(r, fold_norm=_fold_mode(w.qtype, *w.shape, nt, r, sumsq))
     return r
 
 
@@ -185,15 +190,17 @@ def _xla_quantizes_x(qtype: QType, n: int, k: int, nt: int, r: Route) -> bool:
     return gemv.choose_config(qtype, n, k, min(nt, r.row_chunk or nt), alone).prequant
 
 
-def _fold_mode(qtype: QType, n: int, k: int, nt: int, r: Route) -> str | None:
+def _fold_mode(qtype: QType, n: int, k: int, nt: int, r: Route, sumsq: bool) -> str | None:
     """How a GEMV applies the norm before it (Route.fold_norm), or None where x is quantized by
-    XLA (which fuses the norm's multiply there itself). Every program recomputing the rsqrt from
-    whole rows costs less than XLA's reduce launch only for narrow x and few tokens; the
-    deterministic mode (r.row_chunk) folds the same way at every row count: a row's numerics
-    must not depend on the batch."""
+    XLA (which fuses the norm's multiply there itself). Given sums of squares cost nothing to
+    read; else every program recomputing the rsqrt from whole rows costs less than XLA's reduce
+    launch only for narrow x and few tokens. The deterministic mode (r.row_chunk) folds the same
+    way at every row count: a row's numerics must not depend on the batch."""
     alone = r.row_chunk is not None
     if _xla_quantizes_x(qtype, n, k, nt, r):
         return None
+    if sumsq:
+        return "rsqrt"
     narrow = k <= gemv_tuning.FOLD_NORM_MAX_K
     return "fold" if narrow and (nt <= gemv_tuning.FOLD_NORM_MAX_NT or alone) else "rsqrt"
 
@@ -286,38 +293,50 @@ def by_rows(call, row_chunk: int | None, x: jax.Array, *operands) -> jax.Array:
 
 
 def norm_matmuls(
-    x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl
+    x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl, sumsq=None
 ) -> list[jax.Array]:
     """[matmul(rms_norm(x, norm_weight, eps), w) for w in weights]: x [..., K] -> each [..., N_w]
-    f32.
+    f32. sumsq (optional, [nt, P] f32): x's rows' sums of squares in P pieces
+    (split_sums.add_partials').
 
     Where a weight's route folds the norm (Route.fold_norm) its GEMV reads x itself: "fold" has
-    every program compute the rsqrt(mean(x^2) + eps) of the rows it reads, "rsqrt" takes it from
-    one XLA reduce; each then quantizes (x * rsqrt) * norm_weight as it loads its slice, so the
-    norm's multiply (and with "fold" its reduce) leaves the decode step. Folded GEMVs run as one
-    launch where their configs allow (_folded_groups)."""
+    every program compute the rsqrt(mean(x^2) + eps) of the rows it reads, "rsqrt" computes it
+    from the sums of squares (sumsq, else one XLA reduce); each then quantizes
+    (x * rsqrt) * norm_weight as it loads its slice, so the norm's multiply (and with given sums
+    or "fold" its reduce) leaves the decode step. Folded GEMVs run as one launch where their
+    configs allow (_folded_groups)."""
     lead, k = x.shape[:-1], x.shape[-1]
-    outs = _norm_products(x.reshape(-1, k), norm_weight, eps, weights, impl, partials=False)
+    outs = _norm_products(x.reshape(-1, k), norm_weight, eps, weights, impl, False, sumsq)
     return [y.reshape(*lead, y.shape[-1]) for y in outs]
 
 
 def norm_matmul_parts(
-    x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl
+    x: jax.Array, norm_weight: jax.Array, eps: float, weights, impl: Impl, sumsq=None
 ) -> list[jax.Array]:
     """norm_matmuls before the split-K partial sums are added: x [nt, K] -> for each weight
     [S, R >= nt, Np >= N] f32 whose S slices add up to its output in rows [0, nt) and columns
     [0, N): a one-call GEMV's partials, else the finished product as one slice."""
-    return _norm_products(x, norm_weight, eps, weights, impl, partials=True)
+    return _norm_products(x, norm_weight, eps, weights, impl, True, sumsq)
 
 
-def _norm_products(x, norm_weight, eps: float, weights, impl: Impl, partials: bool) -> list:
+def matmul_parts(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
+    """matmul(x, w) before its split-K partials are added: x [nt, K] -> [S, R >= nt, Np >= N]
+    f32, as norm_matmul_parts."""
+    nt = x.shape[0]
+    r = route(w, nt, impl)
+    chunked = r.row_chunk is not None and nt > r.row_chunk
+    if isinstance(w, DenseWeight) or r.kind not in ("gemv", "gemv-float") or chunked:
+        return matmul(x, w, impl)[None]
+    return route_call(r, w.qtype, w.shape[0], impl, partials=True)(x, w.planes)
+
+
+def _norm_products(x, norm_weight, eps: float, weights, impl: Impl, partials: bool, sumsq) -> list:
     """norm_matmuls on x [nt, K] (partials: as norm_matmul_parts)."""
     nt = x.shape[0]
     x = x.astype(jnp.float32)
-    routes = [route(w, nt, impl, after_norm=True) for w in weights]
-    rsqrt = None
-    if any(r.fold_norm == "rsqrt" for r in routes):
-        rsqrt = jax.lax.rsqrt(jnp.mean(x * x, axis=-1) + eps)  # [nt]: one XLA reduce
+    routes = [route(w, nt, impl, after_norm=True, sumsq=sumsq is not None) for w in weights]
+    if sumsq is None and any(r.fold_norm == "rsqrt" for r in routes):
+        sumsq = jnp.sum(x * x, axis=-1, keepdims=True)  # [nt, 1]: one XLA reduce
     h = rms_norm(x, norm_weight, eps) if not all(r.fold_norm for r in routes) else None
     out: list = [None] * len(weights)
     for group, configs in _folded_groups(routes, weights, nt):
@@ -343,8 +362,8 @@ def _norm_products(x, norm_weight, eps: float, weights, impl: Impl, partials: bo
                 n_outs=tuple(w.shape[0] for w in members),
                 configs=configs,
                 x_scale=norm_weight,
-                row_scale=rs,
-                norm_eps=float(eps) if r.fold_norm == "fold" else None,
+                row_sumsq=rs,
+                norm_eps=float(eps),
                 deterministic=r.row_chunk is not None,
                 partials=whole,
                 interpret=impl.kernels == "interpret",
@@ -352,7 +371,7 @@ def _norm_products(x, norm_weight, eps: float, weights, impl: Impl, partials: bo
 
         chunk = r.row_chunk or nt
         pieces = [
-            call(x[i : i + chunk], None if rsqrt is None else rsqrt[i : i + chunk])
+            call(x[i : i + chunk], sumsq[i : i + chunk] if r.fold_norm == "rsqrt" else None)
             for i in range(0, nt, chunk)
         ]
         for m, i in enumerate(group):

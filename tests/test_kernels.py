@@ -348,7 +348,7 @@ def _pallas_launches(fn, *args) -> list[str]:
         ((QType.Q5_0, QType.Q8_0), 896),  # the 0.5B's q+k and v: two formats, one launch
         ((QType.Q4_K, QType.Q6_K), 768),
         ((QType.Q6_K, QType.Q6_K), 1024),
-        ((QType.Q4_K, QType.Q6_K), 2048),  # past FOLD_NORM_MAX_K: XLA's rsqrt, the kernel's scale
+        ((QType.Q4_K, QType.Q6_K), 2048),  # past FOLD_NORM_MAX_K: XLA's sums, the kernel's rsqrt
         ((QType.F16, QType.F16), 1024),
     ],
     ids=lambda v: "+".join(q.name for q in v) if isinstance(v, tuple) else str(v),
@@ -357,8 +357,8 @@ def _pallas_launches(fn, *args) -> list[str]:
 def test_norm_folded_into_gemv(qtypes, k, nt, deterministic):
     """ops.norm_matmuls with the RMSNorm applied inside the GEMVs == the norm first, then the same
     GEMVs. Narrow x at one token ("fold"): each program sums the rows' squares in power-of-two
-    pieces (896 = 512 + 256 + 128); wider x or more rows ("rsqrt"): XLA's rsqrt, multiplied in
-    the kernel. The weights run as one launch even in two formats; float weights take the plain
+    pieces (896 = 512 + 256 + 128); wider x or more rows ("rsqrt"): XLA's sums of squares, the
+    rsqrt in the kernel. The weights run as one launch even in two formats; float weights take the plain
     path. The deterministic mode folds at every row count."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
@@ -390,6 +390,34 @@ def test_norm_folded_into_gemv(qtypes, k, nt, deterministic):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5 * scale)
         summed = tiles.sum_splits(p, 0, True)[:nt, :n]
         np.testing.assert_allclose(np.asarray(summed), np.asarray(a), rtol=1e-6, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize(
+    "qtypes,k,nt", [((QType.Q5_0, QType.Q8_0), 896, 1), ((QType.Q4_K, QType.Q6_K), 2048, 3)]
+)
+def test_norm_from_given_sums_of_squares(qtypes, k, nt):
+    """With the rows' sums of squares given in pieces (a residual add's, split_sums), every GEMV
+    after the norm takes them ("rsqrt", narrow x too) and equals the norm first, then the GEMVs;
+    no launch besides the GEMV's."""
+    from minfer_jax import ops
+    from minfer_jax.model.weights import QWeight
+
+    impl = ops.Impl(KERNELS)
+    ws = [
+        QWeight(random_planes(jax.random.PRNGKey(s), q, n, k), q, (n, k))
+        for s, q, n in zip((6, 7), qtypes, (130, 70))
+    ]
+    x = jax.random.normal(jax.random.PRNGKey(8), (nt, k), jnp.float32) * 30.0
+    g = 1.0 + 0.5 * jax.random.normal(jax.random.PRNGKey(9), (k,), jnp.float32)
+    sumsq = jnp.pad(jnp.sum((x * x).reshape(nt, k // 128, 128), -1), ((0, 0), (0, 1)))
+    assert {ops.route(w, nt, impl, after_norm=True, sumsq=True).fold_norm for w in ws} == {"rsqrt"}
+    launches = _pallas_launches(lambda x, s: ops.norm_matmuls(x, g, 1e-6, ws, impl, s), x, sumsq)
+    assert len(launches) == 1, launches
+    got = ops.norm_matmuls(x, g, 1e-6, ws, impl, sumsq)
+    plain = ops.norm_matmuls(x, g, 1e-6, ws, dataclasses.replace(impl, fused_decode=False))
+    for a, b in zip(got, plain):
+        scale = float(jnp.max(jnp.abs(b)))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5 * scale)
 
 
 def test_gemv_group_matches_each_weight_alone():

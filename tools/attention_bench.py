@@ -3,7 +3,8 @@
 usage: PYTHONPATH=. python tools/attention_bench.py [--only chunk|decode] [--models 0.5b,7b]
            [--ts 512,1024,2048] [--starts 0,4096,16384,30720] [--batches 1,8,32]
            [--lengths 4096,16384,32768] [--nqs 1] [--splits 8,16,32,64] [--chunk-configs ...]
-           [--decode-configs splits/bk/warps/stages,...] [--ours-only] [--reps 4] [--trials 2] [--check] [--out FILE.md]
+           [--decode-configs splits/bk/warps/stages,...] [--ours-only] [--reps 4] [--trials 2]
+           [--check] [--out FILE.md]
 
 Every candidate runs `reps` times unrolled in one executable, each call on its own f16 cache copy
 (so K/V stream from HBM, not L2, and XLA cannot merge calls); a time is the device-timeline span of

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax import ops
-from minfer_jax.model import attention
+from minfer_jax.model import attention, layers
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.families import family
@@ -36,10 +36,12 @@ def _layers(
     attend: Callable,
     par=None,
     attend_projected: Callable | None = None,
-) -> tuple[jax.Array, KVCache]:
+    epilogues: bool = False,
+) -> tuple[layers.Hidden, KVCache]:
     """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)` (or,
     where the family's layer takes it, `attend_projected(parts, widths, bias, inv_freq, k_cache,
-    v_cache, window)`: LayerCall), final norm. par: None on one device; inside shard_map the
+    v_cache, window)`: LayerCall) -> the last layer's output, not normed (with epilogues a
+    layers.Residual: LayerCall.epilogues). par: None on one device; inside shard_map the
     shard's hooks (sharding.TensorParallel)."""
     fam = family(cfg)
     x = fam.embed(params, tokens, cfg)  # [T, d]
@@ -66,9 +68,10 @@ def _layers(
             par=par,
             rope_freqs=params.rope_freqs,
             attend_projected=None if attend_projected is None else layer_attend_projected,
+            epilogues=epilogues,
         )
         x = fam.block(x, layer, i, call)
-    return ops.rms_norm(x, params.out_norm, cfg.rms_eps), KVCache(k=tuple(ks), v=tuple(vs))
+    return x, KVCache(k=tuple(ks), v=tuple(vs))
 
 
 def forward_chunk(
@@ -95,7 +98,8 @@ def forward_chunk(
             attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl, window),
         )
 
-    return _layers(params, tokens, positions, cache, cfg, impl, attend, par)
+    x, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par)
+    return ops.rms_norm(x, params.out_norm, cfg.rms_eps), cache
 
 
 def forward_decode(
@@ -156,9 +160,10 @@ def forward_decode(
             parts, widths, bias, inv_freq, k_cache, v_cache, slots, positions, cfg, impl, window
         )
 
-    half = cfg.head_dim // 2  # the epilogue kernel's tiles: a power of two
-    fused = impl.fused_decode and impl.kernels != "xla" and par is None and half & (half - 1) == 0
-    h, cache = _layers(
+    epilogues = impl.fused_decode and impl.kernels != "xla" and par is None
+    half = cfg.head_dim // 2  # the q/k/v epilogue kernel's tiles: a power of two
+    projected = epilogues and half & (half - 1) == 0
+    x, cache = _layers(
         params,
         tokens,
         positions,
@@ -167,9 +172,14 @@ def forward_decode(
         impl,
         attend,
         par,
-        attend_projected if fused else None,
+        attend_projected if projected else None,
+        epilogues,
     )
-    return logits_from_hidden(params, h, impl), cache
+    rows, sumsq = layers.hidden(x)
+    if epilogues:  # the final norm applied by the head's GEMV, from the sums of squares
+        [logits] = ops.norm_matmuls(rows, params.out_norm, cfg.rms_eps, [params.head], impl, sumsq)
+        return logits, cache
+    return logits_from_hidden(params, ops.rms_norm(rows, params.out_norm, cfg.rms_eps), impl), cache
 
 
 def logits_from_hidden(params: Params, h: jax.Array, impl: ops.Impl) -> jax.Array:

@@ -77,5 +77,5 @@ def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Arr
     att = layers.row_matmul(call.par, "attn_out", call.attend(q, k, v), layer.wo, call.impl)
     x = x + ops.rms_norm(att, layer.post_attn_norm, eps)
     return x + ops.rms_norm(
-        layers.gated_ffn(x, layer, call, act=layers.gelu_tanh), layer.post_ffn_norm, eps
+        layers.gated_ffn(x, layer, call, act="gelu_tanh"), layer.post_ffn_norm, eps
     )

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from minfer_jax import ops
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import Layer, Params, embed_rows
+from minfer_jax.pallas import split_sums
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,40 @@ class LayerCall:
     # attend_projected(parts, widths, bias, inv_freq) -> [B, H * hd], the projections' partials
     # to attention in two kernels (attention.decode_attention_projected)
     attend_projected: Callable | None = None
+    # decode on the kernels with impl.fused_decode, one device: the residual adds and the gated
+    # activation take the projections' split-K partials (pallas/split_sums.py), and the residual
+    # stream carries its rows' sums of squares to the next norm's GEMVs (Residual)
+    epilogues: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+    """The residual stream as add_product leaves it with LayerCall.epilogues: the rows and their
+    sums of squares in pieces (split_sums.add_partials), so the next RMSNorm's GEMVs need no
+    reduce of their own. A trace-time container, like LayerCall."""
+
+    x: jax.Array  # [T, d] f32
+    sumsq: jax.Array  # [T, P] f32
+
+
+Hidden = jax.Array | Residual  # what a layer takes and returns
+
+
+def hidden(x: Hidden) -> tuple[jax.Array, jax.Array | None]:
+    """(the rows [T, d], their sums of squares in pieces or None) of a residual stream value."""
+    return (x.x, x.sumsq) if isinstance(x, Residual) else (x, None)
+
+
+def add_product(x: Hidden, y: jax.Array, w, which: str, call: LayerCall) -> Hidden:
+    """x + y . w^T, the residual add after the o ("attn_out") or down ("ffn_out") projection:
+    with call.epilogues one kernel adds the projection's partials to x and sums the squares
+    (-> Residual), else the matmul (row_matmul) and an add."""
+    rows, _ = hidden(x)
+    if call.epilogues:
+        parts = ops.matmul_parts(y, w, call.impl)
+        interpret = call.impl.kernels == "interpret"
+        return Residual(*split_sums.add_partials(rows, parts, interpret=interpret))
+    return rows + row_matmul(call.par, which, y, w, call.impl)
 
 
 def embed(params: Params, tokens: jax.Array, cfg: Config) -> jax.Array:
@@ -88,12 +123,13 @@ def rope_normal(
     return jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(x.shape)
 
 
-def project_qkv(x: jax.Array, layer: Layer, cfg: Config, impl: ops.Impl):
+def project_qkv(x: Hidden, layer: Layer, cfg: Config, impl: ops.Impl):
     """attn_norm(x) [T, d] through q/k/v (+ their biases where the file has them) ->
     q [T, H, hd], k and v [T, Hkv, hd], not rotated."""
+    x, sumsq = hidden(x)
     t, qd, kv = x.shape[0], cfg.q_dim, cfg.kv_dim
     qkv = jnp.concatenate(
-        ops.norm_matmuls(x, layer.attn_norm, cfg.rms_eps, layer.qkv, impl), axis=-1
+        ops.norm_matmuls(x, layer.attn_norm, cfg.rms_eps, layer.qkv, impl, sumsq), axis=-1
     )  # [T, qd + 2kv]
     if layer.qkv_bias is not None:
         qkv = qkv + layer.qkv_bias
@@ -103,13 +139,16 @@ def project_qkv(x: jax.Array, layer: Layer, cfg: Config, impl: ops.Impl):
     return q, k, v
 
 
-def attend_neox(x: jax.Array, layer: Layer, call: LayerCall) -> jax.Array:
+def attend_neox(x: Hidden, layer: Layer, call: LayerCall) -> jax.Array:
     """Attention of a layer with NeoX RoPE and no q / k norms (Qwen2): q / k / v of attn_norm(x)
     (+ biases), rotated, through the cache -> [T, H * hd]. With call.attend_projected (fused
     decode) the projections' split-K partials go to one kernel that does the rest."""
     cfg = call.cfg
     if call.attend_projected is not None:
-        parts = ops.norm_matmul_parts(x, layer.attn_norm, cfg.rms_eps, layer.qkv, call.impl)
+        rows, sumsq = hidden(x)
+        parts = ops.norm_matmul_parts(
+            rows, layer.attn_norm, cfg.rms_eps, layer.qkv, call.impl, sumsq
+        )
         widths = tuple(w.shape[0] for w in layer.qkv)
         inv_freq = _inv_freq(cfg.head_dim, cfg.rope_theta, None, 1.0)
         return call.attend_projected(parts, widths, layer.qkv_bias, inv_freq)
@@ -125,19 +164,37 @@ def row_matmul(par, which: str, x: jax.Array, w, impl: ops.Impl) -> jax.Array:
     return ops.matmul(x, w, impl) if par is None else par.row_matmul(which, x, w, impl)
 
 
-def gated_ffn(
-    x: jax.Array, layer: Layer, call: LayerCall, act: Callable = jax.nn.silu
-) -> jax.Array:
-    """down(act(gate(n(x))) * up(n(x))) with n = ffn_norm: SwiGLU (silu) or GeGLU (tanh gelu).
+def gated_ffn(x: Hidden, layer: Layer, call: LayerCall, act: str = "silu"):
+    """down(act(gate(n(x))) * up(n(x))) with n = ffn_norm: SwiGLU ("silu") or GeGLU ("gelu_tanh").
     [T, d]."""
+    return row_matmul(call.par, "ffn_out", gated_act(x, layer, call, act), layer.w_down, call.impl)
+
+
+def gated_act(x: Hidden, layer: Layer, call: LayerCall, act: str = "silu"):
+    """act(gate(n(x))) * up(n(x)) [T, d_ff], the down projection's input; with call.epilogues
+    one kernel forms it from the gate / up GEMVs' partials (split_sums.glu_partials)."""
     cfg, impl = call.cfg, call.impl
+    rows, sumsq = hidden(x)
+    if call.epilogues:
+        parts = ops.norm_matmul_parts(rows, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl, sumsq)
+        return split_sums.glu_partials(
+            tuple(parts),
+            widths=tuple(w.shape[0] for w in layer.gate_up),
+            d_ff=cfg.d_ff,
+            act=act,
+            batch=rows.shape[0],
+            interpret=impl.kernels == "interpret",
+        )
     gate_up = jnp.concatenate(
-        ops.norm_matmuls(x, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl), axis=-1
+        ops.norm_matmuls(rows, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl, sumsq), axis=-1
     )  # [T, 2ff]
     gate, up = gate_up[:, : cfg.d_ff], gate_up[:, cfg.d_ff :]
-    return row_matmul(call.par, "ffn_out", act(gate) * up, layer.w_down, impl)
+    return ACTIVATIONS[act](gate) * up
 
 
 def gelu_tanh(x: jax.Array) -> jax.Array:
     """GELU, tanh approximation (ggml_gelu; Gemma's gelu_pytorch_tanh)."""
     return jax.nn.gelu(x, approximate=True)
+
+
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": gelu_tanh}  # as split_sums.ACTIVATIONS

@@ -11,8 +11,6 @@ architecture too.
 
 from __future__ import annotations
 
-import jax
-
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.model import layers, schema
 from minfer_jax.model.config import Config
@@ -50,10 +48,10 @@ def tensor_shapes(cfg: Config):
         yield from schema.layer_shapes(cfg, i).items()
 
 
-def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
+def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
     cfg, pos = call.cfg, call.positions
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
     q = layers.rope_normal(q, pos, cfg.rope_theta, call.rope_freqs, cfg.rope_scale)
     k = layers.rope_normal(k, pos, cfg.rope_theta, call.rope_freqs, cfg.rope_scale)
-    x = x + layers.row_matmul(call.par, "attn_out", call.attend(q, k, v), layer.wo, call.impl)
-    return x + layers.gated_ffn(x, layer, call)
+    x = layers.add_product(x, call.attend(q, k, v), layer.wo, "attn_out", call)
+    return layers.add_product(x, layers.gated_act(x, layer, call), layer.w_down, "ffn_out", call)

@@ -9,8 +9,6 @@ The layer loop, cache writes and head are model/decoder.py's, shared by every fa
 
 from __future__ import annotations
 
-import jax
-
 from minfer_jax.model import layers, schema
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import Layer
@@ -31,11 +29,9 @@ def tensor_shapes(cfg: Config):
         yield from schema.layer_shapes(cfg, i, bias=True).items()
 
 
-def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
-    x = x + layers.row_matmul(
-        call.par, "attn_out", layers.attend_neox(x, layer, call), layer.wo, call.impl
-    )
-    return x + layers.gated_ffn(x, layer, call)
+def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
+    x = layers.add_product(x, layers.attend_neox(x, layer, call), layer.wo, "attn_out", call)
+    return layers.add_product(x, layers.gated_act(x, layer, call), layer.w_down, "ffn_out", call)
 
 
 def __getattr__(name: str):

@@ -6,8 +6,6 @@ half-split form); head_dim is the file's attention.key_length (128), not d_model
 
 from __future__ import annotations
 
-import jax
-
 from minfer_jax import ops
 from minfer_jax.model import layers, schema
 from minfer_jax.model.config import Config
@@ -36,7 +34,7 @@ def tensor_shapes(cfg: Config):
         yield from schema.layer_shapes(cfg, i, qk_norm=True).items()
 
 
-def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
+def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
     cfg, pos = call.cfg, call.positions
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
     q, k = (
@@ -45,5 +43,5 @@ def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Arr
     )  # per head
     q = layers.rope_neox(q, pos, cfg.rope_theta, scale=cfg.rope_scale)
     k = layers.rope_neox(k, pos, cfg.rope_theta, scale=cfg.rope_scale)
-    x = x + layers.row_matmul(call.par, "attn_out", call.attend(q, k, v), layer.wo, call.impl)
-    return x + layers.gated_ffn(x, layer, call)
+    x = layers.add_product(x, call.attend(q, k, v), layer.wo, "attn_out", call)
+    return layers.add_product(x, layers.gated_act(x, layer, call), layer.w_down, "ffn_out", call)

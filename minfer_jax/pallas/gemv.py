@@ -75,31 +75,32 @@ def gemv_int8(
     qtype: QType,
     n_out: int,
     x_scale: jax.Array | None = None,
-    row_scale: jax.Array | None = None,
+    row_sumsq: jax.Array | None = None,
     norm_eps: float | None = None,
     config: GemvConfig | None = None,
     deterministic: bool = False,
     partials: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
-    """Block formats: (x [nt, K] (nt <= 16) * row_scale [nt, None] * x_scale [K]) . W^T ->
-    [nt, n_out] f32, W as its planes; partials: the split-K partial sums [splits, pow2(nt), Npad]
-    unadded (for a consumer kernel that adds them itself: decode_qkv).
+    """Block formats: (x [nt, K] (nt <= 16) * x_scale [K]) . W^T -> [nt, n_out] f32, W as its
+    planes; partials: the split-K partial sums [splits, pow2(nt), Npad] unadded (for a consumer
+    kernel that adds them itself: decode_qkv, split_sums).
 
     x_scale (optional, f32 [K]) multiplies x per input feature (a folded RMSNorm weight: ops.py),
-    row_scale (optional, f32 [nt]) per token (the norm's rsqrt, computed outside); both inside
-    the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion that
-    quantizes x before it. norm_eps (in-kernel x, x_scale given, no row_scale): x is an RMSNorm's
-    input, and every program computes each token's rsqrt(mean(x^2) + norm_eps) from its whole
-    row. deterministic: each row's result does not depend on nt (one config for all,
-    choose_config; split-K partials added in a fixed order)."""
+    inside the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion
+    that quantizes x before it. norm_eps: x is an RMSNorm's input (x_scale its weight) and each
+    token's x is multiplied by rsqrt(mean(x^2) + norm_eps) too: from row_sumsq (f32 [nt, C],
+    pieces of each row's sum of squares, added left to right: split_sums.add_partials' or one
+    XLA reduce's) where given, else computed by every program from x's whole row.
+    deterministic: each row's result does not depend on nt (one config for all, choose_config;
+    split-K partials added in a fixed order)."""
     [out] = gemv_int8_group(
         x,
         (planes,),
         qtypes=(qtype,),
         n_outs=(n_out,),
         x_scale=x_scale,
-        row_scale=row_scale,
+        row_sumsq=row_sumsq,
         norm_eps=norm_eps,
         configs=None if config is None else (config,),
         deterministic=deterministic,
@@ -117,7 +118,7 @@ def gemv_int8_group(
     qtypes: tuple[QType, ...],
     n_outs: tuple[int, ...],
     x_scale: jax.Array | None = None,
-    row_scale: jax.Array | None = None,
+    row_sumsq: jax.Array | None = None,
     norm_eps: float | None = None,
     configs: tuple[GemvConfig, ...] | None = None,
     deterministic: bool = False,
@@ -139,10 +140,11 @@ def gemv_int8_group(
         x_scale = x_scale.astype(jnp.float32)
     ntp = pow2_at_least(nt)
     x = jnp.pad(x, ((0, ntp - nt), (0, 0)))
-    if row_scale is not None:
-        row_scale = jnp.pad(row_scale.astype(jnp.float32), (0, ntp - nt))
+    if row_sumsq is not None:
+        assert norm_eps is not None, "row_sumsq is the norm's: norm_eps goes with it"
+        row_sumsq = jnp.pad(row_sumsq.astype(jnp.float32), ((0, ntp - nt), (0, 0)))
     members = [
-        _int8_member(x, p, q, c, x_scale, row_scale, norm_eps, interpret)
+        _int8_member(x, p, q, c, x_scale, row_sumsq, norm_eps, interpret)
         for p, q, c in zip(planes, qtypes, cfgs)
     ]
     row_blocks = [npad // c.bn for npad, c in zip(npads, cfgs)]
@@ -184,7 +186,7 @@ def groupable(configs) -> bool:
     return len({(c.splits, c.num_warps, c.num_stages) for c in configs}) == 1
 
 
-def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_scale, norm_eps, interpret):
+def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_sumsq, norm_eps, interpret):
     """One weight's share of a gemv_int8_group launch: (its operands, x's then the planes', their
     BlockSpecs with the row block numbered from 0, the kernel body (*its refs, its output ref))."""
     spec = int8_words.SPECS[qtype]
@@ -197,7 +199,7 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_scale, n
     block = gemv_int8_kernel.Block(qtype, ntp, cfg.bn, gt, gs // gt)
     dot4 = int8_words.dp4a_emulated if interpret else _dp4a
     if cfg.prequant:
-        xs = x if row_scale is None else x * row_scale[:, None]
+        xs = x if norm_eps is None else x * _norm_rsqrt(x, row_sumsq, norm_eps)
         xw, xsc = int8_words.quantize_x(
             qtype, xs if x_scale is None else xs * x_scale, tuning.exact_round
         )  # one XLA fusion
@@ -218,14 +220,13 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_scale, n
             in_specs.append(
                 pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
             )
-        norm = None
-        if row_scale is not None:  # a per-token multiplier, loaded as a scalar
-            operands.append(row_scale)
-            in_specs.append(pl.BlockSpec((ntp,), lambda i, s: (0,)))
+        norm = None if norm_eps is None else (k, float(norm_eps))
+        if row_sumsq is not None:  # the rows' sums of squares in pieces, loaded as scalars
+            operands.append(row_sumsq)
+            in_specs.append(pl.BlockSpec(row_sumsq.shape, lambda i, s: (0, 0)))
         elif norm_eps is not None:  # whole rows, for the norm's sum of squares
             operands.append(x.astype(jnp.float32))
             in_specs.append(pl.BlockSpec((ntp, k), lambda i, s: (0, 0)))
-            norm = (k, float(norm_eps))
         dims3, flat = tuning.tile_shapes(prequant=False)
         body = gemv_int8_kernel.in_kernel_x_kernel(
             block,
@@ -234,7 +235,7 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_scale, n
             dot4,
             cfg.x_first,
             norm,
-            row_scale is not None,
+            0 if row_sumsq is None else row_sumsq.shape[1],
         )
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     for name, tail in spec.view_tails(dims3, flat):
@@ -430,16 +431,14 @@ def gemv_int8_reference(
     qtype: QType,
     n_out: int,
     x_scale: jax.Array | None = None,
-    row_scale: jax.Array | None = None,
+    row_sumsq: jax.Array | None = None,
     norm_eps: float | None = None,
 ) -> jax.Array:
     """What gemv_int8 computes, on whole arrays with planes.decode_ints (not the word tricks): the
     same activation quantization (and rounding, TUNING's exact_round) and exact integer sums."""
     x = x.astype(jnp.float32)
-    if row_scale is not None:
-        x = x * row_scale.astype(jnp.float32)[:, None]
-    elif norm_eps is not None:
-        x = x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + norm_eps)
+    if norm_eps is not None:
+        x = x * _norm_rsqrt(x, row_sumsq, norm_eps)
     if x_scale is not None:
         x = x * x_scale.astype(jnp.float32)
     spec = int8_words.SPECS[qtype]
@@ -468,6 +467,17 @@ def gemv_int8_reference(
             y = y + b[:n_out] @ xsum
         ys.append(y)
     return jnp.stack(ys)
+
+
+def _norm_rsqrt(x: jax.Array, row_sumsq: jax.Array | None, eps: float) -> jax.Array:
+    """[nt, 1]: rsqrt(mean(x^2) + eps) per row, the sum of squares from row_sumsq's pieces (added
+    left to right, as the kernel does) where given."""
+    k = x.shape[-1]
+    if row_sumsq is None:
+        return lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    pieces = [row_sumsq[:, c] for c in range(row_sumsq.shape[1])]
+    total = functools.reduce(lambda a, b: a + b, pieces)
+    return lax.rsqrt(total[:, None] * jnp.float32(1.0 / k) + jnp.float32(eps))
 
 
 def gemv_float_reference(

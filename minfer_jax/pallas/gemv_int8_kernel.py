@@ -64,25 +64,30 @@ def in_kernel_x_kernel(
     dot4: Callable,
     x_first: bool,
     norm: tuple[int, float] | None = None,
-    row_scaled: bool = False,
+    sumsq_pieces: int = 0,
 ):
     """x as f32 views [ntp, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
     quantized per step and token; per-group values as [bn, gt] tiles.
 
-    norm = (K, eps): x is an RMSNorm's input and the scale its weight. One more ref, x's whole
-    rows [ntp, K], gives each token's rsqrt(mean(x^2) + eps), and the program quantizes
-    (x * rsqrt) * scale, the norm's output, as it loads its slice. row_scaled: the same with
-    each token's rsqrt given (one more ref, [ntp] f32), for rows too wide to reread per program."""
+    norm = (K, eps): x is an RMSNorm's input and the scale its weight; the program quantizes
+    (x * rsqrt(mean(x^2) + eps)) * scale, the norm's output, as it loads its slice. One more ref
+    gives the sum of squares: x's whole rows [ntp, K], or with sumsq_pieces > 0 the rows' sums
+    of squares in that many pieces [ntp, pieces] (for rows too wide to reread per program)."""
     spec = int8_words.SPECS[block.qtype]
     gt = block.gt
     assert norm is None or scaled, "the folded norm needs its weight as the scale"
-    assert not (norm is not None and row_scaled), "the rsqrt is computed here or given, not both"
-    at_rows = 1 + scaled  # ref positions: x, [scale], [rows or rsqrt]
+    assert norm is not None or not sumsq_pieces, "sums of squares are the norm's"
+    at_rows = 1 + scaled  # ref positions: x, [scale], [rows or sums of squares]
 
     def load(x_refs, tok, g0):  # one load per slot: [gt, x_words, 4] f32 each
         xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
-        if norm is not None or row_scaled:
-            r = _row_rsqrt(x_refs[at_rows], tok, *norm) if norm else x_refs[at_rows][tok]
+        if norm is not None:
+            rows = x_refs[at_rows]
+            r = (
+                _sumsq_rsqrt(rows, tok, sumsq_pieces, *norm)
+                if sumsq_pieces
+                else _row_rsqrt(rows, tok, *norm)
+            )
             xs = [v * r for v in xs]
         if scaled:
             xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
@@ -92,8 +97,17 @@ def in_kernel_x_kernel(
         words, dx, xo, xsum = int8_words.quantize_slots(raw, spec.offset, exact_round)
         return [w[None] for w in words], dx[None], xo[None], xsum[None]
 
-    n_refs = at_rows + (norm is not None) + row_scaled
+    n_refs = at_rows + (norm is not None)
     return _kernel(block, _XSource(n_refs, load, prepare), False, False, dot4, x_first)
+
+
+def _sumsq_rsqrt(sumsq_ref, tok: int, pieces: int, k: int, eps: float):
+    """rsqrt(mean(x^2) + eps) of token tok from its sum of squares in pieces (scalars added left
+    to right: the same order at every row count)."""
+    total = sumsq_ref[tok, 0]
+    for c in range(1, pieces):
+        total = total + sumsq_ref[tok, c]
+    return lax.rsqrt(total * jnp.float32(1.0 / k) + jnp.float32(eps))
 
 
 def _row_rsqrt(row_ref, tok: int, k: int, eps: float):
