@@ -194,15 +194,17 @@ def _fold_mode(qtype: QType, n: int, k: int, nt: int, r: Route, sumsq: bool) -> 
     """How a GEMV applies the norm before it (Route.fold_norm), or None where x is quantized by
     XLA (which fuses the norm's multiply there itself). Given sums of squares cost nothing to
     read; else every program recomputing the rsqrt from whole rows costs less than XLA's reduce
-    launch only for narrow x and few tokens. The deterministic mode (r.row_chunk) folds the same
-    way at every row count: a row's numerics must not depend on the batch."""
+    launch only for narrow x and few tokens. The deterministic mode (r.row_chunk) folds at every
+    row count and width: a row's numerics must not depend on the batch."""
     alone = r.row_chunk is not None
     if _xla_quantizes_x(qtype, n, k, nt, r):
         return None
     if sumsq:
         return "rsqrt"
+    if alone:  # an XLA reduce's order may depend on the row count: each program's sums never do
+        return "fold"
     narrow = k <= gemv_tuning.FOLD_NORM_MAX_K
-    return "fold" if narrow and (nt <= gemv_tuning.FOLD_NORM_MAX_NT or alone) else "rsqrt"
+    return "fold" if narrow and nt <= gemv_tuning.FOLD_NORM_MAX_NT else "rsqrt"
 
 
 def _quantized_route(qtype: QType, nt: int, impl: Impl) -> Route:

@@ -358,8 +358,8 @@ def test_norm_folded_into_gemv(qtypes, k, nt, deterministic):
     """ops.norm_matmuls with the RMSNorm applied inside the GEMVs == the norm first, then the same
     GEMVs. Narrow x at one token ("fold"): each program sums the rows' squares in power-of-two
     pieces (896 = 512 + 256 + 128); wider x or more rows ("rsqrt"): XLA's sums of squares, the
-    rsqrt in the kernel. The weights run as one launch even in two formats; float weights take the plain
-    path. The deterministic mode folds at every row count."""
+    rsqrt in the kernel. The weights run as one launch even in two formats; float weights take
+    the plain path. The deterministic mode folds at every row count and width."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
 
@@ -374,8 +374,8 @@ def test_norm_folded_into_gemv(qtypes, k, nt, deterministic):
     )  # a residual stream's scale
     g = 1.0 + 0.5 * jax.random.normal(jax.random.PRNGKey(9), (k,), jnp.float32)
     modes = {ops.route(w, nt, impl, after_norm=True).fold_norm for w in ws}
-    narrow = k <= gemv_tuning.FOLD_NORM_MAX_K and (
-        nt <= gemv_tuning.FOLD_NORM_MAX_NT or deterministic
+    narrow = deterministic or (
+        k <= gemv_tuning.FOLD_NORM_MAX_K and nt <= gemv_tuning.FOLD_NORM_MAX_NT
     )
     want = None if qtypes[0] == QType.F16 else "fold" if narrow else "rsqrt"
     assert modes == {want}
@@ -695,7 +695,7 @@ def test_route_dense_and_norm_folding():
     r = ops.route(_qweight(QType.Q5_0), 1, fold, after_norm=True)
     assert (r.kind, r.fold_norm, r.label) == ("gemv", "fold", "gemv+fold")
     assert not ops.route(_qweight(QType.Q5_0), 1, fold).fold_norm  # x not a norm's output
-    few = gemv_tuning.FOLD_NORM_MAX_NT + 1  # more rows: XLA's rsqrt, the kernel's multiply
+    few = gemv_tuning.FOLD_NORM_MAX_NT + 1  # more rows: XLA's sums of squares, the kernel's rsqrt
     r = ops.route(_qweight(QType.Q5_0), few, fold, after_norm=True)
     assert (r.fold_norm, r.label) == ("rsqrt", "gemv+rsqrt")
     assert not ops.route(
@@ -705,12 +705,13 @@ def test_route_dense_and_norm_folding():
     assert ops.route(_qweight(QType.Q5_0, 128, wide), 1, fold, after_norm=True).fold_norm == "rsqrt"
     big = gemv_tuning.PREQUANT_MIN_WEIGHTS // 896 + 128  # x quantized by XLA: it fuses the norm
     assert ops.route(_qweight(QType.Q5_0, big, 896), 3, fold, after_norm=True).fold_norm is None
+    r = ops.route(_qweight(QType.Q5_0), 1, fold, after_norm=True, sumsq=True)
+    assert r.fold_norm == "rsqrt"  # the sums of squares given: narrow x takes them too
     for nt in (1, 2, 8, 32):  # the deterministic mode: one-token numerics at every row count
         det = ops.Impl("pallas", deterministic=True)
-        assert ops.route(_qweight(QType.Q5_0), nt, det, after_norm=True).fold_norm == "fold"
-        assert ops.route(_qweight(QType.Q5_0, 128, wide), nt, det, after_norm=True).fold_norm == (
-            "rsqrt"
-        )
+        for w in (_qweight(QType.Q5_0), _qweight(QType.Q5_0, 128, wide)):  # no XLA reduce
+            assert ops.route(w, nt, det, after_norm=True).fold_norm == "fold"
+            assert ops.route(w, nt, det, after_norm=True, sumsq=True).fold_norm == "rsqrt"
     assert ops.route(_qweight(QType.F16), 1, fold, after_norm=True) == ops.Route(
         "gemv-float"
     )  # float: never
