@@ -90,7 +90,7 @@ def gemv_int8(
     inside the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion
     that quantizes x before it. norm_eps: x is an RMSNorm's input (x_scale its weight) and each
     token's x is multiplied by rsqrt(mean(x^2) + norm_eps) too: from row_sumsq (f32 [nt, C],
-    pieces of each row's sum of squares, added left to right: split_sums.add_partials' or one
+    pieces of each row's sum of squares: split_sums.add_partials' or one
     XLA reduce's) where given, else computed by every program from x's whole row.
     deterministic: each row's result does not depend on nt (one config for all, choose_config;
     split-K partials added in a fixed order)."""
@@ -470,14 +470,13 @@ def gemv_int8_reference(
 
 
 def _norm_rsqrt(x: jax.Array, row_sumsq: jax.Array | None, eps: float) -> jax.Array:
-    """[nt, 1]: rsqrt(mean(x^2) + eps) per row, the sum of squares from row_sumsq's pieces (added
-    left to right, as the kernel does) where given."""
+    """[nt, 1]: rsqrt(mean(x^2) + eps) per row, the sum of squares from row_sumsq's pieces where
+    given."""
     k = x.shape[-1]
     if row_sumsq is None:
         return lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
-    pieces = [row_sumsq[:, c] for c in range(row_sumsq.shape[1])]
-    total = functools.reduce(lambda a, b: a + b, pieces)
-    return lax.rsqrt(total[:, None] * jnp.float32(1.0 / k) + jnp.float32(eps))
+    total = jnp.sum(row_sumsq, axis=-1, keepdims=True)
+    return lax.rsqrt(total * jnp.float32(1.0 / k) + jnp.float32(eps))
 
 
 def gemv_float_reference(

@@ -46,11 +46,13 @@ class Block:
 @dataclasses.dataclass(frozen=True)
 class _XSource:
     """How a kernel gets one token's x for gt groups: `load` (refs as stored) then `prepare`
-    (-> x words per slot [1, gt, x_words], dx, xo, xsum [1, gt(, 1)])."""
+    (-> x words per slot [1, gt, x_words], dx, xo, xsum [1, gt(, 1)]). `per_token` (optional)
+    computes a value per token once, before the K loop (a norm's rsqrt), that load receives."""
 
     n_refs: int
-    load: Callable  # (x_refs, tok, g0) -> raw
+    load: Callable  # (x_refs, tok, g0, token_value) -> raw
     prepare: Callable  # raw -> (words, dx, xo, xsum)
+    per_token: Callable | None = None  # (x_refs, tok) -> token_value
 
 
 # One kernel closure per configuration (jax#40847: a shared function object can reuse a trace).
@@ -79,15 +81,15 @@ def in_kernel_x_kernel(
     assert norm is not None or not sumsq_pieces, "sums of squares are the norm's"
     at_rows = 1 + scaled  # ref positions: x, [scale], [rows or sums of squares]
 
-    def load(x_refs, tok, g0):  # one load per slot: [gt, x_words, 4] f32 each
+    def rsqrt(x_refs, tok):  # the token's rsqrt(mean(x^2) + eps), once per program
+        rows = x_refs[at_rows]
+        if sumsq_pieces:
+            return _sumsq_rsqrt(rows, tok, sumsq_pieces, *norm)
+        return _row_rsqrt(rows, tok, *norm)
+
+    def load(x_refs, tok, g0, r):  # one load per slot: [gt, x_words, 4] f32 each
         xs = [x_refs[0][tok, pl.ds(g0, gt), :, :, slot] for slot in range(spec.x_slots)]
         if norm is not None:
-            rows = x_refs[at_rows]
-            r = (
-                _sumsq_rsqrt(rows, tok, sumsq_pieces, *norm)
-                if sumsq_pieces
-                else _row_rsqrt(rows, tok, *norm)
-            )
             xs = [v * r for v in xs]
         if scaled:
             xs = [v * x_refs[1][0, pl.ds(g0, gt), :, :, slot] for slot, v in enumerate(xs)]
@@ -98,15 +100,14 @@ def in_kernel_x_kernel(
         return [w[None] for w in words], dx[None], xo[None], xsum[None]
 
     n_refs = at_rows + (norm is not None)
-    return _kernel(block, _XSource(n_refs, load, prepare), False, False, dot4, x_first)
+    source = _XSource(n_refs, load, prepare, rsqrt if norm is not None else None)
+    return _kernel(block, source, False, False, dot4, x_first)
 
 
 def _sumsq_rsqrt(sumsq_ref, tok: int, pieces: int, k: int, eps: float):
-    """rsqrt(mean(x^2) + eps) of token tok from its sum of squares in pieces (scalars added left
-    to right: the same order at every row count)."""
-    total = sumsq_ref[tok, 0]
-    for c in range(1, pieces):
-        total = total + sumsq_ref[tok, c]
+    """rsqrt(mean(x^2) + eps) of token tok from its sum of squares in pieces: one vector load,
+    summed in an order fixed by the piece count alone (not by the row count)."""
+    total = jnp.sum(sumsq_ref[tok, pl.ds(0, pieces)])
     return lax.rsqrt(total * jnp.float32(1.0 / k) + jnp.float32(eps))
 
 
@@ -134,7 +135,7 @@ def prequantized_x_kernel(block: Block, dims3: bool, dot4: Callable, x_first: bo
     spec = int8_words.SPECS[block.qtype]
     gt = block.gt
 
-    def load(x_refs, tok, g0):
+    def load(x_refs, tok, g0, _):
         xw_ref, xsc_ref = x_refs
         if dims3:  # the token axis kept: x broadcasts over the rows as loaded
             t1 = pl.ds(tok, 1)
@@ -159,10 +160,16 @@ def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callab
         coarse = dict(zip([n for n, _ in spec.coarse], plane_refs[len(spec.views) :]))
         split = pl.program_id(1) if split is None else split
         split_g0 = split * (block.n_steps * gt)  # this split's first group
+        per_token = [
+            x_src.per_token(x_refs, tok) if x_src.per_token else None for tok in range(ntp)
+        ]
+
+        def load(tok, g0):
+            return x_src.load(x_refs, tok, g0, per_token[tok])
 
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
-            x_raw = [x_src.load(x_refs, tok, g0) for tok in range(ntp)] if x_first else None
+            x_raw = [load(tok, g0) for tok in range(ntp)] if x_first else None
             t = {
                 name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
                 for name, tail in spec.view_tails(dims3, flat)
@@ -179,9 +186,7 @@ def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callab
             )  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
-                xw, dx, xo, xsum = (
-                    xq[tok] if x_first else x_src.prepare(x_src.load(x_refs, tok, g0))
-                )
+                xw, dx, xo, xsum = xq[tok] if x_first else x_src.prepare(load(tok, g0))
                 out.append(
                     accs[tok] + _token_sums(spec, words, a, b, xw, dx, xo, xsum, dot4, dims3)
                 )
