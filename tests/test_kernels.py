@@ -398,7 +398,7 @@ def test_norm_folded_into_gemv(qtypes, k, nt, deterministic):
 def test_norm_from_given_sums_of_squares(qtypes, k, nt):
     """With the rows' sums of squares given in pieces (a residual add's, split_sums), every GEMV
     after the norm takes them ("rsqrt", narrow x too) and equals the norm first, then the GEMVs;
-    no launch besides the GEMV's."""
+    no launch besides the GEMV's. 8 and 17 pieces: a count not a power of two is padded."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
 

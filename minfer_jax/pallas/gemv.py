@@ -142,7 +142,10 @@ def gemv_int8_group(
     x = jnp.pad(x, ((0, ntp - nt), (0, 0)))
     if row_sumsq is not None:
         assert norm_eps is not None, "row_sumsq is the norm's: norm_eps goes with it"
-        row_sumsq = jnp.pad(row_sumsq.astype(jnp.float32), ((0, ntp - nt), (0, 0)))
+        pieces = row_sumsq.shape[1]  # read as one vector: a power of two (Triton tensors)
+        row_sumsq = jnp.pad(
+            row_sumsq.astype(jnp.float32), ((0, ntp - nt), (0, pow2_at_least(pieces) - pieces))
+        )
     members = [
         _int8_member(x, p, q, c, x_scale, row_sumsq, norm_eps, interpret)
         for p, q, c in zip(planes, qtypes, cfgs)
