@@ -323,11 +323,10 @@ def norm_matmul_parts(
 
 def matmul_parts(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     """matmul(x, w) before its split-K partials are added: x [nt, K] -> [S, R >= nt, Np >= N]
-    f32, as norm_matmul_parts."""
-    nt = x.shape[0]
-    r = route(w, nt, impl)
-    chunked = r.row_chunk is not None and nt > r.row_chunk
-    if isinstance(w, DenseWeight) or r.kind not in ("gemv", "gemv-float") or chunked:
+    f32, as norm_matmul_parts (the deterministic mode's row chunks finished, as there: one path
+    at every row count)."""
+    r = route(w, x.shape[0], impl)
+    if isinstance(w, DenseWeight) or r.kind not in ("gemv", "gemv-float") or r.row_chunk:
         return matmul(x, w, impl)[None]
     return route_call(r, w.qtype, w.shape[0], impl, partials=True)(x, w.planes)
 
