@@ -15,7 +15,9 @@ GEMM, or with --deterministic the one-token GEMV in calls of 8 rows) against eac
 the GEMV); per row the identical prefix and, at a divergence, the lone run's top-2 logit gap
 (issue 16/26: each sequence's greedy tokens alone or batched). The prompts: --prompts FILE (a
 JSON {"prompts": [...]} of texts, e.g. tests/data/invariance_prompts.json), else B random ones.
---deterministic: load(deterministic=True) for every check.
+--deterministic: load(deterministic=True) for every check (--batch-parity then runs every B on
+the lone run's model: that mode keeps no prompt prefixes, so nothing is compiled twice). Each
+finished B is also written to stderr at once, so a run cut short keeps what it measured.
 --step-invariance B,...: one decode step of each of the first 4 prompts (--prompts, else random)
 with its row alone in a 1-slot cache, alone in a B + 1-slot cache, replicated in B rows and beside
 B - 1 other prompts: max |logit difference| against the lone step, and for a replicated row that
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 import jax
 import numpy as np
@@ -264,6 +267,7 @@ def batch_parity(
             for _ in range(max(batches))
         ]
     # one model per run: a model reuses the prompt prefixes its slots hold from earlier runs
+    # (not in the deterministic mode, which keeps no prefixes: one model, compiled once, serves)
     m_alone = load()
     alone = [minfer_jax.generate(m_alone, p, max_new_tokens=gen).tokens for p in prompts]
     out: dict = dict(
@@ -273,8 +277,9 @@ def batch_parity(
         deterministic=deterministic,
         kernels=kernels,
     )
+    print(f"batch parity: {len(prompts)} prompts alone done", file=sys.stderr, flush=True)
     for b in batches:
-        m = load()
+        m = m_alone if deterministic else load()
         got = []
         for i in range(0, len(prompts), b):
             group = prompts[i : i + b]
@@ -290,6 +295,7 @@ def batch_parity(
                 row["alone_top2_gap_at_divergence"] = float(top2[1] - top2[0])
             rows.append(row)
         out[f"B={b}"] = dict(identical_rows=len(prompts) - len(rows), differing=rows)
+        print(f"batch parity B={b}: {json.dumps(out[f'B={b}'])}", file=sys.stderr, flush=True)
         del m
     return out
 
