@@ -302,7 +302,8 @@ def bench_decode(a, table: Table):
             } | {
                 f"ours {'/'.join(map(str, c))}": functools.partial(
                     D.decode_attention,
-                    k_splits=c[0],
+                    k_splits=c[0] or None,
+                    row_programs=c[0] == 0,  # splits 0: one program per query row
                     block_k=c[1],
                     num_warps=c[2],
                     num_stages=c[3],
@@ -460,7 +461,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--decode-configs",
         default="",
-        help="splits/block_k/warps/stages,... more decode candidates of ours",
+        help="splits/block_k/warps/stages,... more decode candidates of ours (splits 0: one "
+        "program per query row, DecodeConfig.row_programs)",
     )
     ap.add_argument(
         "--ours-only", action="store_true", help="decode: no jax / cuDNN / XLA candidates"

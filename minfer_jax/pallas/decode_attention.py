@@ -11,7 +11,10 @@ j * rep + r, padded to a power of two >= 16 for the dot) and the s-th share of t
 [0, lengths[b]) (dynamic loop bounds: it reads only its share of [0, len) rounded up to a tile,
 never a power-of-two span or the whole cache). Each writes its unnormalized output with its
 running max and sum; a log-sum-exp merge in jnp (a few KB per row) combines the splits.
-Modelled on jax.experimental.pallas.ops.gpu.decode_attention.
+Modelled on jax.experimental.pallas.ops.gpu.decode_attention. For short caches a second kernel
+(DecodeConfig.row_programs, grid (B, Hkv, nq * rep)) gives each query row one program over all
+its keys and normalizes in place: no partials, no merge launch (off until timed:
+ROW_PROGRAMS_MAX_LEN).
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ MAX_SPLITS = 64
 # deterministic: the key splits of this batch size at every batch size (a row's partials and
 # their merge then do not depend on the batch)
 DETERMINISTIC_BATCH = 8
+# caches of at most this many positions: one program per query row over all its keys, normalized
+# in the kernel, so no merge launch (DecodeConfig.row_programs). 0 (off) until it is timed on the
+# GPU beside the split kernel and its merge (tools/attention_bench.py --decode-configs 0/64/4/2)
+ROW_PROGRAMS_MAX_LEN = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +65,8 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     ordered: bool = False  # splits merged in a fixed order (deterministic)
+    # one program per query row over all its keys, normalized in the kernel (no split, no merge)
+    row_programs: bool = False
 
 
 def decode_config(
@@ -69,11 +78,14 @@ def decode_config(
     num_stages: int | None = None,
     deterministic: bool = False,
     max_len: int | None = None,
+    row_programs: bool | None = None,
 ) -> DecodeConfig:
     """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding
     them. deterministic: the splits of DETERMINISTIC_BATCH rows whatever the batch, merged in a
     fixed order. max_len (the cache's): no more default splits than the cache has key tiles
-    (rounded up to a power of two), except in the deterministic mode, whose splits never change."""
+    (rounded up to a power of two), except in the deterministic mode, whose splits never change.
+    row_programs: DecodeConfig's; None: for caches of at most ROW_PROGRAMS_MAX_LEN positions
+    outside the deterministic mode."""
     rows = DETERMINISTIC_BATCH if deterministic else batch
     block_k = block_k or 64
     splits = k_splits or max(
@@ -84,12 +96,15 @@ def decode_config(
         # a split past the cache's last tile only writes an empty partial for the merge to read
         # (a 128-token cache: 2 splits, not 64; docs/BENCHMARKS.md, "Decode beside llama.cpp")
         splits = min(splits, pow2_at_least(-(-max_len // block_k)))
+    if row_programs is None:
+        row_programs = bool(max_len) and max_len <= ROW_PROGRAMS_MAX_LEN and not deterministic
     cfg = DecodeConfig(
-        k_splits=splits,
+        k_splits=1 if row_programs else splits,
         block_k=block_k,
         num_warps=num_warps or 4,
         num_stages=num_stages or 2,
         ordered=deterministic,
+        row_programs=row_programs,
     )
     if cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
         raise AttentionShapeError(
@@ -160,13 +175,53 @@ def _decode_kernel(
     return kernel
 
 
+@functools.cache
+def _row_kernel(rep: int, nq: int, block_k: int, qk_scale: float, grid_key: tuple, windowed: bool):
+    """One program per (row b, KV group g, query row r): r's scores against every key it sees,
+    an online softmax over the key tiles with scalar max and sum, the normalized [hd] output
+    (DecodeConfig.row_programs). Elementwise products, not dots: one query row is under Triton's
+    16-row dot tiles, and a short cache makes the few tiles cheap."""
+
+    def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, *refs):
+        window_ref, (o_ref,) = (refs[0], refs[1:]) if windowed else (None, refs)
+        b, h, r = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        slot, length = slots_ref[b], lengths_ref[b]
+        q_pos = length - nq + lax.div(r, rep)
+        q = q_ref[...].astype(jnp.float32)  # [hd]
+        hi = lax.div(q_pos + block_k, block_k)  # tiles holding keys 0 .. q_pos
+        lo = lax.div(jnp.maximum(q_pos - window_ref[b] + 1, 0), block_k) if windowed else 0
+
+        def step(j, carry):
+            acc, m_prev, l_prev = carry
+            k0 = pl.multiple_of(j * block_k, block_k)
+            k = k_ref[slot, h, pl.ds(k0, block_k), :].astype(jnp.float32)  # [bk, hd]
+            s = jnp.sum(k * q[None, :], axis=1) * qk_scale  # [bk], base 2
+            keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
+            seen = keys <= q_pos
+            if windowed:
+                seen = seen & (q_pos - keys < window_ref[b])
+            s = jnp.where(seen, s, -jnp.inf)
+            m_next = jnp.maximum(m_prev, jnp.max(s))
+            correction = jnp.exp2(m_prev - m_next)
+            p = jnp.exp2(s - m_next)
+            v = v_ref[slot, h, pl.ds(k0, block_k), :].astype(jnp.float32)
+            acc = correction * acc + jnp.sum(p[:, None] * v, axis=0)
+            return acc, m_next, correction * l_prev + jnp.sum(p)
+
+        carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.float32(M_INIT), jnp.float32(0.0))
+        acc, _, lsum = lax.fori_loop(lo, hi, step, carry)
+        o_ref[...] = acc / jnp.where(lsum > 0, lsum, 1.0)  # a row of length 0 sees no key: zeros
+
+    return kernel
+
+
 def decode_attention(
     q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots, lengths, **options
 ) -> jax.Array:
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
     in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
     unused batch row) reads nothing and returns zeros. options: decode_attention_grouped's
-    (sm_scale, tiles, interpret, window, deterministic, fused)."""
+    (sm_scale, tiles, row_programs, interpret, window, deterministic, fused)."""
     if q.ndim != 4:
         raise AttentionShapeError(f"q has shape {q.shape}; expected [B, nq, H, head_dim]")
     batch, nq, n_heads, head_dim = q.shape
@@ -207,6 +262,7 @@ def decode_attention_grouped(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    row_programs: bool | None = None,
     interpret: bool = False,
     window=None,
     deterministic: bool = False,
@@ -217,13 +273,21 @@ def decode_attention_grouped(
     zero; as decode_qkv.write_qkv writes it) -> [B, nq, H, hd] float32. window (traced int32,
     > 0): query p sees keys p - window < key <= p only. deterministic: a row's result does not
     depend on the batch (decode_config). fused: the splits merged by merge_splits_kernel, else in
-    jnp. The tiles default to decode_config's."""
+    jnp. The tiles and row_programs default to decode_config's."""
     batch, n_kv, rows, head_dim = qg.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
     if rows != query_rows(nq, n_heads, n_kv):
         raise AttentionShapeError(f"qg has {rows} rows; expected {query_rows(nq, n_heads, n_kv)}")
     cfg = decode_config(
-        batch, n_kv, k_splits, block_k, num_warps, num_stages, deterministic, k_cache.shape[2]
+        batch,
+        n_kv,
+        k_splits,
+        block_k,
+        num_warps,
+        num_stages,
+        deterministic,
+        k_cache.shape[2],
+        row_programs,
     )
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(
@@ -273,6 +337,29 @@ def _decode_attention(
     n_rows = nq * rep
     splits = cfg.k_splits
     tiles.silence_triton_deprecation()
+    whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, s: (0, 0, 0, 0))
+    per_row = pl.BlockSpec((batch,), lambda b, h, s: (0,))
+    if cfg.row_programs:
+        row = pl.BlockSpec((None, None, None, head_dim), lambda b, h, r: (b, h, r, 0))
+        out = pl.pallas_call(
+            _row_kernel(
+                rep,
+                nq,
+                cfg.block_k,
+                sm_scale * LOG2_E,
+                (batch, k_cache.shape, str(k_cache.dtype)),
+                bool(windows),
+            ),
+            out_shape=jax.ShapeDtypeStruct((batch, n_kv, n_rows, head_dim), jnp.float32),
+            grid=(batch, n_kv, n_rows),
+            in_specs=[row, whole_cache, whole_cache, per_row, per_row, *(per_row for _ in windows)],
+            out_specs=row,
+            compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
+            interpret=interpret,
+            name="decode_attention_rows",
+        )(qg, k_cache, v_cache, slots, lengths, *windows)
+        out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
+        return out.reshape(batch, nq, n_heads, head_dim)
     kernel = _decode_kernel(
         rep,
         nq,
@@ -283,8 +370,6 @@ def _decode_attention(
         (batch, k_cache.shape, str(k_cache.dtype)),
         *((True,) if windows else ()),
     )
-    whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, s: (0, 0, 0, 0))
-    per_row = pl.BlockSpec((batch,), lambda b, h, s: (0,))
     part_shape = (batch, n_kv, splits, rows)
     o, m, lsum = pl.pallas_call(
         kernel,
