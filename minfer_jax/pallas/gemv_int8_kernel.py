@@ -106,7 +106,7 @@ def in_kernel_x_kernel(
 
 def _sumsq_rsqrt(sumsq_ref, tok: int, pieces: int, k: int, eps: float):
     """rsqrt(mean(x^2) + eps) of token tok from its sum of squares in pieces: one vector load,
-    summed in an order fixed by the piece count alone (not by the row count)."""
+    summed in an order set by the piece count and the kernel's warps, never by the row count."""
     total = jnp.sum(sumsq_ref[tok, pl.ds(0, pieces)])
     return lax.rsqrt(total * jnp.float32(1.0 / k) + jnp.float32(eps))
 
