@@ -32,20 +32,14 @@ __all__ = ["write_qkv", "write_qkv_reference"]
 
 def _regions(widths: tuple[int, ...], q_dim: int, kv_dim: int) -> tuple[tuple[int, int], ...]:
     """(part index, column offset inside that part) of the q, k and v regions."""
-    starts, col = [], 0
-    for w in widths:
-        starts.append(col)
-        col += w
-    if col != q_dim + 2 * kv_dim:
-        raise ValueError(f"q/k/v parts are {col} columns wide, expected {q_dim + 2 * kv_dim}")
-    out = []
-    for region in (0, q_dim, q_dim + kv_dim):
-        i = max(j for j, s in enumerate(starts) if s <= region)
-        width = q_dim if region == 0 else kv_dim
-        if region + width > starts[i] + widths[i]:
-            raise ValueError(f"a q/k/v part boundary falls inside the region at column {region}")
-        out.append((i, region - starts[i]))
-    return tuple(out)
+    if sum(widths) != q_dim + 2 * kv_dim:
+        raise ValueError(
+            f"q/k/v parts are {sum(widths)} columns wide, expected {q_dim + 2 * kv_dim}"
+        )
+    return tuple(
+        tiles.locate_region(widths, column, width)
+        for column, width in ((0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim))
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("widths", "n_heads", "rows", "interpret"))

@@ -90,8 +90,8 @@ def gemv_int8(
     inside the kernel as x is loaded where the kernel quantizes x itself, else in the XLA fusion
     that quantizes x before it. norm_eps: x is an RMSNorm's input (x_scale its weight) and each
     token's x is multiplied by rsqrt(mean(x^2) + norm_eps) too: from row_sumsq (f32 [nt, C],
-    pieces of each row's sum of squares: split_sums.add_partials' or one
-    XLA reduce's) where given, else computed by every program from x's whole row.
+    pieces of each row's sum of squares: split_sums.add_partials' or one XLA reduce's) where
+    given, else computed by every program from x's whole row.
     deterministic: each row's result does not depend on nt (one config for all, choose_config;
     split-K partials added in a fixed order)."""
     [out] = gemv_int8_group(
@@ -224,7 +224,7 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_sumsq, n
                 pl.BlockSpec((1, gs, spec.x_words, 4, spec.x_slots), lambda i, s: (0, s, 0, 0, 0))
             )
         norm = None if norm_eps is None else (k, float(norm_eps))
-        if row_sumsq is not None:  # the rows' sums of squares in pieces, loaded as scalars
+        if row_sumsq is not None:  # the rows' sums of squares in pieces, one vector per token
             operands.append(row_sumsq)
             in_specs.append(pl.BlockSpec(row_sumsq.shape, lambda i, s: (0, 0)))
         elif norm_eps is not None:  # whole rows, for the norm's sum of squares

@@ -59,17 +59,6 @@ def _summed(ref, splits: int, b, start, cols: int):
     return v
 
 
-def _locate(widths: tuple[int, ...], column: int, width: int) -> tuple[int, int]:
-    """(part index, column inside it) of the region [column, column + width) of the parts'
-    columns concatenated; it must lie inside one part."""
-    start = 0
-    for i, w in enumerate(widths):
-        if start <= column and column + width <= start + w:
-            return i, column - start
-        start += w
-    raise ValueError(f"columns [{column}, {column + width}) cross a part boundary of {widths}")
-
-
 @functools.partial(jax.jit, static_argnames=("interpret",))
 def add_partials(
     x: jax.Array, parts: jax.Array, *, interpret: bool = False
@@ -143,7 +132,7 @@ def glu_partials(
     act one of ACTIVATIONS."""
     if sum(widths) != 2 * d_ff:
         raise ValueError(f"gate / up parts are {sum(widths)} columns wide, expected {2 * d_ff}")
-    gate_at, up_at = _locate(widths, 0, d_ff), _locate(widths, d_ff, d_ff)
+    gate_at, up_at = tiles.locate_region(widths, 0, d_ff), tiles.locate_region(widths, d_ff, d_ff)
     splits = tuple(p.shape[0] for p in parts)
     cols = _cols(d_ff)
     fn = ACTIVATIONS[act]

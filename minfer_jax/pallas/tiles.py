@@ -114,3 +114,15 @@ def dequant_matmul_reference(x: jax.Array, planes, *, qtype: QType, n_out: int) 
     fmt = get_format(qtype)
     w = decode(qtype, planes, fmt.compute_dtype)[:n_out]  # [N, K]
     return jnp.dot(x.astype(fmt.compute_dtype), w.T, preferred_element_type=jnp.float32)
+
+
+def locate_region(widths: tuple[int, ...], column: int, width: int) -> tuple[int, int]:
+    """(part index, column inside it) of the region [column, column + width) of parts of these
+    widths laid side by side (a projection's outputs concatenated); it must lie inside one part
+    (ValueError)."""
+    start = 0
+    for i, w in enumerate(widths):
+        if start <= column and column + width <= start + w:
+            return i, column - start
+        start += w
+    raise ValueError(f"columns [{column}, {column + width}) cross a part boundary of {widths}")
