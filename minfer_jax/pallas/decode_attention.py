@@ -358,48 +358,47 @@ def _decode_attention(
             interpret=interpret,
             name="decode_attention_rows",
         )(qg, k_cache, v_cache, slots, lengths, *windows)
-        out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
-        return out.reshape(batch, nq, n_heads, head_dim)
-    kernel = _decode_kernel(
-        rep,
-        nq,
-        rows,
-        splits,
-        cfg.block_k,
-        sm_scale * LOG2_E,
-        (batch, k_cache.shape, str(k_cache.dtype)),
-        *((True,) if windows else ()),
-    )
-    part_shape = (batch, n_kv, splits, rows)
-    o, m, lsum = pl.pallas_call(
-        kernel,
-        out_shape=[
-            jax.ShapeDtypeStruct(part_shape + (head_dim,), jnp.float32),
-            jax.ShapeDtypeStruct(part_shape, jnp.float32),
-            jax.ShapeDtypeStruct(part_shape, jnp.float32),
-        ],
-        grid=(batch, n_kv, splits),
-        in_specs=[
-            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
-            whole_cache,
-            whole_cache,
-            per_row,
-            per_row,
-            *(per_row for _ in windows),
-        ],
-        out_specs=[
-            pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
-            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
-            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
-        ],
-        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
-        interpret=interpret,
-        name="decode_attention",
-    )(qg, k_cache, v_cache, slots, lengths, *windows)
-    if fused and splits & (splits - 1) == 0:  # Triton blocks: S a power of two
-        out = merge_splits_kernel(o, m, lsum, n_rows, interpret=interpret)
     else:
-        out = merge_splits(o, m, lsum, cfg.ordered)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
+        kernel = _decode_kernel(
+            rep,
+            nq,
+            rows,
+            splits,
+            cfg.block_k,
+            sm_scale * LOG2_E,
+            (batch, k_cache.shape, str(k_cache.dtype)),
+            *((True,) if windows else ()),
+        )
+        part_shape = (batch, n_kv, splits, rows)
+        o, m, lsum = pl.pallas_call(
+            kernel,
+            out_shape=[
+                jax.ShapeDtypeStruct(part_shape + (head_dim,), jnp.float32),
+                jax.ShapeDtypeStruct(part_shape, jnp.float32),
+                jax.ShapeDtypeStruct(part_shape, jnp.float32),
+            ],
+            grid=(batch, n_kv, splits),
+            in_specs=[
+                pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
+                whole_cache,
+                whole_cache,
+                per_row,
+                per_row,
+                *(per_row for _ in windows),
+            ],
+            out_specs=[
+                pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
+                pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
+                pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
+            ],
+            compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
+            interpret=interpret,
+            name="decode_attention",
+        )(qg, k_cache, v_cache, slots, lengths, *windows)
+        if fused and splits & (splits - 1) == 0:  # Triton blocks: S a power of two
+            out = merge_splits_kernel(o, m, lsum, n_rows, interpret=interpret)
+        else:
+            out = merge_splits(o, m, lsum, cfg.ordered)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
     out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nq, n_heads, head_dim)
 
