@@ -208,9 +208,11 @@ def test_write_qkv_matches_its_reference(widths):
     chex.assert_trees_all_equal(got[1][2], k_cache[2])  # position 128 of 128: nothing written
 
 
-def test_merge_splits_kernel_matches_merge_splits():
+@pytest.mark.parametrize("columns", [0, 32])
+def test_merge_splits_kernel_matches_merge_splits(columns, monkeypatch):
     """The one-launch merge equals the jnp merge, empty splits and a row that saw no key (zeros)
-    included, and keeps only the first n_rows rows."""
+    included, and keeps only the first n_rows rows, whole head_dim per program or in pieces."""
+    monkeypatch.setattr(decode_attention, "MERGE_COLUMNS", columns)
     rng = np.random.default_rng(1)
     batch, n_kv, splits, rows, hd = 2, 3, 8, 16, 64
     m = rng.normal(size=(batch, n_kv, splits, rows)).astype(np.float32) * 8

@@ -54,6 +54,11 @@ DETERMINISTIC_BATCH = 8
 # in the kernel, so no merge launch (DecodeConfig.row_programs). 0 (off) until it is timed on the
 # GPU beside the split kernel and its merge (tools/attention_bench.py --decode-configs 0/64/4/2)
 ROW_PROGRAMS_MAX_LEN = 0
+# Triton pipeline stages of the split kernel's K / V loads (decode_config's default)
+NUM_STAGES = 2
+# head_dim columns per merge program: more, smaller programs than one per query row shorten the
+# merge, a few KB per program (0: one program per row over the whole head_dim)
+MERGE_COLUMNS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +85,7 @@ def decode_config(
     max_len: int | None = None,
     row_programs: bool | None = None,
 ) -> DecodeConfig:
-    """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, 2 stages) with any given field overriding
+    """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, NUM_STAGES) with any given field overriding
     them. deterministic: the splits of DETERMINISTIC_BATCH rows whatever the batch, merged in a
     fixed order. max_len (the cache's): no more default splits than the cache has key tiles
     (rounded up to a power of two), except in the deterministic mode, whose splits never change.
@@ -102,7 +107,7 @@ def decode_config(
         k_splits=1 if row_programs else splits,
         block_k=block_k,
         num_warps=num_warps or 4,
-        num_stages=num_stages or 2,
+        num_stages=num_stages or NUM_STAGES,
         ordered=deterministic,
         row_programs=row_programs,
     )
@@ -407,9 +412,11 @@ def merge_splits_kernel(
     o: jax.Array, m: jax.Array, lsum: jax.Array, n_rows: int, *, interpret: bool = False
 ) -> jax.Array:
     """attention.merge_splits as one kernel: o [B, Hkv, S, rows, hd], m, lsum [B, Hkv, S, rows]
-    -> [B, Hkv, n_rows, hd] f32 (the first n_rows rows). Program (b, g, r) merges one query row's
-    S partials; its sums run in one order whatever the batch (batch invariance)."""
+    -> [B, Hkv, n_rows, hd] f32 (the first n_rows rows). Program (b, g, r, c) merges one query
+    row's S partials over MERGE_COLUMNS columns of head_dim; its sums run in one order whatever
+    the batch (batch invariance)."""
     batch, n_kv, splits, _, head_dim = o.shape
+    columns = tiles.pow2_divisor(head_dim, MERGE_COLUMNS or head_dim)
 
     def kernel(o_ref, m_ref, l_ref, out_ref):
         m = m_ref[...]  # [S]
@@ -418,17 +425,17 @@ def merge_splits_kernel(
         total = jnp.where(total > 0, total, 1.0)
         out_ref[...] = jnp.sum(weight[:, None] * o_ref[...], axis=0) / total
 
-    per_row = pl.BlockSpec((None, None, splits, None), lambda b, g, r: (b, g, 0, r))
+    per_row = pl.BlockSpec((None, None, splits, None), lambda b, g, r, c: (b, g, 0, r))
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((batch, n_kv, n_rows, head_dim), jnp.float32),
-        grid=(batch, n_kv, n_rows),
+        grid=(batch, n_kv, n_rows, head_dim // columns),
         in_specs=[
-            pl.BlockSpec((None, None, splits, None, head_dim), lambda b, g, r: (b, g, 0, r, 0)),
+            pl.BlockSpec((None, None, splits, None, columns), lambda b, g, r, c: (b, g, 0, r, c)),
             per_row,
             per_row,
         ],
-        out_specs=pl.BlockSpec((None, None, None, head_dim), lambda b, g, r: (b, g, r, 0)),
+        out_specs=pl.BlockSpec((None, None, None, columns), lambda b, g, r, c: (b, g, r, c)),
         compiler_params=tiles.compiler_params(4, 1),
         interpret=interpret,
         name="decode_merge",
