@@ -54,8 +54,9 @@ DETERMINISTIC_BATCH = 8
 # in the kernel, so no merge launch (DecodeConfig.row_programs). 0 (off) until it is timed on the
 # GPU beside the split kernel and its merge (tools/attention_bench.py --decode-configs 0/64/4/2)
 ROW_PROGRAMS_MAX_LEN = 0
-# Triton pipeline stages of the split kernel's K / V loads (decode_config's default)
-NUM_STAGES = 2
+# Triton pipeline stages of the split kernel's K / V loads (decode_config's default): 3 beat 2 at
+# 4096 and 16384 keys, B = 1 and 8 (docs/BENCHMARKS.md, "Decode attention: the merge and stages")
+NUM_STAGES = 3
 # head_dim columns per merge program: more, smaller programs than one per query row shorten the
 # merge, a few KB per program (0: one program per row over the whole head_dim)
 MERGE_COLUMNS = 32
