@@ -193,11 +193,12 @@ def f64_check(
         "alone": [minfer_jax.generate(m_alone, p, max_new_tokens=gen).tokens for p in prompts],
         "batched": [r.tokens for r in minfer_jax.generate_batch(m, prompts, max_new_tokens=gen)],
     }
-    out: dict = {"n_seqs": n_seqs, "generated": gen, "gap": gap}
+    out: dict = {"n_seqs": n_seqs, "generated": gen, "gap": gap, "kernels": kernels}
     for name, runs in paths.items():
         steps = off = off_clear = 0
         worst = 0.0
-        for p, toks in zip(prompts, runs):
+        cases = []
+        for i, (p, toks) in enumerate(zip(prompts, runs)):
             ref = float64_reference.forward(gm, p + toks)  # [T, vocab]
             for j, t in enumerate(toks):
                 row = ref[len(p) + j - 1]
@@ -208,7 +209,20 @@ def f64_check(
                     d = float(top2[1] - top2[0])
                     worst = max(worst, d)
                     off_clear += d > gap
-        out[name] = dict(steps=steps, disagree=off, disagree_past_gap=off_clear, worst_gap=worst)
+                    # the float64 logits of its top-1 and of the token this path chose
+                    cases.append(
+                        dict(
+                            prompt=i,
+                            step=j,
+                            f64_top1=int(row.argmax()),
+                            chosen=int(t),
+                            f64_gap_to_chosen=float(row.max() - row[t]),
+                            f64_top2_gap=d,
+                        )
+                    )
+        out[name] = dict(
+            steps=steps, disagree=off, disagree_past_gap=off_clear, worst_gap=worst, cases=cases
+        )
     out["alone_equals_batched"] = sum(a == b for a, b in zip(paths["alone"], paths["batched"]))
     return out
 
