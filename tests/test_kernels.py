@@ -420,6 +420,65 @@ def test_norm_from_given_sums_of_squares(qtypes, k, nt):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5 * scale)
 
 
+def _outlier_rows(nt: int, k: int, seed: int) -> jax.Array:
+    """Normal rows with one large feature, as a residual stream has: its group's scale leaves the
+    group's other inputs few int8 steps."""
+    x = jax.random.normal(jax.random.PRNGKey(seed), (nt, k), jnp.float32)
+    return x.at[:, 5].set(60.0)
+
+
+@pytest.mark.parametrize("qtype", [QType.Q4_0, QType.Q4_K, QType.Q6_K, QType.Q8_0])
+def test_two_term_x_matches_its_reference_and_comes_closer_to_the_exact_product(qtype):
+    """GemvConfig.x_terms = 2 (x's rounding residual quantized as a second int8 term) equals its
+    reference, and lands far closer to the f32 product of the dequantized weights than one term."""
+    n, k, nt = 130, 1024, 2
+    w = planes_for(qtype, n, k)
+    x = _outlier_rows(nt, k, 3)
+    cfg = dataclasses.replace(gemv.choose_config(qtype, n, k, nt), x_terms=2)
+    assert not cfg.prequant
+    got = gemv.gemv_int8(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET)
+    two = gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n, x_terms=2)
+    check(got, two, qtype)
+    one = gemv.gemv_int8_reference(x, w, qtype=qtype, n_out=n)
+    exact = jnp.dot(x, decode(qtype, w, jnp.float32)[:n].T, precision=jax.lax.Precision.HIGHEST)
+    err_one, err_two = (float(jnp.max(jnp.abs(y - exact))) for y in (one, two))
+    assert err_two < err_one / 20, (err_one, err_two)
+    assert float(jnp.max(jnp.abs(got - exact))) < err_one / 20
+
+
+def test_norm_x_terms_reach_the_normed_gemvs(monkeypatch):
+    """gemv_tuning.NORM_X_TERMS sets the int8 terms of x in every GEMV that applies the norm
+    itself (ops.norm_matmuls), and two terms bring them near the norm-then-f32 product."""
+    from minfer_jax import ops
+    from minfer_jax.model.weights import QWeight
+
+    impl = ops.Impl(KERNELS)
+    k, nt = 896, 1
+    qtypes = (QType.Q5_0, QType.Q8_0)
+    ws = [
+        QWeight(random_planes(jax.random.PRNGKey(s), q, n, k), q, (n, k))
+        for s, q, n in zip((6, 7), qtypes, (130, 70))
+    ]
+    x = _outlier_rows(nt, k, 4)
+    g = 1.0 + 0.5 * jax.random.normal(jax.random.PRNGKey(9), (k,), jnp.float32)
+    h = ops.rms_norm(x, g, 1e-6)
+    exact = [
+        jnp.dot(h, decode(q, w.planes, jnp.float32)[: w.shape[0]].T, precision="highest")
+        for q, w in zip(qtypes, ws)
+    ]
+    errors = {}
+    for terms in (1, 2):
+        monkeypatch.setattr(gemv_tuning, "NORM_X_TERMS", terms)
+        got = ops.norm_matmuls(x, g, 1e-6, ws, impl)
+        for y, w, q in zip(got, ws, qtypes):
+            ref = gemv.gemv_int8_reference(
+                x, w.planes, qtype=q, n_out=w.shape[0], x_scale=g, norm_eps=1e-6, x_terms=terms
+            )
+            check(y, ref, q)
+        errors[terms] = max(float(jnp.max(jnp.abs(y - e))) for y, e in zip(got, exact))
+    assert errors[2] < errors[1] / 20, errors
+
+
 def test_gemv_group_matches_each_weight_alone():
     """gemv_int8_group: one launch through weights of three formats == gemv_int8 on each, and
     configs that do not share a K split are refused."""

@@ -202,6 +202,7 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_sumsq, n
     block = gemv_int8_kernel.Block(qtype, ntp, cfg.bn, gt, gs // gt)
     dot4 = int8_words.dp4a_emulated if interpret else _dp4a
     if cfg.prequant:
+        assert cfg.x_terms == 1, "x quantized before the kernel comes in one term"
         xs = x if norm_eps is None else x * _norm_rsqrt(x, row_sumsq, norm_eps)
         xw, xsc = int8_words.quantize_x(
             qtype, xs if x_scale is None else xs * x_scale, tuning.exact_round
@@ -239,6 +240,7 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_sumsq, n
             cfg.x_first,
             norm,
             0 if row_sumsq is None else row_sumsq.shape[1],
+            cfg.x_terms,
         )
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     for name, tail in spec.view_tails(dims3, flat):
@@ -436,9 +438,11 @@ def gemv_int8_reference(
     x_scale: jax.Array | None = None,
     row_sumsq: jax.Array | None = None,
     norm_eps: float | None = None,
+    x_terms: int = 1,
 ) -> jax.Array:
     """What gemv_int8 computes, on whole arrays with planes.decode_ints (not the word tricks): the
-    same activation quantization (and rounding, TUNING's exact_round) and exact integer sums."""
+    same activation quantization (and rounding, TUNING's exact_round; in x_terms int8 terms, as
+    GemvConfig.x_terms) and exact integer sums."""
     x = x.astype(jnp.float32)
     if norm_eps is not None:
         x = x * _norm_rsqrt(x, row_sumsq, norm_eps)
@@ -455,17 +459,20 @@ def gemv_int8_reference(
     )  # raw integers, as the kernel multiplies them
     ys = []
     for t in range(nt):
-        words, dx, xo, xsum = int8_words.quantize_slots(
-            [xv[t, ..., s] for s in range(spec.x_slots)], spec.offset, exact_round
+        terms, xo, xsum = int8_words.quantize_slot_terms(
+            [xv[t, ..., s] for s in range(spec.x_slots)], spec.offset, exact_round, x_terms
         )
-        xq = lax.bitcast_convert_type(jnp.stack(words, axis=0), jnp.int8)  # [S, G, W, 4]
-        xq = (
-            xq.transpose(1, 2, 3, 0).reshape(g, spec.group).astype(jnp.int32)
-        )  # natural order in the group
-        s = jnp.einsum("gk,ngk->ng", xq, q, preferred_element_type=jnp.int32).astype(
-            jnp.float32
-        )  # [N, G]
-        y = jnp.sum(a[:n_out] * (s * dx[None, :] + xo[None, :]), axis=-1)
+        sdx = 0.0
+        for words, dx in terms:
+            xq = lax.bitcast_convert_type(jnp.stack(words, axis=0), jnp.int8)  # [S, G, W, 4]
+            xq = (
+                xq.transpose(1, 2, 3, 0).reshape(g, spec.group).astype(jnp.int32)
+            )  # natural order in the group
+            s = jnp.einsum("gk,ngk->ng", xq, q, preferred_element_type=jnp.int32).astype(
+                jnp.float32
+            )  # [N, G]
+            sdx = sdx + s * dx[None, :]
+        y = jnp.sum(a[:n_out] * (sdx + xo[None, :]), axis=-1)
         if b is not None:
             y = y + b[:n_out] @ xsum
         ys.append(y)

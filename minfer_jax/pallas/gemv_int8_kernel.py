@@ -46,8 +46,9 @@ class Block:
 @dataclasses.dataclass(frozen=True)
 class _XSource:
     """How a kernel gets one token's x for gt groups: `load` (refs as stored) then `prepare`
-    (-> x words per slot [1, gt, x_words], dx, xo, xsum [1, gt(, 1)]). `per_token` (optional)
-    computes a value per token once, before the K loop (a norm's rsqrt), that load receives."""
+    (-> terms, xo, xsum: per int8 term of x its words per slot [1, gt, x_words] and dx, then xo,
+    xsum [1, gt(, 1)]). `per_token` (optional) computes a value per token once, before the K loop
+    (a norm's rsqrt), that load receives."""
 
     n_refs: int
     load: Callable  # (x_refs, tok, g0, token_value) -> raw
@@ -67,9 +68,11 @@ def in_kernel_x_kernel(
     x_first: bool,
     norm: tuple[int, float] | None = None,
     sumsq_pieces: int = 0,
+    x_terms: int = 1,
 ):
     """x as f32 views [ntp, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
-    quantized per step and token; per-group values as [bn, gt] tiles.
+    quantized per step and token in x_terms int8 terms (int8_words.quantize_slot_terms); per-group
+    values as [bn, gt] tiles.
 
     norm = (K, eps): x is an RMSNorm's input and the scale its weight; the program quantizes
     (x * rsqrt(mean(x^2) + eps)) * scale, the norm's output, as it loads its slice. One more ref
@@ -96,8 +99,8 @@ def in_kernel_x_kernel(
         return xs
 
     def prepare(raw):
-        words, dx, xo, xsum = int8_words.quantize_slots(raw, spec.offset, exact_round)
-        return [w[None] for w in words], dx[None], xo[None], xsum[None]
+        terms, xo, xsum = int8_words.quantize_slot_terms(raw, spec.offset, exact_round, x_terms)
+        return [([w[None] for w in words], dx[None]) for words, dx in terms], xo[None], xsum[None]
 
     n_refs = at_rows + (norm is not None)
     source = _XSource(n_refs, load, prepare, rsqrt if norm is not None else None)
@@ -145,7 +148,11 @@ def prequantized_x_kernel(block: Block, dims3: bool, dot4: Callable, x_first: bo
         words = [xw_ref[tok, pl.ds(g0, gt), slot, :][None] for slot in range(spec.x_slots)]
         return (words, *(xsc_ref[tok, c, pl.ds(g0, gt), 0][None] for c in range(3)))
 
-    return _kernel(block, _XSource(2, load, lambda raw: raw), dims3, not dims3, dot4, x_first)
+    def prepare(raw):
+        words, dx, xo, xsum = raw
+        return [(words, dx)], xo, xsum
+
+    return _kernel(block, _XSource(2, load, prepare), dims3, not dims3, dot4, x_first)
 
 
 def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callable, x_first: bool):
@@ -186,10 +193,8 @@ def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callab
             )  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
-                xw, dx, xo, xsum = xq[tok] if x_first else x_src.prepare(load(tok, g0))
-                out.append(
-                    accs[tok] + _token_sums(spec, words, a, b, xw, dx, xo, xsum, dot4, dims3)
-                )
+                terms, xo, xsum = xq[tok] if x_first else x_src.prepare(load(tok, g0))
+                out.append(accs[tok] + _token_sums(spec, words, a, b, terms, xo, xsum, dot4, dims3))
             return tuple(out)
 
         accs = tuple(jnp.zeros((bn, gt, 1) if dims3 else (bn, gt), jnp.float32) for _ in range(ntp))
@@ -201,12 +206,16 @@ def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callab
     return kernel
 
 
-def _token_sums(spec, words, a, b, xw, dx, xo, xsum, dot4, dims3: bool):
-    """One token's a * (dx * S + xo) + b * xsum per group [bn, gt(, 1)], S by dp4a on the words."""
-    s = jnp.zeros(words[0].shape, jnp.int32)
-    for w, x in zip(words, xw):
-        s = dot4(w, jnp.broadcast_to(x, w.shape), s)
-    v = jnp.sum(s, axis=-1, keepdims=dims3).astype(jnp.float32) * dx  # [bn, gt(, 1)]
+def _token_sums(spec, words, a, b, terms, xo, xsum, dot4, dims3: bool):
+    """One token's a * (sum over x's terms of dx * S + xo) + b * xsum per group [bn, gt(, 1)], S by
+    dp4a on the words and the term's."""
+    v = None
+    for xw, dx in terms:
+        s = jnp.zeros(words[0].shape, jnp.int32)
+        for w, x in zip(words, xw):
+            s = dot4(w, jnp.broadcast_to(x, w.shape), s)
+        part = jnp.sum(s, axis=-1, keepdims=dims3).astype(jnp.float32) * dx  # [bn, gt(, 1)]
+        v = part if v is None else v + part
     if spec.offset:
         v = v + xo
     v = a * v

@@ -45,6 +45,10 @@ PREQUANT_MIN_PROGRAMS = 896
 # (the deterministic mode folds at every row count, so that a row's numerics never change)
 FOLD_NORM_MAX_K = 1024
 FOLD_NORM_MAX_NT = 1
+# int8 terms of x in the GEMVs that apply an RMSNorm themselves (q/k/v, gate/up, the head): 2
+# takes the float64 check's flips to none in an emulation of the 0.5B, at twice the dp4a work;
+# 1 until a lease times it [G-x-terms]
+NORM_X_TERMS = 1
 # folded GEMVs of the same x (a layer's q / k / v or gate / up in formats of their own) run as
 # one launch, each program branching to its weight's format [G-group]
 GROUP_FOLDED_GEMVS = True
@@ -68,6 +72,9 @@ class GemvConfig:
     prequant: bool = False
     # integer path: x loaded (and quantized) before the weights are decoded [G-x-first]
     x_first: bool = False
+    # integer path, x quantized in the kernel: int8 terms of x (2: its rounding residual too,
+    # int8_words.quantize_slot_terms) [G-x-terms]
+    x_terms: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
