@@ -61,9 +61,12 @@ def _gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def forward(gm, tokens) -> np.ndarray:
-    """float64 forward over tokens [T] from position 0 -> logits [T, vocab]."""
+def forward(gm, tokens, x_quant=None) -> np.ndarray:
+    """float64 forward over tokens [T] from position 0 -> logits [T, vocab]. x_quant (optional):
+    (site, x) -> x, applied to each matmul's input, site one of "qkv", "o", "gateup", "down",
+    "head" (tools/x_quant_emulation.py: an activation quantization's effect alone)."""
     cfg = gm.config
+    xq = x_quant or (lambda site, x: x)
     fam = cfg.family
     w = _weights(gm)
     hd, nh, nkv, eps = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.rms_eps
@@ -79,7 +82,7 @@ def forward(gm, tokens) -> np.ndarray:
         local = cfg.sliding_window and (
             cfg.swa_period == 0 or i % cfg.swa_period < cfg.swa_period - 1
         )
-        h = _norm(x, w(p + "attn_norm.weight"), eps)
+        h = xq("qkv", _norm(x, w(p + "attn_norm.weight"), eps))
         q, k, v = (h @ w(p + f"attn_{r}.weight").T for r in "qkv")
         if fam == "qwen2":
             q, k, v = q + w(p + "attn_q.bias"), k + w(p + "attn_k.bias"), v + w(p + "attn_v.bias")
@@ -101,16 +104,17 @@ def forward(gm, tokens) -> np.ndarray:
         s = np.where(visible[None], s, -np.inf)
         pr = np.exp(s - s.max(-1, keepdims=True))
         pr /= pr.sum(-1, keepdims=True)
-        o = np.einsum("hts,shd->thd", pr, v).reshape(t, nh * hd) @ w(p + "attn_output.weight").T
+        o = xq("o", np.einsum("hts,shd->thd", pr, v).reshape(t, nh * hd))
+        o = o @ w(p + "attn_output.weight").T
         if fam == "gemma3":
             o = _norm(o, w(p + "post_attention_norm.weight"), eps)
         x = x + o
-        h = _norm(x, w(p + "ffn_norm.weight"), eps)
+        h = xq("gateup", _norm(x, w(p + "ffn_norm.weight"), eps))
         g, u = h @ w(p + "ffn_gate.weight").T, h @ w(p + "ffn_up.weight").T
         act = _gelu_tanh(g) if fam == "gemma3" else g / (1 + np.exp(-g))
-        f = (act * u) @ w(p + "ffn_down.weight").T
+        f = xq("down", act * u) @ w(p + "ffn_down.weight").T
         if fam == "gemma3":
             f = _norm(f, w(p + "post_ffw_norm.weight"), eps)
         x = x + f
-    x = _norm(x, w("output_norm.weight"), eps)
+    x = xq("head", _norm(x, w("output_norm.weight"), eps))
     return x @ w("token_embd.weight" if cfg.tied_output else "output.weight").T
