@@ -392,8 +392,7 @@ def _folded_groups(routes, weights, nt: int) -> list[tuple[list[int], tuple | No
             continue
         rows, alone = min(nt, r.row_chunk or nt), r.row_chunk is not None
         cfg = gemv.choose_config(w.qtype, w.shape[0], w.shape[1], rows, alone)  # each chunk's
-        if w.qtype in int8_words.SPECS:  # the normed x in NORM_X_TERMS int8 terms
-            cfg = dataclasses.replace(cfg, x_terms=gemv_tuning.NORM_X_TERMS)
+        cfg = dataclasses.replace(cfg, x_terms=gemv_tuning.NORM_X_TERMS)  # the normed x's terms
         for members, cfgs in groups if gemv_tuning.GROUP_FOLDED_GEMVS else ():
             first = routes[members[0]]
             same = cfgs and (first.fold_norm, first.row_chunk) == (r.fold_norm, r.row_chunk)

@@ -249,8 +249,7 @@ def quantize_slots(xs: list[jax.Array], offset: int, exact_round: bool = True):
 
     Runs inside the kernel (on loaded tiles) and in the reference (on whole arrays).
     """
-    qs, dx, xsum = _quantize(xs, exact_round)
-    words, sum_q = _pack(qs)
+    qs, words, sum_q, dx, xsum = _quantize(xs, exact_round)
     return words, dx, offset * dx * sum_q.astype(F32), xsum
 
 
@@ -259,47 +258,44 @@ def quantize_slot_terms(xs: list[jax.Array], offset: int, exact_round: bool, ter
     quantizing what the ones before it left (one scale per group each, max / 127): two terms leave
     about 1 / 127^2 of a group's max where one leaves 1 / 127 -> ([(words, dx) per term], xo
     summed over the terms, xsum of x itself). terms == 1 is quantize_slots."""
-    out, xo, rest, xsum = [], None, xs, None
-    for _ in range(terms):
-        qs, dx, sums = _quantize(rest, exact_round)
-        words, sum_q = _pack(qs)
+    out, rest = [], xs
+    for term in range(terms):
+        qs, words, sum_q, dx, sums = _quantize(rest, exact_round)
         term_xo = offset * dx * sum_q.astype(F32)
-        xo, xsum = (term_xo, sums) if xo is None else (xo + term_xo, xsum)
+        if term == 0:
+            xo, xsum = term_xo, sums
+        else:
+            xo = xo + term_xo
         out.append((words, dx))
-        rest = [v - q.astype(F32) * dx[:, None, None] for v, q in zip(rest, qs)]
+        if term + 1 < terms:
+            rest = [v - q.astype(F32) * dx[:, None, None] for v, q in zip(rest, qs)]
     return out, xo, xsum
 
 
-def _rows(v, op):  # [G, W, 4] -> [G]
-    return op(op(v, axis=-1), axis=-1)
-
-
 def _quantize(xs: list[jax.Array], exact_round: bool):
-    """Slots [G, W, 4] f32 -> (int32 q per slot, |q| <= 127; dx [G] = max|x| / 127; x's sum [G])."""
-    amax = _rows(jnp.abs(xs[0]), jnp.max)
-    xsum = _rows(xs[0], jnp.sum)
+    """Slots [G, W, 4] f32 -> (int32 q per slot, their int8x4 words [G, W] per slot, sum of q [G],
+    dx [G] = max|x| / 127, x's sum [G]); |q| <= 127."""
+
+    def rows(v, op):  # [G, W, 4] -> [G]
+        return op(op(v, axis=-1), axis=-1)
+
+    amax = rows(jnp.abs(xs[0]), jnp.max)
+    xsum = rows(xs[0], jnp.sum)
     for v in xs[1:]:
-        amax = jnp.maximum(amax, _rows(jnp.abs(v), jnp.max))
-        xsum = xsum + _rows(v, jnp.sum)
+        amax = jnp.maximum(amax, rows(jnp.abs(v), jnp.max))
+        xsum = xsum + rows(v, jnp.sum)
     inv = jnp.where(amax > 0, 127.0 / jnp.where(amax > 0, amax, 1.0), 0.0)[
         :, None, None
     ]  # [G, 1, 1]
-    # |q| <= 127: |v| * 127 / amax <= 127
-    qs = [
-        round_to_int(v * inv) if exact_round else jnp.floor(v * inv + 0.5).astype(jnp.int32)
-        for v in xs
-    ]
-    return qs, amax / 127.0, xsum
-
-
-def _pack(qs: list[jax.Array]):
-    """int32 q per slot [G, W, 4] -> (int8x4 words [G, W] per slot, sum of q [G])."""
     shifts = (lax.iota(jnp.int32, 4) * 8)[None, None, :]
-    words, sum_q = [], 0
-    for q in qs:
-        sum_q = sum_q + _rows(q, jnp.sum)
+    qs, words, sum_q = [], [], 0
+    for v in xs:
+        # |q| <= 127: |v| * 127 / amax <= 127
+        q = round_to_int(v * inv) if exact_round else jnp.floor(v * inv + 0.5).astype(jnp.int32)
+        sum_q = sum_q + rows(q, jnp.sum)
         words.append(jnp.sum((q & 0xFF) << shifts, axis=-1))  # [G, W]; disjoint bytes, so sum == or
-    return words, sum_q
+        qs.append(q)
+    return qs, words, sum_q, amax / 127.0, xsum
 
 
 def quantize_x(qtype: QType, x: jax.Array, exact_round: bool) -> tuple[jax.Array, jax.Array]:
