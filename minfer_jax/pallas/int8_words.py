@@ -249,15 +249,15 @@ def quantize_slots(xs: list[jax.Array], offset: int, exact_round: bool = True):
 
     Runs inside the kernel (on loaded tiles) and in the reference (on whole arrays).
     """
-    qs, words, sum_q, dx, xsum = _quantize(xs, exact_round)
-    return words, dx, offset * dx * sum_q.astype(F32), xsum
+    [(words, dx)], xo, xsum = quantize_slot_terms(xs, offset, exact_round, 1)
+    return words, dx, xo, xsum
 
 
 def quantize_slot_terms(xs: list[jax.Array], offset: int, exact_round: bool, terms: int):
     """quantize_slots in `terms` int8 terms, x ~ dx_1 * q_1 + dx_2 * q_2 + ..., each term
     quantizing what the ones before it left (one scale per group each, max / 127): two terms leave
     about 1 / 127^2 of a group's max where one leaves 1 / 127 -> ([(words, dx) per term], xo
-    summed over the terms, xsum of x itself). terms == 1 is quantize_slots."""
+    summed over the terms, xsum of x itself). quantize_slots is its one term."""
     out, rest = [], xs
     for term in range(terms):
         qs, words, sum_q, dx, sums = _quantize(rest, exact_round)
