@@ -392,7 +392,8 @@ def _folded_groups(routes, weights, nt: int) -> list[tuple[list[int], tuple | No
             continue
         rows, alone = min(nt, r.row_chunk or nt), r.row_chunk is not None
         cfg = gemv.choose_config(w.qtype, w.shape[0], w.shape[1], rows, alone)  # each chunk's
-        cfg = dataclasses.replace(cfg, x_terms=gemv_tuning.NORM_X_TERMS)  # the normed x's terms
+        if not cfg.prequant:  # x quantized in the kernel: the normed x's terms
+            cfg = dataclasses.replace(cfg, x_terms=gemv_tuning.NORM_X_TERMS)
         for members, cfgs in groups if gemv_tuning.GROUP_FOLDED_GEMVS else ():
             first = routes[members[0]]
             same = cfgs and (first.fold_norm, first.row_chunk) == (r.fold_norm, r.row_chunk)

@@ -35,9 +35,10 @@ def test_the_tuned_gpu_keeps_its_numbers():
 def test_another_gpu_gets_safe_defaults(other_gpu):
     assert device.programs(gemm.FEW_TOKEN_PROGRAMS) == 4 * 72
     assert device.programs(gemv_tuning.TARGET_PROGRAMS) == 1024 * 72 // 132
-    assert (
-        decode_attention.decode_config(1, 5).k_splits == 32
-    )  # 139 programs over 5 rows (H200: 256 -> 64)
+    many, one = decode_attention.decode_config(2, 5), decode_attention.decode_config(1, 5)
+    assert many.k_splits == 16  # 139 programs over 10 rows (H200: 256 -> 32)
+    assert one.k_splits == 16  # one sequence's own target: 69 programs over 5 rows (H200: 32)
+    assert many.num_stages == one.num_stages == device.GENERIC_MAX_STAGES
     for qtype in (QType.Q4_0, QType.Q4_K, QType.F16):
         for m in (16, 512):
             assert gemm.choose_config(qtype, m, 4096, 4096).num_stages <= device.GENERIC_MAX_STAGES

@@ -47,6 +47,10 @@ MIN_ROWS = 16  # Triton dot tiles need >= 16 rows
 # [B, Hkv, splits, rows, hd] f32 stay small beside the K/V they replace.
 TARGET_PROGRAMS = 256
 MAX_SPLITS = 64
+# one sequence (B = 1): its own program target and pipeline depth; fewer, longer splits and a
+# deeper pipeline timed faster there alone (attention_bench), slower at B = 8
+ONE_ROW_TARGET_PROGRAMS = 128
+ONE_ROW_STAGES = 4
 # deterministic: the key splits of this batch size at every batch size (a row's partials and
 # their merge then do not depend on the batch)
 DETERMINISTIC_BATCH = 8
@@ -94,9 +98,10 @@ def decode_config(
     outside the deterministic mode."""
     rows = DETERMINISTIC_BATCH if deterministic else batch
     block_k = block_k or 64
+    target = ONE_ROW_TARGET_PROGRAMS if rows == 1 else TARGET_PROGRAMS
     splits = k_splits or max(
         1,
-        min(MAX_SPLITS, pow2_at_least(-(-device.programs(TARGET_PROGRAMS) // (rows * n_kv_heads)))),
+        min(MAX_SPLITS, pow2_at_least(-(-device.programs(target) // (rows * n_kv_heads)))),
     )
     if not k_splits and max_len and not deterministic:
         # a split past the cache's last tile only writes an empty partial for the merge to read
@@ -108,7 +113,7 @@ def decode_config(
         k_splits=1 if row_programs else splits,
         block_k=block_k,
         num_warps=num_warps or 4,
-        num_stages=num_stages or NUM_STAGES,
+        num_stages=num_stages or device.stages(ONE_ROW_STAGES if rows == 1 else NUM_STAGES),
         ordered=deterministic,
         row_programs=row_programs,
     )
