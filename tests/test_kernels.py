@@ -498,6 +498,36 @@ def test_gemv_group_matches_each_weight_alone():
         )
 
 
+def test_gemv_split_major_grid_gives_the_same_sums():
+    """GemvConfig.split_major (grid (splits, row blocks)) only reorders the programs: the same
+    bits as the row-major grid, for one weight and for a grouped launch."""
+    k, nt = 1024, 1
+    qtypes, sizes = (QType.Q4_K, QType.Q6_K), (200, 64)
+    ws = [planes_for(q, n, k) for q, n in zip(qtypes, sizes)]
+    x = jax.random.normal(jax.random.PRNGKey(2), (nt, k), jnp.float32)
+    cfgs = tuple(
+        dataclasses.replace(gemv.choose_config(q, n, k, nt), bk=256, splits=4)
+        for q, n in zip(qtypes, sizes)
+    )
+    major = tuple(dataclasses.replace(c, split_major=True) for c in cfgs)
+    assert not gemv.groupable((cfgs[0], major[1]))
+    for c in (cfgs, major):
+        got = gemv.gemv_int8_group(
+            x, tuple(ws), qtypes=qtypes, n_outs=sizes, configs=c, interpret=INTERPRET
+        )
+        alone = gemv.gemv_int8(
+            x, ws[0], qtype=qtypes[0], n_out=sizes[0], config=c[0], interpret=INTERPRET
+        )
+        if c is cfgs:
+            want, want_alone = got, alone
+        for y, y0 in zip(got, want):
+            assert jnp.array_equal(y, y0)
+        assert jnp.array_equal(alone, want_alone)
+    check(
+        want_alone, gemv.gemv_int8_reference(x, ws[0], qtype=qtypes[0], n_out=sizes[0]), qtypes[0]
+    )
+
+
 def test_gemv_rejects_too_many_tokens():
     w = planes_for(QType.Q8_0, 200, 896)
     with pytest.raises(ValueError, match="1 .. 16 tokens"):

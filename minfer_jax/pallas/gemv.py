@@ -153,25 +153,28 @@ def gemv_int8_group(
     row_blocks = [npad // c.bn for npad, c in zip(npads, cfgs)]
     starts = [sum(row_blocks[:m]) for m in range(len(members))]
     in_specs, operands, out_specs = [], [], []
+    split_major = cfgs[0].split_major
     for (ops_m, specs_m, _), start, blocks, c in zip(members, starts, row_blocks, cfgs):
         local = functools.partial(_local_block, start, blocks, len(members) > 1)
         operands += ops_m
-        in_specs += [_shifted(spec, local) for spec in specs_m]
-        out_specs.append(pl.BlockSpec((None, ntp, c.bn), lambda i, s, f=local: (s, 0, f(i))))
+        in_specs += [_shifted(spec, local, split_major) for spec in specs_m]
+        out_spec = pl.BlockSpec((None, ntp, c.bn), lambda i, s, f=local: (s, 0, f(i)))
+        out_specs.append(_shifted(out_spec, lambda i: i, split_major))
     n_refs = [len(ops_m) for ops_m, _, _ in members]
     bodies = [body for _, _, body in members]
     kernel = (
         bodies[0]
-        if len(members) == 1
-        else _branch_kernel(tuple(bodies), tuple(n_refs), tuple(starts))
+        if len(members) == 1 and not split_major
+        else _branch_kernel(tuple(bodies), tuple(n_refs), tuple(starts), split_major)
     )
+    grid = (sum(row_blocks), cfgs[0].splits)
     name = "gemv_int8_" + "+".join(q.name.lower() for q in qtypes)
     outs = pl.pallas_call(
         kernel,
         out_shape=[
             jax.ShapeDtypeStruct((cfgs[0].splits, ntp, npad), jnp.float32) for npad in npads
         ],
-        grid=(sum(row_blocks), cfgs[0].splits),
+        grid=grid[::-1] if split_major else grid,
         in_specs=in_specs,
         out_specs=out_specs,
         compiler_params=tiles.compiler_params(cfgs[0].num_warps, cfgs[0].num_stages),
@@ -185,8 +188,8 @@ def gemv_int8_group(
 
 def groupable(configs) -> bool:
     """Whether GEMVs of these configs can share one launch: one K split (the grid's second axis)
-    and one num_warps / num_stages (per launch)."""
-    return len({(c.splits, c.num_warps, c.num_stages) for c in configs}) == 1
+    and one num_warps / num_stages / grid order (per launch)."""
+    return len({(c.splits, c.num_warps, c.num_stages, c.split_major) for c in configs}) == 1
 
 
 def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_sumsq, norm_eps, interpret):
@@ -262,20 +265,28 @@ def _local_block(start: int, blocks: int, clamp: bool, i):
     return jnp.clip(i - start, 0, blocks - 1)
 
 
-def _shifted(spec: pl.BlockSpec, local) -> pl.BlockSpec:
-    """spec with its index map reading the row block through `local`."""
+def _shifted(spec: pl.BlockSpec, local, split_major: bool) -> pl.BlockSpec:
+    """spec with its index map reading the row block through `local` (and the grid's axes
+    swapped with split_major)."""
     index_map = spec.index_map
+    if split_major:
+        return pl.BlockSpec(spec.block_shape, lambda s, i: index_map(local(i), s))
     return pl.BlockSpec(spec.block_shape, lambda i, s: index_map(local(i), s))
 
 
 @functools.cache
-def _branch_kernel(bodies: tuple, n_refs: tuple, starts: tuple):
-    """One program of a grouped launch: the body of the weight its row block belongs to."""
+def _branch_kernel(bodies: tuple, n_refs: tuple, starts: tuple, split_major: bool):
+    """One program of a grouped launch: the body of the weight its row block belongs to (with
+    one body, a split-major grid's program ids read in their order)."""
 
     def kernel(*refs):
         n_in = sum(n_refs)
         ins, outs = refs[:n_in], refs[n_in:]
         i, split = pl.program_id(0), pl.program_id(1)  # read here: the interpreter needs it
+        if split_major:
+            i, split = split, i
+        if len(bodies) == 1:
+            return bodies[0](*ins, outs[0], split=split)
         for m, body in enumerate(bodies):
             first = sum(n_refs[:m])
             if m == 0:

@@ -49,6 +49,9 @@ FOLD_NORM_MAX_NT = 1
 # takes the float64 check's flips to none in an emulation of the 0.5B, but costs 15-27 % per 7B
 # GEMV [G-x-terms]
 NORM_X_TERMS = 1
+# integer path: programs ordered by row block, each row block's K splits one after another
+# (GemvConfig.split_major) [G-split-major]
+SPLIT_MAJOR = False
 # folded GEMVs of the same x (a layer's q / k / v or gate / up in formats of their own) run as
 # one launch, each program branching to its weight's format [G-group]
 GROUP_FOLDED_GEMVS = True
@@ -75,6 +78,9 @@ class GemvConfig:
     # integer path, x quantized in the kernel: int8 terms of x (2: its rounding residual too,
     # int8_words.quantize_slot_terms) [G-x-terms]
     x_terms: int = 1
+    # integer path: grid (splits, row blocks), so that consecutive programs read one row block's
+    # K splits (contiguous weight rows) rather than one split of many row blocks
+    split_major: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +111,14 @@ class Int8Row:
                 steps //= 2
         splits = one_step_splits(chunks // steps, npad // bn)
         x_first = nt >= (self.prequant_x_first_from if prequant else self.x_first_from)
-        return GemvConfig(bn=bn, bk=gt * group, splits=splits, prequant=prequant, x_first=x_first)
+        return GemvConfig(
+            bn=bn,
+            bk=gt * group,
+            splits=splits,
+            prequant=prequant,
+            x_first=x_first,
+            split_major=SPLIT_MAJOR,
+        )
 
     def tile_shapes(self, prequant: bool) -> tuple[bool, bool]:
         """(dims3, flat): per-group values as [bn, gt, 1] tiles (prequant_3d rows, pre-quantized x);
