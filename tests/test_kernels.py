@@ -528,6 +528,22 @@ def test_gemv_split_major_grid_gives_the_same_sums():
     )
 
 
+def test_gemv_split_major_grid_with_x_quantized_before(monkeypatch):
+    """The split-major grid on the pre-quantized-x path (batched decode's down projections):
+    the same bits as the row-major grid."""
+    monkeypatch.setattr(gemv_tuning, "PREQUANT_MIN_WEIGHTS", 0)
+    n, k, nt = 256, 2048, 4
+    w = planes_for(QType.Q4_K, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(3), (nt, k), jnp.float32)
+    cfg = dataclasses.replace(gemv.choose_config(QType.Q4_K, n, k, nt), bk=256, splits=8)
+    assert cfg.prequant
+    rows = gemv.gemv_int8(x, w, qtype=QType.Q4_K, n_out=n, config=cfg, interpret=INTERPRET)
+    major = dataclasses.replace(cfg, split_major=True)
+    got = gemv.gemv_int8(x, w, qtype=QType.Q4_K, n_out=n, config=major, interpret=INTERPRET)
+    assert jnp.array_equal(got, rows)
+    check(got, gemv.gemv_int8_reference(x, w, qtype=QType.Q4_K, n_out=n), QType.Q4_K)
+
+
 def test_gemv_split_major_and_loop_k_rules(monkeypatch):
     """gemv_tuning.SPLIT_MAJOR_FROM_SPLITS (16) orders the programs of GEMVs with that many K
     splits split-major (0: none); LOOP_K_FROM_ROW_BLOCKS (0: off) gives weights with that many
