@@ -395,11 +395,14 @@ def test_soak_tool_runs_clean_for_a_short_while(server, capsys):
         summary["requests"]["valid"].get("200", 0) >= 4
         and summary["accepted"] == summary["finished"]
     )
+    # /health stays quick under the load (p99), and never stalls the way one 10 MB prompt once
+    # froze the server; one slow answer is tolerated, as CI shares its 2 cores with a second worker
     assert (
         summary["slots_used_after"] == 0
-        and summary["health_max_s"] < 1.0
+        and summary["health_p99_s"] < 0.5
+        and summary["health_max_s"] < 2.0
         and summary["rss_mb_after"] > 0
-    )
+    ), summary
     assert soak.main(["--url", "http://192.0.2.1:8080", "--minutes", "1"]) == 2  # loopback only
     assert soak.main(["--url", server.url, "--minutes", "61"]) == 2  # bounded
     assert "must point at this machine" in capsys.readouterr().err

@@ -15,10 +15,10 @@ another until `--minutes` are up, a random mix (seeded per client):
               the message count (400): the limits come from /v1/models
   disconnect  a stream closed after its first event, a non-streamed request abandoned, a body cut
               off
-A 429 (queue full) is retried after its Retry-After. Meanwhile /health is timed every 0.25 s and
-/metrics scraped every 5 s. At the end: the server must go idle with no slot in use and every
-accepted request finished (/metrics), the references run alone must still give their texts, and
-with --pid the server's RSS is reported before, at its peak and after.
+A 429 (queue full) is retried after its Retry-After. Meanwhile a thread of its own times /health
+every 0.25 s and scrapes /metrics every 5 s. At the end: the server must go idle with no slot in
+use and every accepted request finished (/metrics), the references run alone must still give their
+texts, and with --pid the server's RSS is reported before, at its peak and after.
 
 Bounded: at most MAX_CLIENTS clients and MAX_MINUTES minutes, loopback URLs only; it stops by
 itself. Exit status 0 when every check passed, 1 when one failed, 2 for a bad flag or an unreachable
@@ -34,6 +34,7 @@ import dataclasses
 import json
 import random
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -317,28 +318,30 @@ async def _client(client, url, seed: int, deadline: float, refs, meta, tally: Ta
             tally.fail(f"{kind}: {type(e).__name__}: {e}")
 
 
-async def _watch(url: str, pid: int | None, stop: asyncio.Event, tally: Tally) -> None:
+def _watch(url: str, pid: int | None, stop: threading.Event, tally: Tally) -> None:
+    """Times /health and scrapes /metrics from a thread of its own, so that a busy client event
+    loop is not counted as the server's latency."""
     import httpx
 
     next_metrics = 0.0
-    async with httpx.AsyncClient(timeout=30) as c:
+    with httpx.Client(timeout=30) as c:
         while not stop.is_set():
             t = time.perf_counter()
             try:
-                r = await c.get(f"{url}/health")
+                r = c.get(f"{url}/health")
                 tally.health_s.append(time.perf_counter() - t)
                 if r.status_code != 200:
                     tally.fail(f"/health answered {r.status_code}")
                 if time.monotonic() >= next_metrics:
                     next_metrics = time.monotonic() + METRICS_EVERY_S
-                    m = _metrics((await c.get(f"{url}/metrics")).text)
+                    m = _metrics(c.get(f"{url}/metrics").text)
                     tally.slots_seen = max(tally.slots_seen, int(m["minfer_kv_slots_used"]))
                     if m["minfer_kv_slots_used"] > m["minfer_kv_slots_capacity"]:
                         tally.fail(f"more slots used than exist: {m}")
             except httpx.HTTPError as e:
                 tally.fail(f"/health or /metrics: {type(e).__name__}: {e}")
             tally.rss_peak_mb = max(tally.rss_peak_mb, _rss_mb(pid) or 0.0)
-            await asyncio.sleep(HEALTH_EVERY_S)
+            stop.wait(HEALTH_EVERY_S)
 
 
 def _metrics(text: str) -> dict[str, float]:
@@ -383,8 +386,8 @@ async def run(
         refs = await _references(client, url)
         rss_before = _rss_mb(pid)
         before = _metrics((await client.get(f"{url}/metrics")).text)
-        stop = asyncio.Event()
-        watcher = asyncio.create_task(_watch(url, pid, stop, tally))
+        stop = threading.Event()
+        watcher = asyncio.create_task(asyncio.to_thread(_watch, url, pid, stop, tally))
         t0 = time.monotonic()
         deadline = t0 + minutes * 60
         await asyncio.gather(
