@@ -22,6 +22,9 @@ decode batch) computes each row exactly as a one-row call does (Route.row_chunk)
 GEMV's configuration at every row count, in calls of at most GEMV_MAX_NT rows where the GEMM would
 otherwise take over. (The XLA paths get batch invariance from decoder.forward_decode instead: its
 rows run one after another, XLA's dots and reductions depending on the row count.)
+With impl.precise every integer GEMV quantizes x in two int8 terms inside the kernel
+(Route.precise): a float64 forward's logits within a few hundredths where one term can be logits
+away (a token that forms a massive activation amplifies the first layers' rounding).
 `norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where a weight's
 route is a "gemv" that quantizes x in the kernel and impl.fused_decode is set, the GEMV applies the
 norm itself (Route.fold_norm): up to gemv_tuning.FOLD_NORM_MAX_K inputs and FOLD_NORM_MAX_NT
@@ -123,12 +126,18 @@ class Impl:
     # and gate/up GEMVs applied inside them (norm_matmuls, [G-fold-norm]); off: the XLA ops,
     # for A/B
     fused_decode: bool = True
+    # kernels: every integer GEMV quantizes its x in gemv_tuning.PRECISE_X_TERMS int8 terms (the
+    # rounding residual as a second term), inside the kernel at every token count; about 100x
+    # closer to a float64 forward where a token forms a massive activation, 15-27 % slower per
+    # GEMV (docs/BENCHMARKS.md, GEMV choices [G-x-terms]). Batches past gemv_max_nt rows keep the
+    # GEMM, whose x is f16
+    precise: bool = False
 
     def __post_init__(self):
         validate.choice("Impl.kernels", self.kernels, KERNEL_MODES)
         validate.integer("Impl.gemv_max_nt", self.gemv_max_nt, 1, gemv.NT_PAD)
         validate.choice("Impl.gemm", self.gemm, GEMM_VARIANTS)
-        for name in ("deterministic", "fused_decode"):
+        for name in ("deterministic", "fused_decode", "precise"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(
                     f"Impl.{name} must be a bool, got {getattr(self, name)!r}"
@@ -160,13 +169,17 @@ class Route:
     # impl.deterministic, GEMV: rows per call (<= GEMV_MAX_NT), each computed with the one-token
     # config, so as alone; None: all rows in one call, the config chosen for their count
     row_chunk: int | None = None
+    # "gemv" only, impl.precise: x in gemv_tuning.PRECISE_X_TERMS int8 terms
+    precise: bool = False
 
     @property
     def label(self) -> str:
         """The kind, "+fold" or "+rsqrt" appended when the norm is applied in the GEMV (e.g.
-        "gemv+fold"), "/rows" when each row is computed as alone (deterministic)."""
+        "gemv+fold"), "/rows" when each row is computed as alone (deterministic), "/precise"
+        when x comes in two int8 terms."""
         fold = f"+{self.fold_norm}" if self.fold_norm else ""
-        return self.kind + fold + ("/rows" if self.row_chunk else "")
+        rows = "/rows" if self.row_chunk else ""
+        return self.kind + fold + rows + ("/precise" if self.precise else "")
 
 
 def route(
@@ -187,7 +200,8 @@ def _xla_quantizes_x(qtype: QType, n: int, k: int, nt: int, r: Route) -> bool:
     """Whether the GEMV's x is quantized by an XLA fusion before it (gemv_tuning's prequant),
     which then fuses the ops that make x too: nothing for the kernel to take over."""
     alone = r.row_chunk is not None
-    return gemv.choose_config(qtype, n, k, min(nt, r.row_chunk or nt), alone).prequant
+    count = min(nt, r.row_chunk or nt)
+    return gemv.choose_config(qtype, n, k, count, alone, r.precise).prequant
 
 
 def _fold_mode(qtype: QType, n: int, k: int, nt: int, r: Route, sumsq: bool) -> str | None:
@@ -216,7 +230,7 @@ def _quantized_route(qtype: QType, nt: int, impl: Impl) -> Route:
     chunk = impl.gemv_max_nt if alone else None
     if qtype not in int8_words.SPECS:
         return Route("gemv-float", row_chunk=chunk)
-    return Route("gemv", row_chunk=chunk)
+    return Route("gemv", row_chunk=chunk, precise=impl.precise)
 
 
 def gemm_variant(requested: str, qtype: QType, nt: int) -> str:
@@ -240,6 +254,7 @@ def route_call(r: Route, qtype: QType, n_out: int, impl: Impl, partials: bool = 
         kw["deterministic"] = r.row_chunk is not None
         kw["partials"] = partials
     if r.kind == "gemv":
+        kw["precise"] = r.precise
         return lambda x, planes: gemv.gemv_int8(x, planes, interpret=interpret, **kw)
     if r.kind == "gemv-float":
         return lambda x, planes: gemv.gemv_float(x, planes, interpret=interpret, **kw)
@@ -391,9 +406,8 @@ def _folded_groups(routes, weights, nt: int) -> list[tuple[list[int], tuple | No
             groups.append(([i], []))
             continue
         rows, alone = min(nt, r.row_chunk or nt), r.row_chunk is not None
-        cfg = gemv.choose_config(w.qtype, w.shape[0], w.shape[1], rows, alone)  # each chunk's
-        if not cfg.prequant:  # x quantized in the kernel: the normed x's terms
-            cfg = dataclasses.replace(cfg, x_terms=gemv_tuning.NORM_X_TERMS)
+        n, k = w.shape
+        cfg = gemv.choose_config(w.qtype, n, k, rows, alone, r.precise)  # each chunk's
         for members, cfgs in groups if gemv_tuning.GROUP_FOLDED_GEMVS else ():
             first = routes[members[0]]
             same = cfgs and (first.fold_norm, first.row_chunk) == (r.fold_norm, r.row_chunk)

@@ -182,6 +182,7 @@ def load_arguments(
     prefill_chunk: Any,
     platform: str,
     deterministic: Any = False,
+    precise: Any = False,
 ) -> None:
     """runtime.load's options (ctx_size past the trained context is clamped to it once the file is
     read)."""
@@ -202,8 +203,9 @@ def load_arguments(
             raise InvalidArgumentError(
                 f"prefill_chunk (tokens per prefill executable): {e}"
             ) from None
-    if not isinstance(deterministic, bool):
-        raise InvalidArgumentError(f"deterministic must be True or False, got {deterministic!r}")
+    for name, value in (("deterministic", deterministic), ("precise", precise)):
+        if not isinstance(value, bool):
+            raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
     if weights is not None:
         choice("weights", weights, LOAD_WEIGHT_MODES)
     if kernels is not None:

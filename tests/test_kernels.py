@@ -446,13 +446,12 @@ def test_two_term_x_matches_its_reference_and_comes_closer_to_the_exact_product(
     assert float(jnp.max(jnp.abs(got - exact))) < err_one / 20
 
 
-def test_norm_x_terms_reach_the_normed_gemvs(monkeypatch):
-    """gemv_tuning.NORM_X_TERMS sets the int8 terms of x in every GEMV that applies the norm
-    itself (ops.norm_matmuls), and two terms bring them near the norm-then-f32 product."""
+def test_precise_reaches_the_normed_gemvs():
+    """ops.Impl.precise gives x two int8 terms in every GEMV that applies the norm itself
+    (ops.norm_matmuls), which brings them near the norm-then-f32 product."""
     from minfer_jax import ops
     from minfer_jax.model.weights import QWeight
 
-    impl = ops.Impl(KERNELS)
     k, nt = 896, 1
     qtypes = (QType.Q5_0, QType.Q8_0)
     ws = [
@@ -467,9 +466,8 @@ def test_norm_x_terms_reach_the_normed_gemvs(monkeypatch):
         for q, w in zip(qtypes, ws)
     ]
     errors = {}
-    for terms in (1, 2):
-        monkeypatch.setattr(gemv_tuning, "NORM_X_TERMS", terms)
-        got = ops.norm_matmuls(x, g, 1e-6, ws, impl)
+    for precise, terms in ((False, 1), (True, 2)):
+        got = ops.norm_matmuls(x, g, 1e-6, ws, ops.Impl(KERNELS, precise=precise))
         for y, w, q in zip(got, ws, qtypes):
             ref = gemv.gemv_int8_reference(
                 x, w.planes, qtype=q, n_out=w.shape[0], x_scale=g, norm_eps=1e-6, x_terms=terms
@@ -477,6 +475,22 @@ def test_norm_x_terms_reach_the_normed_gemvs(monkeypatch):
             check(y, ref, q)
         errors[terms] = max(float(jnp.max(jnp.abs(y - e))) for y, e in zip(got, exact))
     assert errors[2] < errors[1] / 20, errors
+
+
+def test_precise_configs_quantize_x_in_the_kernel_at_every_token_count(monkeypatch):
+    """choose_config(precise=True): x in PRECISE_X_TERMS terms, never pre-quantized (quantize_x
+    makes one term), and otherwise the blocks the default takes where x is quantized in the
+    kernel."""
+    cases = ((QType.Q4_K, 18944, 3584, 8), (QType.Q4_0, 4096, 14336, 3))
+    precise = [gemv.choose_config(*case, precise=True) for case in cases]
+    assert all(gemv.choose_config(*case).prequant for case in cases)
+    monkeypatch.setattr(gemv_tuning, "PREQUANT_MIN_WEIGHTS", 1 << 40)  # in-kernel x everywhere
+    for case, cfg in zip(cases, precise):
+        assert gemv_tuning.PRECISE_X_TERMS == 2
+        assert cfg == dataclasses.replace(gemv.choose_config(*case), x_terms=2)
+    alone = gemv.choose_config(QType.Q4_K, 896, 896, 8, deterministic=True, precise=True)
+    assert alone.x_terms == 2 and not alone.prequant
+    assert gemv.choose_config(QType.F16, 896, 896, 1, precise=True).x_terms == 1  # not quantized
 
 
 def test_gemv_group_matches_each_weight_alone():

@@ -30,7 +30,10 @@ jax.profiler timeline, summed by name over --gen steps of B sequences).
 --f64 B: issue 26's float64 check of the decode path: greedy tokens of B prompts (natural text
 and code with -m, random ids on a synthetic model), each alone and as one batch, and at every
 decode step the float64 forward's (tests/float64_reference.py) top-1 on the same prefix; a
-disagreement counts where the float64 top-2 gap exceeds --f64-gap (0.02 logits).
+disagreement counts where the float64 top-2 gap exceeds --f64-gap (0.02 logits). --f64-prompts
+I,J,...: only those of the natural prompts (e.g. 7: the one whose step 8 the int8 activations
+flip); --precise: load(precise=True); --cache-dtype f16: the GPU's KV cache on the CPU too (with
+--kernels interpret, the GPU path's numerics but for the order of f32 sums).
 -m FILE replaces --synthetic for --batch-parity, --profile and --f64 (a real model: fewer
 near-ties).
 """
@@ -43,6 +46,7 @@ import re
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import minfer_jax
@@ -77,6 +81,9 @@ def main() -> None:
     ap.add_argument("--profile", default="", metavar="B,...")
     ap.add_argument("--f64", type=int, default=0, metavar="B")
     ap.add_argument("--f64-gap", type=float, default=0.02)
+    ap.add_argument("--f64-prompts", default=None, metavar="I,J,...")
+    ap.add_argument("--precise", action="store_true", help="load(precise=True) (--f64)")
+    ap.add_argument("--cache-dtype", choices=("f16", "f32"), default=None, help="(--f64)")
     ap.add_argument(
         "--kernels", default="pallas", help="pallas (GPU) | interpret (a CPU smoke test)"
     )
@@ -90,7 +97,18 @@ def main() -> None:
         for b in (int(v) for v in a.profile.split(",")):
             print(step_profile(gm, b, a.gen, a.ctx, a.kernels, a.deterministic), flush=True)
     if a.f64:
-        out = f64_check(gm, a.f64, a.gen, a.ctx, a.kernels, a.f64_gap, a.deterministic)
+        out = f64_check(
+            gm,
+            a.f64,
+            a.gen,
+            a.ctx,
+            a.kernels,
+            a.f64_gap,
+            a.deterministic,
+            precise=a.precise,
+            cache_dtype=a.cache_dtype,
+            only=None if a.f64_prompts is None else [int(i) for i in a.f64_prompts.split(",")],
+        )
         print(json.dumps(out, indent=1), flush=True)
     if a.step_invariance:
         batches = [int(b) for b in a.step_invariance.split(",")]
@@ -166,20 +184,32 @@ NATURAL_PROMPTS = [
 
 
 def f64_check(
-    gm, n_seqs: int, gen: int, ctx: int, kernels: str, gap: float, deterministic: bool = False
+    gm,
+    n_seqs: int,
+    gen: int,
+    ctx: int,
+    kernels: str,
+    gap: float,
+    deterministic: bool = False,
+    precise: bool = False,
+    cache_dtype: str | None = None,
+    only: list[int] | None = None,
 ) -> dict:
     """Each decode step's greedy token (alone and in one batch of n_seqs) against the float64
     forward's top-1 on the same prefix: one float64 forward per generated sequence gives every
-    step's logits (causal)."""
+    step's logits (causal). only: those of the n_seqs prompts; cache_dtype "f16" / "f32" (None:
+    the platform's)."""
     import os
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from tests import float64_reference
 
+    dtype = {"f16": jnp.float16, "f32": jnp.float32, None: None}[cache_dtype]
     kw = dict(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")
-    m = minfer_jax.load(**kw, deterministic=deterministic)
-    m_alone = minfer_jax.load(**kw, deterministic=deterministic)
+    kw.update(deterministic=deterministic, precise=precise, cache_dtype=dtype)
+    m = minfer_jax.load(**kw)
+    m_alone = minfer_jax.load(**kw)
     if not str(gm.path).startswith("synthetic:"):
         texts = (NATURAL_PROMPTS * (n_seqs // len(NATURAL_PROMPTS) + 1))[:n_seqs]
         prompts = [m.tokenizer.encode(t) for t in texts]
@@ -189,16 +219,19 @@ def f64_check(
             [int(t) for t in rng.integers(0, gm.config.vocab_size, int(rng.integers(5, 65)))]
             for _ in range(n_seqs)
         ]
+    numbers = list(range(len(prompts))) if only is None else only  # reported as the prompt
+    prompts = [prompts[i] for i in numbers]
     paths = {
         "alone": [minfer_jax.generate(m_alone, p, max_new_tokens=gen).tokens for p in prompts],
         "batched": [r.tokens for r in minfer_jax.generate_batch(m, prompts, max_new_tokens=gen)],
     }
-    out: dict = {"n_seqs": n_seqs, "generated": gen, "gap": gap, "kernels": kernels}
+    out: dict = {"n_seqs": len(prompts), "generated": gen, "gap": gap, "kernels": kernels}
+    out.update(deterministic=deterministic, precise=precise, cache_dtype=str(m.cache_dtype))
     for name, runs in paths.items():
         steps = off = off_clear = 0
         worst = 0.0
         cases = []
-        for i, (p, toks) in enumerate(zip(prompts, runs)):
+        for i, p, toks in zip(numbers, prompts, runs):
             ref = float64_reference.forward(gm, p + toks)  # [T, vocab]
             for j, t in enumerate(toks):
                 row = ref[len(p) + j - 1]
@@ -329,8 +362,6 @@ def step_invariance(
     differ."""
     import dataclasses
 
-    import jax.numpy as jnp
-
     from minfer_jax.model.cache import KVCache
     from minfer_jax.model.decoder import forward_chunk, forward_decode
     from minfer_jax.sizes import pow2_at_least
@@ -451,7 +482,6 @@ def op_differences(fn, alone_args: tuple, batch_args: tuple, limit: int = 8) -> 
     differs while every input's lone part agrees, and whether the eager outputs differ at all.
     The lone part of a batch value: the leading slice of the lone value's size along every axis
     whose size differs (rows, padded rows, cache slots)."""
-    import jax.numpy as jnp
 
     def lone_part(batch_val, lone_val):
         if batch_val.shape == lone_val.shape:

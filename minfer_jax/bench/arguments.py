@@ -169,6 +169,11 @@ def _execution_args(g) -> None:
         "as it is alone",
     )
     g.add_argument(
+        "--precise",
+        action="store_true",
+        help="decode GEMVs with x in two int8 terms (minfer_jax.load(precise=True))",
+    )
+    g.add_argument(
         "--unfused-decode",
         action="store_true",
         help="decode's q/k/v epilogue, attention merge and RMSNorm as XLA ops instead of the fused "

@@ -354,6 +354,7 @@ def _run_models(
                 progress=args.progress,
                 prefill_chunk=args.ubatch_size,
                 deterministic=args.deterministic,
+                precise=args.precise,
             )
             model = _with_impl_options(model, args)
             log(
@@ -422,6 +423,7 @@ def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> 
                 progress=args.progress,
                 prefill_chunk=args.ubatch_size,
                 deterministic=args.deterministic,
+                precise=args.precise,
             )
             model = _with_impl_options(model, args)
             batched.run(model, src.label, pps, tgs, npls, seed=args.seed, out_files=files, log=log)

@@ -132,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a sequence gets the same tokens alone or batched (slower decode, most past 8 rows)",
     )
     m.add_argument(
+        "--precise",
+        action="store_true",
+        help="decode activations in two int8 terms instead of one (llama.cpp's): logits stay "
+        "near a float64 forward's on tokens where one term drifts; slower decode on a GPU",
+    )
+    m.add_argument(
         "-tp",
         "--tensor-parallel",
         type=int,
@@ -447,6 +453,7 @@ def _run(args, out, err) -> int:
         progress=progress,  # bounds the KV cache
         tensor_parallel=args.tensor_parallel,
         deterministic=args.deterministic,
+        precise=args.precise,
     )
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
     load_s = time.perf_counter() - t0

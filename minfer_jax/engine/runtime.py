@@ -231,6 +231,7 @@ def load(
     prefill_chunk: int | None = None,
     tensor_parallel: int | None = None,
     deterministic: bool = False,
+    precise: bool = False,
 ) -> Model:
     """Load a Qwen2 GGUF (None: the built-in default model) onto the default device.
 
@@ -244,7 +245,9 @@ def load(
     gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
     and the KV cache over this many devices (sharding.py; None: the one device). deterministic:
     a sequence gets the same tokens alone or in any batch (ops.Impl.deterministic; slower decode,
-    most past 8 rows: docs/BENCHMARKS.md, "Batch invariance").
+    most past 8 rows: docs/BENCHMARKS.md, "Batch invariance"). precise: the decode GEMVs take
+    their activations in two int8 terms, not one (ops.Impl.precise): logits near a float64
+    forward's where one term can be logits away; slower decode on the kernels, no effect on XLA.
     """
     timer = PhaseTimer()
     device = device or jax.devices()[0]  # the first call starts the backend (CUDA: seconds)
@@ -258,6 +261,7 @@ def load(
         prefill_chunk=prefill_chunk,
         platform=platform,
         deterministic=deterministic,
+        precise=precise,
     )
     from minfer_jax.files.model_source import resolve_model
     from minfer_jax.files.tokenizer import Tokenizer
@@ -274,6 +278,7 @@ def load(
         ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform),
         gemm=gemm,
         deterministic=deterministic,
+        precise=precise,
     )
     mode = weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
     ctx = (

@@ -55,13 +55,14 @@ __all__ = [
 ]
 
 _STATIC = ("qtype", "n_out", "config", "deterministic", "partials", "interpret")
-_STATIC_INT8 = (*_STATIC, "norm_eps")
+_STATIC_INT8 = (*_STATIC, "norm_eps", "precise")
 _STATIC_GROUP = (
     "qtypes",
     "n_outs",
     "configs",
     "norm_eps",
     "deterministic",
+    "precise",
     "partials",
     "interpret",
 )
@@ -79,6 +80,7 @@ def gemv_int8(
     norm_eps: float | None = None,
     config: GemvConfig | None = None,
     deterministic: bool = False,
+    precise: bool = False,
     partials: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
@@ -93,7 +95,8 @@ def gemv_int8(
     pieces of each row's sum of squares: split_sums.add_partials' or one XLA reduce's) where
     given, else computed by every program from x's whole row.
     deterministic: each row's result does not depend on nt (one config for all, choose_config;
-    split-K partials added in a fixed order)."""
+    split-K partials added in a fixed order). precise: x in gemv_tuning.PRECISE_X_TERMS int8
+    terms (choose_config). Both apply where config is None."""
     [out] = gemv_int8_group(
         x,
         (planes,),
@@ -104,6 +107,7 @@ def gemv_int8(
         norm_eps=norm_eps,
         configs=None if config is None else (config,),
         deterministic=deterministic,
+        precise=precise,
         partials=partials,
         interpret=interpret,
     )
@@ -122,6 +126,7 @@ def gemv_int8_group(
     norm_eps: float | None = None,
     configs: tuple[GemvConfig, ...] | None = None,
     deterministic: bool = False,
+    precise: bool = False,
     partials: bool = False,
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
@@ -131,7 +136,7 @@ def gemv_int8_group(
     gemv_int8's. Their configs must share the K split and compiler settings (groupable)."""
     nt, k = x.shape
     cfgs = configs or tuple(
-        choose_config(q, n, k, nt, deterministic) for q, n in zip(qtypes, n_outs)
+        choose_config(q, n, k, nt, deterministic, precise) for q, n in zip(qtypes, n_outs)
     )
     if not groupable(cfgs):
         raise ValueError(f"one GEMV launch needs one K split and compiler setting, got {cfgs}")

@@ -45,10 +45,10 @@ PREQUANT_MIN_PROGRAMS = 896
 # (the deterministic mode folds at every row count, so that a row's numerics never change)
 FOLD_NORM_MAX_K = 1024
 FOLD_NORM_MAX_NT = 1
-# int8 terms of x in the GEMVs that apply an RMSNorm themselves (q/k/v, gate/up, the head): 2
-# takes the float64 check's flips to none in an emulation of the 0.5B, but costs 15-27 % per 7B
-# GEMV [G-x-terms]
-NORM_X_TERMS = 1
+# int8 terms of x in every integer GEMV of the precise mode (ops.Impl.precise): two terms follow a
+# float64 forward about 100x closer than one where a token forms a massive activation, but cost
+# 15-27 % per 7B GEMV, so one term is the default [G-x-terms]
+PRECISE_X_TERMS = 2
 # integer path: programs ordered by row block, each row block's K splits one after another
 # (GemvConfig.split_major), for GEMVs of at least this many K splits (0: never) [G-split-major]
 SPLIT_MAJOR_FROM_SPLITS = 16
@@ -99,11 +99,12 @@ class Int8Row:
     prequant_3d: bool  # pre-quantized x: per-group values as [bn, gt, 1] tiles [G-prequant-tiles]
     exact_round: bool  # x rounded by int8_words.round_to_int, else floor(v + 0.5) [G-round]
 
-    def config(self, qtype: QType, n: int, k: int, nt: int) -> GemvConfig:
+    def config(self, qtype: QType, n: int, k: int, nt: int, x_terms: int = 1) -> GemvConfig:
         npad = round_up(n, 128)
         group = int8_words.SPECS[qtype].group
         gt = tiles.pow2_divisor(k // group, INT8_STEP_WEIGHTS // group)
-        prequant = nt >= PREQUANT_MIN_NT and n * k >= PREQUANT_MIN_WEIGHTS
+        # x in more than one term is quantized in the kernel (quantize_x makes one term)
+        prequant = nt >= PREQUANT_MIN_NT and n * k >= PREQUANT_MIN_WEIGHTS and x_terms == 1
         bn = self.rows_one_token if nt == 1 else INT8_BN_TOKENS
         chunks, steps = k // (gt * group), 1
         if prequant:
@@ -123,6 +124,7 @@ class Int8Row:
             splits=splits,
             prequant=prequant,
             x_first=x_first,
+            x_terms=x_terms,
             split_major=0 < SPLIT_MAJOR_FROM_SPLITS <= splits,
         )
 
@@ -192,16 +194,20 @@ def row(qtype: QType) -> Int8Row | FloatRow:
 
 
 def choose_config(
-    qtype: QType, n: int, k: int, nt: int = 1, deterministic: bool = False
+    qtype: QType, n: int, k: int, nt: int = 1, deterministic: bool = False, precise: bool = False
 ) -> GemvConfig:
     """Blocks and path for one weight shape and token count: the format's row applied.
 
     deterministic: one configuration for every token count (the one-token blocks, x quantized
     in the kernel, the float formats' tensor-core dot), so that each token's sums run in the
-    same order whatever else is in the call."""
-    if not deterministic:
-        return row(qtype).config(qtype, n, k, nt)
-    return dataclasses.replace(row(qtype).config(qtype, n, k, 1), fma=False)
+    same order whatever else is in the call. precise: the integer path's x in PRECISE_X_TERMS
+    int8 terms, quantized in the kernel at every token count (ops.Impl.precise)."""
+    r, count = row(qtype), 1 if deterministic else nt
+    if isinstance(r, FloatRow):  # x is not quantized on the float path
+        cfg = r.config(qtype, n, k, count)
+    else:
+        cfg = r.config(qtype, n, k, count, PRECISE_X_TERMS if precise else 1)
+    return dataclasses.replace(cfg, fma=False) if deterministic else cfg
 
 
 def _divisors(n: int) -> list[int]:

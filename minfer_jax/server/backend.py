@@ -56,6 +56,7 @@ class ServerSettings:
     warmup: bool = True  # compile the first executables before /health says ok
     kernels: str | None = None  # minfer_jax.load(kernels=...): None picks the platform's default
     deterministic: bool = False  # minfer_jax.load(deterministic=...): batch-invariant tokens
+    precise: bool = False  # minfer_jax.load(precise=...): activations in two int8 terms
 
     def __post_init__(self):
         from minfer_jax.engine.plan import MAX_SEQS
@@ -263,6 +264,7 @@ class Backend:
                 ctx_size=s.slot_ctx,
                 kernels=s.kernels,
                 deterministic=s.deterministic,
+                precise=s.precise,
                 progress=False,
             )
             _log_phases(model, started, time.perf_counter() - t0)

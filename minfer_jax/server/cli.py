@@ -172,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(slower decode, most with more than 8 requests at once)",
     )
     p.add_argument(
+        "--precise",
+        action="store_true",
+        help="decode activations in two int8 terms instead of one (llama.cpp's): logits stay "
+        "near a float64 forward's on tokens where one term drifts (slower decode)",
+    )
+    p.add_argument(
         "--no-warmup",
         dest="warmup",
         action="store_false",
@@ -203,6 +209,7 @@ def settings_from(args):
         warmup=args.warmup,
         kernels=None if args.backend == "auto" else args.backend,
         deterministic=args.deterministic,
+        precise=args.precise,
     )
 
 
