@@ -176,6 +176,21 @@ def test_greedy_completion_streams(run_cli):
 
 
 @pytest.mark.real_model
+def test_mode_flags_reach_load(run_cli):
+    """--precise and --deterministic are load()'s precise / deterministic; the server's flags
+    are its settings'."""
+    from minfer_jax.server import cli as server_cli
+
+    rc, _, err, _ = run_cli("-p", FIB, "-n", "1", "--temp", "0", "--precise", "--deterministic")
+    assert rc == 0, err
+    assert run_cli.loads[-1]["precise"] is True and run_cli.loads[-1]["deterministic"] is True
+    rc, _, err, _ = run_cli("-p", FIB, "-n", "1", "--temp", "0")
+    assert run_cli.loads[-1]["precise"] is False and run_cli.loads[-1]["deterministic"] is False
+    settings = server_cli.settings_from(server_cli.build_parser().parse_args(["--precise"]))
+    assert settings.precise and not settings.deterministic
+
+
+@pytest.mark.real_model
 def test_prompt_from_stdin_and_file(run_cli, tmp_path):
     rc, out, err, _ = run_cli(
         "-n", "1", "--temp", "0", stdin=FIB + "\n"

@@ -170,3 +170,10 @@ def test_precise_decode_comes_far_closer_to_the_f32_model(tiny_models, tiny_gguf
     want = step(ref, ref.impl)
     one, two = (np.max(np.abs(step(kern, impl) - want)) for impl in (kern.impl, precise))
     assert two < one / 20, (one, two)  # measured: about 200x
+
+
+def test_load_takes_only_a_bool_for_precise(tiny_gguf):
+    with pytest.raises(minfer_jax.InvalidArgumentError, match="precise"):
+        minfer_jax.load(gguf_model=tiny_gguf, kernels="xla", precise="yes")
+    with pytest.raises(minfer_jax.InvalidArgumentError, match="precise"):
+        ops.Impl(precise=1)
