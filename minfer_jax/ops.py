@@ -23,8 +23,8 @@ GEMV's configuration at every row count, in calls of at most GEMV_MAX_NT rows wh
 otherwise take over. (The XLA paths get batch invariance from decoder.forward_decode instead: its
 rows run one after another, XLA's dots and reductions depending on the row count.)
 With impl.precise every integer GEMV quantizes x in two int8 terms inside the kernel
-(Route.precise): a float64 forward's logits within a few hundredths where one term can be logits
-away (a token that forms a massive activation amplifies the first layers' rounding).
+(Route.precise): where a token forms a massive activation, which amplifies the first layers'
+rounding, the logits stay about 0.2 from a float64 forward's where one term can leave them 5 away.
 `norm_matmuls` asks the same route for matmuls that read an RMSNorm's output: where a weight's
 route is a "gemv" that quantizes x in the kernel and impl.fused_decode is set, the GEMV applies the
 norm itself (Route.fold_norm): up to gemv_tuning.FOLD_NORM_MAX_K inputs and FOLD_NORM_MAX_NT
@@ -127,10 +127,9 @@ class Impl:
     # for A/B
     fused_decode: bool = True
     # kernels: every integer GEMV quantizes its x in gemv_tuning.PRECISE_X_TERMS int8 terms (the
-    # rounding residual as a second term), inside the kernel at every token count; about 100x
-    # closer to a float64 forward where a token forms a massive activation, 15-27 % slower per
-    # GEMV (docs/BENCHMARKS.md, GEMV choices [G-x-terms]). Batches past gemv_max_nt rows keep the
-    # GEMM, whose x is f16
+    # rounding residual as a second term), inside the kernel at every token count: closer to a
+    # float64 forward, 15-27 % slower per GEMV ([G-x-terms]). Batches past gemv_max_nt rows keep
+    # the GEMM, whose x is f16
     precise: bool = False
 
     def __post_init__(self):

@@ -1,7 +1,7 @@
 """Which matmul inputs' int8 quantization moves a model's greedy token off the float64 top-1.
 
 The decode GEMV quantizes x to int8, one scale per 32 inputs (llama.cpp's q8_1 idea; in two
-terms with gemv_tuning.NORM_X_TERMS = 2). This emulates that in the float64 forward
+terms in the precise mode, ops.Impl.precise). This emulates that in the float64 forward
 (tests/float64_reference.py) at chosen matmul inputs and counts, over the greedy tokens of the
 XLA path (which agree with float64), the steps where the emulated top-1 differs from float64's,
 and how many of them at a float64 top-2 gap above --gap. It needs no GPU: it tells which inputs
@@ -81,7 +81,7 @@ def int8_groups(
 
 SCHEMES = {
     "": dict(),  # one term, groups of 32 (the kernels)
-    "2": dict(terms=2),  # two terms everywhere (gemv_tuning.NORM_X_TERMS = 2)
+    "2": dict(terms=2),  # two terms (the precise mode's GEMVs)
     "g16": dict(group=16),  # one term, a scale per 16
     "o4": dict(terms=2, second_in=4),  # a second term in the 4 groups of largest scale
     "o16": dict(terms=2, second_in=16),

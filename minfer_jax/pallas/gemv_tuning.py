@@ -45,9 +45,9 @@ PREQUANT_MIN_PROGRAMS = 896
 # (the deterministic mode folds at every row count, so that a row's numerics never change)
 FOLD_NORM_MAX_K = 1024
 FOLD_NORM_MAX_NT = 1
-# int8 terms of x in every integer GEMV of the precise mode (ops.Impl.precise): two terms follow a
-# float64 forward about 100x closer than one where a token forms a massive activation, but cost
-# 15-27 % per 7B GEMV, so one term is the default [G-x-terms]
+# int8 terms of x in every integer GEMV of the precise mode (ops.Impl.precise): two keep the
+# logits near a float64 forward's where a token forms a massive activation, but cost 15-27 % per
+# 7B GEMV, so one term is the default [G-x-terms]
 PRECISE_X_TERMS = 2
 # integer path: programs ordered by row block, each row block's K splits one after another
 # (GemvConfig.split_major), for GEMVs of at least this many K splits (0: never) [G-split-major]
