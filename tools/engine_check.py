@@ -88,6 +88,9 @@ def main() -> None:
         "--kernels", default="pallas", help="pallas (GPU) | interpret (a CPU smoke test)"
     )
     a = ap.parse_args()
+    only = None if a.f64_prompts is None else [int(i) for i in a.f64_prompts.split(",")]
+    if only is not None and not all(0 <= i < a.f64 for i in only):
+        ap.error(f"--f64-prompts takes numbers of the --f64 {a.f64} prompts (0 .. {a.f64 - 1})")
     gm = synthetic_model(a.synthetic, layers=a.layers) if a.synthetic else load_gguf(a.model)
     if a.batch_parity:
         batches = [int(b) for b in a.batch_parity.split(",")]
@@ -107,7 +110,7 @@ def main() -> None:
             a.deterministic,
             precise=a.precise,
             cache_dtype=a.cache_dtype,
-            only=None if a.f64_prompts is None else [int(i) for i in a.f64_prompts.split(",")],
+            only=only,
         )
         print(json.dumps(out, indent=1), flush=True)
     if a.step_invariance:

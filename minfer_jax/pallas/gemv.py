@@ -133,7 +133,8 @@ def gemv_int8_group(
     """gemv_int8 of the same x through several block-format weights (of any formats, the same K)
     in one launch: the grid's row blocks are the weights' row blocks one after another, and each
     program runs its weight's format (one branch per weight). -> one result per weight, as
-    gemv_int8's. Their configs must share the K split and compiler settings (groupable)."""
+    gemv_int8's (deterministic, precise: as there, where configs is None). Their configs must
+    share the K split and compiler settings (groupable)."""
     nt, k = x.shape
     cfgs = configs or tuple(
         choose_config(q, n, k, nt, deterministic, precise) for q, n in zip(qtypes, n_outs)
