@@ -32,8 +32,9 @@ and code with -m, random ids on a synthetic model), each alone and as one batch,
 decode step the float64 forward's (tests/float64_reference.py) top-1 on the same prefix; a
 disagreement counts where the float64 top-2 gap exceeds --f64-gap (0.02 logits). --f64-prompts
 I,J,...: only those of the natural prompts (e.g. 7: the one whose step 8 the int8 activations
-flip); --precise: load(precise=True); --cache-dtype f16: the GPU's KV cache on the CPU too (with
---kernels interpret, the GPU path's numerics but for the order of f32 sums).
+flip); --precise: load(precise=True) (also for --batch-parity); --cache-dtype f16: the GPU's KV
+cache on the CPU too (with --kernels interpret, the GPU path's numerics but for the order of f32
+sums).
 -m FILE replaces --synthetic for --batch-parity, --profile and --f64 (a real model: fewer
 near-ties).
 """
@@ -82,7 +83,9 @@ def main() -> None:
     ap.add_argument("--f64", type=int, default=0, metavar="B")
     ap.add_argument("--f64-gap", type=float, default=0.02)
     ap.add_argument("--f64-prompts", default=None, metavar="I,J,...")
-    ap.add_argument("--precise", action="store_true", help="load(precise=True) (--f64)")
+    ap.add_argument(
+        "--precise", action="store_true", help="load(precise=True) (--f64, --batch-parity)"
+    )
     ap.add_argument("--cache-dtype", choices=("f16", "f32"), default=None, help="(--f64)")
     ap.add_argument(
         "--kernels", default="pallas", help="pallas (GPU) | interpret (a CPU smoke test)"
@@ -94,7 +97,9 @@ def main() -> None:
     gm = synthetic_model(a.synthetic, layers=a.layers) if a.synthetic else load_gguf(a.model)
     if a.batch_parity:
         batches = [int(b) for b in a.batch_parity.split(",")]
-        out = batch_parity(gm, batches, a.gen, a.ctx, a.kernels, a.prompts, a.deterministic)
+        out = batch_parity(
+            gm, batches, a.gen, a.ctx, a.kernels, a.prompts, a.deterministic, precise=a.precise
+        )
         print(json.dumps(out, indent=1), flush=True)
     if a.profile:
         for b in (int(v) for v in a.profile.split(",")):
@@ -291,6 +296,7 @@ def batch_parity(
     kernels: str = "pallas",
     prompts_file: str | None = None,
     deterministic: bool = False,
+    precise: bool = False,
 ) -> dict:
     """Greedy tokens of each prompt alone and in consecutive batches of B (for each B), both
     through the kernels: per B the rows whose tokens equal the lone run's, and per differing row
@@ -303,6 +309,7 @@ def batch_parity(
             kernels=kernels,
             weights="quantized",
             deterministic=deterministic,
+            precise=precise,
         )
 
     if prompts_file:
@@ -325,6 +332,7 @@ def batch_parity(
         prompt_tokens=[len(p) for p in prompts],
         generated=gen,
         deterministic=deterministic,
+        precise=precise,
         kernels=kernels,
     )
     print(f"batch parity: {len(prompts)} prompts alone done", file=sys.stderr, flush=True)
