@@ -40,10 +40,15 @@ def tiny_gguf():
     return synthetic_model_from_config(TINY, "q4_k_m", seed=5)
 
 
-def _load(gm, kernels: str, deterministic: bool = True, ctx: int = 1024):
+def _load(gm, kernels: str, deterministic: bool = True, ctx: int = 1024, precise: bool = False):
     weights = "dense" if kernels == "xla" else "quantized"
     return minfer_jax.load(
-        gguf_model=gm, kernels=kernels, weights=weights, ctx_size=ctx, deterministic=deterministic
+        gguf_model=gm,
+        kernels=kernels,
+        weights=weights,
+        ctx_size=ctx,
+        deterministic=deterministic,
+        precise=precise,
     )
 
 
@@ -79,11 +84,12 @@ def _rows_alone_and_batched(m, lengths: list[int], seed: int = 0):
     return batched, alone
 
 
-@pytest.mark.parametrize("kernels", ["xla", KERNELS])
-def test_deterministic_decode_gives_each_row_its_lone_logits(tiny_gguf, kernels):
-    # lengths past 256 and under it: the XLA path's attention span differs alone and batched
+@pytest.mark.parametrize("kernels, precise", [("xla", False), (KERNELS, False), (KERNELS, True)])
+def test_deterministic_decode_gives_each_row_its_lone_logits(tiny_gguf, kernels, precise):
+    # lengths past 256 and under it: the XLA path's attention span differs alone and batched.
+    # precise (two-term x in every GEMV) with deterministic: both guarantees at once
     lengths = [16, 32, 16] if INTERPRET and kernels != "xla" else [300, 10, 57, 5, 120, 33]
-    m = _load(tiny_gguf, kernels)
+    m = _load(tiny_gguf, kernels, precise=precise)
     for n_rows in (2, len(lengths)):
         batched, alone = _rows_alone_and_batched(m, lengths[:n_rows])
         for b in range(n_rows):
