@@ -208,6 +208,97 @@ def test_write_qkv_matches_its_reference(widths):
     chex.assert_trees_all_equal(got[1][2], k_cache[2])  # position 128 of 128: nothing written
 
 
+# (positions, slots, H, Hkv, head_dim, max_len, k_splits, widths, window, cache dtype):
+# one new token per row, its q / k / v as the projections' split-K partials.
+PROJECTED_CASES = [
+    # first key, mid-tile, last but one position; q|k|v in one part, default splits
+    ((0, 16, 254), (2, 0, 3), 14, 2, 64, 256, None, (896 + 256,), None, jnp.float16),
+    # the 7B's heads and ratio: q, k, v in three parts, 16 splits of 4097 keys
+    ((4096,), (1,), 28, 4, 128, 4352, 16, (3584, 512, 512), None, jnp.float32),
+    # a sliding window, splits not a power of two (the merge in jnp), the position at a tile start
+    ((300, 64), (1, 3), 8, 2, 128, 512, 3, (1024 + 256, 256), 64, jnp.float32),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "positions,slots,n_heads,n_kv,head_dim,max_len,k_splits,widths,window,dtype", PROJECTED_CASES
+)
+def test_decode_attention_projected(
+    positions,
+    slots,
+    n_heads,
+    n_kv,
+    head_dim,
+    max_len,
+    k_splits,
+    widths,
+    window,
+    dtype,
+    monkeypatch,
+):
+    """The attention kernel that sums, rotates and caches the new token's q / k / v itself equals
+    write_qkv_reference + the decode reference: the output, the k / v written at each row's
+    position and nothing else written; junk at and past the position changes no bit; the two
+    launch path (FOLD_QKV off) agrees."""
+    rng = np.random.default_rng(sum(positions) + n_heads)
+    batch = len(positions)
+    parts = tuple(
+        jnp.asarray(rng.normal(size=(s, batch + 1, -(-w // 128) * 128)), jnp.float32)
+        for s, w in zip((7, 5, 3), widths)
+    )
+    bias = jnp.asarray(rng.normal(size=(sum(widths),)), jnp.float32) if len(widths) < 3 else None
+    inv_freq = 1.0 / (1e6 ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    visible = dict(zip(slots, positions))
+    key = jax.random.PRNGKey(sum(positions))
+    k, v = (a.astype(dtype) for a in filled_cache(key, n_kv, max_len, head_dim, visible))
+    positions_a, slots_a = jnp.array(positions, jnp.int32), jnp.array(slots, jnp.int32)
+    args = (parts, bias, inv_freq, positions_a, slots_a)
+    kw = dict(widths=widths, n_heads=n_heads, window=window)
+
+    def run(k, v, **options):
+        return decode_attention.decode_attention_projected(
+            *args, k, v, k_splits=k_splits, interpret=INTERPRET, **kw, **options
+        )
+
+    got = run(k, v)
+    want = decode_attention.decode_attention_projected_reference(*args, k, v, **kw)
+    chex.assert_shape(got[0], (batch, n_heads, head_dim))
+    atol = ATOL if dtype == jnp.float32 else 2e-3
+    chex.assert_trees_all_close(got[0], want[0], atol=atol, rtol=0)
+    chex.assert_trees_all_close(got[1:], want[1:], atol=1e-6 if INTERPRET else 2e-3, rtol=2e-3)
+    written = np.zeros(k.shape, bool)
+    written[np.array(slots), :, np.array(positions)] = True
+    for new, old in zip(got[1:], (k, v)):
+        chex.assert_trees_all_equal(jnp.where(written, 0, new), jnp.where(written, 0, old))
+
+    k0, v0 = filled_cache(key, n_kv, max_len, head_dim, visible, junk=0.0)
+    chex.assert_trees_all_equal(run(k0.astype(dtype), v0.astype(dtype))[0], got[0])
+    monkeypatch.setattr(decode_attention, "FOLD_QKV", False)
+    chex.assert_trees_all_close(run(k, v), got, atol=atol, rtol=2e-3)
+
+
+def test_decode_attention_projected_unused_row():
+    """A row at position -1 (a free slot of a fixed-size decode batch) gives zeros and writes
+    nothing; the row beside it is unaffected."""
+    rng = np.random.default_rng(7)
+    n_heads, n_kv, hd = 14, 2, 64
+    parts = (jnp.asarray(rng.normal(size=(3, 2, 1152)), jnp.float32),)
+    inv_freq = 1.0 / (1e6 ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+    k, v = filled_cache(jax.random.PRNGKey(8), n_kv, 256, hd, {1: 40})
+    args = (parts, None, inv_freq, jnp.array([40, -1], jnp.int32), jnp.array([1, 0], jnp.int32))
+    kw = dict(widths=(1152,), n_heads=n_heads)
+    out, k_new, v_new = decode_attention.decode_attention_projected(
+        *args, k, v, k_splits=2, interpret=INTERPRET, **kw
+    )
+    chex.assert_trees_all_equal(out[1], jnp.zeros_like(out[1]))
+    chex.assert_trees_all_equal((k_new[0], v_new[0]), (k[0], v[0]))
+    want = decode_attention.decode_attention_projected_reference(
+        (parts[0][:, :1],), None, inv_freq, args[3][:1], args[4][:1], k, v, **kw
+    )
+    chex.assert_trees_all_close(out[:1], want[0], atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("columns", [0, 32])
 def test_merge_splits_kernel_matches_merge_splits(columns, monkeypatch):
     """The one-launch merge equals the jnp merge, empty splits and a row that saw no key (zeros)
