@@ -109,11 +109,10 @@ def test_neighbours_of_one_format_are_fused(tiny_models, tiny_gguf):
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_fused_decode_matches_the_xla_epilogue(tiny_models, rows):
-    """impl.fused_decode (q / k / v partial sums, biases, RoPE, the cache writes and the attention
-    in one kernel; the split merge in another) writes the first layer's cache as the XLA ops it
-    replaces do and nothing else anywhere, and gives their logits up to the attention's rounding
-    (summed in another order; the next layer's int8 activations can turn it into one
-    quantization step, hence the later layers' looser bound)."""
+    """impl.fused_decode (q / k / v partial sums, biases, RoPE and cache writes in one kernel; the
+    attention's split merge in another) gives the cache of the XLA ops it replaces and their
+    logits up to the merge's rounding (which the next layer's int8 activations can turn into one
+    quantization step)."""
     kern = tiny_models[0]
     n_slots, max_len = 4, 64
     shape = cache_shape(TINY, n_slots, max_len)
@@ -133,13 +132,8 @@ def test_fused_decode_matches_the_xla_epilogue(tiny_models, rows):
         )
     (lf, cf), (lx, cx) = out[True], out[False]
     np.testing.assert_allclose(np.asarray(lf), np.asarray(lx), atol=2e-2 * float(jnp.max(abs(lx))))
-    written = np.zeros(shape, bool)
-    written[np.asarray(slots), :, np.asarray(positions)] = True
-    for layer, (a, b, before) in enumerate(zip(cf.k + cf.v, cx.k + cx.v, cache.k + cache.v)):
-        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        np.testing.assert_array_equal(a[~written], np.asarray(before, np.float32)[~written])
-        first = layer % TINY.n_layers == 0
-        np.testing.assert_allclose(a[written], b[written], atol=2e-3 if first else 5e-2)
+    for a, b in zip(jax.tree.leaves(cf), jax.tree.leaves(cx)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-3)
 
 
 @pytest.mark.parametrize("rows", [1, 3])

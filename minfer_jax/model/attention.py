@@ -135,12 +135,14 @@ def decode_attention_projected(
     window: int = 0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Decode on the kernels (impl.fused_decode) from the q / k / v projections' split-K partials
-    (ops.norm_matmul_parts; widths: each one's true columns): the attention kernel sums them, adds
-    bias, applies NeoX RoPE with inv_freq and writes k / v at positions itself
-    (pallas/decode_attention.decode_attention_projected) -> (k_cache, v_cache, [B, H * hd] f32)."""
+    (ops.norm_matmul_parts; widths: each one's true columns): one kernel sums them, adds bias,
+    applies NeoX RoPE with inv_freq, writes k / v at positions and lays q out for the attention
+    kernel (pallas/decode_qkv.py) -> (k_cache, v_cache, [B, H * hd] f32)."""
     from minfer_jax.pallas import decode_attention as dec
+    from minfer_jax.pallas import decode_qkv
 
-    out, k_cache, v_cache = dec.decode_attention_projected(
+    b, interpret = positions.shape[0], impl.kernels == "interpret"
+    qg, k_cache, v_cache = decode_qkv.write_qkv(
         tuple(parts),
         bias,
         inv_freq,
@@ -150,8 +152,19 @@ def decode_attention_projected(
         v_cache,
         widths=widths,
         n_heads=cfg.n_heads,
-        interpret=impl.kernels == "interpret",
+        rows=dec.query_rows(1, cfg.n_heads, cfg.n_kv_heads),
+        interpret=interpret,
+    )
+    out = dec.decode_attention_grouped(
+        qg,
+        k_cache,
+        v_cache,
+        slots,
+        positions + 1,
+        nq=1,
+        n_heads=cfg.n_heads,
+        interpret=interpret,
         deterministic=impl.deterministic,
         **_kernel_options(cfg, window),
     )
-    return k_cache, v_cache, out.reshape(positions.shape[0], cfg.q_dim)
+    return k_cache, v_cache, out.reshape(b, cfg.q_dim)

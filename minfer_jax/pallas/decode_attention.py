@@ -14,10 +14,7 @@ running max and sum; a log-sum-exp merge in jnp (a few KB per row) combines the 
 Modelled on jax.experimental.pallas.ops.gpu.decode_attention. For short caches a second kernel
 (DecodeConfig.row_programs, grid (B, Hkv, nq * rep)) gives each query row one program over all
 its keys and normalizes in place: no partials, no merge launch (off: slower where timed,
-ROW_PROGRAMS_MAX_LEN). decode_attention_projected takes one token per row straight from the q / k /
-v projections' split-K partials: each program sums and rotates its KV group's queries itself and
-the program holding the row's position adds the new key from registers and writes it to the cache
-(FOLD_QKV), so decode_qkv's launch is gone.
+ROW_PROGRAMS_MAX_LEN).
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from minfer_jax.pallas import decode_qkv, device, tiles
+from minfer_jax.pallas import device, tiles
 from minfer_jax.pallas.attention import (
     HIGHEST,
     LOG2_E,
@@ -67,9 +64,6 @@ NUM_STAGES = 3
 # head_dim columns per merge program: more, smaller programs than one per query row shorten the
 # merge, a few KB per program (0: one program per row over the whole head_dim)
 MERGE_COLUMNS = 32
-# decode_attention_projected: q / k / v summed, rotated and the cache written inside the attention
-# kernel (one launch a layer fewer); False: decode_qkv.write_qkv's launch, then the attention (A/B)
-FOLD_QKV = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,122 +222,6 @@ def _row_kernel(rep: int, nq: int, block_k: int, qk_scale: float, grid_key: tupl
         carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.float32(M_INIT), jnp.float32(0.0))
         acc, _, lsum = lax.fori_loop(lo, hi, step, carry)
         o_ref[...] = acc / jnp.where(lsum > 0, lsum, 1.0)  # a row of length 0 sees no key: zeros
-
-    return kernel
-
-
-@functools.cache
-def _projected_kernel(
-    rep: int,
-    rows: int,
-    k_splits: int,
-    block_k: int,
-    qk_scale: float,
-    n_heads: int,
-    splits: tuple[int, ...],
-    regions: tuple[tuple[int, int], ...],
-    has_bias: bool,
-    grid_key: tuple,
-    windowed: bool,
-):
-    """_decode_kernel for one new token per row whose q / k / v arrive as the projections' split-K
-    partials (decode_qkv.write_qkv's operands). Program (b, g, s) sums and rotates KV group g's rep
-    query heads itself (as two [rows, hd / 2] halves: Triton has no concatenate, so the scores are
-    two half-width dots), reads its share of the cache's keys before positions[b], and the program
-    whose share holds positions[b] adds the new key and value from registers and writes them to
-    the cache (others never read that tile)."""
-    q_at, k_at, v_at = regions
-
-    def kernel(*refs):
-        part_refs, rest = refs[: len(splits)], refs[len(splits) :]
-        bias_ref, rest = (rest[0], rest[1:]) if has_bias else (None, rest)
-        freq_ref, slots_ref, positions_ref, k_ref, v_ref, *rest = rest
-        window_ref, rest = (rest[0], rest[1:]) if windowed else (None, rest)
-        o_ref, m_ref, l_ref, k_out_ref, v_out_ref = rest
-        b, g, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-        slot, pos = slots_ref[b], positions_ref[b]
-        n_kv, max_len, hd = k_ref.shape[1], k_ref.shape[2], k_ref.shape[3]
-        half, dtype = hd // 2, k_ref.dtype
-
-        def load(region, bias_col, col, width):  # [width] f32, partials added left to right
-            i, offset = region
-            start = pl.multiple_of(offset + col, width)
-            x = part_refs[i][0, b, pl.ds(start, width)]
-            for s in range(1, splits[i]):
-                x = x + part_refs[i][s, b, pl.ds(start, width)]
-            if has_bias:
-                x = x + bias_ref[pl.ds(pl.multiple_of(bias_col + col, width), width)]
-            return x
-
-        angle = pos.astype(jnp.float32) * freq_ref[...]
-        cos, sin = jnp.cos(angle), jnp.sin(angle)
-
-        def rotated(region, bias_col, col):  # NeoX RoPE: pairs (i, i + hd / 2)
-            x1, x2 = load(region, bias_col, col, half), load(region, bias_col, col + half, half)
-            return x1 * cos - x2 * sin, x2 * cos + x1 * sin
-
-        row_ids = lax.broadcasted_iota(jnp.int32, (rows, half), 0)
-        q_lo = q_hi = jnp.zeros((rows, half), jnp.float32)  # rows past rep stay zero
-        for r in range(rep):
-            lo, hi = rotated(q_at, 0, (g * rep + r) * hd)
-            q_lo = jnp.where(row_ids == r, lo[None, :], q_lo)
-            q_hi = jnp.where(row_ids == r, hi[None, :], q_hi)
-        q_lo, q_hi = q_lo.astype(dtype), q_hi.astype(dtype)
-
-        length = pos + 1
-        n_tiles = lax.div(length + block_k - 1, block_k)
-        if windowed:
-            window = window_ref[b]
-            first = lax.div(jnp.maximum(length - window, 0), block_k)
-            per_split = lax.div(n_tiles - first + k_splits - 1, k_splits)
-            lo = first + split * per_split
-        else:
-            per_split = lax.div(n_tiles + k_splits - 1, k_splits)
-            lo = split * per_split
-        hi = jnp.minimum(lo + per_split, n_tiles)
-
-        def step(j, carry):
-            k0 = pl.multiple_of(j * block_k, block_k)
-            keys_at = pl.ds(k0, block_k)
-            s = scores(q_lo, k_ref[slot, g, keys_at, pl.ds(0, half)], qk_scale) + scores(
-                q_hi, k_ref[slot, g, keys_at, pl.ds(half, half)], qk_scale
-            )
-            keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
-            seen = keys < pos  # the new key at pos joins after the loop, from registers
-            if windowed:
-                seen = seen & (pos - keys < window)
-            s = jnp.where(seen[None, :], s, -jnp.inf)
-            return online_softmax_step(carry, s, v_ref[slot, g, keys_at, :])
-
-        carry = (
-            jnp.zeros((rows, hd), jnp.float32),
-            jnp.full((rows,), M_INIT, jnp.float32),
-            jnp.zeros((rows,), jnp.float32),
-        )
-        acc, m, lsum = lax.fori_loop(lo, hi, step, carry)
-
-        # the new token's key and value, rounded to the cache dtype as the cache would give them
-        k_lo, k_hi = (x.astype(dtype) for x in rotated(k_at, n_heads * hd, g * hd))
-        v_new = load(v_at, (n_heads + n_kv) * hd, g * hd, hd).astype(dtype)
-        s_new = qk_scale * jnp.sum(
-            q_lo.astype(jnp.float32) * k_lo.astype(jnp.float32)[None, :]
-            + q_hi.astype(jnp.float32) * k_hi.astype(jnp.float32)[None, :],
-            axis=1,
-        )
-        pos_tile = lax.div(pos, block_k)
-        owner = (pos >= 0) & (pos < max_len) & (lo <= pos_tile) & (pos_tile < hi)
-        m_next = jnp.maximum(m, s_new)
-        correction, p = jnp.exp2(m - m_next), jnp.exp2(s_new - m_next)
-        with_new = correction[:, None] * acc + p[:, None] * v_new.astype(jnp.float32)[None, :]
-        o_ref[...] = jnp.where(owner, with_new, acc)
-        m_ref[...] = jnp.where(owner, m_next, m)
-        l_ref[...] = jnp.where(owner, correction * lsum + p, lsum)
-
-        @pl.when(owner)
-        def _():
-            k_out_ref[slot, g, pos, pl.ds(0, half)] = k_lo
-            k_out_ref[slot, g, pos, pl.ds(half, half)] = k_hi
-            v_out_ref[slot, g, pos, :] = v_new
 
     return kernel
 
@@ -528,220 +406,12 @@ def _decode_attention(
             interpret=interpret,
             name="decode_attention",
         )(qg, k_cache, v_cache, slots, lengths, *windows)
-        out = _merged(o, m, lsum, n_rows, cfg, fused, interpret)  # [B, Hkv, nq * rep, hd]
+        if fused and splits & (splits - 1) == 0:  # Triton blocks: S a power of two
+            out = merge_splits_kernel(o, m, lsum, n_rows, interpret=interpret)
+        else:
+            out = merge_splits(o, m, lsum, cfg.ordered)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
     out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nq, n_heads, head_dim)
-
-
-def _merged(o, m, lsum, n_rows: int, cfg: DecodeConfig, fused: bool, interpret: bool) -> jax.Array:
-    """The key splits' partials merged -> [B, Hkv, n_rows, hd] f32: by merge_splits_kernel where
-    fused (Triton blocks: a power-of-two split count), else in jnp."""
-    if fused and cfg.k_splits & (cfg.k_splits - 1) == 0:
-        return merge_splits_kernel(o, m, lsum, n_rows, interpret=interpret)
-    return merge_splits(o, m, lsum, cfg.ordered)[:, :, :n_rows]
-
-
-def decode_attention_projected(
-    parts: tuple[jax.Array, ...],
-    bias: jax.Array | None,
-    inv_freq: jax.Array,
-    positions: jax.Array,
-    slots: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
-    *,
-    widths: tuple[int, ...],
-    n_heads: int,
-    sm_scale: float | None = None,
-    k_splits: int | None = None,
-    block_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    row_programs: bool | None = None,
-    interpret: bool = False,
-    window=None,
-    deterministic: bool = False,
-    fused: bool = True,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One new token per row, straight from its q / k / v projections' split-K partials (parts,
-    bias, inv_freq and widths as decode_qkv.write_qkv takes them): row b at positions[b] of slot
-    slots[b] (traced [B] int32; a position outside the cache writes nothing) -> (out [B, H, hd]
-    f32, k_cache, v_cache with the new keys and values written). With FOLD_QKV one kernel does it
-    all (_projected_kernel), then the merge; otherwise, and for row_programs configs,
-    decode_qkv.write_qkv's launch feeds decode_attention_grouped. Other options as
-    decode_attention_grouped's."""
-    batch, (_, n_kv, max_len, head_dim) = positions.shape[0], k_cache.shape
-    check_cache(k_cache, v_cache, n_heads, head_dim)
-    tiles_options = dict(
-        k_splits=k_splits, block_k=block_k, num_warps=num_warps, num_stages=num_stages
-    )
-    cfg = decode_config(
-        batch,
-        n_kv,
-        **tiles_options,
-        deterministic=deterministic,
-        max_len=max_len,
-        row_programs=row_programs,
-    )
-    if not FOLD_QKV or cfg.row_programs:
-        qg, k_cache, v_cache = decode_qkv.write_qkv(
-            tuple(parts),
-            bias,
-            inv_freq,
-            positions,
-            slots,
-            k_cache,
-            v_cache,
-            widths=widths,
-            n_heads=n_heads,
-            rows=query_rows(1, n_heads, n_kv),
-            interpret=interpret,
-        )
-        out = decode_attention_grouped(
-            qg,
-            k_cache,
-            v_cache,
-            slots,
-            positions + 1,
-            nq=1,
-            n_heads=n_heads,
-            sm_scale=sm_scale,
-            **tiles_options,
-            row_programs=row_programs,
-            interpret=interpret,
-            window=window,
-            deterministic=deterministic,
-            fused=fused,
-        )
-        return out[:, 0], k_cache, v_cache
-    if max_len % cfg.block_k:
-        raise AttentionShapeError(
-            f"cache max_len {max_len} is not a multiple of block_k={cfg.block_k}"
-        )
-    windows = (
-        () if window is None else (jnp.broadcast_to(jnp.asarray(window, jnp.int32), (batch,)),)
-    )
-    return _projected_attention(
-        tuple(parts),
-        bias,
-        inv_freq,
-        jnp.asarray(positions, jnp.int32),
-        jnp.broadcast_to(jnp.asarray(slots, jnp.int32), (batch,)),
-        k_cache,
-        v_cache,
-        *windows,
-        widths=widths,
-        n_heads=n_heads,
-        sm_scale=head_dim**-0.5 if sm_scale is None else float(sm_scale),
-        cfg=cfg,
-        interpret=interpret,
-        fused=fused,
-    )
-
-
-@functools.partial(
-    jax.jit, static_argnames=("widths", "n_heads", "sm_scale", "cfg", "interpret", "fused")
-)
-def _projected_attention(
-    parts,
-    bias,
-    inv_freq,
-    positions,
-    slots,
-    k_cache,
-    v_cache,
-    *windows,
-    widths: tuple[int, ...],
-    n_heads: int,
-    sm_scale: float,
-    cfg: DecodeConfig,
-    interpret: bool,
-    fused: bool,
-):
-    batch, (_, n_kv, _, head_dim) = positions.shape[0], k_cache.shape
-    rep, rows = n_heads // n_kv, query_rows(1, n_heads, n_kv)
-    has_bias = bias is not None
-    tiles.silence_triton_deprecation()
-    kernel = _projected_kernel(
-        rep,
-        rows,
-        cfg.k_splits,
-        cfg.block_k,
-        sm_scale * LOG2_E,
-        n_heads,
-        tuple(p.shape[0] for p in parts),
-        decode_qkv.regions(widths, n_heads * head_dim, n_kv * head_dim),
-        has_bias,
-        (batch, k_cache.shape, str(k_cache.dtype), tuple(p.shape for p in parts)),
-        bool(windows),
-    )
-    operands = (*parts, *((bias.astype(jnp.float32),) if has_bias else ()))
-    operands += (inv_freq.astype(jnp.float32), slots, positions, k_cache, v_cache, *windows)
-    cache_at = len(operands) - len(windows) - 2
-    whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
-    part_shape = (batch, n_kv, cfg.k_splits, rows)
-    o, m, lsum, k_cache, v_cache = pl.pallas_call(
-        kernel,
-        out_shape=[
-            jax.ShapeDtypeStruct(part_shape + (head_dim,), jnp.float32),
-            jax.ShapeDtypeStruct(part_shape, jnp.float32),
-            jax.ShapeDtypeStruct(part_shape, jnp.float32),
-            jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
-            jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype),
-        ],
-        grid=(batch, n_kv, cfg.k_splits),
-        in_specs=[whole(a) for a in operands],
-        out_specs=[
-            pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
-            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
-            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
-            whole(k_cache),
-            whole(v_cache),
-        ],
-        input_output_aliases={cache_at: 3, cache_at + 1: 4},
-        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
-        interpret=interpret,
-        name="decode_attention_projected",
-    )(*operands)
-    out = _merged(o, m, lsum, rep, cfg, fused, interpret)  # [B, Hkv, rep, hd]
-    return out.reshape(batch, n_heads, head_dim), k_cache, v_cache
-
-
-def decode_attention_projected_reference(
-    parts,
-    bias,
-    inv_freq,
-    positions,
-    slots,
-    k_cache,
-    v_cache,
-    *,
-    widths,
-    n_heads,
-    sm_scale: float | None = None,
-    window=None,
-):
-    """decode_attention_projected's math in plain jnp: decode_qkv.write_qkv_reference, then
-    decode_attention_reference over the written cache."""
-    n_kv, head_dim = k_cache.shape[1], k_cache.shape[3]
-    rep = n_heads // n_kv
-    qg, k_cache, v_cache = decode_qkv.write_qkv_reference(
-        parts,
-        bias,
-        inv_freq,
-        positions,
-        slots,
-        k_cache,
-        v_cache,
-        widths=widths,
-        n_heads=n_heads,
-        rows=rep,
-    )
-    q = qg.reshape(positions.shape[0], 1, n_heads, head_dim)
-    out = decode_attention_reference(
-        q, k_cache, v_cache, slots, positions + 1, sm_scale=sm_scale, window=window
-    )
-    return out[:, 0], k_cache, v_cache
 
 
 def merge_splits_kernel(

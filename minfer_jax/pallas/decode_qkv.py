@@ -30,7 +30,7 @@ from minfer_jax.pallas import tiles
 __all__ = ["write_qkv", "write_qkv_reference"]
 
 
-def regions(widths: tuple[int, ...], q_dim: int, kv_dim: int) -> tuple[tuple[int, int], ...]:
+def _regions(widths: tuple[int, ...], q_dim: int, kv_dim: int) -> tuple[tuple[int, int], ...]:
     """(part index, column offset inside that part) of the q, k and v regions."""
     if sum(widths) != q_dim + 2 * kv_dim:
         raise ValueError(
@@ -63,7 +63,7 @@ def write_qkv(
     [n_slots, Hkv, max_len, hd] -> (q [B, Hkv, rows, hd] cache dtype, k_cache, v_cache)."""
     n_slots, n_kv, max_len, hd = k_cache.shape
     batch, half, rep = positions.shape[0], hd // 2, n_heads // n_kv
-    q_at, k_at, v_at = regions(widths, n_heads * hd, n_kv * hd)
+    q_at, k_at, v_at = _regions(widths, n_heads * hd, n_kv * hd)
     splits = tuple(p.shape[0] for p in parts)
     has_bias = bias is not None
     dtype = k_cache.dtype
