@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from minfer_jax.errors import MinferError
-from minfer_jax.pallas import attention, decode_attention, decode_qkv
+from minfer_jax.pallas import attention, decode_attention, decode_qkv, device
 from tests.kernel_mode import INTERPRET
 
 # large but finite in f16 too: masking by multiplication (0 * junk, or junk scores) would show
@@ -306,6 +306,22 @@ def test_decode_splits_capped_by_the_cache_tiles():
     assert decode_attention.decode_config(1, 2, k_splits=8, max_len=128).k_splits == 8
     det = decode_attention.decode_config(1, 2, deterministic=True)
     assert decode_attention.decode_config(1, 2, deterministic=True, max_len=128) == det
+
+
+def test_decode_stages_fit_shared_memory():
+    """The default pipeline stages shrink where the K / V tiles would overflow a block's shared
+    memory (an f32 cache of head_dim 256 at 4 stages asked the H200 for 413 KB); the f16 caches'
+    tuned stages stay."""
+    one_row = decode_attention.decode_config(1, 2)
+    assert one_row.num_stages == decode_attention.ONE_ROW_STAGES  # interpret mode: the tuned GPU
+    fit = decode_attention.fit_shared_memory
+    assert fit(one_row, 16, 256 * 4).num_stages == 2
+    assert fit(one_row, 16, 256 * 2) == one_row
+    assert fit(one_row, 64, 128 * 2) == one_row
+    for rows, row_bytes in ((16, 1024), (64, 512), (16, 4096)):
+        cfg = fit(one_row, rows, row_bytes)
+        buffers = (cfg.num_stages - 1) * 2 * cfg.block_k * row_bytes
+        assert cfg.num_stages == 1 or buffers + rows * row_bytes <= device.shared_memory()
 
 
 def lower_for_gpu(fn, *avals):

@@ -126,6 +126,16 @@ def decode_config(
     return cfg
 
 
+def fit_shared_memory(cfg: DecodeConfig, rows: int, row_bytes: int) -> DecodeConfig:
+    """cfg with at most the pipeline stages whose K and V tiles fit a block's shared memory
+    (device.shared_memory) beside the query tile: Triton buffers stages - 1 of each. row_bytes:
+    one cache row of one head (head_dim x the cache dtype's size); f32 caches of head_dim 256
+    (Gemma 3's) took 413 KB at 4 stages."""
+    per_stage = 2 * cfg.block_k * row_bytes
+    room = device.shared_memory() - 2 * rows * row_bytes  # the query tile, and as much again
+    return dataclasses.replace(cfg, num_stages=max(1, min(cfg.num_stages, 1 + room // per_stage)))
+
+
 @functools.cache
 def _decode_kernel(
     rep: int,
@@ -304,6 +314,8 @@ def decode_attention_grouped(
         raise AttentionShapeError(
             f"cache max_len {k_cache.shape[2]} is not a multiple of block_k={cfg.block_k}"
         )
+    if num_stages is None:
+        cfg = fit_shared_memory(cfg, rows, head_dim * k_cache.dtype.itemsize)
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     slots = jnp.broadcast_to(jnp.asarray(slots, jnp.int32), (batch,))
     lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), (batch,))

@@ -19,6 +19,8 @@ import jax
 TUNED_ON = "H200"  # the GPU every tuning table was measured on (its device_kind contains this)
 TUNED_SMS = 132  # its streaming multiprocessors
 GENERIC_MAX_STAGES = 2  # software-pipeline stages on an untuned GPU (fits ~100 KB of shared memory)
+TUNED_SHARED_MEMORY = 232_448  # bytes of shared memory one block may use on the tuned GPU (227 KB)
+GENERIC_SHARED_MEMORY = 101_376  # ... on an untuned one (99 KB, as on the L4 / L40)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,3 +62,8 @@ def programs(on_tuned: int) -> int:
 def stages(on_tuned: int) -> int:
     """A tile's pipeline stages: as measured on the tuned GPU, else at most GENERIC_MAX_STAGES."""
     return on_tuned if current().tuned else min(on_tuned, GENERIC_MAX_STAGES)
+
+
+def shared_memory() -> int:
+    """Bytes of shared memory one block may use: the tuned GPU's, else GENERIC_SHARED_MEMORY."""
+    return TUNED_SHARED_MEMORY if current().tuned else GENERIC_SHARED_MEMORY
