@@ -310,18 +310,39 @@ def test_decode_splits_capped_by_the_cache_tiles():
 
 def test_decode_stages_fit_shared_memory():
     """The default pipeline stages shrink where the K / V tiles would overflow a block's shared
-    memory (an f32 cache of head_dim 256 at 4 stages asked the H200 for 413 KB); the f16 caches'
-    tuned stages stay."""
-    one_row = decode_attention.decode_config(1, 2)
-    assert one_row.num_stages == decode_attention.ONE_ROW_STAGES  # interpret mode: the tuned GPU
+    memory (an f32 cache of head_dim 256 at 4 stages asked the H200 for 413 KB); on the tuned GPU
+    (the CPU traces for it) the f16 caches' stages stay."""
+    four = decode_attention.decode_config(1, 2, num_stages=4)
     fit = decode_attention.fit_shared_memory
-    assert fit(one_row, 16, 256 * 4).num_stages == 2
-    assert fit(one_row, 16, 256 * 2) == one_row
-    assert fit(one_row, 64, 128 * 2) == one_row
-    for rows, row_bytes in ((16, 1024), (64, 512), (16, 4096)):
-        cfg = fit(one_row, rows, row_bytes)
+    for rows, row_bytes in ((16, 256 * 4), (16, 256 * 2), (64, 128 * 2), (16, 4096)):
+        cfg = fit(four, rows, row_bytes)
         buffers = (cfg.num_stages - 1) * 2 * cfg.block_k * row_bytes
         assert cfg.num_stages == 1 or buffers + rows * row_bytes <= device.shared_memory()
+        assert cfg == fit(cfg, rows, row_bytes) and cfg.num_stages <= 4
+    if device.current().tuned:
+        assert fit(four, 16, 256 * 4).num_stages == 2
+        assert fit(four, 16, 256 * 2) == fit(four, 64, 128 * 2) == four
+
+
+def test_chunk_tiles_shrink_with_the_cache_row():
+    """Chunk tiles keep the shared memory of 128 x 128 f16 ones: f32 caches and head_dim 256 at
+    most 64 on a side, both at once 32 (64 x 64 asked the H100 for 256 KB)."""
+    side = {
+        (hd, size): max(
+            attention.chunk_config(hd, cache_itemsize=size).block_k,
+            attention.chunk_config(hd, cache_itemsize=size).block_q,
+        )
+        for hd in (64, 128, 256)
+        for size in (2, 4)
+    }
+    assert side == {
+        (64, 2): 64,
+        (64, 4): 64,
+        (128, 2): 128,
+        (128, 4): 64,
+        (256, 2): 64,
+        (256, 4): 32,
+    }
 
 
 def lower_for_gpu(fn, *avals):

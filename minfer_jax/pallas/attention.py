@@ -74,19 +74,19 @@ def chunk_config(
     num_stages: int | None = None,
     k_splits: int | None = None,
     t_len: int = 512,
-    wide_cache: bool = False,
+    cache_itemsize: int = 2,
 ) -> ChunkConfig:
     """The table's config for head_dim and chunk length with any given field overriding it.
 
-    wide_cache (f32 K/V): the table's tiles at most 64 x 64, since 128 x 128 f32 tiles asked for
-    256 KB of shared memory on the H200 (227 KB available); head_dim 256 (Gemma 3) likewise (not yet
-    timed on the GPU)."""
+    The table's tiles were timed on f16 caches; a cache row wider in bytes (f32 K/V, Gemma 3's
+    head_dim 256) takes tiles at most 128 x 256 / (head_dim x cache_itemsize) on a side, so their
+    shared memory stays that of 128 x 128 f16 ones (128 x 128 f32 tiles asked for 256 KB on the
+    H200, and 64 x 64 ones of an f32 cache of head_dim 256 as much on the H100; 227 KB fit)."""
     base = CHUNK_CONFIGS.get((head_dim if head_dim <= 64 else 128, 512 if t_len <= 512 else 2048))
-    if (
-        wide_cache or head_dim > 128
-    ):  # f32 K/V, or Gemma 3 heads: 64 x 256 f16 is 128 x 128 in bytes
+    side = max(16, 128 * 256 // (head_dim * cache_itemsize))
+    if side < 128:
         base = dataclasses.replace(
-            base, block_q=min(base.block_q, 64), block_k=min(base.block_k, 64)
+            base, block_q=min(base.block_q, side), block_k=min(base.block_k, side)
         )
     cfg = ChunkConfig(
         block_q=block_q or base.block_q,
@@ -323,7 +323,7 @@ def chunk_attention(
         num_stages,
         k_splits,
         t_len=t_len,
-        wide_cache=k_cache.dtype.itemsize > 2,
+        cache_itemsize=k_cache.dtype.itemsize,
     )
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(
