@@ -81,7 +81,7 @@ def chunk_config(
     The table's tiles were timed on f16 caches; a cache row wider in bytes (f32 K/V, Gemma 3's
     head_dim 256) takes tiles at most 128 x 256 / (head_dim x cache_itemsize) on a side, so their
     shared memory stays that of 128 x 128 f16 ones (128 x 128 f32 tiles asked for 256 KB on the
-    H200, and 64 x 64 ones of an f32 cache of head_dim 256 as much on the H100; 227 KB fit)."""
+    H200, and 64 x 64 ones of an f32 cache of head_dim 256 as much on the H100; each has 227 KB)."""
     base = CHUNK_CONFIGS.get((head_dim if head_dim <= 64 else 128, 512 if t_len <= 512 else 2048))
     side = max(16, 128 * 256 // (head_dim * cache_itemsize))
     if side < 128:
