@@ -1,6 +1,6 @@
-"""Device-keyed tuning (pallas/device.py): the H200 gets its measured numbers, another GPU safe
-defaults (program targets scaled to its SMs, at most two pipeline stages, the GEMV rows' toggles
-off), and those defaults compute the same sums."""
+"""Device-keyed tuning (pallas/device.py): the H200 and the H100 get the measured numbers, another
+GPU safe defaults (program targets scaled to its SMs, at most two pipeline stages, the GEMV rows'
+toggles off), and those defaults compute the same sums."""
 
 import jax
 import pytest
@@ -24,7 +24,8 @@ def other_gpu(monkeypatch):
 
 def test_the_tuned_gpu_keeps_its_numbers():
     h200 = device.Gpu(kind="NVIDIA H200", sms=132)
-    assert h200.tuned and device.TUNED.tuned and not A10.tuned
+    h100 = device.Gpu(kind="NVIDIA H100 80GB HBM3", sms=132)  # the same Hopper SM: tables apply
+    assert h200.tuned and h100.tuned and device.TUNED.tuned and not A10.tuned
     if jax.default_backend() != "gpu":  # interpret mode traces what the H200 runs
         assert device.current() == device.TUNED
     if device.current().tuned and device.current().sms == device.TUNED_SMS:

@@ -159,6 +159,29 @@ def test_gemm_few_tokens_split_k(qtype):
         )
 
 
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K], ids=lambda q: q.name)
+def test_few_token_k_quant_steps(qtype):
+    """Q4_K / Q6_K at 9 .. 64 tokens step 256 weights (FEW_TOKEN_K_TILE), 512 where an unsplit
+    program walks all of K for at most 16 tokens; the other formats keep FEW_TOKEN_TILE; the
+    long step's product matches the reference."""
+    assert gemm.choose_config(qtype, 32, 37888, 3584).bk == gemm.FEW_TOKEN_K_TILE[1]
+    assert gemm.choose_config(qtype, 16, 3584, 18944).bk == gemm.FEW_TOKEN_K_TILE[1]  # split K
+    long = gemm.choose_config(qtype, 12, 37888, 3584)
+    assert (long.bm, long.splits, long.bk) == (16, 1, gemm.FEW_TOKEN_K_LONG_STEP)
+    q4_0 = gemm.choose_config(QType.Q4_0, 16, 4096, 14336)
+    assert (q4_0.bk, q4_0.num_stages) == gemm.FEW_TOKEN_TILE[1::2]
+    n, k = 64, 1024
+    cfg = dataclasses.replace(gemm.choose_config(qtype, 16, n, k), splits=1, bk=512)
+    assert cfg.field_major and cfg.magic_half
+    w = planes_for(qtype, n, k)
+    x = jax.random.normal(jax.random.PRNGKey(5), (16, k))
+    check(
+        gemm.gemm(x, w, qtype=qtype, n_out=n, config=cfg, interpret=INTERPRET),
+        gemm.gemm_reference(x, w, qtype=qtype, n_out=n),
+        qtype,
+    )
+
+
 @pytest.mark.parametrize("qtype", sorted(FIELD_PLANES, key=lambda q: q.value), ids=lambda q: q.name)
 def test_field_major_decode(qtype):
     """Per field index i, field_ints * field_scales are exactly the decoded weights per j + i, and

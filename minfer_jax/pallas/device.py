@@ -17,6 +17,9 @@ import functools
 import jax
 
 TUNED_ON = "H200"  # the GPU every tuning table was measured on (its device_kind contains this)
+# GPUs that take the tables too: the H100 is the same Hopper SM with the same 227 KB of shared
+# memory a block, and the tables beat the safe defaults there (docs/BENCHMARKS.md, [D-hopper])
+TUNED_KINDS = (TUNED_ON, "H100")
 TUNED_SMS = 132  # its streaming multiprocessors
 GENERIC_MAX_STAGES = 2  # software-pipeline stages on an untuned GPU (fits ~100 KB of shared memory)
 TUNED_SHARED_MEMORY = 232_448  # bytes of shared memory one block may use on the tuned GPU (227 KB)
@@ -30,8 +33,8 @@ class Gpu:
 
     @property
     def tuned(self) -> bool:
-        """Whether the tuning tables were measured on this GPU."""
-        return TUNED_ON in self.kind
+        """Whether the tuning tables apply to this GPU (TUNED_KINDS)."""
+        return any(name in self.kind for name in TUNED_KINDS)
 
 
 TUNED = Gpu(kind=f"NVIDIA {TUNED_ON}", sms=TUNED_SMS)

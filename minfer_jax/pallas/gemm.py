@@ -68,20 +68,26 @@ F32_TILE = (128, 64, 8, 3)
 
 # Few tokens (a decode batch of 9 .. FEW_TOKEN_MAX_NT rows): one token block of bm = nt rows and K
 # split until about FEW_TOKEN_PROGRAMS programs run (Npad / bn alone leaves most SMs idle); block
-# formats take narrow 64 x 128 weight tiles on 4 warps, 3 stages, integers to f16 by the bit trick.
+# formats take narrow 64 x 128 weight tiles on 4 warps, 3 stages (Q4_K, Q6_K: FEW_TOKEN_K_TILE),
+# integers to f16 by the bit trick.
 # H200, Q4_K / Q6_K at the 7B's shapes, 16 .. 64 tokens: 1.3-2.8x the dequantize-then-GEMM route
 # (docs/BENCHMARKS.md, GEMV choices [G-few-tokens]). Float weights keep their tile, split the same
 # way (not measured on the GPU: unsplit, 16 tokens of a 3584-row matrix run 28 programs).
 FEW_TOKEN_MAX_NT = 64
 FEW_TOKEN_TILE = (64, 128, 4, 3)
+# Q4_K and Q6_K (field-major super-blocks): 256-weight steps, so each field's dot has 32 words,
+# on 2 stages (H100, 16 / 32 tokens: 10-28 % less time at every 7B shape, [G-few-tokens-k])
+FEW_TOKEN_K_TILE = (64, 256, 4, 2)
+FEW_TOKEN_K_LONG_STEP = 512  # ... whose programs walk all of K for up to 16 tokens [G-few-tokens-k]
 FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132 (device.programs scales it to another GPU)
 # Formats measured to gain from the field-major decode (`field_major`): one dot per nibble index
 # on [bn, bk / 8] words, with no reshape of the decoded tile (reshaped, it reached the dot through
 # one scalar shared-memory store per weight: 38 % of the Q4_K kernel's stall samples under Nsight
 # Compute). H200, Q4_K 37888 x 3584 at 16 / 32 tokens: 115 -> 79 / 129 -> 101 us
-# ([G-field-major]). Q5_0, Q5_1, Q5_K and Q8_0 can too (planes.FIELD_PLANES) but are
-# interpret-tested only, not yet compiled on the GPU, so off.
-FIELD_MAJOR = frozenset({QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q6_K})
+# ([G-field-major]); H100, Q8_0 151936 x 896 (the 0.5B's head) 139 -> 60 us at 16 tokens, Q5_0
+# level to 7 % faster. Q5_1 and Q5_K can too (planes.FIELD_PLANES; compiled and tested on an
+# H100) but are not timed, so off.
+FIELD_MAJOR = frozenset({QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q5_0, QType.Q6_K, QType.Q8_0})
 FIELD_MIN_WORDS = 16  # words per field dot: the f16 tensor-core dot's smallest K
 
 
@@ -103,18 +109,20 @@ def choose_config(qtype: QType, m: int, n: int, k: int) -> GemmConfig:
             num_warps=warps,
             num_stages=device.stages(stages),
         )
-    if (
-        fmt.ints is not None
-    ):  # block formats: the few-token tile (float weights keep theirs: unmeasured)
-        bn, bk, warps, stages = FEW_TOKEN_TILE
+    k_tile = fmt.block == 256 and qtype in FIELD_MAJOR  # Q4_K, Q6_K
+    if fmt.ints is not None:  # block formats' few-token tiles (float weights keep theirs)
+        bn, bk, warps, stages = FEW_TOKEN_K_TILE if k_tile else FEW_TOKEN_TILE
     bk = tiles.pow2_divisor(k, bk)
+    splits = few_token_splits(fmt, n, k, bn, bk)
+    if k_tile and splits == 1 and bm == 16:
+        bk = tiles.pow2_divisor(k, FEW_TOKEN_K_LONG_STEP)
     return GemmConfig(
         bm=bm,
         bn=bn,
         bk=bk,
         num_warps=warps,
         num_stages=device.stages(stages),
-        splits=few_token_splits(fmt, n, k, bn, bk),
+        splits=splits,
         magic_half=fmt.ints is not None,
         field_major=qtype in FIELD_MAJOR and bk // fields_per_word(qtype) >= FIELD_MIN_WORDS,
     )
