@@ -503,3 +503,16 @@ def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tm
     with jax.profiler.trace(str(tmp_path)):
         assert kb.device_kernel_events(run) == []
     assert len(calls) == 3
+
+
+def test_mem_bw_table_and_measurement():
+    """auto takes the table for the cards in it (the specific H100s before the SXM one) and
+    measures elsewhere: several dependent reads in one executable, a positive rate."""
+    from minfer_jax.bench import env
+
+    assert env.table_key("NVIDIA H200") == "H200"
+    assert env.table_key("NVIDIA H100 80GB HBM3") == "H100"
+    assert env.table_key("NVIDIA H100 PCIe") == "H100 PCIe"
+    assert env.table_key("NVIDIA H100 NVL") == "H100 NVL"
+    assert env.table_key("NVIDIA A10") is None
+    assert env.measure_mem_bw(nbytes=1 << 20, trials=1, reads=3) > 0

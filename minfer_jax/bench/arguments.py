@@ -196,9 +196,9 @@ def _execution_args(g) -> None:
         "--mem-bw",
         default="auto",
         metavar="auto|measure|none|GBPS",
-        help="device memory bandwidth for '%% bw': auto = table (H200: 4200 GB/s) else measured "
-        "with a jitted jnp.sum over a large f32 array; or a number in GB/s; or none "
-        "(default: auto)",
+        help="device memory bandwidth for '%% bw': auto = table (H200: 4200 GB/s, H100: 3350, "
+        "H100 PCIe: 2000, H100 NVL: 3900) else measured (ten dependent sums over 1 GiB of f32 "
+        "in one executable); or a number in GB/s; or none (default: auto)",
     )
 
 
