@@ -78,7 +78,8 @@ FEW_TOKEN_TILE = (64, 128, 4, 3)
 # Q4_K and Q6_K (field-major super-blocks): 256-weight steps, so each field's dot has 32 words,
 # on 2 stages (H100, 16 / 32 tokens: 10-28 % less time at every 7B shape, [G-few-tokens-k])
 FEW_TOKEN_K_TILE = (64, 256, 4, 2)
-FEW_TOKEN_K_LONG_STEP = 512  # ... whose programs walk all of K for up to 16 tokens [G-few-tokens-k]
+# ... and 512-weight steps where each program walks all of K (no split) for <= 16 tokens
+FEW_TOKEN_K_LONG_STEP = 512
 FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132 (device.programs scales it to another GPU)
 # Formats measured to gain from the field-major decode (`field_major`): one dot per nibble index
 # on [bn, bk / 8] words, with no reshape of the decoded tile (reshaped, it reached the dot through
