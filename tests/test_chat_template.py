@@ -227,6 +227,7 @@ RESOURCE_BOMBS = {
     "replace_filter_product": ("{{ ('a' * 4000000)|replace('a', 'b' * 4000000) }}", "filter"),
     "join_product": ("{{ (['a'] * 4000000)|join('x' * 4000000) }}", "sequence"),
     "lipsum": ("{{ lipsum(n=10**6) }}", "size"),
+    "lipsum_string_count": ("{{ lipsum('x' * 20000) }}", "lipsum a str n"),  # 200 MB before
 }
 
 # Issue 25: bombs through a filter's or method's argument (each past 4 GB in ~2 s before), and

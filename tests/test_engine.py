@@ -280,6 +280,26 @@ def test_text_streams_at_most_decode_steps_tokens_per_event(real_model, steps):
         assert max(events[i]) <= steps and len(events[i]) >= n // steps, events[i]
 
 
+def test_a_request_whose_start_fails_ends_with_the_error_and_frees_its_slot(chunked):
+    """A compile (or cache allocation) that raises while a request starts ends that request with
+    the error instead of leaving it waiting forever, and its slot serves the next request."""
+    sched = minfer_jax.Scheduler(chunked, chunked.plan(n_seqs=1, decode_steps=4))
+
+    def fail(keys):
+        raise RuntimeError("compile failed")
+
+    sched.compile = fail
+    req = sched.submit(prompt(9, 30), max_new_tokens=3)
+    with pytest.raises(RuntimeError, match="compile failed"):
+        sched.step()
+    assert req.done.is_set() and isinstance(req.error, RuntimeError)
+    assert sched.free_slots == [0] and not sched.busy
+    del sched.compile  # the class's own again
+    after = sched.submit(prompt(9, 31), max_new_tokens=3)
+    sched.run([after])
+    assert after.error is None and len(after.result().tokens) == 3
+
+
 def fresh_run(model, ids, n):
     """ids' greedy tokens through a new scheduler: nothing kept to reuse
     (generate() keeps the model's)."""

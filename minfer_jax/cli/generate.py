@@ -448,9 +448,9 @@ def _run(args, out, err) -> int:
     ctx = _choose_ctx(args.ctx_size, trained, err)
     model = load(
         gguf_model=gguf_model,
-        ctx_size=ctx,
+        ctx_size=ctx,  # bounds the KV cache
         kernels=kernels,
-        progress=progress,  # bounds the KV cache
+        progress=progress,
         tensor_parallel=args.tensor_parallel,
         deterministic=args.deterministic,
         precise=args.precise,

@@ -308,7 +308,13 @@ class Scheduler:
             self._finish(req, StopReason.CANCELLED)
         while self.waiting and self.free_slots:
             req = self.waiting.popleft()
-            self._start(req)
+            try:
+                self._start(req)
+            except BaseException:
+                # back among the live requests, so that step's _fail_all ends it and frees its
+                # slot: a compile or cache allocation that fails must not strand a request
+                self.waiting.appendleft(req)
+                raise
 
     def _start(self, req: Request) -> None:
         plan, n = self.plan, len(req.prompt)

@@ -55,7 +55,8 @@ from markupsafe import Markup
 
 from minfer_jax.errors import TemplateError
 
-# Used when a file has no chat template: every Qwen2-family instruct model speaks ChatML.
+# Used when a file has no chat template, whatever its family: Qwen2-family instruct models speak
+# ChatML; for another family's base model it is a plain, readable layout of the messages.
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -586,7 +587,11 @@ _SLOW_FILTERS: dict[str, Callable[[Any], int]] = {
 
 
 def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002
-    """jinja's lorem-ipsum global, with its paragraph and word counts bounded."""
+    """jinja's lorem-ipsum global, with its paragraph and word counts bounded (integers first:
+    `n * 10_000` of a string argument would itself build the bomb)."""
+    for name, value in (("n", n), ("min", min), ("max", max)):
+        if not _is_int(value):
+            raise SecurityError(f"chat template passed lipsum a {type(value).__name__} {name}")
     _check_ints((n * 10_000, min, max * 10_000))
     return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 

@@ -1,9 +1,11 @@
-"""Qwen2-family tokenizer rebuilt from GGUF metadata, matching the HF reference id for id.
+"""The tokenizer rebuilt from GGUF metadata, matching the HF reference id for id: byte-level BPE
+(Qwen2, Llama 3, GPT-2 / SmolLM pre-tokenizers: BPE_PRE_TOKENIZERS) and SentencePiece (Llama 2,
+Gemma).
 
-Encoding is a `tokenizers.Tokenizer` configured as transformers' Qwen2 converter does it: NFC
-normalizer, byte-level BPE (no unk, no byte fallback), the Qwen2 split regex (isolated) followed
-by ByteLevel(add_prefix_space=False, use_regex=False), and every CONTROL / USER_DEFINED token of
-the file as an added token so `<|im_start|>` in text is one id.
+For Qwen2, encoding is a `tokenizers.Tokenizer` configured as transformers' Qwen2 converter does
+it: NFC normalizer, byte-level BPE (no unk, no byte fallback), the Qwen2 split regex (isolated)
+followed by ByteLevel(add_prefix_space=False, use_regex=False), and every CONTROL / USER_DEFINED
+token of the file as an added token so `<|im_start|>` in text is one id.
 
 Decoding does not use the tokenizers decoder: its ByteLevel decoder silently drops tokens that
 are not byte-level strings (e.g. DeepSeek's `<｜end▁of▁sentence｜>`), and streaming must split
@@ -41,13 +43,6 @@ LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-
-# tokenizer.ggml.pre values of Qwen2-family files -> split regex. llama.cpp maps all of these
-# to LLAMA_VOCAB_PRE_TYPE_QWEN2 (deepseek-r1-qwen differs from qwen2 only by adding a BOS).
-PRE_TOKENIZER_PATTERNS = {
-    "qwen2": QWEN2_PATTERN,
-    "deepseek-r1-qwen": QWEN2_PATTERN,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,8 +192,8 @@ def _optional_id(meta: Mapping[str, Any], key: str, n_vocab: int, source: str) -
 def _bpe_pre(meta: Mapping[str, Any], source: str) -> BytePairPre:
     """The pre-tokenizer tokenizer.ggml.pre names; refuse one this package does not know.
 
-    Files converted before llama.cpp wrote the key have none; a Qwen2 file (or one whose
-    architecture is unknown here) then gets the Qwen2 regex, as it always did.
+    Files converted before llama.cpp wrote the key have none; a Qwen2 file (or one without
+    general.architecture) then gets the Qwen2 regex, as it always did.
     """
     arch = meta.get("general.architecture", "qwen2")
     pre = meta.get("tokenizer.ggml.pre", "qwen2" if arch == "qwen2" else None)
@@ -374,7 +369,6 @@ class Tokenizer:
     ) -> None:
         self._backend = backend
         self._tokens = tokens
-        self._types = types
         self._bytes = (
             _spm_token_bytes(tokens, types) if sentencepiece else _token_bytes(tokens, types)
         )

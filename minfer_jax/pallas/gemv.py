@@ -1,4 +1,5 @@
-"""Decode GEMV: y[nt, N] = x[nt, K] . W[N, K]^T for nt = 1 .. 8, every weight byte read once.
+"""Decode GEMV: y[nt, N] = x[nt, K] . W[N, K]^T for nt = 1 .. 16 (routed here: up to
+ops.Impl.gemv_max_nt, 8 by default), every weight byte read once.
 
 Two kernel families, picked by ops.route (never here): `gemv_int8` for the block formats (Q4_0 ..
 Q6_K) and `gemv_float` for F32 / F16 / BF16; each has its jnp reference beside it. Blocks and path

@@ -49,9 +49,6 @@ class Plane:
     name: str
     dtype: np.dtype
     wpc: int  # weights per column: plane columns = K // wpc
-    # Packed quant planes only: the field (of the word's 32 / bits) holding the word's k-th weight,
-    # as a function of k that works on numpy and jnp ints; None = natural order (field k).
-    order: Callable | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -499,19 +496,12 @@ _U8, _I8, _U32, _F16 = (
     np.dtype(np.uint32),
     np.dtype(np.float16),
 )
-_ORDERS = {
-    (QType.Q5_0, "qh"): _q5h_order,
-    (QType.Q5_1, "qh"): _q5h_order,
-    (QType.Q5_K, "qh"): _q5h_order,
-    (QType.Q6_K, "qh"): _q6h_order,
-    (QType.Q3_K, "qh"): _q3h_order,
-}
 
 
 def _fmt(qtype, planes, block, repack, ints, compute=_F16):
     return Format(
         qtype,
-        tuple(Plane(n, np.dtype(d), w, _ORDERS.get((qtype, n))) for n, d, w in planes),
+        tuple(Plane(n, np.dtype(d), w) for n, d, w in planes),
         block,
         np.dtype(compute),
         repack,
@@ -673,7 +663,3 @@ def decode_ints(qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32)
 def tile_cols(bk: int, wpc: int) -> int:
     """Columns of a plane covered by a tile of bk weights (at least the one covering column)."""
     return max(1, bk // wpc)
-
-
-def plane_nbytes(planes: Mapping[str, np.ndarray]) -> int:
-    return int(sum(np.asarray(v).nbytes for v in planes.values()))
