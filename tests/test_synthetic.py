@@ -13,6 +13,7 @@ from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, expected_shapes,
 from minfer_jax.files.quant_mix import FTYPES, QType, SyntheticSpecError, tensor_types
 from minfer_jax.files.synthetic import (
     SYNTHETIC_CONFIGS,
+    placeholder_vocab,
     random_raw_tensor,
     synthetic_model,
     synthetic_model_from_config,
@@ -284,6 +285,33 @@ def test_write_gguf_round_trip_tied_mix(tmp_path):
     assert got.config.tied_output and "output.weight" not in got.tensors
     assert_same_model(got, model)
     assert got.metadata["general.file_type"] == FTYPES["q4_k_m"]
+
+
+def test_write_gguf_keeps_a_given_tokenizers_optional_keys(tmp_path):
+    """A given tokenizer section is written as it is: ids it has (eot, unknown, add_eos) kept,
+    ones it lacks (padding, add_bos) not invented."""
+    model = synthetic_model_from_config(tiny(vocab_size=512), "q8_0", seed=0)
+    tokens, types, merges = placeholder_vocab(512)
+    tok = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.eot_token_id": 3,
+        "tokenizer.ggml.unknown_token_id": 4,
+        "tokenizer.ggml.add_eos_token": True,
+    }
+    path = tmp_path / "tok.gguf"
+    write_gguf(model, path, progress=False, tokenizer=tok)
+    meta = load_gguf(path).metadata
+    assert {k: meta[k] for k in tok if not isinstance(tok[k], list)} == {
+        k: v for k, v in tok.items() if not isinstance(v, list)
+    }
+    assert "tokenizer.ggml.padding_token_id" not in meta
+    assert "tokenizer.ggml.add_bos_token" not in meta
 
 
 # ----------------------------------------------------------------------------------- errors

@@ -256,8 +256,6 @@ def write_f32_copy(gm, path: str) -> None:
         for n, t in gm.tensors.items()
     }
     tok = {k: v for k, v in gm.metadata.items() if k.startswith("tokenizer.")}
-    tok.setdefault("tokenizer.ggml.merges", [])
-    tok.setdefault("tokenizer.ggml.padding_token_id", tok.get("tokenizer.ggml.eos_token_id", 0))
     write_gguf(dataclasses.replace(gm, tensors=tensors), path, progress=False, tokenizer=tok)
 
 

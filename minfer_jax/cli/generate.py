@@ -282,12 +282,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
-def _fail(err, message: str) -> int:
+def _error_line(message: str) -> str:
+    """One printable line: whitespace collapsed, undecodable input echoed in the message
+    backslash-escaped."""
     line = " ".join(message.split()) or "unknown error"
-    line = line.encode("utf-8", "backslashreplace").decode(
-        "utf-8"
-    )  # undecodable input echoed in the message
-    err.write(f"error: {line}\n")
+    return line.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _fail(err, message: str) -> int:
+    err.write(f"error: {_error_line(message)}\n")
     err.flush()
     return EXIT_USAGE
 
@@ -601,7 +604,7 @@ def _interactive(session: _Session, base: list[dict]) -> int:
         try:
             _text("the message", text)
         except _UsageError as e:
-            err.write(f"error: {str(e).encode('utf-8', 'backslashreplace').decode()}\n")
+            err.write(f"error: {_error_line(str(e))}\n")
             continue
         history.append({"role": "user", "content": text})
         ids = tok.encode(tok.apply_chat_template(history), add_special=False)
@@ -612,7 +615,7 @@ def _interactive(session: _Session, base: list[dict]) -> int:
                 session.write(reply)
         except ContextOverflowError as e:
             history.pop()
-            err.write(f"error: {' '.join(str(e).split())} (/reset clears the history)\n")
+            err.write(f"error: {_error_line(str(e))} (/reset clears the history)\n")
             err.flush()
             continue
         except KeyboardInterrupt:

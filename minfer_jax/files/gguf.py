@@ -461,13 +461,8 @@ def _meta(meta: Mapping[str, Any], key: str, path: str, kind: type, default: Any
         raise GGUFError(f"{path}: required metadata '{key}' is missing")
     if isinstance(v, GGUFError):
         raise GGUFError(f"{path}: {v}")
-    if kind is int:
-        ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-    elif kind is float:
-        ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-    else:
-        ok = isinstance(v, kind)
-    if not ok:
+    check = {int: _KIND_CHECKS[_INT], float: _KIND_CHECKS[_FLOAT]}.get(kind)
+    if not (check(v) if check else isinstance(v, kind)):
         raise GGUFError(
             f"{path}: metadata '{key}' should be {kind.__name__}, got {type(v).__name__} {v!r}"
         )

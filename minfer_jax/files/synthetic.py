@@ -441,7 +441,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
 
 
 def synthetic_model(spec: str, *, seed: int = 0, layers: int | None = None) -> GGUFModel:
-    """An in-memory random-weight Qwen2.5 model, e.g. synthetic_model("qwen2.5-7b:q4_k_m").
+    """An in-memory random-weight model of one of SYNTHETIC_CONFIGS, e.g.
+    synthetic_model("qwen2.5-7b:q4_k_m").
 
     spec is '<config>:<ftype>' (case-insensitive, optional 'synthetic:' prefix): config a key of
     SYNTHETIC_CONFIGS, ftype a key of FTYPES. `layers` overrides the layer count (the type mix is
@@ -531,17 +532,18 @@ def write_gguf(
     tokenizer: tokenizer.* metadata to write (e.g. a real model's, chat template included) instead
     of the placeholder vocab.
 
-    Metadata: general.architecture/name/file_type/quantization_version, the qwen2.* hyper-parameters
-    from model.config, and a placeholder tokenizer section (tokenizer.ggml.model 'gpt2', pre
-    'qwen2', `placeholder_vocab` tokens/token_type/merges, bos/eos/padding ids, add_bos_token
-    false). Tensor bytes are written as they are (quantized blocks through raw_dtype; byte-shaped
-    uint8 rows are turned back into element shapes by gguf-py).
+    Metadata: general.architecture/name/file_type/quantization_version, the family's
+    hyper-parameters (`<architecture>.*`) from model.config, and a placeholder tokenizer section
+    (tokenizer.ggml.model 'gpt2', pre 'qwen2', `placeholder_vocab` tokens/token_type/merges,
+    bos/eos/padding ids, add_bos_token false). Tensor bytes are written as they are (quantized
+    blocks through raw_dtype; byte-shaped uint8 rows are turned back into element shapes by
+    gguf-py).
 
-    What llama.cpp would make of it (not run here): the keys and tensors are those its qwen2 loader
-    requires, and a gpt2 vocab needs tokenizer.ggml.merges plus a token for every byte-level
-    character ('\\n' included), which this vocab has. Still missing for real use: a real vocabulary
-    and merge list (text tokenizes to single bytes), tokenizer.chat_template, and of course real
-    weights -- generation produces noise, which is all a speed benchmark needs.
+    What llama.cpp makes of it: the keys and tensors are those its loader for the family requires
+    (llama-bench runs these files), and a gpt2 vocab needs tokenizer.ggml.merges plus a token for
+    every byte-level character ('\\n' included), which this vocab has. Still missing for real use:
+    a real vocabulary and merge list (text tokenizes to single bytes), tokenizer.chat_template,
+    and of course real weights -- generation produces noise, which is all a speed benchmark needs.
     """
     import gguf
 
@@ -585,10 +587,12 @@ def write_gguf(
             w.add_tensor(name, data)  # dtype gives the type
         else:
             w.add_tensor(name, data, raw_dtype=t.qtype)  # uint8 byte rows
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=progress)
-    w.close()
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file(progress=progress)
+    finally:
+        w.close()
 
 
 def _write_tokenizer(w, meta: dict) -> None:
@@ -601,8 +605,17 @@ def _write_tokenizer(w, meta: dict) -> None:
         w.add_token_merges(meta["tokenizer.ggml.merges"])
     w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
     w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
-    w.add_pad_token_id(meta["tokenizer.ggml.padding_token_id"])
-    w.add_add_bos_token(meta["tokenizer.ggml.add_bos_token"])
+    optional = {  # written where the source has them
+        "tokenizer.ggml.padding_token_id": w.add_pad_token_id,
+        "tokenizer.ggml.unknown_token_id": w.add_unk_token_id,
+        "tokenizer.ggml.eot_token_id": w.add_eot_token_id,
+        "tokenizer.ggml.eom_token_id": w.add_eom_token_id,
+        "tokenizer.ggml.add_bos_token": w.add_add_bos_token,
+        "tokenizer.ggml.add_eos_token": w.add_add_eos_token,
+    }
+    for key, add in optional.items():
+        if key in meta:
+            add(meta[key])
     if "tokenizer.ggml.scores" in meta:  # SentencePiece vocabularies (a real model's)
         w.add_token_scores(meta["tokenizer.ggml.scores"])
     if "tokenizer.ggml.add_space_prefix" in meta:
