@@ -47,6 +47,7 @@ from minfer_jax.files.quant_mix import (
     parse_ftype,
     tensor_types,
 )
+from minfer_jax.files.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
 from minfer_jax.model.config import Config
 
 # --------------------------------------------------------------------------------------------
@@ -449,12 +450,7 @@ def synthetic_model(spec: str, *, seed: int = 0, layers: int | None = None) -> G
     then the one llama.cpp would choose for that many layers). The path is
     'synthetic:<config>:<ftype>[:layers=N][:seed=S]'.
     """
-    cfg_name, ftype = parse_spec(spec)
-    cfg = SYNTHETIC_CONFIGS[cfg_name]
-    if layers is not None:
-        if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
-            raise SyntheticSpecError(f"layers must be a positive int, got {layers!r}")
-        cfg = dataclasses.replace(cfg, n_layers=layers)
+    cfg_name, ftype, cfg = _spec_config(spec, layers)
     tag = (
         f"{cfg_name}:{ftype}"
         + (f":layers={layers}" if layers is not None else "")
@@ -463,15 +459,21 @@ def synthetic_model(spec: str, *, seed: int = 0, layers: int | None = None) -> G
     return synthetic_model_from_config(cfg, ftype, seed, name=tag)
 
 
-def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, bool, str]:
-    """(tensor types, tensor shapes, tied head, label) of synthetic_model(spec, layers=layers),
-    without generating its weights."""
+def _spec_config(spec: str, layers: int | None) -> tuple[str, str, Config]:
+    """(config name, ftype, Config with `layers` layers where given) of a synthetic spec."""
     cfg_name, ftype = parse_spec(spec)
     cfg = SYNTHETIC_CONFIGS[cfg_name]
     if layers is not None:
-        if layers <= 0:
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
             raise SyntheticSpecError(f"layers must be a positive int, got {layers!r}")
         cfg = dataclasses.replace(cfg, n_layers=layers)
+    return cfg_name, ftype, cfg
+
+
+def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, bool, str]:
+    """(tensor types, tensor shapes, tied head, label) of synthetic_model(spec, layers=layers),
+    without generating its weights."""
+    cfg_name, ftype, cfg = _spec_config(spec, layers)
     label = f"synthetic:{cfg_name}:{ftype}" + (f":layers={layers}" if layers is not None else "")
     return tensor_types(cfg, ftype), expected_shapes(cfg), cfg.tied_output, label
 
@@ -481,35 +483,18 @@ def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, 
 # --------------------------------------------------------------------------------------------
 
 
-def _byte_level_alphabet() -> list[str]:
-    """GPT-2's bytes_to_unicode(): the 256 single-character byte tokens of a byte-level BPE
-    vocab."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
-
-
 def placeholder_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
     """(tokens, token types, merges) of a placeholder byte-level BPE vocabulary of `vocab_size`.
 
     Ids 0..255: the byte-level alphabet, id b being byte b's character (so every byte, '\\n'
-    included, has a token); then 'ĠĠ'
-    (the one merge 'Ġ Ġ'); Qwen2.5's <|endoftext|>/<|im_start|>/<|im_end|> at their real ids
-    (CONTROL); every other id a unique '<|synthetic_N|>' NORMAL token.
+    included, has a token); then 'ĠĠ' (the one merge 'Ġ Ġ'); Qwen2.5's <|endoftext|> /
+    <|im_start|> / <|im_end|> at their real ids (CONTROL); every other id a unique
+    '<|synthetic_N|>' NORMAL token.
     """
-    alphabet = _byte_level_alphabet()
+    byte_chars = bytes_to_unicode()
+    alphabet = [byte_chars[b] for b in range(256)]
     tokens = [f"<|synthetic_{i}|>" for i in range(vocab_size)]
-    types = [1] * vocab_size  # LLAMA_TOKEN_TYPE_NORMAL
+    types = [TOKEN_NORMAL] * vocab_size
     tokens[: min(256, vocab_size)] = alphabet[:vocab_size]
     merges = []
     if vocab_size > 256:
@@ -517,10 +502,26 @@ def placeholder_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]
         merges = ["Ġ Ġ"]
     for i, text in _SPECIAL_TOKENS.items():
         if i < vocab_size:
-            tokens[i], types[i] = text, 3  # LLAMA_TOKEN_TYPE_CONTROL
+            tokens[i], types[i] = text, TOKEN_CONTROL
     if vocab_size <= _EOS_ID:  # tiny configs: the last id is the (control) end token
-        tokens[-1], types[-1] = "<|endoftext|>", 3
+        tokens[-1], types[-1] = "<|endoftext|>", TOKEN_CONTROL
     return tokens, types, merges
+
+
+def placeholder_tokenizer(vocab_size: int) -> dict:
+    """The tokenizer.* metadata of placeholder_vocab: a byte-level BPE ('gpt2', pre 'qwen2') with
+    the special ids of a synthetic model and no BOS added."""
+    tokens, token_types, merges = placeholder_vocab(vocab_size)
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": token_types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.add_bos_token": False,
+    }
+    meta.update({f"tokenizer.ggml.{k}": v for k, v in _special_ids(vocab_size).items()})
+    return meta
 
 
 def write_gguf(
@@ -565,21 +566,7 @@ def write_gguf(
     w.add_file_type(int(meta.get("general.file_type", LlamaFileType.GUESSED)))
     w.add_quantization_version(int(meta.get("general.quantization_version", 2)))
 
-    if tokenizer is None:
-        tokens, token_types, merges = placeholder_vocab(cfg.vocab_size)
-        ids = _special_ids(cfg.vocab_size)
-        tokenizer = {
-            "tokenizer.ggml.model": "gpt2",
-            "tokenizer.ggml.pre": "qwen2",
-            "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": token_types,
-            "tokenizer.ggml.merges": merges,
-            "tokenizer.ggml.bos_token_id": ids["bos_token_id"],
-            "tokenizer.ggml.eos_token_id": ids["eos_token_id"],
-            "tokenizer.ggml.padding_token_id": ids["padding_token_id"],
-            "tokenizer.ggml.add_bos_token": False,
-        }
-    _write_tokenizer(w, tokenizer)
+    _write_tokenizer(w, placeholder_tokenizer(cfg.vocab_size) if tokenizer is None else tokenizer)
 
     for name, t in model.tensors.items():
         data = np.ascontiguousarray(t.data)

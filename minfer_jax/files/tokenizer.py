@@ -89,7 +89,7 @@ END_OF_TURN_TOKENS = (
 )
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table that byte-level BPE tokens are spelled in."""
     printable = [
         *range(ord("!"), ord("~") + 1),
@@ -111,7 +111,7 @@ def _byte_level_translation() -> dict[int, int]:
     Code points below 256 that are not byte-level characters map to U+0100 so that the
     following latin-1 encode fails for tokens not spelled in the byte-level alphabet.
     """
-    table = {ord(ch): b for b, ch in _bytes_to_unicode().items()}
+    table = {ord(ch): b for b, ch in bytes_to_unicode().items()}
     for cp in range(256):
         table.setdefault(cp, 0x100)
     return table

@@ -91,8 +91,8 @@ class ServerSettings:
 
 def load_model(ref: str | None, **kwargs):
     """minfer_jax.load(ref), or for 'synthetic:<config>:<ftype>[:layers=N][:seed=S]' a random-weight
-    model of real shapes with synthetic.placeholder_vocab as its tokenizer (what write_gguf writes):
-    for benchmarks, whose prompts are token ids and whose text is never read."""
+    model of real shapes with synthetic.placeholder_tokenizer as its tokenizer (what write_gguf
+    writes): for benchmarks, whose prompts are token ids and whose text is never read."""
     from minfer_jax.engine.runtime import load
 
     if not (ref or "").startswith("synthetic:"):
@@ -108,16 +108,7 @@ def load_model(ref: str | None, **kwargs):
             )
         extra[key] = int(value)
     gm = synthetic.synthetic_model(":".join(parts), **extra)
-    tokens, types, merges = synthetic.placeholder_vocab(gm.config.vocab_size)
-    gm.metadata.update(
-        {
-            "tokenizer.ggml.model": "gpt2",
-            "tokenizer.ggml.pre": "qwen2",
-            "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": types,
-            "tokenizer.ggml.merges": merges,
-        }
-    )
+    gm.metadata.update(synthetic.placeholder_tokenizer(gm.config.vocab_size))
     return load(gguf_model=gm, **kwargs)
 
 
