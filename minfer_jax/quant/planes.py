@@ -10,15 +10,15 @@ plane per kind of field:
                          of Q5_*, Q6_K and Q3_K (chosen for the integer GEMV, see _q5h_order)
     per-group scales     f16 (or small ints for K-quant sub-scales), group g at column g
 
-Words, not bytes: the decode GEMV multiplies four int8 weights per dp4a instruction on 32-bit
-registers, and a uint8 plane cannot be reinterpreted as words inside a Triton kernel (outside
-it, XLA's bitcast_convert would copy the whole matrix every call).
-
 so that a kernel tile covering rows [r0, r0 + bn) and weights [k0, k0 + bk) is the rectangle
 plane[r0 : r0 + bn, k0 / wpc : (k0 + bk) / wpc] of every plane (wpc = weights per column).
 Layouts, bits per weight and why: docs/ARCHITECTURE.md. Sizes: quants and f16 scales keep their
 GGUF size; K-quant 6-bit sub-scales/mins are unpacked to one byte each (Q3_K, Q4_K, Q5_K: +4
 bytes per 256 weights, +2.3 .. 3.6 %), so weights stay well inside 1.1x the file.
+
+Words, not bytes: the decode GEMV multiplies four int8 weights per dp4a instruction on 32-bit
+registers, and a uint8 plane cannot be reinterpreted as words inside a Triton kernel (outside
+it, XLA's bitcast_convert would copy the whole matrix every call).
 
 `decode` (values) and `decode_ints` (integers, scale, offset) are the single definition of each
 format's arithmetic on planes. The f16 GEMM and the float GEMV call them on loaded tiles, the
