@@ -1,14 +1,14 @@
 """GPU: time the decode GEMV under its chosen config and under config overrides, in one process.
 
-usage: python tools/gemv_variants.py --variants "sliced=1;prequant=1;bn=64,num_warps=8"
+usage: python tools/gemv_variants.py --variants "x_first=1;prequant=1;bn=64,num_warps=8"
            [--shapes q5_0:4096x14336,...] [--nt 1,8] [--reps 20] [--jsonl out.jsonl]
 
 Each variant is a comma-separated list of GemvConfig fields (ints; 0/1 for flags) applied with
 dataclasses.replace to gemv.choose_config's pick for every case (as_nt=N: its pick for N tokens,
 e.g. as_nt=1 runs every token count with the one-token config); the default config is always
 timed first. Same machine, same process: machines lent for the H200 differ by up to ~8 %, so a
-change of tiles is only judged against its baseline timed beside it (tools/gemv_ab.py does the
-same for two code revisions). Every case is checked against gemv_reference. Not part of the package.
+change of tiles is only judged against its baseline timed beside it. Every case is checked
+against gemv_reference. Not part of the package.
 """
 
 import argparse
