@@ -326,8 +326,7 @@ def _metadata(cfg: Config, name: str, file_type: int) -> dict:
         f"{a}.attention.layer_norm_rms_epsilon": float(np.float32(cfg.rms_eps)),
     }
     meta.update(_family_metadata(cfg))
-    meta.update({f"tokenizer.ggml.{k}": v for k, v in _special_ids(cfg.vocab_size).items()})
-    meta["tokenizer.ggml.add_bos_token"] = False
+    meta.update(_special_tokens_metadata(cfg.vocab_size))
     return meta
 
 
@@ -343,10 +342,16 @@ def _family_metadata(cfg: Config) -> dict:
     return meta
 
 
-def _special_ids(vocab: int) -> dict[str, int]:
-    if vocab > _EOS_ID:
-        return {"bos_token_id": _BOS_ID, "eos_token_id": _EOS_ID, "padding_token_id": _PAD_ID}
-    return {"bos_token_id": vocab - 1, "eos_token_id": vocab - 1, "padding_token_id": vocab - 1}
+def _special_tokens_metadata(vocab: int) -> dict:
+    """tokenizer.ggml bos / eos / padding ids of a synthetic model (Qwen2.5's where the vocab
+    holds them, else its last id), and no BOS added."""
+    bos, eos, pad = (_BOS_ID, _EOS_ID, _PAD_ID) if vocab > _EOS_ID else (vocab - 1,) * 3
+    return {
+        "tokenizer.ggml.bos_token_id": bos,
+        "tokenizer.ggml.eos_token_id": eos,
+        "tokenizer.ggml.padding_token_id": pad,
+        "tokenizer.ggml.add_bos_token": False,
+    }
 
 
 def _guess_file_type(types: Mapping[str, QType]) -> int:
@@ -518,9 +523,8 @@ def placeholder_tokenizer(vocab_size: int) -> dict:
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": token_types,
         "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.add_bos_token": False,
     }
-    meta.update({f"tokenizer.ggml.{k}": v for k, v in _special_ids(vocab_size).items()})
+    meta.update(_special_tokens_metadata(vocab_size))
     return meta
 
 
