@@ -9,12 +9,16 @@
 #
 # STEPS (default all, in this order): tests sweep ggufs ours llama. `ours` and `llama` run after
 # llama.cpp's build (.peer/build.sh, started here when .peer exists), on an otherwise idle GPU.
-# MODELS: GGUFs to time besides the synthetic 7B and 0.5B written by the `ggufs` step (e.g. the
-# real 0.5B carried in pieces). Every command also lands in /tmp/res/commands.txt.
+# SYNTHETIC (default "7b 05b"): which synthetic GGUFs the `ggufs` step writes (/tmp/q7.gguf,
+# /tmp/q05.gguf) and times. MODELS: GGUFs to time after them (e.g. the real 0.5B carried in
+# pieces; a file still missing when its turn comes is skipped). TESTS: the `tests` step's pytest
+# arguments. Every command also lands in /tmp/res/commands.txt.
 set -u
 R=/tmp/res; mkdir -p "$R"; P=$R/progress.txt
 STEPS=${STEPS:-"tests sweep ggufs ours llama"}
-MODELS="/tmp/q7.gguf /tmp/q05.gguf ${MODELS:-}"
+SYNTHETIC=${SYNTHETIC:-"7b 05b"}
+TESTS=${TESTS:-"tests/test_attention.py tests/test_kernels.py tests/test_model_kernels.py tests/test_device.py tests/test_batch_invariance.py"}
+MODELS="$(for s in $SYNTHETIC; do printf '/tmp/q%s.gguf ' "${s%b}"; done)${MODELS:-}"
 BIN=/tmp/peer/lcpp/build/bin
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
 log() { echo "$(date +%T) $*" >> "$P"; }
@@ -29,8 +33,8 @@ log "start on $(nvidia-smi --query-gpu=name --format=csv,noheader): $STEPS"
 [ -d .peer ] && { has ours || has llama; } && bash .peer/build.sh >> "$R/llama_build.txt" 2>&1
 if has tests; then
   export MINFER_TEST_KERNELS=compiled
-  run tests_compiled.txt 900 python -m pytest -q -p no:cacheprovider tests/test_attention.py \
-    tests/test_kernels.py tests/test_model_kernels.py tests/test_device.py tests/test_batch_invariance.py
+  eval "test_args=($TESTS)"  # shell words: TESTS may quote a -k expression
+  run tests_compiled.txt 900 python -m pytest -q -p no:cacheprovider "${test_args[@]}"
   unset MINFER_TEST_KERNELS
 fi
 if has sweep; then
@@ -41,8 +45,10 @@ if has sweep; then
     --variants "x_first=1;prequant=1;bn=16;bn=64;num_warps=8;as_nt=1" --shapes q4_k:37888x3584,q4_k:3584x18944,q6_k:3584x18944,q4_k:3584x3584
 fi
 if has ggufs; then
-  run write_q7.txt 600 python scripts/bench.py --synthetic qwen2.5-7b:q4_k_m --write-gguf /tmp/q7.gguf
-  run write_q05.txt 300 python scripts/bench.py --synthetic qwen2.5-0.5b:q4_k_m --write-gguf /tmp/q05.gguf
+  for s in $SYNTHETIC; do
+    run "write_q${s%b}.txt" 600 python scripts/bench.py --synthetic "qwen2.5-$(sed 's/05b/0.5b/' <<< "$s"):q4_k_m" \
+      --write-gguf "/tmp/q${s%b}.gguf"
+  done
 fi
 if has ours || has llama; then
   until grep -q "Built target llama-server" /tmp/peer/build.log 2>/dev/null; do
