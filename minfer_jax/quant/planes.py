@@ -466,28 +466,29 @@ def field_scales(qtype: QType, tiles: Mapping[str, jax.Array], dtype):
     return _per_word(a, words), None if b is None else _per_word(b, words)
 
 
+# high-bit planes of the field-major formats: (bits per weight, the field order _pack wrote)
+_FIELD_HIGH_BITS = {QType.Q6_K: (2, _q6h_order)} | {
+    q: (1, _q5h_order) for q in (QType.Q5_0, QType.Q5_1, QType.Q5_K)
+}
+
+
 def field_ints(qtype: QType, tiles: Mapping[str, jax.Array], i: int) -> jax.Array:
     """int32 q [bn, W] of weights per * j + i (high bits and the format's offset applied)."""
     plane, bits = FIELD_PLANES[qtype]
     words = tiles[plane]
     n_words = words.shape[1]
-    j = jax.lax.iota(jnp.int32, n_words)
     q = ((words >> jnp.uint32(bits * i)) & jnp.uint32((1 << bits) - 1)).astype(jnp.int32)
     if qtype == QType.Q8_0:
         return (q ^ 0x80) - 0x80  # bytes -> signed
-    if (
-        qtype == QType.Q6_K
-    ):  # 2 high bits: word j // 2 of qh, field 4 (i // 2) + 2 (j % 2) + i % 2 (_q6h_order)
-        shift, mask = 2 * (4 * (i >> 1) + (i & 1)) + 4 * (j & 1), 3
-    elif (
-        "qh" in tiles
-    ):  # Q5_*: 1 high bit: word j // 4 of qh, bit 8 (i // 2) + 4 (i % 2) + j % 4 (_q5h_order)
-        shift, mask = 8 * (i >> 1) + 4 * (i & 1) + (j & 3), 1
-    else:
-        return q - _FIELD_OFFSET.get(qtype, 0)
-    qh = _per_word(tiles["qh"], n_words)
-    high = ((qh >> shift.astype(jnp.uint32)[None, :]) & jnp.uint32(mask)).astype(jnp.int32)
-    return (q | (high << 4)) - _FIELD_OFFSET.get(qtype, 0)
+    if qtype in _FIELD_HIGH_BITS:  # nibble word j's weight i is weight 8 (j % nibble words) + i
+        high_bits, order = _FIELD_HIGH_BITS[qtype]  # of qh word j // nibble words
+        nibble_words = 32 // high_bits // 8
+        j = jax.lax.iota(jnp.int32, n_words)
+        shift = high_bits * order(8 * (j % nibble_words) + i)
+        qh = _per_word(tiles["qh"], n_words)
+        high = (qh >> shift.astype(jnp.uint32)[None, :]) & jnp.uint32((1 << high_bits) - 1)
+        q = q | (high.astype(jnp.int32) << 4)
+    return q - _FIELD_OFFSET.get(qtype, 0)
 
 
 _U8, _I8, _U32, _F16 = (
