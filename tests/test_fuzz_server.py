@@ -215,6 +215,64 @@ def test_fuzz_parse_raw_bytes(raw):
         pass
 
 
+def test_null_is_the_default():
+    """The openai client sends null for a setting passed as None (temperature=None); OpenAI and
+    llama-server read it as the default, and so must the server: a required field stays
+    required."""
+    nulls = dict.fromkeys(
+        [
+            "model",
+            "max_tokens",
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "repeat_penalty",
+            "repeat_last_n",
+            "seed",
+            "stop",
+            "stream",
+            "stream_options",
+            "n",
+            "best_of",
+            "echo",
+            "logprobs",
+            "frequency_penalty",
+            "suffix",
+        ]
+    )
+    text = parse(CompletionRequest, json.dumps({"prompt": "hi", **nulls}).encode())
+    assert text == CompletionRequest(prompt="hi")
+    messages = [{"role": "user", "content": "hi"}]
+    chat = parse(
+        ChatCompletionRequest,
+        json.dumps({"messages": messages, "max_completion_tokens": None, **nulls}).encode(),
+    )
+    assert chat == ChatCompletionRequest(messages=messages)
+    for kind, raw, param in (
+        (CompletionRequest, b'{"prompt": null}', "prompt"),
+        (ChatCompletionRequest, b'{"messages": null}', "messages"),
+    ):
+        with pytest.raises(BadRequest) as refused:
+            parse(kind, raw)
+        assert refused.value.param == param
+
+
+def test_legacy_function_calling_is_refused_like_tools():
+    """`functions` and `function_call` are the deprecated spelling of `tools` and `tool_choice`:
+    refused, not silently ignored (a client would wait for a call that never comes)."""
+    messages = [{"role": "user", "content": "hi"}]
+    for field, value in (
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("function_call", "auto"),
+    ):
+        with pytest.raises(BadRequest, match="not supported") as refused:
+            parse(ChatCompletionRequest, json.dumps({"messages": messages, field: value}).encode())
+        assert refused.value.param == field
+    no_op = {"messages": messages, "functions": [], "function_call": "none"}
+    assert parse(ChatCompletionRequest, json.dumps(no_op).encode()).messages
+
+
 def test_deep_and_wide_json_is_a_clean_400():
     for raw in (
         b"[" * 100_000,

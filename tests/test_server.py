@@ -699,3 +699,91 @@ def test_synthetic_models_get_a_placeholder_tokenizer():
     assert out.text == model.tokenizer.decode(out.tokens, skip_special=True) and out.text
     with pytest.raises(ServerSettingsError, match="layers="):
         load_model("synthetic:qwen2.5-0.5b:q8_0:layers=x")
+
+
+@pytest.mark.real_model
+def test_a_wrong_method_gets_405_naming_the_allowed_ones(server):
+    """RFC 9110: a 405 carries Allow (the error handler used to drop it)."""
+    for method, path, allowed in (
+        ("GET", "/v1/completions", "POST"),
+        ("PUT", "/v1/chat/completions", "POST"),
+        ("DELETE", "/v1/models", "GET"),
+    ):
+        r = httpx.request(
+            method, f"{server.url}{path}", headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 405 and r.headers.get("allow") == allowed, (method, path, r.headers)
+        assert r.json()["error"]["message"] == "Method Not Allowed"
+
+
+def test_the_api_key_is_compared_as_the_bytes_sent():
+    """A non-ASCII --api-key: curl sends it as UTF-8, which the header holds as latin-1 text; and
+    one from undecodable argv bytes (a surrogate escape) is refused cleanly, not with a 500."""
+    from types import SimpleNamespace
+
+    from starlette.requests import Request
+
+    from minfer_jax.server.app import ApiError, _authorize
+    from minfer_jax.server.backend import ServerSettings
+
+    def request(auth: bytes) -> Request:
+        return Request({"type": "http", "headers": [(b"authorization", auth)]})
+
+    for key, sent in (("clé", "Bearer clé".encode()), ("\udcff", b"Bearer \xff")):
+        backend = SimpleNamespace(settings=ServerSettings(api_key=key))
+        _authorize(backend, request(sent))  # the right key passes
+        with pytest.raises(ApiError) as refused:
+            _authorize(backend, request(b"Bearer wrong"))
+        assert refused.value.status == 401
+
+
+def test_v1_routes_say_the_model_failed_to_load_not_loading():
+    """After a failed load /health says so (500), and the /v1 routes must not claim it is still
+    loading (503 'Loading model' forever)."""
+    from starlette.testclient import TestClient
+
+    from minfer_jax.server.app import create_app
+    from minfer_jax.server.backend import ServerSettings
+
+    def loader(*args, **kwargs):
+        raise FileNotFoundError("nope.gguf")
+
+    app = create_app(ServerSettings(), loader=loader)
+    with TestClient(app, base_url="http://localhost") as c:
+        deadline = time.monotonic() + 10
+        while app.state.backend.status == "loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        health = c.get("/health")
+        assert health.status_code == 500 and "nope.gguf" in health.json()["error"]["message"]
+        for r in (
+            c.get("/v1/models"),
+            c.post("/v1/completions", json={"prompt": "hi"}),
+            c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}),
+        ):
+            err = r.json()["error"]
+            assert r.status_code == 500 and err["type"] == "server_error", r.text
+            assert "failed to load" in err["message"] and "nope.gguf" in err["message"], err
+
+
+@pytest.mark.real_model
+def test_include_usage_puts_a_null_usage_on_every_other_chunk(server):
+    """OpenAI: with stream_options.include_usage, every chunk but the last carries "usage": null
+    (clients that check their shapes strictly expect the field); without it, no chunk has one."""
+    for endpoint, body in (
+        ("completions", {"prompt": "hi"}),
+        ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        for include in (True, False):
+            sent = {**body, "max_tokens": 3, "stream": True}
+            if include:
+                sent["stream_options"] = {"include_usage": True}
+            with httpx.stream("POST", f"{server.url}/v1/{endpoint}", json=sent, timeout=60) as r:
+                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]", events
+            chunks = [json.loads(e) for e in events[:-1]]
+            if include:
+                assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"]
+                assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
+            else:
+                assert all("usage" not in c for c in chunks), chunks

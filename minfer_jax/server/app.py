@@ -4,10 +4,10 @@
     GET  /v1/models, /health, /metrics
 
 The port opens at once; the model loads in a background thread, and until it has loaded /health
-and every /v1 route answer 503. Every error is an OpenAI-style body
+and every /v1 route answer 503 (500 once it has failed to load). Every error is an OpenAI-style body
 {"error": {"message", "type", "param", "code"}}: 400 for a malformed request or any MinferError
 of the engine (prompt over the context, token id outside the vocabulary, ...), 401 for a wrong
-API key, 403 for a Host or Origin refused and 415 for a body that is not JSON (guards.py), 413 for
+API key, 403 for a Host or Origin refused and 415 for a body not declared JSON (guards.py), 413 for
 a body over its limit (limits.py), 429 when every slot is busy and the queue is full. A client that
 disconnects cancels its request, which frees its slot at the scheduler's next step.
 
@@ -91,7 +91,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return _error_response(ApiError(e.status_code, str(e.detail), kind))
+        # e.headers: a 405's Allow, which HTTP requires
+        return _error_response(ApiError(e.status_code, str(e.detail), kind), headers=e.headers)
 
     @app.exception_handler(Exception)
     async def _bug(_, e: Exception):
@@ -132,11 +133,18 @@ def _chat_prompt_ids(model, messages: list[dict], limit: int, literal: bool) -> 
 
 async def _stream(handle: Handle, reply: Reply, include_usage: bool):
     """SSE events of one request; leaving early (client gone) cancels it."""
+
+    def chunk(*args, **kwargs) -> str:
+        event = reply.chunk(*args, **kwargs)
+        if include_usage:  # OpenAI: every chunk but the usage one says "usage": null
+            event["usage"] = None
+        return sse(event)
+
     try:
         if reply.kind == "chat":
-            yield sse(reply.chunk(role=True))
+            yield chunk(role=True)
         async for piece in handle.pieces():
-            yield sse(reply.chunk(piece))
+            yield chunk(piece)
         req = handle.req
         if req.error is not None:
             yield sse(
@@ -146,7 +154,7 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool):
             )
             return
         result = req.result()
-        yield sse(reply.chunk(reason=result.stop_reason))
+        yield chunk(reason=result.stop_reason)
         if include_usage:
             yield sse(
                 reply.usage_chunk(
@@ -174,8 +182,9 @@ def _authorize(backend: Backend, request: Request) -> None:
     key = backend.settings.api_key
     if key is None:
         return
-    got = request.headers.get("authorization", "").encode()
-    if not secrets.compare_digest(got, f"Bearer {key}".encode()):
+    # bytes as sent and as typed: headers hold latin-1 text, argv UTF-8 with surrogate escapes
+    got = request.headers.get("authorization", "").encode("latin-1")
+    if not secrets.compare_digest(got, f"Bearer {key}".encode("utf-8", "surrogateescape")):
         raise ApiError(
             401,
             "invalid API key: send 'Authorization: Bearer <key>'",
@@ -184,9 +193,15 @@ def _authorize(backend: Backend, request: Request) -> None:
         )
 
 
+def _load_failed(backend: Backend) -> ApiError:
+    return ApiError(500, f"the model failed to load: {backend.error}", "server_error")
+
+
 def _ready(backend: Backend, request: Request) -> Backend:
     _authorize(backend, request)
-    if not backend.ready.is_set():
+    if not backend.ready.is_set():  # as /health answers: never going to load, or not yet
+        if backend.error is not None:
+            raise _load_failed(backend)
         raise ApiError(503, "Loading model", "unavailable_error", code=503)
     return backend
 
@@ -355,9 +370,7 @@ def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> N
             return {"status": "ok"}
         if status == "loading":
             return _error_response(ApiError(503, "Loading model", "unavailable_error", code=503))
-        return _error_response(
-            ApiError(500, f"the model failed to load: {backend.error}", "server_error")
-        )
+        return _error_response(_load_failed(backend))
 
     @app.get("/metrics")
     async def prometheus(request: Request):

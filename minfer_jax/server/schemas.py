@@ -1,6 +1,7 @@
 """Request bodies of the OpenAI-compatible endpoints, validated by pydantic before any work starts.
 
-Strict types (no "0.5" for a number, no `true` for an int), finite numbers only, ranges as OpenAI
+Strict types (no "0.5" for a number, no `true` for an int; null is the field's default, as the
+official client sends it for a setting passed as None), finite numbers only, ranges as OpenAI
 documents them, text that is valid Unicode (no lone surrogates). Only settings that map onto
 minfer_jax's Sampler (and llama-server's extensions top_k, min_p, repeat_penalty, repeat_last_n)
 are accepted; a setting the engine cannot honour (n > 1, logprobs, echo, penalties other than
@@ -54,6 +55,8 @@ UNSUPPORTED = {
     "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
+    "functions": (None, []),  # the deprecated spelling of tools and tool_choice
+    "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
 }
 
@@ -120,6 +123,9 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
         raise BadRequest(f"the request body must be a JSON object, got {type(data).__name__}")
     if check is not None:
         check(data)
+    # null is "not given", as OpenAI and llama-server read it: the default (a required field stays)
+    required = {name for name, field in kind.model_fields.items() if field.is_required()}
+    data = {key: value for key, value in data.items() if value is not None or key in required}
     for key, allowed in UNSUPPORTED.items():
         if key in data and not any(_same(data[key], a) for a in allowed):
             ok = " or ".join(json.dumps(a) for a in allowed)
