@@ -25,6 +25,7 @@ from minfer_jax.server.guards import AccessPolicy
 from minfer_jax.server.limits import LimitsError, RequestLimits
 from minfer_jax.server.schemas import (
     SEED_MAX,
+    UNSUPPORTED,
     BadRequest,
     ChatCompletionRequest,
     CompletionRequest,
@@ -219,36 +220,18 @@ def test_null_is_the_default():
     """The openai client sends null for a setting passed as None (temperature=None); OpenAI and
     llama-server read it as the default, and so must the server: a required field stays
     required."""
-    nulls = dict.fromkeys(
-        [
-            "model",
-            "max_tokens",
-            "temperature",
-            "top_k",
-            "top_p",
-            "min_p",
-            "repeat_penalty",
-            "repeat_last_n",
-            "seed",
-            "stop",
-            "stream",
-            "stream_options",
-            "n",
-            "best_of",
-            "echo",
-            "logprobs",
-            "frequency_penalty",
-            "suffix",
-        ]
+
+    def nulls(kind) -> dict:  # every optional field of the body and every unsupported setting
+        optional = [name for name, field in kind.model_fields.items() if not field.is_required()]
+        return dict.fromkeys([*optional, *UNSUPPORTED])
+
+    text = parse(
+        CompletionRequest, json.dumps({"prompt": "hi", **nulls(CompletionRequest)}).encode()
     )
-    text = parse(CompletionRequest, json.dumps({"prompt": "hi", **nulls}).encode())
     assert text == CompletionRequest(prompt="hi")
     messages = [{"role": "user", "content": "hi"}]
-    chat = parse(
-        ChatCompletionRequest,
-        json.dumps({"messages": messages, "max_completion_tokens": None, **nulls}).encode(),
-    )
-    assert chat == ChatCompletionRequest(messages=messages)
+    raw = json.dumps({"messages": messages, **nulls(ChatCompletionRequest)}).encode()
+    assert parse(ChatCompletionRequest, raw) == ChatCompletionRequest(messages=messages)
     for kind, raw, param in (
         (CompletionRequest, b'{"prompt": null}', "prompt"),
         (ChatCompletionRequest, b'{"messages": null}', "messages"),
