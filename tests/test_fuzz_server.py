@@ -394,6 +394,20 @@ def test_fuzz_encode_within(tok, text, limit, literal):
 
 
 @pytest.mark.real_model
+@pytest.mark.parametrize("literal", [True, False])
+def test_chat_too_long_counts_against_the_whole_limit(tok, literal):
+    from minfer_jax.files.prompts import PromptTooLong, encode_chat
+
+    messages = [{"role": "user", "content": "the quick brown fox jumps. " * 2000}]
+    whole = encode_chat(tok, messages, 100_000, literal=literal)
+    with pytest.raises(PromptTooLong) as caught:
+        encode_chat(tok, messages, 100, literal=literal)
+    # the template's tokens before the content count too: the error names the context asked for
+    assert caught.value.limit == 100 and 100 < caught.value.tokens <= len(whole)
+    assert "the context holds 101" in str(caught.value)
+
+
+@pytest.mark.real_model
 @fuzz_settings(150)
 @given(contents=st.lists(PROMPT_TEXT, min_size=1, max_size=4))
 def test_fuzz_literal_chat_content(tok, contents):

@@ -10,6 +10,7 @@ deterministic, which is all the comparisons need. Clients are the `openai` packa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -658,6 +659,49 @@ def test_a_full_queue_gets_429_and_the_api_key_is_checked(small_server):
 
 
 @pytest.mark.real_model
+def test_shutdown_ends_queued_requests_at_once_with_503(tiny_model, xla_cache, tmp_path):
+    """SIGINT with a request running and one queued: the queued one gets 503 at once (not a
+    reset after uvicorn's grace period), the running one streams until that period ends, and the
+    server exits."""
+    import threading
+
+    s = ServerProcess(
+        tiny_model, tmp_path / "server.log", xla_cache,
+        "-np", "1", "-c", "32768", "--max-queued", "1", "--no-warmup",
+    )  # fmt: skip
+    try:
+        s.wait_ready()
+        endless = {"prompt": "keep going", "max_tokens": -1, "temperature": 0, "stream": True}
+        queued: dict = {}
+
+        def post_queued() -> None:
+            r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "hi"}, timeout=60)
+            queued.update(status=r.status_code, body=r.json(), at=time.monotonic())
+
+        with httpx.stream("POST", f"{s.url}/v1/completions", json=endless, timeout=60) as running:
+            lines = running.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # it runs
+            waiter = threading.Thread(target=post_queued)
+            waiter.start()
+            deadline = time.monotonic() + 30
+            while metrics(s.url)["minfer_requests_queued"] < 1:
+                assert time.monotonic() < deadline, "the second request never queued"
+                time.sleep(0.05)
+            signalled = time.monotonic()
+            s.proc.send_signal(signal.SIGINT)
+            waiter.join(30)
+            assert queued, "the queued request got no answer within 30 s"
+            assert queued["status"] == 503 and "shutting down" in queued["body"]["error"]["message"]
+            assert queued["at"] - signalled < 3  # the grace period is 5 s
+            with contextlib.suppress(httpx.HTTPError):  # cut at the end of the grace period
+                for _ in lines:
+                    pass
+        assert s.proc.wait(30) == 130  # EXIT_INTERRUPTED
+    finally:
+        s.stop()
+
+
+@pytest.mark.real_model
 def test_serve_script_errors(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "MINFER_COMPILATION_CACHE": "off"}
     script = str(REPO / "scripts" / "serve.py")
@@ -707,13 +751,18 @@ def test_a_wrong_method_gets_405_naming_the_allowed_ones(server):
     for method, path, allowed in (
         ("GET", "/v1/completions", "POST"),
         ("PUT", "/v1/chat/completions", "POST"),
-        ("DELETE", "/v1/models", "GET"),
+        ("DELETE", "/v1/models", "GET, HEAD"),
     ):
         r = httpx.request(
             method, f"{server.url}{path}", headers={"Content-Type": "application/json"}
         )
-        assert r.status_code == 405 and r.headers.get("allow") == allowed, (method, path, r.headers)
+        methods = set(r.headers.get("allow", "").split(", "))  # the router's order is a set's
+        assert r.status_code == 405 and methods == set(allowed.split(", ")), (method, r.headers)
         assert r.json()["error"]["message"] == "Method Not Allowed"
+    for path in ("/health", "/v1/models", "/metrics"):  # HEAD wherever GET: headers, no body
+        got, head = httpx.get(f"{server.url}{path}"), httpx.head(f"{server.url}{path}")
+        assert head.status_code == got.status_code == 200 and head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
 
 
 def test_the_api_key_is_compared_as_the_bytes_sent():

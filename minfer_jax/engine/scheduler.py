@@ -216,6 +216,8 @@ class Scheduler:
         self.compile_s = 0.0  # every compile this loop waited for
         self.tokens_out = 0  # tokens handed to requests (metrics)
         self._wake = threading.Event()
+        # set by refuse_queued: from then on every request not yet started ends with this error
+        self._refusal: BaseException | None = None
 
     # -- submitting ------------------------------------------------------------------------
     def submit(
@@ -299,9 +301,26 @@ class Scheduler:
             self._fail_all(e)
             raise
 
+    def refuse_queued(self, error: BaseException) -> None:
+        """From now on, end every request that has not started (queued now or later) with error
+        at the loop's next step (thread-safe); running ones go on."""
+        self._refusal = error
+        self._wake.set()
+
+    def fail_pending(self, error: BaseException) -> None:
+        """End every request not yet done with error, queued ones included. Only once the loop's
+        thread has stopped: this touches its state."""
+        while not self.incoming.empty():
+            self.waiting.append(self.incoming.get())
+        self._fail_all(error)
+
     def _admit(self) -> None:
         while not self.incoming.empty():
             self.waiting.append(self.incoming.get())
+        if self._refusal is not None:
+            for req in list(self.waiting):
+                req.error = self._refusal
+                self._finish(req, StopReason.ERROR)
         for req in [
             r for r in itertools.chain(self.waiting, self.prefilling, self.decoding) if r.cancelled
         ]:

@@ -78,9 +78,16 @@ def encode_chat(
         if control_id is not None:
             ids.append(control_id)
         elif piece:
-            ids += encode_within(
-                tok, shield.restore(piece), limit - len(ids), add_special=False, parse_special=False
-            )
+            try:
+                ids += encode_within(
+                    tok,
+                    shield.restore(piece),
+                    limit - len(ids),
+                    add_special=False,
+                    parse_special=False,
+                )
+            except PromptTooLong as e:  # counted against what the pieces before it left
+                raise PromptTooLong(len(ids) + e.tokens, limit, exact=False) from None
         if len(ids) > limit:
             raise PromptTooLong(len(ids), limit, exact=False)
     return ids

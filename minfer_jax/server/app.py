@@ -32,7 +32,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minfer_jax import validate
 from minfer_jax.errors import MinferError
 from minfer_jax.server import metrics
-from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSettings
+from minfer_jax.server.backend import (
+    SHUTTING_DOWN,
+    Backend,
+    Handle,
+    ServerBusy,
+    ServerSettings,
+    ShuttingDown,
+)
 from minfer_jax.server.guards import AccessGuard, AccessPolicy
 from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, longest_token_chars
 from minfer_jax.server.openai_format import Reply, error_body, sse
@@ -41,6 +48,7 @@ from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, Complet
 # a non-streamed request checks this often whether its client is still there
 DISCONNECT_POLL_S = 0.5
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+READ_METHODS = ["GET", "HEAD"]  # RFC 9110: HEAD wherever GET (load balancers probe /health so)
 
 
 class ApiError(Exception):
@@ -147,11 +155,8 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool):
             yield chunk(piece)
         req = handle.req
         if req.error is not None:
-            yield sse(
-                error_body(
-                    f"generation failed: {type(req.error).__name__}: {req.error}", "server_error"
-                )
-            )
+            failed = _failed(req.error)
+            yield sse(error_body(failed.message, failed.kind, code=failed.code))
             return
         result = req.result()
         yield chunk(reason=result.stop_reason)
@@ -193,12 +198,25 @@ def _authorize(backend: Backend, request: Request) -> None:
         )
 
 
+def _shutting_down() -> ApiError:
+    return ApiError(503, SHUTTING_DOWN, "unavailable_error", code=503)
+
+
+def _failed(error: BaseException) -> ApiError:
+    """The reply to a request that ended with an error: 503 for a server going down, else 500."""
+    if isinstance(error, ShuttingDown):
+        return _shutting_down()
+    return ApiError(500, f"generation failed: {type(error).__name__}: {error}", "server_error")
+
+
 def _load_failed(backend: Backend) -> ApiError:
     return ApiError(500, f"the model failed to load: {backend.error}", "server_error")
 
 
 def _ready(backend: Backend, request: Request) -> Backend:
     _authorize(backend, request)
+    if backend.closing.is_set():
+        raise _shutting_down()
     if not backend.ready.is_set():  # as /health answers: never going to load, or not yet
         if backend.error is not None:
             raise _load_failed(backend)
@@ -235,6 +253,8 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
         )
     except ServerBusy:
         raise
+    except ShuttingDown:
+        raise _shutting_down() from None
     except MinferError as e:  # the scheduler's checks: empty prompt, over the context, bad token id
         raise BadRequest(str(e), "messages" if kind == "chat" else "prompt") from None
     reply = Reply(kind, backend.model_id)
@@ -248,9 +268,7 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
         return Response(status_code=499)  # nginx's "client closed request": nobody reads it
     req = handle.req
     if req.error is not None:
-        raise ApiError(
-            500, f"generation failed: {type(req.error).__name__}: {req.error}", "server_error"
-        )
+        raise _failed(req.error)
     result = req.result()
     return JSONResponse(
         reply.full(
@@ -333,8 +351,8 @@ def _add_generation_routes(
 
 
 def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> None:
-    @app.get("/v1/models")
-    @app.get("/models", include_in_schema=False)
+    @app.api_route("/v1/models", methods=READ_METHODS)
+    @app.api_route("/models", methods=READ_METHODS, include_in_schema=False)
     async def models(request: Request):
         limits = await admission.limits_for(request)
         b = backend
@@ -362,8 +380,8 @@ def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> N
             ],
         }
 
-    @app.get("/health")
-    @app.get("/v1/health", include_in_schema=False)
+    @app.api_route("/health", methods=READ_METHODS)
+    @app.api_route("/v1/health", methods=READ_METHODS, include_in_schema=False)
     async def health():
         status = backend.status
         if status == "ok":
@@ -372,7 +390,7 @@ def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> N
             return _error_response(ApiError(503, "Loading model", "unavailable_error", code=503))
         return _error_response(_load_failed(backend))
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=READ_METHODS)
     async def prometheus(request: Request):
         _authorize(backend, request)
         return PlainTextResponse(metrics.render(backend), media_type=metrics.CONTENT_TYPE)

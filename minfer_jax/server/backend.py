@@ -29,11 +29,16 @@ DEFAULT_SLOT_CTX = 4096  # tokens per slot when -c is 0 (capped by the model's t
 # clients at 0.80-0.89x / 1.09x the tokens/s of 16 steps (docs/BENCHMARKS.md "Server start and
 # streaming")
 DEFAULT_DECODE_STEPS = 1
+SHUTTING_DOWN = "the server is shutting down; retry on another server or once it is back"
 THROUGHPUT_WINDOW_S = 10.0  # tokens/s on /metrics: tokens generated over about this many seconds
 
 
 class ServerBusy(MinferError):
     """Every slot is busy and the queue is full: the client should retry later (HTTP 429)."""
+
+
+class ShuttingDown(MinferError):
+    """The server is shutting down: a request that had not started ends with this (HTTP 503)."""
 
 
 class ServerSettingsError(MinferError, ValueError):
@@ -229,6 +234,7 @@ class Backend:
         self.error: BaseException | None = None
         self.ready = threading.Event()
         self.stop = threading.Event()
+        self.closing = threading.Event()  # shutting down: no new requests, queued ones refused
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.live = 0  # submitted, not yet done
@@ -317,7 +323,18 @@ class Backend:
         sched.run([req])
         req.result()
 
+    def begin_shutdown(self) -> None:
+        """The server is going down (its first SIGINT / SIGTERM): new requests are refused and
+        queued ones end at once with ShuttingDown; running ones may finish in uvicorn's grace
+        period. Never blocks (it runs in a signal handler)."""
+        self.closing.set()
+        if self.scheduler is not None:
+            self.scheduler.refuse_queued(ShuttingDown(SHUTTING_DOWN))
+
     def close(self, timeout: float = 10.0) -> None:
+        """Stop the threads; every request still open ends (running ones cancelled, the rest
+        with ShuttingDown), so that no waiter is left hanging."""
+        self.begin_shutdown()
         self.stop.set()
         sched = self.scheduler
         if sched is not None:
@@ -326,6 +343,8 @@ class Backend:
         for t in self.threads:
             if t is not threading.current_thread():
                 t.join(timeout)
+        if sched is not None and not any(t.is_alive() for t in self.threads):
+            sched.fail_pending(ShuttingDown(SHUTTING_DOWN))
 
     @property
     def status(self) -> str:
@@ -357,6 +376,8 @@ class Backend:
         sched, s = self.scheduler, self.settings
         limit = s.n_parallel + s.queue_limit
         handle = Handle(asyncio.get_running_loop(), stream, self._progress, self._finished)
+        if self.closing.is_set():
+            raise ShuttingDown(SHUTTING_DOWN)
         with self.lock:
             if self.live >= limit:
                 raise ServerBusy(

@@ -270,7 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _warn_open(args, http["access"])
     app = create_app(settings, on_fatal=on_fatal, **http)
-    server = uvicorn.Server(
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # the first signal: queued requests end now (503), running ones get the grace period
+            app.state.backend.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    server = Server(
         uvicorn.Config(
             app,
             host=args.host,
