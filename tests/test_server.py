@@ -692,7 +692,8 @@ def test_shutdown_ends_queued_requests_at_once_with_503(tiny_model, xla_cache, t
             waiter.join(30)
             assert queued, "the queued request got no answer within 30 s"
             assert queued["status"] == 503 and "shutting down" in queued["body"]["error"]["message"]
-            assert queued["at"] - signalled < 3  # the grace period is 5 s
+            assert queued["at"] - signalled < 4  # before the grace period (5 s) ends
+            assert next(line for line in lines if line.startswith("data: "))  # still streaming
             with contextlib.suppress(httpx.HTTPError):  # cut at the end of the grace period
                 for _ in lines:
                     pass
