@@ -310,13 +310,15 @@ class Scheduler:
     def fail_pending(self, error: BaseException) -> None:
         """End every request not yet done with error, queued ones included. Only once the loop's
         thread has stopped: this touches its state."""
-        while not self.incoming.empty():
-            self.waiting.append(self.incoming.get())
+        self._take_incoming()
         self._fail_all(error)
 
-    def _admit(self) -> None:
+    def _take_incoming(self) -> None:
         while not self.incoming.empty():
             self.waiting.append(self.incoming.get())
+
+    def _admit(self) -> None:
+        self._take_incoming()
         if self._refusal is not None:
             for req in list(self.waiting):
                 req.error = self._refusal

@@ -32,14 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minfer_jax import validate
 from minfer_jax.errors import MinferError
 from minfer_jax.server import metrics
-from minfer_jax.server.backend import (
-    SHUTTING_DOWN,
-    Backend,
-    Handle,
-    ServerBusy,
-    ServerSettings,
-    ShuttingDown,
-)
+from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSettings, ShuttingDown
 from minfer_jax.server.guards import AccessGuard, AccessPolicy
 from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, longest_token_chars
 from minfer_jax.server.openai_format import Reply, error_body, sse
@@ -198,14 +191,15 @@ def _authorize(backend: Backend, request: Request) -> None:
         )
 
 
-def _shutting_down() -> ApiError:
-    return ApiError(503, SHUTTING_DOWN, "unavailable_error", code=503)
+def _unavailable(message: str) -> ApiError:
+    """503: the model is still loading, or the server is shutting down."""
+    return ApiError(503, message, "unavailable_error", code=503)
 
 
 def _failed(error: BaseException) -> ApiError:
     """The reply to a request that ended with an error: 503 for a server going down, else 500."""
     if isinstance(error, ShuttingDown):
-        return _shutting_down()
+        return _unavailable(str(error))
     return ApiError(500, f"generation failed: {type(error).__name__}: {error}", "server_error")
 
 
@@ -216,11 +210,11 @@ def _load_failed(backend: Backend) -> ApiError:
 def _ready(backend: Backend, request: Request) -> Backend:
     _authorize(backend, request)
     if backend.closing.is_set():
-        raise _shutting_down()
+        raise _failed(ShuttingDown())
     if not backend.ready.is_set():  # as /health answers: never going to load, or not yet
         if backend.error is not None:
             raise _load_failed(backend)
-        raise ApiError(503, "Loading model", "unavailable_error", code=503)
+        raise _unavailable("Loading model")
     return backend
 
 
@@ -253,8 +247,8 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
         )
     except ServerBusy:
         raise
-    except ShuttingDown:
-        raise _shutting_down() from None
+    except ShuttingDown as e:
+        raise _failed(e) from None
     except MinferError as e:  # the scheduler's checks: empty prompt, over the context, bad token id
         raise BadRequest(str(e), "messages" if kind == "chat" else "prompt") from None
     reply = Reply(kind, backend.model_id)
@@ -387,7 +381,7 @@ def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> N
         if status == "ok":
             return {"status": "ok"}
         if status == "loading":
-            return _error_response(ApiError(503, "Loading model", "unavailable_error", code=503))
+            return _error_response(_unavailable("Loading model"))
         return _error_response(_load_failed(backend))
 
     @app.api_route("/metrics", methods=READ_METHODS)

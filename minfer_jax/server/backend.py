@@ -40,6 +40,9 @@ class ServerBusy(MinferError):
 class ShuttingDown(MinferError):
     """The server is shutting down: a request that had not started ends with this (HTTP 503)."""
 
+    def __init__(self, message: str = SHUTTING_DOWN):
+        super().__init__(message)
+
 
 class ServerSettingsError(MinferError, ValueError):
     """A server setting outside what the engine supports (-np, -c, ...)."""
@@ -329,7 +332,7 @@ class Backend:
         period. Never blocks (it runs in a signal handler)."""
         self.closing.set()
         if self.scheduler is not None:
-            self.scheduler.refuse_queued(ShuttingDown(SHUTTING_DOWN))
+            self.scheduler.refuse_queued(ShuttingDown())
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the threads; every request still open ends (running ones cancelled, the rest
@@ -344,7 +347,7 @@ class Backend:
             if t is not threading.current_thread():
                 t.join(timeout)
         if sched is not None and not any(t.is_alive() for t in self.threads):
-            sched.fail_pending(ShuttingDown(SHUTTING_DOWN))
+            sched.fail_pending(ShuttingDown())
 
     @property
     def status(self) -> str:
@@ -375,9 +378,9 @@ class Backend:
         request."""
         sched, s = self.scheduler, self.settings
         limit = s.n_parallel + s.queue_limit
-        handle = Handle(asyncio.get_running_loop(), stream, self._progress, self._finished)
         if self.closing.is_set():
-            raise ShuttingDown(SHUTTING_DOWN)
+            raise ShuttingDown()
+        handle = Handle(asyncio.get_running_loop(), stream, self._progress, self._finished)
         with self.lock:
             if self.live >= limit:
                 raise ServerBusy(
