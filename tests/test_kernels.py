@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from kernel_mode import INTERPRET, KERNELS
-from minfer_jax.bench.kernel_timing import random_planes
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import (
     FIELD_PLANES,
@@ -32,6 +31,8 @@ from minfer_jax.quant.planes import (
     fields_per_word,
     get_format,
 )
+
+from minfer_bench.bench.kernel_timing import random_planes
 
 K_QUANTS = {QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K}
 
@@ -758,7 +759,8 @@ def test_ops_prefill_variants():
 
 def test_bench_gemm_choices_are_ops_variants():
     from minfer_jax import ops
-    from minfer_jax.bench import cli
+
+    from minfer_bench.bench import cli
 
     (gemm,) = [a for a in cli.build_parser()._actions if "--gemm" in a.option_strings]
     assert tuple(gemm.choices) == ops.GEMM_VARIANTS

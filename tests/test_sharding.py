@@ -17,8 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS
 from tests.configs import tiny_config
+
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS
 
 TINY = tiny_config(n_layers=2, d_ff=768, vocab_size=301)
 QWEN25_7B = SYNTHETIC_CONFIGS["qwen2.5-7b"]  # the split plan reads its shapes only
@@ -82,9 +83,10 @@ def test_more_devices_than_exist_is_an_error():
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F32"])
 def test_raw_cuts_decode_to_the_slices(qtype):
     from minfer_jax.engine.sharding import _k_window, _rows
-    from minfer_jax.files.synthetic import random_raw_tensor
     from minfer_jax.quant import ggml
     from minfer_jax.quant.planes import QType
+
+    from minfer_bench.synthetic import random_raw_tensor
 
     t = random_raw_tensor("w", QType[qtype], (6, 768), np.random.default_rng(1))
     full = np.asarray(ggml.dequantize(t.data, t.qtype, t.shape))
@@ -144,7 +146,8 @@ def _model_results(kernels: str) -> dict:
     import jax
 
     import minfer_jax
-    from minfer_jax.files.synthetic import synthetic_model_from_config
+
+    from minfer_bench.synthetic import synthetic_model_from_config
 
     assert len(jax.devices()) == 4, jax.devices()
     gm = synthetic_model_from_config(TINY, "q4_k_m", seed=5)

@@ -15,7 +15,7 @@ and the largest |llama.cpp logit - float64 logit| over every prompt position (th
 is tests/float64_reference.py), which bounds our own distance in the test. Plus llama.cpp's ids of
 a set of tokenizer texts. --f32-copy: the same distance for an F32 copy of the file in llama.cpp
 with an f32 KV cache (the model math without llama.cpp's quantization).
-synthetic: the spec's model written as a GGUF (minfer_jax.files.synthetic, deterministic in the
+synthetic: the spec's model written as a GGUF (minfer_bench.synthetic, deterministic in the
 seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
 every position, its top-2 margin there and its distance from the float64 forward.
 """
@@ -244,7 +244,8 @@ def write_f32_copy(gm, path: str) -> None:
     from gguf.quants import dequantize
 
     from minfer_jax.files.gguf import QType, RawTensor
-    from minfer_jax.files.synthetic import write_gguf
+
+    from minfer_bench.synthetic import write_gguf
 
     tensors = {
         n: RawTensor(
@@ -260,7 +261,7 @@ def write_f32_copy(gm, path: str) -> None:
 
 
 def synthetic(args) -> dict:
-    from minfer_jax.files.synthetic import synthetic_model, write_gguf
+    from minfer_bench.synthetic import synthetic_model, write_gguf
 
     gm = synthetic_model(args.spec, seed=args.seed)
     rng = np.random.default_rng(args.seed)
