@@ -68,7 +68,7 @@ def prefill_chunk(
     history [W] (the prompt's tail) and stores both in `state`, so decode can follow without the
     host. Returns (token, state, cache); only the last chunk of a prompt's token matters.
     """
-    h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)  # [C, d]
+    h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par, n_valid)  # [C, d]
     last = jax.lax.dynamic_slice_in_dim(
         h, n_valid - 1, 1, axis=0
     )  # [1, d]: one row through the head

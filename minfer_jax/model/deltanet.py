@@ -13,29 +13,13 @@ a prompt's chunks and decode steps; a chunk's padded tokens (past n_valid) leave
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
 from minfer_jax import ops
 from minfer_jax.model.config import Config
+from minfer_jax.model.weights import DeltaNet
 from minfer_jax.pallas import delta_rule
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class DeltaNet:
-    """One Gated DeltaNet layer's own weights (the norm and FFN sit in model/weights.Layer)."""
-
-    # attn_qkv, attn_gate, ssm_beta, ssm_alpha (rows conv_dim | Hv dv | Hv | Hv), as one weight or
-    # runs of one format (weights.fused_runs); their outputs concatenated in that order
-    proj: tuple
-    dt_bias: jax.Array  # [Hv] ssm_dt.bias
-    a: jax.Array  # [Hv] ssm_a = -exp(A_log)
-    conv: jax.Array  # [conv_dim, K] f32 ssm_conv1d
-    norm: jax.Array  # [dv] ssm_norm, one weight for every head
-    out: object  # Weight [d, Hv dv] ssm_out
 
 
 def split_projection(proj: jax.Array, cfg: Config):

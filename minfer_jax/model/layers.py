@@ -40,6 +40,9 @@ class LayerCall:
     # activation take the projections' split-K partials (pallas/split_sums.py), and the residual
     # stream carries its rows' sums of squares to the next norm's GEMVs (Residual)
     epilogues: bool = False
+    # a Gated DeltaNet layer (qwen35): recur(proj [T, ...], weights.DeltaNet) -> [T, Hv dv], the
+    # mix through the layer's recurrent state (decoder.py carries it; model/deltanet.py)
+    recur: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)

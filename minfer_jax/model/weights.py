@@ -83,6 +83,25 @@ def embed_rows(w: Weight, ids: jax.Array) -> jax.Array:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class DeltaNet:
+    """One Gated DeltaNet layer's own weights (model/deltanet.py; its norms and FFN are the
+    Layer's)."""
+
+    # attn_qkv, attn_gate, ssm_beta, ssm_alpha (rows conv_dim | Hv dv | Hv | Hv), as one weight or
+    # runs of one format (fused_runs); their outputs concatenated in that order
+    proj: tuple
+    dt_bias: jax.Array  # [Hv] ssm_dt.bias
+    a: jax.Array  # [Hv] ssm_a = -exp(A_log)
+    conv: jax.Array  # [conv_dim, K] f32 ssm_conv1d
+    norm: jax.Array  # [dv] ssm_norm, one weight for every head
+    out: Weight | None  # [d, Hv dv] ssm_out
+
+
+DELTANET_PROJ_ROLES = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class Layer:
     """One decoder layer. Neighbouring projections that share a format are stored fused (one
     matmul launch; `fused_runs`): qkv holds [wq; wk; wv] as one [d + 2 kv, d] weight, or e.g.
@@ -90,9 +109,11 @@ class Layer:
     [2 ff, d] weight or the two apart. Their outputs, concatenated in order, are q | k | v."""
 
     attn_norm: jax.Array  # [d] f32
-    qkv: tuple  # (w_qkv,), (w_qk, wv), (wq, w_kv) or (wq [qd, d], wk [kv, d], wv [kv, d])
+    # (w_qkv,), (w_qk, wv), (wq, w_kv) or (wq [qd, d], wk [kv, d], wv [kv, d]); () in a DeltaNet
+    # layer
+    qkv: tuple
     qkv_bias: jax.Array | None  # [qd + 2 kv] (Qwen2); None: no biases
-    wo: Weight  # [d, qd]
+    wo: Weight | None  # [d, qd]; None in a DeltaNet layer
     ffn_norm: jax.Array  # [d]
     gate_up: tuple  # (w_gate_up,) or (w_gate [ff, d], w_up [ff, d])
     w_down: Weight  # [d, ff]
@@ -100,6 +121,7 @@ class Layer:
     k_norm: jax.Array | None = None
     post_attn_norm: jax.Array | None = None  # [d] RMSNorm of the attention / FFN output (Gemma 3)
     post_ffn_norm: jax.Array | None = None
+    mixer: DeltaNet | None = None  # a Gated DeltaNet layer's weights instead of attention (qwen35)
 
 
 @jax.tree_util.register_dataclass
@@ -246,20 +268,35 @@ def load_params(
         names = [f"{p}{r}.bias" for r in QKV_ROLES]
         return jnp.concatenate([vec(n) for n in names]) if names[0] in t else None
 
+    def deltanet(p):
+        return DeltaNet(
+            proj=_group(model, [f"{p}{r}.weight" for r in DELTANET_PROJ_ROLES], opts, device),
+            dt_bias=vec(p + "ssm_dt.bias"),
+            a=vec(p + "ssm_a"),
+            conv=vec(p + "ssm_conv1d.weight"),
+            norm=vec(p + "ssm_norm.weight"),
+            out=_matrix([t[p + "ssm_out.weight"]], opts, device),
+        )
+
     def layer(i):
         p = f"blk.{i}."
+        recurrent = p + "ssm_a" in t
+        has_ffn_norm = p + "ffn_norm.weight" in t  # qwen35 names its pre-FFN norm otherwise
         return Layer(
             attn_norm=vec(p + "attn_norm.weight"),
-            qkv=_group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
+            qkv=()
+            if recurrent
+            else _group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
             qkv_bias=biases(p),
-            wo=_matrix([t[p + "attn_output.weight"]], opts, device),
-            ffn_norm=vec(p + "ffn_norm.weight"),
+            wo=None if recurrent else _matrix([t[p + "attn_output.weight"]], opts, device),
+            ffn_norm=vec(p + ("ffn_norm.weight" if has_ffn_norm else "post_attention_norm.weight")),
             gate_up=_group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device),
             w_down=_matrix([t[p + "ffn_down.weight"]], opts, device),
             q_norm=optional_vec(p + "attn_q_norm.weight"),
             k_norm=optional_vec(p + "attn_k_norm.weight"),
-            post_attn_norm=optional_vec(p + "post_attention_norm.weight"),
+            post_attn_norm=optional_vec(p + "post_attention_norm.weight") if has_ffn_norm else None,
             post_ffn_norm=optional_vec(p + "post_ffw_norm.weight"),
+            mixer=deltanet(p) if recurrent else None,
         )
 
     # Repacking is numpy work that releases the GIL: layers in parallel (a 7B's 4.4 GB took minutes
