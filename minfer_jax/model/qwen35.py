@@ -30,8 +30,8 @@ embed = layers.embed
 
 
 def _recurrent_layers(md, n_all: int, n_trunk: int) -> tuple[bool, ...]:
-    flags = md.list("attention.recurrent_layers", default=None)
-    if flags is None:
+    flags = md.list("attention.recurrent_layers", default=[])
+    if not flags:
         every = md.int("full_attention_interval", default=FULL_ATTENTION_INTERVAL)
         if every < 1:
             raise UnsupportedError(f"{md.path}: full_attention_interval {every} < 1")
