@@ -23,8 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax.files.gguf import GGUFModel, QType, RawTensor
-from minfer_jax.quant import ggml
-from minfer_jax.quant.planes import repack
+from minfer_jax.quant.planes import dequantize, repack
 
 LOAD_THREADS = min(8, os.cpu_count() or 1)  # tensors repacked / dequantized at once
 
@@ -130,7 +129,7 @@ class LoadOptions:
 
 
 def _vector(t: RawTensor) -> np.ndarray:
-    return np.asarray(ggml.dequantize(t.data, t.qtype, t.shape), np.float32)
+    return np.asarray(dequantize(t.data, t.qtype, t.shape), np.float32)
 
 
 def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
@@ -140,7 +139,7 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     shape = (rows, t.shape[1])
     if opts.mode == "dense":
         w = jnp.concatenate(
-            [ggml.dequantize(x.data, x.qtype, x.shape) for x in tensors]
+            [dequantize(x.data, x.qtype, x.shape) for x in tensors]
         )  # [n, k] f32, bit-exact
         if t.name == "token_embd.weight" or rows >= 2 * t.shape[1]:
             return DenseWeight(
