@@ -3,7 +3,7 @@
 Two storage modes, chosen per platform by `minfer_jax.load`:
 - "quantized": every matrix stays in its GGUF format, repacked once into planes
   (quant.planes); the Pallas kernels read the planes directly. Device memory ~= file size.
-- "dense": matrices are dequantized once at load (bit-exact f32, quant.ggml). On a 2-core CPU
+- "dense": matrices are dequantized once at load (bit-exact f32, planes.dequantize). On a 2-core CPU
   XLA's dense dot beats any per-call dequantization by far, and its speed depends on dtype and
   orientation (docs/ARCHITECTURE.md has the table): square and narrowing matrices are stored
   [K, N], widening ones (N >= 2K: gate/up, the vocab head, the embedding) [N, K], both f32 by
@@ -190,7 +190,7 @@ def _expert_matrix(t: RawTensor, opts: LoadOptions, device) -> Weight:
     [E, n, k], or each expert repacked and every plane stacked ([E, Npad, k / wpc])."""
     e, n, k = t.shape
     if opts.mode == "dense":
-        w = ggml.dequantize(t.data, t.qtype, (e * n, k)).reshape(e, n, k)  # bit-exact f32
+        w = dequantize(t.data, t.qtype, (e * n, k)).reshape(e, n, k)  # bit-exact f32
         w = w.astype(jnp.dtype(opts.dense_dtype))
         return DenseWeight(jax.device_put(w, device), transposed=False, experts=e)
     raw = np.asarray(t.data).reshape(e, n, -1)
