@@ -83,3 +83,46 @@ def test_layer_pattern_from_the_interval_and_refusals():
     for arch in ("qwen35moe", "gemma4"):
         with pytest.raises(UnsupportedError, match=arch):
             config_from_metadata({**meta, "general.architecture": arch}, "x.gguf", 320, True)
+
+
+# --- the recurrent state through the engine -------------------------------------------------------
+
+
+def _expected_prompts(name: str):
+    return json.loads((DATA / f"{name}.json").read_text())["prompts"]
+
+
+def test_generate_alone_and_in_a_batch_gives_llama_cpp_greedy_tokens(files):
+    """generate() (chunked prefill with a padded last chunk, then decode steps carrying conv and
+    delta states) and generate_batch() (rows of one decode batch, each its own slot's state) give
+    llama.cpp's greedy continuation of each prompt."""
+    name = "qwen35-tiny-v3-mtp"
+    model = _model(files(name))
+    prompts = _expected_prompts(name)
+    for p in prompts:
+        got = minfer_jax.generate(model, p["ids"], max_new_tokens=len(p["greedy"]))
+        assert got.tokens == p["greedy"]
+    batch = [prompts[1]["ids"], prompts[0]["ids"], prompts[1]["ids"][:10]]
+    results = minfer_jax.generate_batch(model, batch, max_new_tokens=12)
+    assert results[0].tokens == prompts[1]["greedy"][:12]
+    assert results[1].tokens == prompts[0]["greedy"][:12]
+    alone = minfer_jax.generate(model, batch[2], max_new_tokens=12)
+    assert results[2].tokens == alone.tokens
+
+
+def test_a_shared_prefix_is_recomputed_not_truncated(files):
+    """A request sharing a prefix with what its slot ran before (a conversation's next turn) gets
+    the tokens it gets alone (its own scheduler, another cache): the scheduler prefills it from position 0 (a recurrent
+    state cannot be cut back to the prefix) and reports no cached tokens."""
+    name = "qwen35-tiny"
+    model = _model(files(name))
+    sched = minfer_jax.Scheduler(model, model.plan(n_seqs=1, decode_steps=4))
+    p = _expected_prompts(name)[1]
+    first = sched.submit(p["ids"], max_new_tokens=8)
+    sched.run([first])
+    follow_up = p["ids"] + first.result().tokens + [5, 6, 7]
+    second = sched.submit(follow_up, max_new_tokens=8)
+    sched.run([second])
+    assert first.result().tokens == p["greedy"][:8]
+    assert second.result().cached_tokens == 0
+    assert second.result().tokens == minfer_jax.generate(model, follow_up, max_new_tokens=8).tokens

@@ -206,6 +206,12 @@ class Scheduler:
         self.free_slots = list(range(plan.n_seqs))
         # per free slot, the tokens whose K/V it still holds at positions [0, len) (prefix reuse)
         self.slot_tokens: dict[int, list[int]] = {}
+        # No prefix reuse in the deterministic mode (kept K/V came from another chunking or from
+        # decode steps, so a prompt's K/V would depend on what ran in its slot before), nor with
+        # recurrent layers (qwen35): their state holds every token the slot ran and cannot be
+        # cut back to a shared prefix (HYBRID_NOTES: llama.cpp refuses too, or restores a
+        # checkpoint), so such a prompt is prefilled from position 0, which resets the state.
+        self.reuse_prefixes = not (model.impl.deterministic or model.config.recurrent_layers)
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
@@ -540,9 +546,7 @@ class Scheduler:
         if req in self.decoding:
             self.decoding.remove(req)
         if req.slot is not None:
-            # deterministic: no prefix reuse, since kept K/V came from another chunking (or from
-            # decode steps), so a prompt's K/V would depend on what ran in its slot before
-            if not self.model.impl.deterministic:
+            if self.reuse_prefixes:
                 self.slot_tokens[req.slot] = self._kept_tokens(req)
             self.free_slots.append(req.slot)
             req.slot = None

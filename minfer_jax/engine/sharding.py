@@ -95,6 +95,8 @@ def split_of(model: GGUFModel, degree: int) -> Split:
 def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Split:
     """Shard rows and K windows for `degree` shards; K splits fall on o_block / ff_block weights."""
     n = degree
+    if cfg.recurrent_layers:  # the DeltaNet layers' heads and state are not split (yet)
+        raise ShardingError(f"tensor_parallel is not supported for the hybrid family {cfg.family}")
     if cfg.n_heads % n:
         raise ShardingError(
             f"tensor_parallel {n} does not divide the model's {cfg.n_heads} query heads"
