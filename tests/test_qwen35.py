@@ -110,10 +110,11 @@ def test_generate_alone_and_in_a_batch_gives_llama_cpp_greedy_tokens(files):
     assert results[2].tokens == alone.tokens
 
 
-def test_a_shared_prefix_is_recomputed_not_truncated(files):
-    """A request sharing a prefix with what its slot ran before (a conversation's next turn) gets
-    the tokens it gets alone (its own scheduler, another cache): the scheduler prefills it from position 0 (a recurrent
-    state cannot be cut back to the prefix) and reports no cached tokens."""
+def test_a_shared_prefix_restores_a_checkpoint_never_truncates(files):
+    """A conversation's next turn (the previous prompt + answer + more) restores the recurrent
+    state its slot's checkpoint holds after the previous prompt and prefills the rest; a prompt
+    sharing only part of that prompt is prefilled from position 0 (a recurrent state cannot be cut
+    back). Each gets the tokens it gets alone (the model's own scheduler, another cache)."""
     name = "qwen35-tiny"
     model = _model(files(name))
     sched = minfer_jax.Scheduler(model, model.plan(n_seqs=1, decode_steps=4))
@@ -124,5 +125,10 @@ def test_a_shared_prefix_is_recomputed_not_truncated(files):
     second = sched.submit(follow_up, max_new_tokens=8)
     sched.run([second])
     assert first.result().tokens == p["greedy"][:8]
-    assert second.result().cached_tokens == 0
+    assert second.result().cached_tokens == len(p["ids"])
     assert second.result().tokens == minfer_jax.generate(model, follow_up, max_new_tokens=8).tokens
+    partial = follow_up[:10] + [9, 9, 9]  # shares 10 tokens with the slot's checkpointed prompt
+    third = sched.submit(partial, max_new_tokens=8)
+    sched.run([third])
+    assert third.result().cached_tokens == 0
+    assert third.result().tokens == minfer_jax.generate(model, partial, max_new_tokens=8).tokens
