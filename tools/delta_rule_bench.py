@@ -2,7 +2,7 @@
 checked against its jnp reference and timed beside it.
 
 usage: PYTHONPATH=. python tools/delta_rule_bench.py [--ts 512,4096] [--heads 16,48] [--dim 128]
-           [--block-vs 32,64,128] [--reps 10]
+           [--block-vs 32,64,128] [--warps 4,8] [--reps 10]
 
 Qwen3.6-27B: 16 q/k heads, 48 v heads, head size 128 (48 of its 64 layers are DeltaNet). A time is
 the median wall time of `reps` calls after a warm-up (block_until_ready on each); tok/s is one
@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--heads", default="16,48")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--block-vs", default="32,64,128")
+    ap.add_argument("--warps", default="4,8")
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
     n_k, n_v = (int(x) for x in a.heads.split(","))
@@ -64,15 +65,19 @@ def main() -> None:
         want_o, want_s = ref(*args)
         ref_s = _median_s(ref, args, a.reps)
         print(f"T={t_len} reference (XLA) {ref_s * 1e3:.3f} ms  {t_len / ref_s:,.0f} tok/s")
-        for bv in (int(x) for x in a.block_vs.split(",")):
-            fn = jax.jit(lambda *x, bv=bv: delta_rule.chunk_delta_rule(*x, block_v=bv))
+        tiles = [(int(b), int(w)) for b in a.block_vs.split(",") for w in a.warps.split(",")]
+        for bv, warps in tiles:
+            fn = jax.jit(
+                lambda *x, bv=bv, w=warps: delta_rule.chunk_delta_rule(*x, block_v=bv, num_warps=w)
+            )
             o, s = fn(*args)
             err_o = float(jnp.max(jnp.abs(o - want_o)))
             err_s = float(jnp.max(jnp.abs(s - want_s)))
             scale = float(jnp.max(jnp.abs(want_o)))
             secs = _median_s(fn, args, a.reps)
             print(
-                f"T={t_len} kernel block_v={bv}: {secs * 1e3:.3f} ms  {t_len / secs:,.0f} tok/s  "
+                f"T={t_len} kernel block_v={bv} warps={warps}: {secs * 1e3:.3f} ms  "
+                f"{t_len / secs:,.0f} tok/s  "
                 f"max|o err| {err_o:.2e} (|o| {scale:.2e}) max|state err| {err_s:.2e}  "
                 f"{'PASS' if err_o < 1e-3 * max(scale, 1) and err_s < 1e-3 else 'FAIL'}"
             )

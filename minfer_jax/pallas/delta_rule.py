@@ -119,9 +119,21 @@ def _check(q, k, v, g, beta, state):
         raise DeltaRuleShapeError(f"delta rule: dk {dk}, dv {dv} must be powers of two >= 16")
 
 
-def chunk_delta_rule(q, k, v, g, beta, state, *, interpret: bool = False, block_v: int = BLOCK_V):
+def chunk_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state,
+    *,
+    interpret: bool = False,
+    block_v: int = BLOCK_V,
+    num_warps: int = NUM_WARPS,
+):
     """q, k [T, Hk, dk] (q scaled, both L2-normed), v [T, Hv, dv], g (log decay) and beta [T, Hv],
-    state [Hv, dk, dv] f32 -> (o [T, Hv, dv] f32, the state after the T tokens)."""
+    state [Hv, dk, dv] f32 -> (o [T, Hv, dv] f32, the state after the T tokens). block_v and
+    num_warps: the kernel's tiles (defaults not yet measured on a GPU)."""
     _check(q, k, v, g, beta, state)
     t_len, n_k, dk = q.shape
     n_v, dv = v.shape[1], v.shape[2]
@@ -141,7 +153,7 @@ def chunk_delta_rule(q, k, v, g, beta, state, *, interpret: bool = False, block_
         grid=(n_v, dv // block_v),
         in_specs=[qk_spec, qk_spec, v_spec, row_spec, row_spec, s_spec],
         out_specs=[v_spec, s_spec],
-        compiler_params=tiles.compiler_params(NUM_WARPS, NUM_STAGES),
+        compiler_params=tiles.compiler_params(num_warps, NUM_STAGES),
         interpret=interpret,
         name="chunk_delta_rule",
     )(qh, kh, vh, gcum, bh, state.astype(jnp.float32))
