@@ -93,21 +93,16 @@ def _expected_prompts(name: str):
 
 
 def test_generate_alone_and_in_a_batch_gives_llama_cpp_greedy_tokens(files):
-    """generate() (chunked prefill with a padded last chunk, then decode steps carrying conv and
-    delta states) and generate_batch() (rows of one decode batch, each its own slot's state) give
-    llama.cpp's greedy continuation of each prompt."""
+    """generate() (a prefill chunk padded past the prompt, then decode steps carrying conv and
+    delta states) and generate_batch() (170 tokens in three chunks, the last padded; rows of one
+    decode batch, each its own slot's state) give llama.cpp's greedy continuation of each prompt."""
     name = "qwen35-tiny-v3-mtp"
     model = _model(files(name))
-    prompts = _expected_prompts(name)
-    for p in prompts:
-        got = minfer_jax.generate(model, p["ids"], max_new_tokens=len(p["greedy"]))
-        assert got.tokens == p["greedy"]
-    batch = [prompts[1]["ids"], prompts[0]["ids"], prompts[1]["ids"][:10]]
-    results = minfer_jax.generate_batch(model, batch, max_new_tokens=12)
-    assert results[0].tokens == prompts[1]["greedy"][:12]
-    assert results[1].tokens == prompts[0]["greedy"][:12]
-    alone = minfer_jax.generate(model, batch[2], max_new_tokens=12)
-    assert results[2].tokens == alone.tokens
+    long, short = _expected_prompts(name)
+    got = minfer_jax.generate(model, short["ids"], max_new_tokens=len(short["greedy"]))
+    assert got.tokens == short["greedy"]
+    results = minfer_jax.generate_batch(model, [long["ids"], short["ids"]], max_new_tokens=12)
+    assert [r.tokens for r in results] == [long["greedy"][:12], short["greedy"][:12]]
 
 
 def test_a_shared_prefix_restores_a_checkpoint_never_truncates(files):
