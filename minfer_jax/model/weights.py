@@ -22,63 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax.files.gguf import GGUFModel, QType, RawTensor
+from minfer_jax.files.gguf import QType, RawTensor
+from minfer_jax.model.gguf_model import GGUFModel
 from minfer_jax.quant import ggml
+from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
 from minfer_jax.quant.planes import repack
 
 LOAD_THREADS = min(8, os.cpu_count() or 1)  # tensors repacked / dequantized at once
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class QWeight:
-    """A [n, k] matrix in its quantized device layout: planes [Npad, k / wpc] (quant.planes)."""
-
-    planes: dict[str, jax.Array]
-    qtype: QType = dataclasses.field(metadata=dict(static=True))
-    shape: tuple[int, int] = dataclasses.field(metadata=dict(static=True))
-
-    @property
-    def nbytes(self) -> int:
-        return int(sum(p.nbytes for p in self.planes.values()))
-
-    def rows(self, ids: jax.Array) -> jax.Array:
-        """Dequantized rows ids [...] -> [..., k] f32 (embedding lookup without a dense table)."""
-        from minfer_jax.quant.planes import decode
-
-        flat = ids.reshape(-1)
-        vals = decode(self.qtype, {n: p[flat] for n, p in self.planes.items()}, jnp.float32)
-        return vals.reshape(*ids.shape, self.shape[1])
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class DenseWeight:
-    """A dequantized [n, k] matrix, stored as [n, k] (transposed=False) or [k, n]
-    (transposed=True)."""
-
-    w: jax.Array
-    transposed: bool = dataclasses.field(metadata=dict(static=True))
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(reversed(self.w.shape)) if self.transposed else tuple(self.w.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.w.size * self.w.dtype.itemsize)
-
-
-Weight = QWeight | DenseWeight
-
-
-def embed_rows(w: Weight, ids: jax.Array) -> jax.Array:
-    """Rows of an embedding table as f32: ids [...] -> [..., d]."""
-    if isinstance(w, QWeight):
-        return w.rows(ids)
-    if w.transposed:
-        raise ValueError("embedding tables are stored [vocab, d]")
-    return w.w[ids].astype(jnp.float32)
 
 
 @jax.tree_util.register_dataclass
