@@ -14,8 +14,10 @@ import zlib
 
 import numpy as np
 
-from minfer_jax.files.gguf import GGUFModel, QType, RawTensor, expected_shapes
+from minfer_jax.files.gguf import QType, RawTensor
 from minfer_jax.model.config import Config
+from minfer_jax.model.from_gguf import expected_shapes
+from minfer_jax.model.gguf_model import GGUFModel
 from minfer_jax.model.qwen35 import layer_shapes
 
 from minfer_bench.synthetic import _metadata

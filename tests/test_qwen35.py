@@ -16,7 +16,7 @@ import pytest
 
 import minfer_jax
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.files.gguf import load_gguf
+from minfer_jax.model.from_gguf import config_from_metadata, load_gguf
 
 from minfer_bench.synthetic import write_gguf
 from minfer_bench.synthetic_qwen35 import QWEN35_TINY, qwen35_model
@@ -72,8 +72,6 @@ def _metadata(**overrides):
 
 
 def test_layer_pattern_from_the_interval_and_refusals():
-    from minfer_jax.files.gguf import config_from_metadata
-
     gm, meta = _metadata(**{"attention.recurrent_layers": None, "full_attention_interval": 2})
     cfg = config_from_metadata(meta, "x.gguf", 320, True)
     assert cfg.recurrent_layers == (True, False, True, False)
