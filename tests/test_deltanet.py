@@ -49,6 +49,22 @@ def test_chunk_kernel_matches_recurrence(t_len, n_k, n_v, strong):
         np.testing.assert_allclose(got_s, want_s, atol=ATOL, rtol=1e-4)
 
 
+def test_nearly_equal_keys_stay_stable():
+    """Repeated keys with beta ~ 1 and no decay make (I + L)'s inverse a difference operator whose
+    Neumann terms are ~1e18 and cancel: the solve must stay at the recurrence's values."""
+    q, k, v, g, beta, s0 = _inputs(7, 128, 1, 1, 16, 16)
+    k = jnp.broadcast_to(k[:1], k.shape) + 0.01 * q  # nearly one key, unit norm after the L2
+    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    g, beta = jnp.zeros_like(g), jnp.full_like(beta, 0.99)
+    want_o, want_s = delta_rule.delta_rule_recurrent(q, k, v, g, beta, s0)
+    for got_o, got_s in (
+        delta_rule.chunk_delta_rule(q, k, v, g, beta, s0, interpret=INTERPRET, block_v=16),
+        delta_rule.chunk_delta_rule_reference(q, k, v, g, beta, s0),
+    ):
+        np.testing.assert_allclose(got_o, want_o, atol=1e-3, rtol=1e-3)
+        np.testing.assert_allclose(got_s, want_s, atol=1e-3, rtol=1e-3)
+
+
 def test_state_carries_across_calls():
     q, k, v, g, beta, s0 = _inputs(1, 80, 2, 4, 16, 16)
     want_o, want_s = delta_rule.chunk_delta_rule_reference(q, k, v, g, beta, s0)

@@ -8,8 +8,8 @@ g, D[t, s] = exp(G_t - G_s) (s <= t) and L[t, s] = beta_t D[t, s] k_t.k_s (s < t
     U = (I + L)^-1 (beta V - beta exp(G) K S0)            (the chunk's new values d_t)
     O = exp(G) Q S0 + (D o Q K^T) U
     S1 = exp(G_C) S0 + (exp(G_C - G) K)^T U.
-(I + L)^-1 is (I - L)(I + L^2)(I + L^4)...(I + L^32): L is strictly lower triangular (L^64 = 0),
-so the inverse is ten 64x64 matmuls instead of a 64-step substitution. Value columns of the state
+(I + L)^-1 is applied by forward substitution (64 masked row steps; the reference calls jax's
+triangular solve). Value columns of the state
 are independent, so the grid is (value heads, value blocks); each program walks the chunks in
 order carrying its [dk, block_v] slice of the state. Padded tokens (beta = 0, g = 0) leave the
 state as it is, which is how a prefill chunk's padding and a partial last chunk stay harmless.
@@ -30,7 +30,7 @@ from minfer_jax.errors import MinferError
 from minfer_jax.pallas import tiles
 from minfer_jax.sizes import round_up
 
-CHUNK = 64  # tokens per chunk: llama.cpp's and fla's; the Neumann product below assumes 64
+CHUNK = 64  # tokens per chunk: llama.cpp's and fla's
 HIGHEST = lax.Precision.HIGHEST  # f32 products (IEEE on the GPU): the state must stay f32
 BLOCK_V = 64  # value columns of the state per program
 NUM_WARPS = 4
@@ -46,23 +46,42 @@ def _dot(a, b, trans_a: bool = False, trans_b: bool = False):
     return lax.dot_general(a, b, dims, precision=HIGHEST, preferred_element_type=jnp.float32)
 
 
-def _chunk_step(q, k, v, gcum, beta, s0):
+def forward_substitute(lower, rhs):
+    """(I + lower)^-1 rhs for a strictly lower triangular lower [C, C], rhs [C, n]: row by row
+    (masked row extracts, Triton-friendly). Stable where L's powers are huge and cancel (nearly
+    equal keys with beta ~ 1 and little decay): a Neumann product gave 1e20 there."""
+    c = lower.shape[0]
+    row_of_lower = lax.broadcasted_iota(jnp.int32, lower.shape, 0)
+    row_of_u = lax.broadcasted_iota(jnp.int32, rhs.shape, 0)
+
+    def step(i, u):  # rows < i of u are solved; row i still holds rhs_i; L[i, j >= i] = 0
+        l_i = jnp.sum(jnp.where(row_of_lower == i, lower, 0.0), axis=0)  # [C]
+        r_i = jnp.sum(jnp.where(row_of_u == i, u, 0.0), axis=0)  # [n]
+        u_i = r_i - jnp.sum(l_i[:, None] * u, axis=0)
+        return jnp.where(row_of_u == i, u_i[None, :], u)
+
+    return lax.fori_loop(1, c, step, rhs)
+
+
+def _solve_reference(lower, rhs):
+    """forward_substitute through jax's triangular solve (the reference's, an independent one)."""
+    eye = jnp.eye(lower.shape[0], dtype=lower.dtype)
+    return jax.scipy.linalg.solve_triangular(eye + lower, rhs, lower=True, unit_diagonal=True)
+
+
+def _chunk_step(q, k, v, gcum, beta, s0, solve=forward_substitute):
     """One chunk: q, k [C, dk], v [C, bv], gcum (within-chunk cumulative g), beta [C], state s0
-    [dk, bv] -> (o [C, bv], s1). Shared by the kernel and the reference (plain jnp ops)."""
+    [dk, bv] -> (o [C, bv], s1). Shared by the kernel and the reference (plain jnp ops; solve:
+    the unit lower triangular solve)."""
     c = q.shape[0]
     row = lax.broadcasted_iota(jnp.int32, (c, c), 0)
     col = lax.broadcasted_iota(jnp.int32, (c, c), 1)
     # exp of a masked exponent, never exp(+large) * 0 (the upper triangle would overflow)
     decay = jnp.exp(jnp.where(col <= row, gcum[:, None] - gcum[None, :], -jnp.inf))
     lower = jnp.where(col < row, beta[:, None] * decay * _dot(k, k, trans_b=True), 0.0)
-    eye = (row == col).astype(jnp.float32)
-    inv, power = eye - lower, lower
-    for _ in range(5):  # (I - L)(I + L^2)(I + L^4)(I + L^8)(I + L^16)(I + L^32)
-        power = _dot(power, power)
-        inv = _dot(inv, eye + power)
     g_all = jnp.exp(gcum)
     rhs = beta[:, None] * v - (beta * g_all)[:, None] * _dot(k, s0)
-    u = _dot(inv, rhs)  # [C, bv]
+    u = solve(lower, rhs)  # [C, bv]: the chunk's new values
     o = g_all[:, None] * _dot(q, s0) + _dot(decay * _dot(q, k, trans_b=True), u)
     g_end = jnp.sum(jnp.where(lax.broadcasted_iota(jnp.int32, (c,), 0) == c - 1, gcum, 0.0))
     s1 = jnp.exp(g_end) * s0 + _dot(jnp.exp(g_end - gcum)[:, None] * k, u, trans_a=True)
@@ -174,7 +193,7 @@ def chunk_delta_rule_reference(q, k, v, g, beta, state):
         return jnp.swapaxes(x.reshape(n_v, -1, CHUNK, *x.shape[2:]), 0, 1)
 
     def step(s, xs):
-        o, s = jax.vmap(_chunk_step)(*xs, s)
+        o, s = jax.vmap(functools.partial(_chunk_step, solve=_solve_reference))(*xs, s)
         return s, o
 
     s1, o = lax.scan(step, state.astype(jnp.float32), tuple(map(chunks, (qh, kh, vh, gcum, bh))))
