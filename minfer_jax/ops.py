@@ -52,8 +52,8 @@ import jax.numpy as jnp
 
 from minfer_jax import experts, validate
 from minfer_jax.errors import InvalidArgumentError
-from minfer_jax.model.weights import DenseWeight, Weight
-from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, tiles
+from minfer_jax.quant.matrix import DenseWeight, Weight
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
@@ -227,7 +227,7 @@ def _quantized_route(qtype: QType, nt: int, impl: Impl) -> Route:
     if nt > impl.gemv_max_nt and not alone:
         return Route(_PREFILL_KINDS[gemm_variant(impl.gemm, qtype, nt)])
     chunk = impl.gemv_max_nt if alone else None
-    if qtype not in int8_words.SPECS:
+    if get_format(qtype).ints is None:  # float formats
         return Route("gemv-float", row_chunk=chunk)
     return Route("gemv", row_chunk=chunk, precise=impl.precise)
 
