@@ -25,8 +25,9 @@ import pytest
 import minfer_jax
 from minfer_jax.errors import GGUFError
 from minfer_jax.files.gguf import MetadataView
-from minfer_jax.files.synthetic import synthetic_model
-from tests import float64_reference
+
+from minfer_bench import float64_reference
+from minfer_bench.synthetic import synthetic_model
 
 DATA = Path(__file__).parent / "data" / "llama_cpp"
 ARCHS = ("qwen3moe", "qwen2moe", "mixtral")

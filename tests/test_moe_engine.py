@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import minfer_jax
-from minfer_jax.files.synthetic import synthetic_model, write_gguf
+
+from minfer_bench.synthetic import synthetic_model, write_gguf
 
 SPEC = "qwen2moe-tiny:q8_0"
 

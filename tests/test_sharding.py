@@ -173,7 +173,8 @@ def test_moe_sharded_model_matches_one_device():
 def _moe_results() -> dict:
     """(run in the 4-device subprocess) qwen2moe-tiny Q4_K_M on one device vs TP 2 and 4."""
     import minfer_jax
-    from minfer_jax.files.synthetic import synthetic_model
+
+    from minfer_bench.synthetic import synthetic_model
 
     gm = synthetic_model("qwen2moe-tiny:q4_k_m", seed=5)
     prompt = list(range(3, 40))  # past 8 tokens: the sorted expert path, then decode's gather
