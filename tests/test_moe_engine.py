@@ -94,10 +94,11 @@ def test_weights_cache_and_cli(gm, tmp_path, monkeypatch):
 
 def test_kernel_path_matches_reference_path():
     """Prefill (attention kernels, the dequant GEMM, the experts through ragged_dot) and decode
-    (GEMVs, the gathered experts) through the kernels against the XLA path."""
+    (GEMVs, Qwen2's fused q/k/v epilogue and attention, the gathered experts, the shared expert)
+    through the kernels against the XLA path."""
     from tests.kernel_mode import KERNELS
 
-    gm = synthetic_model("qwen3moe-tiny:q8_0", seed=3)
+    gm = synthetic_model("qwen2moe-tiny:q8_0", seed=3)
     kern, ref = (
         minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=64)
         for k in (KERNELS, "xla")
@@ -112,3 +113,43 @@ def test_kernel_path_matches_reference_path():
     top2 = np.sort(lr, axis=-1)[:, -2:]
     if (top2[len(ids) - 1 :, 1] - top2[len(ids) - 1 :, 0] > tol).all():
         assert got == want
+
+
+def test_server_batches_requests_and_reuses_a_prefix():
+    """The OpenAI server on a synthetic MoE model (minfer_bench.serve's loader): three concurrent
+    completions of token-id prompts, each the tokens generate() gives alone; a prompt that starts
+    like a finished one reports the reused tokens."""
+    import concurrent.futures
+    import time
+
+    from starlette.testclient import TestClient
+
+    from minfer_jax.server.app import create_app
+    from minfer_jax.server.backend import ServerSettings
+
+    from minfer_bench.serve import load_model
+
+    ref = "synthetic:qwen3moe-tiny:q8_0:seed=3"
+    settings = ServerSettings(model=ref, n_parallel=3, ctx_size=3 * 128, warmup=False)
+    app = create_app(settings, loader=load_model)
+    prompts = [prompt(50 + i, 10 + 9 * i) for i in range(3)]
+    with TestClient(app, base_url="http://localhost") as c:
+        deadline = time.monotonic() + 300
+        while app.state.backend.status == "loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        body = {"max_tokens": 4, "temperature": 0}
+
+        def complete(ids):
+            r = c.post("/v1/completions", json={**body, "prompt": ids})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(complete, prompts))
+        again = complete(prompts[2] + prompt(60, 3))
+    model = load_model(ref, ctx_size=128)
+    for ids, answer in zip(prompts, answers):
+        alone = minfer_jax.generate(model, ids, max_new_tokens=4)
+        assert answer["choices"][0]["text"] == alone.text
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(prompts[2])
