@@ -124,3 +124,32 @@ def test_moe_config_from_metadata():
         qwen3moe.config_from_metadata(view("qwen3moe", expert_used_count=17))
     with pytest.raises(GGUFError, match="output.weight"):
         qwen2moe.config_from_metadata(MetadataView({}, "m.gguf", "qwen2moe", 512, True))
+
+
+def test_real_shape_q4_k_m_mixes_are_llama_quantizes():
+    """The Q4_K_M mixes of the real-shape specs follow llama-quantize's MoE rules, as
+    tools/quant_mix_vs_llama_cpp.py found them equal to llama.cpp's on every tensor: the router
+    F32; with eight experts attn_k / attn_v Q8_0 and attn_output Q5_K; expert ffn_down Q6_K on
+    the use_more_bits layers (the layer index read from the name)."""
+    from minfer_bench.quant_mix import tensor_types
+    from minfer_bench.synthetic import SYNTHETIC_CONFIGS
+
+    mix = tensor_types(SYNTHETIC_CONFIGS["mixtral-8x7b"], "q4_k_m")
+    assert mix["blk.0.ffn_gate_inp.weight"].name == "F32"
+    assert {mix[f"blk.5.attn_{r}.weight"].name for r in ("k", "v")} == {"Q8_0"}
+    assert mix["blk.5.attn_output.weight"].name == "Q5_K"
+    assert mix["blk.5.ffn_gate_exps.weight"].name == "Q4_K"
+    downs = [mix[f"blk.{i}.ffn_down_exps.weight"].name for i in range(32)]
+    assert downs[:4] == ["Q6_K"] * 4 and downs[4] == "Q4_K" and downs[-1] == "Q6_K"
+    qwen = tensor_types(SYNTHETIC_CONFIGS["qwen3-30b-a3b"], "q4_k_m")
+    assert qwen["blk.7.attn_output.weight"].name == "Q4_K"  # 128 experts: no bump
+    assert qwen["blk.0.ffn_gate_inp.weight"].name == "F32"
+
+
+def test_other_moe_architectures_are_one_unsupported_error_naming_them():
+    from minfer_jax.errors import UnsupportedError
+    from minfer_jax.model.families import for_architecture
+
+    for arch in ("gpt-oss", "deepseek2", "qwen35moe"):
+        with pytest.raises(UnsupportedError, match=f"unsupported architecture '{arch}'"):
+            for_architecture(arch, "m.gguf")
