@@ -103,9 +103,9 @@ def test_kernel_path_matches_reference_path():
         minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=64)
         for k in (KERNELS, "xla")
     )
-    ids = prompt(40, 24)
-    want = minfer_jax.generate(ref, ids, max_new_tokens=3).tokens
-    got = minfer_jax.generate(kern, ids, max_new_tokens=3).tokens
+    ids = prompt(40, 16)  # past 8 tokens: prefill takes the sorted (ragged) expert route
+    want = minfer_jax.generate(ref, ids, max_new_tokens=2).tokens
+    got = minfer_jax.generate(kern, ids, max_new_tokens=2).tokens
     seq = ids + want
     lk, lr = np.asarray(kern.logits(seq)), np.asarray(ref.logits(seq))
     tol = 2e-2 * float(np.max(np.abs(lr)))  # the kernels' f16 / int8 activations

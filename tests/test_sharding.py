@@ -163,15 +163,16 @@ def test_moe_split_cuts_each_experts_width():
 
 
 def test_moe_sharded_model_matches_one_device():
-    """qwen2moe-tiny (experts and the gated shared expert) at TP 2 and 4 against one device."""
+    """qwen2moe-tiny (experts and the gated shared expert) at TP 4 against one device: each expert
+    is one Q4_K block wide, so three shards hold only zero padding of it."""
     res = _run_devices("moe")
-    for tp in ("2", "4"):
+    for tp in ("4",):
         assert res[tp]["tokens"] == res["one"]["tokens"], (tp, res)
         assert res[tp]["logit_err"] <= 3e-4 * res["one"]["logit_max"], (tp, res)
 
 
 def _moe_results() -> dict:
-    """(run in the 4-device subprocess) qwen2moe-tiny Q4_K_M on one device vs TP 2 and 4."""
+    """(run in the 4-device subprocess) qwen2moe-tiny Q4_K_M on one device vs TP 4."""
     import minfer_jax
 
     from minfer_bench.synthetic import synthetic_model
@@ -185,7 +186,7 @@ def _moe_results() -> dict:
 
     tokens, logits = run(minfer_jax.load(gguf_model=gm, ctx_size=64))
     res = {"one": {"tokens": tokens, "logit_max": float(np.abs(logits).max())}}
-    for tp in (2, 4):
+    for tp in (4,):
         got, lg = run(minfer_jax.load(gguf_model=gm, ctx_size=64, tensor_parallel=tp))
         res[str(tp)] = {"tokens": got, "logit_err": float(np.abs(lg - logits).max())}
     return res
