@@ -263,6 +263,7 @@ def _down_kernel(body: RowsBody, k: int, npad: int, bn: int, has_bias: bool):
 # ----------------------------------------------------------------------------- references
 
 
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out"))
 def expert_rows_reference(x: jax.Array, planes: dict, *, qtype: QType, n_out: int) -> jax.Array:
     """What one program computes for a pair, on whole arrays: x [K] . W^T -> [n_out] f32 for one
     expert's planes [Npad, cols]: the integer GEMV's reference (same activation quantization,
@@ -273,6 +274,7 @@ def expert_rows_reference(x: jax.Array, planes: dict, *, qtype: QType, n_out: in
     return jnp.dot(w, x.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
 
 
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out"))
 def expert_gemv_reference(
     x: jax.Array, planes: dict, ids: jax.Array, *, qtype: QType, n_out: int
 ) -> jax.Array:
