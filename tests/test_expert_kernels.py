@@ -18,7 +18,7 @@ import pytest
 
 from kernel_mode import INTERPRET
 from minfer_jax.bench.kernel_timing import random_planes
-from minfer_jax.pallas import expert_gemv
+from minfer_jax.pallas import expert_gemm, expert_gemv
 from minfer_jax.quant.planes import FORMATS, QType
 
 NEW_FORMATS = [q for q in FORMATS if q.name in ("MXFP4", "IQ4_NL", "IQ4_XS")]
@@ -140,3 +140,26 @@ def test_expert_down_sum_matches_reference(qtype):
     )
     ref = expert_gemv.expert_down_sum_reference(h, w, ids, weights, qtype=qtype, n_out=N, bias=b)
     check(got, ref)
+
+
+@pytest.mark.parametrize("variant", expert_gemm.VARIANTS)
+@pytest.mark.parametrize("qtype", EXPERT_FORMATS, ids=lambda q: q.name)
+def test_expert_matmul_sorted_matches_reference(qtype, variant):
+    """Prefill: 12 tokens x 2 slots sorted by expert, one expert never chosen (its blocks empty,
+    the Pallas variant's trailing blocks skipped), both grouped-GEMM variants."""
+    w = stacked_planes(qtype, N, K, seed=5)
+    ids = jax.random.randint(jax.random.PRNGKey(11), (12, 2), 0, E - 1)
+    x = jax.random.normal(jax.random.PRNGKey(12), (12, K), jnp.float32)
+    got = expert_gemm.expert_matmul_sorted(
+        x, w, ids, qtype=qtype, n_out=N, variant=variant, interpret=INTERPRET
+    )
+    check(got, expert_gemm.expert_matmul_sorted_reference(x, w, ids, qtype=qtype, n_out=N))
+
+
+def test_block_layout():
+    """Each expert's rows start a block of their own; blocks past the used ones are -1."""
+    sizes = jnp.array([3, 0, 17, 1], jnp.int32)
+    dest, tile_expert, n_blocks = expert_gemm.block_layout(sizes, 21, 16)
+    assert n_blocks == 2 + 4  # ceil(21 / 16) + one partial block per expert at most
+    assert list(np.asarray(dest)) == [0, 1, 2, *range(16, 33), 48]
+    assert list(np.asarray(tile_expert)) == [0, 2, 2, 3, -1, -1]
