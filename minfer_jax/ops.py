@@ -57,6 +57,13 @@ from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
+# mixture-of-experts on the kernels: up to this many tokens the grouped expert GEMV
+# (pallas/expert_gemv.py: one launch for gate + up + activation, one for down + weights + sum,
+# each (token, slot) pair streaming its expert's rows), beyond it the expert-sorted grouped GEMM
+# of EXPERT_GEMM_VARIANT (pallas/expert_gemm.py). 8 is llama.cpp's MMVQ limit; neither is measured
+# on a GPU yet: PYTHONPATH=. python tools/expert_bench.py --nt 8,16,32,64 --paths gemv,ragged,pallas
+EXPERT_GEMV_MAX_NT = 8
+EXPERT_GEMM_VARIANT = "ragged"  # one of expert_gemm.VARIANTS
 # impl.deterministic: matmuls of up to this many rows compute each row as alone (plan.MAX_SEQS,
 # the largest decode batch; prefill chunks this short take the same path)
 DETERMINISTIC_MAX_NT = 64
@@ -282,6 +289,11 @@ def kernel_case(qtype: QType, n: int, nt: int, impl: Impl):
     ops.matmul takes, its kernel call (x, planes), that call's jnp reference (x, planes))."""
     r = _quantized_route(QType(qtype), nt, impl)
     return r, route_call(r, QType(qtype), n, impl), route_reference(r, QType(qtype), n)
+
+
+def expert_kernel_path(nt: int) -> str:
+    """The expert kernels' path for nt tokens: "gemv" or an expert_gemm variant."""
+    return "gemv" if nt <= EXPERT_GEMV_MAX_NT else EXPERT_GEMM_VARIANT
 
 
 def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
