@@ -22,7 +22,11 @@ _LIMITS = {
 }
 
 # Model families with a layer module (model/families.py maps each to it).
-FAMILIES = ("qwen2", "llama", "qwen3", "gemma3")
+FAMILIES = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "qwen2moe")
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
+# how router logits become the chosen experts' weights (llama.cpp's expert_gating_func):
+# "softmax": softmax over all experts, top-k of the probabilities
+EXPERT_GATINGS = ("softmax",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,14 @@ class Config:
     # with a window: every swa_period-th layer (i % period == period - 1) is global
     swa_period: int = 0
     rope_theta_local: float = 0.0  # RoPE base of the local (sliding-window) layers; 0: rope_theta
+    # mixture of experts (model/moe.py): n_experts > 0 replaces every layer's FFN by a router and
+    # n_experts expert FFNs of width d_ff_expert, n_experts_used of them per token
+    n_experts: int = 0
+    n_experts_used: int = 0
+    d_ff_expert: int = 0
+    d_ff_shared: int = 0  # a shared expert's width (Qwen2-MoE); 0: none
+    expert_weights_norm: bool = False  # the k chosen weights divided by their sum
+    expert_gating: str = "softmax"  # one of EXPERT_GATINGS
 
     def __post_init__(self):
         for name, hi in _LIMITS.items():
@@ -83,6 +95,18 @@ class Config:
         validate.number("Config.rope_theta_local", self.rope_theta_local, 0.0)
         validate.integer("Config.sliding_window", self.sliding_window, 0, validate.INT32_MAX)
         validate.integer("Config.swa_period", self.swa_period, 0, 1 << 12)
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        validate.integer("Config.n_experts", self.n_experts, 0, MAX_EXPERTS)
+        validate.choice("Config.expert_gating", self.expert_gating, EXPERT_GATINGS)
+        validate.integer("Config.d_ff_shared", self.d_ff_shared, 0, _LIMITS["d_ff"])
+        if not self.n_experts:
+            return
+        if self.n_experts_used == 0:  # llama.cpp's wording
+            raise InvalidArgumentError("model has expert layers but no expert layers are used")
+        validate.integer("Config.n_experts_used", self.n_experts_used, 1, self.n_experts)
+        validate.integer("Config.d_ff_expert", self.d_ff_expert, 1, _LIMITS["d_ff"])
 
     @property
     def q_dim(self) -> int:
