@@ -16,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_mode import INTERPRET
+from kernel_mode import INTERPRET, KERNELS
+from minfer_jax import ops
 from minfer_jax.bench.kernel_timing import random_planes
+from minfer_jax.model.weights import QWeight
 from minfer_jax.pallas import expert_gemm, expert_gemv
 from minfer_jax.quant.planes import FORMATS, QType
 
@@ -163,3 +165,27 @@ def test_block_layout():
     assert n_blocks == 2 + 4  # ceil(21 / 16) + one partial block per expert at most
     assert list(np.asarray(dest)) == [0, 1, 2, *range(16, 33), 48]
     assert list(np.asarray(tile_expert)) == [0, 2, 2, 3, -1, -1]
+
+
+@pytest.mark.parametrize("t", [2, 12])  # the grouped GEMV's route, then the sorted GEMM's
+def test_ops_expert_routes_match_the_reference_route(t):
+    """ops.expert_glu / expert_down_sum on the kernels (fused launches up to
+    ops.EXPERT_GEMV_MAX_NT tokens, the grouped GEMM beyond) give the XLA reference route's
+    products within the int8 activations' rounding; biases as gpt-oss has them."""
+    qtype = QType.Q8_0
+    gate, up = (QWeight(stacked_planes(qtype, N, K, s), qtype, (N, K), E) for s in (6, 7))
+    down = QWeight(stacked_planes(qtype, K, N * 2, 8), qtype, (K, N * 2), E)
+    assert ops.expert_route(gate, t, ops.Impl(kernels=KERNELS)) == (
+        "expert-gemv" if t <= ops.EXPERT_GEMV_MAX_NT else "expert-gemm"
+    )
+    ids, weights = route(t, 2, seed=t)
+    x = jax.random.normal(jax.random.PRNGKey(13), (t, K), jnp.float32)
+    gb, ub = jax.random.normal(jax.random.PRNGKey(14), (2, E, N))
+    outs = []
+    for impl in (ops.Impl(kernels=KERNELS), ops.Impl()):
+        h = ops.expert_glu(x, gate, up, ids, "silu", impl, gate_bias=gb, up_bias=ub)
+        h = jnp.concatenate([h, h], axis=-1)  # down's input width N * 2
+        outs.append((h, ops.expert_down_sum(h, down, ids, weights, impl)))
+    for got, want in zip(*outs):
+        chex.assert_equal_shape([got, want])
+        chex.assert_trees_all_close(got, want, atol=2e-2 * float(jnp.max(jnp.abs(want))), rtol=0)

@@ -55,6 +55,10 @@ def choose_config(qtypes: tuple[QType, ...], grid_rows: int, npad: int) -> Exper
     return ExpertConfig(bn=bn)
 
 
+def _x_terms(precise: bool) -> int:
+    return gemv_tuning.PRECISE_X_TERMS if precise else 1
+
+
 def _whole(a: jax.Array) -> pl.BlockSpec:
     """The whole array in every program (ids, weights, stacked planes: read at dynamic offsets)."""
     return pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)
@@ -97,7 +101,7 @@ def _call(kernel, operands, specs, grid, out_rows, npad, cfg, interpret, name):
     )(*operands)
 
 
-@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "interpret"))
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "precise", "interpret"))
 def expert_gemv(
     x: jax.Array,
     planes: dict,
@@ -106,16 +110,18 @@ def expert_gemv(
     qtype: QType,
     n_out: int,
     config: ExpertConfig | None = None,
+    precise: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """x [T, K] or [T, k, K] (a row per slot) . W[ids[t, j]]^T -> [T, k, n_out] f32; planes
-    stacked [E, Npad, cols], ids [T, k] int32."""
+    stacked [E, Npad, cols], ids [T, k] int32. precise: x in gemv_tuning.PRECISE_X_TERMS int8
+    terms (integer path; ops.Impl.precise), as for every expert_* launch."""
     t, k = ids.shape
     per_slot = x.ndim == 3
     x2 = x.reshape(t * k if per_slot else t, x.shape[-1])
     _, npad = _planes_npad(planes)
     cfg = config or choose_config((qtype,), t * k, npad)
-    body = rows_body(qtype, cfg.bn, x2.shape[1], interpret)
+    body = rows_body(qtype, cfg.bn, x2.shape[1], interpret, _x_terms(precise))
     flat_ids = ids.reshape(t * k).astype(jnp.int32)
     xl, x_spec = _x_operand(body, x2, 1, (lambda p: p) if per_slot else (lambda p: p // k))
     arrays = expert_kernels.kernel_planes(body, planes)
@@ -129,7 +135,8 @@ def expert_gemv(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("gate_qtype", "up_qtype", "n_out", "act", "config", "interpret")
+    jax.jit,
+    static_argnames=("gate_qtype", "up_qtype", "n_out", "act", "config", "precise", "interpret"),
 )
 def expert_glu(
     x: jax.Array,
@@ -144,6 +151,7 @@ def expert_glu(
     gate_bias: jax.Array | None = None,
     up_bias: jax.Array | None = None,
     config: ExpertConfig | None = None,
+    precise: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """act(x . Wg[e]^T (+ bg[e]), x . Wu[e]^T (+ bu[e])) for e = ids[t, j]: x [T, K] -> [T, k,
@@ -152,7 +160,8 @@ def expert_glu(
     _, npad = _planes_npad(gate_planes)
     assert _planes_npad(up_planes)[1] == npad, "gate and up have the same rows"
     cfg = config or choose_config((gate_qtype, up_qtype), t * k, npad)
-    bodies = [rows_body(q, cfg.bn, x.shape[1], interpret) for q in (gate_qtype, up_qtype)]
+    terms = _x_terms(precise)
+    bodies = [rows_body(q, cfg.bn, x.shape[1], interpret, terms) for q in (gate_qtype, up_qtype)]
     flat_ids = ids.reshape(t * k).astype(jnp.int32)
     operands, specs = [flat_ids], [_whole(flat_ids)]
     for body in bodies:
@@ -173,7 +182,7 @@ def expert_glu(
     return out[:, :n_out].reshape(t, k, n_out)
 
 
-@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "interpret"))
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "precise", "interpret"))
 def expert_down_sum(
     h: jax.Array,
     planes: dict,
@@ -184,6 +193,7 @@ def expert_down_sum(
     n_out: int,
     bias: jax.Array | None = None,
     config: ExpertConfig | None = None,
+    precise: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """sum_j weights[t, j] * (h[t, j] . W[ids[t, j]]^T (+ bias[ids[t, j]])): h [T, k, F] ->
@@ -191,7 +201,7 @@ def expert_down_sum(
     t, k = ids.shape
     _, npad = _planes_npad(planes)
     cfg = config or choose_config((qtype,), t, npad)
-    body = rows_body(qtype, cfg.bn, h.shape[-1], interpret)
+    body = rows_body(qtype, cfg.bn, h.shape[-1], interpret, _x_terms(precise))
     flat_ids = ids.reshape(t * k).astype(jnp.int32)
     flat_w = weights.reshape(t * k).astype(jnp.float32)
     xl, x_spec = _x_operand(body, h.reshape(t * k, h.shape[-1]), k, lambda p: p)
@@ -263,20 +273,24 @@ def _down_kernel(body: RowsBody, k: int, npad: int, bn: int, has_bias: bool):
 # ----------------------------------------------------------------------------- references
 
 
-@functools.partial(jax.jit, static_argnames=("qtype", "n_out"))
-def expert_rows_reference(x: jax.Array, planes: dict, *, qtype: QType, n_out: int) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "precise"))
+def expert_rows_reference(
+    x: jax.Array, planes: dict, *, qtype: QType, n_out: int, precise: bool = False
+) -> jax.Array:
     """What one program computes for a pair, on whole arrays: x [K] . W^T -> [n_out] f32 for one
     expert's planes [Npad, cols]: the integer GEMV's reference (same activation quantization,
     exact integer sums) for block formats with words, else an f32 decode and an f32 dot."""
     if qtype in int8_words.SPECS:
-        return gemv.gemv_int8_reference(x[None], planes, qtype=qtype, n_out=n_out)[0]
+        return gemv.gemv_int8_reference(
+            x[None], planes, qtype=qtype, n_out=n_out, x_terms=_x_terms(precise)
+        )[0]
     w = decode(qtype, planes, jnp.float32)[:n_out]
     return jnp.dot(w, x.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
 
 
-@functools.partial(jax.jit, static_argnames=("qtype", "n_out"))
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "precise"))
 def expert_gemv_reference(
-    x: jax.Array, planes: dict, ids: jax.Array, *, qtype: QType, n_out: int
+    x: jax.Array, planes: dict, ids: jax.Array, *, qtype: QType, n_out: int, precise: bool = False
 ) -> jax.Array:
     """expert_gemv on whole arrays: each pair's expert planes gathered, then
     expert_rows_reference."""
@@ -285,7 +299,7 @@ def expert_gemv_reference(
 
     def pair(xrow, e):
         return expert_rows_reference(
-            xrow, {n: p[e] for n, p in planes.items()}, qtype=qtype, n_out=n_out
+            xrow, {n: p[e] for n, p in planes.items()}, qtype=qtype, n_out=n_out, precise=precise
         )
 
     ys = jax.vmap(pair)(xs.reshape(t * k, -1), ids.reshape(t * k))
@@ -294,11 +308,11 @@ def expert_gemv_reference(
 
 def expert_glu_reference(
     x, gate_planes, up_planes, ids, *, gate_qtype, up_qtype, n_out, act="silu", gate_bias=None,
-    up_bias=None,
+    up_bias=None, precise=False,
 ) -> jax.Array:  # fmt: skip
     """expert_glu from two expert_gemv_reference products."""
-    g = expert_gemv_reference(x, gate_planes, ids, qtype=gate_qtype, n_out=n_out)
-    u = expert_gemv_reference(x, up_planes, ids, qtype=up_qtype, n_out=n_out)
+    g = expert_gemv_reference(x, gate_planes, ids, qtype=gate_qtype, n_out=n_out, precise=precise)
+    u = expert_gemv_reference(x, up_planes, ids, qtype=up_qtype, n_out=n_out, precise=precise)
     if gate_bias is not None:
         g = g + gate_bias[ids].astype(jnp.float32)
     if up_bias is not None:
@@ -307,10 +321,10 @@ def expert_glu_reference(
 
 
 def expert_down_sum_reference(
-    h, planes, ids, weights, *, qtype: QType, n_out: int, bias=None
+    h, planes, ids, weights, *, qtype: QType, n_out: int, bias=None, precise=False
 ) -> jax.Array:
     """expert_down_sum from expert_gemv_reference: weighted, then summed over the slots."""
-    y = expert_gemv_reference(h, planes, ids, qtype=qtype, n_out=n_out)  # [T, k, N]
+    y = expert_gemv_reference(h, planes, ids, qtype=qtype, n_out=n_out, precise=precise)
     if bias is not None:
         y = y + bias[ids].astype(jnp.float32)
     return jnp.sum(y * weights[..., None].astype(jnp.float32), axis=1)

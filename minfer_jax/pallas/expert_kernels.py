@@ -71,21 +71,22 @@ class RowsBody:
     rows: Callable
 
 
-def rows_body(qtype: QType, bn: int, k: int, interpret: bool) -> RowsBody:
-    """The body of a weight of qtype with bn rows per program and K = k inputs."""
+def rows_body(qtype: QType, bn: int, k: int, interpret: bool, x_terms: int = 1) -> RowsBody:
+    """The body of a weight of qtype with bn rows per program and K = k inputs (x_terms: int8
+    terms of x on the integer path, gemv_tuning.PRECISE_X_TERMS in the precise mode)."""
     if qtype in int8_words.SPECS:
-        return _int8_rows(qtype, bn, k, interpret)
+        return _int8_rows(qtype, bn, k, interpret, x_terms)
     return _decoded_rows(qtype, bn, k)
 
 
-def _int8_rows(qtype: QType, bn: int, k: int, interpret: bool) -> RowsBody:
+def _int8_rows(qtype: QType, bn: int, k: int, interpret: bool, x_terms: int) -> RowsBody:
     """Integer path: steps of INT8_STEP_WEIGHTS weights per row (gt groups), x quantized per
     step as the GEMV's in-kernel path does, dp4a on the weight words."""
     spec = int8_words.SPECS[qtype]
     n_groups = k // spec.group
     gt = tiles.pow2_divisor(n_groups, gemv_tuning.INT8_STEP_WEIGHTS // spec.group)
     exact_round = gemv_tuning.row(qtype).exact_round  # the reference's rounding (numerics)
-    source = gemv_int8_kernel.in_kernel_x_source(qtype, gt, exact_round)
+    source = gemv_int8_kernel.in_kernel_x_source(qtype, gt, exact_round, x_terms=x_terms)
     dot4 = int8_words.dp4a_emulated if interpret else int8_words.dp4a_ptx
     view_names = [name for name, _ in spec.views]
     coarse_names = [name for name, _ in spec.coarse]
