@@ -49,7 +49,8 @@ def check(got, ref):
     chex.assert_trees_all_close(got, ref, atol=1e-3 * scale, rtol=0)  # summation order only
 
 
-@pytest.mark.parametrize("qtype", EXPERT_FORMATS, ids=lambda q: q.name)
+# Q8_0 and Q6_K run the same bodies in the fused launches' tests below
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.F16, *NEW_FORMATS], ids=lambda q: q.name)
 def test_expert_gemv_matches_reference(qtype):
     """Three tokens x two slots, each slot its own input row (as the down projection's)."""
     t, per_slot = 3, True
@@ -144,8 +145,12 @@ def test_expert_down_sum_matches_reference(qtype):
     check(got, ref)
 
 
-@pytest.mark.parametrize("variant", expert_gemm.VARIANTS)
-@pytest.mark.parametrize("qtype", EXPERT_FORMATS, ids=lambda q: q.name)
+# the ragged variant's per-format part is the dequantization kernel (tests/test_kernels.py)
+@pytest.mark.parametrize(
+    "qtype,variant",
+    [(q, "pallas") for q in EXPERT_FORMATS] + [(QType.Q4_K, "ragged")],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
 def test_expert_matmul_sorted_matches_reference(qtype, variant):
     """Prefill: 12 tokens x 2 slots sorted by expert, one expert never chosen (its blocks empty,
     the Pallas variant's trailing blocks skipped), both grouped-GEMM variants."""
@@ -161,7 +166,8 @@ def test_expert_matmul_sorted_matches_reference(qtype, variant):
 def test_block_layout():
     """Each expert's rows start a block of their own; blocks past the used ones are -1."""
     sizes = jnp.array([3, 0, 17, 1], jnp.int32)
-    dest, tile_expert, n_blocks = expert_gemm.block_layout(sizes, 21, 16)
+    layout = jax.jit(expert_gemm.block_layout, static_argnums=(1, 2))
+    dest, tile_expert, n_blocks = layout(sizes, 21, 16)
     assert n_blocks == 2 + 4  # ceil(21 / 16) + one partial block per expert at most
     assert list(np.asarray(dest)) == [0, 1, 2, *range(16, 33), 48]
     assert list(np.asarray(tile_expert)) == [0, 2, 2, 3, -1, -1]
@@ -181,11 +187,16 @@ def test_ops_expert_routes_match_the_reference_route(t):
     ids, weights = route(t, 2, seed=t)
     x = jax.random.normal(jax.random.PRNGKey(13), (t, K), jnp.float32)
     gb, ub = jax.random.normal(jax.random.PRNGKey(14), (2, E, N))
-    outs = []
-    for impl in (ops.Impl(kernels=KERNELS), ops.Impl()):
+
+    def ffn(impl, x, gate, up, down, ids, weights, gb, ub):
         h = ops.expert_glu(x, gate, up, ids, "silu", impl, gate_bias=gb, up_bias=ub)
         h = jnp.concatenate([h, h], axis=-1)  # down's input width N * 2
-        outs.append((h, ops.expert_down_sum(h, down, ids, weights, impl)))
+        return h, ops.expert_down_sum(h, down, ids, weights, impl)
+
+    outs = [
+        jax.jit(ffn, static_argnums=0)(impl, x, gate, up, down, ids, weights, gb, ub)
+        for impl in (ops.Impl(kernels=KERNELS), ops.Impl())
+    ]
     for got, want in zip(*outs):
         chex.assert_equal_shape([got, want])
         chex.assert_trees_all_close(got, want, atol=2e-2 * float(jnp.max(jnp.abs(want))), rtol=0)
