@@ -52,7 +52,6 @@ import jax.numpy as jnp
 
 from minfer_jax import experts, validate
 from minfer_jax.errors import InvalidArgumentError
-from minfer_jax.model.weights import DenseWeight, QWeight, Weight
 from minfer_jax.pallas import (
     dequant,
     expert_gemm,
@@ -61,17 +60,15 @@ from minfer_jax.pallas import (
     gemm_int8,
     gemv,
     gemv_tuning,
-    int8_words,
     tiles,
 )
+from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
-# mixture-of-experts on the kernels: up to this many tokens the grouped expert GEMV
-# (pallas/expert_gemv.py: one launch for gate + up + activation, one for down + weights + sum,
-# each (token, slot) pair streaming its expert's rows), beyond it the expert-sorted grouped GEMM
-# of EXPERT_GEMM_VARIANT (pallas/expert_gemm.py). 8 is llama.cpp's MMVQ limit; neither is measured
-# on a GPU yet: PYTHONPATH=. python tools/expert_bench.py --nt 8,16,32,64 --paths gemv,ragged,pallas
+# quantized experts on the kernels: the grouped expert GEMV up to this many tokens, the sorted
+# grouped GEMM of EXPERT_GEMM_VARIANT beyond (llama.cpp's MMVQ limit; neither measured yet:
+# PYTHONPATH=. python tools/expert_bench.py --nt 8,16,32,64 --paths gemv,ragged,pallas)
 EXPERT_GEMV_MAX_NT = 8
 EXPERT_GEMM_VARIANT = "ragged"  # one of expert_gemm.VARIANTS
 # impl.deterministic: matmuls of up to this many rows compute each row as alone (plan.MAX_SEQS,
@@ -244,7 +241,7 @@ def _quantized_route(qtype: QType, nt: int, impl: Impl) -> Route:
     if nt > impl.gemv_max_nt and not alone:
         return Route(_PREFILL_KINDS[gemm_variant(impl.gemm, qtype, nt)])
     chunk = impl.gemv_max_nt if alone else None
-    if qtype not in int8_words.SPECS:
+    if get_format(qtype).ints is None:  # float formats
         return Route("gemv-float", row_chunk=chunk)
     return Route("gemv", row_chunk=chunk, precise=impl.precise)
 
@@ -324,18 +321,12 @@ EXPERT_ROUTE_KINDS = ("gather", "tiles", "expert-gemv", "expert-gemm")
 
 
 def expert_route(w: Weight, nt: int, impl: Impl) -> str:
-    """Which grouped matmul runs an expert tensor for nt tokens (static, like route).
-
-    On the kernels a quantized expert tensor takes the Pallas expert kernels: "expert-gemv"
-    (pallas/expert_gemv.py, and the fused expert_glu / expert_down_sum launches) up to
-    EXPERT_GEMV_MAX_NT tokens, and in the deterministic mode up to DETERMINISTIC_MAX_NT (one
-    fixed config: a pair's sums never depend on the batch); beyond, "expert-gemm" (the
-    expert-sorted grouped GEMM, pallas/expert_gemm.py, variant EXPERT_GEMM_VARIANT).
-    Elsewhere (dense weights, the XLA path): "gather" (experts.gather_matmul, the reference:
-    each token's k chosen matrices) up to GEMV_MAX_NT tokens (deterministic mode:
-    DETERMINISTIC_MAX_NT); beyond, "tiles" (rows sorted by expert on the device, one dot per tile
-    of one expert's rows). (EXPERT_CALLS' "ragged", experts.ragged_matmul, is routed nowhere:
-    the kernels' ragged_dot is expert_gemm's "ragged" variant, on Pallas-dequantized experts.)"""
+    """Which grouped matmul runs an expert tensor for nt tokens (static, like route): on the
+    kernels, quantized experts take "expert-gemv" (pallas/expert_gemv.py; with the fused
+    expert_glu / expert_down_sum launches) up to EXPERT_GEMV_MAX_NT tokens and in the
+    deterministic mode (one fixed config), "expert-gemm" (pallas/expert_gemm.py) beyond; else
+    "gather" (experts.gather_matmul, the reference) up to GEMV_MAX_NT tokens (deterministic:
+    DETERMINISTIC_MAX_NT) and "tiles" (experts.tiled_matmul) beyond."""
     alone = impl.deterministic and nt <= DETERMINISTIC_MAX_NT
     if isinstance(w, QWeight) and impl.kernels != "xla":
         return "expert-gemv" if alone or expert_kernel_path(nt) == "gemv" else "expert-gemm"
@@ -377,11 +368,6 @@ def expert_matmul(x: jax.Array, w: Weight, ids: jax.Array, impl: Impl) -> jax.Ar
     return EXPERT_CALLS[kind](x, w, ids)
 
 
-def _expert_bias(bias: jax.Array | None, ids: jax.Array) -> jax.Array | float:
-    """Each chosen expert's bias [T, k, N] (0 without one)."""
-    return 0.0 if bias is None else bias[ids].astype(jnp.float32)
-
-
 def expert_glu(
     x: jax.Array,
     w_gate: Weight,
@@ -405,8 +391,8 @@ def expert_glu(
             up_qtype=w_up.qtype, n_out=w_gate.shape[0], act=act, gate_bias=gate_bias,
             up_bias=up_bias, **_expert_gemv_kw(impl),
         )  # fmt: skip
-    gate = expert_matmul(x, w_gate, ids, impl) + _expert_bias(gate_bias, ids)
-    up = expert_matmul(x, w_up, ids, impl) + _expert_bias(up_bias, ids)
+    gate = experts.add_bias(expert_matmul(x, w_gate, ids, impl), gate_bias, ids)
+    up = experts.add_bias(expert_matmul(x, w_up, ids, impl), up_bias, ids)
     return experts.GLU_ACTIVATIONS[act](gate, up)
 
 
@@ -427,7 +413,7 @@ def expert_down_sum(
             h.astype(jnp.float32), w_down.planes, ids, weights, qtype=w_down.qtype,
             n_out=w_down.shape[0], bias=bias, **_expert_gemv_kw(impl),
         )  # fmt: skip
-    y = expert_matmul(h, w_down, ids, impl) + _expert_bias(bias, ids)
+    y = experts.add_bias(expert_matmul(h, w_down, ids, impl), bias, ids)
     return experts.weighted_sum(y, weights.astype(jnp.float32))
 
 

@@ -18,10 +18,11 @@ import pytest
 
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax import ops
-from minfer_jax.bench.kernel_timing import random_planes
-from minfer_jax.model.weights import QWeight
 from minfer_jax.pallas import expert_gemm, expert_gemv
+from minfer_jax.quant.matrix import QWeight
 from minfer_jax.quant.planes import FORMATS, QType
+
+from minfer_bench.bench.kernel_timing import random_planes
 
 NEW_FORMATS = [q for q in FORMATS if q.name in ("MXFP4", "IQ4_NL", "IQ4_XS")]
 EXPERT_FORMATS = [QType.Q4_K, QType.Q8_0, QType.Q6_K, QType.F16, *NEW_FORMATS]

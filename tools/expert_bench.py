@@ -29,11 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import ops
-from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import expert_gemm, expert_gemv
 from minfer_jax.pallas.expert_kernels import GLU_ACTIVATIONS
 from minfer_jax.quant.planes import FORMATS, QType
 from minfer_jax.sizes import round_up
+
+from minfer_bench.bench import kernel_timing as KB
 
 
 @dataclasses.dataclass(frozen=True)

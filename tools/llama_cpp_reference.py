@@ -12,10 +12,11 @@ imported here or by the tests. The tests read only the JSON this writes (tests/d
 real: for each prompt (plain text, or a user message through the file's chat template), the ids
 our tokenizer gives and the ids llama.cpp gives (they must agree), llama.cpp's 32 greedy tokens,
 and the largest |llama.cpp logit - float64 logit| over every prompt position (the float64 forward
-is tests/float64_reference.py), which bounds our own distance in the test. Plus llama.cpp's ids of
+is minfer_bench/float64_reference.py), which bounds our own distance in the test. Plus
+llama.cpp's ids of
 a set of tokenizer texts. --f32-copy: the same distance for an F32 copy of the file in llama.cpp
 with an f32 KV cache (the model math without llama.cpp's quantization).
-synthetic: the spec's model written as a GGUF (minfer_jax.files.synthetic, deterministic in the
+synthetic: the spec's model written as a GGUF (minfer_bench.synthetic, deterministic in the
 seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
 every position, its top-2 margin there and its distance from the float64 forward.
 """
@@ -34,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tests import float64_reference  # noqa: E402
+from minfer_bench import float64_reference  # noqa: E402
 
 CHAT_PROMPTS = [
     "What is the capital of France?",
@@ -164,8 +165,8 @@ def llama_cpp_version(python: str) -> str:
 
 
 def real(args) -> dict:
-    from minfer_jax.files.gguf import load_gguf
     from minfer_jax.files.tokenizer import Tokenizer
+    from minfer_jax.model.from_gguf import load_gguf
 
     gm = load_gguf(args.model)
     tok = Tokenizer.from_model(gm)
@@ -244,7 +245,8 @@ def write_f32_copy(gm, path: str) -> None:
     from gguf.quants import dequantize
 
     from minfer_jax.files.gguf import QType, RawTensor
-    from minfer_jax.files.synthetic import write_gguf
+
+    from minfer_bench.synthetic import write_gguf
 
     tensors = {
         n: RawTensor(
@@ -260,7 +262,7 @@ def write_f32_copy(gm, path: str) -> None:
 
 
 def synthetic(args) -> dict:
-    from minfer_jax.files.synthetic import synthetic_model, write_gguf
+    from minfer_bench.synthetic import synthetic_model, write_gguf
 
     gm = synthetic_model(args.spec, seed=args.seed)
     rng = np.random.default_rng(args.seed)

@@ -88,6 +88,7 @@ def _int8_rows(qtype: QType, bn: int, k: int, interpret: bool, x_terms: int) -> 
     exact_round = gemv_tuning.row(qtype).exact_round  # the reference's rounding (numerics)
     source = gemv_int8_kernel.in_kernel_x_source(qtype, gt, exact_round, x_terms=x_terms)
     dot4 = int8_words.dp4a_emulated if interpret else int8_words.dp4a_ptx
+    perm = int8_words.prmt_emulated if interpret else int8_words.prmt_ptx
     view_names = [name for name, _ in spec.views]
     coarse_names = [name for name, _ in spec.coarse]
 
@@ -101,7 +102,7 @@ def _int8_rows(qtype: QType, bn: int, k: int, interpret: bool, x_terms: int) -> 
             t = gemv_int8_kernel.load_step_tiles(
                 spec, views, coarse, g0, gt, groups, bn, False, False, row0
             )
-            words, a, b = spec.fn(t, groups % 2)
+            words, a, b = spec.fn(t, groups % 2, perm)
             terms, xo, xsum = source.prepare(source.load([x_ref], tok, g0, None))
             return acc + gemv_int8_kernel.token_sums(
                 spec, words, a, b, terms, xo, xsum, dot4, False

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from minfer_jax import ops, validate
-from minfer_jax.bench.fields import OUTPUT_FORMATS
-from minfer_jax.bench.parsing import BenchError
-from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS
+from minfer_jax import ops
+from minfer_jax.engine import options
+
+from minfer_bench.bench.fields import OUTPUT_FORMATS
+from minfer_bench.bench.parsing import BenchError
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bench.py",
         description="minfer_jax benchmark: llama-bench compatible model tests (ppN, tgN, ppN+tgM) "
         "and per-shape kernel timings (--kernels). Timing is taken around compiled "
-        "executables after a warm-up run; see minfer_jax/bench/ for the exact "
+        "executables after a warm-up run; see minfer_bench/bench/ for the exact "
         "definitions.",
         epilog="Multiple values can be given as comma lists or ranges (first-last, "
         "first-last+step, first-last*mult), as in llama-bench. Examples:\n"
@@ -181,7 +183,7 @@ def _execution_args(g) -> None:
     )
     g.add_argument(
         "--weights",
-        choices=validate.LOAD_WEIGHT_MODES,
+        choices=options.LOAD_WEIGHT_MODES,
         default=None,
         help="model mode: weight storage on the device (default: quantized for pallas/interpret, "
         "dense for xla, as minfer_jax.load)",

@@ -32,14 +32,13 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, LlamaFileType
 
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.files.gguf import (
-    FLOAT_TYPES,
-    SUPPORTED_TYPES,
-    GGUFModel,
-    RawTensor,
-    expected_shapes,
-)
-from minfer_jax.files.quant_mix import (
+from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, RawTensor
+from minfer_jax.files.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
+from minfer_jax.model.config import Config
+from minfer_jax.model.from_gguf import expected_shapes
+from minfer_jax.model.gguf_model import GGUFModel
+
+from minfer_bench.quant_mix import (
     DEFAULT_TYPE,
     FTYPES,
     QType,
@@ -47,8 +46,6 @@ from minfer_jax.files.quant_mix import (
     parse_ftype,
     tensor_types,
 )
-from minfer_jax.files.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
-from minfer_jax.model.config import Config
 
 # --------------------------------------------------------------------------------------------
 # Configurations
