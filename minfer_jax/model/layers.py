@@ -23,9 +23,9 @@ class LayerCall:
     """What a layer needs besides its weights (a trace-time container, not a pytree)."""
 
     positions: jax.Array  # [T] int32: each token's position
-    attend: (
-        Callable  # attend(q [T, H, hd], k, v [T, Hkv, hd]) -> [T, H * hd]: cache write + attention
-    )
+    # attend(q [T, H, hd], k, v [T, Hkv, hd], sinks=None) -> [T, H * hd]: cache write +
+    # attention; sinks [H]: gpt-oss's per-head sink logits
+    attend: Callable
     cfg: Config
     impl: ops.Impl
     # None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)
