@@ -55,6 +55,10 @@ class Config:
     # with a window: every swa_period-th layer (i % period == period - 1) is global
     swa_period: int = 0
     rope_theta_local: float = 0.0  # RoPE base of the local (sliding-window) layers; 0: rope_theta
+    # YaRN RoPE scaling (rope.scaling.type yarn, every layer): the factor, 0 for none, and
+    # rope.scaling.original_context_length
+    yarn_factor: float = 0.0
+    yarn_orig_ctx: int = 0
 
     def __post_init__(self):
         for name, hi in _LIMITS.items():
@@ -83,6 +87,13 @@ class Config:
         validate.number("Config.rope_theta_local", self.rope_theta_local, 0.0)
         validate.integer("Config.sliding_window", self.sliding_window, 0, validate.INT32_MAX)
         validate.integer("Config.swa_period", self.swa_period, 0, 1 << 12)
+        validate.number("Config.yarn_factor", self.yarn_factor, 0.0)
+        validate.integer("Config.yarn_orig_ctx", self.yarn_orig_ctx, 0, validate.INT32_MAX)
+        if self.yarn_factor and (self.yarn_factor <= 1.0 or not self.yarn_orig_ctx):
+            raise InvalidArgumentError(
+                f"Config.yarn_factor {self.yarn_factor} needs a factor > 1 and an original "
+                f"context length (got {self.yarn_orig_ctx})"
+            )
 
     @property
     def q_dim(self) -> int:
@@ -101,6 +112,11 @@ class Config:
     @property
     def softmax_scale(self) -> float:
         return self.attn_scale or self.head_dim**-0.5
+
+    @property
+    def yarn(self) -> tuple[float, int] | None:
+        """(factor, original context) of YaRN RoPE scaling (layers.rope_neox), or None."""
+        return (self.yarn_factor, self.yarn_orig_ctx) if self.yarn_factor else None
 
     def is_local(self, layer: int) -> bool:
         """Whether layer `layer` attends through the sliding window (llama.cpp's swa_layers)."""
