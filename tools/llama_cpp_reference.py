@@ -15,6 +15,8 @@ and the largest |llama.cpp logit - float64 logit| over every prompt position (th
 is tests/float64_reference.py), which bounds our own distance in the test. Plus llama.cpp's ids of
 a set of tokenizer texts. --f32-copy: the same distance for an F32 copy of the file in llama.cpp
 with an f32 KV cache (the model math without llama.cpp's quantization).
+vocab: llama.cpp's ids for a cut test vocabulary of tests/data/tokenizer with another pre-tokenizer
+(`vocab ggml-vocab-llama-bpe --pre gpt-4o --out tests/data/llama_cpp/gpt-4o-tokenizer.json`).
 synthetic: the spec's model written as a GGUF (minfer_jax.files.synthetic, deterministic in the
 seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
 every position, its top-2 margin there and its distance from the float64 forward.
@@ -79,6 +81,30 @@ TOKENIZER_TEXTS = [
     "print('hello')  # comment",
     "x = [1, 2, 3]\nfor i in x:\n    print(i)",
 ]
+# Texts that part the gpt-4o split from the others: case runs, contractions in any case, digit
+# triples, punctuation with newlines and slashes, combining marks, other scripts.
+PRE_TOKENIZER_TEXTS = [
+    "HelloWorld CamelCaseString XMLHttpRequest iPhone McDonald's",
+    "DON'T Don'T don't I'M YOU'RE they'Ve we'LL he'D it'S",
+    "1234567890 12.5 3,141 2026-12-07 v1.2.3",
+    "path/to/file.txt // comment\n/* block */\r\n<tag>",
+    "e\u0301cole Cafe\u0301 n\u0303 Z\u0327 bae\u0301",
+    "aÉb straÉe baÉ XaÉ",
+    "end.\n/path and ?\r\n//x",
+    "ÀÉÎÕÜ àéîõü ǅungla ǈ ŉ",
+    "日本語のテキスト 中文 한국어 العربية עברית",
+    "tabs\tand\n\nnewlines  \n   \t end",
+    "!!!??? ... --- *** ''' \"\"\"",
+    "<|start|>user<|message|>hi<|end|>",
+]
+VOCAB_WORKER = r"""
+import json, sys
+from llama_cpp import Llama
+job = json.load(open(sys.argv[1]))
+llm = Llama(model_path=job["model"], vocab_only=True, verbose=False)
+ids = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]
+json.dump(ids, open(job["out"], "w"))
+"""
 LONG_TEXT = (
     "The river wound through the valley, past farms and mills, and each spring the water rose to "
     "meet the old stone bridge."
@@ -259,6 +285,57 @@ def write_f32_copy(gm, path: str) -> None:
     write_gguf(dataclasses.replace(gm, tensors=tensors), path, progress=False, tokenizer=tok)
 
 
+def vocab(args) -> dict:
+    """llama.cpp's ids for a cut test vocabulary (tests/data/tokenizer) with
+    tests/cut_vocab.PRE_TOKENIZER_MERGES under another pre-tokenizer (--pre): its own vectors'
+    texts, TOKENIZER_TEXTS and PRE_TOKENIZER_TEXTS."""
+    import gguf
+
+    from tests.cut_vocab import PRE_TOKENIZER_MERGES, cut_vocab_meta, vocab_vectors, with_merges
+
+    meta = with_merges(cut_vocab_meta(args.name), PRE_TOKENIZER_MERGES)
+    texts = [t for t, _ in vocab_vectors(args.name)] + TOKENIZER_TEXTS + PRE_TOKENIZER_TEXTS
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "vocab.gguf")
+        w = gguf.GGUFWriter(path, "llama")  # a vocabulary-only file: llama's few required keys
+        for add, value in (
+            (w.add_block_count, 1),
+            (w.add_context_length, 64),
+            (w.add_embedding_length, 64),
+            (w.add_feed_forward_length, 64),
+            (w.add_head_count, 1),
+            (w.add_layer_norm_rms_eps, 1e-5),
+        ):
+            add(value)
+        w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+        w.add_tokenizer_pre(args.pre)
+        w.add_token_list(meta["tokenizer.ggml.tokens"])
+        w.add_token_types(meta["tokenizer.ggml.token_type"])
+        w.add_token_merges(meta["tokenizer.ggml.merges"])
+        w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+        w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        job = {"model": path, "texts": texts, "out": os.path.join(tmp, "ids.json")}
+        with open(os.path.join(tmp, "job.json"), "w") as f:
+            json.dump(job, f)
+        with open(os.path.join(tmp, "worker.py"), "w") as f:
+            f.write(VOCAB_WORKER)
+        subprocess.run(
+            [args.llama_python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")],
+            check=True,
+        )
+        with open(job["out"]) as f:
+            ids = json.load(f)
+    return {
+        "vocab": args.name,
+        "pre": args.pre,
+        "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids, strict=True)],
+    }
+
+
 def synthetic(args) -> dict:
     from minfer_jax.files.synthetic import synthetic_model, write_gguf
 
@@ -324,8 +401,11 @@ def main(argv=None):
     s.add_argument(
         "--f32-kv", action="store_true", help="llama.cpp's KV cache in f32 (default f16)"
     )
+    v = sub.add_parser("vocab")
+    v.add_argument("name", help="a cut vocabulary of tests/data/tokenizer (ggml-vocab-llama-bpe)")
+    v.add_argument("--pre", required=True, help="the tokenizer.ggml.pre to write, e.g. gpt-4o")
     args = ap.parse_args(argv)
-    result = real(args) if args.kind == "real" else synthetic(args)
+    result = {"real": real, "synthetic": synthetic, "vocab": vocab}[args.kind](args)
     result["llama_cpp_python"] = llama_cpp_version(args.llama_python)
     result["tool"] = "tools/llama_cpp_reference.py"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
