@@ -1,4 +1,4 @@
-"""scripts/bench.py / minfer_jax.bench on CPU: output shape and fields (never speed), kernel mode,
+"""scripts/bench.py / minfer_bench.bench on CPU: output shape and fields (never speed), kernel mode,
 errors."""
 
 import contextlib
@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from kernel_mode import KERNELS
-from minfer_jax.bench import cli, fields, kernel_cases, model_tests, parsing
-from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
 from minfer_jax.sizes import pow2_at_least
 from tests.configs import tiny_config
+
+from minfer_bench.bench import cli, fields, kernel_cases, model_tests, parsing
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--synthetic", "qwen2.5-0.5b:q4_0", "--layers", "1"]
@@ -268,9 +269,10 @@ def test_kernel_cases_are_the_loaders_weights():
     shapes."""
     import collections
 
-    from minfer_jax.files.quant_mix import tensor_types
-    from minfer_jax.files.synthetic import synthetic_model_from_config
     from minfer_jax.model.weights import load_params
+
+    from minfer_bench.quant_mix import tensor_types
+    from minfer_bench.synthetic import synthetic_model_from_config
 
     cfg = tiny_config()
     types_ = tensor_types(
@@ -471,7 +473,7 @@ def test_script_help_and_error_exit_code():
         [sys.executable, script, "--help"], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     r = subprocess.run(
-        [sys.executable, "-m", "minfer_jax.bench", "--help"],
+        [sys.executable, "-m", "minfer_bench.bench", "--help"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -480,7 +482,7 @@ def test_script_help_and_error_exit_code():
     )
     assert (
         r.returncode == 0 and r.stdout == help_text
-    )  # python -m minfer_jax.bench is the same command line
+    )  # python -m minfer_bench.bench is the same command line
 
 
 def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tmp_path):
@@ -490,7 +492,7 @@ def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tm
     import jax
     import jax.numpy as jnp
 
-    from minfer_jax.bench import kernel_timing as kb
+    from minfer_bench.bench import kernel_timing as kb
 
     calls = []
     f = jax.jit(lambda x: x * 2)
@@ -508,7 +510,7 @@ def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tm
 def test_mem_bw_table_and_measurement():
     """auto takes the table for the cards in it (the specific H100s before the SXM one) and
     measures elsewhere: several dependent reads in one executable, a positive rate."""
-    from minfer_jax.bench import env
+    from minfer_bench.bench import env
 
     assert env.table_key("NVIDIA H200") == "H200"
     assert env.table_key("NVIDIA H100 80GB HBM3") == "H100"

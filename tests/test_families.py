@@ -30,9 +30,10 @@ import pytest
 import minfer_jax
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.files.gguf import load_gguf
-from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model, write_gguf
 from minfer_jax.files.tokenizer import Tokenizer
 from tests import float64_reference
+
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model, write_gguf
 
 DATA = Path(__file__).parent / "data" / "llama_cpp"
 ROOT = Path(__file__).parent.parent

@@ -165,7 +165,7 @@ def test_quantized_weights_stay_within_file_size_and_agree_with_dense(model, rea
 
 def test_step_functions_compose_inside_a_user_jit():
     """prefill_chunk and decode_chunk are pure: a caller can jit them together with its own code."""
-    from minfer_jax.files.synthetic import synthetic_model
+    from minfer_bench.synthetic import synthetic_model
 
     gm = synthetic_model("qwen2.5-0.5b:q8_0", layers=1, seed=2)
     m = minfer_jax.load(gguf_model=gm, weights="quantized", kernels="xla", ctx_size=64)

@@ -18,8 +18,9 @@ import pytest
 import minfer_jax
 from minfer_jax.engine import executables, weights_cache
 from minfer_jax.engine.phases import PhaseTimer, format_executable, format_phase
-from minfer_jax.files.synthetic import synthetic_model_from_config, write_gguf
 from tests.configs import tiny_config
+
+from minfer_bench.synthetic import synthetic_model_from_config, write_gguf
 
 TINY = tiny_config(n_layers=2, d_model=128, d_ff=256, context_length=1024)
 PROMPT = [5, 17, 42, 99, 7]
@@ -364,7 +365,7 @@ def test_weights_cache_bound(tmp_path, tiny_gguf):
 
 
 def test_startup_log_parsing_and_table():
-    from minfer_jax.bench import startup
+    from minfer_bench.bench import startup
 
     log = "\n".join(
         [
@@ -409,7 +410,7 @@ def test_bench_startup_cli_cold_then_warm(tiny_gguf, tmp_path, capsys):
     """Fresh processes: the warm one loads every executable from the store and maps its weights."""
     import json
 
-    from minfer_jax.bench.cli import main
+    from minfer_bench.bench.cli import main
 
     path = tmp_path / "tiny.gguf"
     write_gguf(tiny_gguf, path, progress=False)

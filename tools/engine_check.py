@@ -51,10 +51,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import minfer_jax
-from minfer_jax.bench.kernel_timing import device_kernel_events
 from minfer_jax.files.gguf import load_gguf
-from minfer_jax.files.synthetic import synthetic_model
 from minfer_jax.model.cache import cache_nbytes
+
+from minfer_bench.bench.kernel_timing import device_kernel_events
+from minfer_bench.synthetic import synthetic_model
 
 
 def main() -> None:
@@ -165,7 +166,7 @@ def main() -> None:
         flush=True,
     )
     if a.batched:
-        from minfer_jax.bench import batched
+        from minfer_bench.bench import batched
 
         batched.run(
             m,

@@ -17,7 +17,7 @@ a set of tokenizer texts. --f32-copy: the same distance for an F32 copy of the f
 with an f32 KV cache (the model math without llama.cpp's quantization).
 vocab: llama.cpp's ids for a cut test vocabulary of tests/data/tokenizer with another pre-tokenizer
 (`vocab ggml-vocab-llama-bpe --pre gpt-4o --out tests/data/llama_cpp/gpt-4o-tokenizer.json`).
-synthetic: the spec's model written as a GGUF (minfer_jax.files.synthetic, deterministic in the
+synthetic: the spec's model written as a GGUF (minfer_bench.synthetic, deterministic in the
 seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
 every position, its top-2 margin there and its distance from the float64 forward.
 """
@@ -270,7 +270,8 @@ def write_f32_copy(gm, path: str) -> None:
     from gguf.quants import dequantize
 
     from minfer_jax.files.gguf import QType, RawTensor
-    from minfer_jax.files.synthetic import write_gguf
+
+    from minfer_bench.synthetic import write_gguf
 
     tensors = {
         n: RawTensor(
@@ -337,7 +338,7 @@ def vocab(args) -> dict:
 
 
 def synthetic(args) -> dict:
-    from minfer_jax.files.synthetic import synthetic_model, write_gguf
+    from minfer_bench.synthetic import synthetic_model, write_gguf
 
     gm = synthetic_model(args.spec, seed=args.seed)
     rng = np.random.default_rng(args.seed)

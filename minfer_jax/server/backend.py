@@ -105,7 +105,7 @@ def load_model(ref: str | None, **kwargs):
 
     if not (ref or "").startswith("synthetic:"):
         return load(ref, **kwargs)
-    from minfer_jax.files import synthetic
+    from minfer_bench import synthetic
 
     parts, extra = ref.split(":"), {}
     while parts[-1].startswith(("layers=", "seed=")):

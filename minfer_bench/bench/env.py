@@ -10,7 +10,7 @@ import subprocess
 import time
 from typing import Any
 
-from minfer_jax.bench.parsing import BenchError
+from minfer_bench.bench.parsing import BenchError
 
 # Memory read bandwidth per device kind (bytes/s), the first key that is a substring of jax's
 # device_kind (so the specific H100s before "H100"). H200: measured, a jitted jnp.sum over 1 GiB

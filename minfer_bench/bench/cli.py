@@ -17,20 +17,27 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from minfer_jax import ops
-from minfer_jax.bench.arguments import build_parser
-from minfer_jax.bench.env import Env, ensure_mem_bw, header_line, make_env
-from minfer_jax.bench.fields import KERNEL_FIELDS, MODEL_FIELDS, model_type
-from minfer_jax.bench.kernel_cases import (
+from minfer_jax.errors import MinferError
+
+from minfer_bench.bench.arguments import build_parser
+from minfer_bench.bench.env import Env, ensure_mem_bw, header_line, make_env
+from minfer_bench.bench.fields import KERNEL_FIELDS, MODEL_FIELDS, model_type
+from minfer_bench.bench.kernel_cases import (
     KernelCase,
     ggml_cases,
     model_matmul_cases,
     run_kernel_case,
 )
-from minfer_jax.bench.model_tests import ModelBench, ModelSource, TestSpec, build_tests, context_for
-from minfer_jax.bench.parsing import BenchError, parse_int_range, parse_pg, parse_shapes
-from minfer_jax.bench.printers import Outputs, kernel_md_columns, model_md_columns, open_outputs
-from minfer_jax.errors import MinferError
-from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS
+from minfer_bench.bench.model_tests import (
+    ModelBench,
+    ModelSource,
+    TestSpec,
+    build_tests,
+    context_for,
+)
+from minfer_bench.bench.parsing import BenchError, parse_int_range, parse_pg, parse_shapes
+from minfer_bench.bench.printers import Outputs, kernel_md_columns, model_md_columns, open_outputs
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS
 
 
 def _split_list(values: Iterable[str]) -> list[str]:
@@ -48,7 +55,7 @@ def _int_lists(values: list[str] | None, default: list[int], what: str) -> list[
 
 def _load_source(kind: str, ref: str, layers: int | None, seed: int, progress: bool) -> ModelSource:
     if kind == "synthetic":
-        from minfer_jax.files.synthetic import synthetic_model
+        from minfer_bench.synthetic import synthetic_model
 
         gm = synthetic_model(ref, seed=seed, layers=layers)
         return ModelSource(gm.path, gm)
@@ -140,7 +147,7 @@ def _request(args) -> _Request:
 
 def _check_inputs(args, req: _Request) -> None:
     """Resolve inputs cheaply before anything heavy (every bad input fails here with exit 2)."""
-    from minfer_jax.files.synthetic import parse_spec
+    from minfer_bench.synthetic import parse_spec
 
     for s in req.synths:
         parse_spec(s)
@@ -187,7 +194,7 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     _validate(args)
     if args.startup:
-        from minfer_jax.bench import startup
+        from minfer_bench.bench import startup
 
         log = (
             (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True))
@@ -222,7 +229,7 @@ def _main(argv: list[str]) -> int:
 
 def _write_gguf(args, spec: str) -> dict[tuple[str, str], ModelSource]:
     """--write-gguf: build the synthetic model, write it; it is then reused by the model tests."""
-    from minfer_jax.files.synthetic import write_gguf
+    from minfer_bench.synthetic import write_gguf
 
     src = _load_source("synthetic", spec, args.layers, args.seed, args.progress)
     write_gguf(src.gguf, args.write_gguf, progress=args.progress)
@@ -249,7 +256,7 @@ def _report_failure(what: str, e: Exception) -> None:
 
 def _kernel_cases(args, req: _Request) -> list[KernelCase]:
     """--ggml-shapes, then --shapes, then every synthetic model's and model file's matmuls."""
-    from minfer_jax.files.synthetic import synthetic_shapes
+    from minfer_bench.synthetic import synthetic_shapes
 
     cases: list[KernelCase] = []
     default_nts = req.nts or [1, 512]
@@ -393,8 +400,9 @@ def _run_models(
 
 
 def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> int:
-    from minfer_jax.bench import batched
     from minfer_jax.engine.runtime import load
+
+    from minfer_bench.bench import batched
 
     pps, tgs = _int_lists(args.npp, [512], "-npp"), _int_lists(args.ntg, [128], "-ntg")
     npls = _int_lists(args.npl, [1, 2, 4, 8, 16, 32], "-npl")

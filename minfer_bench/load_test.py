@@ -1,6 +1,6 @@
 """Load test of a running server: N concurrent streaming clients, latency and throughput figures.
 
-    python -m minfer_jax.server.load_test --url http://127.0.0.1:8080 --clients 8 --requests 32 \\
+    python -m minfer_bench.load_test --url http://127.0.0.1:8080 --clients 8 --requests 32 \\
         --max-tokens 128 --prompt-tokens 512 [--json out.json] [--out out.md]
 
 Each client sends streamed /v1/completions requests one after another until `--requests` have
@@ -265,7 +265,7 @@ async def run(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m minfer_jax.server.load_test",
+        prog="python -m minfer_bench.load_test",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,
     )

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from minfer_jax.bench.engine_runs import time_sequence
-from minfer_jax.bench.env import Env, utc_stamp
-from minfer_jax.bench.fields import model_size_params, model_type, test_name
-from minfer_jax.bench.parsing import BenchError
 from minfer_jax.sizes import pow2_at_least
+
+from minfer_bench.bench.engine_runs import time_sequence
+from minfer_bench.bench.env import Env, utc_stamp
+from minfer_bench.bench.fields import model_size_params, model_type, test_name
+from minfer_bench.bench.parsing import BenchError
 
 
 def _layer_matmul_elems(cfg) -> int:

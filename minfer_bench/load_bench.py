@@ -1,6 +1,6 @@
 """Serve a model and load-test it at several client counts: one command for BENCHMARKS.md's rows.
 
-    python -m minfer_jax.server.load_bench -m MODEL -np 32 -c 32768 --clients 8,32 \\
+    python -m minfer_bench.load_bench -m MODEL -np 32 -c 32768 --clients 8,32 \\
         --max-tokens 128 --prompt-tokens 512 --out server.md --json server.json
 
 Starts `python -m minfer_jax.server` on 127.0.0.1 and a free port (extra flags after `--` go to
@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minfer_jax.server import load_test
+from minfer_bench import load_test
 
 
 def _free_port() -> int:
@@ -86,7 +86,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m minfer_jax.server.load_bench",
+        prog="python -m minfer_bench.load_bench",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,
     )

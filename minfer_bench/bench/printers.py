@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from minfer_jax.bench.env import Env
-from minfer_jax.bench.fields import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS
-from minfer_jax.bench.parsing import BenchError
+from minfer_bench.bench.env import Env
+from minfer_bench.bench.fields import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS
+from minfer_bench.bench.parsing import BenchError
 
 
 def _fmt_bytes_llama(n: int) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from minfer_jax.bench.engine_runs import time_batched
+from minfer_bench.bench.engine_runs import time_batched
 
 COLUMNS = ("PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s")
 

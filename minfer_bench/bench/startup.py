@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from minfer_jax.bench.parsing import BenchError
+from minfer_bench.bench.parsing import BenchError
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "def fibonacci(n):"
@@ -222,7 +222,7 @@ def _synthetic_gguf(spec: str, layers: int | None, seed: int, directory: Path, l
     """A synthetic model written as a GGUF (with the placeholder tokenizer), so the run reads a file
     as a user's would (and the weights cache applies); an existing file of the same name is
     reused."""
-    from minfer_jax.files import synthetic
+    from minfer_bench import synthetic
 
     path = directory / f"{spec.replace(':', '-')}-seed{seed}{f'-{layers}L' if layers else ''}.gguf"
     if not path.exists():

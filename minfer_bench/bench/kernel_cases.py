@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from minfer_jax.bench.env import Env, utc_stamp
+from minfer_bench.bench.env import Env, utc_stamp
 
 # ggml's CUDA MUL_MAT times on the H200 (llama.cpp built from the llama-cpp-python 0.3.36 sdist,
 # test-backend-ops perf -o MUL_MAT, f32 activations): (type, out, in) -> {nt: microseconds}.
@@ -139,7 +139,8 @@ def run_kernel_case(
     """Time one case at nt tokens (bench.kernel_timing.run_case) and return its row
     (KERNEL_FIELDS)."""
     from minfer_jax import ops
-    from minfer_jax.bench import kernel_timing as kb
+
+    from minfer_bench.bench import kernel_timing as kb
 
     route, call, reference = ops.kernel_case(
         case.qtype, case.n, nt, ops.Impl(kernels=impl, gemm=gemm)

@@ -1,6 +1,6 @@
 """Benchmarks with llama-bench's tests, fields and table layout, plus per-shape kernel timings.
 
-`python scripts/bench.py` (or `python -m minfer_jax.bench`; `cli.main`) has two modes:
+`python scripts/bench.py` (or `python -m minfer_bench.bench`; `cli.main`) has two modes:
 
 Model mode (the default) mirrors llama.cpp's tools/llama-bench/llama-bench.cpp:
   ppN      prefill of N tokens into an empty cache; t/s = N / time

@@ -1,7 +1,7 @@
 """Soak test of a running local server: many clients mixing valid, malformed, oversized and
 disconnecting requests for a bounded time, then checks that nothing leaked or drifted.
 
-    python -m minfer_jax.server.soak --url http://127.0.0.1:8080 --clients 64 --minutes 10 \\
+    python -m minfer_bench.soak --url http://127.0.0.1:8080 --clients 64 --minutes 10 \\
         [--pid PID] [--json out.json]
 
 First every reference request (a few short greedy prompts: text, token ids, chat; streamed and not)
@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from minfer_jax.server.load_test import LOOPBACK, LoadTestError
+from minfer_bench.load_test import LOOPBACK, LoadTestError
 
 MAX_CLIENTS = 256
 MAX_MINUTES = 60.0
@@ -439,7 +439,7 @@ async def run(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m minfer_jax.server.soak",
+        prog="python -m minfer_bench.soak",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,
     )

@@ -39,7 +39,10 @@ from minfer_jax.files.gguf import (
     RawTensor,
     expected_shapes,
 )
-from minfer_jax.files.quant_mix import (
+from minfer_jax.files.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
+from minfer_jax.model.config import Config
+
+from minfer_bench.quant_mix import (
     DEFAULT_TYPE,
     FTYPES,
     QType,
@@ -47,8 +50,6 @@ from minfer_jax.files.quant_mix import (
     parse_ftype,
     tensor_types,
 )
-from minfer_jax.files.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
-from minfer_jax.model.config import Config
 
 # --------------------------------------------------------------------------------------------
 # Configurations

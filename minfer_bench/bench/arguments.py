@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 
 from minfer_jax import ops, validate
-from minfer_jax.bench.fields import OUTPUT_FORMATS
-from minfer_jax.bench.parsing import BenchError
-from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS
+
+from minfer_bench.bench.fields import OUTPUT_FORMATS
+from minfer_bench.bench.parsing import BenchError
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bench.py",
         description="minfer_jax benchmark: llama-bench compatible model tests (ppN, tgN, ppN+tgM) "
         "and per-shape kernel timings (--kernels). Timing is taken around compiled "
-        "executables after a warm-up run; see minfer_jax/bench/ for the exact "
+        "executables after a warm-up run; see minfer_bench/bench/ for the exact "
         "definitions.",
         epilog="Multiple values can be given as comma lists or ranges (first-last, "
         "first-last+step, first-last*mult), as in llama-bench. Examples:\n"
