@@ -184,6 +184,7 @@ class _QuantizeState:
     has_tied_embeddings: bool
     i_attention_wv: int = 0
     i_ffn_down: int = 0
+    n_expert: int = 0
 
     @classmethod
     def of(cls, cfg: Config, ft: LlamaFileType, shapes: dict) -> _QuantizeState:
@@ -196,6 +197,7 @@ class _QuantizeState:
             is_70b=cfg.n_layers
             == 80,  # llama_model_qwen2::load_arch_hparams: case 80 -> LLM_TYPE_70B
             has_tied_embeddings="output.weight" not in shapes,
+            n_expert=cfg.n_experts,
         )
 
 
@@ -203,6 +205,8 @@ def _tensor_type(state: _QuantizeState, name: str, shape: tuple, fallback_table:
     """llama_tensor_get_type() for one tensor, in visiting order."""
     # tensor_allows_quantization(): 2-D, ends with "weight", not a *_norm.weight.
     if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
+        return QType.F32
+    if "ffn_gate_inp.weight" in name:  # the MoE router is never quantized (llama-quant.cpp:306)
         return QType.F32
     ne0 = shape[-1]  # ggml ne[0] = in_features (the row length)
     new_type = DEFAULT_TYPE[state.ft]
@@ -243,12 +247,16 @@ def _type_impl(state: _QuantizeState, name: str, new_type: QType, ne0: int) -> Q
         return new_type
     if name == "token_embd.weight":
         return new_type  # only IQ/TQ/Q2_0 ftypes change it
+    if state.n_expert == 8 and ("attn_v.weight" in name or "attn_k.weight" in name):
+        return _moe_attn_kv_type(state, name, new_type)
     if "attn_v.weight" in name:
         new_type = _attn_v_type(state, new_type)
         state.i_attention_wv += 1
         return new_type
     if "ffn_down" in name:
-        new_type = _ffn_down_type(ft, new_type, state.i_ffn_down, state.n_ffn_down)
+        # layer_info(): with experts the layer index is parsed from the name
+        i_layer = _layer(name) if state.n_expert > 1 else state.i_ffn_down
+        new_type = _ffn_down_type(ft, new_type, i_layer, state.n_ffn_down)
         state.i_ffn_down += 1
         return new_type
     if "attn_output.weight" in name:
@@ -261,6 +269,13 @@ def _type_impl(state: _QuantizeState, name: str, new_type: QType, ne0: int) -> Q
         return new_type
     # attn_q / attn_k / ffn_gate / ffn_up: only IQ ftypes or MoE change them.
     return new_type
+
+
+def _moe_attn_kv_type(state: _QuantizeState, name: str, new_type: QType) -> QType:
+    """Eight experts (Mixtral): attn_v and attn_k go to Q8_0 (llama-quant.cpp:599-609)."""
+    if "attn_v.weight" in name:
+        state.i_attention_wv += 1
+    return QType.Q8_0
 
 
 def _attn_v_type(state: _QuantizeState, new_type: QType) -> QType:

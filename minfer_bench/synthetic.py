@@ -121,6 +121,37 @@ SYNTHETIC_CONFIGS.update({
                            head_dim=128, sliding_window=32, **_GEMMA3_LOCAL),
 })
 # fmt: on
+
+
+def _moe_configs() -> dict[str, Config]:
+    """Mixture-of-experts models. Real shapes from the HF config.json of Qwen/Qwen3-30B-A3B
+    (hidden 2048, 48 layers, 32 heads, 4 KV heads, head_dim 128, 128 experts, 8 used,
+    moe_intermediate_size 768, intermediate_size 6144, max_position_embeddings 40960, rope_theta
+    1e6, vocab 151936, untied) and mistralai/Mixtral-8x7B-Instruct-v0.1 (hidden 4096, 32 layers,
+    32 heads, 8 KV heads, 8 experts, 2 used, intermediate_size 14336, rope_theta 1e6, rms 1e-5,
+    vocab 32000, untied). The "-tiny" ones are small models of each MoE family for tests: every
+    width a multiple of 256 (IQ4_XS blocks), E / k = 16 / 4, 8 / 2 (+ shared expert), 8 / 2."""
+    qwen3moe = dict(family="qwen3moe", head_dim=128, expert_weights_norm=True)
+    mixtral = dict(family="llama", expert_weights_norm=True)
+    # fmt: off
+    return {
+        #                 layers d_model heads kv d_ff  context vocab  rope_theta eps       tied
+        "qwen3-30b-a3b":  Config(48, 2048, 32, 4, 6144, 40960, 151936, 1000000.0, _EPS_1E6, False,
+                                 n_experts=128, n_experts_used=8, d_ff_expert=768, **qwen3moe),
+        "mixtral-8x7b":   Config(32, 4096, 32, 8, 14336, 32768, 32000, 1000000.0, _EPS_1E5, False,
+                                 n_experts=8, n_experts_used=2, d_ff_expert=14336, **mixtral),
+        "qwen3moe-tiny":  Config(2,  256,  4,  2, 1024, 2048,  512,    1000000.0, _EPS_1E6, False,
+                                 n_experts=16, n_experts_used=4, d_ff_expert=256, **qwen3moe),
+        "qwen2moe-tiny":  Config(2,  256,  4,  2, 512,  2048,  512,    1000000.0, _EPS_1E6, False,
+                                 family="qwen2moe", n_experts=8, n_experts_used=2,
+                                 d_ff_expert=256, d_ff_shared=512),
+        "mixtral-tiny":   Config(2,  256,  4,  2, 256,  2048,  512,    1000000.0, _EPS_1E5, False,
+                                 n_experts=8, n_experts_used=2, d_ff_expert=256, **mixtral),
+    }
+    # fmt: on
+
+
+SYNTHETIC_CONFIGS.update(_moe_configs())
 # gemma3-1b with every layer global (no sliding window): the A/B of sliding-window prefill, in
 # memory (bench.py --synthetic); a gemma3 GGUF must name its window, so its file does not load.
 SYNTHETIC_CONFIGS["gemma3-1b-global"] = dataclasses.replace(
@@ -327,6 +358,7 @@ def _metadata(cfg: Config, name: str, file_type: int) -> dict:
         f"{a}.attention.layer_norm_rms_epsilon": float(np.float32(cfg.rms_eps)),
     }
     meta.update(_family_metadata(cfg))
+    meta.update(_moe_metadata(cfg))
     meta.update(_special_tokens_metadata(cfg.vocab_size))
     return meta
 
@@ -340,6 +372,20 @@ def _family_metadata(cfg: Config) -> dict:
         meta[f"{a}.rope.dimension_count"] = cfg.head_dim
     if cfg.sliding_window:
         meta[f"{a}.attention.sliding_window"] = cfg.sliding_window
+    return meta
+
+
+def _moe_metadata(cfg: Config) -> dict:
+    """The `{arch}.expert_*` keys of a mixture-of-experts model (Mixtral's expert width is its
+    feed_forward_length: llama.cpp reads no expert_feed_forward_length for `llama`)."""
+    a = cfg.family
+    if not cfg.n_experts:
+        return {}
+    meta = {f"{a}.expert_count": cfg.n_experts, f"{a}.expert_used_count": cfg.n_experts_used}
+    if a != "llama":
+        meta[f"{a}.expert_feed_forward_length"] = cfg.d_ff_expert
+    if cfg.d_ff_shared:
+        meta[f"{a}.expert_shared_feed_forward_length"] = cfg.d_ff_shared
     return meta
 
 
@@ -566,7 +612,7 @@ def write_gguf(
     w.add_head_count_kv(cfg.n_kv_heads)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
-    for key, value in _family_metadata(cfg).items():
+    for key, value in (_family_metadata(cfg) | _moe_metadata(cfg)).items():
         w.add_uint32(key, value)
     w.add_file_type(int(meta.get("general.file_type", LlamaFileType.GUESSED)))
     w.add_quantization_version(int(meta.get("general.quantization_version", 2)))

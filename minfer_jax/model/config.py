@@ -22,7 +22,11 @@ _LIMITS = {
 }
 
 # Model families with a layer module (model/families.py maps each to it).
-FAMILIES = ("qwen2", "llama", "qwen3", "gemma3")
+FAMILIES = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "qwen2moe")
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
+# how router logits become the chosen experts' weights (llama.cpp's expert_gating_func):
+# "softmax": softmax over all experts, top-k of the probabilities
+EXPERT_GATINGS = ("softmax",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,14 @@ class Config:
     # rope.scaling.original_context_length
     yarn_factor: float = 0.0
     yarn_orig_ctx: int = 0
+    # mixture of experts (model/moe.py): n_experts > 0 replaces every layer's FFN by a router and
+    # n_experts expert FFNs of width d_ff_expert, n_experts_used of them per token
+    n_experts: int = 0
+    n_experts_used: int = 0
+    d_ff_expert: int = 0
+    d_ff_shared: int = 0  # a shared expert's width (Qwen2-MoE); 0: none
+    expert_weights_norm: bool = False  # the k chosen weights divided by their sum
+    expert_gating: str = "softmax"  # one of EXPERT_GATINGS
 
     def __post_init__(self):
         for name, hi in _LIMITS.items():
@@ -94,6 +106,18 @@ class Config:
                 f"Config.yarn_factor {self.yarn_factor} needs a factor > 1 and an original "
                 f"context length (got {self.yarn_orig_ctx})"
             )
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        validate.integer("Config.n_experts", self.n_experts, 0, MAX_EXPERTS)
+        validate.choice("Config.expert_gating", self.expert_gating, EXPERT_GATINGS)
+        validate.integer("Config.d_ff_shared", self.d_ff_shared, 0, _LIMITS["d_ff"])
+        if not self.n_experts:
+            return
+        if self.n_experts_used == 0:  # llama.cpp's wording
+            raise InvalidArgumentError("model has expert layers but no expert layers are used")
+        validate.integer("Config.n_experts_used", self.n_experts_used, 1, self.n_experts)
+        validate.integer("Config.d_ff_expert", self.d_ff_expert, 1, _LIMITS["d_ff"])
 
     @property
     def q_dim(self) -> int:
