@@ -32,8 +32,19 @@ def glu_silu(gate: jax.Array, up: jax.Array) -> jax.Array:
     return jax.nn.silu(gate) * up
 
 
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss (llama.cpp's build_moe_ffn)
+
+
+def glu_swiglu_oai(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """gpt-oss's SWIGLU_OAI (ggml_swiglu_oai): the gate clamped from above only, the up on both
+    sides and shifted by 1: g * sigmoid(1.702 g) * (u + 1), g = min(gate, 7), u = clamp(up, +-7)."""
+    g = jnp.minimum(gate, SWIGLU_OAI_LIMIT)
+    u = jnp.clip(up, -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+    return g * jax.nn.sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1.0)
+
+
 # expert_glu's activations by name: (gate, up) -> the down projection's input
-GLU_ACTIVATIONS = {"silu": glu_silu}
+GLU_ACTIVATIONS = {"silu": glu_silu, "swiglu_oai": glu_swiglu_oai}
 
 
 def _compute_dtype(w: Weight):

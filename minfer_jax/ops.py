@@ -331,21 +331,42 @@ def expert_matmul(x: jax.Array, w: Weight, ids: jax.Array, impl: Impl) -> jax.Ar
     return EXPERT_CALLS[expert_route(w, ids.shape[0], impl)](x.astype(jnp.float32), w, ids)
 
 
+def _expert_bias(y: jax.Array, bias: jax.Array | None, ids: jax.Array) -> jax.Array:
+    """y [T, k, N] + each chosen expert's bias row (bias [E, N], gpt-oss), or y."""
+    return y if bias is None else y + bias.astype(jnp.float32)[ids]
+
+
 def expert_glu(
-    x: jax.Array, w_gate: Weight, w_up: Weight, ids: jax.Array, act: str, impl: Impl
+    x: jax.Array,
+    w_gate: Weight,
+    w_up: Weight,
+    ids: jax.Array,
+    act: str,
+    impl: Impl,
+    gate_bias: jax.Array | None = None,
+    up_bias: jax.Array | None = None,
 ) -> jax.Array:
-    """act(x . gate[e]) * (x . up[e]) for each token's chosen experts: x [T, K], ids [T, k] ->
-    [T, k, F] f32 (act: a name of experts.GLU_ACTIVATIONS, e.g. "silu")."""
-    gate = expert_matmul(x, w_gate, ids, impl)
-    return experts.GLU_ACTIVATIONS[act](gate, expert_matmul(x, w_up, ids, impl))
+    """act(x . gate[e] + gate_bias[e], x . up[e] + up_bias[e]) for each token's chosen experts:
+    x [T, K], ids [T, k] -> [T, k, F] f32 (act: a name of experts.GLU_ACTIVATIONS, e.g. "silu";
+    the biases [E, F] or None, as llama.cpp's add_id after each mul_mat_id)."""
+    gate = _expert_bias(expert_matmul(x, w_gate, ids, impl), gate_bias, ids)
+    up = _expert_bias(expert_matmul(x, w_up, ids, impl), up_bias, ids)
+    return experts.GLU_ACTIVATIONS[act](gate, up)
 
 
 def expert_down_sum(
-    h: jax.Array, w_down: Weight, ids: jax.Array, weights: jax.Array, impl: Impl
+    h: jax.Array,
+    w_down: Weight,
+    ids: jax.Array,
+    weights: jax.Array,
+    impl: Impl,
+    bias: jax.Array | None = None,
 ) -> jax.Array:
-    """sum_j weights[t, j] * (h[t, j] . down[ids[t, j]]): h [T, k, F], ids and routing weights
-    [T, k] -> [T, N] f32, the k products added in slot order (llama.cpp's)."""
-    return experts.weighted_sum(expert_matmul(h, w_down, ids, impl), weights.astype(jnp.float32))
+    """sum_j weights[t, j] * (h[t, j] . down[ids[t, j]] + bias[ids[t, j]]): h [T, k, F], ids and
+    routing weights [T, k] -> [T, N] f32, the k products added in slot order (llama.cpp's); bias
+    [E, N] or None (the bias is added before the weights multiply, as llama.cpp's add_id)."""
+    y = _expert_bias(expert_matmul(h, w_down, ids, impl), bias, ids)
+    return experts.weighted_sum(y, weights.astype(jnp.float32))
 
 
 def by_rows(call, row_chunk: int | None, x: jax.Array, *operands) -> jax.Array:

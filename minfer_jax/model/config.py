@@ -22,11 +22,13 @@ _LIMITS = {
 }
 
 # Model families with a layer module (model/families.py maps each to it).
-FAMILIES = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "qwen2moe")
+FAMILIES = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss")
 MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
 # how router logits become the chosen experts' weights (llama.cpp's expert_gating_func):
 # "softmax": softmax over all experts, top-k of the probabilities
-EXPERT_GATINGS = ("softmax",)
+EXPERT_GATINGS = ("softmax", "softmax_weight")
+# the experts' gated activations (experts.GLU_ACTIVATIONS): SwiGLU, gpt-oss's clamped SwiGLU
+EXPERT_ACTIVATIONS = ("silu", "swiglu_oai")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +72,10 @@ class Config:
     d_ff_expert: int = 0
     d_ff_shared: int = 0  # a shared expert's width (Qwen2-MoE); 0: none
     expert_weights_norm: bool = False  # the k chosen weights divided by their sum
-    expert_gating: str = "softmax"  # one of EXPERT_GATINGS
+    # one of EXPERT_GATINGS: "softmax" over all experts, then top-k; "softmax_weight" (gpt-oss):
+    # top-k of the raw logits, softmax over the chosen k
+    expert_gating: str = "softmax"
+    expert_act: str = "silu"  # one of EXPERT_ACTIVATIONS
 
     def __post_init__(self):
         for name, hi in _LIMITS.items():
@@ -111,6 +116,7 @@ class Config:
     def _check_experts(self) -> None:
         validate.integer("Config.n_experts", self.n_experts, 0, MAX_EXPERTS)
         validate.choice("Config.expert_gating", self.expert_gating, EXPERT_GATINGS)
+        validate.choice("Config.expert_act", self.expert_act, EXPERT_ACTIVATIONS)
         validate.integer("Config.d_ff_shared", self.d_ff_shared, 0, _LIMITS["d_ff"])
         if not self.n_experts:
             return
