@@ -490,6 +490,22 @@ def _spec_config(spec: str, layers: int | None) -> tuple[str, str, Config]:
     return cfg_name, ftype, cfg
 
 
+def matrices_in(cfg: Config, qtype: QType) -> dict[str, QType]:
+    """A type table of `cfg` with every matrix but the token embedding in qtype and the rest F32."""
+    return {
+        n: QType(qtype) if len(s) == 2 and n != "token_embd.weight" else QType.F32
+        for n, s in expected_shapes(cfg).items()
+    }
+
+
+def one_format_model(config_name: str, qtype: QType, seed: int = 0) -> GGUFModel:
+    """A random-weight model of SYNTHETIC_CONFIGS[config_name] whose matrices are one weight format
+    (matrices_in; tools/llama_cpp_reference.py synthetic --matrix-type)."""
+    cfg = SYNTHETIC_CONFIGS[config_name]
+    name = f"{config_name}:{QType(qtype).name.lower()}-matrices"
+    return synthetic_model_from_config(cfg, matrices_in(cfg, qtype), seed, name=name)
+
+
 def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, bool, str]:
     """(tensor types, tensor shapes, tied head, label) of synthetic_model(spec, layers=layers),
     without generating its weights."""
