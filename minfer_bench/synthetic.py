@@ -204,6 +204,8 @@ _SCALE_FIELDS: dict[QType, tuple[tuple[str, int], ...]] = {
     QType.Q4_K: (("d", 0), ("dmin", 2)),  # d, dmin, scales[12], qs[128]
     QType.Q5_K: (("d", 0), ("dmin", 2)),  # d, dmin, scales[12], qh[32], qs[128]
     QType.Q6_K: (("d", 208),),  # ql[128], qh[64], scales[16], d
+    QType.IQ4_NL: (("d", 0),),  # d, qs[16]
+    QType.IQ4_XS: (("d", 0),),  # d, scales_h, scales_l[4], qs[128] (random 6-bit scales)
 }
 
 # The min field as a multiple of d that makes random blocks zero-mean on average:
@@ -311,7 +313,7 @@ def random_raw_tensor(
         else:
             values = WEIGHT_RMS * rng.standard_normal(shape, dtype=np.float32)
         return RawTensor(name, qtype, shape, _float_data(values, qtype))
-    if qtype not in _SCALE_FIELDS:
+    if qtype not in _SCALE_FIELDS and qtype != QType.MXFP4:
         raise UnsupportedError(
             f"{name}: cannot generate random {qtype.name} data "
             f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})"
@@ -328,11 +330,24 @@ def random_raw_tensor(
         rng.bit_generator.random_raw(-(-n_bytes // 8)).view(np.uint8)[:n_bytes].reshape(byte_shape)
     )
     blocks = data.reshape(-1, size)
-    d_bits, m_bits = _random_scales(
-        qtype, blocks.shape[0], rng, WEIGHT_RMS / _unit_scale_rms(qtype)
-    )
-    _overwrite_scales(blocks, qtype, d_bits, m_bits)
+    if qtype == QType.MXFP4:
+        _random_e8m0(blocks, rng)
+    else:
+        d_bits, m_bits = _random_scales(
+            qtype, blocks.shape[0], rng, WEIGHT_RMS / _unit_scale_rms(qtype)
+        )
+        _overwrite_scales(blocks, qtype, d_bits, m_bits)
     return RawTensor(name, qtype, shape, data)
+
+
+# MXFP4 (no f16 scale: an E8M0 byte, d = 2^(e - 128)): random codebook nibbles have RMS 5.85 at
+# d = 1, so e = 119 or 120 (d = 2^-9, 2^-8) gives RMS ~0.018 around WEIGHT_RMS
+_MXFP4_E = (119, 120)
+
+
+def _random_e8m0(blocks: np.ndarray, rng: np.random.Generator) -> None:
+    """Store random E8M0 scale bytes of _MXFP4_E in every MXFP4 block [n, 17]."""
+    blocks[:, 0] = rng.choice(np.array(_MXFP4_E, np.uint8), blocks.shape[0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -520,6 +535,22 @@ def _spec_config(spec: str, layers: int | None) -> tuple[str, str, Config]:
             raise SyntheticSpecError(f"layers must be a positive int, got {layers!r}")
         cfg = dataclasses.replace(cfg, n_layers=layers)
     return cfg_name, ftype, cfg
+
+
+def matrices_in(cfg: Config, qtype: QType) -> dict[str, QType]:
+    """A type table of `cfg` with every matrix but the token embedding in qtype and the rest F32."""
+    return {
+        n: QType(qtype) if len(s) == 2 and n != "token_embd.weight" else QType.F32
+        for n, s in expected_shapes(cfg).items()
+    }
+
+
+def one_format_model(config_name: str, qtype: QType, seed: int = 0) -> GGUFModel:
+    """A random-weight model of SYNTHETIC_CONFIGS[config_name] whose matrices are one weight format
+    (matrices_in; tools/llama_cpp_reference.py synthetic --matrix-type)."""
+    cfg = SYNTHETIC_CONFIGS[config_name]
+    name = f"{config_name}:{QType(qtype).name.lower()}-matrices"
+    return synthetic_model_from_config(cfg, matrices_in(cfg, qtype), seed, name=name)
 
 
 def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, bool, str]:

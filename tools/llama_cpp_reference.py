@@ -8,6 +8,8 @@ imported here or by the tests. The tests read only the JSON this writes (tests/d
         --out tests/data/llama_cpp/smollm2.json
     PYTHONPATH=. python tools/llama_cpp_reference.py synthetic qwen3-tiny:q8_0 \
         --out tests/data/llama_cpp/qwen3.json
+    PYTHONPATH=. python tools/llama_cpp_reference.py synthetic llama-tiny --matrix-type IQ4_XS \
+        --lengths 16,64,200 --out tests/data/llama_cpp/llama-tiny-iq4_xs.json
 
 real: for each prompt (plain text, or a user message through the file's chat template), the ids
 our tokenizer gives and the ids llama.cpp gives (they must agree), llama.cpp's 32 greedy tokens,
@@ -338,9 +340,14 @@ def vocab(args) -> dict:
 
 
 def synthetic(args) -> dict:
-    from minfer_bench.synthetic import synthetic_model, write_gguf
+    from minfer_jax.quant.planes import QType
 
-    gm = synthetic_model(args.spec, seed=args.seed)
+    from minfer_bench.synthetic import one_format_model, synthetic_model, write_gguf
+
+    if args.matrix_type:  # spec: a config name
+        gm = one_format_model(args.spec, QType[args.matrix_type], seed=args.seed)
+    else:
+        gm = synthetic_model(args.spec, seed=args.seed)
     rng = np.random.default_rng(args.seed)
     lengths = [int(n) for n in args.lengths.split(",")]
     prompts = [rng.integers(0, gm.config.vocab_size, n).tolist() for n in lengths]
@@ -368,7 +375,8 @@ def synthetic(args) -> dict:
             f"llama.cpp argmax = f64 argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min "
             f"margin {min(rows[-1]['margin']):.3g}"
         )
-    return {"spec": args.spec, "seed": args.seed, "f32_kv": args.f32_kv, "prompts": rows}
+    out = {"spec": args.spec, "seed": args.seed, "f32_kv": args.f32_kv, "prompts": rows}
+    return out | ({"matrix_type": args.matrix_type} if args.matrix_type else {})
 
 
 def main(argv=None):
@@ -401,6 +409,11 @@ def main(argv=None):
     s.add_argument("--lengths", default="16,64,200,600")
     s.add_argument(
         "--f32-kv", action="store_true", help="llama.cpp's KV cache in f32 (default f16)"
+    )
+    s.add_argument(
+        "--matrix-type",
+        help="spec is a config name; every matrix but the token embedding in this GGML type, "
+        "the rest F32 (e.g. IQ4_NL)",
     )
     v = sub.add_parser("vocab")
     v.add_argument("name", help="a cut vocabulary of tests/data/tokenizer (ggml-vocab-llama-bpe)")
