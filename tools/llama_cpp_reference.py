@@ -17,6 +17,9 @@ and the largest |llama.cpp logit - float64 logit| over every prompt position (th
 is tests/float64_reference.py), which bounds our own distance in the test. Plus llama.cpp's ids of
 a set of tokenizer texts. --f32-copy: the same distance for an F32 copy of the file in llama.cpp
 with an f32 KV cache (the model math without llama.cpp's quantization).
+logits: llama.cpp's logits (an .npz beside --out) at every position of random prompts plus its
+greedy continuation, for a synthetic spec (`logits gpt-oss-tiny:f32 --f32-kv --out
+tests/data/llama_cpp/gpt-oss-tiny-f32.json`).
 vocab: llama.cpp's ids for a cut test vocabulary of tests/data/tokenizer with another pre-tokenizer
 (`vocab ggml-vocab-llama-bpe --pre gpt-4o --out tests/data/llama_cpp/gpt-4o-tokenizer.json`).
 synthetic: the spec's model written as a GGUF (minfer_bench.synthetic, deterministic in the
@@ -339,6 +342,45 @@ def vocab(args) -> dict:
     }
 
 
+def logits(args) -> dict:
+    """llama.cpp's logits at every position of random prompts + its greedy continuation
+    (--greedy tokens), for a synthetic spec; written beside --out as an .npz (float16: far below
+    the tests' 0.02-std tolerance). For families tests/float64_reference.py does not know
+    (gpt-oss): the test compares our logits with these directly."""
+    from minfer_bench.synthetic import synthetic_model, write_gguf
+
+    gm = synthetic_model(args.spec, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    prompts = [rng.integers(0, gm.config.vocab_size, n).tolist() for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.gguf")
+        write_gguf(gm, path, progress=False)
+        _, out = run_llama_cpp(
+            args.llama_python, path, prompts, [], args.greedy, tmp, f32_kv=args.f32_kv
+        )
+        full = [p + g for p, g in zip(prompts, out["greedy"])]  # teacher-forced: every position
+        rows, _ = run_llama_cpp(args.llama_python, path, full, [], 0, tmp, f32_kv=args.f32_kv)
+    stem = os.path.splitext(args.out)[0]
+    arrays = {f"p{i}": r.astype(np.float16) for i, r in enumerate(rows)}
+    np.savez_compressed(stem + ".npz", **arrays)
+    return {
+        "spec": args.spec,
+        "seed": args.seed,
+        "f32_kv": args.f32_kv,
+        "logits": os.path.basename(stem + ".npz"),
+        "prompts": [
+            {"ids": ids, "n_prompt": len(p), "margin": _margins(r)}
+            for ids, p, r in zip(full, prompts, rows)
+        ],
+    }
+
+
+def _margins(rows: np.ndarray) -> list[float]:
+    top2 = np.sort(rows, axis=-1)[:, -2:]
+    return (top2[:, 1] - top2[:, 0]).tolist()
+
+
 def synthetic(args) -> dict:
     from minfer_jax.quant.planes import QType
 
@@ -415,11 +457,18 @@ def main(argv=None):
         help="spec is a config name; every matrix but the token embedding in this GGML type, "
         "the rest F32 (e.g. IQ4_NL)",
     )
+    lg = sub.add_parser("logits")
+    lg.add_argument("spec")
+    lg.add_argument("--seed", type=int, default=0)
+    lg.add_argument("--lengths", default="24,72")
+    lg.add_argument("--greedy", type=int, default=16, help="llama.cpp's greedy tokens appended")
+    lg.add_argument("--f32-kv", action="store_true", help="llama.cpp's KV cache in f32")
     v = sub.add_parser("vocab")
     v.add_argument("name", help="a cut vocabulary of tests/data/tokenizer (ggml-vocab-llama-bpe)")
     v.add_argument("--pre", required=True, help="the tokenizer.ggml.pre to write, e.g. gpt-4o")
     args = ap.parse_args(argv)
-    result = {"real": real, "synthetic": synthetic, "vocab": vocab}[args.kind](args)
+    modes = {"real": real, "synthetic": synthetic, "vocab": vocab, "logits": logits}
+    result = modes[args.kind](args)
     result["llama_cpp_python"] = llama_cpp_version(args.llama_python)
     result["tool"] = "tools/llama_cpp_reference.py"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
