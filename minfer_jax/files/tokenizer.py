@@ -413,6 +413,8 @@ class Tokenizer:
         self.eos_ids = eos_ids
         self.chat_template = chat_template
         self.source = source
+        # gpt-oss's harmony vocabulary: its chat output has channels (files/harmony.py)
+        self.harmony = _is_harmony(tokens)
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], source: str = "<gguf>") -> Tokenizer:
