@@ -126,3 +126,10 @@ def test_kernel_path_matches_reference_path():
     n = len(prompt) - 1  # decode: equal up to the first unclear step
     steps = next((i for i in range(len(want.tokens)) if not clear[n + i]), len(want.tokens))
     assert got.tokens[:steps] == want.tokens[:steps]
+
+
+def test_tensor_parallel_is_refused_clearly():
+    from minfer_jax.engine.sharding import ShardingError, plan_split
+
+    with pytest.raises(ShardingError, match="gpt-oss"):
+        plan_split(SYNTHETIC_CONFIGS["gpt-oss-tiny"], 2, o_block=32, ff_block=32)

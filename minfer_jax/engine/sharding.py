@@ -95,6 +95,8 @@ def split_of(model: GGUFModel, degree: int) -> Split:
 def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Split:
     """Shard rows and K windows for `degree` shards; K splits fall on o_block / ff_block weights."""
     n = degree
+    if n > 1 and cfg.family == "gpt-oss":  # its per-head sinks and o bias are not split here
+        raise ShardingError("tensor parallelism does not support gpt-oss models yet")
     if cfg.n_heads % n:
         raise ShardingError(
             f"tensor_parallel {n} does not divide the model's {cfg.n_heads} query heads"
