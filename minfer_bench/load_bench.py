@@ -3,10 +3,10 @@
     python -m minfer_bench.load_bench -m MODEL -np 32 -c 32768 --clients 8,32 \\
         --max-tokens 128 --prompt-tokens 512 --out server.md --json server.json
 
-Starts `python -m minfer_jax.server` on 127.0.0.1 and a free port (extra flags after `--` go to
-it), waits for /health, runs load_test.run once per client count (each with its own warm-up
-pass, `--requests-per-client` x clients measured requests), writes one markdown table (a row per
-client count) and the JSON of every run, and stops the server.
+Starts `python -m minfer_bench.serve` (the server; -m also takes synthetic:<spec>) on 127.0.0.1 and
+a free port (extra flags after `--` go to it), waits for /health, runs load_test.run once per client
+count (each with its own warm-up pass, `--requests-per-client` x clients measured requests), writes
+one markdown table (a row per client count) and the JSON of every run, and stops the server.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = [
         sys.executable,
         "-m",
-        "minfer_jax.server",
+        "minfer_bench.serve",  # the server, whose -m also takes synthetic:<spec>
         "--port",
         str(port),
         "-np",

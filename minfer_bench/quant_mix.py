@@ -14,8 +14,9 @@ from typing import Literal
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
 from minfer_jax.errors import MinferError, UnsupportedError
-from minfer_jax.files.gguf import SUPPORTED_TYPES, expected_shapes
+from minfer_jax.files.gguf import SUPPORTED_TYPES
 from minfer_jax.model.config import Config
+from minfer_jax.model.from_gguf import expected_shapes
 
 QType = GGMLQuantizationType
 

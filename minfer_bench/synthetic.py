@@ -32,15 +32,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, LlamaFileType
 
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.files.gguf import (
-    FLOAT_TYPES,
-    SUPPORTED_TYPES,
-    GGUFModel,
-    RawTensor,
-    expected_shapes,
-)
+from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, RawTensor
 from minfer_jax.files.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
 from minfer_jax.model.config import Config
+from minfer_jax.model.from_gguf import expected_shapes
+from minfer_jax.model.gguf_model import GGUFModel
 
 from minfer_bench.quant_mix import (
     DEFAULT_TYPE,

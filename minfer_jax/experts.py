@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from minfer_jax.model.weights import DenseWeight, Weight
+from minfer_jax.quant.matrix import DenseWeight, Weight
 from minfer_jax.quant.planes import decode, get_format
 
 TILE_ROWS = 16  # rows per tile of tiled_matmul: few enough that padding each expert costs little

@@ -52,8 +52,8 @@ import jax.numpy as jnp
 
 from minfer_jax import experts, validate
 from minfer_jax.errors import InvalidArgumentError
-from minfer_jax.model.weights import DenseWeight, Weight
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, tiles
+from minfer_jax.quant.matrix import DenseWeight, Weight
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens

@@ -159,7 +159,7 @@ def test_write_gguf(tmp_path):
     rc, out, err = run_main(TINY + ["--write-gguf", str(path)])
     assert rc == 0, err
     assert out == ""  # no -p/-n/-pg given: write, then exit
-    from minfer_jax.files.gguf import load_gguf
+    from minfer_jax.model.from_gguf import load_gguf
 
     back, mem = load_gguf(str(path)), synthetic_model("qwen2.5-0.5b:q4_0", layers=1)
     assert back.config == mem.config

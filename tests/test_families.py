@@ -1,6 +1,6 @@
 """Llama, Qwen3 and Gemma 3 against llama.cpp (expected values in tests/data/llama_cpp/, made by
 tools/llama_cpp_reference.py with llama-cpp-python on the CPU) and against a float64 forward
-(tests/float64_reference.py).
+(minfer_bench/float64_reference.py).
 
 How llama.cpp is compared. llama.cpp quantizes activations to 8 bits for its quantized matmuls
 and keeps an f16 KV cache, so its logits sit ~0.5-2.6 (real SmolLM2 Q4_1) or ~0.02-0.04 (synthetic
@@ -29,10 +29,11 @@ import pytest
 
 import minfer_jax
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.files.gguf import QType, load_gguf
+from minfer_jax.files.gguf import QType
 from minfer_jax.files.tokenizer import Tokenizer
-from tests import float64_reference
+from minfer_jax.model.from_gguf import load_gguf
 
+from minfer_bench import float64_reference
 from minfer_bench.synthetic import SYNTHETIC_CONFIGS, one_format_model, synthetic_model, write_gguf
 
 DATA = Path(__file__).parent / "data" / "llama_cpp"

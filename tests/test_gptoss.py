@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import minfer_jax
-from minfer_jax.files.gguf import load_gguf
 from minfer_jax.model import gptoss
+from minfer_jax.model.from_gguf import load_gguf
 
 from minfer_bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model, write_gguf
 

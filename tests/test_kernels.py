@@ -398,7 +398,7 @@ def test_norm_folded_into_gemv(qtypes, k, nt, deterministic):
     rsqrt in the kernel. The weights run as one launch even in two formats; float weights take
     the plain path. The deterministic mode folds at every row count and width."""
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     impl = ops.Impl(KERNELS, deterministic=deterministic)
     sizes = (130, 70)
@@ -437,7 +437,7 @@ def test_norm_from_given_sums_of_squares(qtypes, k, nt):
     after the norm takes them ("rsqrt", narrow x too) and equals the norm first, then the GEMVs;
     no launch besides the GEMV's. 8 and 17 pieces: a count not a power of two is padded."""
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     impl = ops.Impl(KERNELS)
     ws = [
@@ -487,7 +487,7 @@ def test_precise_reaches_the_normed_gemvs():
     """ops.Impl.precise gives x two int8 terms in every GEMV that applies the norm itself
     (ops.norm_matmuls), which brings them near the norm-then-f32 product."""
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     k, nt = 896, 1
     qtypes = (QType.Q5_0, QType.Q8_0)
@@ -719,7 +719,7 @@ def test_gemm_int8_matches_reference(qtype, n, k, nt):
 
 def test_ops_routes_prefill_to_int8_only_when_asked():
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     qtype, n, k = QType.Q4_K, 136, 512
     w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
@@ -757,7 +757,7 @@ def test_ops_prefill_variants():
     """auto picks dequant from DEQUANT_MIN_NT tokens; dequant and f16 compute the same decode + f32
     dot."""
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT) == "dequant"
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT - 1) == "f16"
@@ -813,7 +813,7 @@ def test_gemv_x_first_either_order(qtype, nt):
 
 
 def _qweight(qtype, n=128, k=256):
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     return QWeight(planes_for(qtype, n, k), qtype, (n, k))
 
@@ -867,7 +867,7 @@ def test_route_every_branch(qtype, nt, impl, want):
 
 def test_route_dense_and_norm_folding():
     from minfer_jax import ops
-    from minfer_jax.model.weights import DenseWeight
+    from minfer_jax.quant.matrix import DenseWeight
 
     dense = DenseWeight(jnp.zeros((256, 128)), transposed=True)
     assert ops.route(dense, 1, ops.Impl("pallas"), after_norm=True) == ops.Route("dense")

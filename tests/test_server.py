@@ -734,9 +734,12 @@ def test_serve_script_errors(tmp_path):
 
 
 def test_synthetic_models_get_a_placeholder_tokenizer():
-    """serve.py -m synthetic:<spec> (the H200 load benchmarks' 7B): real shapes, text to stream."""
+    """minfer_bench.serve -m synthetic:<spec> (the H200 load benchmarks' 7B): real shapes, text to
+    stream."""
     from minfer_jax import generate
-    from minfer_jax.server.backend import ServerSettingsError, load_model
+    from minfer_jax.server.backend import ServerSettingsError
+
+    from minfer_bench.serve import load_model
 
     model = load_model("synthetic:qwen2.5-0.5b:q8_0:layers=1:seed=3", ctx_size=64)
     assert model.config.n_layers == 1 and model.tokenizer is not None

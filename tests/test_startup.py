@@ -219,7 +219,7 @@ import json, sys, jax
 jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 import minfer_jax
-from minfer_jax.files.gguf import load_gguf
+from minfer_jax.model.from_gguf import load_gguf
 m = minfer_jax.load(gguf_model=load_gguf(sys.argv[2]), kernels="xla", weights="quantized",
                     ctx_size=256, prefill_chunk=16)
 out = minfer_jax.generate(m, [5, 17, 42, 99, 7], max_new_tokens=20)

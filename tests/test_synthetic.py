@@ -9,7 +9,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES, quants
 
 from minfer_jax.errors import MinferError, UnsupportedError
-from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, expected_shapes, load_gguf
+from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES
+from minfer_jax.model.from_gguf import expected_shapes, load_gguf
 from tests.configs import tiny_config
 
 from minfer_bench.quant_mix import FTYPES, QType, SyntheticSpecError, tensor_types

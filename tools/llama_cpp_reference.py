@@ -14,7 +14,8 @@ imported here or by the tests. The tests read only the JSON this writes (tests/d
 real: for each prompt (plain text, or a user message through the file's chat template), the ids
 our tokenizer gives and the ids llama.cpp gives (they must agree), llama.cpp's 32 greedy tokens,
 and the largest |llama.cpp logit - float64 logit| over every prompt position (the float64 forward
-is tests/float64_reference.py), which bounds our own distance in the test. Plus llama.cpp's ids of
+is minfer_bench/float64_reference.py), which bounds our own distance in the test. Plus
+llama.cpp's ids of
 a set of tokenizer texts. --f32-copy: the same distance for an F32 copy of the file in llama.cpp
 with an f32 KV cache (the model math without llama.cpp's quantization).
 logits: llama.cpp's logits (an .npz beside --out) at every position of random prompts plus its
@@ -41,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tests import float64_reference  # noqa: E402
+from minfer_bench import float64_reference  # noqa: E402
 
 CHAT_PROMPTS = [
     "What is the capital of France?",
@@ -195,8 +196,8 @@ def llama_cpp_version(python: str) -> str:
 
 
 def real(args) -> dict:
-    from minfer_jax.files.gguf import load_gguf
     from minfer_jax.files.tokenizer import Tokenizer
+    from minfer_jax.model.from_gguf import load_gguf
 
     gm = load_gguf(args.model)
     tok = Tokenizer.from_model(gm)
@@ -345,7 +346,7 @@ def vocab(args) -> dict:
 def logits(args) -> dict:
     """llama.cpp's logits at every position of random prompts + its greedy continuation
     (--greedy tokens), for a synthetic spec; written beside --out as an .npz (float16: far below
-    the tests' 0.02-std tolerance). For families tests/float64_reference.py does not know
+    the tests' 0.02-std tolerance). For families minfer_bench/float64_reference.py does not know
     (gpt-oss): the test compares our logits with these directly."""
     from minfer_bench.synthetic import synthetic_model, write_gguf
 

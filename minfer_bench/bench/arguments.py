@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from minfer_jax import ops, validate
+from minfer_jax import ops
+from minfer_jax.engine import options
 
 from minfer_bench.bench.fields import OUTPUT_FORMATS
 from minfer_bench.bench.parsing import BenchError
@@ -182,7 +183,7 @@ def _execution_args(g) -> None:
     )
     g.add_argument(
         "--weights",
-        choices=validate.LOAD_WEIGHT_MODES,
+        choices=options.LOAD_WEIGHT_MODES,
         default=None,
         help="model mode: weight storage on the device (default: quantized for pallas/interpret, "
         "dense for xla, as minfer_jax.load)",

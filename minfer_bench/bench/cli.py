@@ -59,8 +59,8 @@ def _load_source(kind: str, ref: str, layers: int | None, seed: int, progress: b
 
         gm = synthetic_model(ref, seed=seed, layers=layers)
         return ModelSource(gm.path, gm)
-    from minfer_jax.files.gguf import load_gguf
     from minfer_jax.files.model_source import resolve_model
+    from minfer_jax.model.from_gguf import load_gguf
 
     path = resolve_model(ref, progress=progress)
     return ModelSource(ref, load_gguf(path))
@@ -268,8 +268,8 @@ def _kernel_cases(args, req: _Request) -> list[KernelCase]:
         types, shp, tied, label = synthetic_shapes(s, args.layers)
         cases += model_matmul_cases(types, shp, tied, default_nts, label)
     for m in req.models:
-        from minfer_jax.files.gguf import load_gguf
         from minfer_jax.files.model_source import resolve_model
+        from minfer_jax.model.from_gguf import load_gguf
 
         gm = load_gguf(resolve_model(m, progress=args.progress))
         cases += model_matmul_cases(

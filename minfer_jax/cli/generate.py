@@ -32,8 +32,9 @@ from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 # module attributes: tests substitute an already loaded model
 from minfer_jax.engine.runtime import load
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError, MinferError
-from minfer_jax.files.gguf import load_gguf
 from minfer_jax.files.model_source import resolve_model
+from minfer_jax.model.from_gguf import load_gguf
+from minfer_jax.version import __version__
 
 PROG = "minfer-generate"
 DEFAULT_N_PREDICT = 128
@@ -86,8 +87,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _version() -> str:
     import jax
-
-    from minfer_jax import __version__
 
     return f"{PROG} {__version__} (jax {jax.__version__}, default backend {jax.default_backend()})"
 

@@ -31,9 +31,10 @@ from jax.sharding import PartitionSpec as P
 from minfer_jax import ops
 from minfer_jax.engine import sampling
 from minfer_jax.errors import MinferError
-from minfer_jax.files.gguf import GGUFModel, RawTensor
+from minfer_jax.files.gguf import RawTensor
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
+from minfer_jax.model.gguf_model import GGUFModel
 from minfer_jax.model.weights import LoadOptions, Params, load_params
 from minfer_jax.quant.planes import get_format
 from minfer_jax.sizes import round_up

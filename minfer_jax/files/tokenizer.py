@@ -487,7 +487,7 @@ class Tokenizer:
 
     @classmethod
     def from_model(cls, model: Any) -> Tokenizer:
-        """Build from a loaded `minfer_jax.files.gguf.GGUFModel`."""
+        """Build from a loaded `minfer_jax.model.gguf_model.GGUFModel`."""
         return cls.from_metadata(model.metadata, source=str(model.path))
 
     @property

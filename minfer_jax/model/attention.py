@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax.model.config import Config
+from minfer_jax.pallas import attention, decode_qkv
+from minfer_jax.pallas import decode_attention as dec
 
 
 def _kernels(impl) -> bool:
@@ -62,8 +64,6 @@ def chunk_attention(
     sinks [H] (or None): each head's attention sink logit, in the softmax's denominator only."""
     t = q.shape[0]
     if _kernels(impl):
-        from minfer_jax.pallas import attention
-
         out = attention.chunk_attention(
             q,
             k_cache,
@@ -114,8 +114,6 @@ def decode_attention(
     """
     b = q.shape[0]
     if _kernels(impl):
-        from minfer_jax.pallas import decode_attention as dec
-
         out = dec.decode_attention(
             q[:, None],
             k_cache,
@@ -159,9 +157,6 @@ def decode_attention_projected(
     (ops.norm_matmul_parts; widths: each one's true columns): one kernel sums them, adds bias,
     applies NeoX RoPE with inv_freq, writes k / v at positions and lays q out for the attention
     kernel (pallas/decode_qkv.py) -> (k_cache, v_cache, [B, H * hd] f32)."""
-    from minfer_jax.pallas import decode_attention as dec
-    from minfer_jax.pallas import decode_qkv
-
     b, interpret = positions.shape[0], impl.kernels == "interpret"
     qg, k_cache, v_cache = decode_qkv.write_qkv(
         tuple(parts),

@@ -15,8 +15,9 @@ import jax.numpy as jnp
 
 from minfer_jax import ops
 from minfer_jax.model.config import Config
-from minfer_jax.model.weights import Layer, Params, embed_rows
+from minfer_jax.model.weights import Layer, Params
 from minfer_jax.pallas import split_sums
+from minfer_jax.quant.matrix import embed_rows
 
 
 @dataclasses.dataclass(frozen=True)
