@@ -104,7 +104,7 @@ def test_kernel_path_matches_reference_path():
     tie are left out, as for the dense families (test_families.py)."""
     from tests.kernel_mode import KERNELS
 
-    gm = synthetic_model("gpt-oss-tiny:q8_0", seed=3)
+    gm = synthetic_model("gpt-oss-tiny:q8_0", seed=3, layers=2)  # one windowed, one full
     kern, ref = (
         minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=64)
         for k in (KERNELS, "xla")
