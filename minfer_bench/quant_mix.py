@@ -264,6 +264,8 @@ def _type_impl(state: _QuantizeState, name: str, new_type: QType, ne0: int) -> Q
         new_type = _ffn_down_type(ft, new_type, i_layer, state.n_ffn_down)
         state.i_ffn_down += 1
         return new_type
+    if "attn_output.weight" in name and state.n_expert == 8:
+        return QType.Q5_K if ft in _MOE8_ATTN_OUTPUT_Q5_K else new_type
     if "attn_output.weight" in name:
         if ft == F.MOSTLY_Q2_K:
             new_type = QType.Q3_K
@@ -274,6 +276,25 @@ def _type_impl(state: _QuantizeState, name: str, new_type: QType, ne0: int) -> Q
         return new_type
     # attn_q / attn_k / ffn_gate / ffn_up: only IQ ftypes or MoE change them.
     return new_type
+
+
+# Eight experts: attn_output goes to Q5_K under these ftypes (llama-quant.cpp; the IQ ones too)
+_MOE8_ATTN_OUTPUT_Q5_K = frozenset(
+    getattr(F, n)
+    for n in (
+        "MOSTLY_Q2_K",
+        "MOSTLY_Q3_K_S",
+        "MOSTLY_Q3_K_M",
+        "MOSTLY_Q4_K_S",
+        "MOSTLY_Q4_K_M",
+        "MOSTLY_IQ3_XS",
+        "MOSTLY_IQ3_XXS",
+        "MOSTLY_IQ3_S",
+        "MOSTLY_IQ3_M",
+        "MOSTLY_IQ4_NL",
+        "MOSTLY_IQ4_XS",
+    )
+)
 
 
 def _moe_attn_kv_type(state: _QuantizeState, name: str, new_type: QType) -> QType:

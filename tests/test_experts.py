@@ -11,7 +11,8 @@ import pytest
 
 from minfer_jax import experts, ops
 from minfer_jax.files.gguf import QType, RawTensor
-from minfer_jax.model.weights import LoadOptions, _expert_matrix, expert_weight
+from minfer_jax.model.weights import LoadOptions, _expert_matrix
+from minfer_jax.quant.matrix import expert_weight
 from minfer_jax.quant.planes import repack
 
 E, N, K, TOP = 6, 40, 64, 2

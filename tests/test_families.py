@@ -357,15 +357,6 @@ def test_unsupported_architecture_is_one_clear_error(tmp_path):
         load_gguf(path)
 
 
-def test_mixture_of_experts_llama_is_refused():
-    from minfer_jax.files.gguf import MetadataView
-    from minfer_jax.model import llama
-
-    meta = {"llama.expert_count": 8}
-    with pytest.raises(UnsupportedError, match="mixture-of-experts"):
-        llama.config_from_metadata(MetadataView(meta, "m.gguf", "llama", 512, True))
-
-
 def test_sentencepiece_byte_fallback_and_space_prefix():
     """A tiny SentencePiece vocabulary: '▁' words, merges from scores, bytes for unknown
     characters."""

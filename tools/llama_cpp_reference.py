@@ -25,7 +25,14 @@ vocab: llama.cpp's ids for a cut test vocabulary of tests/data/tokenizer with an
 (`vocab ggml-vocab-llama-bpe --pre gpt-4o --out tests/data/llama_cpp/gpt-4o-tokenizer.json`).
 synthetic: the spec's model written as a GGUF (minfer_bench.synthetic, deterministic in the
 seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
-every position, its top-2 margin there and its distance from the float64 forward.
+every position, its top-2 margin there and its distance from the float64 forward. --greedy N
+appends llama.cpp's greedy continuation to each prompt; for MoE models the float64 router's
+closest call (k-th minus (k+1)-th probability) is kept per position; --logits-out keeps
+llama.cpp's logits (f16 .npz) for a direct comparison:
+
+    PYTHONPATH=. python tools/llama_cpp_reference.py --llama-python /work/venv/bin/python \
+        --out tests/data/llama_cpp/qwen3moe-tiny-f32.json synthetic qwen3moe-tiny:f32 \
+        --lengths 16,96 --greedy 32 --f32-kv --logits-out tests/data/llama_cpp/qwen3moe-tiny-f32.npz
 """
 
 from __future__ import annotations
@@ -131,7 +138,8 @@ out = {"greedy": [], "tokenized": tokenized}
 for i, ids in enumerate(job["prompts"]):
     llm.reset()
     llm.eval(ids)
-    np.save(f"{job['dir']}/logits{i}.npy", np.asarray(llm.scores[:len(ids)], np.float32))
+    if not job.get("all_logits"):
+        np.save(f"{job['dir']}/logits{i}.npy", np.asarray(llm.scores[:len(ids)], np.float32))
     toks, margins = [], []
     for _ in range(job["n_greedy"]):
         row = np.asarray(llm.scores[llm.n_tokens - 1], np.float64)
@@ -142,6 +150,8 @@ for i, ids in enumerate(job["prompts"]):
         llm.eval([tok])
     out["greedy"].append(toks)
     out.setdefault("margins", []).append(margins)
+    if job.get("all_logits"):  # prompt + greedy tokens (the last one evaluated too)
+        np.save(f"{job['dir']}/logits{i}.npy", np.asarray(llm.scores[:llm.n_tokens], np.float32))
 json.dump(out, open(f"{job['dir']}/out.json", "w"))
 """
 
@@ -154,6 +164,7 @@ def run_llama_cpp(
     n_greedy: int,
     tmp: str,
     f32_kv: bool = False,
+    all_logits: bool = False,
 ):
     n_ctx = max(len(p) for p in prompts) + n_greedy + 8
     job = {
@@ -164,6 +175,7 @@ def run_llama_cpp(
         "dir": tmp,
         "n_ctx": max(256, n_ctx),
         "f32_kv": f32_kv,
+        "all_logits": all_logits,
     }
     with open(os.path.join(tmp, "job.json"), "w") as f:
         json.dump(job, f)
@@ -398,26 +410,45 @@ def synthetic(args) -> dict:
         path = os.path.join(tmp, "model.gguf")
         write_gguf(gm, path, progress=False)
         logits, out = run_llama_cpp(
-            args.llama_python, path, prompts, [], 0, tmp, f32_kv=args.f32_kv
+            args.llama_python,
+            path,
+            prompts,
+            [],
+            args.greedy,
+            tmp,
+            f32_kv=args.f32_kv,
+            all_logits=args.greedy > 0,
         )
-    rows = []
-    for ids, lg in zip(prompts, logits):
-        ref = float64_reference.forward(gm, ids)
+    rows, kept_logits = [], {}
+    for i, (ids, lg, greedy) in enumerate(zip(prompts, logits, out["greedy"])):
+        ids = ids + greedy  # each greedy token was fed back: logits at every position
+        lg = lg[: len(ids)]
+        gaps: list = []
+        ref = float64_reference.forward(gm, ids, router_gaps=gaps)
         top2 = np.sort(lg, axis=-1)[:, -2:]
         rows.append(
             {
                 "ids": ids,
+                "n_prompt": len(prompts[i]),
                 "argmax": lg.argmax(-1).tolist(),
                 "margin": (top2[:, 1] - top2[:, 0]).tolist(),
                 "llama_cpp_f64_distance": float(np.max(np.abs(lg - ref))),
+                "llama_cpp_f64_std": np.std(lg - ref, axis=-1).tolist(),  # per position
+                "llama_cpp_f64_max": np.max(np.abs(lg - ref), axis=-1).tolist(),
                 "f64_argmax_equal": int((lg.argmax(-1) == ref.argmax(-1)).sum()),
             }
         )
+        if gaps:  # MoE: the router's closest call at each position, over the layers
+            rows[-1]["f64_router_gap"] = np.min(gaps, axis=0).tolist()
+        if args.logits_out:
+            kept_logits[f"logits{i}"] = lg.astype(np.float16)
         print(
             f"{len(ids)} tokens: |llama.cpp - f64| {rows[-1]['llama_cpp_f64_distance']:.3g}, "
             f"llama.cpp argmax = f64 argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min "
             f"margin {min(rows[-1]['margin']):.3g}"
         )
+    if args.logits_out:  # llama.cpp's logits themselves, f16 (the MoE parity tests read them)
+        np.savez_compressed(args.logits_out, **kept_logits)
     out = {"spec": args.spec, "seed": args.seed, "f32_kv": args.f32_kv, "prompts": rows}
     return out | ({"matrix_type": args.matrix_type} if args.matrix_type else {})
 
@@ -458,6 +489,14 @@ def main(argv=None):
         help="spec is a config name; every matrix but the token embedding in this GGML type, "
         "the rest F32 (e.g. IQ4_NL)",
     )
+    s.add_argument(
+        "--greedy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="append llama.cpp's N greedy tokens to each prompt (values at every position)",
+    )
+    s.add_argument("--logits-out", default="", help="also keep llama.cpp's logits here (.npz)")
     lg = sub.add_parser("logits")
     lg.add_argument("spec")
     lg.add_argument("--seed", type=int, default=0)

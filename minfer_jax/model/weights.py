@@ -220,10 +220,13 @@ def layer_matmuls(
     dense: bool = False,
 ) -> list[LayerMatmul]:
     """The matmuls of layer `layer` as loaded (q/k/v and gate/up fused as `fused_runs` says), from
-    tensor types and shapes alone, in the order a token meets them."""
+    tensor types and shapes alone, in the order a token meets them (ops.matmul's: a mixture of
+    experts' router and expert tensors are not among them)."""
     out = []
     for roles in _LAYER_MATMULS:
         names = [f"blk.{layer}.{r}.weight" for r in roles]
+        if names[0] not in qtypes:  # a mixture-of-experts layer has no dense FFN
+            continue
         for run in fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense):
             members = tuple(names[i] for i in run)
             out.append(
