@@ -133,3 +133,31 @@ def test_chat_reply_fields():
     plain = Reply("chat", "m").full(REPLY, StopReason.EOS, 5, 9)
     assert plain["choices"][0]["message"]["content"] == REPLY
     assert Reply("text", "m", harmony=True).deltas(REPLY) == [("content", REPLY)]
+
+
+def test_cli_chat_shows_the_answer_and_sends_reasoning_to_stderr():
+    import io
+
+    from minfer_jax.cli.chat import _Session
+
+    out, err = io.StringIO(), io.StringIO()
+    session = _Session(
+        model=None,
+        sampler=None,
+        seed=0,
+        max_len=64,
+        n_predict=8,
+        stop=(),
+        stream=True,
+        out=out,
+        err=err,
+        verbose=False,
+        channels=HarmonyStream(),
+    )
+    for i in range(0, len(REPLY), 6):
+        session._on_text(REPLY[i : i + 6])
+    for field, text in session.channels.finish():
+        session._show(field, text)
+    assert out.getvalue() == "".join(session.partial) == "2 + 2 = 4."
+    assert err.getvalue() == "The user asks 2+2. Easy."
+    assert session.answer(REPLY) == "2 + 2 = 4."
