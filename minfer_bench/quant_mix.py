@@ -46,6 +46,7 @@ FTYPES: dict[str, LlamaFileType] = {
     "q5_k_s": LlamaFileType.MOSTLY_Q5_K_S,
     "q5_k_m": LlamaFileType.MOSTLY_Q5_K_M,
     "q6_k": LlamaFileType.MOSTLY_Q6_K,
+    "mxfp4_moe": LlamaFileType.MOSTLY_MXFP4_MOE,
 }
 
 F = LlamaFileType
@@ -69,6 +70,7 @@ DEFAULT_TYPE: dict[LlamaFileType, QType] = {
     F.MOSTLY_Q5_K_S: QType.Q5_K,
     F.MOSTLY_Q5_K_M: QType.Q5_K,
     F.MOSTLY_Q6_K: QType.Q6_K,
+    F.MOSTLY_MXFP4_MOE: QType.MXFP4,
 }
 
 # tensor_type_fallback(): the type used when a row (ne[0] = in_features) is not a whole number of
@@ -209,6 +211,8 @@ def _tensor_type(state: _QuantizeState, name: str, shape: tuple, fallback_table:
         return QType.F32
     if "ffn_gate_inp.weight" in name:  # the MoE router is never quantized (llama-quant.cpp:306)
         return QType.F32
+    if state.ft == F.MOSTLY_MXFP4_MOE:  # expert (3-D) tensors MXFP4, every other one Q8_0
+        return QType.MXFP4 if len(shape) == 3 else QType.Q8_0
     ne0 = shape[-1]  # ggml ne[0] = in_features (the row length)
     new_type = DEFAULT_TYPE[state.ft]
     if new_type in (QType.F32, QType.F16, QType.BF16):  # ggml_is_quantized(default) is false

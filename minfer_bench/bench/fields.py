@@ -160,6 +160,7 @@ _FTYPE_NAMES = {
     16: "Q5_K - Small",
     17: "Q5_K - Medium",
     18: "Q6_K",
+    38: "MXFP4 MoE",
 }
 _FTYPE_GUESSED = 1024
 
@@ -234,6 +235,8 @@ _TYPE_NAMES = {
     "llama": _llama_type_name,
     "qwen3": _qwen3_type_name,
     "gemma3": _gemma3_type_name,
+    # llama_model_openai_moe::load_arch_hparams
+    "gpt-oss": lambda cfg: {24: "20B", 36: "120B"}.get(cfg.n_layers, "?B"),
 }
 
 

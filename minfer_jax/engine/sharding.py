@@ -128,6 +128,8 @@ def plan_split(
     """Shard rows and K windows for `degree` shards; K splits fall on o_block / ff_block weights
     (expert_block / shared_block: a mixture of experts' down experts / shared down)."""
     n = degree
+    if n > 1 and cfg.family == "gpt-oss":  # its per-head sinks and o bias are not split here
+        raise ShardingError("tensor parallelism does not support gpt-oss models yet")
     if cfg.n_heads % n:
         raise ShardingError(
             f"tensor_parallel {n} does not divide the model's {cfg.n_heads} query heads"

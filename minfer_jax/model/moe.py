@@ -24,8 +24,14 @@ WEIGHTS_SUM_FLOOR = 6.103515625e-5  # llama.cpp clamps the chosen weights' sum t
 
 
 def route_tokens(logits: jax.Array, cfg: Config) -> tuple[jax.Array, jax.Array]:
-    """Router logits [T, E] -> (expert ids [T, k] int32, their weights [T, k] f32)."""
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # "softmax" gating
+    """Router logits [T, E] -> (expert ids [T, k] int32, their weights [T, k] f32). Gating
+    "softmax": softmax over all experts, then top-k; "softmax_weight" (gpt-oss): top-k of the raw
+    logits, softmax over the chosen k."""
+    logits = logits.astype(jnp.float32)
+    if cfg.expert_gating == "softmax_weight":
+        chosen, ids = jax.lax.top_k(logits, cfg.n_experts_used)
+        return ids.astype(jnp.int32), jax.nn.softmax(chosen, axis=-1)
+    probs = jax.nn.softmax(logits, axis=-1)
     weights, ids = jax.lax.top_k(probs, cfg.n_experts_used)
     if cfg.expert_weights_norm:
         weights = weights / jnp.maximum(jnp.sum(weights, -1, keepdims=True), WEIGHTS_SUM_FLOOR)
@@ -43,17 +49,26 @@ def shared_expert(h: jax.Array, ex: Experts, impl: ops.Impl) -> jax.Array:
     return gate * ops.matmul(act, ex.shared_down, impl)
 
 
-def moe_ffn(x: layers.Hidden, layer: Layer, call: layers.LayerCall) -> jax.Array:
-    """The layer's mixture-of-experts FFN on ffn_norm(x) -> [T, d], added to the residual by the
-    caller. Inside shard_map every shard holds all experts' slices of the expert width and the
-    whole router (engine/sharding.py): one all-reduce adds the shards' partial outputs."""
+def moe_ffn(
+    x: layers.Hidden, layer: Layer, call: layers.LayerCall, norm: jax.Array | None = None
+) -> jax.Array:
+    """The layer's mixture-of-experts FFN on norm(x) (norm: the pre-FFN RMSNorm's weight, default
+    ffn_norm; gpt-oss's is post_attention_norm) -> [T, d], added to the residual by the caller.
+    The router's and the experts' biases (gpt-oss) are added where Experts has them. Inside
+    shard_map every shard holds all experts' slices of the expert width and the whole router
+    (engine/sharding.py): one all-reduce adds the shards' partial outputs."""
     cfg, impl, ex = call.cfg, call.impl, layer.moe
     assert ex is not None
     rows, _ = layers.hidden(x)
-    h = ops.rms_norm(rows, layer.ffn_norm, cfg.rms_eps)
-    ids, weights = route_tokens(ops.matmul(h, ex.router, impl), cfg)
-    act = ops.expert_glu(h, ex.gate, ex.up, ids, "silu", impl)  # [T, k, F]
-    out = ops.expert_down_sum(act, ex.down, ids, weights, impl)  # [T, d]
+    h = ops.rms_norm(rows, layer.ffn_norm if norm is None else norm, cfg.rms_eps)
+    logits = ops.matmul(h, ex.router, impl)
+    if ex.router_bias is not None:
+        logits = logits + ex.router_bias
+    ids, weights = route_tokens(logits, cfg)
+    act = ops.expert_glu(
+        h, ex.gate, ex.up, ids, cfg.expert_act, impl, ex.gate_bias, ex.up_bias
+    )  # [T, k, F]
+    out = ops.expert_down_sum(act, ex.down, ids, weights, impl, ex.down_bias)  # [T, d]
     if ex.shared_down is not None:
         out = out + shared_expert(h, ex, impl)
     return out if call.par is None else call.par.all_reduce(out)

@@ -90,15 +90,25 @@ def head_dim_field(md) -> dict:
     return {"head_dim": k} if k else {}
 
 
-def rope_scaling_fields(md) -> dict:
-    """Linear RoPE scaling (`rope.scaling.type` = linear, `rope.scaling.factor`); other kinds
-    refused."""
+def rope_scaling_fields(md, yarn: bool = False) -> dict:
+    """Linear RoPE scaling (`rope.scaling.type` = linear, `rope.scaling.factor`), and YaRN
+    (`yarn`, with `rope.scaling.original_context_length`) where the family applies it (yarn);
+    other kinds refused."""
     kind = md.str("rope.scaling.type", default="none")
     factor = md.positive_float("rope.scaling.factor", default=1.0)
     if kind == "none" or factor == 1.0:
         return {}
+    if kind == "yarn" and yarn:
+        orig = md.int("rope.scaling.original_context_length", default=0)
+        if orig <= 0 or factor < 1.0:
+            raise UnsupportedError(
+                f"{md.path}: YaRN RoPE scaling needs a factor > 1 and "
+                f"rope.scaling.original_context_length (got {factor}, {orig})"
+            )
+        return {"yarn_factor": factor, "yarn_orig_ctx": orig}
     if kind != "linear":
-        raise UnsupportedError(f"{md.path}: RoPE scaling {kind!r} is not supported (only 'linear')")
+        known = "'linear', 'yarn'" if yarn else "'linear'"
+        raise UnsupportedError(f"{md.path}: RoPE scaling {kind!r} is not supported (only {known})")
     return {"rope_scale": 1.0 / factor}
 
 
