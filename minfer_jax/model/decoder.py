@@ -39,9 +39,9 @@ def _layers(
     epilogues: bool = False,
     recur: Callable | None = None,
 ) -> tuple[layers.Hidden, KVCache]:
-    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)` (or,
-    where the family's layer takes it, `attend_projected(parts, widths, bias, inv_freq, k_cache,
-    v_cache, window)`: LayerCall) -> the last layer's output, not normed (with epilogues a
+    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window, sinks)`
+    (or, where the family's layer takes it, `attend_projected(parts, widths, bias, inv_freq,
+    k_cache, v_cache, window)`: LayerCall) -> the last layer's output, not normed (with epilogues a
     layers.Residual: LayerCall.epilogues). A DeltaNet layer (hybrid models) calls
     `recur(proj, weights, conv_state, delta_state) -> (out, conv_state, delta_state)` on its own
     entries of cache.conv / cache.delta. par: None on one device; inside shard_map the shard's
@@ -55,9 +55,9 @@ def _layers(
     for i, layer in enumerate(params.layers):  # unrolled at trace time
         j, r = kv_index.get(i, -1), rec_index.get(i, -1)
 
-        def layer_attend(q, k, v, i=i, j=j):
+        def layer_attend(q, k, v, sinks=None, i=i, j=j):
             ks[j], vs[j], att = attend(
-                q, k.astype(ks[j].dtype), v.astype(vs[j].dtype), ks[j], vs[j], cfg.window(i)
+                q, k.astype(ks[j].dtype), v.astype(vs[j].dtype), ks[j], vs[j], cfg.window(i), sinks
             )
             return att
 
@@ -117,14 +117,14 @@ def forward_chunk(
         )
         return out, conv.at[slot].set(c), delta.at[slot].set(s)
 
-    def attend(q, k, v, k_cache, v_cache, window):
+    def attend(q, k, v, k_cache, v_cache, window, sinks):
         at = (slot, 0, start, 0)  # [T, Hkv, hd] -> the slot's rows [Hkv, start:start+T]
         k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 0, 1)[None], at)
         v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 0, 1)[None], at)
         return (
             k_cache,
             v_cache,
-            attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl, window),
+            attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl, window, sinks),
         )
 
     x, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par, recur=recur)
@@ -173,14 +173,14 @@ def forward_decode(
         cache, logits = jax.lax.scan(one_row, cache, (tokens, slots, positions))
         return logits, cache
 
-    def attend(q, k, v, k_cache, v_cache, window):
+    def attend(q, k, v, k_cache, v_cache, window, sinks):
         k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence
         v_cache = v_cache.at[slots, :, positions].set(v)
         return (
             k_cache,
             v_cache,
             attention.decode_attention(
-                q, k_cache, v_cache, slots, positions, cfg, impl, span, window
+                q, k_cache, v_cache, slots, positions, cfg, impl, span, window, sinks
             ),
         )
 

@@ -1,7 +1,7 @@
 """Qwen3.5 / 3.6 dense models (Qwen3.6-27B): `general.architecture = qwen35`, a hybrid.
 
 llama.cpp's models/qwen35.cpp: x += mixer(rms(x) . attn_norm); x += SwiGLU(rms(x) .
-post_attention_norm) (the file's name for the pre-FFN norm, loaded as Layer.ffn_norm). The mixer of
+post_attention_norm) (the file's name for the pre-FFN norm, Layer.post_attn_norm here). The mixer of
 three of every four layers (`attention.recurrent_layers`, else layer i is DeltaNet unless (i + 1) %
 full_attention_interval == 0) is Gated DeltaNet (model/deltanet.py, its state carried by the
 decoder); the others are gated full attention: attn_q's rows are per head [q_h | gate_h], q and k
@@ -172,4 +172,5 @@ def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> lay
         x = layers.add_product(x, call.recur(proj, mixer), mixer.out, "attn_out", call)
     else:
         x = layers.add_product(x, _gated_attention(x, layer, call), layer.wo, "attn_out", call)
-    return layers.add_product(x, layers.gated_act(x, layer, call), layer.w_down, "ffn_out", call)
+    ffn_in = layers.gated_act(x, layer, call, norm=layer.post_attn_norm)  # the pre-FFN norm
+    return layers.add_product(x, ffn_in, layer.w_down, "ffn_out", call)
