@@ -161,16 +161,20 @@ def _gated_attention(x: layers.Hidden, layer: Layer, call: layers.LayerCall) -> 
     return call.attend(q, k, v) * jax.nn.sigmoid(gate)
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
+def add_mixer(x: layers.Hidden, layer: Layer, call: layers.LayerCall) -> layers.Hidden:
+    """x + the layer's mixer of rms(x) . attn_norm: Gated DeltaNet (its state through the
+    decoder's call.recur) or gated attention. qwen35moe's layers are this, then their MoE FFN."""
     cfg, mixer = call.cfg, layer.mixer
-    if mixer is not None:  # Gated DeltaNet: its state through the decoder's call.recur
-        rows, sumsq = layers.hidden(x)
-        proj = jnp.concatenate(
-            ops.norm_matmuls(rows, layer.attn_norm, cfg.rms_eps, mixer.proj, call.impl, sumsq),
-            axis=-1,
-        )
-        x = layers.add_product(x, call.recur(proj, mixer), mixer.out, "attn_out", call)
-    else:
-        x = layers.add_product(x, _gated_attention(x, layer, call), layer.wo, "attn_out", call)
+    if mixer is None:
+        return layers.add_product(x, _gated_attention(x, layer, call), layer.wo, "attn_out", call)
+    rows, sumsq = layers.hidden(x)
+    proj = jnp.concatenate(
+        ops.norm_matmuls(rows, layer.attn_norm, cfg.rms_eps, mixer.proj, call.impl, sumsq), axis=-1
+    )
+    return layers.add_product(x, call.recur(proj, mixer), mixer.out, "attn_out", call)
+
+
+def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
+    x = add_mixer(x, layer, call)
     ffn_in = layers.gated_act(x, layer, call, norm=layer.post_attn_norm)  # the pre-FFN norm
     return layers.add_product(x, ffn_in, layer.w_down, "ffn_out", call)
