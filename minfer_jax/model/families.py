@@ -41,7 +41,7 @@ NOT_YET = {
 def for_architecture(arch: str, path: str) -> ModuleType:
     """The module for a file's general.architecture; UnsupportedError naming it otherwise."""
     if arch in NOT_YET:
-        raise UnsupportedError(f"{path}: architecture {arch!r}: {NOT_YET[arch]}")
+        raise UnsupportedError(f"{path}: unsupported architecture {arch!r}: {NOT_YET[arch]}")
     module = _MODULES.get(arch)
     if module is None:
         known = "; ".join(f"'{m.ARCHITECTURE}' ({m.MODELS})" for m in _MODULES.values())
