@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from kernel_mode import INTERPRET, KERNELS
-from minfer_jax.bench.kernel_timing import random_planes
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import (
     FORMATS,
@@ -31,6 +30,8 @@ from minfer_jax.quant.planes import (
     fields_per_word,
     get_format,
 )
+
+from minfer_bench.bench.kernel_timing import random_planes
 
 SUPERBLOCKS = sorted(q for q, f in FORMATS.items() if f.block == 256)  # K-quants, IQ4_XS
 
@@ -404,7 +405,7 @@ def test_norm_folded_into_gemv(qtypes, k, nt, deterministic):
     rsqrt in the kernel. The weights run as one launch even in two formats; float weights take
     the plain path. The deterministic mode folds at every row count and width."""
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     impl = ops.Impl(KERNELS, deterministic=deterministic)
     sizes = (130, 70)
@@ -443,7 +444,7 @@ def test_norm_from_given_sums_of_squares(qtypes, k, nt):
     after the norm takes them ("rsqrt", narrow x too) and equals the norm first, then the GEMVs;
     no launch besides the GEMV's. 8 and 17 pieces: a count not a power of two is padded."""
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     impl = ops.Impl(KERNELS)
     ws = [
@@ -493,7 +494,7 @@ def test_precise_reaches_the_normed_gemvs():
     """ops.Impl.precise gives x two int8 terms in every GEMV that applies the norm itself
     (ops.norm_matmuls), which brings them near the norm-then-f32 product."""
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     k, nt = 896, 1
     qtypes = (QType.Q5_0, QType.Q8_0)
@@ -725,7 +726,7 @@ def test_gemm_int8_matches_reference(qtype, n, k, nt):
 
 def test_ops_routes_prefill_to_int8_only_when_asked():
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     qtype, n, k = QType.Q4_K, 136, 512
     w = QWeight(planes_for(qtype, n, k), qtype, (n, k))
@@ -763,7 +764,7 @@ def test_ops_prefill_variants():
     """auto picks dequant from DEQUANT_MIN_NT tokens; dequant and f16 compute the same decode + f32
     dot."""
     from minfer_jax import ops
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT) == "dequant"
     assert ops.gemm_variant("auto", QType.Q4_K, ops.DEQUANT_MIN_NT - 1) == "f16"
@@ -784,7 +785,8 @@ def test_ops_prefill_variants():
 
 def test_bench_gemm_choices_are_ops_variants():
     from minfer_jax import ops
-    from minfer_jax.bench import cli
+
+    from minfer_bench.bench import cli
 
     (gemm,) = [a for a in cli.build_parser()._actions if "--gemm" in a.option_strings]
     assert tuple(gemm.choices) == ops.GEMM_VARIANTS
@@ -818,7 +820,7 @@ def test_gemv_x_first_either_order(qtype, nt):
 
 
 def _qweight(qtype, n=128, k=256):
-    from minfer_jax.model.weights import QWeight
+    from minfer_jax.quant.matrix import QWeight
 
     return QWeight(planes_for(qtype, n, k), qtype, (n, k))
 
@@ -872,7 +874,7 @@ def test_route_every_branch(qtype, nt, impl, want):
 
 def test_route_dense_and_norm_folding():
     from minfer_jax import ops
-    from minfer_jax.model.weights import DenseWeight
+    from minfer_jax.quant.matrix import DenseWeight
 
     dense = DenseWeight(jnp.zeros((256, 128)), transposed=True)
     assert ops.route(dense, 1, ops.Impl("pallas"), after_norm=True) == ops.Route("dense")
