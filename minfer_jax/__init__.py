@@ -8,6 +8,7 @@ Usage:
     print(out.text)
 """
 
+from minfer_jax.engine.options import Options
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.runtime import Model, generate, generate_batch, load
 from minfer_jax.engine.sampling import GREEDY, Sampler
@@ -45,6 +46,7 @@ __all__ = [
     "MinferError",
     "Model",
     "ModelNotFoundError",
+    "Options",
     "Plan",
     "Request",
     "Sampler",

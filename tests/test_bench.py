@@ -184,7 +184,7 @@ def test_kernel_mode(impl, kinds, tol):
             "1,16",
             "-r",
             "2",
-            "--kernel-impl",
+            "--kernels",
             impl,
             "--kernel-reps",
             "2",
@@ -386,9 +386,9 @@ def test_model_type_names_of_the_families(cfg_name, want):
         (["--shapes", "zz9:128x256"], "unknown weight type"),
         (["--shapes", "q4_0-128x256"], "TYPE:OUTxIN"),
         (["--shapes", "q4_0:128x256", "--nt", "0"], "--nt"),
-        (["--shapes", "q4_0:128x256", "--kernel-impl", "cuda"], "invalid choice"),
+        (["--shapes", "q4_0:128x256", "--kernels", "cuda"], "invalid choice"),
         ([], "give -m MODEL or --synthetic"),
-        (["--kernels"], "--kernels needs"),
+        (["--matmuls"], "--matmuls needs"),
         (["--bogus-flag"], "unrecognized"),
         (["-m", "/tmp/x.gguf", "--layers", "2"], "--layers"),
         (
@@ -417,7 +417,7 @@ def test_kernel_impl_pallas_only_on_a_gpu():
         [
             "--shapes",
             "q4_0:128x256",
-            "--kernel-impl",
+            "--kernels",
             "pallas",
             "--nt",
             "1",
@@ -453,11 +453,11 @@ def test_script_help_and_error_exit_code():
         "--synthetic",
         "--layers",
         "--write-gguf",
-        "--kernels",
+        "--matmuls",
         "--shapes",
         "--ggml-shapes",
         "--nt",
-        "--kernel-impl",
+        "--kernels",
         "-c",
     ):
         assert flag in r.stdout

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import secrets
@@ -25,8 +26,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from minfer_jax import ops, validate
+from minfer_jax import validate
 from minfer_jax.cli.chat import _Session, _summary
+from minfer_jax.engine import options
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
 # module attributes: tests substitute an already loaded model
@@ -99,7 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    m = p.add_argument_group("model")
+    _model_arguments(p.add_argument_group("model"))
+    _prompt_arguments(p.add_argument_group("prompt"))
+    _generation_arguments(p.add_argument_group("generation"))
+    _output_arguments(p.add_argument_group("output"))
+    return p
+
+
+def _model_arguments(m) -> None:
     m.add_argument(
         "-m",
         "--model",
@@ -116,37 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"context size in tokens, prompt + reply (default {DEFAULT_CTX}; 0 = the model's "
         "trained context; larger values are clamped to it)",
     )
-    m.add_argument(
-        "--backend",
-        "--kernels",
-        dest="backend",
-        default="auto",
-        choices=("auto", *ops.KERNELS.names),
-        help=f"quantized matmul implementation: {ops.KERNELS.describe()}; auto = pallas on a GPU, "
-        "else xla",
-    )
-    m.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="a sequence gets the same tokens alone or batched (slower decode, most past 8 rows)",
-    )
-    m.add_argument(
-        "--precise",
-        action="store_true",
-        help="decode activations in two int8 terms instead of one (llama.cpp's): logits stay "
-        "near a float64 forward's on tokens where one term drifts; slower decode on a GPU",
-    )
-    m.add_argument(
-        "-tp",
-        "--tensor-parallel",
-        type=int,
-        default=None,
-        metavar="N",
-        help="split the weights and KV cache over N devices (tensor parallelism; default: one "
-        "device)",
-    )
+    options.add_arguments(m)
 
-    q = p.add_argument_group("prompt")
+
+def _prompt_arguments(q) -> None:
     src = q.add_mutually_exclusive_group()
     src.add_argument(
         "-p", "--prompt", metavar="TEXT", help="the prompt (else -f, else stdin if it is piped)"
@@ -171,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="echo the prompt before the completion (plain completion mode only; default: off)",
     )
 
-    g = p.add_argument_group("generation")
+
+def _generation_arguments(g) -> None:
     g.add_argument(
         "-n",
         "--n-predict",
@@ -231,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="random seed, 0..2^32-1 (default -1: random; --verbose prints it)",
     )
 
-    o = p.add_argument_group("output")
+
+def _output_arguments(o) -> None:
     o.add_argument(
         "--no-stream",
         dest="stream",
@@ -245,7 +229,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="print model, backend, seed and sampler details on stderr",
     )
     o.add_argument("--version", action=_VersionAction)
-    return p
 
 
 # -------------------------------------------------------------------------------------------------
@@ -431,13 +414,13 @@ def _run(args, out, err) -> int:
     chat = args.chat or args.system_prompt is not None
     prompt = _read_prompt(args, chat)
     seed = args.seed if args.seed >= 0 else secrets.randbelow(2**32)
-    kernels = None if args.backend == "auto" else args.backend
-    if kernels == "pallas" and jax.default_backend() != "gpu":
-        raise _UsageError(
-            f"--backend pallas needs a GPU (this JAX runs on {jax.default_backend()}); "
-            "use --backend xla or interpret"
-        )
     progress = bool(getattr(err, "isatty", lambda: False)())
+    opts = options.from_arguments(args, progress=progress)
+    if opts.kernels == "pallas" and jax.default_backend() != "gpu":
+        raise _UsageError(
+            f"--kernels pallas needs a GPU (this JAX runs on {jax.default_backend()}); "
+            "use --kernels xla or interpret"
+        )
 
     started = process_age()  # the interpreter's start and the imports, before any timer of ours
     t0 = time.perf_counter()
@@ -448,15 +431,7 @@ def _run(args, out, err) -> int:
     timer.mark("parse")
     trained = gguf_model.config.context_length
     ctx = _choose_ctx(args.ctx_size, trained, err)
-    model = load(
-        gguf_model=gguf_model,
-        ctx_size=ctx,  # bounds the KV cache
-        kernels=kernels,
-        progress=progress,
-        tensor_parallel=args.tensor_parallel,
-        deterministic=args.deterministic,
-        precise=args.precise,
-    )
+    model = load(options=dataclasses.replace(opts, ctx_size=ctx), gguf_model=gguf_model)
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
     load_s = time.perf_counter() - t0
     phases = {

@@ -16,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from minfer_jax import ops
+from minfer_jax.engine import options
 from minfer_jax.errors import MinferError
 
 PROG = "serve.py"
@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _Parser(
         prog=PROG,
-        description="OpenAI-compatible HTTP server for a Qwen2-family GGUF model (minfer_jax).",
+        description="OpenAI-compatible HTTP server for a GGUF model (Qwen2, Llama, Qwen3, Gemma 3; "
+        "minfer_jax).",
         epilog=EPILOG,
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -156,26 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="let special-token text in chat message content (<|im_start|>, ...) become control "
         "tokens, as transformers and llama-server do (default: it stays literal text)",
     )
-    p.add_argument(
-        "--backend",
-        "--kernels",
-        dest="backend",
-        default="auto",
-        choices=("auto", *ops.KERNELS.names),
-        help=f"quantized matmuls: {ops.KERNELS.describe()}; auto = pallas on a GPU, else xla",
-    )
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="each request gets the tokens it gets alone, whatever else is being served "
-        "(slower decode, most with more than 8 requests at once)",
-    )
-    p.add_argument(
-        "--precise",
-        action="store_true",
-        help="decode activations in two int8 terms instead of one (llama.cpp's): logits stay "
-        "near a float64 forward's on tokens where one term drifts (slower decode)",
-    )
+    options.add_arguments(p)
     p.add_argument(
         "--no-warmup",
         dest="warmup",
@@ -206,9 +188,7 @@ def settings_from(args):
         alias=args.alias,
         api_key=args.api_key,
         warmup=args.warmup,
-        kernels=None if args.backend == "auto" else args.backend,
-        deterministic=args.deterministic,
-        precise=args.precise,
+        options=options.from_arguments(args),
     )
 
 
