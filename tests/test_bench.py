@@ -518,3 +518,16 @@ def test_mem_bw_table_and_measurement():
     assert env.table_key("NVIDIA H100 NVL") == "H100 NVL"
     assert env.table_key("NVIDIA A10") is None
     assert env.measure_mem_bw(nbytes=1 << 20, trials=1, reads=3) > 0
+
+
+def test_no_percent_of_bandwidth_on_a_cpu():
+    """A CPU's caches serve a small model faster than its measured memory bandwidth ('% bw 183.8'
+    on the 2-core CPU): auto gives no bandwidth there, so '% bw' reads n/a; a number counts."""
+    import jax
+
+    from minfer_bench.bench import env
+
+    assert jax.default_backend() == "cpu"
+    cpu = env.make_env("auto")
+    assert cpu.mem_bw is None and cpu.mem_bw_source == "n/a"
+    assert env.make_env("100").mem_bw == 100e9

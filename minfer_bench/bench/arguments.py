@@ -151,9 +151,10 @@ def _execution_args(g) -> None:
         "--mem-bw",
         default="auto",
         metavar="auto|measure|none|GBPS",
-        help="device memory bandwidth for '%% bw': auto = table (H200: 4200 GB/s, H100: 3350, "
-        "H100 PCIe: 2000, H100 NVL: 3900) else measured (ten dependent sums over 1 GiB of f32 "
-        "in one executable); or a number in GB/s; or none (default: auto)",
+        help="device memory bandwidth for '%% bw': auto = on a GPU the table (H200: 4200 GB/s, "
+        "H100: 3350, H100 PCIe: 2000, H100 NVL: 3900) else measured (ten dependent sums over "
+        "1 GiB of f32 in one executable), on a CPU none; measure; a number in GB/s; or none "
+        "(default: auto)",
     )
 
 

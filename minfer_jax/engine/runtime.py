@@ -7,8 +7,7 @@ on the Model, so each compiles exactly once per process; the executable store (e
 lets the next process load them instead of tracing and compiling (on a GPU, JAX's persistent
 compilation cache runs beside it), and the weights cache (weights_cache.py) lets it map the
 weights instead of dequantizing or repacking them. `Model.startup` holds the load's phase times.
-`generate` and `generate_batch` run through the Model's scheduler (scheduler.py), the package's
-one host loop.
+The library calls on a Model (generate, generate_batch) are generation.py's.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Unpack
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,12 +31,10 @@ from minfer_jax.engine.executables import ExecutableRecord, ExecutableStore
 from minfer_jax.engine.options import Options, check_platform, impl_for, options_of
 from minfer_jax.engine.phases import PhaseTimer
 from minfer_jax.engine.plan import Plan
-from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
 from minfer_jax.engine.scheduler import Scheduler
 from minfer_jax.engine.sharding import TensorParallel
-from minfer_jax.engine.steps import GenerationResult
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
-from minfer_jax.files.model_source import model_cache_dir, resolve_model
+from minfer_jax.files.model_source import model_cache_dir, notice, resolve_model
 from minfer_jax.files.tokenizer import Tokenizer
 from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
@@ -283,6 +280,8 @@ def _params(gguf_model: GGUFModel, opts: Options, weight_opts: LoadOptions, devi
     mapped = cached.get(device) if cached is not None else None
     if mapped is not None:
         return jax.block_until_ready(mapped), None, "cache", None
+    if cached is not None:  # a miss the cache will keep: the next load maps it instead
+        notice(f"converting the weights for {device.platform} (kept in the weights cache)")
     params = load_params(gguf_model, weight_opts, device=device, progress=bar)
     jax.block_until_ready(params)  # the transfer belongs to this phase, not to the first step
     saving = cached.put_in_background(params) if cached is not None else None
@@ -323,122 +322,3 @@ def _assemble(gguf_model: GGUFModel, opts: Options, device, timer: PhaseTimer, s
         weights_saving=saving,
         options=opts,
     )
-
-
-def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
-    """A text prompt tokenized (with chat=True wrapped in the chat template), or token ids as
-    given."""
-    if not isinstance(prompt, str):
-        return validate.token_ids(prompt, model.config.vocab_size, "prompt")
-    validate.text("prompt", prompt)
-    if model.tokenizer is None:
-        raise InvalidArgumentError("this model has no tokenizer metadata: pass token ids")
-    if chat:
-        text = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        return model.tokenizer.encode(text, add_special=False)
-    return model.tokenizer.encode(prompt)
-
-
-def _sampler(model: Model, sampler: Sampler | None, settings: SamplerKeywords) -> Sampler:
-    """generate()'s one sampler: the one given, or one built from its keywords; past the context
-    or the vocabulary means all of it (validate.clamped_count; README "Extreme values")."""
-    if sampler is None:
-        sampler = sampler_of(history_cap=model.ctx_size, vocab=model.config.vocab_size, **settings)
-    elif settings:
-        raise InvalidArgumentError(
-            f"pass a sampler or its settings ({', '.join(settings)}), not both"
-        )
-    elif not isinstance(sampler, Sampler):
-        raise InvalidArgumentError(
-            f"sampler must be a minfer_jax.Sampler, got {type(sampler).__name__}"
-        )
-    return within_context(sampler, model.ctx_size, model.config.vocab_size)
-
-
-def generate(
-    model: Model,
-    prompt: str | Sequence[int],
-    *,
-    sampler: Sampler | None = None,
-    max_new_tokens: int = 128,
-    seed: int = 0,
-    stop: Sequence[str] = (),
-    chat: bool = False,
-    on_text: Callable[[str], None] | None = None,
-    decode_steps: int = plan_mod.DECODE_STEPS,
-    **settings: Unpack[SamplerKeywords],
-) -> GenerationResult:
-    """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token
-    ids.
-
-    sampler: how tokens are drawn (default greedy); or its fields as keywords (temperature=0.7,
-    top_k=..., as sampling.sampler_of builds them). decode_steps: tokens per decode executable
-    (text streams to on_text once per such chunk). max_new_tokens and repeat_last_n of -1 or past
-    the context mean the context, top_k past the vocabulary the vocabulary
-    (clamped, as in llama.cpp).
-    """
-    validate.generate_arguments(
-        max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text
-    )
-    sampler = _sampler(model, sampler, settings)
-    max_new_tokens = validate.clamped_count(
-        "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
-    )
-    sched = model.scheduler(1, decode_steps=decode_steps)
-    req = sched.submit(
-        prompt_ids(model, prompt, chat),
-        max_new_tokens=max_new_tokens,
-        sampler=sampler,
-        seed=seed,
-        stop=stop,
-        on_text=on_text,
-    )
-    sched.run([req])
-    return req.result()
-
-
-def generate_batch(
-    model: Model,
-    prompts: Sequence[str | Sequence[int]],
-    *,
-    sampler: Sampler | None = None,
-    max_new_tokens: int = 128,
-    seed: int | Sequence[int] = 0,
-    stop: Sequence[str] = (),
-    chat: bool = False,
-    max_batch: int = plan_mod.MAX_SEQS,
-    decode_steps: int = plan_mod.DECODE_STEPS,
-    **settings: Unpack[SamplerKeywords],
-) -> list[GenerationResult]:
-    """generate() for many prompts at once, decoded together; one result per prompt, in order.
-
-    seed: one for all prompts or one per prompt. Each sequence gets the tokens it gets alone.
-    """
-    prompts = list(prompts)
-    if not prompts:
-        return []
-    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
-    if len(seeds) != len(prompts):
-        raise InvalidArgumentError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-    validate.generate_arguments(
-        max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None
-    )
-    seeds = [validate.seed(s) for s in seeds]
-    validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
-    sampler = _sampler(model, sampler, settings)
-    max_new_tokens = validate.clamped_count(
-        "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
-    )
-    sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
-    reqs = [
-        sched.submit(
-            prompt_ids(model, p, chat),
-            max_new_tokens=max_new_tokens,
-            sampler=sampler,
-            seed=s,
-            stop=stop,
-        )
-        for p, s in zip(prompts, seeds)
-    ]
-    sched.run(reqs)
-    return [r.result() for r in reqs]
