@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 
 from minfer_jax.engine import options
 from minfer_jax.errors import MinferError
+from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
+from minfer_jax.server.limits import DEFAULT_MAX_MESSAGES
 
 PROG = "serve.py"
 EXIT_LOAD_FAILED = 1
@@ -42,9 +44,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
-    from minfer_jax.server.limits import DEFAULT_MAX_MESSAGES
-
     p = _Parser(
         prog=PROG,
         description="OpenAI-compatible HTTP server for a GGUF model (Qwen2, Llama, Qwen3, Gemma 3; "
@@ -60,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="GGUF path or hf:<repo>:<file> (default: the built-in model, the `model` extra)",
     )
+    _serving_arguments(p.add_argument_group("serving"))
+    _access_arguments(p.add_argument_group("requests and access"))
+    _engine_arguments(p.add_argument_group("engine"))
+    return p
+
+
+def _serving_arguments(p) -> None:
     p.add_argument(
         "-a",
         "--alias",
@@ -110,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_DECODE_STEPS}: every token as it is made; 16 trades that for throughput at few "
         "clients)",
     )
+
+
+def _access_arguments(p) -> None:
     p.add_argument(
         "--api-key",
         default=None,
@@ -157,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="let special-token text in chat message content (<|im_start|>, ...) become control "
         "tokens, as transformers and llama-server do (default: it stays literal text)",
     )
+
+
+def _engine_arguments(p) -> None:
     options.add_arguments(p)
     p.add_argument(
         "--no-warmup",
@@ -170,7 +182,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("critical", "error", "warning", "info", "debug"),
         help="uvicorn's log level (default info)",
     )
-    return p
 
 
 def settings_from(args):
