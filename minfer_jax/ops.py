@@ -50,9 +50,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from minfer_jax import validate
+from minfer_jax import experts, validate
 from minfer_jax.errors import InvalidArgumentError
-from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
+from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, tiles
 from minfer_jax.quant.matrix import DenseWeight, Weight
 from minfer_jax.quant.planes import QType, get_format
 
@@ -227,7 +227,7 @@ def _quantized_route(qtype: QType, nt: int, impl: Impl) -> Route:
     if nt > impl.gemv_max_nt and not alone:
         return Route(_PREFILL_KINDS[gemm_variant(impl.gemm, qtype, nt)])
     chunk = impl.gemv_max_nt if alone else None
-    if qtype not in int8_words.SPECS:
+    if get_format(qtype).ints is None:  # float formats
         return Route("gemv-float", row_chunk=chunk)
     return Route("gemv", row_chunk=chunk, precise=impl.precise)
 
@@ -296,6 +296,56 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     else:
         y = by_rows(route_call(r, w.qtype, w.shape[0], impl), r.row_chunk, x2, w.planes)
     return y.reshape(*lead, y.shape[-1])
+
+
+EXPERT_ROUTE_KINDS = ("gather", "tiles", "ragged")
+
+
+def expert_route(w: Weight, nt: int, impl: Impl) -> str:
+    """Which grouped matmul runs an expert tensor for nt tokens (static, like route):
+    "gather" (experts.gather_matmul, the reference: each token's k chosen matrices) up to
+    GEMV_MAX_NT tokens, and in the deterministic mode up to DETERMINISTIC_MAX_NT (a row's sums
+    never depend on the batch); beyond, rows sorted by expert on the device: "tiles" (one dot per
+    tile of one expert's rows: dense weights and the XLA path) or "ragged" (every expert
+    dequantized, jax.lax.ragged_dot: the kernels' path)."""
+    alone = impl.deterministic and nt <= DETERMINISTIC_MAX_NT
+    if nt <= GEMV_MAX_NT or alone:
+        return "gather"
+    if isinstance(w, DenseWeight) or impl.kernels == "xla":
+        return "tiles"
+    return "ragged"
+
+
+EXPERT_CALLS = {
+    "gather": experts.gather_matmul,
+    "tiles": experts.tiled_matmul,
+    "ragged": experts.ragged_matmul,
+}
+
+
+def expert_matmul(x: jax.Array, w: Weight, ids: jax.Array, impl: Impl) -> jax.Array:
+    """x [T, K] (or [T, k, K]: one row per chosen expert) . expert ids [T, k] of w (an expert
+    tensor, E x [N, K]) -> [T, k, N] f32, through expert_route's grouped matmul."""
+    if not w.experts:
+        raise ValueError("expert_matmul takes an expert tensor (a weight with experts > 0)")
+    return EXPERT_CALLS[expert_route(w, ids.shape[0], impl)](x.astype(jnp.float32), w, ids)
+
+
+def expert_glu(
+    x: jax.Array, w_gate: Weight, w_up: Weight, ids: jax.Array, act: str, impl: Impl
+) -> jax.Array:
+    """act(x . gate[e]) * (x . up[e]) for each token's chosen experts: x [T, K], ids [T, k] ->
+    [T, k, F] f32 (act: a name of experts.GLU_ACTIVATIONS, e.g. "silu")."""
+    gate = expert_matmul(x, w_gate, ids, impl)
+    return experts.GLU_ACTIVATIONS[act](gate, expert_matmul(x, w_up, ids, impl))
+
+
+def expert_down_sum(
+    h: jax.Array, w_down: Weight, ids: jax.Array, weights: jax.Array, impl: Impl
+) -> jax.Array:
+    """sum_j weights[t, j] * (h[t, j] . down[ids[t, j]]): h [T, k, F], ids and routing weights
+    [T, k] -> [T, N] f32, the k products added in slot order (llama.cpp's)."""
+    return experts.weighted_sum(expert_matmul(h, w_down, ids, impl), weights.astype(jnp.float32))
 
 
 def by_rows(call, row_chunk: int | None, x: jax.Array, *operands) -> jax.Array:

@@ -21,7 +21,6 @@ import pytest
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import (
-    FIELD_PLANES,
     FORMATS,
     QType,
     affine,
@@ -34,14 +33,23 @@ from minfer_jax.quant.planes import (
 
 from minfer_bench.bench.kernel_timing import random_planes
 
-K_QUANTS = {QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K}
+SUPERBLOCKS = sorted(q for q, f in FORMATS.items() if f.block == 256)  # K-quants, IQ4_XS
+
+
+# The codebook formats share one word path (their tables and scales differ): one shape each, the
+# GEMV at 1 and 3 tokens, to keep their CI time near a minute (tests/test_codebooks.py has the rest)
+CODEBOOKS = (QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4)
 
 
 def shapes_for(qtype):
-    return [(200, 512), (136, 4864)] if qtype in K_QUANTS else [(200, 896), (136, 4864)]
+    shapes = [(200, 512), (136, 4864)] if qtype in SUPERBLOCKS else [(200, 896), (136, 4864)]
+    return shapes[:1] if qtype in CODEBOOKS else shapes
 
 
 CASES = [(q, n, k) for q in FORMATS for n, k in shapes_for(q)]
+GEMV_CASES = [
+    (q, n, k, nt) for q, n, k in CASES for nt in (1, 2, 3, 8) if q not in CODEBOOKS or nt in (1, 3)
+]
 
 
 def gemv_family(qtype):
@@ -65,8 +73,7 @@ def check(got, ref, qtype):
     chex.assert_trees_all_close(got, ref, atol=rtol * scale, rtol=0)
 
 
-@pytest.mark.parametrize("nt", [1, 2, 3, 8])
-@pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("qtype,n,k,nt", GEMV_CASES, ids=lambda v: getattr(v, "name", str(v)))
 def test_gemv_matches_reference(qtype, n, k, nt):
     w = planes_for(qtype, n, k)
     x = jax.random.normal(jax.random.PRNGKey(nt), (nt, k), jnp.float32)
@@ -82,7 +89,10 @@ def test_gemv_matches_reference(qtype, n, k, nt):
 
 # 512 tokens at K = 4864 take minutes in the interpreter: 512 is covered at the narrow shape.
 GEMM_CASES = [
-    (q, n, k, nt) for q, n, k in CASES for nt in (9, 16, 100, 512) if nt < 512 or k <= 1024
+    (q, n, k, nt)
+    for q, n, k in CASES
+    for nt in (9, 16, 100, 512)
+    if (nt < 512 or k <= 1024) and (q not in CODEBOOKS or nt in (16, 100))
 ]
 
 
@@ -183,7 +193,10 @@ def test_few_token_k_quant_steps(qtype):
     )
 
 
-@pytest.mark.parametrize("qtype", sorted(FIELD_PLANES, key=lambda q: q.value), ids=lambda q: q.name)
+FIELD_FORMATS = [q for q, f in FORMATS.items() if f.field is not None]
+
+
+@pytest.mark.parametrize("qtype", FIELD_FORMATS, ids=lambda q: q.name)
 def test_field_major_decode(qtype):
     """Per field index i, field_ints * field_scales are exactly the decoded weights per j + i, and
     the field-major few-token GEMM (x permuted to match) gives the reference's product."""
@@ -219,7 +232,7 @@ def test_int_to_half_is_exact():
     chex.assert_trees_all_equal(int_to_half(q), q.astype(jnp.float16))
 
 
-@pytest.mark.parametrize("qtype", sorted(K_QUANTS, key=lambda q: q.value), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", SUPERBLOCKS, ids=lambda q: q.name)
 @pytest.mark.parametrize("nt", [1, 3])
 def test_gemv_k_split_inside_super_blocks(qtype, nt):
     """Splits of 4 groups cut every 256-weight super-block: per-super-block planes (d, dmin, Q3_K's
@@ -679,7 +692,13 @@ def test_both_float_one_token_paths(qtype, path):
 
 
 BLOCK_FORMATS = [q for q in FORMATS if q not in (QType.F32, QType.F16, QType.BF16)]
-INT8_CASES = [(q, n, k, nt) for q in BLOCK_FORMATS for n, k in shapes_for(q) for nt in (9, 100)]
+INT8_CASES = [
+    (q, n, k, nt)
+    for q in BLOCK_FORMATS
+    for n, k in shapes_for(q)
+    for nt in (9, 100)
+    if q not in CODEBOOKS or nt == 100
+]
 
 
 @pytest.mark.parametrize("qtype,n,k,nt", INT8_CASES, ids=lambda v: getattr(v, "name", str(v)))

@@ -83,20 +83,19 @@ def test_more_devices_than_exist_is_an_error():
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F32"])
 def test_raw_cuts_decode_to_the_slices(qtype):
     from minfer_jax.engine.sharding import _k_window, _rows
-    from minfer_jax.quant import ggml
-    from minfer_jax.quant.planes import QType
+    from minfer_jax.quant.planes import QType, dequantize
 
     from minfer_bench.synthetic import random_raw_tensor
 
     t = random_raw_tensor("w", QType[qtype], (6, 768), np.random.default_rng(1))
-    full = np.asarray(ggml.dequantize(t.data, t.qtype, t.shape))
+    full = np.asarray(dequantize(t.data, t.qtype, t.shape))
     win = _k_window(t, 512, 512)  # the last block and one zero block past K
-    got = np.asarray(ggml.dequantize(win.data, win.qtype, win.shape))
+    got = np.asarray(dequantize(win.data, win.qtype, win.shape))
     np.testing.assert_array_equal(
         got, np.concatenate([full[:, 512:], np.zeros((6, 256), np.float32)], axis=1)
     )
     rows = _rows(t, 2, 5, 4)
-    got = np.asarray(ggml.dequantize(rows.data, rows.qtype, rows.shape))
+    got = np.asarray(dequantize(rows.data, rows.qtype, rows.shape))
     np.testing.assert_array_equal(got, np.concatenate([full[2:5], np.zeros((1, 768), np.float32)]))
 
 

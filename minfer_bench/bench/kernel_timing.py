@@ -33,8 +33,8 @@ from minfer_jax.sizes import round_up
 
 
 def random_planes(key: jax.Array, qtype: QType, n: int, k: int) -> dict[str, jax.Array]:
-    """Planes of a random [n, k] weight with valid fields: 6-bit sub-scales in range, small f16
-    scales."""
+    """Planes of a random [n, k] weight with valid fields: small-int planes in their Plane.sample
+    range, small f16 scales."""
     fmt = get_format(qtype)
     npad = round_up(n, 128)
     out = {}
@@ -44,10 +44,9 @@ def random_planes(key: jax.Array, qtype: QType, n: int, k: int) -> dict[str, jax
         if dt in (jnp.float16, jnp.bfloat16, jnp.float32):
             scale = 1.0 if plane.wpc == 1 else 1e-2
             out[plane.name] = (jax.random.normal(pkey, shape, jnp.float32) * scale).astype(dt)
-        elif plane.name in ("sc", "m") and qtype in (QType.Q4_K, QType.Q5_K):
-            out[plane.name] = jax.random.randint(pkey, shape, 0, 64, jnp.int32).astype(dt)
-        elif plane.name == "sc" and qtype == QType.Q3_K:
-            out[plane.name] = jax.random.randint(pkey, shape, -32, 32, jnp.int32).astype(dt)
+        elif plane.sample is not None:  # the plane's valid range (6-bit scales, E8M0 bytes)
+            lo, hi = plane.sample
+            out[plane.name] = jax.random.randint(pkey, shape, lo, hi, jnp.int32).astype(dt)
         elif dt == jnp.uint32:  # packed quant words: every bit pattern is valid
             out[plane.name] = jax.random.bits(pkey, shape, jnp.uint32)
         else:

@@ -29,7 +29,9 @@ from minfer_jax.errors import GGUFError, UnsupportedError
 
 QType = GGMLQuantizationType
 
-# Weight formats minfer_jax can run. Vectors (norms, biases) must be F32/F16/BF16.
+# Weight formats minfer_jax can run: the types of quant/planes.FORMATS (one record each; the reader
+# sits below quant, so it lists them: tests/test_formats.py checks the two agree). Vectors (norms,
+# biases) must be F32/F16/BF16.
 SUPPORTED_TYPES = frozenset(
     {
         QType.F32,
@@ -45,6 +47,9 @@ SUPPORTED_TYPES = frozenset(
         QType.Q4_K,
         QType.Q5_K,
         QType.Q6_K,
+        QType.IQ4_NL,
+        QType.IQ4_XS,
+        QType.MXFP4,
     }
 )
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})

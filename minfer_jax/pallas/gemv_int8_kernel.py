@@ -69,6 +69,7 @@ def in_kernel_x_kernel(
     norm: tuple[int, float] | None = None,
     sumsq_pieces: int = 0,
     x_terms: int = 1,
+    perm: Callable | None = None,
 ):
     """x as f32 views [ntp, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
     quantized per step and token in x_terms int8 terms (int8_words.quantize_slot_terms); per-group
@@ -104,7 +105,7 @@ def in_kernel_x_kernel(
 
     n_refs = at_rows + (norm is not None)
     source = _XSource(n_refs, load, prepare, rsqrt if norm is not None else None)
-    return _kernel(block, source, False, False, dot4, x_first)
+    return _kernel(block, source, False, False, dot4, x_first, perm)
 
 
 def _sumsq_rsqrt(sumsq_ref, tok: int, pieces: int, k: int, eps: float):
@@ -132,7 +133,9 @@ def _pow2_pieces(k: int) -> list[int]:
 
 
 @functools.cache
-def prequantized_x_kernel(block: Block, dims3: bool, dot4: Callable, x_first: bool):
+def prequantized_x_kernel(
+    block: Block, dims3: bool, dot4: Callable, x_first: bool, perm: Callable | None = None
+):
     """x as quantize_x's words [ntp, G, x_slots, x_words] and scales [ntp, 4, G, 1]; per-group
     values as [bn, gt, 1] tiles with dims3, else [bn, gt] with one-word quant views flat."""
     spec = int8_words.SPECS[block.qtype]
@@ -152,10 +155,18 @@ def prequantized_x_kernel(block: Block, dims3: bool, dot4: Callable, x_first: bo
         words, dx, xo, xsum = raw
         return [(words, dx)], xo, xsum
 
-    return _kernel(block, _XSource(2, load, prepare), dims3, not dims3, dot4, x_first)
+    return _kernel(block, _XSource(2, load, prepare), dims3, not dims3, dot4, x_first, perm)
 
 
-def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callable, x_first: bool):
+def _kernel(
+    block: Block,
+    x_src: _XSource,
+    dims3: bool,
+    flat: bool,
+    dot4: Callable,
+    x_first: bool,
+    perm: Callable | None,
+):
     spec = int8_words.SPECS[block.qtype]
     ntp, bn, gt = block.ntp, block.bn, block.gt
     col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)  # [r, gt] -> per-group shape
@@ -189,7 +200,7 @@ def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callab
                 t[name] = coarse[name][rows, groups // per]  # [bn, gt(, 1)]
             xq = [x_src.prepare(raw) for raw in x_raw] if x_first else None
             words, a, b = spec.fn(
-                t, groups % 2
+                t, groups % 2, perm
             )  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
