@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
-from gguf.quants import QuantError, quant_shape_to_byte_shape, quantize
+from gguf.quants import quant_shape_to_byte_shape, quantize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -76,7 +76,9 @@ def _encode(values: np.ndarray, qtype: Q) -> np.ndarray:
         return values.astype(np.int32)
     try:
         return quantize(values.astype(np.float32), qtype)
-    except (NotImplementedError, QuantError):  # gguf-py cannot quantize e.g. IQ2_XXS: any bytes do
+    except (
+        NotImplementedError
+    ):  # gguf-py cannot quantize e.g. IQ4_NL: any bytes of the right size do
         shape = quant_shape_to_byte_shape(values.shape, qtype)
         return np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
 
@@ -365,7 +367,7 @@ def test_more_layers_than_tensors(tmp_path):
 @pytest.mark.parametrize(
     "name,qtype",
     [
-        ("blk.0.ffn_gate.weight", Q.IQ2_XXS),  # IQ4_NL runs since the formats work
+        ("blk.0.ffn_gate.weight", Q.Q8_1),  # IQ4_NL runs since the formats work
         ("blk.1.attn_q.weight", Q.I32),
         ("output_norm.weight", Q.Q8_0),  # vectors must be float
     ],
