@@ -1,11 +1,13 @@
 """A float64 numpy forward of every supported family, written from the models' definitions and
 independent of the package's layer code (weights dequantized with gguf.quants).
 
-Used by tests/test_families.py and by tools/llama_cpp_reference.py (which records how far
-llama.cpp's own logits are from it). Families: qwen2 (q/k/v biases, NeoX RoPE), llama (no biases,
-RoPE on adjacent pairs as llama.cpp applies it to GGUF's permuted Q/K, rope_freqs divisors),
-qwen3 (per-head q/k RMSNorm, NeoX), gemma3 (sqrt(d) embedding scale, q/k norms, norms after
-attention and FFN, GeGLU with tanh gelu, sliding-window layers with their own RoPE base).
+Used by tests/test_families.py, tests/test_moe.py and by tools/llama_cpp_reference.py (which
+records how far llama.cpp's own logits are from it). Families: qwen2 (q/k/v biases, NeoX RoPE;
+qwen2moe's attention), llama (no biases, RoPE on adjacent pairs as llama.cpp applies it to GGUF's
+permuted Q/K, rope_freqs divisors), qwen3 (per-head q/k RMSNorm, NeoX; qwen3moe's attention),
+gemma3 (sqrt(d) embedding scale, q/k norms, norms after attention and FFN, GeGLU with tanh gelu,
+sliding-window layers with their own RoPE base), and the mixture-of-experts FFN of qwen3moe,
+qwen2moe and llama with experts (Mixtral).
 """
 
 from __future__ import annotations
@@ -61,10 +63,45 @@ def _gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def forward(gm, tokens, x_quant=None) -> np.ndarray:
+def _silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def _moe(w, p: str, cfg, h, gaps):
+    """The mixture-of-experts FFN of layer prefix p on normed rows h [T, d] (llama.cpp's
+    build_moe_ffn: softmax over experts, top-k, renormalised for qwen3moe / llama, experts
+    weighted after down and summed; qwen2moe's sigmoid-gated shared expert). gaps (a list): gets
+    each token's k-th minus (k+1)-th probability, the router's distance from a tie."""
+    k = cfg.n_experts_used
+    logits = h @ w(p + "ffn_gate_inp.weight").T  # [T, E]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    ranked = np.take_along_axis(probs, order, -1)
+    if gaps is not None:
+        gaps.append(ranked[:, k - 1] - ranked[:, k] if k < cfg.n_experts else np.ones(len(h)))
+    ids, wts = order[:, :k], ranked[:, :k]
+    if cfg.expert_weights_norm:
+        wts = wts / np.maximum(wts.sum(-1, keepdims=True), 6.103515625e-5)
+    gate, up, down = (w(p + f"ffn_{r}_exps.weight") for r in ("gate", "up", "down"))
+    out = np.zeros_like(h)
+    for t in range(len(h)):
+        for j in range(k):
+            e = ids[t, j]
+            out[t] += wts[t, j] * (down[e] @ (_silu(gate[e] @ h[t]) * (up[e] @ h[t])))
+    if cfg.d_ff_shared:
+        sg = 1 / (1 + np.exp(-(h @ w(p + "ffn_gate_inp_shexp.weight"))))
+        g, u = h @ w(p + "ffn_gate_shexp.weight").T, h @ w(p + "ffn_up_shexp.weight").T
+        out += sg[:, None] * ((_silu(g) * u) @ w(p + "ffn_down_shexp.weight").T)
+    return out
+
+
+def forward(gm, tokens, x_quant=None, router_gaps=None) -> np.ndarray:
     """float64 forward over tokens [T] from position 0 -> logits [T, vocab]. x_quant (optional):
     (site, x) -> x, applied to each matmul's input, site one of "qkv", "o", "gateup", "down",
-    "head" (tools/x_quant_emulation.py: an activation quantization's effect alone)."""
+    "head" (tools/x_quant_emulation.py: an activation quantization's effect alone).
+    router_gaps (a list, MoE models): gets one [T] array per layer, each token's k-th minus
+    (k+1)-th router probability."""
     cfg = gm.config
     xq = x_quant or (lambda site, x: x)
     fam = cfg.family
@@ -84,10 +121,10 @@ def forward(gm, tokens, x_quant=None) -> np.ndarray:
         )
         h = xq("qkv", _norm(x, w(p + "attn_norm.weight"), eps))
         q, k, v = (h @ w(p + f"attn_{r}.weight").T for r in "qkv")
-        if fam == "qwen2":
+        if fam in ("qwen2", "qwen2moe"):
             q, k, v = q + w(p + "attn_q.bias"), k + w(p + "attn_k.bias"), v + w(p + "attn_v.bias")
         q, k, v = q.reshape(t, nh, hd), k.reshape(t, nkv, hd), v.reshape(t, nkv, hd)
-        if fam in ("qwen3", "gemma3"):
+        if fam in ("qwen3", "gemma3", "qwen3moe"):
             q, k = (
                 _norm(q, w(p + "attn_q_norm.weight"), eps),
                 _norm(k, w(p + "attn_k_norm.weight"), eps),
@@ -110,6 +147,9 @@ def forward(gm, tokens, x_quant=None) -> np.ndarray:
             o = _norm(o, w(p + "post_attention_norm.weight"), eps)
         x = x + o
         h = xq("gateup", _norm(x, w(p + "ffn_norm.weight"), eps))
+        if cfg.n_experts:
+            x = x + _moe(w, p, cfg, h, router_gaps)
+            continue
         g, u = h @ w(p + "ffn_gate.weight").T, h @ w(p + "ffn_up.weight").T
         act = _gelu_tanh(g) if fam == "gemma3" else g / (1 + np.exp(-g))
         f = xq("down", act * u) @ w(p + "ffn_down.weight").T

@@ -46,6 +46,7 @@ FTYPES: dict[str, LlamaFileType] = {
     "q5_k_s": LlamaFileType.MOSTLY_Q5_K_S,
     "q5_k_m": LlamaFileType.MOSTLY_Q5_K_M,
     "q6_k": LlamaFileType.MOSTLY_Q6_K,
+    "mxfp4_moe": LlamaFileType.MOSTLY_MXFP4_MOE,
 }
 
 F = LlamaFileType
@@ -69,6 +70,7 @@ DEFAULT_TYPE: dict[LlamaFileType, QType] = {
     F.MOSTLY_Q5_K_S: QType.Q5_K,
     F.MOSTLY_Q5_K_M: QType.Q5_K,
     F.MOSTLY_Q6_K: QType.Q6_K,
+    F.MOSTLY_MXFP4_MOE: QType.MXFP4,
 }
 
 # tensor_type_fallback(): the type used when a row (ne[0] = in_features) is not a whole number of
@@ -185,6 +187,7 @@ class _QuantizeState:
     has_tied_embeddings: bool
     i_attention_wv: int = 0
     i_ffn_down: int = 0
+    n_expert: int = 0
 
     @classmethod
     def of(cls, cfg: Config, ft: LlamaFileType, shapes: dict) -> _QuantizeState:
@@ -197,6 +200,7 @@ class _QuantizeState:
             is_70b=cfg.n_layers
             == 80,  # llama_model_qwen2::load_arch_hparams: case 80 -> LLM_TYPE_70B
             has_tied_embeddings="output.weight" not in shapes,
+            n_expert=cfg.n_experts,
         )
 
 
@@ -205,6 +209,10 @@ def _tensor_type(state: _QuantizeState, name: str, shape: tuple, fallback_table:
     # tensor_allows_quantization(): 2-D, ends with "weight", not a *_norm.weight.
     if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
         return QType.F32
+    if "ffn_gate_inp.weight" in name:  # the MoE router is never quantized (llama-quant.cpp:306)
+        return QType.F32
+    if state.ft == F.MOSTLY_MXFP4_MOE:  # expert (3-D) tensors MXFP4, every other one Q8_0
+        return QType.MXFP4 if len(shape) == 3 else QType.Q8_0
     ne0 = shape[-1]  # ggml ne[0] = in_features (the row length)
     new_type = DEFAULT_TYPE[state.ft]
     if new_type in (QType.F32, QType.F16, QType.BF16):  # ggml_is_quantized(default) is false
@@ -244,14 +252,20 @@ def _type_impl(state: _QuantizeState, name: str, new_type: QType, ne0: int) -> Q
         return new_type
     if name == "token_embd.weight":
         return new_type  # only IQ/TQ/Q2_0 ftypes change it
+    if state.n_expert == 8 and ("attn_v.weight" in name or "attn_k.weight" in name):
+        return _moe_attn_kv_type(state, name, new_type)
     if "attn_v.weight" in name:
         new_type = _attn_v_type(state, new_type)
         state.i_attention_wv += 1
         return new_type
     if "ffn_down" in name:
-        new_type = _ffn_down_type(ft, new_type, state.i_ffn_down, state.n_ffn_down)
+        # layer_info(): with experts the layer index is parsed from the name
+        i_layer = _layer(name) if state.n_expert > 1 else state.i_ffn_down
+        new_type = _ffn_down_type(ft, new_type, i_layer, state.n_ffn_down)
         state.i_ffn_down += 1
         return new_type
+    if "attn_output.weight" in name and state.n_expert == 8:
+        return QType.Q5_K if ft in _MOE8_ATTN_OUTPUT_Q5_K else new_type
     if "attn_output.weight" in name:
         if ft == F.MOSTLY_Q2_K:
             new_type = QType.Q3_K
@@ -262,6 +276,32 @@ def _type_impl(state: _QuantizeState, name: str, new_type: QType, ne0: int) -> Q
         return new_type
     # attn_q / attn_k / ffn_gate / ffn_up: only IQ ftypes or MoE change them.
     return new_type
+
+
+# Eight experts: attn_output goes to Q5_K under these ftypes (llama-quant.cpp; the IQ ones too)
+_MOE8_ATTN_OUTPUT_Q5_K = frozenset(
+    getattr(F, n)
+    for n in (
+        "MOSTLY_Q2_K",
+        "MOSTLY_Q3_K_S",
+        "MOSTLY_Q3_K_M",
+        "MOSTLY_Q4_K_S",
+        "MOSTLY_Q4_K_M",
+        "MOSTLY_IQ3_XS",
+        "MOSTLY_IQ3_XXS",
+        "MOSTLY_IQ3_S",
+        "MOSTLY_IQ3_M",
+        "MOSTLY_IQ4_NL",
+        "MOSTLY_IQ4_XS",
+    )
+)
+
+
+def _moe_attn_kv_type(state: _QuantizeState, name: str, new_type: QType) -> QType:
+    """Eight experts (Mixtral): attn_v and attn_k go to Q8_0 (llama-quant.cpp:599-609)."""
+    if "attn_v.weight" in name:
+        state.i_attention_wv += 1
+    return QType.Q8_0
 
 
 def _attn_v_type(state: _QuantizeState, new_type: QType) -> QType:

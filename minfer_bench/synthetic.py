@@ -117,6 +117,52 @@ SYNTHETIC_CONFIGS.update({
                            head_dim=128, sliding_window=32, **_GEMMA3_LOCAL),
 })
 # fmt: on
+
+
+def _moe_configs() -> dict[str, Config]:
+    """Mixture-of-experts models. Real shapes from the HF config.json of Qwen/Qwen3-30B-A3B
+    (hidden 2048, 48 layers, 32 heads, 4 KV heads, head_dim 128, 128 experts, 8 used,
+    moe_intermediate_size 768, intermediate_size 6144, max_position_embeddings 40960, rope_theta
+    1e6, vocab 151936, untied) and mistralai/Mixtral-8x7B-Instruct-v0.1 (hidden 4096, 32 layers,
+    32 heads, 8 KV heads, 8 experts, 2 used, intermediate_size 14336, rope_theta 1e6, rms 1e-5,
+    vocab 32000, untied). The "-tiny" ones are small models of each MoE family for tests: every
+    width a multiple of 256 (IQ4_XS blocks), E / k = 16 / 4, 8 / 2 (+ shared expert), 8 / 2."""
+    qwen3moe = dict(family="qwen3moe", head_dim=128, expert_weights_norm=True)
+    mixtral = dict(family="llama", expert_weights_norm=True)
+    # gpt-oss: YaRN factor 32 over 4096 positions on every layer, even layers sliding
+    gptoss = dict(
+        family="gpt-oss",
+        swa_period=2,
+        yarn_factor=32.0,
+        yarn_orig_ctx=4096,
+        expert_gating="softmax_weight",
+        expert_act="swiglu_oai",
+    )
+    # fmt: off
+    return {
+        #                 layers d_model heads kv d_ff  context vocab  rope_theta eps       tied
+        "qwen3-30b-a3b":  Config(48, 2048, 32, 4, 6144, 40960, 151936, 1000000.0, _EPS_1E6, False,
+                                 n_experts=128, n_experts_used=8, d_ff_expert=768, **qwen3moe),
+        "mixtral-8x7b":   Config(32, 4096, 32, 8, 14336, 32768, 32000, 1000000.0, _EPS_1E5, False,
+                                 n_experts=8, n_experts_used=2, d_ff_expert=14336, **mixtral),
+        "qwen3moe-tiny":  Config(2,  256,  4,  2, 1024, 2048,  512,    1000000.0, _EPS_1E6, False,
+                                 n_experts=16, n_experts_used=4, d_ff_expert=256, **qwen3moe),
+        "qwen2moe-tiny":  Config(2,  256,  4,  2, 512,  2048,  512,    1000000.0, _EPS_1E6, False,
+                                 family="qwen2moe", n_experts=8, n_experts_used=2,
+                                 d_ff_expert=256, d_ff_shared=512),
+        "mixtral-tiny":   Config(2,  256,  4,  2, 256,  2048,  512,    1000000.0, _EPS_1E5, False,
+                                 n_experts=8, n_experts_used=2, d_ff_expert=256, **mixtral),
+        "gpt-oss-20b":    Config(24, 2880, 64, 8, 2880, 131072, 201088, 150000.0, _EPS_1E5, False,
+                                 head_dim=64, sliding_window=128, n_experts=32, n_experts_used=4,
+                                 d_ff_expert=2880, **gptoss),
+        "gpt-oss-tiny":   Config(4,  256,  8,  2, 256,  4096,  512,    150000.0,  _EPS_1E5, False,
+                                 head_dim=64, sliding_window=32, n_experts=8, n_experts_used=2,
+                                 d_ff_expert=256, **gptoss),
+    }
+    # fmt: on
+
+
+SYNTHETIC_CONFIGS.update(_moe_configs())
 # gemma3-1b with every layer global (no sliding window): the A/B of sliding-window prefill, in
 # memory (bench.py --synthetic); a gemma3 GGUF must name its window, so its file does not load.
 SYNTHETIC_CONFIGS["gemma3-1b-global"] = dataclasses.replace(
@@ -169,6 +215,8 @@ _SCALE_FIELDS: dict[QType, tuple[tuple[str, int], ...]] = {
     QType.Q4_K: (("d", 0), ("dmin", 2)),  # d, dmin, scales[12], qs[128]
     QType.Q5_K: (("d", 0), ("dmin", 2)),  # d, dmin, scales[12], qh[32], qs[128]
     QType.Q6_K: (("d", 208),),  # ql[128], qh[64], scales[16], d
+    QType.IQ4_NL: (("d", 0),),  # d, qs[16]
+    QType.IQ4_XS: (("d", 0),),  # d, scales_h, scales_l[4], qs[128] (random 6-bit scales)
 }
 
 # The min field as a multiple of d that makes random blocks zero-mean on average:
@@ -254,6 +302,9 @@ def _float_data(values: np.ndarray, qtype: QType) -> np.ndarray:
     raise AssertionError(qtype)
 
 
+SINK_SCALE = 2.0  # gpt-oss attn_sinks.weight: random logits that move the attention visibly
+
+
 def random_raw_tensor(
     name: str, qtype: QType, shape: tuple[int, ...], rng: np.random.Generator
 ) -> RawTensor:
@@ -266,17 +317,20 @@ def random_raw_tensor(
     ~zero-mean, RMS ~WEIGHT_RMS = 0.02 and |w| < ~0.12 for every format. For reference, |d| lands
     around 3e-3 (Q4_0/Q4_1), 1.5e-3 (Q5_0/Q5_1), 2.7e-4 (Q8_0), 1.4e-3 (Q2_K), 4.6e-4 (Q3_K),
     7.8e-5 (Q4_K), 3.8e-5 (Q5_K) and 1.5e-5 (Q6_K; a subnormal f16, as in real Q6_K files).
-    Float types: vectors named *_norm.weight ~ 1 + N(0, 0.02); other tensors N(0, 0.02).
+    Float types: vectors named *_norm.weight ~ 1 + N(0, 0.02); attention sinks N(0, SINK_SCALE)
+    (so that they weigh in the softmax); other tensors N(0, 0.02).
     """
     qtype = QType(qtype)
     shape = tuple(int(s) for s in shape)
     if qtype in FLOAT_TYPES:
         if name.endswith("_norm.weight"):
             values = 1.0 + WEIGHT_RMS * rng.standard_normal(shape, dtype=np.float32)
+        elif name.endswith("attn_sinks.weight"):  # gpt-oss's sink logits: of the scores' order
+            values = SINK_SCALE * rng.standard_normal(shape, dtype=np.float32)
         else:
             values = WEIGHT_RMS * rng.standard_normal(shape, dtype=np.float32)
         return RawTensor(name, qtype, shape, _float_data(values, qtype))
-    if qtype not in _SCALE_FIELDS:
+    if qtype not in _SCALE_FIELDS and qtype != QType.MXFP4:
         raise UnsupportedError(
             f"{name}: cannot generate random {qtype.name} data "
             f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})"
@@ -293,11 +347,24 @@ def random_raw_tensor(
         rng.bit_generator.random_raw(-(-n_bytes // 8)).view(np.uint8)[:n_bytes].reshape(byte_shape)
     )
     blocks = data.reshape(-1, size)
-    d_bits, m_bits = _random_scales(
-        qtype, blocks.shape[0], rng, WEIGHT_RMS / _unit_scale_rms(qtype)
-    )
-    _overwrite_scales(blocks, qtype, d_bits, m_bits)
+    if qtype == QType.MXFP4:
+        _random_e8m0(blocks, rng)
+    else:
+        d_bits, m_bits = _random_scales(
+            qtype, blocks.shape[0], rng, WEIGHT_RMS / _unit_scale_rms(qtype)
+        )
+        _overwrite_scales(blocks, qtype, d_bits, m_bits)
     return RawTensor(name, qtype, shape, data)
+
+
+# MXFP4 (no f16 scale: an E8M0 byte, d = 2^(e - 128)): random codebook nibbles have RMS 5.85 at
+# d = 1, so e = 119 or 120 (d = 2^-9, 2^-8) gives RMS ~0.018 around WEIGHT_RMS
+_MXFP4_E = (119, 120)
+
+
+def _random_e8m0(blocks: np.ndarray, rng: np.random.Generator) -> None:
+    """Store random E8M0 scale bytes of _MXFP4_E in every MXFP4 block [n, 17]."""
+    blocks[:, 0] = rng.choice(np.array(_MXFP4_E, np.uint8), blocks.shape[0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,6 +390,7 @@ def _metadata(cfg: Config, name: str, file_type: int) -> dict:
         f"{a}.attention.layer_norm_rms_epsilon": float(np.float32(cfg.rms_eps)),
     }
     meta.update(_family_metadata(cfg))
+    meta.update(_moe_metadata(cfg))
     meta.update(_special_tokens_metadata(cfg.vocab_size))
     return meta
 
@@ -336,6 +404,26 @@ def _family_metadata(cfg: Config) -> dict:
         meta[f"{a}.rope.dimension_count"] = cfg.head_dim
     if cfg.sliding_window:
         meta[f"{a}.attention.sliding_window"] = cfg.sliding_window
+    if cfg.yarn_factor:
+        meta[f"{a}.rope.scaling.type"] = "yarn"
+        meta[f"{a}.rope.scaling.factor"] = float(np.float32(cfg.yarn_factor))
+        meta[f"{a}.rope.scaling.original_context_length"] = cfg.yarn_orig_ctx
+    if cfg.family == "gpt-oss" and cfg.rope_theta_local:
+        meta[f"{a}.rope.freq_base_swa"] = float(np.float32(cfg.rope_theta_local))
+    return meta
+
+
+def _moe_metadata(cfg: Config) -> dict:
+    """The `{arch}.expert_*` keys of a mixture-of-experts model (Mixtral's expert width is its
+    feed_forward_length: llama.cpp reads no expert_feed_forward_length for `llama`)."""
+    a = cfg.family
+    if not cfg.n_experts:
+        return {}
+    meta = {f"{a}.expert_count": cfg.n_experts, f"{a}.expert_used_count": cfg.n_experts_used}
+    if a != "llama":
+        meta[f"{a}.expert_feed_forward_length"] = cfg.d_ff_expert
+    if cfg.d_ff_shared:
+        meta[f"{a}.expert_shared_feed_forward_length"] = cfg.d_ff_shared
     return meta
 
 
@@ -472,6 +560,22 @@ def _spec_config(spec: str, layers: int | None) -> tuple[str, str, Config]:
     return cfg_name, ftype, cfg
 
 
+def matrices_in(cfg: Config, qtype: QType) -> dict[str, QType]:
+    """A type table of `cfg` with every matrix but the token embedding in qtype and the rest F32."""
+    return {
+        n: QType(qtype) if len(s) == 2 and n != "token_embd.weight" else QType.F32
+        for n, s in expected_shapes(cfg).items()
+    }
+
+
+def one_format_model(config_name: str, qtype: QType, seed: int = 0) -> GGUFModel:
+    """A random-weight model of SYNTHETIC_CONFIGS[config_name] whose matrices are one weight format
+    (matrices_in; tools/llama_cpp_reference.py synthetic --matrix-type)."""
+    cfg = SYNTHETIC_CONFIGS[config_name]
+    name = f"{config_name}:{QType(qtype).name.lower()}-matrices"
+    return synthetic_model_from_config(cfg, matrices_in(cfg, qtype), seed, name=name)
+
+
 def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, bool, str]:
     """(tensor types, tensor shapes, tied head, label) of synthetic_model(spec, layers=layers),
     without generating its weights."""
@@ -562,8 +666,13 @@ def write_gguf(
     w.add_head_count_kv(cfg.n_kv_heads)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
-    for key, value in _family_metadata(cfg).items():
-        w.add_uint32(key, value)
+    for key, value in (_family_metadata(cfg) | _moe_metadata(cfg)).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_uint32(key, value)
     w.add_file_type(int(meta.get("general.file_type", LlamaFileType.GUESSED)))
     w.add_quantization_version(int(meta.get("general.quantization_version", 2)))
 

@@ -21,19 +21,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from minfer_jax.pallas import expert_kernels
 from minfer_jax.quant.matrix import DenseWeight, Weight
 from minfer_jax.quant.planes import decode, get_format
 
 TILE_ROWS = 16  # rows per tile of tiled_matmul: few enough that padding each expert costs little
 
 
-def glu_silu(gate: jax.Array, up: jax.Array) -> jax.Array:
-    """SwiGLU (llama.cpp's LLM_FFN_SILU with a split gate): silu(gate) * up."""
-    return jax.nn.silu(gate) * up
-
-
-# expert_glu's activations by name: (gate, up) -> the down projection's input
-GLU_ACTIVATIONS = {"silu": glu_silu}
+# expert_glu's activations by name, (gate, up) -> the down projection's input: the ones the fused
+# kernel applies (SwiGLU "silu", gpt-oss's clamped "swiglu_oai"), one definition for every route
+GLU_ACTIVATIONS = expert_kernels.GLU_ACTIVATIONS
 
 
 def _compute_dtype(w: Weight):
@@ -145,3 +142,8 @@ def weighted_sum(y: jax.Array, weights: jax.Array) -> jax.Array:
     for j in range(1, y.shape[1]):
         out = out + y[:, j] * weights[:, j : j + 1]
     return out
+
+
+def add_bias(y: jax.Array, bias: jax.Array | None, ids: jax.Array) -> jax.Array:
+    """y [T, k, N] plus each chosen expert's bias (bias [E, N]; y itself without one)."""
+    return y if bias is None else y + bias[ids].astype(jnp.float32)

@@ -518,9 +518,10 @@ def test_windowed_kernels_lower_to_triton():
     "lengths,nq,window",
     [((1, 17, 128, 0), 1, None), ((40, 100), 3, None), ((120, 9), 8, 16), ((128,), 1, 64)],
 )
-def test_decode_attention_short_caches(lengths, nq, window):
-    """The reference's result for unused rows (zeros), several queries per row and a sliding
-    window, over a short cache holding junk past each row's keys."""
+def test_decode_attention_row_programs(lengths, nq, window):
+    """One program per query row, normalized in the kernel (DecodeConfig.row_programs): the
+    reference's result for unused rows (zeros), several queries per row and a sliding window,
+    over a short cache holding junk past each row's keys."""
     n_heads, n_kv, head_dim, max_len = 14, 2, 64, 128
     key = jax.random.PRNGKey(sum(lengths) + nq)
     slots = tuple(range(len(lengths)))
@@ -529,7 +530,10 @@ def test_decode_attention_short_caches(lengths, nq, window):
     k, v = filled_cache(jax.random.fold_in(key, 1), n_kv, max_len, head_dim, visible)
     slots_a, lengths_a = jnp.array(slots, jnp.int32), jnp.array(lengths, jnp.int32)
     win = {} if window is None else {"window": jnp.int32(window)}
-    got = decode_attention.decode_attention(q, k, v, slots_a, lengths_a, interpret=INTERPRET, **win)
+    assert decode_attention.decode_config(1, n_kv, max_len=max_len, row_programs=True).k_splits == 1
+    got = decode_attention.decode_attention(
+        q, k, v, slots_a, lengths_a, row_programs=True, interpret=INTERPRET, **win
+    )
     used = lengths_a > 0
     ref = decode_attention.decode_attention_reference(
         q[used], k, v, slots_a[used], lengths_a[used], window=window

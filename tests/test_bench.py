@@ -359,6 +359,8 @@ def test_model_type_names():
         ("gemma3-1b", "gemma3 1B Q4_K - Medium"),
         ("smollm2-135m", "llama 256M Q4_K - Medium"),
         ("gemma3-tiny", "gemma3 ?B Q4_K - Medium"),
+        ("qwen3-30b-a3b", "qwen3moe 30B.A3B Q4_K - Medium"),
+        ("mixtral-8x7b", "llama 8x7B Q4_K - Medium"),
     ],
 )
 def test_model_type_names_of_the_families(cfg_name, want):

@@ -11,7 +11,8 @@ import pytest
 
 from minfer_jax import experts, ops
 from minfer_jax.files.gguf import QType, RawTensor
-from minfer_jax.model.weights import LoadOptions, _expert_matrix, expert_weight
+from minfer_jax.model.weights import LoadOptions, _expert_matrix
+from minfer_jax.quant.matrix import expert_weight
 from minfer_jax.quant.planes import repack
 
 E, N, K, TOP = 6, 40, 64, 2
@@ -101,11 +102,14 @@ def test_routes_by_token_count_and_mode():
     w = _expert_matrix(_tensor(QType.Q8_0)[0], QUANTIZED, DEVICE)
     d = _expert_matrix(_tensor(QType.Q8_0)[0], DENSE, DEVICE)
     pallas = ops.Impl(kernels="pallas")
-    assert ops.expert_route(w, 8, pallas) == "gather"
-    assert ops.expert_route(w, 9, pallas) == "ragged"
+    assert ops.expert_route(w, 8, pallas) == "expert-gemv"  # the Pallas expert kernels
+    assert ops.expert_route(w, 9, pallas) == "expert-gemm"
+    assert ops.expert_route(w, 8, ops.Impl()) == "gather"
     assert ops.expert_route(w, 9, ops.Impl()) == "tiles"
     assert ops.expert_route(d, 512, pallas) == "tiles"
-    assert ops.expert_route(w, 64, dataclasses.replace(pallas, deterministic=True)) == "gather"
+    assert ops.expert_route(d, 8, pallas) == "gather"
+    deterministic = dataclasses.replace(pallas, deterministic=True)
+    assert ops.expert_route(w, 64, deterministic) == "expert-gemv"
     with pytest.raises(ValueError, match="expert tensor"):
         one = expert_weight(w, 0)
         ops.expert_matmul(jnp.zeros((1, K)), one, jnp.zeros((1, 1), jnp.int32), pallas)

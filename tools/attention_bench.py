@@ -304,6 +304,7 @@ def bench_decode(a, table: Table):
                 f"ours {'/'.join(map(str, c))}": functools.partial(
                     D.decode_attention,
                     k_splits=c[0] if c[0] > 0 else None,  # -1: decode_config's default
+                    row_programs=c[0] == 0,  # splits 0: one program per query row
                     block_k=c[1],
                     num_warps=c[2],
                     num_stages=c[3],
@@ -461,8 +462,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--decode-configs",
         default="",
-        help="splits/block_k/warps/stages,... more decode candidates of ours (splits -1: the "
-        "default splits)",
+        help="splits/block_k/warps/stages,... more decode candidates of ours (splits 0: one "
+        "program per query row, DecodeConfig.row_programs; -1: the default splits)",
     )
     ap.add_argument(
         "--ours-only", action="store_true", help="decode: no jax / cuDNN / XLA candidates"

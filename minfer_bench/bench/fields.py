@@ -160,6 +160,7 @@ _FTYPE_NAMES = {
     16: "Q5_K - Small",
     17: "Q5_K - Medium",
     18: "Q6_K",
+    38: "MXFP4 MoE",
 }
 _FTYPE_GUESSED = 1024
 
@@ -180,8 +181,11 @@ def _qwen2_type_name(cfg) -> str:
 
 
 def _llama_type_name(cfg) -> str:
-    """llama.cpp's models/llama.cpp: by layer count (32 layers by vocabulary, 80 by kv heads)."""
+    """llama.cpp's models/llama.cpp: by layer count (32 layers by vocabulary, 80 by kv heads);
+    eight experts (Mixtral): 8x7B / 8x22B."""
     n = cfg.n_layers
+    if cfg.n_experts == 8:
+        return {32: "8x7B", 56: "8x22B"}.get(n, "?B")
     if n == 32:
         return "3B" if cfg.vocab_size == 49152 else "7B" if cfg.vocab_size < 40000 else "8B"
     if n == 80:
@@ -215,11 +219,24 @@ def _gemma3_type_name(cfg) -> str:
     return {18: "270M", 26: "1B", 32: "8B", 34: "4B", 48: "12B", 62: "27B"}.get(cfg.n_layers, "?B")
 
 
+def _moe_type_name(arch: str):
+    """llama.cpp's models/qwen3moe.cpp and qwen2moe.cpp (by layer count)."""
+    names = {
+        "qwen3moe": {48: "30B.A3B", 94: "235B.A22B"},
+        "qwen2moe": {24: "A2.7B", 28: "57B.A14B"},
+    }[arch]
+    return lambda cfg: names.get(cfg.n_layers, "?B")
+
+
 _TYPE_NAMES = {
+    "qwen3moe": _moe_type_name("qwen3moe"),
+    "qwen2moe": _moe_type_name("qwen2moe"),
     "qwen2": _qwen2_type_name,
     "llama": _llama_type_name,
     "qwen3": _qwen3_type_name,
     "gemma3": _gemma3_type_name,
+    # llama_model_openai_moe::load_arch_hparams
+    "gpt-oss": lambda cfg: {24: "20B", 36: "120B"}.get(cfg.n_layers, "?B"),
 }
 
 

@@ -26,18 +26,29 @@ from minfer_bench.bench.parsing import BenchError
 
 
 def _layer_matmul_elems(cfg) -> int:
+    """Weights one token multiplies by per forward (a mixture of experts: the router, its k
+    experts and the shared expert)."""
     d, kv, ff = cfg.d_model, cfg.kv_dim, cfg.d_ff
+    if cfg.n_experts:
+        experts = cfg.n_experts_used * cfg.d_ff_expert + cfg.d_ff_shared
+        ffn = cfg.n_experts * d + 3 * experts * d
+        return cfg.n_layers * (2 * cfg.q_dim * d + 2 * kv * d + ffn)
     return cfg.n_layers * (2 * d * d + 2 * kv * d + 3 * ff * d)
 
 
-def decode_weight_bytes(params) -> int:
+def decode_weight_bytes(params, cfg=None) -> int:
     """Device weight bytes one decode token reads: everything but an untied embedding table
-    (only one of its rows is gathered); a tied table is read in full as the head."""
+    (only one of its rows is gathered); a tied table is read in full as the head. A mixture of
+    experts (cfg given): of each expert tensor only the k chosen experts' share."""
     from minfer_jax.model.weights import params_nbytes
 
     total = params_nbytes(params)
     if params.output is not None:
         total -= params.embed.nbytes
+    for layer in params.layers:
+        if layer.moe is not None and cfg is not None:
+            experts = sum(w.nbytes for w in (layer.moe.gate, layer.moe.up, layer.moe.down))
+            total -= experts * (cfg.n_experts - cfg.n_experts_used) // cfg.n_experts
     return int(total)
 
 
@@ -126,7 +137,7 @@ class ModelBench:
         self.compile_s: dict[tuple, float] = {}
         self.size, self.n_params = model_size_params(source.gguf)
         self.mtype = model_type(source.gguf)
-        self.bytes_per_token = decode_weight_bytes(model.params)
+        self.bytes_per_token = decode_weight_bytes(model.params, model.config)
 
     # -- one test ---------------------------------------------------------------------------
     def run(self, test: TestSpec) -> dict:

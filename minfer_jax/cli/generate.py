@@ -38,6 +38,7 @@ from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 # module attributes: tests substitute an already loaded model
 from minfer_jax.engine.runtime import load
 from minfer_jax.errors import ContextOverflowError, MinferError
+from minfer_jax.files.harmony import HarmonyStream
 from minfer_jax.files.model_source import resolve_model
 from minfer_jax.model.from_gguf import load_gguf
 
@@ -216,6 +217,11 @@ def _run(args, out, err) -> int:
         out=out,
         err=err,
         verbose=args.verbose,
+        channels=(
+            HarmonyStream()
+            if (chat or prompt is None) and model.tokenizer is not None and model.tokenizer.harmony
+            else None
+        ),
     )
     tok = model.tokenizer
     base = (
@@ -238,7 +244,7 @@ def _run(args, out, err) -> int:
         raise UsageError("the prompt is empty (it encodes to no tokens)")
     result = session.generate(ids)
     if not args.stream:
-        session.write(result.text)
+        session.write(session.answer(result.text))
     _newline_if_needed(out, session)
     err.write(_summary(session.totals))
     if args.verbose and session.first_text_at is not None:
@@ -347,7 +353,7 @@ def _interactive(session: _Session, base: list[dict]) -> int:
         ids = tok.encode(tok.apply_chat_template(history), add_special=False)
         try:
             result = session.generate(ids, turn=turn)
-            reply = result.text
+            reply = session.answer(result.text)
             if not session.stream:
                 session.write(reply)
         except ContextOverflowError as e:

@@ -136,6 +136,9 @@ _ARCH_KINDS = {
             "attention.value_length",
             "attention.sliding_window",
             "expert_count",
+            "expert_used_count",
+            "expert_feed_forward_length",
+            "expert_shared_feed_forward_length",
             "rope.dimension_count",
         )
     },

@@ -43,6 +43,11 @@ class Experts:
     shared_gate_inp: jax.Array | None = None  # [d] ffn_gate_inp_shexp: the shared expert's gate
     shared_gate_up: tuple = ()  # ffn_gate_shexp / ffn_up_shexp, fused as Layer.gate_up
     shared_down: Weight | None = None  # ffn_down_shexp [d, ff_shexp]
+    # gpt-oss's biases (f32): the router's [E] and each expert's [E, ff_exp] / [E, d]
+    router_bias: jax.Array | None = None
+    gate_bias: jax.Array | None = None
+    up_bias: jax.Array | None = None
+    down_bias: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -57,7 +62,7 @@ class Layer:
     qkv: tuple  # (w_qkv,), (w_qk, wv), (wq, w_kv) or (wq [qd, d], wk [kv, d], wv [kv, d])
     qkv_bias: jax.Array | None  # [qd + 2 kv] (Qwen2); None: no biases
     wo: Weight  # [d, qd]
-    ffn_norm: jax.Array  # [d]
+    ffn_norm: jax.Array | None  # [d]; None where the family has none (gpt-oss)
     gate_up: tuple = ()  # (w_gate_up,) or (w_gate [ff, d], w_up [ff, d]); () in a MoE layer
     w_down: Weight | None = None  # [d, ff]; None in a MoE layer
     q_norm: jax.Array | None = None  # [hd] per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
@@ -65,6 +70,8 @@ class Layer:
     post_attn_norm: jax.Array | None = None  # [d] RMSNorm of the attention / FFN output (Gemma 3)
     post_ffn_norm: jax.Array | None = None
     moe: Experts | None = None  # the mixture-of-experts FFN in place of gate_up / w_down
+    wo_bias: jax.Array | None = None  # [d] attn_output.bias (gpt-oss)
+    sinks: jax.Array | None = None  # [H] attn_sinks.weight: per-head sink logits (gpt-oss)
 
 
 @jax.tree_util.register_dataclass
@@ -144,6 +151,11 @@ def load_experts(model: GGUFModel, layer: int, opts: LoadOptions, device) -> Exp
     if p + "ffn_gate_inp.weight" not in t:
         return None
     shared = p + "ffn_gate_inp_shexp.weight"
+
+    def bias(role):  # gpt-oss: ffn_gate_inp.bias [E], ffn_*_exps.bias [E, width]
+        name = f"{p}{role}.bias"
+        return jax.device_put(_vector(t[name]), device) if name in t else None
+
     return Experts(
         router=_matrix([t[p + "ffn_gate_inp.weight"]], opts, device),
         gate=_expert_matrix(t[p + "ffn_gate_exps.weight"], opts, device),
@@ -158,6 +170,10 @@ def load_experts(model: GGUFModel, layer: int, opts: LoadOptions, device) -> Exp
         shared_down=(
             _matrix([t[p + "ffn_down_shexp.weight"]], opts, device) if shared in t else None
         ),
+        router_bias=bias("ffn_gate_inp"),
+        gate_bias=bias("ffn_gate_exps"),
+        up_bias=bias("ffn_up_exps"),
+        down_bias=bias("ffn_down_exps"),
     )
 
 
@@ -204,10 +220,13 @@ def layer_matmuls(
     dense: bool = False,
 ) -> list[LayerMatmul]:
     """The matmuls of layer `layer` as loaded (q/k/v and gate/up fused as `fused_runs` says), from
-    tensor types and shapes alone, in the order a token meets them."""
+    tensor types and shapes alone, in the order a token meets them (ops.matmul's: a mixture of
+    experts' router and expert tensors are not among them)."""
     out = []
     for roles in _LAYER_MATMULS:
         names = [f"blk.{layer}.{r}.weight" for r in roles]
+        if names[0] not in qtypes:  # a mixture-of-experts layer has no dense FFN
+            continue
         for run in fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense):
             members = tuple(names[i] for i in run)
             out.append(
@@ -261,7 +280,7 @@ def load_params(
             qkv=_group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
             qkv_bias=biases(p),
             wo=_matrix([t[p + "attn_output.weight"]], opts, device),
-            ffn_norm=vec(p + "ffn_norm.weight"),
+            ffn_norm=optional_vec(p + "ffn_norm.weight"),
             gate_up=(
                 _group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device)
                 if dense_ffn
@@ -273,6 +292,8 @@ def load_params(
             post_attn_norm=optional_vec(p + "post_attention_norm.weight"),
             post_ffn_norm=optional_vec(p + "post_ffw_norm.weight"),
             moe=load_experts(model, i, opts, device),
+            wo_bias=optional_vec(p + "attn_output.bias"),
+            sinks=optional_vec(p + "attn_sinks.weight"),
         )
 
     # Repacking is numpy work that releases the GIL: layers in parallel (a 7B's 4.4 GB took minutes

@@ -11,7 +11,10 @@ j * rep + r, padded to a power of two >= 16 for the dot) and the s-th share of t
 [0, lengths[b]) (dynamic loop bounds: it reads only its share of [0, len) rounded up to a tile,
 never a power-of-two span or the whole cache). Each writes its unnormalized output with its
 running max and sum; a log-sum-exp merge in jnp (a few KB per row) combines the splits.
-Modelled on jax.experimental.pallas.ops.gpu.decode_attention.
+Modelled on jax.experimental.pallas.ops.gpu.decode_attention. For short caches a second kernel
+(DecodeConfig.row_programs, grid (B, Hkv, nq * rep)) gives each query row one program over all
+its keys and normalizes in place: no partials, no merge launch (off: slower where timed,
+ROW_PROGRAMS_MAX_LEN).
 """
 
 from __future__ import annotations
@@ -31,9 +34,13 @@ from minfer_jax.pallas.attention import (
     M_INIT,
     AttentionShapeError,
     check_cache,
+    check_sinks,
+    initial_carry,
     merge_splits,
     online_softmax_step,
     scores,
+    sink_rows,
+    with_sinks,
 )
 from minfer_jax.sizes import pow2_at_least
 
@@ -51,6 +58,10 @@ ONE_ROW_STAGES = 4
 # deterministic: the key splits of this batch size at every batch size (a row's partials and
 # their merge then do not depend on the batch)
 DETERMINISTIC_BATCH = 8
+# caches of at most this many positions: one program per query row over all its keys, normalized
+# in the kernel, so no merge launch (DecodeConfig.row_programs). 0 (off): on the H200 it took
+# 17.5 us at 640 keys (7B, B = 1) against 6.2 for the split kernel and its merge
+ROW_PROGRAMS_MAX_LEN = 0
 # Triton pipeline stages of the split kernel's K / V loads (decode_config's default): 3 beat 2 at
 # 4096 and 16384 keys, B = 1 and 8 (docs/BENCHMARKS.md, "Decode attention: a shorter merge")
 NUM_STAGES = 3
@@ -68,6 +79,8 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     ordered: bool = False  # splits merged in a fixed order (deterministic)
+    # one program per query row over all its keys, normalized in the kernel (no split, no merge)
+    row_programs: bool = False
 
 
 def decode_config(
@@ -79,11 +92,14 @@ def decode_config(
     num_stages: int | None = None,
     deterministic: bool = False,
     max_len: int | None = None,
+    row_programs: bool | None = None,
 ) -> DecodeConfig:
     """Defaults (TARGET_PROGRAMS, block_k 64, 4 warps, NUM_STAGES) with any given field overriding
     them. deterministic: the splits of DETERMINISTIC_BATCH rows whatever the batch, merged in a
     fixed order. max_len (the cache's): no more default splits than the cache has key tiles
-    (rounded up to a power of two), except in the deterministic mode, whose splits never change."""
+    (rounded up to a power of two), except in the deterministic mode, whose splits never change.
+    row_programs: DecodeConfig's; None: for caches of at most ROW_PROGRAMS_MAX_LEN positions
+    outside the deterministic mode."""
     rows = DETERMINISTIC_BATCH if deterministic else batch
     block_k = block_k or 64
     target = ONE_ROW_TARGET_PROGRAMS if rows == 1 else TARGET_PROGRAMS
@@ -95,12 +111,15 @@ def decode_config(
         # a split past the cache's last tile only writes an empty partial for the merge to read
         # (a 128-token cache: 2 splits, not 64; docs/BENCHMARKS.md, "Decode beside llama.cpp")
         splits = min(splits, pow2_at_least(-(-max_len // block_k)))
+    if row_programs is None:
+        row_programs = bool(max_len) and max_len <= ROW_PROGRAMS_MAX_LEN and not deterministic
     cfg = DecodeConfig(
-        k_splits=splits,
+        k_splits=1 if row_programs else splits,
         block_k=block_k,
         num_warps=num_warps or 4,
         num_stages=num_stages or device.stages(ONE_ROW_STAGES if rows == 1 else NUM_STAGES),
         ordered=deterministic,
+        row_programs=row_programs,
     )
     if cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
         raise AttentionShapeError(
@@ -131,13 +150,16 @@ def _decode_kernel(
     qk_scale: float,
     grid_key: tuple,
     windowed: bool = False,
+    sinks: bool = False,
 ):
     """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847).
     windowed: one more [B] operand, the sliding window (traced): keys q_pos - window < key <= q_pos,
-    and the key loop starts at the first tile the row's first query sees."""
+    and the key loop starts at the first tile the row's first query sees. sinks: one more
+    operand, the group's rows' sinks [rows] (base 2), held by split 0 (initial_carry)."""
 
     def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, *refs):
-        window_ref, (o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if windowed else (None, refs)
+        window_ref, refs = (refs[0], refs[1:]) if windowed else (None, refs)
+        sink_ref, (o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if sinks else (None, refs)
         b, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         slot, length = slots_ref[b], lengths_ref[b]
         n_tiles = lax.div(length + block_k - 1, block_k)
@@ -168,15 +190,67 @@ def _decode_kernel(
             s = jnp.where(seen, s, -jnp.inf)
             return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
 
-        carry = (
-            jnp.zeros(q_ref.shape, jnp.float32),
-            jnp.full((rows,), M_INIT, jnp.float32),
-            jnp.zeros((rows,), jnp.float32),
+        carry = initial_carry(
+            q_ref.shape, rows, None if sink_ref is None else sink_ref[...], split == 0
         )
         acc, m, lsum = lax.fori_loop(lo, hi, step, carry)
         o_ref[...] = acc
         m_ref[...] = m
         l_ref[...] = lsum
+
+    return kernel
+
+
+@functools.cache
+def _row_kernel(
+    rep: int,
+    nq: int,
+    block_k: int,
+    qk_scale: float,
+    grid_key: tuple,
+    windowed: bool,
+    sinks: bool = False,
+):
+    """One program per (row b, KV group g, query row r): r's scores against every key it sees,
+    an online softmax over the key tiles with scalar max and sum, the normalized [hd] output
+    (DecodeConfig.row_programs). Elementwise products, not dots: one query row is under Triton's
+    16-row dot tiles, and a short cache makes the few tiles cheap. sinks: one more operand, the
+    sinks of every group's rows [Hkv * rows] (base 2), read at this program's row."""
+
+    def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, *refs):
+        window_ref, refs = (refs[0], refs[1:]) if windowed else (None, refs)
+        sink_ref, (o_ref,) = (refs[0], refs[1:]) if sinks else (None, refs)
+        b, h, r = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        slot, length = slots_ref[b], lengths_ref[b]
+        q_pos = length - nq + lax.div(r, rep)
+        q = q_ref[...].astype(jnp.float32)  # [hd]
+        hi = lax.div(q_pos + block_k, block_k)  # tiles holding keys 0 .. q_pos
+        lo = lax.div(jnp.maximum(q_pos - window_ref[b] + 1, 0), block_k) if windowed else 0
+
+        def step(j, carry):
+            acc, m_prev, l_prev = carry
+            k0 = pl.multiple_of(j * block_k, block_k)
+            k = k_ref[slot, h, pl.ds(k0, block_k), :].astype(jnp.float32)  # [bk, hd]
+            s = jnp.sum(k * q[None, :], axis=1) * qk_scale  # [bk], base 2
+            keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
+            seen = keys <= q_pos
+            if windowed:
+                seen = seen & (q_pos - keys < window_ref[b])
+            s = jnp.where(seen, s, -jnp.inf)
+            m_next = jnp.maximum(m_prev, jnp.max(s))
+            correction = jnp.exp2(m_prev - m_next)
+            p = jnp.exp2(s - m_next)
+            v = v_ref[slot, h, pl.ds(k0, block_k), :].astype(jnp.float32)
+            acc = correction * acc + jnp.sum(p[:, None] * v, axis=0)
+            return acc, m_next, correction * l_prev + jnp.sum(p)
+
+        if sink_ref is None:
+            carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.float32(M_INIT), jnp.float32(0.0))
+        else:  # the sink: a key seen first, with a zero value (initial_carry)
+            sink = sink_ref[h * pl.num_programs(2) + r]
+            carry = (jnp.zeros(q_ref.shape, jnp.float32), sink, jnp.float32(1.0))
+        acc, _, lsum = lax.fori_loop(lo, hi, step, carry)
+        o_ref[...] = acc / jnp.where(lsum > 0, lsum, 1.0)  # a row of length 0 sees no key: zeros
 
     return kernel
 
@@ -187,7 +261,7 @@ def decode_attention(
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
     in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
     unused batch row) reads nothing and returns zeros. options: decode_attention_grouped's
-    (sm_scale, tiles, interpret, window, deterministic, fused)."""
+    (sm_scale, tiles, row_programs, interpret, window, sinks, deterministic, fused)."""
     if q.ndim != 4:
         raise AttentionShapeError(f"q has shape {q.shape}; expected [B, nq, H, head_dim]")
     batch, nq, n_heads, head_dim = q.shape
@@ -228,19 +302,23 @@ def decode_attention_grouped(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    row_programs: bool | None = None,
     interpret: bool = False,
     window=None,
+    sinks=None,
     deterministic: bool = False,
     fused: bool = True,
 ) -> jax.Array:
     """decode_attention with q already laid out as the kernel reads it: qg [B, Hkv, rows, hd] in
     the cache dtype (row j * rep + r: query j of head g * rep + r; rows = query_rows, the rest
     zero; as decode_qkv.write_qkv writes it) -> [B, nq, H, hd] float32. window (traced int32,
-    > 0): query p sees keys p - window < key <= p only. deterministic: a row's result does not
+    > 0): query p sees keys p - window < key <= p only. sinks ([H] f32 or None): each head's
+    attention sink, in the softmax's denominator only. deterministic: a row's result does not
     depend on the batch (decode_config). fused: the splits merged by merge_splits_kernel, else in
-    jnp. The tiles default to decode_config's."""
+    jnp. The tiles and row_programs default to decode_config's."""
     batch, n_kv, rows, head_dim = qg.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
+    check_sinks(sinks, n_heads)
     if rows != query_rows(nq, n_heads, n_kv):
         raise AttentionShapeError(f"qg has {rows} rows; expected {query_rows(nq, n_heads, n_kv)}")
     cfg = decode_config(
@@ -252,6 +330,7 @@ def decode_attention_grouped(
         num_stages,
         deterministic,
         k_cache.shape[2],
+        row_programs,
     )
     if k_cache.shape[2] % cfg.block_k:
         raise AttentionShapeError(
@@ -271,6 +350,7 @@ def decode_attention_grouped(
         v_cache,
         slots,
         lengths,
+        None if sinks is None else sink_rows(sinks, n_kv, rows),
         *windows,
         nq=nq,
         n_heads=n_heads,
@@ -290,6 +370,7 @@ def _decode_attention(
     v_cache,
     slots,
     lengths,
+    sinks,
     *windows,
     nq: int,
     n_heads: int,
@@ -298,6 +379,7 @@ def _decode_attention(
     interpret: bool,
     fused: bool,
 ):
+    """sinks: None or [Hkv, rows] base 2 (attention.sink_rows)."""
     batch, n_kv, rows, head_dim = qg.shape
     rep = n_heads // n_kv
     n_rows = nq * rep
@@ -305,46 +387,80 @@ def _decode_attention(
     tiles.silence_triton_deprecation()
     whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, s: (0, 0, 0, 0))
     per_row = pl.BlockSpec((batch,), lambda b, h, s: (0,))
-    kernel = _decode_kernel(
-        rep,
-        nq,
-        rows,
-        splits,
-        cfg.block_k,
-        sm_scale * LOG2_E,
-        (batch, k_cache.shape, str(k_cache.dtype)),
-        *((True,) if windows else ()),
-    )
-    part_shape = (batch, n_kv, splits, rows)
-    o, m, lsum = pl.pallas_call(
-        kernel,
-        out_shape=[
-            jax.ShapeDtypeStruct(part_shape + (head_dim,), jnp.float32),
-            jax.ShapeDtypeStruct(part_shape, jnp.float32),
-            jax.ShapeDtypeStruct(part_shape, jnp.float32),
-        ],
-        grid=(batch, n_kv, splits),
-        in_specs=[
-            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
-            whole_cache,
-            whole_cache,
-            per_row,
-            per_row,
-            *(per_row for _ in windows),
-        ],
-        out_specs=[
-            pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
-            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
-            pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
-        ],
-        compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
-        interpret=interpret,
-        name="decode_attention",
-    )(qg, k_cache, v_cache, slots, lengths, *windows)
-    if fused and splits & (splits - 1) == 0:  # Triton blocks: S a power of two
-        out = merge_splits_kernel(o, m, lsum, n_rows, interpret=interpret)
+    has_sinks = sinks is not None
+    if cfg.row_programs:
+        row = pl.BlockSpec((None, None, None, head_dim), lambda b, h, r: (b, h, r, 0))
+        flat_sinks = () if sinks is None else (sinks[:, :n_rows].reshape(-1),)
+        out = pl.pallas_call(
+            _row_kernel(
+                rep,
+                nq,
+                cfg.block_k,
+                sm_scale * LOG2_E,
+                (batch, k_cache.shape, str(k_cache.dtype)),
+                bool(windows),
+                has_sinks,
+            ),
+            out_shape=jax.ShapeDtypeStruct((batch, n_kv, n_rows, head_dim), jnp.float32),
+            grid=(batch, n_kv, n_rows),
+            in_specs=[
+                row,
+                whole_cache,
+                whole_cache,
+                per_row,
+                per_row,
+                *(per_row for _ in windows),
+                *(pl.BlockSpec(a.shape, lambda b, h, r: (0,)) for a in flat_sinks),
+            ],
+            out_specs=row,
+            compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
+            interpret=interpret,
+            name="decode_attention_rows",
+        )(qg, k_cache, v_cache, slots, lengths, *windows, *flat_sinks)
     else:
-        out = merge_splits(o, m, lsum, cfg.ordered)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
+        kernel = _decode_kernel(
+            rep,
+            nq,
+            rows,
+            splits,
+            cfg.block_k,
+            sm_scale * LOG2_E,
+            (batch, k_cache.shape, str(k_cache.dtype)),
+            windowed=bool(windows),
+            sinks=has_sinks,
+        )
+        part_shape = (batch, n_kv, splits, rows)
+        group_sinks = () if sinks is None else (sinks,)
+        o, m, lsum = pl.pallas_call(
+            kernel,
+            out_shape=[
+                jax.ShapeDtypeStruct(part_shape + (head_dim,), jnp.float32),
+                jax.ShapeDtypeStruct(part_shape, jnp.float32),
+                jax.ShapeDtypeStruct(part_shape, jnp.float32),
+            ],
+            grid=(batch, n_kv, splits),
+            in_specs=[
+                pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
+                whole_cache,
+                whole_cache,
+                per_row,
+                per_row,
+                *(per_row for _ in windows),
+                *(pl.BlockSpec((None, rows), lambda b, h, s: (h, 0)) for _ in group_sinks),
+            ],
+            out_specs=[
+                pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
+                pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
+                pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
+            ],
+            compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
+            interpret=interpret,
+            name="decode_attention",
+        )(qg, k_cache, v_cache, slots, lengths, *windows, *group_sinks)
+        if fused and splits & (splits - 1) == 0:  # Triton blocks: S a power of two
+            out = merge_splits_kernel(o, m, lsum, n_rows, interpret=interpret)
+        else:
+            out = merge_splits(o, m, lsum, cfg.ordered)[:, :, :n_rows]  # [B, Hkv, nq * rep, hd]
     out = out.reshape(batch, n_kv, nq, rep, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, nq, n_heads, head_dim)
 
@@ -393,6 +509,7 @@ def decode_attention_reference(
     *,
     sm_scale: float | None = None,
     window=None,
+    sinks=None,
 ) -> jax.Array:
     """The kernel's math in plain jnp over each row's whole cache slot (f32, dense softmax)."""
     batch, nq, n_heads, head_dim = q.shape
@@ -412,7 +529,10 @@ def decode_attention_reference(
     visible = jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None]  # [B, nq, S]
     if window is not None:
         visible &= q_pos[:, :, None] - jnp.arange(max_len)[None, None, :] < window
-    p = jax.nn.softmax(jnp.where(visible[:, None, None], s, -jnp.inf), axis=-1)
+    s = jnp.where(visible[:, None, None], s, -jnp.inf)
+    if sinks is not None:
+        s = with_sinks(s, sinks.reshape(1, n_kv, n_heads // n_kv, 1, 1))
+    p = jax.nn.softmax(s, axis=-1)[..., :max_len]
     return jnp.einsum("bgrjs,bgsd->bjgrd", p, v, precision=HIGHEST).reshape(
         batch, nq, n_heads, head_dim
     )

@@ -281,6 +281,37 @@ def dp4a_emulated(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
     return c
 
 
+def prmt_ptx(a: jax.Array, b: jax.Array, c) -> jax.Array:
+    """Byte permute of the pair (a, b) by selector c, per element (PTX prmt.b32; inside a Triton
+    kernel on the GPU only)."""
+    from jax.experimental.pallas import triton as pltriton
+
+    c = jnp.broadcast_to(jnp.asarray(c, jnp.uint32), a.shape)
+    [r] = pltriton.elementwise_inline_asm(
+        "prmt.b32 $0, $1, $2, $3;",
+        args=[a, b, c],
+        constraints="=r,r,r,r",
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.uint32)],
+    )
+    return r
+
+
+def dp4a_ptx(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
+    """c + dot of the four signed bytes of a and b, per element (PTX dp4a; inside a Triton
+    kernel on the GPU only)."""
+    from jax.experimental.pallas import triton as pltriton
+
+    [r] = pltriton.elementwise_inline_asm(
+        "dp4a.s32.s32 $0, $1, $2, $3;",
+        args=[a, b, c],
+        constraints="=r,r,r,r",
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.int32)],
+    )
+    return r
+
+
 # ----------------------------------------------------------------------------- activation side
 # For few tokens x is quantized inside the GEMV kernel, per program and step, from a free view of
 # the f32 activations (one launch fewer per matmul; docs/BENCHMARKS.md, GEMV choices

@@ -145,7 +145,10 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool):
         if reply.kind == "chat":
             yield chunk(role=True)
         async for piece in handle.pieces():
-            yield chunk(piece)
+            for field, text in reply.deltas(piece):
+                yield chunk(text, field=field)
+        for field, text in reply.deltas(None):  # what a harmony chat held back
+            yield chunk(text, field=field)
         req = handle.req
         if req.error is not None:
             failed = _failed(req.error)
@@ -251,7 +254,8 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
         raise _failed(e) from None
     except MinferError as e:  # the scheduler's checks: empty prompt, over the context, bad token id
         raise BadRequest(str(e), "messages" if kind == "chat" else "prompt") from None
-    reply = Reply(kind, backend.model_id)
+    tokenizer = backend.model.tokenizer
+    reply = Reply(kind, backend.model_id, harmony=tokenizer is not None and tokenizer.harmony)
     if body.stream:
         return StreamingResponse(
             _stream(handle, reply, body.include_usage),

@@ -10,6 +10,7 @@ import time
 import uuid
 
 from minfer_jax.engine.steps import StopReason
+from minfer_jax.files.harmony import HarmonyStream, split_channels
 
 # scheduler stop reasons -> OpenAI finish_reason ("context": the slot is full, which OpenAI calls
 # length)
@@ -49,9 +50,18 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 class Reply:
     """The fixed fields of one response (id, created, model) and its shapes, for either endpoint."""
 
-    def __init__(self, kind: str, model: str):
+    def __init__(self, kind: str, model: str, harmony: bool = False):
         self.kind, self.model = kind, model  # kind: "chat" or "text"
         self.id, self.created = new_id(kind), int(time.time())
+        # gpt-oss chat: the text's harmony channels go to content and reasoning_content
+        self.channels = HarmonyStream() if harmony and kind == "chat" else None
+
+    def deltas(self, piece: str | None) -> list[tuple[str, str]]:
+        """(field, text) of one streamed text piece (None: the end, flushing what was held
+        back): the piece as content, or a harmony chat's pieces per channel."""
+        if self.channels is None:
+            return [] if piece is None else [("content", piece)]
+        return self.channels.finish() if piece is None else self.channels.feed(piece)
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -67,9 +77,10 @@ class Reply:
         """The non-streamed response."""
         finish = FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
+            fields = {"content": text} if self.channels is None else split_channels(text)
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": {"role": "assistant", **fields},
                 "logprobs": None,
                 "finish_reason": finish,
             }
@@ -84,15 +95,21 @@ class Reply:
         }
 
     def chunk(
-        self, text: str | None = None, reason: StopReason | None = None, *, role: bool = False
+        self,
+        text: str | None = None,
+        reason: StopReason | None = None,
+        *,
+        role: bool = False,
+        field: str = "content",
     ) -> dict:
-        """One streamed chunk: a text piece, the opening role (chat), or the final finish_reason."""
+        """One streamed chunk: a text piece (of `field`: content, or a harmony chat's
+        reasoning_content), the opening role (chat), or the final finish_reason."""
         finish = None if reason is None else FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
             delta = (
                 {"role": "assistant", "content": ""}
                 if role
-                else ({} if text is None else {"content": text})
+                else ({} if text is None else {field: text})
             )
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
