@@ -602,19 +602,15 @@ def test_gemv_split_major_grid_with_x_quantized_before(monkeypatch):
     check(got, gemv.gemv_int8_reference(x, w, qtype=QType.Q4_K, n_out=n), QType.Q4_K)
 
 
-def test_gemv_split_major_and_loop_k_rules(monkeypatch):
+def test_gemv_split_major_rule(monkeypatch):
     """gemv_tuning.SPLIT_MAJOR_FROM_SPLITS (16) orders the programs of GEMVs with that many K
-    splits split-major (0: none); LOOP_K_FROM_ROW_BLOCKS (0: off) gives weights with that many
-    row blocks one program per row block over all of K (x quantized in the kernel only)."""
+    splits split-major (0: none)."""
     down, gate = (QType.Q4_K, 3584, 18944, 1), (QType.Q4_K, 18944, 3584, 1)
     assert gemv.choose_config(*down).split_major  # 37 splits
     assert not gemv.choose_config(QType.Q4_K, 3584, 3584, 1).split_major  # 7
     assert gemv.choose_config(*gate).splits == 7
     monkeypatch.setattr(gemv_tuning, "SPLIT_MAJOR_FROM_SPLITS", 0)
-    monkeypatch.setattr(gemv_tuning, "LOOP_K_FROM_ROW_BLOCKS", 512)
     assert not gemv.choose_config(*down).split_major
-    assert gemv.choose_config(*gate).splits == 1  # 592 row blocks of 32
-    assert gemv.choose_config(QType.Q4_K, 4608, 3584, 1).splits == 7  # 144
     big_8 = gemv.choose_config(QType.Q4_K, 18944, 3584, 8)  # x quantized before: its own steps
     assert big_8.prequant and big_8.splits > 1
 
