@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+from minfer_jax.engine.options import Options
 from minfer_jax.engine.runtime import Model, load
 from minfer_jax.server.backend import ServerSettingsError
 from minfer_jax.server.cli import main as server_main
@@ -14,10 +15,10 @@ from minfer_jax.server.cli import main as server_main
 from minfer_bench import synthetic
 
 
-def load_model(ref: str | None, **kwargs) -> Model:
+def load_model(ref: str | None, options: Options) -> Model:
     """minfer_jax.load(ref), or a synthetic model for 'synthetic:<config>:<ftype>[...]'."""
     if not (ref or "").startswith("synthetic:"):
-        return load(ref, **kwargs)
+        return load(ref, options)
     parts, extra = (ref or "").split(":"), {}
     while parts[-1].startswith(("layers=", "seed=")):
         key, _, value = parts.pop().partition("=")
@@ -28,7 +29,7 @@ def load_model(ref: str | None, **kwargs) -> Model:
         extra[key] = int(value)
     gm = synthetic.synthetic_model(":".join(parts), **extra)
     gm.metadata.update(synthetic.placeholder_tokenizer(gm.config.vocab_size))
-    return load(gguf_model=gm, **kwargs)
+    return load(options=options, gguf_model=gm)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from minfer_jax.errors import InvalidArgumentError
 
 INT32_MAX = 2**31 - 1  # positions, ids and counts reach the device as int32
@@ -94,7 +96,16 @@ def text(name: str, value: Any) -> str:
 
 
 def token_ids(value: Any, vocab_size: int, name: str = "token ids") -> list[int]:
-    """A non-empty sequence of ints, each a token id in 0..vocab_size-1."""
+    """A non-empty sequence of ints, each a token id in 0..vocab_size-1: a list or tuple, or a
+    one-dimensional integer array (NumPy, JAX: anything with __array__)."""
+    if hasattr(value, "__array__") and not isinstance(value, (list, tuple)):
+        array = np.asarray(value)
+        if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+            raise InvalidArgumentError(
+                f"{name} must be a one-dimensional array of ints, got shape {array.shape} of "
+                f"{array.dtype}"
+            )
+        value = array.tolist()
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise InvalidArgumentError(f"{name} must be a sequence of ints, got {_shown(value)}")
     ids = list(value)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""llama-bench compatible benchmark for minfer_jax (model tests pp/tg/pg, or --kernels).
+"""llama-bench compatible benchmark for minfer_jax (model tests pp/tg/pg, or --matmuls).
 
 Thin entry point: the logic lives in minfer_bench/bench/ (cli.py). Run `python scripts/bench.py
 --help`.

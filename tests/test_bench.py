@@ -184,7 +184,7 @@ def test_kernel_mode(impl, kinds, tol):
             "1,16",
             "-r",
             "2",
-            "--kernel-impl",
+            "--kernels",
             impl,
             "--kernel-reps",
             "2",
@@ -388,9 +388,9 @@ def test_model_type_names_of_the_families(cfg_name, want):
         (["--shapes", "zz9:128x256"], "unknown weight type"),
         (["--shapes", "q4_0-128x256"], "TYPE:OUTxIN"),
         (["--shapes", "q4_0:128x256", "--nt", "0"], "--nt"),
-        (["--shapes", "q4_0:128x256", "--kernel-impl", "cuda"], "invalid choice"),
+        (["--shapes", "q4_0:128x256", "--kernels", "cuda"], "invalid choice"),
         ([], "give -m MODEL or --synthetic"),
-        (["--kernels"], "--kernels needs"),
+        (["--matmuls"], "--matmuls needs"),
         (["--bogus-flag"], "unrecognized"),
         (["-m", "/tmp/x.gguf", "--layers", "2"], "--layers"),
         (
@@ -419,7 +419,7 @@ def test_kernel_impl_pallas_only_on_a_gpu():
         [
             "--shapes",
             "q4_0:128x256",
-            "--kernel-impl",
+            "--kernels",
             "pallas",
             "--nt",
             "1",
@@ -455,11 +455,11 @@ def test_script_help_and_error_exit_code():
         "--synthetic",
         "--layers",
         "--write-gguf",
-        "--kernels",
+        "--matmuls",
         "--shapes",
         "--ggml-shapes",
         "--nt",
-        "--kernel-impl",
+        "--kernels",
         "-c",
     ):
         assert flag in r.stdout
@@ -520,3 +520,16 @@ def test_mem_bw_table_and_measurement():
     assert env.table_key("NVIDIA H100 NVL") == "H100 NVL"
     assert env.table_key("NVIDIA A10") is None
     assert env.measure_mem_bw(nbytes=1 << 20, trials=1, reads=3) > 0
+
+
+def test_no_percent_of_bandwidth_on_a_cpu():
+    """A CPU's caches serve a small model faster than its measured memory bandwidth ('% bw 183.8'
+    on the 2-core CPU): auto gives no bandwidth there, so '% bw' reads n/a; a number counts."""
+    import jax
+
+    from minfer_bench.bench import env
+
+    assert jax.default_backend() == "cpu"
+    cpu = env.make_env("auto")
+    assert cpu.mem_bw is None and cpu.mem_bw_source == "n/a"
+    assert env.make_env("100").mem_bw == 100e9

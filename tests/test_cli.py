@@ -9,6 +9,7 @@ nothing depends on (or pollutes) the user's cache.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import os
@@ -57,8 +58,8 @@ def run_cli(shared_model, real_model_path, monkeypatch):
     """run_cli(*argv, stdin="") -> (exit status, stdout text, stderr text, stdout object)."""
     loads: list[dict] = []
 
-    def fake_load(path=None, **kwargs):
-        loads.append(kwargs)
+    def fake_load(path=None, options=None, **kwargs):
+        loads.append(dataclasses.asdict(options))  # the CLI hands load() one Options
         return shared_model
 
     monkeypatch.setattr(cli, "load", fake_load)
@@ -187,7 +188,7 @@ def test_mode_flags_reach_load(run_cli):
     rc, _, err, _ = run_cli("-p", FIB, "-n", "1", "--temp", "0")
     assert run_cli.loads[-1]["precise"] is False and run_cli.loads[-1]["deterministic"] is False
     settings = server_cli.settings_from(server_cli.build_parser().parse_args(["--precise"]))
-    assert settings.precise and not settings.deterministic
+    assert settings.options.precise and not settings.options.deterministic
 
 
 @pytest.mark.real_model

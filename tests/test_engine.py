@@ -11,7 +11,7 @@ import pytest
 import minfer_jax
 from minfer_jax.engine.plan import Plan, PlanError
 from minfer_jax.engine.sampling import Sampler
-from minfer_jax.engine.scheduler import TextStream
+from minfer_jax.engine.text_stream import TextStream
 from tests.configs import tiny_config
 
 from minfer_bench.synthetic import synthetic_model_from_config

@@ -367,7 +367,7 @@ def test_more_layers_than_tensors(tmp_path):
 @pytest.mark.parametrize(
     "name,qtype",
     [
-        ("blk.0.ffn_gate.weight", Q.IQ4_NL),
+        ("blk.0.ffn_gate.weight", Q.Q8_1),  # IQ4_NL runs since the formats work
         ("blk.1.attn_q.weight", Q.I32),
         ("output_norm.weight", Q.Q8_0),  # vectors must be float
     ],

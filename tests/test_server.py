@@ -736,17 +736,17 @@ def test_serve_script_errors(tmp_path):
 def test_synthetic_models_get_a_placeholder_tokenizer():
     """minfer_bench.serve -m synthetic:<spec> (the H200 load benchmarks' 7B): real shapes, text to
     stream."""
-    from minfer_jax import generate
+    from minfer_jax import Options, generate
     from minfer_jax.server.backend import ServerSettingsError
 
     from minfer_bench.serve import load_model
 
-    model = load_model("synthetic:qwen2.5-0.5b:q8_0:layers=1:seed=3", ctx_size=64)
+    model = load_model("synthetic:qwen2.5-0.5b:q8_0:layers=1:seed=3", Options(ctx_size=64))
     assert model.config.n_layers == 1 and model.tokenizer is not None
     out = generate(model, [1, 2, 3], max_new_tokens=2)
     assert out.text == model.tokenizer.decode(out.tokens, skip_special=True) and out.text
     with pytest.raises(ServerSettingsError, match="layers="):
-        load_model("synthetic:qwen2.5-0.5b:q8_0:layers=x")
+        load_model("synthetic:qwen2.5-0.5b:q8_0:layers=x", Options())
 
 
 @pytest.mark.real_model

@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import minfer_jax
+from minfer_jax.engine import options
 from minfer_jax.model.cache import cache_nbytes
 from minfer_jax.model.from_gguf import load_gguf
 
@@ -58,7 +59,7 @@ from minfer_bench.bench.kernel_timing import device_kernel_events
 from minfer_bench.synthetic import synthetic_model
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -71,27 +72,27 @@ def main() -> None:
     ap.add_argument(
         "--short", type=int, default=16, help="tokens of the short prompt (decode speed)"
     )
-    ap.add_argument("--ubatch", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--parity", type=int, default=0, metavar="N")
     ap.add_argument("--batched", default="", metavar="B,...")
     ap.add_argument("--batch-parity", default="", metavar="B[,B...]")
     ap.add_argument("--prompts", default=None, metavar="FILE")
-    ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--step-invariance", default="", metavar="B,...")
     ap.add_argument("--op-level", action="store_true")
     ap.add_argument("--profile", default="", metavar="B,...")
     ap.add_argument("--f64", type=int, default=0, metavar="B")
     ap.add_argument("--f64-gap", type=float, default=0.02)
     ap.add_argument("--f64-prompts", default=None, metavar="I,J,...")
-    ap.add_argument(
-        "--precise", action="store_true", help="load(precise=True) (--f64, --batch-parity)"
-    )
     ap.add_argument("--cache-dtype", choices=("f16", "f32"), default=None, help="(--f64)")
-    ap.add_argument(
-        "--kernels", default="pallas", help="pallas (GPU) | interpret (a CPU smoke test)"
-    )
+    options.add_arguments(ap)  # --kernels (auto: pallas here; interpret: a CPU smoke test), ...
+    return ap
+
+
+def main() -> None:
+    ap = build_parser()
     a = ap.parse_args()
+    opts = options.from_arguments(a, ctx_size=a.ctx)
+    a.kernels = opts.kernels or "pallas"
     only = None if a.f64_prompts is None else [int(i) for i in a.f64_prompts.split(",")]
     if only is not None and not all(0 <= i < a.f64 for i in only):
         ap.error(f"--f64-prompts takes numbers of the --f64 {a.f64} prompts (0 .. {a.f64 - 1})")
@@ -132,7 +133,7 @@ def main() -> None:
     if a.parity:
         print(json.dumps(parity(gm, a.parity, a.gen), indent=1), flush=True)
         return
-    m = minfer_jax.load(gguf_model=gm, ctx_size=a.ctx, prefill_chunk=a.ubatch)
+    m = minfer_jax.load(options=opts, gguf_model=gm)
     rng = np.random.default_rng(0)
     vocab = m.config.vocab_size
     rows = {}

@@ -12,7 +12,7 @@ Model mode (the default) mirrors llama.cpp's tools/llama-bench/llama-bench.cpp:
   times in ns (avg_ns / stddev_ns). csv/json/jsonl carry every llama-bench field under its
   name (test::get_fields()), then minfer_jax's own columns. Timing: model_tests.
 
-Kernel mode (--kernels, --shapes, --ggml-shapes) times every distinct (type, out, in) matmul
+Kernel mode (--matmuls, --shapes, --ggml-shapes) times every distinct (type, out, in) matmul
 a model runs (q/k/v and gate/up fused as loaded), or an explicit list, for a list of token
 counts nt, through ops.matmul's dispatch, each case inside one executable; on a GPU the time
 is the executable's span on the device timeline (jax.profiler), not the host clock

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from minfer_jax import ops
 from minfer_jax.engine import options
 
 from minfer_bench.bench.fields import OUTPUT_FORMATS
@@ -22,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="bench.py",
         description="minfer_jax benchmark: llama-bench compatible model tests (ppN, tgN, ppN+tgM) "
-        "and per-shape kernel timings (--kernels). Timing is taken around compiled "
+        "and per-shape kernel timings (--matmuls). Timing is taken around compiled "
         "executables after a warm-up run; see minfer_bench/bench/ for the exact "
         "definitions.",
         epilog="Multiple values can be given as comma lists or ranges (first-last, "
@@ -31,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  bench.py --synthetic qwen2.5-7b:q4_k_m -p 512 -n 128 -o md --out rows.json\n"
         "  bench.py --synthetic qwen2.5-0.5b:q4_k_m --write-gguf /tmp/s.gguf\n"
         "  bench.py --ggml-shapes\n"
-        "  bench.py --kernels --synthetic qwen2.5-7b:q4_k_m --nt 1,512\n"
+        "  bench.py --matmuls --synthetic qwen2.5-7b:q4_k_m --nt 1,512\n"
         "  bench.py --shapes q4_k:4096x14336,q8_0:4096x14336 --nt 1,8,512",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -119,15 +118,6 @@ def _test_args(g) -> None:
         help="tokens already in the cache before each timed test, filled untimed (list; default 0)",
     )
     g.add_argument(
-        "-ub",
-        "--ubatch-size",
-        type=int,
-        default=None,
-        metavar="N",
-        help="prefill chunk: tokens per prefill executable, a power of two (default: the "
-        "platform's)",
-    )
-    g.add_argument(
         "-r",
         "--repetitions",
         type=int,
@@ -150,44 +140,7 @@ def _test_args(g) -> None:
 
 
 def _execution_args(g) -> None:
-    g.add_argument(
-        "--kernel-impl",
-        choices=ops.KERNELS.names,
-        default=None,
-        help=f"matmul implementation: {ops.KERNELS.describe()}. Default: pallas on GPU, xla "
-        "elsewhere",
-    )
-    g.add_argument(
-        "--gemm",
-        choices=ops.GEMMS.names,
-        default="auto",
-        help=f"GEMM variant past {ops.GEMV_MAX_NT} tokens for block formats (default auto): "
-        f"{ops.GEMMS.describe()}",
-    )
-    g.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="batch-invariant decode (minfer_jax.load(deterministic=True)): each row computed "
-        "as it is alone",
-    )
-    g.add_argument(
-        "--precise",
-        action="store_true",
-        help="decode GEMVs with x in two int8 terms (minfer_jax.load(precise=True))",
-    )
-    g.add_argument(
-        "--unfused-decode",
-        action="store_true",
-        help="decode's q/k/v epilogue, attention merge and RMSNorm as XLA ops instead of the fused "
-        "kernels (ops.Impl.fused_decode off; for A/B)",
-    )
-    g.add_argument(
-        "--weights",
-        choices=options.LOAD_WEIGHT_MODES,
-        default=None,
-        help="model mode: weight storage on the device (default: quantized for pallas/interpret, "
-        "dense for xla, as minfer_jax.load)",
-    )
+    options.add_arguments(g)  # --kernels, --gemm, --weights, --deterministic, --precise, ...
     g.add_argument(
         "--no-compile-cache",
         action="store_true",
@@ -198,18 +151,19 @@ def _execution_args(g) -> None:
         "--mem-bw",
         default="auto",
         metavar="auto|measure|none|GBPS",
-        help="device memory bandwidth for '%% bw': auto = table (H200: 4200 GB/s, H100: 3350, "
-        "H100 PCIe: 2000, H100 NVL: 3900) else measured (ten dependent sums over 1 GiB of f32 "
-        "in one executable); or a number in GB/s; or none (default: auto)",
+        help="device memory bandwidth for '%% bw': auto = on a GPU the table (H200: 4200 GB/s, "
+        "H100: 3350, H100 PCIe: 2000, H100 NVL: 3900) else measured (ten dependent sums over "
+        "1 GiB of f32 in one executable), on a CPU none; measure; a number in GB/s; or none "
+        "(default: auto)",
     )
 
 
 def _kernel_args(g) -> None:
     g.add_argument(
-        "--kernels",
+        "--matmuls",
         action="store_true",
-        help="time each distinct (type, out, in) matmul the model(s) run (fused q/k/v and gate/up "
-        "as loaded) instead of whole-model tests",
+        help="kernel mode: time each distinct (type, out, in) matmul the model(s) run (fused "
+        "q/k/v and gate/up as loaded) instead of whole-model tests",
     )
     g.add_argument(
         "--shapes",

@@ -1,7 +1,7 @@
 """scripts/bench.py's command line: its flags' checks and the two modes' run loops (the flags
 themselves: bench/arguments.py).
 
-Model mode (the default) runs llama-bench's tests (bench.model_tests); kernel mode (--kernels,
+Model mode (the default) runs llama-bench's tests (bench.model_tests); kernel mode (--matmuls,
 --shapes, --ggml-shapes) times matmul cases (bench.kernel_cases). Every bad input fails with one
 line and exit status 2 before anything heavy runs; a test or case that fails at run time is
 reported on stderr while the others go on (exit status 1).
@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from minfer_jax import ops
+from minfer_jax.engine import options
 from minfer_jax.errors import MinferError
 
 from minfer_bench.bench.arguments import build_parser
@@ -136,7 +137,7 @@ def _request(args) -> _Request:
         models=_split_list(args.model),
         synths=_split_list(args.synthetic),
         shapes=shapes,
-        kernel_mode=args.kernels or bool(shapes) or args.ggml_shapes,
+        kernel_mode=args.matmuls or bool(shapes) or args.ggml_shapes,
         nts=nts,
         tests=build_tests(prompts, gens, pgs, depths),
         explicit_tests=args.n_prompt is not None or args.n_gen is not None or bool(args.pg),
@@ -157,13 +158,13 @@ def _check_inputs(args, req: _Request) -> None:
     if args.write_gguf and req.kernel_mode:
         raise BenchError("--write-gguf cannot be combined with kernel mode")
     if req.kernel_mode:
-        if args.kernels and not (req.models or req.synths or req.shapes or args.ggml_shapes):
+        if args.matmuls and not (req.models or req.synths or req.shapes or args.ggml_shapes):
             raise BenchError(
-                "--kernels needs -m MODEL, --synthetic SPEC, --shapes LIST or --ggml-shapes"
+                "--matmuls needs -m MODEL, --synthetic SPEC, --shapes LIST or --ggml-shapes"
             )
     elif not (req.models or req.synths):
         raise BenchError(
-            "give -m MODEL or --synthetic SPEC (or --kernels/--shapes/--ggml-shapes for kernel "
+            "give -m MODEL or --synthetic SPEC (or --matmuls/--shapes/--ggml-shapes for kernel "
             "mode)"
         )
     if not req.kernel_mode and not req.tests and not args.write_gguf:
@@ -179,12 +180,12 @@ def _check_inputs(args, req: _Request) -> None:
 
 
 def _kernel_impl(args) -> str:
-    impl = args.kernel_impl or _default_impl()
+    impl = _default_impl() if args.kernels == "auto" else args.kernels
     import jax
 
     if impl == "pallas" and jax.default_backend() != "gpu":
         raise BenchError(
-            f"--kernel-impl pallas needs a GPU (backend here: {jax.default_backend()}); "
+            f"--kernels pallas needs a GPU (backend here: {jax.default_backend()}); "
             "use interpret or xla"
         )
     return impl
@@ -351,19 +352,8 @@ def _run_models(
             ctxs = [
                 context_for(t, args.ctx_size, src.gguf.config.context_length) for t in req.tests
             ]
-            model = load(
-                gguf_model=src.gguf,
-                ctx_size=max(ctxs),
-                kernels=impl,
-                weights=args.weights,
-                gemm=args.gemm,
-                device=env.device,
-                progress=args.progress,
-                prefill_chunk=args.ubatch_size,
-                deterministic=args.deterministic,
-                precise=args.precise,
-            )
-            model = _with_impl_options(model, args)
+            opts = options.from_arguments(args, ctx_size=max(ctxs), progress=args.progress)
+            model = load(options=opts, device=env.device, gguf_model=src.gguf)
             log(
                 f"loaded {src.label} in {time.perf_counter() - t0:.1f} s: {model.weight_mode} "
                 f"weights, {model.weight_nbytes / 1e9:.3f} GB on the device"
@@ -422,32 +412,14 @@ def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> 
                     f"-npp + -ntg = {need - 1} tokens exceed the model's context "
                     f"{src.gguf.config.context_length}"
                 )
-            model = load(
-                gguf_model=src.gguf,
-                ctx_size=need,
-                kernels=impl,
-                weights=args.weights,
-                gemm=args.gemm,
-                progress=args.progress,
-                prefill_chunk=args.ubatch_size,
-                deterministic=args.deterministic,
-                precise=args.precise,
-            )
-            model = _with_impl_options(model, args)
+            opts = options.from_arguments(args, ctx_size=need, progress=args.progress)
+            model = load(options=opts, gguf_model=src.gguf)
             batched.run(model, src.label, pps, tgs, npls, seed=args.seed, out_files=files, log=log)
             del model
     finally:
         for f in files:
             f.close()
     return 0
-
-
-def _with_impl_options(model, args):
-    """The bench's A/B switches that load() does not take (ops.Impl fields)."""
-    if not args.unfused_decode:
-        return model
-    impl = dataclasses.replace(model.impl, fused_decode=False)
-    return dataclasses.replace(model, impl=impl, _compiled={})
 
 
 def _run_tests(mb: ModelBench, tests: list[TestSpec], out: Outputs) -> int:

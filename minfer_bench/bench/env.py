@@ -161,6 +161,9 @@ def make_env(mem_bw: str = "auto", command: str = "") -> Env:
     setting = str(mem_bw).strip().lower()
     if setting in ("none", "off", "n/a", "na"):
         env.mem_bw, env.mem_bw_source = None, "n/a"
+    elif setting == "auto" and plat != "gpu":
+        # a CPU's caches serve the weights faster than a streaming sum measures memory: no '% bw'
+        env.mem_bw, env.mem_bw_source = None, "n/a"
     elif setting == "auto":
         hit = table_key(kind)
         if hit:

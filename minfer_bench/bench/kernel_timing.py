@@ -16,7 +16,7 @@ call whose kernels take 12.6 us on the device timeline (docs/BENCHMARKS.md). Wit
 events (CPU, interpret mode) the host clock is used, with the fixed cost cancelled by a second
 executable of reps / 4 calls: per call = (t_reps - t_base) / (reps - base).
 The kernel call and its jnp reference come from `ops.kernel_case`, the route ops.matmul takes
-(the reference's rel err is the parity check); scripts/bench.py --kernels reports these cases.
+(the reference's rel err is the parity check); scripts/bench.py --matmuls reports these cases.
 """
 
 from __future__ import annotations

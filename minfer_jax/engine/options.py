@@ -1,7 +1,17 @@
-"""The options of a load, checked in one place (runtime.load and every command line read them)."""
+"""How a model is loaded and run: one frozen `Options`, checked in one place, and the one argparse
+helper every command line (generate, serve, bench, tools/engine_check) declares its flags with.
+
+`load(path, options)` takes it; `load(path, ctx_size=..., kernels=...)` builds it from the same
+names. A name that is no field (`temprature=`) or a value of the wrong type is an
+InvalidArgumentError naming it, never a TypeError from deep inside.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import difflib
+from collections.abc import Mapping
 from typing import Any
 
 from minfer_jax import ops, validate
@@ -9,44 +19,195 @@ from minfer_jax.engine.plan import Plan, PlanError
 from minfer_jax.errors import InvalidArgumentError
 
 LOAD_WEIGHT_MODES = ("quantized", "dense")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
-def load_arguments(
-    *,
-    ctx_size: Any,
-    weights: Any,
-    kernels: Any,
-    gemm: Any,
-    prefill_chunk: Any,
-    platform: str,
-    deterministic: Any = False,
-    precise: Any = False,
-) -> None:
-    """runtime.load's options (ctx_size past the trained context is clamped to it once the file is
-    read)."""
-    if ctx_size is not None:
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Everything `load` can be told, besides where the model comes from.
+
+    ctx_size: KV cache length (None: min(4096, the trained context); more is clamped to it).
+    kernels: "pallas" | "interpret" | "xla" (None: pallas on a GPU, xla elsewhere).
+    weights: "quantized" keeps the GGUF formats on the device, "dense" dequantizes once (None:
+    quantized with kernels, dense on XLA); dense_dtype / wide_dtype: the dense copy's dtypes.
+    gemm: GEMM variant past 8 tokens ("auto", "f16", "dequant", "int8"; ops.Impl).
+    prefill_chunk: tokens per prefill executable, a power of two (None: the platform's).
+    tensor_parallel: split weights and KV cache over this many devices (None: one device).
+    deterministic: a sequence gets the same tokens alone or in any batch (slower decode).
+    precise: decode GEMVs take their activations in two int8 terms (slower decode on kernels).
+    fused_decode: decode's fused Pallas epilogues (off: the XLA ops, for A/B; ops.Impl).
+    cache_dtype: the KV cache's dtype (None: float16 on a GPU, float32 elsewhere).
+    progress: a progress bar while the weights load and a line while the built-in model is set up.
+    """
+
+    ctx_size: int | None = None
+    kernels: str | None = None
+    weights: str | None = None
+    dense_dtype: str = "float32"
+    wide_dtype: str = "float32"
+    gemm: str = "auto"
+    prefill_chunk: int | None = None
+    tensor_parallel: int | None = None
+    deterministic: bool = False
+    precise: bool = False
+    fused_decode: bool = True
+    cache_dtype: Any = None
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+def _check(o: Options) -> None:
+    if o.ctx_size is not None:
+        limit = validate.INT32_MAX
         validate.clamped_count(
-            "ctx_size", ctx_size, validate.INT32_MAX, all_of="the trained context", minus_one=False
+            "ctx_size", o.ctx_size, limit, all_of="the trained context", minus_one=False
         )
-        if ctx_size == 0:
+        if o.ctx_size == 0:
             raise InvalidArgumentError("ctx_size must be >= 1 (or None for the default), got 0")
-    if prefill_chunk is not None:
+    if o.prefill_chunk is not None:
         try:
-            Plan(ctx=1, chunk=prefill_chunk)  # the plan decides which chunk sizes exist
+            Plan(ctx=1, chunk=o.prefill_chunk)  # the plan decides which chunk sizes exist
         except PlanError as e:
             raise InvalidArgumentError(
                 f"prefill_chunk (tokens per prefill executable): {e}"
             ) from None
-    for name, value in (("deterministic", deterministic), ("precise", precise)):
-        if not isinstance(value, bool):
-            raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
-    if weights is not None:
-        validate.choice("weights", weights, LOAD_WEIGHT_MODES)
-    if kernels is not None:
-        validate.choice("kernels", kernels, ops.KERNELS.names)
-        if kernels == "pallas" and platform != "gpu":
-            raise InvalidArgumentError(
-                f"kernels='pallas' needs a GPU, but the device is {platform}; "
-                "use kernels='interpret' (slow) or 'xla'"
-            )
-    validate.choice("gemm", gemm, ops.GEMMS.names)
+    if o.tensor_parallel is not None:
+        validate.integer("tensor_parallel", o.tensor_parallel, 1, 1 << 16)
+    for name in ("deterministic", "precise", "fused_decode", "progress"):
+        if not isinstance(getattr(o, name), bool):
+            raise InvalidArgumentError(f"{name} must be True or False, got {getattr(o, name)!r}")
+    if o.weights is not None:
+        validate.choice("weights", o.weights, LOAD_WEIGHT_MODES)
+    if o.kernels is not None:
+        validate.choice("kernels", o.kernels, ops.KERNELS.names)
+    validate.choice("gemm", o.gemm, ops.GEMMS.names)
+    validate.choice("dense_dtype", o.dense_dtype, DTYPES)
+    validate.choice("wide_dtype", o.wide_dtype, DTYPES)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Options))
+
+
+def unknown_keyword(name: str, known: tuple[str, ...], where: str) -> InvalidArgumentError:
+    """The error for a keyword `where` does not take, with the closest known name if any."""
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return InvalidArgumentError(
+        f"{where} got an unknown keyword {name!r}{hint} (it takes {', '.join(known)})"
+    )
+
+
+def options_of(options: Options | None, keywords: Mapping[str, Any]) -> Options:
+    """load()'s one Options: the one given, with any keywords applied over it."""
+    if options is None:
+        options = Options()
+    elif not isinstance(options, Options):
+        raise InvalidArgumentError(
+            f"options must be a minfer_jax.Options, got {type(options).__name__}"
+        )
+    for name in keywords:
+        if name not in FIELDS:
+            raise unknown_keyword(name, FIELDS, "load()")
+    return dataclasses.replace(options, **keywords) if keywords else options
+
+
+def check_platform(o: Options, platform: str) -> None:
+    if o.kernels == "pallas" and platform != "gpu":
+        raise InvalidArgumentError(
+            f"kernels='pallas' needs a GPU, but the device is {platform}; "
+            "use kernels='interpret' (slow) or 'xla'"
+        )
+
+
+def impl_for(o: Options, platform: str) -> ops.Impl:
+    """The static execution choices (ops.Impl) these options mean on this platform."""
+    base = ops.Impl(kernels=o.kernels) if o.kernels else ops.default_impl(platform)
+    return dataclasses.replace(
+        base,
+        gemm=o.gemm,
+        deterministic=o.deterministic,
+        precise=o.precise,
+        fused_decode=o.fused_decode,
+    )
+
+
+# -- the command lines -----------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The engine's flags, spelled and meant the same in every command line (the context size is
+    each command's own: a prompt's, a server's slots', a benchmark test's)."""
+    parser.add_argument(
+        "--kernels",
+        "--backend",
+        dest="kernels",
+        default="auto",
+        choices=("auto", *ops.KERNELS.names),
+        help=f"quantized matmul implementation: {ops.KERNELS.describe()}; auto = pallas on a "
+        "GPU, else xla",
+    )
+    parser.add_argument(
+        "--gemm",
+        choices=ops.GEMMS.names,
+        default="auto",
+        help=f"GEMM variant past {ops.GEMV_MAX_NT} tokens for block formats (default auto): "
+        f"{ops.GEMMS.describe()}",
+    )
+    parser.add_argument(
+        "--weights",
+        choices=LOAD_WEIGHT_MODES,
+        default=None,
+        help="weight storage on the device (default: quantized with kernels, dense on xla)",
+    )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="a sequence gets the same tokens alone or batched (slower decode, most past 8 rows)",
+    )
+    parser.add_argument(
+        "--precise",
+        action="store_true",
+        help="decode activations in two int8 terms instead of one (llama.cpp's): logits stay "
+        "near a float64 forward's on tokens where one term drifts; slower decode on a GPU",
+    )
+    parser.add_argument(
+        "--unfused-decode",
+        dest="fused_decode",
+        action="store_false",
+        help="decode's q/k/v epilogue, attention merge and residual adds as XLA ops instead of "
+        "the fused kernels (for A/B)",
+    )
+    parser.add_argument(
+        "-ub",
+        "--ubatch-size",
+        dest="prefill_chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prefill chunk: tokens per prefill executable, a power of two (default: the "
+        "platform's)",
+    )
+    parser.add_argument(
+        "-tp",
+        "--tensor-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="split the weights and KV cache over N devices (default: one device)",
+    )
+
+
+def from_arguments(args: argparse.Namespace, **overrides: Any) -> Options:
+    """The Options of add_arguments' flags (plus what the command decides itself: ctx_size,
+    progress, ...)."""
+    return Options(
+        kernels=None if args.kernels == "auto" else args.kernels,
+        gemm=args.gemm,
+        weights=args.weights,
+        deterministic=args.deterministic,
+        precise=args.precise,
+        fused_decode=args.fused_decode,
+        prefill_chunk=args.prefill_chunk,
+        tensor_parallel=args.tensor_parallel,
+        **overrides,
+    )

@@ -7,8 +7,7 @@ on the Model, so each compiles exactly once per process; the executable store (e
 lets the next process load them instead of tracing and compiling (on a GPU, JAX's persistent
 compilation cache runs beside it), and the weights cache (weights_cache.py) lets it map the
 weights instead of dequantizing or repacking them. `Model.startup` holds the load's phase times.
-`generate` and `generate_batch` run through the Model's scheduler (scheduler.py), the package's
-one host loop.
+The library calls on a Model (generate, generate_batch) are generation.py's.
 """
 
 from __future__ import annotations
@@ -18,31 +17,30 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Unpack
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from minfer_jax import ops, validate
-from minfer_jax.engine import executables, options, weights_cache
+from minfer_jax.engine import executables, sharding, weights_cache
 from minfer_jax.engine import plan as plan_mod
 from minfer_jax.engine.executables import ExecutableRecord, ExecutableStore
+from minfer_jax.engine.options import Options, check_platform, impl_for, options_of
 from minfer_jax.engine.phases import PhaseTimer
 from minfer_jax.engine.plan import Plan
-from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
 from minfer_jax.engine.scheduler import Scheduler
-from minfer_jax.engine.steps import GenerationResult
+from minfer_jax.engine.sharding import TensorParallel
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
+from minfer_jax.files.model_source import model_cache_dir, notice, resolve_model
+from minfer_jax.files.tokenizer import Tokenizer
 from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import load_gguf
 from minfer_jax.model.gguf_model import GGUFModel
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
-
-if TYPE_CHECKING:
-    from minfer_jax.engine.sharding import TensorParallel
-    from minfer_jax.files.tokenizer import Tokenizer
 
 DEFAULT_CTX = 4096
 COMPILATION_CACHE_ENV = "MINFER_COMPILATION_CACHE"  # a directory, or "0"/"off" to disable
@@ -60,8 +58,6 @@ def compilation_cache_dir() -> str | None:
     configured = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # no stub
     if configured:
         return configured
-    from minfer_jax.files.model_source import model_cache_dir
-
     return os.path.join(model_cache_dir(), "xla")
 
 
@@ -105,6 +101,7 @@ class Model:
     _compile_seconds: dict = dataclasses.field(default_factory=dict, repr=False)
     _records: dict = dataclasses.field(default_factory=dict, repr=False)  # key -> ExecutableRecord
     _scheduler: Scheduler | None = dataclasses.field(default=None, repr=False)
+    options: Options = Options()  # what load() was told
 
     @property
     def weight_nbytes(self) -> int:
@@ -218,76 +215,46 @@ class Model:
 
 def load(
     path: str | os.PathLike | None = None,
+    options: Options | None = None,
     *,
-    ctx_size: int | None = None,
-    weights: str | None = None,
-    dense_dtype: str = "float32",
-    wide_dtype: str = "float32",
-    kernels: str | None = None,
-    gemm: str = "auto",
-    cache_dtype=None,
-    device=None,
-    progress: bool = False,
+    device: jax.Device | None = None,
     gguf_model: GGUFModel | None = None,
-    prefill_chunk: int | None = None,
-    tensor_parallel: int | None = None,
-    deterministic: bool = False,
-    precise: bool = False,
+    **keywords: Any,
 ) -> Model:
-    """Load a Qwen2 GGUF (None: the built-in default model) onto the default device.
+    """Load a GGUF model of a supported family (None: the built-in default model) onto a device.
 
-    weights: "quantized" (default with kernels) keeps GGUF formats on the device; "dense" (default
-    on CPU) dequantizes once (weights.LoadOptions: dense_dtype / wide_dtype). kernels: "pallas" |
-    "interpret" | "xla" (default: pallas on GPU, xla elsewhere). ctx_size: KV cache length
-    (default min(4096, trained context); a larger value is clamped to the trained context, which
-    Model.ctx_size then holds). gemm: GEMM
-    variant past 8 tokens, "auto", "f16", "dequant" or "int8" (ops.Impl). prefill_chunk: tokens per
-    prefill executable (a power of two; default plan.DEFAULT_CHUNK for the platform).
-    gguf_model: an already parsed GGUFModel (e.g. synthetic). tensor_parallel: split the weights
-    and the KV cache over this many devices (sharding.py; None: the one device). deterministic:
-    a sequence gets the same tokens alone or in any batch (ops.Impl.deterministic; slower decode,
-    most past 8 rows: docs/BENCHMARKS.md, "Batch invariance"). precise: the decode GEMVs take
-    their activations in two int8 terms, not one (ops.Impl.precise): logits near a float64
-    forward's where one term can be logits away; slower decode on the kernels, no effect on XLA.
+    options: how (engine/options.Options: ctx_size, kernels, weights, gemm, prefill_chunk,
+    tensor_parallel, deterministic, precise, ...); its fields are accepted as keywords too, over
+    `options` (`load(path, ctx_size=512)`). device: default the first device. gguf_model: an
+    already parsed GGUFModel (e.g. a synthetic one) instead of a path.
     """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(
+            f"path must be a str or os.PathLike (a GGUF file, 'default' or hf:<repo>:<file>), "
+            f"got {type(path).__name__}"
+        )
+    if gguf_model is not None and not isinstance(gguf_model, GGUFModel):
+        raise InvalidArgumentError(
+            f"gguf_model must be a GGUFModel, got {type(gguf_model).__name__}"
+        )
+    opts = options_of(options, keywords)
     timer = PhaseTimer()
     device = device or jax.devices()[0]  # the first call starts the backend (CUDA: seconds)
     timer.mark("backend")
-    platform = device.platform
-    options.load_arguments(
-        ctx_size=ctx_size,
-        weights=weights,
-        kernels=kernels,
-        gemm=gemm,
-        prefill_chunk=prefill_chunk,
-        platform=platform,
-        deterministic=deterministic,
-        precise=precise,
-    )
-    from minfer_jax.files.model_source import resolve_model
-    from minfer_jax.files.tokenizer import Tokenizer
-
-    store = ExecutableStore.in_cache_dir(enable_compilation_cache(platform))
+    check_platform(opts, device.platform)
+    store = ExecutableStore.in_cache_dir(enable_compilation_cache(device.platform))
     if gguf_model is None:
-        source = resolve_model(None if path is None else os.fspath(path), progress=progress)
+        source = resolve_model(None if path is None else os.fspath(path), progress=opts.progress)
         timer.mark("resolve")
         gguf_model = load_gguf(source)
         timer.mark("parse")
-    source = gguf_model.path
-    cfg = gguf_model.config
-    impl = dataclasses.replace(
-        ops.Impl(kernels=kernels) if kernels else ops.default_impl(platform),
-        gemm=gemm,
-        deterministic=deterministic,
-        precise=precise,
-    )
-    mode = weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
-    ctx = (
-        min(ctx_size, cfg.context_length) if ctx_size else min(DEFAULT_CTX, cfg.context_length)
-    )  # clamped, like -c
-    if cache_dtype is None:
-        cache_dtype = jnp.float16 if platform == "gpu" else jnp.float32
-    # before the weights move: a claimed context of 2**26 must not start allocating
+    return _assemble(gguf_model, opts, device, timer, store)
+
+
+def _context(opts: Options, cfg: Config, cache_dtype, file_size: int, device) -> int:
+    """The KV cache length of this load (clamped to the trained context, like -c), refused before
+    any weight moves when it cannot fit: a claimed context of 2**26 must not start allocating."""
+    ctx = min(opts.ctx_size or DEFAULT_CTX, cfg.context_length)
     validate.fits_in_memory(
         f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x "
         f"{cfg.head_dim}",
@@ -295,38 +262,45 @@ def load(
             cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize
         ),
         validate.memory_limit_bytes(device),
-        already=gguf_model.file_size,
+        already=file_size,
     )
-    chunk = (
-        plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"])
-        if prefill_chunk is None
-        else prefill_chunk
-    )
-    Plan(ctx=ctx, chunk=chunk)  # validates the chunk before any weight moves
+    return ctx
+
+
+def _params(gguf_model: GGUFModel, opts: Options, weight_opts: LoadOptions, device):
+    """(params on the device, their TensorParallel or None, "cache" | "built", the cache write)."""
     bar = None
-    if progress:
-        from tqdm import tqdm
-
+    if opts.progress:
         bar = functools.partial(tqdm, desc="loading weights", unit="layer", leave=False)
-    opts = LoadOptions(mode=mode, dense_dtype=dense_dtype, wide_dtype=wide_dtype)
-    tp = None
-    timer.mark("setup")
-    cached = weights_cache.entry_for(gguf_model.path, opts) if tensor_parallel is None else None
-    params = cached.get(device) if cached is not None else None
-    weights_from = "cache" if params is not None else "built"
-    if params is None:
-        if tensor_parallel is None:
-            params = load_params(gguf_model, opts, device=device, progress=bar)
-        else:
-            from minfer_jax.engine import sharding
-
-            tp = sharding.tensor_parallel(gguf_model, tensor_parallel)
-            params = sharding.shard_params(gguf_model, tp.split, tp.mesh, opts)
+    if opts.tensor_parallel is not None:
+        tp = sharding.tensor_parallel(gguf_model, opts.tensor_parallel)
+        params = sharding.shard_params(gguf_model, tp.split, tp.mesh, weight_opts)
+        return jax.block_until_ready(params), tp, "built", None
+    cached = weights_cache.entry_for(gguf_model.path, weight_opts)
+    mapped = cached.get(device) if cached is not None else None
+    if mapped is not None:
+        return jax.block_until_ready(mapped), None, "cache", None
+    if cached is not None:  # a miss the cache will keep: the next load maps it instead
+        notice(f"converting the weights for {device.platform} (kept in the weights cache)")
+    params = load_params(gguf_model, weight_opts, device=device, progress=bar)
     jax.block_until_ready(params)  # the transfer belongs to this phase, not to the first step
+    saving = cached.put_in_background(params) if cached is not None else None
+    return params, None, "built", saving
+
+
+def _assemble(gguf_model: GGUFModel, opts: Options, device, timer: PhaseTimer, store) -> Model:
+    cfg, platform = gguf_model.config, device.platform
+    impl = impl_for(opts, platform)
+    mode = opts.weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
+    cache_dtype = opts.cache_dtype or (jnp.float16 if platform == "gpu" else jnp.float32)
+    ctx = _context(opts, cfg, cache_dtype, gguf_model.file_size, device)
+    default_chunk = plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"])
+    chunk = default_chunk if opts.prefill_chunk is None else opts.prefill_chunk
+    Plan(ctx=ctx, chunk=chunk)  # validates the chunk before any weight moves
+    weight_opts = LoadOptions(mode=mode, dense_dtype=opts.dense_dtype, wide_dtype=opts.wide_dtype)
+    timer.mark("setup")
+    params, tp, weights_from, saving = _params(gguf_model, opts, weight_opts, device)
     timer.mark("params")
-    saving = (
-        cached.put_in_background(params) if cached is not None and weights_from == "built" else None
-    )
     tokenizer = (
         Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None
     )
@@ -338,7 +312,7 @@ def load(
         impl=impl,
         ctx_size=ctx,
         cache_dtype=jnp.dtype(cache_dtype),
-        source=source,
+        source=gguf_model.path,
         weight_mode=mode,
         chunk=chunk,
         tp=tp,
@@ -346,123 +320,5 @@ def load(
         startup=timer.phases,
         weights_from=weights_from,
         weights_saving=saving,
+        options=opts,
     )
-
-
-def prompt_ids(model: Model, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
-    """A text prompt tokenized (with chat=True wrapped in the chat template), or token ids as
-    given."""
-    if not isinstance(prompt, str):
-        return validate.token_ids(prompt, model.config.vocab_size, "prompt")
-    validate.text("prompt", prompt)
-    if model.tokenizer is None:
-        raise InvalidArgumentError("this model has no tokenizer metadata: pass token ids")
-    if chat:
-        text = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        return model.tokenizer.encode(text, add_special=False)
-    return model.tokenizer.encode(prompt)
-
-
-def _sampler(model: Model, sampler: Sampler | None, settings: SamplerKeywords) -> Sampler:
-    """generate()'s one sampler: the one given, or one built from its keywords; past the context
-    or the vocabulary means all of it (validate.clamped_count; README "Extreme values")."""
-    if sampler is None:
-        sampler = sampler_of(history_cap=model.ctx_size, vocab=model.config.vocab_size, **settings)
-    elif settings:
-        raise InvalidArgumentError(
-            f"pass a sampler or its settings ({', '.join(settings)}), not both"
-        )
-    elif not isinstance(sampler, Sampler):
-        raise InvalidArgumentError(
-            f"sampler must be a minfer_jax.Sampler, got {type(sampler).__name__}"
-        )
-    return within_context(sampler, model.ctx_size, model.config.vocab_size)
-
-
-def generate(
-    model: Model,
-    prompt: str | Sequence[int],
-    *,
-    sampler: Sampler | None = None,
-    max_new_tokens: int = 128,
-    seed: int = 0,
-    stop: Sequence[str] = (),
-    chat: bool = False,
-    on_text: Callable[[str], None] | None = None,
-    decode_steps: int = plan_mod.DECODE_STEPS,
-    **settings: Unpack[SamplerKeywords],
-) -> GenerationResult:
-    """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token
-    ids.
-
-    sampler: how tokens are drawn (default greedy); or its fields as keywords (temperature=0.7,
-    top_k=..., as sampling.sampler_of builds them). decode_steps: tokens per decode executable
-    (text streams to on_text once per such chunk). max_new_tokens and repeat_last_n of -1 or past
-    the context mean the context, top_k past the vocabulary the vocabulary
-    (clamped, as in llama.cpp).
-    """
-    validate.generate_arguments(
-        max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text
-    )
-    sampler = _sampler(model, sampler, settings)
-    max_new_tokens = validate.clamped_count(
-        "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
-    )
-    sched = model.scheduler(1, decode_steps=decode_steps)
-    req = sched.submit(
-        prompt_ids(model, prompt, chat),
-        max_new_tokens=max_new_tokens,
-        sampler=sampler,
-        seed=seed,
-        stop=stop,
-        on_text=on_text,
-    )
-    sched.run([req])
-    return req.result()
-
-
-def generate_batch(
-    model: Model,
-    prompts: Sequence[str | Sequence[int]],
-    *,
-    sampler: Sampler | None = None,
-    max_new_tokens: int = 128,
-    seed: int | Sequence[int] = 0,
-    stop: Sequence[str] = (),
-    chat: bool = False,
-    max_batch: int = plan_mod.MAX_SEQS,
-    decode_steps: int = plan_mod.DECODE_STEPS,
-    **settings: Unpack[SamplerKeywords],
-) -> list[GenerationResult]:
-    """generate() for many prompts at once, decoded together; one result per prompt, in order.
-
-    seed: one for all prompts or one per prompt. Each sequence gets the tokens it gets alone.
-    """
-    prompts = list(prompts)
-    if not prompts:
-        return []
-    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
-    if len(seeds) != len(prompts):
-        raise InvalidArgumentError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-    validate.generate_arguments(
-        max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None
-    )
-    seeds = [validate.seed(s) for s in seeds]
-    validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
-    sampler = _sampler(model, sampler, settings)
-    max_new_tokens = validate.clamped_count(
-        "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
-    )
-    sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
-    reqs = [
-        sched.submit(
-            prompt_ids(model, p, chat),
-            max_new_tokens=max_new_tokens,
-            sampler=sampler,
-            seed=s,
-            stop=stop,
-        )
-        for p, s in zip(prompts, seeds)
-    ]
-    sched.run(reqs)
-    return [r.result() for r in reqs]

