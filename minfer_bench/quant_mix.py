@@ -78,7 +78,7 @@ DEFAULT_TYPE: dict[LlamaFileType, QType] = {
 #   Q2_0, Q2_K, Q3_K, TQ1_0, TQ2_0 -> Q4_0;  Q4_K -> Q5_0;  Q5_K -> Q5_1;  Q6_K -> Q8_0;
 #   (IQ1_S..IQ4_XS -> IQ4_NL); anything else throws "no tensor type fallback is defined".
 # Older releases (the inline `convert_incompatible_tensor` switch, e.g. ggerganov/llama.cpp
-# 059325d9) sent Q2_K and Q3_K to IQ4_NL instead, which minfer_jax cannot run.
+# 059325d9) sent Q2_K and Q3_K to IQ4_NL instead.
 # Either way, if the fallback still does not divide the row (ncols % 32), the tensor becomes F16.
 _FALLBACK_CURRENT = {
     QType.Q2_K: QType.Q4_0,

@@ -401,7 +401,7 @@ def _family_metadata(cfg: Config) -> dict:
     if cfg.head_dim * cfg.n_heads != cfg.d_model:
         meta[f"{a}.attention.key_length"] = meta[f"{a}.attention.value_length"] = cfg.head_dim
     if cfg.family != "qwen2":
-        meta[f"{a}.rope.dimension_count"] = cfg.head_dim
+        meta[f"{a}.rope.dimension_count"] = cfg.rope_dims or cfg.head_dim
     if cfg.sliding_window:
         meta[f"{a}.attention.sliding_window"] = cfg.sliding_window
     if cfg.yarn_factor:
@@ -410,6 +410,8 @@ def _family_metadata(cfg: Config) -> dict:
         meta[f"{a}.rope.scaling.original_context_length"] = cfg.yarn_orig_ctx
     if cfg.family == "gpt-oss" and cfg.rope_theta_local:
         meta[f"{a}.rope.freq_base_swa"] = float(np.float32(cfg.rope_theta_local))
+    if cfg.recurrent_layers:
+        meta.update(_hybrid_metadata(cfg))
     return meta
 
 
@@ -425,6 +427,28 @@ def _moe_metadata(cfg: Config) -> dict:
     if cfg.d_ff_shared:
         meta[f"{a}.expert_shared_feed_forward_length"] = cfg.d_ff_shared
     return meta
+
+
+def _hybrid_metadata(cfg: Config) -> dict:
+    """A qwen35 file's DeltaNet keys (as the converter writes them: the layer pattern as an array
+    over every block, MTP blocks false) and its MTP block count."""
+    a = cfg.family
+    return {
+        f"{a}.ssm.conv_kernel": cfg.ssm_conv_kernel,
+        f"{a}.ssm.state_size": cfg.ssm_state,
+        f"{a}.ssm.group_count": cfg.ssm_groups,
+        f"{a}.ssm.time_step_rank": cfg.ssm_v_heads,
+        f"{a}.ssm.inner_size": cfg.ssm_v_heads * cfg.ssm_state,
+        f"{a}.attention.recurrent_layers": list(cfg.recurrent_layers) + [False] * cfg.mtp_layers,
+        # t / h / w sizes covering every pair, as Qwen3.6's [11, 11, 10, 0] of 32 pairs
+        f"{a}.rope.dimension_sections": [
+            -(-cfg.rope_dims // 6),
+            -(-cfg.rope_dims // 6),
+            cfg.rope_dims // 2 - 2 * -(-cfg.rope_dims // 6),
+            0,
+        ],
+        f"{a}.nextn_predict_layers": cfg.mtp_layers,
+    }
 
 
 def _special_tokens_metadata(vocab: int) -> dict:
@@ -658,7 +682,7 @@ def write_gguf(
     w = gguf.GGUFWriter(os.fspath(path), arch=cfg.family)
     w.add_type("model")
     w.add_name(str(meta.get("general.name", "synthetic")))
-    w.add_block_count(cfg.n_layers)
+    w.add_block_count(cfg.n_layers + cfg.mtp_layers)
     w.add_context_length(cfg.context_length)
     w.add_embedding_length(cfg.d_model)
     w.add_feed_forward_length(cfg.d_ff)
@@ -667,7 +691,9 @@ def write_gguf(
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
     for key, value in (_family_metadata(cfg) | _moe_metadata(cfg)).items():
-        if isinstance(value, str):
+        if isinstance(value, list):
+            w.add_array(key, value)
+        elif isinstance(value, str):
             w.add_string(key, value)
         elif isinstance(value, float):
             w.add_float32(key, value)

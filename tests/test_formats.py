@@ -12,7 +12,15 @@ import pytest
 
 from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES
 from minfer_jax.pallas import gemm, gemv_tuning, int8_words
-from minfer_jax.quant.planes import FORMATS, SUPPORTED, QType, decode, decode_ints, repack
+from minfer_jax.quant.planes import (
+    FORMATS,
+    SUPPORTED,
+    QType,
+    decode,
+    decode_ints,
+    repack,
+    repack_stacked,
+)
 
 BLOCK_FORMATS = {q for q, f in FORMATS.items() if f.ints is not None}
 
@@ -46,9 +54,9 @@ def test_field_major_formats_have_a_field_layout():
             assert fmt.field.plane in {p.name for p in fmt.planes} and 32 % fmt.field.bits == 0
 
 
-@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.IQ4_XS, QType.MXFP4], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [QType.IQ4_XS, QType.MXFP4], ids=lambda q: q.name)
 def test_stacked_expert_planes_decode_per_expert(qtype):
-    """Expert weights: each expert repacked, every plane stacked on a leading axis E; decode and
+    """Expert weights: repack_stacked gives each expert's planes on a leading axis E; decode and
     decode_ints under jax.vmap give each expert's own decode (the contract of expert weights)."""
     rng = np.random.default_rng(3)
     fmt = FORMATS[qtype]
@@ -58,13 +66,15 @@ def test_stacked_expert_planes_decode_per_expert(qtype):
         for _ in range(experts)
     ]
     per_expert = [repack(r, qtype, (n, k)) for r in raws]
-    stacked = {name: jnp.asarray(np.stack([p[name] for p in per_expert])) for name in per_expert[0]}
-    assert all(stacked[p.name].shape[0] == experts for p in fmt.planes)
-    values = jax.vmap(lambda t: decode(qtype, t, jnp.float32))(stacked)
-    q, a, _ = jax.vmap(lambda t: decode_ints(qtype, t, jnp.float32))(stacked)
+    planes = repack_stacked(np.stack(raws), qtype, (experts, n, k))
+    stacked = {name: jnp.asarray(v) for name, v in planes.items()}
+    assert all(stacked[p.name].shape == (experts, 128, k // p.wpc) for p in fmt.planes)
+    values_of = jax.jit(lambda t: decode(qtype, t, jnp.float32))
+    ints_of = jax.jit(lambda t: decode_ints(qtype, t, jnp.float32)[:2])
+    values, (q, a) = jax.vmap(values_of)(stacked), jax.vmap(ints_of)(stacked)
     for e, planes in enumerate(per_expert):
         one = {name: jnp.asarray(v) for name, v in planes.items()}
-        np.testing.assert_array_equal(values[e], decode(qtype, one, jnp.float32))
-        q1, a1, _ = decode_ints(qtype, one, jnp.float32)
+        np.testing.assert_array_equal(values[e], values_of(one))
+        q1, a1 = ints_of(one)
         np.testing.assert_array_equal(q[e], q1)
         np.testing.assert_array_equal(a[e], a1)

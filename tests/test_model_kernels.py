@@ -18,9 +18,10 @@ from minfer_jax import ops
 from minfer_jax.model.cache import KVCache, cache_shape
 from minfer_jax.model.decoder import forward_decode
 from minfer_jax.model.weights import LoadOptions, fused_runs, load_params
+from minfer_jax.quant.planes import QType
 from tests.configs import tiny_config
 
-from minfer_bench.synthetic import synthetic_model_from_config
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS, matrices_in, synthetic_model_from_config
 
 TINY = tiny_config(n_layers=2)
 
@@ -178,3 +179,28 @@ def test_load_takes_only_a_bool_for_precise(tiny_gguf):
         minfer_jax.load(gguf_model=tiny_gguf, kernels="xla", precise="yes")
     with pytest.raises(minfer_jax.InvalidArgumentError, match="precise"):
         ops.Impl(precise=1)
+
+
+def test_codebook_formats_through_the_kernels():
+    """A tiny llama of the codebook formats (q / k / v / o IQ4_NL, gate / up IQ4_XS, down and the
+    head MXFP4): the kernels' prefill (split GEMM) and decode (integer GEMV on byte-permuted
+    codebook words) give the XLA path's tokens and logits."""
+    cfg = SYNTHETIC_CONFIGS["llama-tiny"]
+    types = matrices_in(cfg, QType.IQ4_NL)
+    for name in types:
+        if name.endswith(("ffn_gate.weight", "ffn_up.weight")):
+            types[name] = QType.IQ4_XS
+        elif name.endswith("ffn_down.weight") or name == "output.weight":
+            types[name] = QType.MXFP4
+    gm = synthetic_model_from_config(cfg, types, seed=3)
+    kern, ref = (
+        minfer_jax.load(gguf_model=gm, kernels=k, weights="quantized", ctx_size=64)
+        for k in (KERNELS, "xla")
+    )
+    prompt = [5, 17, 250, 3, 99, 7, 500, 12, 40]
+    got = list(minfer_jax.generate(kern, prompt, max_new_tokens=2).tokens)
+    want = list(minfer_jax.generate(ref, prompt, max_new_tokens=2).tokens)
+    assert got == want
+    seq = prompt + want[:1]
+    lk, lr = np.asarray(kern.logits(seq)), np.asarray(ref.logits(seq))
+    np.testing.assert_allclose(lk, lr, atol=2e-2 * float(np.max(np.abs(lr))))

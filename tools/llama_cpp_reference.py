@@ -10,6 +10,8 @@ imported here or by the tests. The tests read only the JSON this writes (tests/d
         --out tests/data/llama_cpp/qwen3.json
     PYTHONPATH=. python tools/llama_cpp_reference.py synthetic llama-tiny --matrix-type IQ4_XS \
         --lengths 16,64,200 --out tests/data/llama_cpp/llama-tiny-iq4_xs.json
+    PYTHONPATH=. python tools/llama_cpp_reference.py hybrid qwen35-tiny \
+        --out tests/data/llama_cpp/qwen35-tiny.json
 
 real: for each prompt (plain text, or a user message through the file's chat template), the ids
 our tokenizer gives and the ids llama.cpp gives (they must agree), llama.cpp's 32 greedy tokens,
@@ -33,6 +35,9 @@ llama.cpp's logits (f16 .npz) for a direct comparison:
     PYTHONPATH=. python tools/llama_cpp_reference.py --llama-python /work/venv/bin/python \
         --out tests/data/llama_cpp/qwen3moe-tiny-f32.json synthetic qwen3moe-tiny:f32 \
         --lengths 16,96 --greedy 32 --f32-kv --logits-out tests/data/llama_cpp/qwen3moe-tiny-f32.npz
+
+hybrid: a synthetic qwen35 (F32, f32 KV cache): llama.cpp's greedy tokens after random prompts
+(one past two 64-token delta-rule chunks) and its logits at every position of prompt + those.
 """
 
 from __future__ import annotations
@@ -453,6 +458,43 @@ def synthetic(args) -> dict:
     return out | ({"matrix_type": args.matrix_type} if args.matrix_type else {})
 
 
+def hybrid(args) -> dict:
+    """A synthetic qwen35 variant (minfer_bench.synthetic_qwen35, F32, f32 KV cache): llama.cpp's
+    greedy continuation of each random prompt, then its logits at every position of prompt +
+    continuation (int16 steps of max|logit| / 32767, base64: f16 would round by ~1e-3 of the std),
+    which the test compares with ours in units of their std."""
+    import base64
+
+    from minfer_bench.synthetic import write_gguf
+    from minfer_bench.synthetic_qwen35 import qwen35_model
+
+    gm = qwen35_model(args.name, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    prompts = [rng.integers(0, gm.config.vocab_size, n).tolist() for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.gguf")
+        write_gguf(gm, path, progress=False)
+        _, out = run_llama_cpp(args.llama_python, path, prompts, [], args.n_greedy, tmp, True)
+        full = [p + g for p, g in zip(prompts, out["greedy"])]
+        logits, _ = run_llama_cpp(args.llama_python, path, full, [], 0, tmp, True)
+    rows = []
+    for ids, greedy, lg in zip(prompts, out["greedy"], logits):
+        step = float(np.abs(lg).max()) / 32767
+        steps = np.round(lg / step).astype("<i2")
+        rows.append(
+            {
+                "ids": ids,
+                "greedy": greedy,
+                "logits_i16": base64.b64encode(steps.tobytes()).decode(),
+                "logit_step": step,
+                "std": float(lg.std()),
+            }
+        )
+        print(f"{args.name}: {len(ids)} tokens + {len(greedy)} greedy, logit std {lg.std():.3g}")
+    return {"name": args.name, "seed": args.seed, "f32_kv": True, "prompts": rows}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -506,8 +548,14 @@ def main(argv=None):
     v = sub.add_parser("vocab")
     v.add_argument("name", help="a cut vocabulary of tests/data/tokenizer (ggml-vocab-llama-bpe)")
     v.add_argument("--pre", required=True, help="the tokenizer.ggml.pre to write, e.g. gpt-4o")
+    h = sub.add_parser("hybrid", help="a synthetic qwen35 variant (synthetic_qwen35.QWEN35_TINY)")
+    h.add_argument("name")
+    h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--lengths", default="170,24")
+    h.add_argument("--n-greedy", type=int, default=16)
     args = ap.parse_args(argv)
     modes = {"real": real, "synthetic": synthetic, "vocab": vocab, "logits": logits}
+    modes["hybrid"] = hybrid
     result = modes[args.kind](args)
     result["llama_cpp_python"] = llama_cpp_version(args.llama_python)
     result["tool"] = "tools/llama_cpp_reference.py"

@@ -33,6 +33,7 @@ import numpy as np
 
 from minfer_jax import validate
 from minfer_jax.engine import steps
+from minfer_jax.engine.checkpoints import Checkpoints
 from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 from minfer_jax.engine.steps import StopReason
@@ -152,6 +153,11 @@ class Scheduler:
         self.free_slots = list(range(plan.n_seqs))
         # per free slot, the tokens whose K/V it still holds at positions [0, len) (prefix reuse)
         self.slot_tokens: dict[int, list[int]] = {}
+        # No prefix reuse in the deterministic mode (kept K/V came from another chunking or from
+        # decode steps, so a prompt's K/V would depend on what ran in its slot before). With
+        # recurrent layers (qwen35) only from a checkpoint of their state (checkpoints.py).
+        self.reuse_prefixes = not model.impl.deterministic
+        self.checkpoints: Checkpoints | None = None
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
@@ -297,6 +303,8 @@ class Scheduler:
             return
         self._ensure_state()
         req.slot, req.cached = self._take_slot(req.prompt)
+        if self.checkpoints is not None and self.cache is not None:  # restored, never truncated
+            self.cache, req.cached = self.checkpoints.restore(self.cache, req.slot, req.prompt)
         if self.compile_in_loop:
             req.timing.compile_s = self.compile(
                 self.needed(n, req.max_new_tokens, req.sampler, start=req.cached)
@@ -376,6 +384,8 @@ class Scheduler:
             m, p = self.model, self.plan
             self.cache = m.new_cache(p.n_slots, p.cache_len)
             self.state = steps.init_slot_state(p.n_slots, p.history)
+            if self.cache.conv and self.reuse_prefixes:
+                self.checkpoints = Checkpoints(self.cache)
 
     def _dispatch_prefill(self) -> bool:
         """Prefill chunks up to plan.chunk prompt tokens this step (at least one chunk)."""
@@ -410,6 +420,8 @@ class Scheduler:
             RowSettings.of([req.sampler], [req.seed]),
         )
         if not req.chunks:
+            if self.checkpoints is not None:
+                self.checkpoints.take(self.cache, req.slot, req.prompt)
             self.prefilling.popleft()
             req.produced = 1
             self.decoding.append(req)
@@ -486,9 +498,7 @@ class Scheduler:
         if req in self.decoding:
             self.decoding.remove(req)
         if req.slot is not None:
-            # deterministic: no prefix reuse, since kept K/V came from another chunking (or from
-            # decode steps), so a prompt's K/V would depend on what ran in its slot before
-            if not self.model.impl.deterministic:
+            if self.reuse_prefixes:
                 self.slot_tokens[req.slot] = self._kept_tokens(req)
             self.free_slots.append(req.slot)
             req.slot = None

@@ -128,6 +128,8 @@ def plan_split(
     """Shard rows and K windows for `degree` shards; K splits fall on o_block / ff_block weights
     (expert_block / shared_block: a mixture of experts' down experts / shared down)."""
     n = degree
+    if cfg.recurrent_layers:  # the DeltaNet layers' heads and state are not split (yet)
+        raise ShardingError(f"tensor_parallel is not supported for the hybrid family {cfg.family}")
     if n > 1 and cfg.family == "gpt-oss":  # its per-head sinks and o bias are not split here
         raise ShardingError("tensor parallelism does not support gpt-oss models yet")
     if cfg.n_heads % n:

@@ -75,7 +75,7 @@ def prefill_chunk(
     A start + C past the cache is refused where start is concrete (outside jit).
     """
     check_span(start, tokens.shape[0], cache.max_len)
-    h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)  # [C, d]
+    h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par, n_valid)  # [C, d]
     last = jax.lax.dynamic_slice_in_dim(
         h, n_valid - 1, 1, axis=0
     )  # [1, d]: one row through the head

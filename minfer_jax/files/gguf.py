@@ -112,13 +112,14 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
     return meta
 
 
-_STR, _INT, _FLOAT, _BOOL, _STRS, _INTS = (
+_STR, _INT, _FLOAT, _BOOL, _STRS, _INTS, _BOOLS = (
     "str",
     "int",
     "float",
     "bool",
     "array of str",
     "array of int",
+    "array of bool",
 )
 # What each key this package reads must hold (llama.cpp's types); other keys pass unchecked.
 # `{arch}.` keys are checked under the file's own architecture name (metadata_kinds).
@@ -140,8 +141,17 @@ _ARCH_KINDS = {
             "expert_feed_forward_length",
             "expert_shared_feed_forward_length",
             "rope.dimension_count",
+            "ssm.conv_kernel",
+            "ssm.inner_size",
+            "ssm.state_size",
+            "ssm.time_step_rank",
+            "ssm.group_count",
+            "full_attention_interval",
+            "nextn_predict_layers",
         )
     },
+    "rope.dimension_sections": _INTS,
+    "attention.recurrent_layers": _BOOLS,
     "rope.freq_base": _FLOAT,
     "attention.layer_norm_rms_epsilon": _FLOAT,
     "rope.scaling.type": _STR,
@@ -187,6 +197,7 @@ _KIND_CHECKS = {
     _FLOAT: lambda v: _is_int(v) or isinstance(v, (float, np.floating)),
     _STRS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     _INTS: lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
+    _BOOLS: lambda v: isinstance(v, list) and all(isinstance(x, bool) for x in v),
 }
 
 
@@ -247,6 +258,12 @@ class MetadataView:
     # the methods `str` and `float` shadow the builtins in this class's scope
     def str(self, key: str, default: Any = None) -> builtins.str:
         return metadata_value(self.meta, f"{self.arch}.{key}", self.path, str, default=default)
+
+    def list(self, key: builtins.str, default: Any = None) -> builtins.list:
+        """An array key (its item kind checked by check_metadata_types at load)."""
+        return metadata_value(
+            self.meta, f"{self.arch}.{key}", self.path, builtins.list, default=default
+        )
 
     def positive_float(self, key: builtins.str, default: Any = None) -> builtins.float:
         v = self.float(key, default)

@@ -22,7 +22,7 @@ _LIMITS = {
 }
 
 # Model families with a layer module (model/families.py maps each to it).
-FAMILIES = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss")
+FAMILIES = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss", "qwen35")
 MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
 # how router logits become the chosen experts' weights (llama.cpp's expert_gating_func):
 # "softmax": softmax over all experts, top-k of the probabilities
@@ -76,6 +76,14 @@ class Config:
     # top-k of the raw logits, softmax over the chosen k
     expert_gating: str = "softmax"
     expert_act: str = "silu"  # one of EXPERT_ACTIVATIONS
+    rope_dims: int = 0  # RoPE over the first rope_dims of each head (qwen35: head_dim / 4); 0: all
+    # hybrid models (qwen35): True per layer that is Gated DeltaNet (model/deltanet.py); () none
+    recurrent_layers: tuple[bool, ...] = ()
+    ssm_conv_kernel: int = 0  # DeltaNet: causal conv width K
+    ssm_state: int = 0  # DeltaNet: head size dk = dv
+    ssm_groups: int = 0  # DeltaNet: q / k heads
+    ssm_v_heads: int = 0  # DeltaNet: v heads (a multiple of ssm_groups)
+    mtp_layers: int = 0  # multi-token-prediction blocks after the trunk (loaded, not run)
 
     def __post_init__(self):
         for name, hi in _LIMITS.items():
@@ -112,6 +120,27 @@ class Config:
                 f"context length (got {self.yarn_orig_ctx})"
             )
         self._check_experts()
+        self._check_hybrid()
+
+    def _check_hybrid(self) -> None:
+        validate.integer("Config.rope_dims", self.rope_dims, 0, self.head_dim)
+        if self.rope_dims % 2:
+            raise InvalidArgumentError(f"Config.rope_dims {self.rope_dims} is odd")
+        validate.integer("Config.mtp_layers", self.mtp_layers, 0, 1 << 8)
+        if not self.recurrent_layers:
+            return
+        if len(self.recurrent_layers) != self.n_layers or all(self.recurrent_layers):
+            raise InvalidArgumentError(
+                f"Config.recurrent_layers has {len(self.recurrent_layers)} entries for "
+                f"{self.n_layers} layers and must leave at least one attention layer"
+            )
+        for name in ("ssm_conv_kernel", "ssm_state", "ssm_groups", "ssm_v_heads"):
+            validate.integer(f"Config.{name}", getattr(self, name), 1, 1 << 12)
+        if self.ssm_conv_kernel < 2 or self.ssm_v_heads % self.ssm_groups:
+            raise InvalidArgumentError(
+                f"Config: conv kernel {self.ssm_conv_kernel} < 2 or {self.ssm_v_heads} v heads "
+                f"not a multiple of {self.ssm_groups} q/k heads"
+            )
 
     def _check_experts(self) -> None:
         validate.integer("Config.n_experts", self.n_experts, 0, MAX_EXPERTS)
@@ -147,6 +176,25 @@ class Config:
     def yarn(self) -> tuple[float, int] | None:
         """(factor, original context) of YaRN RoPE scaling (layers.rope_neox), or None."""
         return (self.yarn_factor, self.yarn_orig_ctx) if self.yarn_factor else None
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of a DeltaNet layer's conv: q | k | v."""
+        return (2 * self.ssm_groups + self.ssm_v_heads) * self.ssm_state
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether layer `layer` is Gated DeltaNet (no KV cache; a recurrent state instead)."""
+        return bool(self.recurrent_layers) and self.recurrent_layers[layer]
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with a KV cache, in order (KVCache.k[j] is layer attention_layers[j]'s)."""
+        return tuple(i for i in range(self.n_layers) if not self.is_recurrent(i))
+
+    @property
+    def recurrent_layer_ids(self) -> tuple[int, ...]:
+        """The DeltaNet layers, in order (RecurrentState's j-th entries are the j-th one's)."""
+        return tuple(i for i in range(self.n_layers) if self.is_recurrent(i))
 
     def is_local(self, layer: int) -> bool:
         """Whether layer `layer` attends through the sliding window (llama.cpp's swa_layers)."""

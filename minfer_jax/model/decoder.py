@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax import ops
-from minfer_jax.model import attention, layers
+from minfer_jax.model import attention, deltanet, layers
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.families import family
@@ -37,28 +37,39 @@ def _layers(
     par=None,
     attend_projected: Callable | None = None,
     epilogues: bool = False,
+    recur: Callable | None = None,
 ) -> tuple[layers.Hidden, KVCache]:
     """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window, sinks)`
     (or, where the family's layer takes it, `attend_projected(parts, widths, bias, inv_freq,
     k_cache, v_cache, window)`: LayerCall) -> the last layer's output, not normed (with epilogues a
-    layers.Residual: LayerCall.epilogues). par: None on one device; inside shard_map the
-    shard's hooks (sharding.TensorParallel)."""
+    layers.Residual: LayerCall.epilogues). A DeltaNet layer (hybrid models) calls
+    `recur(proj, weights, conv_state, delta_state) -> (out, conv_state, delta_state)` on its own
+    entries of cache.conv / cache.delta. par: None on one device; inside shard_map the shard's
+    hooks (sharding.TensorParallel)."""
     fam = family(cfg)
     x = fam.embed(params, tokens, cfg)  # [T, d]
     ks, vs = list(cache.k), list(cache.v)
+    convs, deltas = list(cache.conv), list(cache.delta)
+    kv_index = {layer: j for j, layer in enumerate(cfg.attention_layers)}
+    rec_index = {layer: j for j, layer in enumerate(cfg.recurrent_layer_ids)}
     for i, layer in enumerate(params.layers):  # unrolled at trace time
+        j, r = kv_index.get(i, -1), rec_index.get(i, -1)
 
-        def layer_attend(q, k, v, sinks=None, i=i):
-            ks[i], vs[i], att = attend(
-                q, k.astype(ks[i].dtype), v.astype(vs[i].dtype), ks[i], vs[i], cfg.window(i), sinks
+        def layer_attend(q, k, v, sinks=None, i=i, j=j):
+            ks[j], vs[j], att = attend(
+                q, k.astype(ks[j].dtype), v.astype(vs[j].dtype), ks[j], vs[j], cfg.window(i), sinks
             )
             return att
 
-        def layer_attend_projected(parts, widths, bias, inv_freq, i=i):
-            ks[i], vs[i], att = attend_projected(
-                parts, widths, bias, inv_freq, ks[i], vs[i], cfg.window(i)
+        def layer_attend_projected(parts, widths, bias, inv_freq, i=i, j=j):
+            ks[j], vs[j], att = attend_projected(
+                parts, widths, bias, inv_freq, ks[j], vs[j], cfg.window(i)
             )
             return att
+
+        def layer_recur(proj, weights, r=r):
+            out, convs[r], deltas[r] = recur(proj, weights, convs[r], deltas[r])
+            return out
 
         call = LayerCall(
             positions=positions,
@@ -69,9 +80,10 @@ def _layers(
             rope_freqs=params.rope_freqs,
             attend_projected=None if attend_projected is None else layer_attend_projected,
             epilogues=epilogues,
+            recur=layer_recur,
         )
         x = fam.block(x, layer, i, call)
-    return x, KVCache(k=tuple(ks), v=tuple(vs))
+    return x, KVCache(k=tuple(ks), v=tuple(vs), conv=tuple(convs), delta=tuple(deltas))
 
 
 def forward_chunk(
@@ -83,10 +95,27 @@ def forward_chunk(
     cfg: Config,
     impl: ops.Impl,
     par=None,
+    n_valid: jax.Array | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """tokens [T] of sequence `slot` at positions start + [0, T) -> final normed hidden [T, d],
-    cache."""
+    cache. n_valid: the real tokens (the rest padding, which must not reach a recurrent state);
+    None: all T. A recurrent state starts from zeros at start 0 (the slot may hold another
+    sequence's) and is otherwise the one the slot's previous chunk left."""
     positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
+    n_valid = tokens.shape[0] if n_valid is None else n_valid
+
+    def recur(proj, w, conv, delta):
+        fresh = start == 0
+        out, c, s = deltanet.mix_chunk(
+            proj,
+            w,
+            jnp.where(fresh, 0.0, conv[slot]),
+            jnp.where(fresh, 0.0, delta[slot]),
+            n_valid,
+            cfg,
+            impl,
+        )
+        return out, conv.at[slot].set(c), delta.at[slot].set(s)
 
     def attend(q, k, v, k_cache, v_cache, window, sinks):
         at = (slot, 0, start, 0)  # [T, Hkv, hd] -> the slot's rows [Hkv, start:start+T]
@@ -98,7 +127,7 @@ def forward_chunk(
             attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl, window, sinks),
         )
 
-    x, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par)
+    x, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par, recur=recur)
     return ops.rms_norm(x, params.out_norm, cfg.rms_eps), cache
 
 
@@ -155,6 +184,10 @@ def forward_decode(
             ),
         )
 
+    def recur(proj, w, conv, delta):
+        out, c, s = deltanet.mix_step(proj, w, conv[slots], delta[slots], cfg)
+        return out, conv.at[slots].set(c), delta.at[slots].set(s)
+
     def attend_projected(parts, widths, bias, inv_freq, k_cache, v_cache, window):
         return attention.decode_attention_projected(
             parts, widths, bias, inv_freq, k_cache, v_cache, slots, positions, cfg, impl, window
@@ -174,6 +207,7 @@ def forward_decode(
         par,
         attend_projected if projected else None,
         epilogues,
+        recur,
     )
     rows, sumsq = layers.hidden(x)
     if epilogues:  # the final norm applied by the head's GEMV, from the sums of squares

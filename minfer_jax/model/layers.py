@@ -42,6 +42,9 @@ class LayerCall:
     # activation take the projections' split-K partials (pallas/split_sums.py), and the residual
     # stream carries its rows' sums of squares to the next norm's GEMVs (Residual)
     epilogues: bool = False
+    # a Gated DeltaNet layer (qwen35): recur(proj [T, ...], weights.DeltaNet) -> [T, Hv dv], the
+    # mix through the layer's recurrent state (decoder.py carries it; model/deltanet.py)
+    recur: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,13 +210,15 @@ def gated_ffn(x: Hidden, layer: Layer, call: LayerCall, act: str = "silu"):
     return row_matmul(call.par, "ffn_out", gated_act(x, layer, call, act), layer.w_down, call.impl)
 
 
-def gated_act(x: Hidden, layer: Layer, call: LayerCall, act: str = "silu"):
-    """act(gate(n(x))) * up(n(x)) [T, d_ff], the down projection's input; with call.epilogues
-    one kernel forms it from the gate / up GEMVs' partials (split_sums.glu_partials)."""
+def gated_act(x: Hidden, layer: Layer, call: LayerCall, act: str = "silu", norm=None):
+    """act(gate(n(x))) * up(n(x)) [T, d_ff], the down projection's input, n the RMSNorm with
+    `norm` (None: ffn_norm; qwen35's is post_attention_norm); with call.epilogues one kernel forms
+    it from the gate / up GEMVs' partials (split_sums.glu_partials)."""
     cfg, impl = call.cfg, call.impl
     rows, sumsq = hidden(x)
+    norm = layer.ffn_norm if norm is None else norm
     if call.epilogues:
-        parts = ops.norm_matmul_parts(rows, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl, sumsq)
+        parts = ops.norm_matmul_parts(rows, norm, cfg.rms_eps, layer.gate_up, impl, sumsq)
         return split_sums.glu_partials(
             tuple(parts),
             widths=tuple(w.shape[0] for w in layer.gate_up),
@@ -223,7 +228,7 @@ def gated_act(x: Hidden, layer: Layer, call: LayerCall, act: str = "silu"):
             interpret=impl.kernels == "interpret",
         )
     gate_up = jnp.concatenate(
-        ops.norm_matmuls(rows, layer.ffn_norm, cfg.rms_eps, layer.gate_up, impl, sumsq), axis=-1
+        ops.norm_matmuls(rows, norm, cfg.rms_eps, layer.gate_up, impl, sumsq), axis=-1
     )  # [T, 2ff]
     gate, up = gate_up[:, : cfg.d_ff], gate_up[:, cfg.d_ff :]
     return ACTIVATIONS[act](gate) * up

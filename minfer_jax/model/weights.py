@@ -32,6 +32,25 @@ LOAD_THREADS = min(8, os.cpu_count() or 1)  # tensors repacked / dequantized at 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class DeltaNet:
+    """One Gated DeltaNet layer's own weights (model/deltanet.py; its norms and FFN are the
+    Layer's)."""
+
+    # attn_qkv, attn_gate, ssm_beta, ssm_alpha (rows conv_dim | Hv dv | Hv | Hv), as one weight or
+    # runs of one format (fused_runs); their outputs concatenated in that order
+    proj: tuple
+    dt_bias: jax.Array  # [Hv] ssm_dt.bias
+    a: jax.Array  # [Hv] ssm_a = -exp(A_log)
+    conv: jax.Array  # [conv_dim, K] f32 ssm_conv1d
+    norm: jax.Array  # [dv] ssm_norm, one weight for every head
+    out: Weight | None  # [d, Hv dv] ssm_out
+
+
+DELTANET_PROJ_ROLES = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class Experts:
     """A mixture-of-experts feed-forward's weights (model/moe.py): the router and the expert
     tensors (experts = E each), and the shared expert where the family has one (Qwen2-MoE)."""
@@ -59,10 +78,12 @@ class Layer:
     [2 ff, d] weight or the two apart. Their outputs, concatenated in order, are q | k | v."""
 
     attn_norm: jax.Array  # [d] f32
-    qkv: tuple  # (w_qkv,), (w_qk, wv), (wq, w_kv) or (wq [qd, d], wk [kv, d], wv [kv, d])
+    # (w_qkv,), (w_qk, wv), (wq, w_kv) or (wq [qd, d], wk [kv, d], wv [kv, d]); () in a DeltaNet
+    # layer
+    qkv: tuple
     qkv_bias: jax.Array | None  # [qd + 2 kv] (Qwen2); None: no biases
-    wo: Weight  # [d, qd]
-    ffn_norm: jax.Array | None  # [d]; None where the family has none (gpt-oss)
+    wo: Weight | None  # [d, qd]; None in a DeltaNet layer
+    ffn_norm: jax.Array | None  # [d]; None where the family has none (gpt-oss, qwen35)
     gate_up: tuple = ()  # (w_gate_up,) or (w_gate [ff, d], w_up [ff, d]); () in a MoE layer
     w_down: Weight | None = None  # [d, ff]; None in a MoE layer
     q_norm: jax.Array | None = None  # [hd] per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
@@ -72,6 +93,7 @@ class Layer:
     moe: Experts | None = None  # the mixture-of-experts FFN in place of gate_up / w_down
     wo_bias: jax.Array | None = None  # [d] attn_output.bias (gpt-oss)
     sinks: jax.Array | None = None  # [H] attn_sinks.weight: per-head sink logits (gpt-oss)
+    mixer: DeltaNet | None = None  # a Gated DeltaNet layer's weights instead of attention (qwen35)
 
 
 @jax.tree_util.register_dataclass
@@ -272,14 +294,27 @@ def load_params(
         names = [f"{p}{r}.bias" for r in QKV_ROLES]
         return jnp.concatenate([vec(n) for n in names]) if names[0] in t else None
 
+    def deltanet(p):
+        return DeltaNet(
+            proj=_group(model, [f"{p}{r}.weight" for r in DELTANET_PROJ_ROLES], opts, device),
+            dt_bias=vec(p + "ssm_dt.bias"),
+            a=vec(p + "ssm_a"),
+            conv=vec(p + "ssm_conv1d.weight"),
+            norm=vec(p + "ssm_norm.weight"),
+            out=_matrix([t[p + "ssm_out.weight"]], opts, device),
+        )
+
     def layer(i):
         p = f"blk.{i}."
+        recurrent = p + "ssm_a" in t
         dense_ffn = p + "ffn_down.weight" in t
         return Layer(
             attn_norm=vec(p + "attn_norm.weight"),
-            qkv=_group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
+            qkv=()
+            if recurrent
+            else _group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
             qkv_bias=biases(p),
-            wo=_matrix([t[p + "attn_output.weight"]], opts, device),
+            wo=None if recurrent else _matrix([t[p + "attn_output.weight"]], opts, device),
             ffn_norm=optional_vec(p + "ffn_norm.weight"),
             gate_up=(
                 _group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device)
@@ -294,6 +329,7 @@ def load_params(
             moe=load_experts(model, i, opts, device),
             wo_bias=optional_vec(p + "attn_output.bias"),
             sinks=optional_vec(p + "attn_sinks.weight"),
+            mixer=deltanet(p) if recurrent else None,
         )
 
     # Repacking is numpy work that releases the GIL: layers in parallel (a 7B's 4.4 GB took minutes

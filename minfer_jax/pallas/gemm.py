@@ -49,7 +49,7 @@ class GemmConfig:
     num_stages: int = 2
     splits: int = 1  # K split: partial sums [splits, M, N] added by XLA (few tokens: more programs)
     magic_half: bool = False  # integers to f16 by planes.int_to_half's bit trick
-    # one dot per field index on x's permuted columns (planes.FIELD_PLANES)
+    # one dot per field index on x's permuted columns (the format record's field: FieldLayout)
     field_major: bool = False
 
 
@@ -86,7 +86,7 @@ FEW_TOKEN_PROGRAMS = 528  # 4 per SM on the H200's 132 (device.programs scales i
 # one scalar shared-memory store per weight: 38 % of the Q4_K kernel's stall samples under Nsight
 # Compute). H200, Q4_K 37888 x 3584 at 16 / 32 tokens: 115 -> 79 / 129 -> 101 us
 # ([G-field-major]); H100, Q8_0 151936 x 896 (the 0.5B's head) 139 -> 60 us at 16 tokens, Q5_0
-# level to 7 % faster. Q5_1 and Q5_K can too (planes.FIELD_PLANES; compiled and tested on an
+# level to 7 % faster. Q5_1 and Q5_K can too (planes.FieldLayout; compiled and tested on an
 # H100) but are not timed, so off.
 FIELD_MAJOR = frozenset({QType.Q4_0, QType.Q4_1, QType.Q4_K, QType.Q5_0, QType.Q6_K, QType.Q8_0})
 FIELD_MIN_WORDS = 16  # words per field dot: the f16 tensor-core dot's smallest K

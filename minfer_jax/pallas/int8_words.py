@@ -108,7 +108,7 @@ def _nibbles(w):  # [bn, G, 4] nibble words -> (even weights, odd weights) as in
 
 
 def _q5_high(qh):
-    """qh [bn, G(, 1)] (planes._q5h_order) -> 5th bits at bit 4 of each byte: (even, odd)
+    """qh [bn, G(, 1)] (layout.q5h_order) -> 5th bits at bit 4 of each byte: (even, odd)
     [bn, G, 4]."""
     j = lax.iota(jnp.uint32, 4)
     h = _col(qh)
@@ -159,7 +159,7 @@ def _q5_k(t, parity, perm=None):
 
 
 def _q6_k(t, parity, perm=None):
-    # ql [bn, G, 2] nibble words; qh [bn, G(, 1)] (planes._q6h_order): nibble word j's high pairs
+    # ql [bn, G, 2] nibble words; qh [bn, G(, 1)] (layout.q6h_order): nibble word j's high pairs
     # at bits 8b + 4j (even weights) and 8b + 4j + 2 (odd)
     lo, hi = _nibbles(t["ql"])
     h = _col(t["qh"]) >> _shift_iota(2, 4)  # [bn, G, 2]
@@ -177,7 +177,7 @@ def _q2_k(t, parity, perm=None):
 
 
 def _q3_k(t, parity, perm=None):
-    # qh [bn, G(, 1)] (gathered: one word per two groups, planes._q3h_order): group parity i's
+    # qh [bn, G(, 1)] (gathered: one word per two groups, layout.q3h_order): group parity i's
     # high bit of slot s at bit 8b + 4i + s
     base = _col(t["qh"] >> (4 * parity).astype(jnp.uint32))  # [bn, G, 1]
     words = [w | (((base >> s) & 0x01010101) << 2) for s, w in enumerate(_crumbs(t["qs"]))]

@@ -365,6 +365,17 @@ def repack(raw: np.ndarray, qtype: QType, shape: tuple[int, int]) -> dict[str, n
     return _pad_rows(planes, rows)
 
 
+def repack_stacked(
+    raw: np.ndarray, qtype: QType, shape: tuple[int, int, int]
+) -> dict[str, np.ndarray]:
+    """An expert tensor's GGUF data (E experts of [N, K] rows, as gguf-py hands out a 3-D tensor)
+    -> each expert's planes stacked on a leading axis: plane [E, Npad, K / wpc]."""
+    experts, rows, k = shape
+    per_expert = np.asarray(raw).reshape(experts, rows, -1)
+    planes = [repack(per_expert[e], qtype, (rows, k)) for e in range(experts)]
+    return {name: np.stack([p[name] for p in planes]) for name in planes[0]}
+
+
 # ----------------------------------------------------------------------------- planes -> values
 
 
