@@ -172,3 +172,33 @@ def test_import_minfer_jax_loads_no_harness():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 550, 90
+# Over the limits today, each listed so that it can only shrink: a listed one that fits fails
+# this test until it leaves the list (issue 51; kept out of this branch to spare others' merges).
+OVERSIZE = {
+    "minfer_bench/synthetic.py",
+    "minfer_jax/files/chat_template.py",
+    "minfer_jax/files/tokenizer.py",
+    "minfer_jax/pallas/decode_attention.py:_decode_attention",
+    "minfer_jax/pallas/decode_qkv.py:write_qkv",
+}
+
+
+def oversize(root: pathlib.Path = ROOT) -> set[str]:
+    found = set()
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            name, text = path.relative_to(root).as_posix(), path.read_text()
+            if text.count("\n") > MAX_MODULE_LINES:
+                found.add(name)
+            for node in ast.walk(ast.parse(text)):
+                is_function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                if is_function and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                    found.add(f"{name}:{node.name}")
+    return found
+
+
+def test_modules_and_functions_within_their_limits():
+    assert oversize() == OVERSIZE
