@@ -3,16 +3,19 @@ decays are in the ranges a trained model's are (ssm_a = -exp(N(0, 1)), so some h
 a few tokens and others hold on past a 64-token chunk), and the MTP block the converter appends.
 
 `QWEN35_TINY` names the variants (v heads 2x and 3x the q/k heads, tied and untied output, with and
-without an MTP block); `qwen35_model(name, seed)` builds one in memory (a GGUFModel: the trunk's
-tensors as load_gguf would return them, the MTP block's too, which load_gguf leaves out), and
-synthetic.write_gguf writes it (its metadata: synthetic._hybrid_metadata).
+without an MTP block; `qwen35moe` with experts and the shared expert, also with Q8_0 experts:
+"qwen35moe-tiny:q8_0-experts"); `qwen35_model(name, seed)` builds one in memory (a GGUFModel: the
+trunk's tensors as load_gguf would return them, the MTP block's too, which load_gguf leaves out),
+and synthetic.write_gguf writes it (its metadata: synthetic._hybrid_metadata).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
+from gguf.quants import quantize
 
 from minfer_jax.files.gguf import QType, RawTensor
 from minfer_jax.model.config import Config
@@ -41,10 +44,22 @@ _TINY = dict(
     ssm_state=32,
     ssm_groups=2,
 )
+# qwen35moe: 8 experts, 2 used, and the shared expert (Qwen3.6-35B-A3B: 256, 8, one shared)
+_MOE = dict(
+    family="qwen35moe",
+    n_experts=8,
+    n_experts_used=2,
+    d_ff_expert=128,
+    d_ff_shared=256,
+    expert_weights_norm=True,
+)
 QWEN35_TINY: dict[str, Config] = {
     "qwen35-tiny": Config(**_TINY, tied_output=True, ssm_v_heads=4),
     "qwen35-tiny-v3-mtp": Config(**_TINY, tied_output=False, ssm_v_heads=6, mtp_layers=1),
+    "qwen35moe-tiny": Config(**{**_TINY, **_MOE}, tied_output=False, ssm_v_heads=4, mtp_layers=1),
 }
+# The variants whose expert tensors also come as Q8_0 (the rest F32): "<name>:q8_0-experts"
+EXPERT_TYPES = ("f32", "q8_0-experts")
 MATRIX_RMS = 0.05
 
 
@@ -64,7 +79,8 @@ def _values(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.n
 def _mtp_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """The MTP block after the trunk (blk.{n_layers}): a gated-attention block plus nextn.*."""
     d, i = cfg.d_model, cfg.n_layers
-    attention = Config(**{**_TINY, "recurrent_layers": ()}, tied_output=True, ssm_v_heads=0)
+    # an attention layer of the trunk's config (its experts too, for qwen35moe)
+    attention = dataclasses.replace(cfg, recurrent_layers=(), mtp_layers=0)
     shapes = {n.replace("blk.0.", f"blk.{i}."): s for n, s in layer_shapes(attention, 0).items()}
     p = f"blk.{i}.nextn."
     shapes.update(
@@ -78,17 +94,26 @@ def _mtp_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _tensor(tname: str, shape: tuple[int, ...], seed: int, experts: QType) -> RawTensor:
+    rng = np.random.default_rng([seed, zlib.crc32(tname.encode())])
+    data = _values(tname, shape, rng).astype(np.float32)
+    if len(shape) == 3 and experts != QType.F32:  # the same values, quantized as llama.cpp does
+        return RawTensor(tname, experts, shape, quantize(data, experts))
+    return RawTensor(tname, QType.F32, shape, data)
+
+
 def qwen35_model(name: str, seed: int = 0) -> GGUFModel:
-    """The F32 model QWEN35_TINY[name] with random weights (each tensor from (seed, its name))."""
-    cfg = QWEN35_TINY[name]
+    """The model QWEN35_TINY[name] with random weights (each tensor from (seed, its name)), all
+    F32, or with its expert tensors Q8_0 for name "<variant>:q8_0-experts"."""
+    variant, _, types = name.partition(":")
+    if variant not in QWEN35_TINY or types not in ("", *EXPERT_TYPES):
+        raise ValueError(f"unknown synthetic qwen35 model {name!r}")
+    cfg = QWEN35_TINY[variant]
     shapes = dict(expected_shapes(cfg))
     for _ in range(cfg.mtp_layers):
         shapes.update(_mtp_shapes(cfg))
-    tensors = {}
-    for tname, shape in shapes.items():
-        rng = np.random.default_rng([seed, zlib.crc32(tname.encode())])
-        data = _values(tname, shape, rng).astype(np.float32)
-        tensors[tname] = RawTensor(tname, QType.F32, shape, data)
+    experts = QType.Q8_0 if types == "q8_0-experts" else QType.F32
+    tensors = {tname: _tensor(tname, shape, seed, experts) for tname, shape in shapes.items()}
     return GGUFModel(
         path=f"synthetic:{name}",
         config=cfg,

@@ -22,7 +22,17 @@ _LIMITS = {
 }
 
 # Model families with a layer module (model/families.py maps each to it).
-FAMILIES = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss", "qwen35")
+FAMILIES = (
+    "qwen2",
+    "llama",
+    "qwen3",
+    "gemma3",
+    "qwen3moe",
+    "qwen2moe",
+    "gpt-oss",
+    "qwen35",
+    "qwen35moe",
+)
 MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
 # how router logits become the chosen experts' weights (llama.cpp's expert_gating_func):
 # "softmax": softmax over all experts, top-k of the probabilities

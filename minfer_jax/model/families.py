@@ -1,6 +1,7 @@
 """The one place a model family is chosen: `general.architecture` -> the family's module.
 
-A family module (qwen2.py, llama.py, qwen3.py, gemma3.py, qwen3moe.py, qwen2moe.py, gptoss.py)
+A family module (qwen2.py, llama.py, qwen3.py, gemma3.py, qwen3moe.py, qwen2moe.py, gptoss.py,
+qwen35.py, qwen35moe.py)
 holds what differs between families:
   ARCHITECTURE, MODELS                the GGUF architecture name and the models it covers (messages)
   config_from_metadata(md) -> Config  its hyper-parameters from the file's `{arch}.*` keys
@@ -16,11 +17,22 @@ from __future__ import annotations
 from types import ModuleType
 
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.model import gemma3, gptoss, llama, qwen2, qwen2moe, qwen3, qwen3moe, qwen35
+from minfer_jax.model import (
+    gemma3,
+    gptoss,
+    llama,
+    qwen2,
+    qwen2moe,
+    qwen3,
+    qwen3moe,
+    qwen35,
+    qwen35moe,
+)
 from minfer_jax.model.config import Config
 
 _MODULES: dict[str, ModuleType] = {
-    m.ARCHITECTURE: m for m in (qwen2, llama, qwen3, gemma3, qwen3moe, qwen2moe, gptoss, qwen35)
+    m.ARCHITECTURE: m
+    for m in (qwen2, llama, qwen3, gemma3, qwen3moe, qwen2moe, gptoss, qwen35, qwen35moe)
 }
 
 
@@ -32,8 +44,6 @@ def family(cfg_or_name: Config | str) -> ModuleType:
 
 # Architectures known but not run yet: one clear reason each.
 NOT_YET = {
-    "qwen35moe": "Qwen3.5 / 3.6 MoE: its DeltaNet and attention layers are qwen35's, but the "
-    "mixture-of-experts FFN is not supported yet",
     "gemma4": "Gemma 4 is not supported yet",
 }
 

@@ -60,8 +60,12 @@ def _check_rope_sections(md, rope_dims: int) -> None:
             )
 
 
-def config_from_metadata(md) -> Config:
-    fields = {**schema.common_fields(md), **schema.head_dim_field(md)}
+def config_from_metadata(
+    md, family: str = ARCHITECTURE, d_ff_default: int | None = None, **moe_fields
+) -> Config:
+    """The Config of a qwen35 file, or (family, moe_fields) of a qwen35moe one: qwen35's layers
+    with a mixture-of-experts FFN, whose feed_forward_length may be absent (d_ff_default)."""
+    fields = {**schema.common_fields(md, d_ff_default), **schema.head_dim_field(md)}
     n_all, mtp = fields["n_layers"], md.int("nextn_predict_layers", default=0)
     if not 0 <= mtp < n_all:
         raise UnsupportedError(f"{md.path}: nextn_predict_layers {mtp} of {n_all} blocks")
@@ -76,7 +80,7 @@ def config_from_metadata(md) -> Config:
     rope_dims = md.int("rope.dimension_count")
     _check_rope_sections(md, rope_dims)
     cfg = Config(
-        family=ARCHITECTURE,
+        family=family,
         rope_dims=rope_dims,
         recurrent_layers=_recurrent_layers(md, n_all, fields["n_layers"]),
         ssm_conv_kernel=md.int("ssm.conv_kernel"),
@@ -85,6 +89,7 @@ def config_from_metadata(md) -> Config:
         ssm_v_heads=v_heads,
         mtp_layers=mtp,
         **fields,
+        **moe_fields,
     )
     if state & (state - 1) or state < 16:
         raise UnsupportedError(f"{md.path}: ssm.state_size {state} is not a power of two >= 16")
@@ -92,7 +97,8 @@ def config_from_metadata(md) -> Config:
 
 
 def layer_shapes(cfg: Config, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer i's tensors: the norms and FFN, then DeltaNet's or gated attention's own."""
+    """Layer i's tensors: the norms, DeltaNet's or gated attention's own, then the FFN (dense, or
+    with cfg.n_experts qwen35moe's experts and shared expert)."""
     d, ff, hd, p = cfg.d_model, cfg.d_ff, cfg.head_dim, f"blk.{i}."
     shapes = {p + "attn_norm.weight": (d,), p + "post_attention_norm.weight": (d,)}
     if cfg.is_recurrent(i):
@@ -121,6 +127,9 @@ def layer_shapes(cfg: Config, i: int) -> dict[str, tuple[int, ...]]:
                 p + "attn_output.weight": (d, cfg.q_dim),
             }
         )
+    if cfg.n_experts:  # qwen35moe
+        shapes.update(schema.moe_shapes(cfg, i))
+        return shapes
     shapes.update(
         {
             p + "ffn_gate.weight": (ff, d),

@@ -60,17 +60,18 @@ def layer_shapes(
     return shapes
 
 
-def common_fields(md) -> dict:
+def common_fields(md, d_ff_default: int | None = None) -> dict:
     """The hyper-parameters every family reads the same way (`{arch}.block_count`, ...).
 
-    md: files.gguf.MetadataView (typed reads of `{arch}.<key>` that raise GGUFError)."""
+    md: files.gguf.MetadataView (typed reads of `{arch}.<key>` that raise GGUFError);
+    d_ff_default: feed_forward_length where a family's file may leave it out (None: required)."""
     n_heads = md.int("attention.head_count")
     return dict(
         n_layers=md.int("block_count"),
         d_model=md.int("embedding_length"),
         n_heads=n_heads,
         n_kv_heads=md.int("attention.head_count_kv", default=n_heads),
-        d_ff=md.int("feed_forward_length"),
+        d_ff=md.int("feed_forward_length", default=d_ff_default),
         context_length=md.int("context_length"),
         vocab_size=md.vocab_size,
         rope_theta=md.positive_float("rope.freq_base", default=10000.0),
