@@ -114,6 +114,12 @@ def _use_more_bits(i_layer: int, n_layers: int) -> bool:
     )
 
 
+def _is_attn_v(name: str) -> bool:
+    """llama-quant.cpp's category_is_attn_v: attn_v, and the fused attn_qkv (qwen35's DeltaNet
+    input projection), which take attn_v's rules and counter."""
+    return "attn_v.weight" in name or "attn_qkv.weight" in name
+
+
 def parse_ftype(ftype: str | LlamaFileType) -> LlamaFileType:
     if isinstance(ftype, LlamaFileType):
         if ftype not in DEFAULT_TYPE:
@@ -194,7 +200,7 @@ class _QuantizeState:
         # init_quantize_state_counters(): count attn_v tensors, detect tied embeddings.
         return cls(
             ft=ft,
-            n_attention_wv=sum(1 for n in shapes if "attn_v.weight" in n),
+            n_attention_wv=sum(1 for n in shapes if _is_attn_v(n)),
             n_ffn_down=cfg.n_layers,  # qs.n_ffn_down = hparams.n_layer
             n_gqa=cfg.n_heads // cfg.n_kv_heads,
             is_70b=cfg.n_layers
@@ -210,6 +216,8 @@ def _tensor_type(state: _QuantizeState, name: str, shape: tuple, fallback_table:
     if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
         return QType.F32
     if "ffn_gate_inp.weight" in name:  # the MoE router is never quantized (llama-quant.cpp:306)
+        return QType.F32
+    if "ssm_conv1d" in name:  # DeltaNet's conv kernel: kept as converted, F32 (llama-quant.cpp:324)
         return QType.F32
     if state.ft == F.MOSTLY_MXFP4_MOE:  # expert (3-D) tensors MXFP4, every other one Q8_0
         return QType.MXFP4 if len(shape) == 3 else QType.Q8_0
@@ -238,8 +246,8 @@ def _tensor_type(state: _QuantizeState, name: str, shape: tuple, fallback_table:
 
 
 def _type_impl(state: _QuantizeState, name: str, new_type: QType, ne0: int) -> QType:
-    """llama_tensor_get_type_impl() for Qwen2 (n_expert == 0, not Falcon: those branches are left
-    out; no attn_qkv / attn_kv_b, so category_is_attn_v() is just attn_v)."""
+    """llama_tensor_get_type_impl() for Qwen2 and the MoE / hybrid families here (not Falcon:
+    those branches are left out; no attn_kv_b, so category_is_attn_v() is attn_v or attn_qkv)."""
     ft = state.ft
     if name == "output.weight" or (state.has_tied_embeddings and name == "token_embd.weight"):
         # OUTPUT (or a tied TOKEN_EMBD): Q8_0 when the row does not divide the default type's
@@ -252,9 +260,9 @@ def _type_impl(state: _QuantizeState, name: str, new_type: QType, ne0: int) -> Q
         return new_type
     if name == "token_embd.weight":
         return new_type  # only IQ/TQ/Q2_0 ftypes change it
-    if state.n_expert == 8 and ("attn_v.weight" in name or "attn_k.weight" in name):
+    if state.n_expert == 8 and (_is_attn_v(name) or "attn_k.weight" in name):
         return _moe_attn_kv_type(state, name, new_type)
-    if "attn_v.weight" in name:
+    if _is_attn_v(name):
         new_type = _attn_v_type(state, new_type)
         state.i_attention_wv += 1
         return new_type
@@ -299,7 +307,7 @@ _MOE8_ATTN_OUTPUT_Q5_K = frozenset(
 
 def _moe_attn_kv_type(state: _QuantizeState, name: str, new_type: QType) -> QType:
     """Eight experts (Mixtral): attn_v and attn_k go to Q8_0 (llama-quant.cpp:599-609)."""
-    if "attn_v.weight" in name:
+    if _is_attn_v(name):
         state.i_attention_wv += 1
     return QType.Q8_0
 

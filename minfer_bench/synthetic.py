@@ -138,6 +138,17 @@ def _moe_configs() -> dict[str, Config]:
         expert_gating="softmax_weight",
         expert_act="swiglu_oai",
     )
+    qwen35moe = dict(
+        family="qwen35moe",
+        d_ff_shared=512,
+        expert_weights_norm=True,
+        rope_dims=64,
+        recurrent_layers=tuple((i + 1) % 4 != 0 for i in range(40)),
+        ssm_conv_kernel=4,
+        ssm_state=128,
+        ssm_groups=16,
+        ssm_v_heads=32,
+    )
     # fmt: off
     return {
         #                 layers d_model heads kv d_ff  context vocab  rope_theta eps       tied
@@ -152,6 +163,13 @@ def _moe_configs() -> dict[str, Config]:
                                  d_ff_expert=256, d_ff_shared=512),
         "mixtral-tiny":   Config(2,  256,  4,  2, 256,  2048,  512,    1000000.0, _EPS_1E5, False,
                                  n_experts=8, n_experts_used=2, d_ff_expert=256, **mixtral),
+        # Qwen/Qwen3.6-35B-A3B (model card): 40 layers, 3 DeltaNet then 1 gated attention, hidden
+        # 2048, DeltaNet 16 q/k and 32 v heads of 128, attention 16 / 2 heads of 256 with RoPE on
+        # 64 dims, 256 experts of 512, 8 used + a shared one of 512, vocab 248320, context
+        # 262144; rope_theta 1e7 and an untied head as Qwen3.5; no MTP block (not run here)
+        "qwen3.6-35b-a3b": Config(40, 2048, 16, 2, 512, 262144, 248320, 10000000.0, _EPS_1E6,
+                                  False, head_dim=256, n_experts=256, n_experts_used=8,
+                                  d_ff_expert=512, **qwen35moe),
         "gpt-oss-20b":    Config(24, 2880, 64, 8, 2880, 131072, 201088, 150000.0, _EPS_1E5, False,
                                  head_dim=64, sliding_window=128, n_experts=32, n_experts_used=4,
                                  d_ff_expert=2880, **gptoss),
@@ -325,6 +343,8 @@ def random_raw_tensor(
     if qtype in FLOAT_TYPES:
         if name.endswith("_norm.weight"):
             values = 1.0 + WEIGHT_RMS * rng.standard_normal(shape, dtype=np.float32)
+        elif name.endswith("ssm_a"):  # DeltaNet's -exp(A_log) < 0: states decay, never grow
+            values = -np.exp(rng.standard_normal(shape, dtype=np.float32))
         elif name.endswith("attn_sinks.weight"):  # gpt-oss's sink logits: of the scores' order
             values = SINK_SCALE * rng.standard_normal(shape, dtype=np.float32)
         else:
@@ -580,7 +600,10 @@ def _spec_config(spec: str, layers: int | None) -> tuple[str, str, Config]:
     if layers is not None:
         if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
             raise SyntheticSpecError(f"layers must be a positive int, got {layers!r}")
-        cfg = dataclasses.replace(cfg, n_layers=layers)
+        # a hybrid's layer pattern repeats (qwen35moe: 3 DeltaNet, 1 attention)
+        pattern = cfg.recurrent_layers
+        recurrent = tuple(pattern[i % len(pattern)] for i in range(layers)) if pattern else ()
+        cfg = dataclasses.replace(cfg, n_layers=layers, recurrent_layers=recurrent)
     return cfg_name, ftype, cfg
 
 

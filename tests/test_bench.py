@@ -361,6 +361,7 @@ def test_model_type_names():
         ("gemma3-tiny", "gemma3 ?B Q4_K - Medium"),
         ("qwen3-30b-a3b", "qwen3moe 30B.A3B Q4_K - Medium"),
         ("mixtral-8x7b", "llama 8x7B Q4_K - Medium"),
+        ("qwen3.6-35b-a3b", "qwen35moe 35B.A3B Q4_K - Medium"),  # llama.cpp's qwen35moe.cpp
     ],
 )
 def test_model_type_names_of_the_families(cfg_name, want):

@@ -135,3 +135,47 @@ def test_generate_alone_and_in_a_batch_gives_llama_cpps_greedy_tokens(files):
     assert got.tokens == until_eos(short["greedy"], 16) and len(got.tokens) == 16
     results = minfer_jax.generate_batch(model, [long["ids"], short["ids"]], max_new_tokens=12)
     assert [r.tokens for r in results] == [until_eos(long["greedy"], 12), short["greedy"][:12]]
+
+
+def test_real_shape_q4_k_m_mix_is_llama_quantizes_and_runs():
+    """synthetic 'qwen3.6-35b-a3b:q4_k_m' (bench.py's spec): the mix tools/quant_mix_vs_llama_cpp.py
+    found equal to llama-quantize's on every tensor (narrowed to d_model 256 and 16 experts):
+    attn_qkv takes attn_v's rules (Q6_K on the use_more_bits layers), ssm_conv1d and the routers
+    stay F32, expert and shared ffn_down Q6_K by the layer in the name. The mix, narrowed and cut
+    to 4 layers, loads and gives finite logits."""
+    import dataclasses
+
+    from minfer_bench.synthetic import (
+        SYNTHETIC_CONFIGS,
+        synthetic_model_from_config,
+        synthetic_shapes,
+    )
+
+    types, shapes, tied, _ = synthetic_shapes("qwen3.6-35b-a3b:q4_k_m")
+    assert not tied and shapes["blk.0.ffn_gate_exps.weight"] == (256, 512, 2048)
+    assert shapes["blk.0.attn_qkv.weight"] == (8192, 2048) and "blk.3.attn_q.weight" in shapes
+    want = {
+        "blk.0.attn_qkv.weight": "Q6_K",
+        "blk.5.attn_qkv.weight": "Q4_K",
+        "blk.0.ssm_conv1d.weight": "F32",
+        "blk.0.ffn_gate_inp.weight": "F32",
+        "blk.0.ffn_down_exps.weight": "Q6_K",
+        "blk.5.ffn_down_exps.weight": "Q4_K",
+        "blk.5.ffn_down_shexp.weight": "Q4_K",
+        "blk.5.ffn_gate_exps.weight": "Q4_K",
+        "blk.3.attn_output.weight": "Q4_K",
+        "output.weight": "Q6_K",
+    }
+    assert {n: types[n].name for n in want} == want
+    cfg = SYNTHETIC_CONFIGS["qwen3.6-35b-a3b"]
+    small = dataclasses.replace(
+        cfg,
+        n_layers=4,
+        recurrent_layers=cfg.recurrent_layers[:4],
+        d_model=256,
+        vocab_size=512,
+        n_experts=16,
+    )
+    gm = synthetic_model_from_config(small, "q4_k_m")
+    logits = minfer_jax.load(gguf_model=gm, ctx_size=64).logits(list(range(8)))
+    assert logits.shape == (8, 512) and np.isfinite(logits).all()

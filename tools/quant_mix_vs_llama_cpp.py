@@ -2,8 +2,9 @@
 
 Writes each tiny MoE config with the real models' layer counts (and 16 / 8 / 8 experts) as F16,
 quantizes it with llama.cpp (llama-cpp-python's llama_model_quantize, same process) to Q4_K_M and
-prints every tensor whose type differs from quant_mix.tensor_types. Run from the repository root
-in a venv with llama-cpp-python (2026-12-07, 0.3.36: no differences for any of the three):
+prints every tensor whose type differs from quant_mix.tensor_types; also the real-shape
+Qwen3.6-35B-A3B (qwen35moe) narrowed to d_model 256, 512 tokens and 16 experts (its 40 layers and
+DeltaNet tensors kept). Run from the repository root in a venv with llama-cpp-python:
 
     PYTHONPATH=. python tools/quant_mix_vs_llama_cpp.py
 """
@@ -29,13 +30,22 @@ from minfer_bench.synthetic import (  # noqa: E402
 )
 
 CASES = (("qwen3moe-tiny", 48, 16), ("mixtral-tiny", 32, 8), ("qwen2moe-tiny", 24, 8))
+# real-shape configs made small where no rule looks: d_model 256, a 512-token vocab, 16 experts
+NARROWED = (("qwen3.6-35b-a3b", 16),)
 Q4_K_M = 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 
 def main() -> int:
     differing = 0
-    for name, layers, experts in CASES:
-        cfg = dataclasses.replace(SYNTHETIC_CONFIGS[name], n_layers=layers, n_experts=experts)
+    configs = [
+        (name, dataclasses.replace(SYNTHETIC_CONFIGS[name], n_layers=layers, n_experts=experts))
+        for name, layers, experts in CASES
+    ] + [
+        (name, dataclasses.replace(SYNTHETIC_CONFIGS[name], d_model=256, vocab_size=512, n_experts=e))
+        for name, e in NARROWED
+    ]
+    for name, cfg in configs:
+        layers, experts = cfg.n_layers, cfg.n_experts
         with tempfile.TemporaryDirectory() as tmp:
             src, dst = os.path.join(tmp, "f16.gguf"), os.path.join(tmp, "q4_k_m.gguf")
             write_gguf(synthetic_model_from_config(cfg, "f16", 0), src, progress=False)

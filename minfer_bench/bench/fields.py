@@ -220,10 +220,11 @@ def _gemma3_type_name(cfg) -> str:
 
 
 def _moe_type_name(arch: str):
-    """llama.cpp's models/qwen3moe.cpp and qwen2moe.cpp (by layer count)."""
+    """llama.cpp's models/qwen3moe.cpp, qwen2moe.cpp and qwen35moe.cpp (by trunk layer count)."""
     names = {
         "qwen3moe": {48: "30B.A3B", 94: "235B.A22B"},
         "qwen2moe": {24: "A2.7B", 28: "57B.A14B"},
+        "qwen35moe": {40: "35B.A3B", 48: "122B.A10B", 60: "397B.A17B"},
     }[arch]
     return lambda cfg: names.get(cfg.n_layers, "?B")
 
@@ -231,6 +232,7 @@ def _moe_type_name(arch: str):
 _TYPE_NAMES = {
     "qwen3moe": _moe_type_name("qwen3moe"),
     "qwen2moe": _moe_type_name("qwen2moe"),
+    "qwen35moe": _moe_type_name("qwen35moe"),
     "qwen2": _qwen2_type_name,
     "llama": _llama_type_name,
     "qwen3": _qwen3_type_name,
