@@ -41,8 +41,11 @@ def main() -> int:
         (name, dataclasses.replace(SYNTHETIC_CONFIGS[name], n_layers=layers, n_experts=experts))
         for name, layers, experts in CASES
     ] + [
-        (name, dataclasses.replace(SYNTHETIC_CONFIGS[name], d_model=256, vocab_size=512, n_experts=e))
-        for name, e in NARROWED
+        (
+            name,
+            dataclasses.replace(SYNTHETIC_CONFIGS[name], d_model=256, vocab_size=512, n_experts=n),
+        )
+        for name, n in NARROWED
     ]
     for name, cfg in configs:
         layers, experts = cfg.n_layers, cfg.n_experts
