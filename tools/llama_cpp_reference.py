@@ -36,8 +36,10 @@ llama.cpp's logits (f16 .npz) for a direct comparison:
         --out tests/data/llama_cpp/qwen3moe-tiny-f32.json synthetic qwen3moe-tiny:f32 \
         --lengths 16,96 --greedy 32 --f32-kv --logits-out tests/data/llama_cpp/qwen3moe-tiny-f32.npz
 
-hybrid: a synthetic qwen35 (F32, f32 KV cache): llama.cpp's greedy tokens after random prompts
-(one past two 64-token delta-rule chunks) and its logits at every position of prompt + those.
+hybrid: a synthetic qwen35 / qwen35moe (F32, or "qwen35moe-tiny:q8_0-experts"; f32 KV cache):
+llama.cpp's greedy tokens after random prompts (one past two 64-token delta-rule chunks) and its
+logits at every position of prompt + those (tests/data/llama_cpp/qwen35moe-tiny-q8_0-experts.json
+from `hybrid qwen35moe-tiny:q8_0-experts`).
 """
 
 from __future__ import annotations
