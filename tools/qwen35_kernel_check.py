@@ -4,6 +4,7 @@ kernel in the prefill, the quantized-weight GEMV / GEMM routes around it, decode
 
 usage: PYTHONPATH=. python tools/qwen35_kernel_check.py [--name qwen35-tiny-v3-mtp] [--tokens 170]
            [--new 16] [--kernels pallas]
+--name qwen35moe-tiny / qwen35moe-tiny:q8_0-experts: qwen35moe through its F32 / Q8_0 expert routes.
 
 Prints PASS / FAIL: tokens equal and max |logit difference| < 2e-2 of the logit std (the kernels'
 f16 / int8 activations). --kernels interpret runs the same on a CPU (minutes).
@@ -26,7 +27,10 @@ from minfer_bench.synthetic_qwen35 import QWEN35_TINY, qwen35_model
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--name", default="qwen35-tiny-v3-mtp", choices=sorted(QWEN35_TINY))
+    names = sorted(QWEN35_TINY) + [
+        f"{n}:q8_0-experts" for n, c in QWEN35_TINY.items() if c.n_experts
+    ]
+    ap.add_argument("--name", default="qwen35-tiny-v3-mtp", choices=names)
     ap.add_argument("--tokens", type=int, default=170)
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--kernels", default="pallas", choices=("pallas", "interpret"))
