@@ -200,7 +200,7 @@ class PrefillKey:
             i32,
             i32,
             jax.ShapeDtypeStruct((self.history,), jnp.int32),
-            RowSettings.spec(1),
+            RowSettings.spec(1, model.config.vocab_size),
         )
 
 
@@ -244,7 +244,12 @@ class DecodeKey:
         vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
         fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span, model.tp)
         return fn.lower(
-            model.params, _cache(model, self), _state(self), vec, vec, RowSettings.spec(self.rows)
+            model.params,
+            _cache(model, self),
+            _state(self),
+            vec,
+            vec,
+            RowSettings.spec(self.rows, model.config.vocab_size),
         )
 
 

@@ -27,7 +27,9 @@ import numpy as np
 from minfer_jax import ops, validate
 from minfer_jax.engine import executables, weights_cache
 from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine.constraint import BannedTokens, TokenConstraint
 from minfer_jax.engine.executables import ExecutableRecord, ExecutableStore
+from minfer_jax.engine.grammar import Grammars, GrammarSpec
 from minfer_jax.engine.phases import PhaseTimer
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
@@ -104,6 +106,30 @@ class Model:
     _compile_seconds: dict = dataclasses.field(default_factory=dict, repr=False)
     _records: dict = dataclasses.field(default_factory=dict, repr=False)  # key -> ExecutableRecord
     _scheduler: Scheduler | None = dataclasses.field(default=None, repr=False)
+    _grammars: Grammars | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def grammars(self) -> Grammars:
+        """The model's compiled grammars (engine/grammar.py), made on first use."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.config.vocab_size)
+        return self._grammars
+
+    def constraint(
+        self, *, json_schema=None, grammar: str | None = None, ignore_eos: bool = False
+    ) -> TokenConstraint | None:
+        """A request's token constraint: a JSON Schema or a grammar (GBNF, or llguidance's Lark
+        opening with %llguidance), else the end-of-sequence tokens banned (ignore_eos), else
+        None. A grammar decides where the text ends, so ignore_eos does not apply to it."""
+        if json_schema is not None and grammar is not None:
+            raise InvalidArgumentError("pass json_schema or grammar, not both")
+        if json_schema is not None:
+            return self.grammars.compile(GrammarSpec.json_schema(json_schema))
+        if grammar is not None:
+            return self.grammars.compile(GrammarSpec.grammar(grammar))
+        if ignore_eos and self.tokenizer is not None:
+            return BannedTokens(self.tokenizer.eos_ids)
+        return None
 
     @property
     def weight_nbytes(self) -> int:
@@ -389,6 +415,9 @@ def generate(
     chat: bool = False,
     on_text: Callable[[str], None] | None = None,
     decode_steps: int = plan_mod.DECODE_STEPS,
+    json_schema=None,
+    grammar: str | None = None,
+    ignore_eos: bool = False,
     **settings: Unpack[SamplerKeywords],
 ) -> GenerationResult:
     """Generate from a text prompt (tokenized; with chat=True wrapped in the chat template) or token
@@ -398,7 +427,9 @@ def generate(
     top_k=..., as sampling.sampler_of builds them). decode_steps: tokens per decode executable
     (text streams to on_text once per such chunk). max_new_tokens and repeat_last_n of -1 or past
     the context mean the context, top_k past the vocabulary the vocabulary
-    (clamped, as in llama.cpp).
+    (clamped, as in llama.cpp). json_schema (a dict) or grammar (GBNF text, or llguidance's Lark
+    opening with %llguidance) constrain the reply (the `grammar` extra: llguidance); ignore_eos
+    never samples an end-of-sequence token.
     """
     validate.generate_arguments(
         max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text
@@ -407,6 +438,7 @@ def generate(
     max_new_tokens = validate.clamped_count(
         "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
     )
+    constraint = model.constraint(json_schema=json_schema, grammar=grammar, ignore_eos=ignore_eos)
     sched = model.scheduler(1, decode_steps=decode_steps)
     req = sched.submit(
         prompt_ids(model, prompt, chat),
@@ -415,6 +447,7 @@ def generate(
         seed=seed,
         stop=stop,
         on_text=on_text,
+        constraint=constraint,
     )
     sched.run([req])
     return req.result()

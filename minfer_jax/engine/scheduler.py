@@ -33,6 +33,7 @@ import numpy as np
 
 from minfer_jax import validate
 from minfer_jax.engine import steps
+from minfer_jax.engine.constraint import ConstraintError, TokenConstraint, batch_mask
 from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 from minfer_jax.engine.steps import StopReason
@@ -141,8 +142,10 @@ class Request:
         stop: Sequence[str] = (),
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
+        constraint: TokenConstraint | None = None,
     ):
         self.id = next(_ids)
+        self.constraint = constraint  # the tokens it may sample (grammar, banned EOS)
         self.prompt = [int(t) for t in prompt_ids]
         self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
         self.stop, self.on_text = tuple(stop), on_text
@@ -213,6 +216,7 @@ class Scheduler:
             collections.deque()
         )  # dispatched, not read
         self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._free_masks: dict[int, jax.Array] = {}  # batch width -> all-allowed mask on the device
         self.compile_s = 0.0  # every compile this loop waited for
         self.tokens_out = 0  # tokens handed to requests (metrics)
         self._wake = threading.Event()
@@ -230,8 +234,12 @@ class Scheduler:
         stop: Sequence[str] = (),
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
+        constraint: TokenConstraint | None = None,
     ) -> Request:
-        """Queue a generation (thread-safe); the loop picks it up at its next step."""
+        """Queue a generation (thread-safe); the loop picks it up at its next step.
+
+        constraint: the tokens it may sample at each step (constraint.py), built off this
+        thread."""
         prompt_ids = validate.token_ids(prompt_ids, self.model.config.vocab_size, "prompt")
         validate.integer("max_new_tokens", max_new_tokens, 0, validate.INT32_MAX)
         req = Request(
@@ -242,6 +250,7 @@ class Scheduler:
             stop=stop,
             on_text=on_text,
             on_done=on_done,
+            constraint=constraint,
         )
         self.check(req)
         self.incoming.put(req)
@@ -289,6 +298,10 @@ class Scheduler:
         try:
             self._admit()
             dispatched = self._dispatch_prefill()
+            if any(_follows_tokens(r) for r in self.decoding):
+                # a grammar's next mask needs its last token: read everything dispatched first
+                while self.inflight:
+                    self._read(self.inflight.popleft())
             dispatched = self._dispatch_decode() or dispatched
             keep = (
                 1
@@ -452,6 +465,9 @@ class Scheduler:
         history[width - len(tail) :] = tail
         exe = self._exe(key)
         assert req.slot is not None  # prefilling requests hold a slot
+        vocab = self.model.config.vocab_size
+        # only the last chunk's token counts: the constraint's first mask goes to that one
+        mask = batch_mask([None if req.chunks else req.constraint], 1, vocab)
         token, self.state, self.cache = exe(
             self.model.params,
             self.cache,
@@ -461,7 +477,7 @@ class Scheduler:
             np.int32(start),
             np.int32(n_valid),
             history,
-            RowSettings.of([req.sampler], [req.seed]),
+            RowSettings.of([req.sampler], [req.seed], vocab=vocab, mask=mask),
         )
         if not req.chunks:
             self.prefilling.popleft()
@@ -483,20 +499,36 @@ class Scheduler:
         for i, r in enumerate(rows):
             slots[i], positions[i] = r.slot, len(r.prompt) + r.produced - 1
         exe = self._exe(key)
+        settings = RowSettings.of(
+            [r.sampler for r in rows],
+            [r.seed for r in rows],
+            width,
+            vocab=self.model.config.vocab_size,
+            mask=self._mask(rows, width),
+            feed=[_fed_token(r) for r in rows],
+        )
         out, self.state, self.cache = exe(
-            self.model.params,
-            self.cache,
-            self.state,
-            slots,
-            positions,
-            RowSettings.of([r.sampler for r in rows], [r.seed for r in rows], width),
+            self.model.params, self.cache, self.state, slots, positions, settings
         )
         valid = []
         for r in rows:
-            valid.append(min(plan.decode_steps, r.limit - r.produced))
-            r.produced += plan.decode_steps
+            # a grammar row takes one token per chunk: the next one needs its next mask
+            steps_taken = 1 if _follows_tokens(r) else plan.decode_steps
+            valid.append(min(steps_taken, r.limit - r.produced))
+            r.produced += steps_taken
         self.inflight.append(DecodeChunk(list(zip(rows, valid)), out))
         return True
+
+    def _mask(self, rows: list[Request], width: int):
+        """The batch's mask input: one all-allowed device array per width while no row is
+        constrained (nothing to send), else built on the host."""
+        vocab = self.model.config.vocab_size
+        if all(r.constraint is None for r in rows):
+            mask = self._free_masks.get(width)
+            if mask is None:
+                mask = self._free_masks[width] = jax.device_put(batch_mask([], width, vocab))
+            return mask
+        return batch_mask([r.constraint for r in rows], width, vocab)
 
     # -- reading results -----------------------------------------------------------------------
     def _read(self, item: FirstToken | DecodeChunk) -> None:
@@ -520,6 +552,13 @@ class Scheduler:
         stream = req.stream
         assert stream is not None  # tokens reach started requests only
         for t in tokens:
+            if req.constraint is not None and stream.reason is None:
+                try:
+                    req.constraint.advance(t)
+                except ConstraintError as e:
+                    req.error = e
+                    self._finish(req, StopReason.ERROR)
+                    return
             stream.push(t)
         self.tokens_out += len(tokens)
         piece = stream.take()
@@ -574,3 +613,16 @@ class Scheduler:
         self.inflight.clear()
         self.slot_tokens.clear()
         self.cache = self.state = None  # donated buffers may be gone: start from a fresh cache
+
+
+def _follows_tokens(req: Request) -> bool:
+    """req's mask changes with every token it samples (a grammar)."""
+    return req.constraint is not None and req.constraint.dynamic
+
+
+def _fed_token(req: Request) -> int:
+    """The token a grammar row feeds next (its last, read by the host: the device's last token of
+    the chunk is one the grammar never saw); -1 for other rows."""
+    if not _follows_tokens(req) or req.stream is None or not req.stream.tokens:
+        return -1
+    return req.stream.tokens[-1]

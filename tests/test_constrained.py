@@ -1,0 +1,116 @@
+"""Constrained decoding (engine/constraint.py, engine/grammar.py): JSON Schemas and grammars
+through llguidance, ignore_eos, on a tiny random Qwen2 that carries the real 0.5B's tokenizer (its
+free text is gibberish, so a reply that parses is the constraint's doing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+import minfer_jax
+from minfer_jax.engine.constraint import ConstraintError
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3},
+        "point": {
+            "type": "object",
+            "properties": {
+                "x": {"type": "integer", "minimum": -99, "maximum": 99},
+                "y": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+            "required": ["x", "y"],
+            "additionalProperties": False,
+        },
+        "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+    },
+    "required": ["name", "tags", "point", "code"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(real_model):
+    from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config
+
+    cfg = dataclasses.replace(
+        SYNTHETIC_CONFIGS["qwen2.5-0.5b"],
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=128,
+        head_dim=0,
+    )
+    gm = synthetic_model_from_config(cfg, "q8_0", seed=1)
+    gm.metadata.update({k: v for k, v in real_model.metadata.items() if k.startswith("tokenizer.")})
+    return minfer_jax.load(gguf_model=gm, kernels="xla", ctx_size=512, progress=False)
+
+
+def validate(value, schema) -> None:
+    """The few JSON Schema rules SCHEMA uses (no jsonschema dependency)."""
+    assert isinstance(value, dict) and set(value) == set(schema["required"])
+    assert isinstance(value["name"], str) and len(value["name"]) <= 12
+    assert 1 <= len(value["tags"]) <= 3 and set(value["tags"]) <= {"a", "b", "c"}
+    point = value["point"]
+    assert set(point) == {"x", "y"} and all(type(v) is int for v in point.values())
+    assert -99 <= point["x"] <= 99 and 0 <= point["y"] <= 9
+    assert re.fullmatch("[A-Z]{3}", value["code"])
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_json_schema_reply_parses_and_validates(tiny, temperature):
+    out = minfer_jax.generate(
+        tiny,
+        "Reply in JSON:",
+        json_schema=SCHEMA,
+        max_new_tokens=120,
+        temperature=temperature,
+        seed=3,
+        decode_steps=4,
+    )
+    assert out.stop_reason == "eos", out.text
+    validate(json.loads(out.text), SCHEMA)
+
+
+@pytest.mark.real_model
+def test_a_gbnf_grammar_and_a_lark_grammar_constrain_the_text(tiny):
+    gbnf = 'root ::= "yes" | "no" | "maybe " [0-9]'
+    out = minfer_jax.generate(tiny, "Answer:", grammar=gbnf, max_new_tokens=10, temperature=1.0)
+    assert re.fullmatch("yes|no|maybe [0-9]", out.text), out.text
+    lark = '%llguidance {}\nstart: "A" /[b-d]{2}/'
+    out = minfer_jax.generate(tiny, "Answer:", grammar=lark, max_new_tokens=10)
+    assert re.fullmatch("A[b-d]{2}", out.text), out.text
+
+
+@pytest.mark.real_model
+def test_ignore_eos_runs_to_max_tokens(tiny):
+    eos = sorted(tiny.tokenizer.eos_ids)
+    free = minfer_jax.generate(tiny, "hi", max_new_tokens=24, temperature=0)
+    # a prompt whose greedy continuation ends at once: the EOS logit made the largest
+    banned = minfer_jax.generate(tiny, "hi", max_new_tokens=24, temperature=0, ignore_eos=True)
+    assert len(banned.tokens) == 24 and banned.stop_reason == "length"
+    assert not set(banned.tokens) & set(eos)
+    assert free.tokens == banned.tokens[: len(free.tokens)] or free.stop_reason == "eos"
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"grammar": 'root ::= "a'},
+        {"grammar": "root ::= missing"},
+        {"json_schema": {"type": "nope"}},
+        {"json_schema": {"$ref": "#/definitions/x"}},
+        {"json_schema": "not a schema"},
+    ],
+)
+def test_bad_grammars_are_constraint_errors(tiny, kwargs):
+    with pytest.raises(ConstraintError):
+        minfer_jax.generate(tiny, "x", max_new_tokens=2, **kwargs)
