@@ -114,3 +114,26 @@ def test_ignore_eos_runs_to_max_tokens(tiny):
 def test_bad_grammars_are_constraint_errors(tiny, kwargs):
     with pytest.raises(ConstraintError):
         minfer_jax.generate(tiny, "x", max_new_tokens=2, **kwargs)
+
+
+def test_every_openai_request_field_is_known():
+    """The official client's request fields (its TypedDicts) are each a field of the body, a
+    setting refused past its no-op value, or one that only describes the caller: none is dropped
+    without a word."""
+    from openai.types import completion_create_params
+    from openai.types.chat import completion_create_params as chat_params
+
+    from minfer_jax.server.schemas import (
+        CALLER_FIELDS,
+        UNSUPPORTED,
+        ChatCompletionRequest,
+        CompletionRequest,
+    )
+
+    for kind, params in (
+        (CompletionRequest, completion_create_params.CompletionCreateParamsBase),
+        (ChatCompletionRequest, chat_params.CompletionCreateParamsBase),
+    ):
+        known = set(kind.model_fields) | set(UNSUPPORTED) | set(CALLER_FIELDS)
+        fields = set(params.__annotations__)
+        assert len(fields) > 15 and fields <= known, sorted(fields - known)

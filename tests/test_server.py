@@ -837,3 +837,97 @@ def test_include_usage_puts_a_null_usage_on_every_other_chunk(server):
                 assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
             else:
                 assert all("usage" not in c for c in chunks), chunks
+
+
+# -- agents: constrained output and the request fields (issue 54) ----------------------------------
+def _post(server, endpoint: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/{endpoint}", json=body, timeout=120)
+
+
+@pytest.mark.real_model
+def test_response_format_json_schema_replies_validate_streamed_and_not(server, client):
+    from tests.test_constrained import SCHEMA, validate
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA, "strict": True}}
+    messages = [{"role": "user", "content": "Describe a thing in JSON."}]
+    full = client.chat.completions.create(
+        model="tiny", messages=messages, response_format=fmt, max_tokens=120, temperature=0
+    )
+    text = full.choices[0].message.content
+    validate(json.loads(text), SCHEMA)
+    assert full.choices[0].finish_reason == "stop"
+    chunks = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        response_format=fmt,
+        max_tokens=120,
+        temperature=0,
+        stream=True,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    # json_object: any object (the random model's strings run on: only its start is checked);
+    # llama-server's json_object with a schema
+    anything = client.chat.completions.create(
+        model="tiny", messages=messages, response_format={"type": "json_object"}, max_tokens=4
+    )
+    assert anything.choices[0].message.content.startswith('{"')
+    small = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_object", "schema": small}
+    reply = client.chat.completions.create(
+        model="tiny", messages=messages, response_format=fmt, max_tokens=20, temperature=0
+    )
+    assert json.loads(reply.choices[0].message.content).keys() == {"ok"}
+
+
+@pytest.mark.real_model
+def test_llama_server_json_schema_and_grammar_fields_constrain_completions(server):
+    schema = {"type": "array", "items": {"enum": ["x", "yz"]}, "minItems": 2, "maxItems": 4}
+    r = _post(server, "completions", {"prompt": "hi", "json_schema": schema, "max_tokens": 40})
+    assert r.status_code == 200, r.text
+    value = json.loads(r.json()["choices"][0]["text"])
+    assert 2 <= len(value) <= 4 and set(value) <= {"x", "yz"}
+    gbnf = 'root ::= "yes" | "no"'
+    body = {"prompt": "hi", "grammar": gbnf, "max_tokens": 8, "temperature": 1.0, "seed": 1}
+    r = _post(server, "completions", body)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("yes", "no"), r.text
+    # ignore_eos: read (a wrong type is a 400), and the reply runs to max_tokens
+    r = _post(server, "completions", {"prompt": "hi", "ignore_eos": True, "max_tokens": 12})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12, r.text
+
+
+FORMERLY_IGNORED = [  # (endpoint, extra fields, param named in the 400)
+    ("completions", {"ignore_eos": "yes"}, "ignore_eos"),
+    ("completions", {"grammar": "root ::= missing"}, "grammar"),
+    ("completions", {"json_schema": {"type": "nope"}}, "json_schema"),
+    ("completions", {"mirostat": 2}, "mirostat"),
+    ("completions", {"typical_p": 0.5}, "typical_p"),
+    ("completions", {"n_probs": 5}, "n_probs"),
+    ("completions", {"frobnicate": 1}, "frobnicate"),
+    ("completions", {"messages": []}, "messages"),
+    ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("chat/completions", {"response_format": {"type": "xml"}}, "response_format.type"),
+    ("chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
+    ("chat/completions", {"json_schema": {}, "grammar": 'root ::= "a"'}, None),
+    ("chat/completions", {"stream_options": {"include_usage": True, "x": 1}}, "stream_options.x"),
+]
+
+
+@pytest.mark.real_model
+def test_no_field_is_dropped_in_silence(server):
+    """Each field a client may send is honoured or refused with a 400 naming it; fields that only
+    describe the caller (and cache_prompt: prefix reuse is always on) are accepted."""
+    base = {
+        "completions": {"prompt": "hi", "max_tokens": 2},
+        "chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    }
+    for endpoint, extra, param in FORMERLY_IGNORED:
+        r = _post(server, endpoint, {**base[endpoint], **extra})
+        assert r.status_code == 400, (extra, r.text)
+        assert r.json()["error"]["param"] == param, (extra, r.json())
+    message = {"role": "user", "content": "hi", "tool_call_id": "x"}
+    r = _post(server, "chat/completions", {"messages": [message], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.tool_call_id"
+    accepted = {"user": "u", "metadata": {"a": "b"}, "cache_prompt": True, "store": False}
+    for endpoint, body in base.items():
+        r = _post(server, endpoint, {**body, **accepted, "mirostat": 0, "typical_p": 1.0})
+        assert r.status_code == 200, r.text

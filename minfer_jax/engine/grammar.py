@@ -53,9 +53,20 @@ class GrammarSpec:
         return GrammarSpec.json_schema({"type": "object"})
 
 
+def _llguidance():
+    """The llguidance module (ConstraintError when it is not installed)."""
+    try:
+        import llguidance
+    except ImportError:
+        raise ConstraintError(
+            "constrained output needs llguidance: pip install 'minfer_jax[grammar]'"
+        ) from None
+    return llguidance
+
+
 def grammar_text(spec: GrammarSpec) -> str:
     """llguidance's grammar text for a spec (ConstraintError for one it cannot read)."""
-    import llguidance
+    llguidance = _llguidance()
 
     if len(spec.text) > MAX_GRAMMAR_CHARS:
         raise ConstraintError(
@@ -121,8 +132,7 @@ class Grammars:
         """llguidance's tokenizer, built on first use (about a second for a 150k vocabulary)."""
         with self._lock:
             if self._ll_tokenizer is None:
-                import llguidance
-
+                llguidance = _llguidance()
                 if self.tokenizer is None:
                     raise ConstraintError("this model has no tokenizer, so no grammar can apply")
                 eos = self.tokenizer.eos_id
@@ -149,8 +159,7 @@ class Grammars:
         return GrammarMask(template.deep_copy(), mask_words(self.vocab))
 
     def _matcher(self, text: str):
-        import llguidance
-
+        llguidance = _llguidance()
         limits = llguidance.LLParserLimits(verbose_errors=False)
         matcher = llguidance.LLMatcher(self.ll_tokenizer(), text, log_level=0, limits=limits)
         if matcher.is_error():

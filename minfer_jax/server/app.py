@@ -116,7 +116,9 @@ def _text_prompt_ids(model, prompt: str | list[int], limit: int) -> list[int]:
         raise BadRequest(str(e), "prompt") from None
 
 
-def _chat_prompt_ids(model, messages: list[dict], limit: int, literal: bool) -> list[int]:
+def _chat_prompt_ids(
+    model, messages: list[dict], limit: int, literal: bool, template_kwargs: dict | None = None
+) -> list[int]:
     """Messages rendered with the chat template and tokenized (at most `limit` tokens)."""
     from minfer_jax.files.prompts import encode_chat
 
@@ -127,7 +129,9 @@ def _chat_prompt_ids(model, messages: list[dict], limit: int, literal: bool) -> 
             "messages",
         )
     try:
-        return encode_chat(model.tokenizer, messages, limit, literal=literal)
+        return encode_chat(
+            model.tokenizer, messages, limit, literal=literal, template_kwargs=template_kwargs
+        )
     except MinferError as e:  # the template refused or failed, more tokens than the context holds
         raise BadRequest(str(e), "messages") from None
 
@@ -218,10 +222,22 @@ def _ready(backend: Backend, request: Request) -> Backend:
     return backend
 
 
+def _constraint(model, body):
+    """The request's token constraint (its schema or grammar compiled, or EOS banned), built in a
+    worker thread: a grammar compiles off the scheduler's loop."""
+    asked = body.output_constraint()
+    field, keywords = asked[0] if asked else ("ignore_eos", {"ignore_eos": body.ignore_eos})
+    try:
+        return model.constraint(**keywords)
+    except MinferError as e:  # a schema or grammar llguidance refuses or cannot bound
+        raise BadRequest(str(e), field) from None
+
+
 async def _generate(backend: Backend, request: Request, kind: str, body, ids: list[int]):
     """Submit one validated request; its SSE stream, or its JSON once done."""
     from minfer_jax.engine.sampling import sampler_of
 
+    constraint = await run_in_threadpool(_constraint, backend.model, body)
     ctx, vocab = backend.scheduler.plan.ctx, backend.model.config.vocab_size
     # extreme counts are clamped (validate.clamped_count), as generate() and the CLI do
     wanted = backend.settings.n_predict if body.max_tokens is None else body.max_tokens
@@ -244,6 +260,7 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
             seed=body.seed,
             stop=body.stops,
             stream=body.stream,
+            constraint=constraint,
         )
     except ServerBusy:
         raise
@@ -291,6 +308,8 @@ class _Admission:
         if tok is not None and self.literal_content:
             tok.encode("", parse_special=False)  # builds the literal backend now
         longest = 1 if tok is None else longest_token_chars(tok)
+        with contextlib.suppress(MinferError):  # no llguidance: constrained requests say so
+            backend.model.grammars.ll_tokenizer()  # ~1 s for a 150k vocabulary: not mid-serving
         self.resolved = self.limits.for_model(backend.scheduler.plan.ctx, longest)
         return self.resolved
 
@@ -338,7 +357,12 @@ def _add_generation_routes(
         body.messages = []
         limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
         ids = await run_in_threadpool(
-            _chat_prompt_ids, backend.model, messages, ctx - 1, literal_content
+            _chat_prompt_ids,
+            backend.model,
+            messages,
+            ctx - 1,
+            literal_content,
+            body.chat_template_kwargs,
         )
         del messages
         return await _generate(backend, request, "chat", body, ids)
