@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from minfer_jax import ops, validate
 from minfer_jax.cli.chat import _Session, _summary
+from minfer_jax.cli.constraints import add_constraint_flags, constraint_keywords
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
 # module attributes: tests substitute an already loaded model
@@ -231,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SEED",
         help="random seed, 0..2^32-1 (default -1: random; --verbose prints it)",
     )
+    add_constraint_flags(g)
 
     o = p.add_argument_group("output")
     o.add_argument(
@@ -429,6 +431,7 @@ def _run(args, out, err) -> int:
     import jax
 
     _validate(args)
+    constrain = constraint_keywords(args)
     chat = args.chat or args.system_prompt is not None
     prompt = _read_prompt(args, chat)
     seed = args.seed if args.seed >= 0 else secrets.randbelow(2**32)
@@ -459,6 +462,7 @@ def _run(args, out, err) -> int:
         precise=args.precise,
     )
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
+    model.constraint(**constrain)  # a bad schema or grammar fails now, before any prompt
     load_s = time.perf_counter() - t0
     phases = {
         **({"python + imports": started} if started is not None else {}),
@@ -500,6 +504,7 @@ def _run(args, out, err) -> int:
         out=out,
         err=err,
         verbose=args.verbose,
+        constrain=constrain,
     )
     tok = model.tokenizer
     base = (

@@ -23,7 +23,9 @@ from minfer_jax.engine.constraint import ConstraintError
 from minfer_jax.engine.sampling import mask_words
 
 CACHED_GRAMMARS = 64  # compiled matchers kept per model
-MAX_GRAMMAR_CHARS = 1 << 20  # a schema or grammar text longer than this is refused before compiling
+# a schema or grammar text longer than this is refused before compiling
+MAX_GRAMMAR_CHARS = 1 << 20
+KIND_NAMES = {"json_schema": "JSON Schema", "gbnf": "GBNF grammar", "lark": "Lark grammar"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +72,8 @@ def grammar_text(spec: GrammarSpec) -> str:
 
     if len(spec.text) > MAX_GRAMMAR_CHARS:
         raise ConstraintError(
-            f"the {spec.kind} is {len(spec.text)} characters (at most {MAX_GRAMMAR_CHARS})"
+            f"the {KIND_NAMES[spec.kind]} is {len(spec.text)} characters "
+            f"(at most {MAX_GRAMMAR_CHARS})"
         )
     try:
         if spec.kind == "json_schema":
@@ -83,7 +86,7 @@ def grammar_text(spec: GrammarSpec) -> str:
             return llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(spec.text))
         return llguidance.LLMatcher.grammar_from_lark(spec.text)
     except Exception as e:  # noqa: BLE001  llguidance's parse errors: the user's grammar
-        raise ConstraintError(f"invalid {spec.kind}: {e}") from None
+        raise ConstraintError(f"invalid {KIND_NAMES[spec.kind]}: {e}") from None
 
 
 class GrammarMask:

@@ -112,10 +112,14 @@ class Plan:
     def prefill_key(self, bucket: int, mode: SamplerMode) -> PrefillKey:
         return PrefillKey(bucket, self.n_slots, self.cache_len, self.history, prefill_mode(mode))
 
-    def decode_key(self, n_active: int, end: int, mode: SamplerMode) -> DecodeKey:
+    def decode_key(
+        self, n_active: int, end: int, mode: SamplerMode, one_step: bool = False
+    ) -> DecodeKey:
+        """one_step: a batch with a grammar row, whose every token needs the host (a plan of
+        decode_steps 1, the server's default, has no other executable for it)."""
         return DecodeKey(
             self.rows(n_active),
-            self.decode_steps,
+            1 if one_step else self.decode_steps,
             self.n_slots,
             self.cache_len,
             self.history,

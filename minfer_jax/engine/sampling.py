@@ -147,8 +147,7 @@ class RowSettings:
     """Per-row sampler settings, each an array [B] (the mask [B, mask_words(vocab)]).
 
     The mask is always an input (all bits set for free rows) so that a constrained row and free
-    rows share one executable; `feed` >= 0 replaces the slot's last token as a decode's first
-    input (a constrained row's token, read by the host before its next step)."""
+    rows share one executable."""
 
     temperature: jax.Array  # f32; <= 0: greedy
     top_k: jax.Array  # i32; 0: off
@@ -159,7 +158,6 @@ class RowSettings:
     seed: jax.Array  # u32: the seed's low 32 bits
     seed_hi: jax.Array  # u32: its high 32 bits (0 for seeds below 2**32: their keys are unchanged)
     mask: jax.Array  # i32 [B, words]: allowed tokens as bits (grammar, banned EOS)
-    feed: jax.Array  # i32: the token to feed first (-1: the slot's last token)
 
     @staticmethod
     def of(
@@ -169,11 +167,9 @@ class RowSettings:
         *,
         vocab: int,
         mask: jax.Array | np.ndarray | None = None,
-        feed=None,
     ) -> RowSettings:
         """Host arrays for these samplers (padded with greedy rows up to `rows`); seeds in
-        0..2**64-1; mask: [rows, mask_words(vocab)] (None: every token allowed); feed: per row
-        (None: none fed)."""
+        0..2**64-1; mask: [rows, mask_words(vocab)] (None: every token allowed)."""
         pad = (rows or len(samplers)) - len(samplers)
         samplers = list(samplers) + [GREEDY] * pad
         seeds = [int(s) % 2**64 for s in seeds] + [0] * pad
@@ -192,12 +188,6 @@ class RowSettings:
             seed=cast(jax.Array, np.asarray([s % 2**32 for s in seeds], np.uint32)),
             seed_hi=cast(jax.Array, np.asarray([s >> 32 for s in seeds], np.uint32)),
             mask=cast(jax.Array, all_allowed(len(samplers), vocab) if mask is None else mask),
-            feed=cast(
-                jax.Array,
-                np.full((len(samplers),), -1, np.int32)
-                if feed is None
-                else np.asarray(list(feed) + [-1] * pad, np.int32),
-            ),
         )
 
     @staticmethod
@@ -218,7 +208,6 @@ class RowSettings:
             seed=u32,
             seed_hi=u32,
             mask=cast(jax.Array, jax.ShapeDtypeStruct((rows, mask_words(vocab)), jnp.int32)),
-            feed=i32,
         )
 
 

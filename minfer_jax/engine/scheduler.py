@@ -366,7 +366,7 @@ class Scheduler:
         req.slot, req.cached = self._take_slot(req.prompt)
         if self.compile_in_loop:
             req.timing.compile_s = self.compile(
-                self.needed(n, req.max_new_tokens, req.sampler, start=req.cached)
+                self.needed(n, req.max_new_tokens, req.sampler, req.cached, _follows_tokens(req))
             )
         req.chunks = plan.chunks(n - req.cached, req.cached)
         req.timing.start, req.timing.compile_at_start = time.perf_counter(), self.compile_s
@@ -395,9 +395,12 @@ class Scheduler:
     def mode(samplers: Sequence[Sampler]) -> SamplerMode:
         return SamplerMode.of(samplers)
 
-    def needed(self, n_prompt: int, max_new: int, sampler: Sampler, start: int = 0) -> list:
+    def needed(
+        self, n_prompt: int, max_new: int, sampler: Sampler, start: int = 0, one_step: bool = False
+    ) -> list:
         """The executables a request of n_prompt tokens will run first (for compile-ahead messages);
-        start: prompt tokens a slot already holds (prefix reuse)."""
+        start: prompt tokens a slot already holds (prefix reuse); one_step: it follows a grammar
+        (plan.decode_key)."""
         plan = self.plan
         mode = SamplerMode.of([sampler])
         keys: list[PrefillKey | DecodeKey] = list(
@@ -408,7 +411,9 @@ class Scheduler:
         if max_new > 1:
             batch_mode = SamplerMode.of([r.sampler for r in self.decoding] + [sampler])
             keys.append(
-                plan.decode_key(len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode)
+                plan.decode_key(
+                    len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode, one_step
+                )
             )
         return keys
 
@@ -492,7 +497,10 @@ class Scheduler:
             return False
         plan, n = self.plan, len(rows)
         end = max(len(r.prompt) + r.produced - 1 for r in rows) + plan.decode_steps
-        key = self._runnable(plan.decode_key(n, end, self.mode([r.sampler for r in rows])))
+        # a grammar row needs each token before its next mask: the whole batch steps once
+        one_step = any(_follows_tokens(r) for r in rows)
+        mode = self.mode([r.sampler for r in rows])
+        key = self._runnable(plan.decode_key(n, end, mode, one_step))
         width = key.rows
         slots = np.full((width,), plan.scratch_slot, np.int32)
         positions = np.zeros((width,), np.int32)
@@ -505,17 +513,14 @@ class Scheduler:
             width,
             vocab=self.model.config.vocab_size,
             mask=self._mask(rows, width),
-            feed=[_fed_token(r) for r in rows],
         )
         out, self.state, self.cache = exe(
             self.model.params, self.cache, self.state, slots, positions, settings
         )
         valid = []
         for r in rows:
-            # a grammar row takes one token per chunk: the next one needs its next mask
-            steps_taken = 1 if _follows_tokens(r) else plan.decode_steps
-            valid.append(min(steps_taken, r.limit - r.produced))
-            r.produced += steps_taken
+            valid.append(min(key.n_steps, r.limit - r.produced))
+            r.produced += key.n_steps
         self.inflight.append(DecodeChunk(list(zip(rows, valid)), out))
         return True
 
@@ -618,11 +623,3 @@ class Scheduler:
 def _follows_tokens(req: Request) -> bool:
     """req's mask changes with every token it samples (a grammar)."""
     return req.constraint is not None and req.constraint.dynamic
-
-
-def _fed_token(req: Request) -> int:
-    """The token a grammar row feeds next (its last, read by the host: the device's last token of
-    the chunk is one the grammar never saw); -1 for other rows."""
-    if not _follows_tokens(req) or req.stream is None or not req.stream.tokens:
-        return -1
-    return req.stream.tokens[-1]

@@ -113,8 +113,9 @@ def decode_chunk(
     out = jnp.zeros((n_steps, slots.shape[0]), jnp.int32)
     # only the penalty reads or grows the history: other modes leave it where it is
     history = state.history[slots] if mode.penalty else jnp.zeros((slots.shape[0], 0), jnp.int32)
-    first = jnp.where(rows.feed >= 0, rows.feed, state.last_token[slots])
-    out, tokens, history, cache = jax.lax.fori_loop(0, n_steps, step, (out, first, history, cache))
+    out, tokens, history, cache = jax.lax.fori_loop(
+        0, n_steps, step, (out, state.last_token[slots], history, cache)
+    )
     history = state.history.at[slots].set(history) if mode.penalty else state.history
     return out, SlotState(last_token=state.last_token.at[slots].set(tokens), history=history), cache
 
