@@ -137,3 +137,64 @@ def test_every_openai_request_field_is_known():
         known = set(kind.model_fields) | set(UNSUPPORTED) | set(CALLER_FIELDS)
         fields = set(params.__annotations__)
         assert len(fields) > 15 and fields <= known, sorted(fields - known)
+
+
+TOOLS = [
+    {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "days": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+            "required": ["city", "days"],
+        },
+    },
+    {"name": "clock", "parameters": {"type": "object", "properties": {}}},
+]
+
+
+@pytest.mark.parametrize("fmt_name", ["QwenJsonCalls", "XmlCalls", "Llama3JsonCalls"])
+def test_each_call_format_parses_its_calls_and_streams_content_around_them(fmt_name):
+    from minfer_jax.server import tools
+
+    fmt = getattr(tools, fmt_name)()
+    reply = {
+        "QwenJsonCalls": 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Paris", "days": 2}}\n</tool_call>\n<tool_call>\n{"name": "clock", '
+        '"arguments": {}}\n</tool_call>',
+        "XmlCalls": "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=clock>\n</function>\n</tool_call>",
+        "Llama3JsonCalls": '<|python_tag|>{"name": "get_weather", "parameters": '
+        '{"city": "Paris", "days": 2}}',
+    }[fmt_name]
+    content, calls = fmt.parse(reply)
+    assert content == ("" if fmt_name == "Llama3JsonCalls" else "Sure.\n")
+    assert calls[0].name == "get_weather"
+    assert json.loads(calls[0].arguments) == {"city": "Paris", "days": 2}
+    assert [c.name for c in calls] == ["get_weather", "clock"][: len(calls)]
+    stream = tools.CallStream(fmt)
+    sent = "".join(stream.feed(reply[i : i + 3]) for i in range(0, len(reply), 3))
+    rest, streamed = stream.finish()
+    assert sent + rest == content and [c.name for c in streamed] == [c.name for c in calls]
+    assert fmt.parse("no call here") == ("no call here", [])
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("fmt_name", ["QwenJsonCalls", "XmlCalls", "Llama3JsonCalls"])
+def test_forced_call_grammars_compile_and_constrain(tiny, fmt_name):
+    from minfer_jax.server import tools
+
+    fmt = getattr(tools, fmt_name)()
+    grammar = tools.forced_grammar(fmt, TOOLS[:1], parallel=False)
+    out = minfer_jax.generate(tiny, "call", grammar=grammar, max_new_tokens=60, temperature=0)
+    _, calls = fmt.parse(out.text)
+    assert out.stop_reason == "eos" and [c.name for c in calls] == ["get_weather"], out.text
+    args = json.loads(calls[0].arguments)
+    assert set(args) == {"city", "days"} and type(args["days"]) is int, args
+    assert tools.call_format("... <function=x> ...").__class__ is tools.XmlCalls
+    assert tools.call_format("{{ '<tool_call>' }}").__class__ is tools.QwenJsonCalls
+    assert tools.call_format("<|python_tag|>").__class__ is tools.Llama3JsonCalls
+    assert tools.call_format("{{ messages }}") is None

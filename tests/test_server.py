@@ -354,7 +354,7 @@ BAD_REQUESTS = [  # (endpoint, raw body, param named in the error)
     (
         "chat/completions",
         b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}',
-        "tools",
+        "tools.0.function",
     ),
 ]
 
@@ -931,3 +931,84 @@ def test_no_field_is_dropped_in_silence(server):
     for endpoint, body in base.items():
         r = _post(server, endpoint, {**body, **accepted, "mirostat": 0, "typical_p": 1.0})
         assert r.status_code == 200, r.text
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}
+
+
+def _valid_weather_args(arguments: str) -> None:
+    args = json.loads(arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("c", "f"), args
+    assert isinstance(args["city"], str) and len(args["city"]) <= 20
+
+
+@pytest.mark.real_model
+def test_forced_tool_calls_validate_streamed_and_not_and_results_feed_back(client):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    full = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        tools=[CLOCK, WEATHER],
+        tool_choice=named,
+        max_tokens=60,
+        temperature=0,
+    )
+    choice = full.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    _valid_weather_args(call.function.arguments)
+
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        tools=[CLOCK, WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+        temperature=0,
+        stream=True,
+    )
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        for c in chunk.choices[0].delta.tool_calls or []:
+            got = calls.setdefault(c.index, {"name": "", "arguments": ""})
+            got["name"] += c.function.name or ""
+            got["arguments"] += c.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and list(calls) == [0], calls
+    assert calls[0]["name"] in ("get_weather", "clock")
+    if calls[0]["name"] == "get_weather":
+        _valid_weather_args(calls[0]["arguments"])
+
+    history = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+    ]
+    again = client.chat.completions.create(
+        model="tiny", messages=history, tools=[WEATHER], max_tokens=4, temperature=0
+    )
+    assert again.usage.prompt_tokens > full.usage.prompt_tokens + 10  # the call and its result
+    bad = {"type": "function", "function": {"name": "nowhere"}}
+    with pytest.raises(openai.BadRequestError, match="nowhere"):
+        client.chat.completions.create(
+            model="tiny", messages=messages, tools=[WEATHER], tool_choice=bad, max_tokens=4
+        )

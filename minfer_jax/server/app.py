@@ -36,7 +36,14 @@ from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSetting
 from minfer_jax.server.guards import AccessGuard, AccessPolicy
 from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, longest_token_chars
 from minfer_jax.server.openai_format import Reply, error_body, sse
-from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, CompletionRequest, parse
+from minfer_jax.server.schemas import (
+    BadRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    parse,
+)
+from minfer_jax.server.tools import CallFormat, CallStream, call_format, forced_grammar
 
 # a non-streamed request checks this often whether its client is still there
 DISCONNECT_POLL_S = 0.5
@@ -136,8 +143,9 @@ def _chat_prompt_ids(
         raise BadRequest(str(e), "messages") from None
 
 
-async def _stream(handle: Handle, reply: Reply, include_usage: bool):
-    """SSE events of one request; leaving early (client gone) cancels it."""
+async def _stream(handle: Handle, reply: Reply, include_usage: bool, calls: CallFormat | None):
+    """SSE events of one request; leaving early (client gone) cancels it. calls: the tool-call
+    format the reply is parsed with (text that may be a call is held back)."""
 
     def chunk(*args, **kwargs) -> str:
         event = reply.chunk(*args, **kwargs)
@@ -148,7 +156,10 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool):
     try:
         if reply.kind == "chat":
             yield chunk(role=True)
+        held = None if calls is None else CallStream(calls)
         async for piece in handle.pieces():
+            if held is not None and not (piece := held.feed(piece)):
+                continue
             yield chunk(piece)
         req = handle.req
         if req.error is not None:
@@ -156,7 +167,12 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool):
             yield sse(error_body(failed.message, failed.kind, code=failed.code))
             return
         result = req.result()
-        yield chunk(reason=result.stop_reason)
+        rest, made = held.finish() if held is not None else ("", [])
+        if rest:
+            yield chunk(rest)
+        for index, call in enumerate(made):
+            yield chunk(call=call, call_index=index)
+        yield chunk(reason=result.stop_reason, called=bool(made))
         if include_usage:
             yield sse(
                 reply.usage_chunk(
@@ -222,10 +238,39 @@ def _ready(backend: Backend, request: Request) -> Backend:
     return backend
 
 
-def _constraint(model, body):
-    """The request's token constraint (its schema or grammar compiled, or EOS banned), built in a
-    worker thread: a grammar compiles off the scheduler's loop."""
+def _tool_setup(model, body) -> tuple[CallFormat | None, dict]:
+    """The tool-call format to parse the reply with, and the template's `tools` (none for
+    tool_choice none); a 400 when the model's template knows no tool calls."""
+    if not getattr(body, "tools", None) or body.tool_choice == "none":
+        return None, {}
+    fmt = None if model.tokenizer is None else call_format(model.tokenizer.chat_template)
+    if fmt is None:
+        raise BadRequest("this model's chat template has no tool-call format", "tools")
+    return fmt, {"tools": [t.model_dump(exclude_none=True) for t in body.tools]}
+
+
+def _tool_grammar(fmt: CallFormat | None, body) -> str | None:
+    """The grammar that forces a call (tool_choice required, or a named function), else None."""
+    choice = getattr(body, "tool_choice", None)
+    if fmt is None or choice in (None, "auto", "none"):
+        return None
+    functions = [t.function.model_dump(exclude_none=True) for t in body.tools]
+    if isinstance(choice, NamedToolChoice):
+        functions = [f for f in functions if f["name"] == choice.function.name]
+        if not functions:
+            raise BadRequest(f"tool_choice names {choice.function.name!r}, not in tools", "tools")
+    return forced_grammar(fmt, functions, body.parallel_tool_calls)
+
+
+def _constraint(model, body, fmt: CallFormat | None = None):
+    """The request's token constraint (its schema or grammar compiled, a forced tool call, or
+    EOS banned), built in a worker thread: a grammar compiles off the scheduler's loop."""
     asked = body.output_constraint()
+    forced = _tool_grammar(fmt, body)
+    if forced is not None:
+        if asked:
+            raise BadRequest(f"a forced tool call and {asked[0][0]} do not mix", "tool_choice")
+        asked = [("tool_choice", {"grammar": forced})]
     field, keywords = asked[0] if asked else ("ignore_eos", {"ignore_eos": body.ignore_eos})
     try:
         return model.constraint(**keywords)
@@ -233,11 +278,18 @@ def _constraint(model, body):
         raise BadRequest(str(e), field) from None
 
 
-async def _generate(backend: Backend, request: Request, kind: str, body, ids: list[int]):
+async def _generate(
+    backend: Backend,
+    request: Request,
+    kind: str,
+    body,
+    ids: list[int],
+    calls: CallFormat | None = None,
+):
     """Submit one validated request; its SSE stream, or its JSON once done."""
     from minfer_jax.engine.sampling import sampler_of
 
-    constraint = await run_in_threadpool(_constraint, backend.model, body)
+    constraint = await run_in_threadpool(_constraint, backend.model, body, calls)
     ctx, vocab = backend.scheduler.plan.ctx, backend.model.config.vocab_size
     # extreme counts are clamped (validate.clamped_count), as generate() and the CLI do
     wanted = backend.settings.n_predict if body.max_tokens is None else body.max_tokens
@@ -271,7 +323,7 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
     reply = Reply(kind, backend.model_id)
     if body.stream:
         return StreamingResponse(
-            _stream(handle, reply, body.include_usage),
+            _stream(handle, reply, body.include_usage, calls),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
@@ -281,13 +333,15 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
     if req.error is not None:
         raise _failed(req.error)
     result = req.result()
+    text, made = calls.parse(result.text) if calls is not None else (result.text, [])
     return JSONResponse(
         reply.full(
-            result.text,
+            text,
             result.stop_reason,
             len(result.prompt_tokens),
             len(result.tokens),
             result.cached_tokens,
+            made,
         )
     )
 
@@ -356,16 +410,17 @@ def _add_generation_routes(
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
         limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
+        calls, tools = _tool_setup(backend.model, body)
         ids = await run_in_threadpool(
             _chat_prompt_ids,
             backend.model,
             messages,
             ctx - 1,
             literal_content,
-            body.chat_template_kwargs,
+            {**(body.chat_template_kwargs or {}), **tools},
         )
         del messages
-        return await _generate(backend, request, "chat", body, ids)
+        return await _generate(backend, request, "chat", body, ids, calls)
 
 
 def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> None:

@@ -63,13 +63,17 @@ class Reply:
         prompt_tokens: int,
         completion_tokens: int,
         cached_tokens: int = 0,
+        tool_calls: list | None = None,
     ) -> dict:
-        """The non-streamed response."""
-        finish = FINISH_REASON.get(reason, "stop")
+        """The non-streamed response; tool_calls: ToolCall (server/tools.py) parsed from it."""
+        finish = "tool_calls" if tool_calls else FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
+            message: dict = {"role": "assistant", "content": text or None}
+            if tool_calls:
+                message["tool_calls"] = [c.openai() for c in tool_calls]
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
             }
@@ -84,16 +88,28 @@ class Reply:
         }
 
     def chunk(
-        self, text: str | None = None, reason: StopReason | None = None, *, role: bool = False
+        self,
+        text: str | None = None,
+        reason: StopReason | None = None,
+        *,
+        role: bool = False,
+        call=None,
+        call_index: int = 0,
+        called: bool = False,
     ) -> dict:
-        """One streamed chunk: a text piece, the opening role (chat), or the final finish_reason."""
+        """One streamed chunk: a text piece, the opening role (chat), one tool call (`call`, at
+        `call_index`), or the final finish_reason ("tool_calls" once `called`)."""
         finish = None if reason is None else FINISH_REASON.get(reason, "stop")
+        if called and reason is not None:
+            finish = "tool_calls"
         if self.kind == "chat":
             delta = (
                 {"role": "assistant", "content": ""}
                 if role
                 else ({} if text is None else {"content": text})
             )
+            if call is not None:
+                delta = {"tool_calls": [call.openai(call_index)]}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}

@@ -55,8 +55,6 @@ UNSUPPORTED = {
     "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0),
     "logit_bias": (None, {}),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),  # the deprecated spelling of tools and tool_choice
     "function_call": (None, "none"),
     "modalities": (None, ["text"]),
@@ -103,7 +101,6 @@ CALLER_FIELDS = (
     "prompt_cache_retention",
     "prompt_cache_options",
     "safety_identifier",
-    "parallel_tool_calls",
     "cache_prompt",
 )
 
@@ -305,22 +302,78 @@ class ContentPart(BaseModel):
     text: Text
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: Text
+    arguments: Text  # JSON text
+
+
+class MessageToolCall(BaseModel):
+    """A call an assistant message made (the history of a tool-using conversation)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    id: Text | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def as_template_call(self) -> dict[str, Any]:
+        """As HF chat templates read a call: arguments as an object (tojson renders it)."""
+        try:
+            arguments: Any = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        fn = {"name": self.function.name, "arguments": arguments}
+        return {"id": self.id, "type": "function", "function": fn}
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[ContentPart] | None = None
     name: Text | None = None  # passed to the template (some render it)
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: Text | None = None  # a tool result's call
 
-    def as_template_message(self) -> dict[str, str]:
-        """The message as a chat template expects it: text content only."""
+    def as_template_message(self) -> dict[str, Any]:
+        """The message as a chat template expects it: text content, calls with their arguments
+        as objects."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role  # OpenAI's newer name for system
-        message = {"role": role, "content": content or ""}
+        message: dict[str, Any] = {"role": role, "content": content or ""}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [c.as_template_call() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema
+    strict: bool | None = None  # the arguments are always held to it when a call is forced
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(BaseModel):
@@ -363,6 +416,9 @@ class ChatCompletionRequest(_Generation):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = Field(None, ge=-1)  # OpenAI's newer name
     response_format: ResponseFormat | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     # extra variables for the chat template (e.g. enable_thinking), as llama-server takes them
     chat_template_kwargs: dict[str, Any] | None = None
 
