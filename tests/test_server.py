@@ -972,9 +972,11 @@ def test_forced_tool_calls_validate_streamed_and_not_and_results_feed_back(clien
     )
     choice = full.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
-    (call,) = choice.message.tool_calls
-    assert call.type == "function" and call.function.name == "get_weather" and call.id
-    _valid_weather_args(call.function.arguments)
+    # parallel calls allowed (the default): each of the named function, each valid
+    for call in choice.message.tool_calls:
+        assert call.type == "function" and call.function.name == "get_weather" and call.id
+        _valid_weather_args(call.function.arguments)
+    call = choice.message.tool_calls[0]
 
     stream = client.chat.completions.create(
         model="tiny",
