@@ -198,3 +198,27 @@ def test_forced_call_grammars_compile_and_constrain(tiny, fmt_name):
     assert tools.call_format("{{ '<tool_call>' }}").__class__ is tools.QwenJsonCalls
     assert tools.call_format("<|python_tag|>").__class__ is tools.Llama3JsonCalls
     assert tools.call_format("{{ messages }}") is None
+
+
+@pytest.mark.parametrize(
+    "reply, inside, reasoning, content",
+    [
+        ("<think>\nplan it\n</think>\n\nthe answer", False, "plan it", "the answer"),
+        ("plan it\n</think>\n\nthe answer", True, "plan it", "the answer"),  # R1: opened by prompt
+        ("just the answer", False, None, "just the answer"),
+        ("<think>cut off while thinking", False, "cut off while thinking", ""),
+        ("a </think> in an answer", False, None, "a </think> in an answer"),
+    ],
+)
+def test_reasoning_is_split_from_content_whole_and_streamed(reply, inside, reasoning, content):
+    from minfer_jax.server.reasoning import ReasoningStream, prompt_opens_think, split_reasoning
+
+    assert split_reasoning(reply, inside) == (reasoning, content)
+    for size in (1, 2, 5):
+        stream, parts = ReasoningStream(inside), [("", "")]
+        parts += [stream.feed(reply[i : i + size]) for i in range(0, len(reply), size)]
+        parts.append(stream.finish())
+        assert "".join(c for _, c in parts) == content
+        assert "".join(r for r, _ in parts).strip() == (reasoning or "")
+    assert prompt_opens_think("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_think("<think>\n\n</think>\n\n")

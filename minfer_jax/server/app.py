@@ -36,14 +36,9 @@ from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSetting
 from minfer_jax.server.guards import AccessGuard, AccessPolicy
 from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, longest_token_chars
 from minfer_jax.server.openai_format import Reply, error_body, sse
-from minfer_jax.server.schemas import (
-    BadRequest,
-    ChatCompletionRequest,
-    CompletionRequest,
-    NamedToolChoice,
-    parse,
-)
-from minfer_jax.server.tools import CallFormat, CallStream, call_format, forced_grammar
+from minfer_jax.server.reasoning import ReasoningStream, reply_thinks, split_reasoning
+from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, CompletionRequest, parse
+from minfer_jax.server.tools import CallFormat, CallStream, tool_grammar, tool_setup
 
 # a non-streamed request checks this often whether its client is still there
 DISCONNECT_POLL_S = 0.5
@@ -143,9 +138,16 @@ def _chat_prompt_ids(
         raise BadRequest(str(e), "messages") from None
 
 
-async def _stream(handle: Handle, reply: Reply, include_usage: bool, calls: CallFormat | None):
+async def _stream(
+    handle: Handle,
+    reply: Reply,
+    include_usage: bool,
+    calls: CallFormat | None,
+    think: bool | None = None,
+):
     """SSE events of one request; leaving early (client gone) cancels it. calls: the tool-call
-    format the reply is parsed with (text that may be a call is held back)."""
+    format the reply is parsed with (text that may be a call is held back); think: a thinking
+    model's reply (reasoning_content split out; True: it starts inside the think block)."""
 
     def chunk(*args, **kwargs) -> str:
         event = reply.chunk(*args, **kwargs)
@@ -157,10 +159,24 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool, calls: Call
         if reply.kind == "chat":
             yield chunk(role=True)
         held = None if calls is None else CallStream(calls)
+        thought = None if think is None else ReasoningStream(think)
         async for piece in handle.pieces():
-            if held is not None and not (piece := held.feed(piece)):
-                continue
-            yield chunk(piece)
+            if thought is not None:
+                reasoning, piece = thought.feed(piece)
+                if reasoning:
+                    yield chunk(reasoning=reasoning)
+            if held is not None and piece:
+                piece = held.feed(piece)
+            if piece:
+                yield chunk(piece)
+        if thought is not None:
+            reasoning, piece = thought.finish()
+            if reasoning:
+                yield chunk(reasoning=reasoning)
+            if held is not None and piece:
+                piece = held.feed(piece)
+            if piece:
+                yield chunk(piece)
         req = handle.req
         if req.error is not None:
             failed = _failed(req.error)
@@ -238,35 +254,11 @@ def _ready(backend: Backend, request: Request) -> Backend:
     return backend
 
 
-def _tool_setup(model, body) -> tuple[CallFormat | None, dict]:
-    """The tool-call format to parse the reply with, and the template's `tools` (none for
-    tool_choice none); a 400 when the model's template knows no tool calls."""
-    if not getattr(body, "tools", None) or body.tool_choice == "none":
-        return None, {}
-    fmt = None if model.tokenizer is None else call_format(model.tokenizer.chat_template)
-    if fmt is None:
-        raise BadRequest("this model's chat template has no tool-call format", "tools")
-    return fmt, {"tools": [t.model_dump(exclude_none=True) for t in body.tools]}
-
-
-def _tool_grammar(fmt: CallFormat | None, body) -> str | None:
-    """The grammar that forces a call (tool_choice required, or a named function), else None."""
-    choice = getattr(body, "tool_choice", None)
-    if fmt is None or choice in (None, "auto", "none"):
-        return None
-    functions = [t.function.model_dump(exclude_none=True) for t in body.tools]
-    if isinstance(choice, NamedToolChoice):
-        functions = [f for f in functions if f["name"] == choice.function.name]
-        if not functions:
-            raise BadRequest(f"tool_choice names {choice.function.name!r}, not in tools", "tools")
-    return forced_grammar(fmt, functions, body.parallel_tool_calls)
-
-
 def _constraint(model, body, fmt: CallFormat | None = None):
     """The request's token constraint (its schema or grammar compiled, a forced tool call, or
     EOS banned), built in a worker thread: a grammar compiles off the scheduler's loop."""
     asked = body.output_constraint()
-    forced = _tool_grammar(fmt, body)
+    forced = tool_grammar(fmt, body)
     if forced is not None:
         if asked:
             raise BadRequest(f"a forced tool call and {asked[0][0]} do not mix", "tool_choice")
@@ -285,8 +277,10 @@ async def _generate(
     body,
     ids: list[int],
     calls: CallFormat | None = None,
+    think: bool | None = None,
 ):
-    """Submit one validated request; its SSE stream, or its JSON once done."""
+    """Submit one validated request; its SSE stream, or its JSON once done (calls, think: as
+    _stream takes them)."""
     from minfer_jax.engine.sampling import sampler_of
 
     constraint = await run_in_threadpool(_constraint, backend.model, body, calls)
@@ -323,7 +317,7 @@ async def _generate(
     reply = Reply(kind, backend.model_id)
     if body.stream:
         return StreamingResponse(
-            _stream(handle, reply, body.include_usage, calls),
+            _stream(handle, reply, body.include_usage, calls, think),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
@@ -333,7 +327,8 @@ async def _generate(
     if req.error is not None:
         raise _failed(req.error)
     result = req.result()
-    text, made = calls.parse(result.text) if calls is not None else (result.text, [])
+    reasoning, text = (None, result.text) if think is None else split_reasoning(result.text, think)
+    text, made = calls.parse(text) if calls is not None else (text, [])
     return JSONResponse(
         reply.full(
             text,
@@ -342,6 +337,7 @@ async def _generate(
             len(result.tokens),
             result.cached_tokens,
             made,
+            reasoning,
         )
     )
 
@@ -410,7 +406,7 @@ def _add_generation_routes(
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
         limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
-        calls, tools = _tool_setup(backend.model, body)
+        calls, tools = tool_setup(backend.model, body)
         ids = await run_in_threadpool(
             _chat_prompt_ids,
             backend.model,
@@ -420,7 +416,8 @@ def _add_generation_routes(
             {**(body.chat_template_kwargs or {}), **tools},
         )
         del messages
-        return await _generate(backend, request, "chat", body, ids, calls)
+        think = reply_thinks(backend.model, ids)
+        return await _generate(backend, request, "chat", body, ids, calls, think)
 
 
 def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> None:

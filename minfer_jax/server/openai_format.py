@@ -64,13 +64,17 @@ class Reply:
         completion_tokens: int,
         cached_tokens: int = 0,
         tool_calls: list | None = None,
+        reasoning: str | None = None,
     ) -> dict:
-        """The non-streamed response; tool_calls: ToolCall (server/tools.py) parsed from it."""
+        """The non-streamed response; tool_calls: ToolCall (server/tools.py) parsed from it;
+        reasoning: a thinking model's think block (server/reasoning.py)."""
         finish = "tool_calls" if tool_calls else FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
             message: dict = {"role": "assistant", "content": text or None}
             if tool_calls:
                 message["tool_calls"] = [c.openai() for c in tool_calls]
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
             choice = {
                 "index": 0,
                 "message": message,
@@ -96,6 +100,7 @@ class Reply:
         call=None,
         call_index: int = 0,
         called: bool = False,
+        reasoning: str | None = None,
     ) -> dict:
         """One streamed chunk: a text piece, the opening role (chat), one tool call (`call`, at
         `call_index`), or the final finish_reason ("tool_calls" once `called`)."""
@@ -110,6 +115,8 @@ class Reply:
             )
             if call is not None:
                 delta = {"tool_calls": [call.openai(call_index)]}
+            if reasoning is not None:
+                delta = {"reasoning_content": reasoning}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}

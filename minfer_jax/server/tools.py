@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from minfer_jax.engine.constraint import ConstraintError
+from minfer_jax.server.schemas import BadRequest, NamedToolChoice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,3 +206,27 @@ class CallStream:
         if not calls:
             return self.text[self.sent :], []
         return content[self.sent :], calls
+
+
+def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
+    """The tool-call format to parse the reply with, and the template's `tools` (none for
+    tool_choice none); a 400 when the model's template knows no tool calls."""
+    if not getattr(body, "tools", None) or body.tool_choice == "none":
+        return None, {}
+    fmt = None if model.tokenizer is None else call_format(model.tokenizer.chat_template)
+    if fmt is None:
+        raise BadRequest("this model's chat template has no tool-call format", "tools")
+    return fmt, {"tools": [t.model_dump(exclude_none=True) for t in body.tools]}
+
+
+def tool_grammar(fmt: CallFormat | None, body) -> str | None:
+    """The grammar that forces a call (tool_choice required, or a named function), else None."""
+    choice = getattr(body, "tool_choice", None)
+    if fmt is None or choice in (None, "auto", "none"):
+        return None
+    functions = [t.function.model_dump(exclude_none=True) for t in body.tools]
+    if isinstance(choice, NamedToolChoice):
+        functions = [f for f in functions if f["name"] == choice.function.name]
+        if not functions:
+            raise BadRequest(f"tool_choice names {choice.function.name!r}, not in tools", "tools")
+    return forced_grammar(fmt, functions, body.parallel_tool_calls)
