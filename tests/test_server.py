@@ -1014,3 +1014,50 @@ def test_forced_tool_calls_validate_streamed_and_not_and_results_feed_back(clien
         client.chat.completions.create(
             model="tiny", messages=messages, tools=[WEATHER], tool_choice=bad, max_tokens=4
         )
+
+
+@pytest.mark.real_model
+def test_anthropic_messages_api_with_a_system_prompt_tools_and_its_stream(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    tool = {
+        "name": "get_weather",
+        "input_schema": WEATHER["function"]["parameters"],
+        "description": "The weather in a city",
+    }
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    forced = client.messages.create(
+        model="tiny",
+        system="You are terse.",
+        messages=messages,
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        max_tokens=60,
+        extra_body={"temperature": 0},
+    )
+    assert forced.stop_reason == "tool_use" and forced.role == "assistant", forced
+    (use,) = [b for b in forced.content if b.type == "tool_use"]
+    assert use.name == "get_weather"
+    _valid_weather_args(json.dumps(use.input))
+    history = messages + [
+        {"role": "assistant", "content": [use.model_dump()]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21 C"}],
+        },
+    ]
+    count = client.messages.count_tokens(model="tiny", messages=history, tools=[tool])
+    assert count.input_tokens > forced.usage.input_tokens
+    with client.messages.stream(
+        model="tiny", messages=history, tools=[tool], max_tokens=6, extra_body={"temperature": 0}
+    ) as stream:
+        names = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert names[0] == "message_start" and names[-1] == "message_stop", names
+    assert names[-2] == "message_delta" and "content_block_start" in names, names
+    assert names.index("content_block_start") < names.index("content_block_stop"), names
+    assert final.stop_reason in ("end_turn", "max_tokens") and final.usage.output_tokens > 0
+    r = httpx.post(f"{server.url}/v1/messages", json={"model": "tiny", "messages": messages})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and "max_tokens" in r.text

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import secrets
 
 from fastapi import FastAPI, Request
@@ -32,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minfer_jax import validate
 from minfer_jax.errors import MinferError
 from minfer_jax.server import metrics
+from minfer_jax.server.anthropic import add_messages_routes
 from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSettings, ShuttingDown
 from minfer_jax.server.guards import AccessGuard, AccessPolicy
 from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, longest_token_chars
@@ -281,6 +283,37 @@ async def _generate(
 ):
     """Submit one validated request; its SSE stream, or its JSON once done (calls, think: as
     _stream takes them)."""
+    handle = await _submit(backend, kind, body, ids, calls)
+    reply = Reply(kind, backend.model_id)
+    if body.stream:
+        return StreamingResponse(
+            _stream(handle, reply, body.include_usage, calls, think),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    if not await _wait(request, handle):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+    req = handle.req
+    if req.error is not None:
+        raise _failed(req.error)
+    result = req.result()
+    reasoning, text = (None, result.text) if think is None else split_reasoning(result.text, think)
+    text, made = calls.parse(text) if calls is not None else (text, [])
+    return JSONResponse(
+        reply.full(
+            text,
+            result.stop_reason,
+            len(result.prompt_tokens),
+            len(result.tokens),
+            result.cached_tokens,
+            made,
+            reasoning,
+        )
+    )
+
+
+async def _submit(backend: Backend, kind: str, body, ids: list[int], calls=None) -> Handle:
+    """The request's constraint built (off the loop) and its generation queued."""
     from minfer_jax.engine.sampling import sampler_of
 
     constraint = await run_in_threadpool(_constraint, backend.model, body, calls)
@@ -314,32 +347,7 @@ async def _generate(
         raise _failed(e) from None
     except MinferError as e:  # the scheduler's checks: empty prompt, over the context, bad token id
         raise BadRequest(str(e), "messages" if kind == "chat" else "prompt") from None
-    reply = Reply(kind, backend.model_id)
-    if body.stream:
-        return StreamingResponse(
-            _stream(handle, reply, body.include_usage, calls, think),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
-    if not await _wait(request, handle):
-        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
-    req = handle.req
-    if req.error is not None:
-        raise _failed(req.error)
-    result = req.result()
-    reasoning, text = (None, result.text) if think is None else split_reasoning(result.text, think)
-    text, made = calls.parse(text) if calls is not None else (text, [])
-    return JSONResponse(
-        reply.full(
-            text,
-            result.stop_reason,
-            len(result.prompt_tokens),
-            len(result.tokens),
-            result.cached_tokens,
-            made,
-            reasoning,
-        )
-    )
+    return handle
 
 
 class _Admission:
@@ -403,6 +411,11 @@ def _add_generation_routes(
             parse, ChatCompletionRequest, raw, lambda data: limits.check_json(data, ctx)
         )
         del raw
+        ids, calls, think = await prepare_chat(body, limits)
+        return await _generate(backend, request, "chat", body, ids, calls, think)
+
+    async def prepare_chat(body: ChatCompletionRequest, limits: RequestLimits):
+        """A chat body's prompt ids, tool-call format and thinking (as _generate takes them)."""
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
         limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
@@ -411,13 +424,15 @@ def _add_generation_routes(
             _chat_prompt_ids,
             backend.model,
             messages,
-            ctx - 1,
+            backend.scheduler.plan.ctx - 1,
             literal_content,
             {**(body.chat_template_kwargs or {}), **tools},
         )
-        del messages
-        think = reply_thinks(backend.model, ids)
-        return await _generate(backend, request, "chat", body, ids, calls, think)
+        return ids, calls, reply_thinks(backend.model, ids)
+
+    add_messages_routes(
+        app, backend, admission, prepare_chat, functools.partial(_submit, backend), _wait
+    )
 
 
 def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> None:
