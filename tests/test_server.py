@@ -924,9 +924,9 @@ def test_no_field_is_dropped_in_silence(server):
         r = _post(server, endpoint, {**base[endpoint], **extra})
         assert r.status_code == 400, (extra, r.text)
         assert r.json()["error"]["param"] == param, (extra, r.json())
-    message = {"role": "user", "content": "hi", "tool_call_id": "x"}
+    message = {"role": "user", "content": "hi", "audio": {"id": "x"}}
     r = _post(server, "chat/completions", {"messages": [message], "max_tokens": 2})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.tool_call_id"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.audio"
     accepted = {"user": "u", "metadata": {"a": "b"}, "cache_prompt": True, "store": False}
     for endpoint, body in base.items():
         r = _post(server, endpoint, {**body, **accepted, "mirostat": 0, "typical_p": 1.0})
