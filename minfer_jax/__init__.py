@@ -31,10 +31,10 @@ from minfer_jax.errors import (
 )
 from minfer_jax.model.config import Config
 from minfer_jax.ops import Impl
-
-__version__ = "0.1.0"
+from minfer_jax.version import __version__
 
 __all__ = [
+    "__version__",
     "Config",
     "ContextOverflowError",
     "GGUFError",

@@ -50,13 +50,27 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from minfer_jax import validate
+from minfer_jax import experts, validate
 from minfer_jax.errors import InvalidArgumentError
-from minfer_jax.model.weights import DenseWeight, Weight
-from minfer_jax.pallas import dequant, gemm, gemm_int8, gemv, gemv_tuning, int8_words, tiles
+from minfer_jax.pallas import (
+    dequant,
+    expert_gemm,
+    expert_gemv,
+    gemm,
+    gemm_int8,
+    gemv,
+    gemv_tuning,
+    tiles,
+)
+from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
+# quantized experts on the kernels: the grouped expert GEMV up to this many tokens, the sorted
+# grouped GEMM of EXPERT_GEMM_VARIANT beyond (llama.cpp's MMVQ limit; neither measured yet:
+# PYTHONPATH=. python tools/expert_bench.py --nt 8,16,32,64 --paths gemv,ragged,pallas)
+EXPERT_GEMV_MAX_NT = 8
+EXPERT_GEMM_VARIANT = "ragged"  # one of expert_gemm.VARIANTS
 # impl.deterministic: matmuls of up to this many rows compute each row as alone (plan.MAX_SEQS,
 # the largest decode batch; prefill chunks this short take the same path)
 DETERMINISTIC_MAX_NT = 64
@@ -227,7 +241,7 @@ def _quantized_route(qtype: QType, nt: int, impl: Impl) -> Route:
     if nt > impl.gemv_max_nt and not alone:
         return Route(_PREFILL_KINDS[gemm_variant(impl.gemm, qtype, nt)])
     chunk = impl.gemv_max_nt if alone else None
-    if qtype not in int8_words.SPECS:
+    if get_format(qtype).ints is None:  # float formats
         return Route("gemv-float", row_chunk=chunk)
     return Route("gemv", row_chunk=chunk, precise=impl.precise)
 
@@ -284,6 +298,11 @@ def kernel_case(qtype: QType, n: int, nt: int, impl: Impl):
     return r, route_call(r, QType(qtype), n, impl), route_reference(r, QType(qtype), n)
 
 
+def expert_kernel_path(nt: int) -> str:
+    """The expert kernels' path for nt tokens: "gemv" or an expert_gemm variant."""
+    return "gemv" if nt <= EXPERT_GEMV_MAX_NT else EXPERT_GEMM_VARIANT
+
+
 def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     """x [..., K] . w[N, K]^T -> [..., N] float32, through route(w, nt, impl)'s kernel."""
     lead, k = x.shape[:-1], x.shape[-1]
@@ -296,6 +315,106 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     else:
         y = by_rows(route_call(r, w.qtype, w.shape[0], impl), r.row_chunk, x2, w.planes)
     return y.reshape(*lead, y.shape[-1])
+
+
+EXPERT_ROUTE_KINDS = ("gather", "tiles", "expert-gemv", "expert-gemm")
+
+
+def expert_route(w: Weight, nt: int, impl: Impl) -> str:
+    """Which grouped matmul runs an expert tensor for nt tokens (static, like route): on the
+    kernels, quantized experts take "expert-gemv" (pallas/expert_gemv.py; with the fused
+    expert_glu / expert_down_sum launches) up to EXPERT_GEMV_MAX_NT tokens and in the
+    deterministic mode (one fixed config), "expert-gemm" (pallas/expert_gemm.py) beyond; else
+    "gather" (experts.gather_matmul, the reference) up to GEMV_MAX_NT tokens (deterministic:
+    DETERMINISTIC_MAX_NT) and "tiles" (experts.tiled_matmul) beyond."""
+    alone = impl.deterministic and nt <= DETERMINISTIC_MAX_NT
+    if isinstance(w, QWeight) and impl.kernels != "xla":
+        return "expert-gemv" if alone or expert_kernel_path(nt) == "gemv" else "expert-gemm"
+    return "gather" if nt <= GEMV_MAX_NT or alone else "tiles"
+
+
+EXPERT_CALLS = {
+    "gather": experts.gather_matmul,
+    "tiles": experts.tiled_matmul,
+    "ragged": experts.ragged_matmul,
+}
+
+
+def _expert_gemv_kw(impl: Impl) -> dict[str, Any]:
+    """The expert GEMV launches' settings from impl: one config at every token count in the
+    deterministic mode, x in two int8 terms in the precise mode."""
+    cfg = expert_gemv.ExpertConfig(bn=expert_gemv.MIN_ROWS) if impl.deterministic else None
+    return dict(config=cfg, precise=impl.precise, interpret=impl.kernels == "interpret")
+
+
+def expert_matmul(x: jax.Array, w: Weight, ids: jax.Array, impl: Impl) -> jax.Array:
+    """x [T, K] (or [T, k, K]: one row per chosen expert) . expert ids [T, k] of w (an expert
+    tensor, E x [N, K]) -> [T, k, N] f32, through expert_route's grouped matmul."""
+    if not w.experts:
+        raise ValueError("expert_matmul takes an expert tensor (a weight with experts > 0)")
+    x = x.astype(jnp.float32)
+    kind = expert_route(w, ids.shape[0], impl)
+    if kind == "expert-gemv":
+        assert isinstance(w, QWeight)
+        return expert_gemv.expert_gemv(
+            x, w.planes, ids, qtype=w.qtype, n_out=w.shape[0], **_expert_gemv_kw(impl)
+        )
+    if kind == "expert-gemm":
+        assert isinstance(w, QWeight)
+        return expert_gemm.expert_matmul_sorted(
+            x, w.planes, ids, qtype=w.qtype, n_out=w.shape[0], variant=EXPERT_GEMM_VARIANT,
+            interpret=impl.kernels == "interpret",
+        )  # fmt: skip
+    return EXPERT_CALLS[kind](x, w, ids)
+
+
+def expert_glu(
+    x: jax.Array,
+    w_gate: Weight,
+    w_up: Weight,
+    ids: jax.Array,
+    act: str,
+    impl: Impl,
+    gate_bias: jax.Array | None = None,
+    up_bias: jax.Array | None = None,
+) -> jax.Array:
+    """act(x . gate[e] (+ gate_bias[e]), x . up[e] (+ up_bias[e])) for each token's chosen
+    experts: x [T, K], ids [T, k] -> [T, k, F] f32 (act: a name of experts.GLU_ACTIVATIONS, e.g.
+    "silu"; biases [E, F]). On the "expert-gemv" route one launch computes both products and
+    the activation."""
+    t = ids.shape[0]
+    fused = all(expert_route(w, t, impl) == "expert-gemv" for w in (w_gate, w_up))
+    if fused:
+        assert isinstance(w_gate, QWeight) and isinstance(w_up, QWeight)
+        return expert_gemv.expert_glu(
+            x.astype(jnp.float32), w_gate.planes, w_up.planes, ids, gate_qtype=w_gate.qtype,
+            up_qtype=w_up.qtype, n_out=w_gate.shape[0], act=act, gate_bias=gate_bias,
+            up_bias=up_bias, **_expert_gemv_kw(impl),
+        )  # fmt: skip
+    gate = experts.add_bias(expert_matmul(x, w_gate, ids, impl), gate_bias, ids)
+    up = experts.add_bias(expert_matmul(x, w_up, ids, impl), up_bias, ids)
+    return experts.GLU_ACTIVATIONS[act](gate, up)
+
+
+def expert_down_sum(
+    h: jax.Array,
+    w_down: Weight,
+    ids: jax.Array,
+    weights: jax.Array,
+    impl: Impl,
+    bias: jax.Array | None = None,
+) -> jax.Array:
+    """sum_j weights[t, j] * (h[t, j] . down[ids[t, j]] (+ bias[ids[t, j]])): h [T, k, F], ids
+    and routing weights [T, k] -> [T, N] f32, the k products added in slot order (llama.cpp's).
+    On the "expert-gemv" route one launch computes the products, weights and sum."""
+    if expert_route(w_down, ids.shape[0], impl) == "expert-gemv":
+        assert isinstance(w_down, QWeight)
+        return expert_gemv.expert_down_sum(
+            h.astype(jnp.float32), w_down.planes, ids, weights, qtype=w_down.qtype,
+            n_out=w_down.shape[0], bias=bias, **_expert_gemv_kw(impl),
+        )  # fmt: skip
+    y = experts.add_bias(expert_matmul(h, w_down, ids, impl), bias, ids)
+    return experts.weighted_sum(y, weights.astype(jnp.float32))
 
 
 def by_rows(call, row_chunk: int | None, x: jax.Array, *operands) -> jax.Array:

@@ -170,54 +170,6 @@ def fits_in_memory(what: str, nbytes: int, limit: int | None, already: int = 0) 
         )
 
 
-LOAD_WEIGHT_MODES = ("quantized", "dense")
-
-
-def load_arguments(
-    *,
-    ctx_size: Any,
-    weights: Any,
-    kernels: Any,
-    gemm: Any,
-    prefill_chunk: Any,
-    platform: str,
-    deterministic: Any = False,
-    precise: Any = False,
-) -> None:
-    """runtime.load's options (ctx_size past the trained context is clamped to it once the file is
-    read)."""
-    from minfer_jax import ops  # ops.KERNELS and GEMMS (ops imports this module)
-
-    if ctx_size is not None:
-        clamped_count(
-            "ctx_size", ctx_size, INT32_MAX, all_of="the trained context", minus_one=False
-        )
-        if ctx_size == 0:
-            raise InvalidArgumentError("ctx_size must be >= 1 (or None for the default), got 0")
-    if prefill_chunk is not None:
-        from minfer_jax.engine.plan import Plan, PlanError
-
-        try:
-            Plan(ctx=1, chunk=prefill_chunk)  # the plan decides which chunk sizes exist
-        except PlanError as e:
-            raise InvalidArgumentError(
-                f"prefill_chunk (tokens per prefill executable): {e}"
-            ) from None
-    for name, value in (("deterministic", deterministic), ("precise", precise)):
-        if not isinstance(value, bool):
-            raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
-    if weights is not None:
-        choice("weights", weights, LOAD_WEIGHT_MODES)
-    if kernels is not None:
-        choice("kernels", kernels, ops.KERNELS.names)
-        if kernels == "pallas" and platform != "gpu":
-            raise InvalidArgumentError(
-                f"kernels='pallas' needs a GPU, but the device is {platform}; "
-                "use kernels='interpret' (slow) or 'xla'"
-            )
-    choice("gemm", gemm, ops.GEMMS.names)
-
-
 def generate_arguments(
     *, max_new_tokens: Any, seed: Any, stop: Any, chat: Any, on_text: Any
 ) -> None:

@@ -23,6 +23,6 @@ def real_model_path() -> str:
 @pytest.fixture(scope="session")
 def real_model(real_model_path):
     """The parsed and validated real GGUF (config, metadata, mmap'd tensors)."""
-    from minfer_jax.files.gguf import load_gguf
+    from minfer_jax.model.from_gguf import load_gguf
 
     return load_gguf(real_model_path)

@@ -21,10 +21,11 @@ import gguf
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from minfer_jax.files.synthetic import placeholder_vocab, synthetic_model_from_config
 from minfer_jax.model.config import Config
 from minfer_jax.model.qwen2 import ARCHITECTURE
 from tests.configs import tiny_config
+
+from minfer_bench.synthetic import placeholder_vocab, synthetic_model_from_config
 
 FUZZ_EXAMPLES_ENV = "MINFER_FUZZ_EXAMPLES"
 TINY = tiny_config(

@@ -24,12 +24,13 @@ from kernel_mode import INTERPRET, KERNELS
 from minfer_jax import ops
 from minfer_jax.engine import plan
 from minfer_jax.engine.plan import MIN_BUCKET
-from minfer_jax.files.synthetic import synthetic_model_from_config
 from minfer_jax.model.decoder import forward_chunk, forward_decode
 from minfer_jax.pallas import decode_attention as dec
 from minfer_jax.pallas import gemv_tuning
 from minfer_jax.sizes import pow2_at_least
 from tests.configs import tiny_config
+
+from minfer_bench.synthetic import synthetic_model_from_config
 
 TINY = tiny_config(n_layers=2, context_length=1024)
 PROMPTS = os.path.join(os.path.dirname(__file__), "data", "invariance_prompts.json")

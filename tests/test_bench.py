@@ -1,4 +1,4 @@
-"""scripts/bench.py / minfer_jax.bench on CPU: output shape and fields (never speed), kernel mode,
+"""scripts/bench.py / minfer_bench.bench on CPU: output shape and fields (never speed), kernel mode,
 errors."""
 
 import contextlib
@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from kernel_mode import KERNELS
-from minfer_jax.bench import cli, fields, kernel_cases, model_tests, parsing
-from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
 from minfer_jax.sizes import pow2_at_least
 from tests.configs import tiny_config
+
+from minfer_bench.bench import cli, fields, kernel_cases, model_tests, parsing
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model, synthetic_shapes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--synthetic", "qwen2.5-0.5b:q4_0", "--layers", "1"]
@@ -158,7 +159,7 @@ def test_write_gguf(tmp_path):
     rc, out, err = run_main(TINY + ["--write-gguf", str(path)])
     assert rc == 0, err
     assert out == ""  # no -p/-n/-pg given: write, then exit
-    from minfer_jax.files.gguf import load_gguf
+    from minfer_jax.model.from_gguf import load_gguf
 
     back, mem = load_gguf(str(path)), synthetic_model("qwen2.5-0.5b:q4_0", layers=1)
     assert back.config == mem.config
@@ -268,9 +269,10 @@ def test_kernel_cases_are_the_loaders_weights():
     shapes."""
     import collections
 
-    from minfer_jax.files.quant_mix import tensor_types
-    from minfer_jax.files.synthetic import synthetic_model_from_config
     from minfer_jax.model.weights import load_params
+
+    from minfer_bench.quant_mix import tensor_types
+    from minfer_bench.synthetic import synthetic_model_from_config
 
     cfg = tiny_config()
     types_ = tensor_types(
@@ -357,6 +359,8 @@ def test_model_type_names():
         ("gemma3-1b", "gemma3 1B Q4_K - Medium"),
         ("smollm2-135m", "llama 256M Q4_K - Medium"),
         ("gemma3-tiny", "gemma3 ?B Q4_K - Medium"),
+        ("qwen3-30b-a3b", "qwen3moe 30B.A3B Q4_K - Medium"),
+        ("mixtral-8x7b", "llama 8x7B Q4_K - Medium"),
     ],
 )
 def test_model_type_names_of_the_families(cfg_name, want):
@@ -471,7 +475,7 @@ def test_script_help_and_error_exit_code():
         [sys.executable, script, "--help"], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     r = subprocess.run(
-        [sys.executable, "-m", "minfer_jax.bench", "--help"],
+        [sys.executable, "-m", "minfer_bench.bench", "--help"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -480,7 +484,7 @@ def test_script_help_and_error_exit_code():
     )
     assert (
         r.returncode == 0 and r.stdout == help_text
-    )  # python -m minfer_jax.bench is the same command line
+    )  # python -m minfer_bench.bench is the same command line
 
 
 def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tmp_path):
@@ -490,7 +494,7 @@ def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tm
     import jax
     import jax.numpy as jnp
 
-    from minfer_jax.bench import kernel_timing as kb
+    from minfer_bench.bench import kernel_timing as kb
 
     calls = []
     f = jax.jit(lambda x: x * 2)
@@ -508,7 +512,7 @@ def test_device_timeline_is_empty_without_gpu_events_and_inside_another_trace(tm
 def test_mem_bw_table_and_measurement():
     """auto takes the table for the cards in it (the specific H100s before the SXM one) and
     measures elsewhere: several dependent reads in one executable, a positive rate."""
-    from minfer_jax.bench import env
+    from minfer_bench.bench import env
 
     assert env.table_key("NVIDIA H200") == "H200"
     assert env.table_key("NVIDIA H100 80GB HBM3") == "H100"

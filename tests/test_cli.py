@@ -79,7 +79,7 @@ def run_cli(shared_model, real_model_path, monkeypatch):
 
 @functools.cache
 def _parsed_gguf(path):
-    from minfer_jax.files.gguf import load_gguf
+    from minfer_jax.model.from_gguf import load_gguf
 
     return load_gguf(path)
 

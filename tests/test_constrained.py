@@ -36,7 +36,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def tiny(real_model):
-    from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config
+    from minfer_bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config
 
     cfg = dataclasses.replace(
         SYNTHETIC_CONFIGS["qwen2.5-0.5b"],

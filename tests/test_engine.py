@@ -12,8 +12,9 @@ import minfer_jax
 from minfer_jax.engine.plan import Plan, PlanError
 from minfer_jax.engine.sampling import Sampler
 from minfer_jax.engine.scheduler import TextStream
-from minfer_jax.files.synthetic import synthetic_model_from_config
 from tests.configs import tiny_config
+
+from minfer_bench.synthetic import synthetic_model_from_config
 
 TINY = tiny_config(n_layers=2, d_model=128, d_ff=256, context_length=1024)
 SAMPLED = dict(

@@ -1,6 +1,6 @@
 """Llama, Qwen3 and Gemma 3 against llama.cpp (expected values in tests/data/llama_cpp/, made by
 tools/llama_cpp_reference.py with llama-cpp-python on the CPU) and against a float64 forward
-(tests/float64_reference.py).
+(minfer_bench/float64_reference.py).
 
 How llama.cpp is compared. llama.cpp quantizes activations to 8 bits for its quantized matmuls
 and keeps an f16 KV cache, so its logits sit ~0.5-2.6 (real SmolLM2 Q4_1) or ~0.02-0.04 (synthetic
@@ -29,10 +29,12 @@ import pytest
 
 import minfer_jax
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.files.gguf import load_gguf
-from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS, synthetic_model, write_gguf
+from minfer_jax.files.gguf import QType
 from minfer_jax.files.tokenizer import Tokenizer
-from tests import float64_reference
+from minfer_jax.model.from_gguf import load_gguf
+
+from minfer_bench import float64_reference
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS, one_format_model, synthetic_model, write_gguf
 
 DATA = Path(__file__).parent / "data" / "llama_cpp"
 ROOT = Path(__file__).parent.parent
@@ -277,19 +279,25 @@ SYNTHETIC_EXPECTED = [
     "llama-tiny-q8_0.json",
     "qwen3-tiny-q8_0.json",
     "gemma3-tiny-q8_0.json",
+    "llama-tiny-iq4_nl.json",  # every matrix (token embedding aside) in one codebook format
+    "llama-tiny-iq4_xs.json",
+    "llama-tiny-mxfp4.json",
 ]
 
 
 @functools.cache
-def _synthetic(spec: str, seed: int):
-    gm = synthetic_model(spec, seed=seed)
+def _synthetic(spec: str, seed: int, matrix_type: str | None = None):
+    if matrix_type:
+        gm = one_format_model(spec, QType[matrix_type], seed=seed)
+    else:
+        gm = synthetic_model(spec, seed=seed)
     return gm, minfer_jax.load(gguf_model=gm, ctx_size=1024)
 
 
 @pytest.mark.parametrize("name", SYNTHETIC_EXPECTED)
 def test_synthetic_matches_llama_cpp(name):
     expected = _expected(name)
-    gm, model = _synthetic(expected["spec"], expected["seed"])
+    gm, model = _synthetic(expected["spec"], expected["seed"], expected.get("matrix_type"))
     agree = total = 0
     for p in expected["prompts"]:
         ours = model.logits(p["ids"])
@@ -347,15 +355,6 @@ def test_unsupported_architecture_is_one_clear_error(tmp_path):
     path.write_bytes(blob)
     with pytest.raises(UnsupportedError, match="unsupported architecture 'mamba'"):
         load_gguf(path)
-
-
-def test_mixture_of_experts_llama_is_refused():
-    from minfer_jax.files.gguf import MetadataView
-    from minfer_jax.model import llama
-
-    meta = {"llama.expert_count": 8}
-    with pytest.raises(UnsupportedError, match="mixture-of-experts"):
-        llama.config_from_metadata(MetadataView(meta, "m.gguf", "llama", 512, True))
 
 
 def test_sentencepiece_byte_fallback_and_space_prefix():

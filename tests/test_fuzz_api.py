@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from fuzz_support import TINY, bounded, fuzz_settings, tiny_gguf
 from minfer_jax import MinferError, generate, load
 from minfer_jax.engine.sampling import Sampler
-from minfer_jax.files.gguf import load_gguf
+from minfer_jax.model.from_gguf import load_gguf
 
 VOCAB, CTX = TINY.vocab_size, TINY.context_length
 HOSTILE = st.sampled_from(

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from fuzz_support import bounded, fuzz_settings, tiny_gguf
 from minfer_jax.errors import MinferError
-from minfer_jax.files.gguf import load_gguf, open_reader
+from minfer_jax.files.gguf import open_reader
 from minfer_jax.files.tokenizer import Tokenizer
+from minfer_jax.model.from_gguf import load_gguf
 
 HOSTILE_WORDS = [
     0,

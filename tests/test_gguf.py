@@ -1,5 +1,5 @@
-"""Validation of minfer_jax.files.gguf.load_gguf: every broken file is a GGUFError naming what is
-wrong."""
+"""Validation of minfer_jax.model.from_gguf.load_gguf (files/gguf.read_gguf underneath): every
+broken file is a GGUFError naming what is wrong."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minfer_jax.errors import GGUFError, UnsupportedError
-from minfer_jax.files.gguf import GGUFModel, expected_shapes, load_gguf
+from minfer_jax.model.from_gguf import expected_shapes, load_gguf
+from minfer_jax.model.gguf_model import GGUFModel
 
 # Tiny Qwen2: 2 layers, d_model 64, 4 heads (head_dim 16), 2 KV heads, ff 128, vocab 256.
 N_LAYERS, D, N_HEADS, N_KV, FF, VOCAB = 2, 64, 4, 2, 128, 256

@@ -18,9 +18,9 @@ from minfer_jax import MinferError, generate, load
 from minfer_jax.engine.sampling import Sampler
 from minfer_jax.errors import GGUFError, InvalidArgumentError, TemplateError
 from minfer_jax.files.chat_template import render_chat_template
-from minfer_jax.files.gguf import load_gguf
 from minfer_jax.files.tokenizer import Tokenizer
 from minfer_jax.model.config import Config
+from minfer_jax.model.from_gguf import load_gguf
 from minfer_jax.ops import Impl
 
 NAN = float("nan")

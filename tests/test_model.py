@@ -1,4 +1,4 @@
-"""The Qwen2 model against the math: the float64 numpy forward of tests/float64_reference.py,
+"""The Qwen2 model against the math: the float64 numpy forward of minfer_bench/float64_reference.py,
 independent of the package.
 
 The reference dequantizes with gguf.quants and implements Qwen2 from its definition (RMSNorm,
@@ -22,8 +22,9 @@ import pytest
 import minfer_jax
 from minfer_jax.engine import steps as gen
 from minfer_jax.engine.sampling import GREEDY, RowSettings, SamplerMode
-from minfer_jax.model.qwen2 import forward_decode
-from tests import float64_reference
+from minfer_jax.model.decoder import forward_decode
+
+from minfer_bench import float64_reference
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number, counting from zero."""\n'
 
@@ -122,7 +123,7 @@ def test_stop_string_eos_and_context_limits(model):
 
 
 def model_gguf(model):
-    from minfer_jax.files.gguf import load_gguf
+    from minfer_jax.model.from_gguf import load_gguf
 
     return load_gguf(model.source)
 
@@ -165,7 +166,7 @@ def test_quantized_weights_stay_within_file_size_and_agree_with_dense(model, rea
 
 def test_step_functions_compose_inside_a_user_jit():
     """prefill_chunk and decode_chunk are pure: a caller can jit them together with its own code."""
-    from minfer_jax.files.synthetic import synthetic_model
+    from minfer_bench.synthetic import synthetic_model
 
     gm = synthetic_model("qwen2.5-0.5b:q8_0", layers=1, seed=2)
     m = minfer_jax.load(gguf_model=gm, weights="quantized", kernels="xla", ctx_size=64)

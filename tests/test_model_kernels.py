@@ -15,11 +15,12 @@ import pytest
 import minfer_jax
 from kernel_mode import KERNELS
 from minfer_jax import ops
-from minfer_jax.files.synthetic import synthetic_model_from_config
 from minfer_jax.model.cache import KVCache, cache_shape
 from minfer_jax.model.decoder import forward_decode
 from minfer_jax.model.weights import LoadOptions, fused_runs, load_params
 from tests.configs import tiny_config
+
+from minfer_bench.synthetic import synthetic_model_from_config
 
 TINY = tiny_config(n_layers=2)
 

@@ -75,8 +75,8 @@ def test_layout_sizes_stay_close_to_gguf():
 
 
 def test_unsupported_type_and_bad_width():
-    with pytest.raises(UnsupportedError, match="IQ4_NL"):
-        P.get_format(QType.IQ4_NL)
+    with pytest.raises(UnsupportedError, match="IQ3_S"):
+        P.get_format(QType.IQ3_S)
     with pytest.raises(UnsupportedError, match="multiple"):
         P.repack(np.zeros((4, 3 * 144), np.uint8), QType.Q4_K, (4, 3 * 128))
 

@@ -1,4 +1,5 @@
-"""minfer_jax.quant.ggml.dequantize is bit-exact with gguf.quants.dequantize.
+"""minfer_jax.quant.planes.dequantize (quant/ggml.py's block functions) is bit-exact with
+gguf.quants.dequantize.
 
 Random blocks, hostile scales (NaN/inf/subnormal/zero/negative/max), sub-scale extremes, every
 float bit pattern, every tensor of the real model, jit/vector/error behaviour.
@@ -15,12 +16,13 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.quant.ggml import SUPPORTED, dequantize
+from minfer_jax.quant.planes import SUPPORTED, dequantize
 
 Q = gguf.GGMLQuantizationType
 BLOCK_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+CODEBOOK_TYPES = [Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4]  # more in tests/test_codebooks.py
 FLOAT_TYPES = [Q.F32, Q.F16, Q.BF16]
-ALL_TYPES = FLOAT_TYPES + BLOCK_TYPES
+ALL_TYPES = FLOAT_TYPES + BLOCK_TYPES + CODEBOOK_TYPES
 
 # Byte offsets of the f16 scale fields inside one block.
 F16_FIELDS = {
@@ -34,6 +36,8 @@ F16_FIELDS = {
     Q.Q4_K: (0, 2),
     Q.Q5_K: (0, 2),
     Q.Q6_K: (208,),
+    Q.IQ4_NL: (0,),
+    Q.IQ4_XS: (0,),
 }
 
 # f16 bit patterns that break naive implementations.
@@ -124,7 +128,7 @@ def test_random_blocks(qtype, rows, n_blocks):
         assert np.isfinite(want).mean() > 0.5
 
 
-@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", list(F16_FIELDS), ids=lambda q: q.name)
 def test_hostile_f16_scales(qtype):
     """Every combination of hostile d (and m/dmin) with random, all-0x00 and all-0xFF quants."""
     bs, ts = GGML_QUANT_SIZES[qtype]
@@ -325,7 +329,7 @@ def test_jit_with_static_type_and_shape_and_jax_input():
 
 
 @pytest.mark.parametrize(
-    "qtype", [Q.IQ2_XXS, Q.IQ4_NL, Q.Q8_1, Q.Q8_K, Q.TQ2_0, Q.I8], ids=lambda q: q.name
+    "qtype", [Q.IQ2_XXS, Q.IQ3_S, Q.Q8_1, Q.Q8_K, Q.TQ2_0, Q.I8], ids=lambda q: q.name
 )
 def test_unsupported_type_raises(qtype):
     with pytest.raises(UnsupportedError, match=qtype.name):

@@ -33,7 +33,7 @@ SLOT_CTX = 512
 # -- the model and the server processes ------------------------------------------------------------
 def write_tiny_gguf(path: Path, tokenizer_meta: dict, seed: int = 1) -> None:
     """A 2-layer d_model-64 random Qwen2 with the given tokenizer.* metadata, as a GGUF file."""
-    from minfer_jax.files.synthetic import (
+    from minfer_bench.synthetic import (
         SYNTHETIC_CONFIGS,
         synthetic_model_from_config,
         write_gguf,
@@ -577,7 +577,7 @@ def test_metrics_are_prometheus_text(server, client):
 
 @pytest.mark.real_model
 def test_load_test_reports_its_figures(server, tmp_path, capsys):
-    from minfer_jax.server import load_test
+    from minfer_bench import load_test
 
     out = tmp_path / "load.json"
     rc = load_test.main(
@@ -734,9 +734,12 @@ def test_serve_script_errors(tmp_path):
 
 
 def test_synthetic_models_get_a_placeholder_tokenizer():
-    """serve.py -m synthetic:<spec> (the H200 load benchmarks' 7B): real shapes, text to stream."""
+    """minfer_bench.serve -m synthetic:<spec> (the H200 load benchmarks' 7B): real shapes, text to
+    stream."""
     from minfer_jax import generate
-    from minfer_jax.server.backend import ServerSettingsError, load_model
+    from minfer_jax.server.backend import ServerSettingsError
+
+    from minfer_bench.serve import load_model
 
     model = load_model("synthetic:qwen2.5-0.5b:q8_0:layers=1:seed=3", ctx_size=64)
     assert model.config.n_layers == 1 and model.tokenizer is not None

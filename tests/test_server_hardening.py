@@ -377,7 +377,7 @@ def test_a_client_that_hangs_up_mid_body_leaves_no_traceback(server):
 
 
 def test_soak_tool_runs_clean_for_a_short_while(server, capsys):
-    from minfer_jax.server import soak
+    from minfer_bench import soak
 
     rc = soak.main(
         ["--url", server.url, "--clients", "8", "--minutes", "0.25", "--pid", str(server.proc.pid)]

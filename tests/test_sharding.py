@@ -17,8 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from minfer_jax.files.synthetic import SYNTHETIC_CONFIGS
 from tests.configs import tiny_config
+
+from minfer_bench.synthetic import SYNTHETIC_CONFIGS
 
 TINY = tiny_config(n_layers=2, d_ff=768, vocab_size=301)
 QWEN25_7B = SYNTHETIC_CONFIGS["qwen2.5-7b"]  # the split plan reads its shapes only
@@ -82,19 +83,19 @@ def test_more_devices_than_exist_is_an_error():
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F32"])
 def test_raw_cuts_decode_to_the_slices(qtype):
     from minfer_jax.engine.sharding import _k_window, _rows
-    from minfer_jax.files.synthetic import random_raw_tensor
-    from minfer_jax.quant import ggml
-    from minfer_jax.quant.planes import QType
+    from minfer_jax.quant.planes import QType, dequantize
+
+    from minfer_bench.synthetic import random_raw_tensor
 
     t = random_raw_tensor("w", QType[qtype], (6, 768), np.random.default_rng(1))
-    full = np.asarray(ggml.dequantize(t.data, t.qtype, t.shape))
+    full = np.asarray(dequantize(t.data, t.qtype, t.shape))
     win = _k_window(t, 512, 512)  # the last block and one zero block past K
-    got = np.asarray(ggml.dequantize(win.data, win.qtype, win.shape))
+    got = np.asarray(dequantize(win.data, win.qtype, win.shape))
     np.testing.assert_array_equal(
         got, np.concatenate([full[:, 512:], np.zeros((6, 256), np.float32)], axis=1)
     )
     rows = _rows(t, 2, 5, 4)
-    got = np.asarray(ggml.dequantize(rows.data, rows.qtype, rows.shape))
+    got = np.asarray(dequantize(rows.data, rows.qtype, rows.shape))
     np.testing.assert_array_equal(got, np.concatenate([full[2:5], np.zeros((1, 768), np.float32)]))
 
 
@@ -137,6 +138,60 @@ def test_sharded_model_matches_one_device(kernels):
         )  # tied head: token_embd split by vocabulary as the head
 
 
+def test_moe_split_cuts_each_experts_width():
+    """Qwen3-30B-A3B at TP 4: every shard holds all 128 experts, 768 / 4 = 192 rows each
+    (Q8_0 down blocks of 32); at Q4_K's 256-wide blocks, 3 blocks over 4 shards (one padded)."""
+    from minfer_jax.engine.sharding import local_config, plan_split
+
+    cfg = SYNTHETIC_CONFIGS["qwen3-30b-a3b"]
+    s = plan_split(cfg, 4, o_block=32, ff_block=32, expert_block=32)
+    assert s.expert_ranges == ((0, 192), (192, 384), (384, 576), (576, 768))
+    assert (s.expert_width, s.ff_ranges, s.shared_ranges) == (192, (), ())
+    local = local_config(cfg, s)
+    assert (local.n_experts, local.n_experts_used, local.d_ff_expert) == (128, 8, 192)
+    s = plan_split(cfg, 4, o_block=256, ff_block=256, expert_block=256)
+    assert s.expert_width == 256 and s.expert_ranges[3] == (768, 768)
+    shared = plan_split(
+        SYNTHETIC_CONFIGS["qwen2moe-tiny"],
+        2,
+        o_block=32,
+        ff_block=32,
+        expert_block=32,
+        shared_block=32,
+    )
+    assert shared.shared_ranges == ((0, 256), (256, 512)) and shared.expert_width == 128
+
+
+def test_moe_sharded_model_matches_one_device():
+    """qwen2moe-tiny (experts and the gated shared expert) at TP 4 against one device: each expert
+    is one Q4_K block wide, so three shards hold only zero padding of it."""
+    res = _run_devices("moe")
+    for tp in ("4",):
+        assert res[tp]["tokens"] == res["one"]["tokens"], (tp, res)
+        assert res[tp]["logit_err"] <= 3e-4 * res["one"]["logit_max"], (tp, res)
+
+
+def _moe_results() -> dict:
+    """(run in the 4-device subprocess) qwen2moe-tiny Q4_K_M on one device vs TP 4."""
+    import minfer_jax
+
+    from minfer_bench.synthetic import synthetic_model
+
+    gm = synthetic_model("qwen2moe-tiny:q4_k_m", seed=5)
+    prompt = list(range(3, 40))  # past 8 tokens: the sorted expert path, then decode's gather
+
+    def run(m):
+        toks = minfer_jax.generate(m, prompt, max_new_tokens=3).tokens
+        return [int(t) for t in toks], np.asarray(m.logits(prompt))
+
+    tokens, logits = run(minfer_jax.load(gguf_model=gm, ctx_size=64))
+    res = {"one": {"tokens": tokens, "logit_max": float(np.abs(logits).max())}}
+    for tp in (4,):
+        got, lg = run(minfer_jax.load(gguf_model=gm, ctx_size=64, tensor_parallel=tp))
+        res[str(tp)] = {"tokens": got, "logit_err": float(np.abs(lg - logits).max())}
+    return res
+
+
 def _model_results(kernels: str) -> dict:
     """(run in the 4-device subprocess) one device vs TP 1, 2, 4 on TINY."""
     import dataclasses
@@ -144,7 +199,8 @@ def _model_results(kernels: str) -> dict:
     import jax
 
     import minfer_jax
-    from minfer_jax.files.synthetic import synthetic_model_from_config
+
+    from minfer_bench.synthetic import synthetic_model_from_config
 
     assert len(jax.devices()) == 4, jax.devices()
     gm = synthetic_model_from_config(TINY, "q4_k_m", seed=5)
@@ -190,4 +246,4 @@ def _model_results(kernels: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_model_results(sys.argv[1])))
+    print(json.dumps(_moe_results() if sys.argv[1] == "moe" else _model_results(sys.argv[1])))

@@ -18,8 +18,9 @@ import pytest
 import minfer_jax
 from minfer_jax.engine import executables, weights_cache
 from minfer_jax.engine.phases import PhaseTimer, format_executable, format_phase
-from minfer_jax.files.synthetic import synthetic_model_from_config, write_gguf
 from tests.configs import tiny_config
+
+from minfer_bench.synthetic import synthetic_model_from_config, write_gguf
 
 TINY = tiny_config(n_layers=2, d_model=128, d_ff=256, context_length=1024)
 PROMPT = [5, 17, 42, 99, 7]
@@ -218,7 +219,7 @@ import json, sys, jax
 jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 import minfer_jax
-from minfer_jax.files.gguf import load_gguf
+from minfer_jax.model.from_gguf import load_gguf
 m = minfer_jax.load(gguf_model=load_gguf(sys.argv[2]), kernels="xla", weights="quantized",
                     ctx_size=256, prefill_chunk=16)
 out = minfer_jax.generate(m, [5, 17, 42, 99, 7], max_new_tokens=20)
@@ -364,7 +365,7 @@ def test_weights_cache_bound(tmp_path, tiny_gguf):
 
 
 def test_startup_log_parsing_and_table():
-    from minfer_jax.bench import startup
+    from minfer_bench.bench import startup
 
     log = "\n".join(
         [
@@ -409,7 +410,7 @@ def test_bench_startup_cli_cold_then_warm(tiny_gguf, tmp_path, capsys):
     """Fresh processes: the warm one loads every executable from the store and maps its weights."""
     import json
 
-    from minfer_jax.bench.cli import main
+    from minfer_bench.bench.cli import main
 
     path = tmp_path / "tiny.gguf"
     write_gguf(tiny_gguf, path, progress=False)

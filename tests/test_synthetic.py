@@ -9,9 +9,12 @@ import pytest
 from gguf import GGML_QUANT_SIZES, quants
 
 from minfer_jax.errors import MinferError, UnsupportedError
-from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, expected_shapes, load_gguf
-from minfer_jax.files.quant_mix import FTYPES, QType, SyntheticSpecError, tensor_types
-from minfer_jax.files.synthetic import (
+from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES
+from minfer_jax.model.from_gguf import expected_shapes, load_gguf
+from tests.configs import tiny_config
+
+from minfer_bench.quant_mix import FTYPES, QType, SyntheticSpecError, tensor_types
+from minfer_bench.synthetic import (
     SYNTHETIC_CONFIGS,
     placeholder_vocab,
     random_raw_tensor,
@@ -19,7 +22,6 @@ from minfer_jax.files.synthetic import (
     synthetic_model_from_config,
     write_gguf,
 )
-from tests.configs import tiny_config
 
 QUANT_TYPES = sorted(SUPPORTED_TYPES - FLOAT_TYPES)
 

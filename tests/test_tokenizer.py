@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from minfer_jax.errors import GGUFError, UnsupportedError
 from minfer_jax.files.tokenizer import Tokenizer
+from tests.cut_vocab import cut_vocab_meta, vocab_vectors
 
 DATA = Path(__file__).parent / "data" / "tokenizer"
 IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
@@ -339,50 +340,12 @@ def test_synthetic_bad_metadata(overrides, error, match):
 # files) ---
 
 
-def _cut_vocab_meta(name: str) -> dict:
-    """GGUF tokenizer metadata from DATA/NAME.vocab.json: missing ids become unreachable
-    placeholders."""
-    import json
-
-    cut = json.loads((DATA / f"{name}.vocab.json").read_text(encoding="utf-8"))
-    n = cut["n_vocab"]
-    tokens = [
-        f"\ue000{i}\ue001" for i in range(n)
-    ]  # private-use characters: no text or merge reaches them
-    types = [1] * n
-    for i, t in cut["tokens"].items():
-        tokens[int(i)] = t
-    for i, k in cut["types"].items():
-        types[int(i)] = k
-    meta = {
-        **cut["meta"],
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": cut["merges"],
-    }
-    if "scores" in cut:
-        scores = [-1e9] * n
-        for i, s in cut["scores"].items():
-            scores[int(i)] = s
-        meta["tokenizer.ggml.scores"] = scores
-    return meta
-
-
-def _vectors(name: str) -> list[tuple[str, list[int]]]:
-    texts = (DATA / f"{name}.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
-    lines = (DATA / f"{name}.gguf.out").read_text(encoding="utf-8").split("\n")
-    assert texts[-1] == "" and lines[-1] == ""
-    return [
-        (t, [int(x) for x in line.split()]) for t, line in zip(texts[:-1], lines[:-1], strict=True)
-    ]
-
-
 @pytest.mark.parametrize(
     "name", ["ggml-vocab-llama-bpe", "ggml-vocab-llama-spm", "ggml-vocab-gpt-2", "ggml-vocab-phi-3"]
 )
 def test_llama_cpp_vectors_of_other_vocabularies(name):
-    tok = Tokenizer.from_metadata(_cut_vocab_meta(name), source=name)
-    cases = _vectors(name)
+    tok = Tokenizer.from_metadata(cut_vocab_meta(name), source=name)
+    cases = vocab_vectors(name)
     assert len(cases) >= 40
     for text, expected in cases:
         assert tok.encode(text, add_special=False) == expected, text
@@ -393,13 +356,35 @@ def test_llama_cpp_vectors_of_other_vocabularies(name):
 def test_bos_defaults_follow_llama_cpp():
     """SentencePiece and Llama 3 vocabularies add BOS unless the file says otherwise; gpt-2 does
     not."""
-    spm = _cut_vocab_meta("ggml-vocab-llama-spm")
+    spm = cut_vocab_meta("ggml-vocab-llama-spm")
     assert Tokenizer.from_metadata(spm).encode("hi")[0] == spm["tokenizer.ggml.bos_token_id"]
     bpe = {
         k: v
-        for k, v in _cut_vocab_meta("ggml-vocab-llama-bpe").items()
+        for k, v in cut_vocab_meta("ggml-vocab-llama-bpe").items()
         if k != "tokenizer.ggml.add_bos_token"
     }
     assert Tokenizer.from_metadata(bpe).encode("hi")[0] == 128000
-    gpt2 = _cut_vocab_meta("ggml-vocab-gpt-2")
+    gpt2 = cut_vocab_meta("ggml-vocab-gpt-2")
     assert Tokenizer.from_metadata(gpt2).encode("hi") == [5303]
+
+
+def test_gpt4o_pre_tokenizer_equals_llama_cpp():
+    """gpt-oss's `gpt-4o` split: llama.cpp's ids (tools/llama_cpp_reference.py vocab) on the
+    llama-bpe test vocabulary with merges across the places where splits differ, for its own test
+    texts and the texts that part the splits; the llama-bpe split gives other ids on some."""
+    import json
+
+    from tests.cut_vocab import PRE_TOKENIZER_MERGES, with_merges
+
+    data = json.loads(
+        (Path(__file__).parent / "data" / "llama_cpp" / "gpt-4o-tokenizer.json").read_text("utf-8")
+    )
+    meta = with_merges(cut_vocab_meta(data["vocab"]), PRE_TOKENIZER_MERGES)
+    tok = Tokenizer.from_metadata({**meta, "tokenizer.ggml.pre": "gpt-4o"})
+    llama3 = Tokenizer.from_metadata({**meta, "tokenizer.ggml.pre": "llama-bpe"})
+    assert not tok.add_bos
+    differ = 0
+    for case in data["cases"]:
+        assert tok.encode(case["text"], add_special=False) == case["ids"], case["text"]
+        differ += llama3.encode(case["text"], add_special=False) != case["ids"]
+    assert len(data["cases"]) >= 70 and differ >= 3

@@ -47,9 +47,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import attention as A
 from minfer_jax.pallas import decode_attention as D
+
+from minfer_bench.bench import kernel_timing as KB
 
 MODELS = {
     "0.5b": (14, 2, 64),

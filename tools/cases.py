@@ -3,7 +3,7 @@
 
 import argparse
 
-from minfer_jax.bench import parsing
+from minfer_bench.bench import parsing
 
 # The 7B Q4_K_M mix's matmuls (Qwen2.5-7B: d 3584, d_ff 18944, kv 512) and one ggml row.
 DEFAULT_SHAPES = "q4_k:3584x3584,q4_k:18944x3584,q4_k:3584x18944,q6_k:3584x18944,q4_k:4096x14336"

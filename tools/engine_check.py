@@ -29,7 +29,7 @@ prefill's.
 jax.profiler timeline, summed by name over --gen steps of B sequences).
 --f64 B: issue 26's float64 check of the decode path: greedy tokens of B prompts (natural text
 and code with -m, random ids on a synthetic model), each alone and as one batch, and at every
-decode step the float64 forward's (tests/float64_reference.py) top-1 on the same prefix; a
+decode step the float64 forward's (minfer_bench/float64_reference.py) top-1 on the same prefix; a
 disagreement counts where the float64 top-2 gap exceeds --f64-gap (0.02 logits). --f64-prompts
 I,J,...: only those of the natural prompts (e.g. 7: the one whose step 8 the int8 activations
 flip); --precise: load(precise=True) (also for --batch-parity); --cache-dtype f16: the GPU's KV
@@ -51,10 +51,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import minfer_jax
-from minfer_jax.bench.kernel_timing import device_kernel_events
-from minfer_jax.files.gguf import load_gguf
-from minfer_jax.files.synthetic import synthetic_model
 from minfer_jax.model.cache import cache_nbytes
+from minfer_jax.model.from_gguf import load_gguf
+
+from minfer_bench.bench.kernel_timing import device_kernel_events
+from minfer_bench.synthetic import synthetic_model
 
 
 def main() -> None:
@@ -165,7 +166,7 @@ def main() -> None:
         flush=True,
     )
     if a.batched:
-        from minfer_jax.bench import batched
+        from minfer_bench.bench import batched
 
         batched.run(
             m,
@@ -211,7 +212,7 @@ def f64_check(
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from tests import float64_reference
+    from minfer_bench import float64_reference
 
     dtype = {"f16": jnp.float16, "f32": jnp.float32, None: None}[cache_dtype]
     kw = dict(gguf_model=gm, ctx_size=ctx, kernels=kernels, weights="quantized")

@@ -23,10 +23,11 @@ import jax.numpy as jnp
 
 from cases import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
 from minfer_jax import ops
-from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import gemm, gemm_int8, gemv
 from minfer_jax.quant.planes import get_format
 from minfer_jax.sizes import round_up
+
+from minfer_bench.bench import kernel_timing as KB
 
 
 def parse_variant(text: str) -> tuple[str, dict]:

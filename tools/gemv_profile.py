@@ -23,11 +23,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from minfer_jax.bench import kernel_timing as KB
-from minfer_jax.bench import parsing
 from minfer_jax.pallas import gemv as G
 from minfer_jax.pallas import gemv_tuning, int8_words, tiles
 from minfer_jax.quant.planes import QType as Q
+
+from minfer_bench.bench import kernel_timing as KB
+from minfer_bench.bench import parsing
 
 CASES = [
     (Q.Q4_0, 4096, 14336, 1),

@@ -16,8 +16,9 @@ import dataclasses
 import json
 
 from cases import add_case_args, parse_cases  # tools/ is sys.path[0] when run as a script
-from minfer_jax.bench import kernel_timing as KB
 from minfer_jax.pallas import gemv as G
+
+from minfer_bench.bench import kernel_timing as KB
 
 
 def parse_variants(text: str) -> list[dict]:

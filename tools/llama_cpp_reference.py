@@ -8,16 +8,31 @@ imported here or by the tests. The tests read only the JSON this writes (tests/d
         --out tests/data/llama_cpp/smollm2.json
     PYTHONPATH=. python tools/llama_cpp_reference.py synthetic qwen3-tiny:q8_0 \
         --out tests/data/llama_cpp/qwen3.json
+    PYTHONPATH=. python tools/llama_cpp_reference.py synthetic llama-tiny --matrix-type IQ4_XS \
+        --lengths 16,64,200 --out tests/data/llama_cpp/llama-tiny-iq4_xs.json
 
 real: for each prompt (plain text, or a user message through the file's chat template), the ids
 our tokenizer gives and the ids llama.cpp gives (they must agree), llama.cpp's 32 greedy tokens,
 and the largest |llama.cpp logit - float64 logit| over every prompt position (the float64 forward
-is tests/float64_reference.py), which bounds our own distance in the test. Plus llama.cpp's ids of
+is minfer_bench/float64_reference.py), which bounds our own distance in the test. Plus
+llama.cpp's ids of
 a set of tokenizer texts. --f32-copy: the same distance for an F32 copy of the file in llama.cpp
 with an f32 KV cache (the model math without llama.cpp's quantization).
-synthetic: the spec's model written as a GGUF (minfer_jax.files.synthetic, deterministic in the
+logits: llama.cpp's logits (an .npz beside --out) at every position of random prompts plus its
+greedy continuation, for a synthetic spec (`logits gpt-oss-tiny:f32 --f32-kv --out
+tests/data/llama_cpp/gpt-oss-tiny-f32.json`).
+vocab: llama.cpp's ids for a cut test vocabulary of tests/data/tokenizer with another pre-tokenizer
+(`vocab ggml-vocab-llama-bpe --pre gpt-4o --out tests/data/llama_cpp/gpt-4o-tokenizer.json`).
+synthetic: the spec's model written as a GGUF (minfer_bench.synthetic, deterministic in the
 seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
-every position, its top-2 margin there and its distance from the float64 forward.
+every position, its top-2 margin there and its distance from the float64 forward. --greedy N
+appends llama.cpp's greedy continuation to each prompt; for MoE models the float64 router's
+closest call (k-th minus (k+1)-th probability) is kept per position; --logits-out keeps
+llama.cpp's logits (f16 .npz) for a direct comparison:
+
+    PYTHONPATH=. python tools/llama_cpp_reference.py --llama-python /work/venv/bin/python \
+        --out tests/data/llama_cpp/qwen3moe-tiny-f32.json synthetic qwen3moe-tiny:f32 \
+        --lengths 16,96 --greedy 32 --f32-kv --logits-out tests/data/llama_cpp/qwen3moe-tiny-f32.npz
 """
 
 from __future__ import annotations
@@ -34,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tests import float64_reference  # noqa: E402
+from minfer_bench import float64_reference  # noqa: E402
 
 CHAT_PROMPTS = [
     "What is the capital of France?",
@@ -79,6 +94,30 @@ TOKENIZER_TEXTS = [
     "print('hello')  # comment",
     "x = [1, 2, 3]\nfor i in x:\n    print(i)",
 ]
+# Texts that part the gpt-4o split from the others: case runs, contractions in any case, digit
+# triples, punctuation with newlines and slashes, combining marks, other scripts.
+PRE_TOKENIZER_TEXTS = [
+    "HelloWorld CamelCaseString XMLHttpRequest iPhone McDonald's",
+    "DON'T Don'T don't I'M YOU'RE they'Ve we'LL he'D it'S",
+    "1234567890 12.5 3,141 2026-12-07 v1.2.3",
+    "path/to/file.txt // comment\n/* block */\r\n<tag>",
+    "e\u0301cole Cafe\u0301 n\u0303 Z\u0327 bae\u0301",
+    "aÉb straÉe baÉ XaÉ",
+    "end.\n/path and ?\r\n//x",
+    "ÀÉÎÕÜ àéîõü ǅungla ǈ ŉ",
+    "日本語のテキスト 中文 한국어 العربية עברית",
+    "tabs\tand\n\nnewlines  \n   \t end",
+    "!!!??? ... --- *** ''' \"\"\"",
+    "<|start|>user<|message|>hi<|end|>",
+]
+VOCAB_WORKER = r"""
+import json, sys
+from llama_cpp import Llama
+job = json.load(open(sys.argv[1]))
+llm = Llama(model_path=job["model"], vocab_only=True, verbose=False)
+ids = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in job["texts"]]
+json.dump(ids, open(job["out"], "w"))
+"""
 LONG_TEXT = (
     "The river wound through the valley, past farms and mills, and each spring the water rose to "
     "meet the old stone bridge."
@@ -99,7 +138,8 @@ out = {"greedy": [], "tokenized": tokenized}
 for i, ids in enumerate(job["prompts"]):
     llm.reset()
     llm.eval(ids)
-    np.save(f"{job['dir']}/logits{i}.npy", np.asarray(llm.scores[:len(ids)], np.float32))
+    if not job.get("all_logits"):
+        np.save(f"{job['dir']}/logits{i}.npy", np.asarray(llm.scores[:len(ids)], np.float32))
     toks, margins = [], []
     for _ in range(job["n_greedy"]):
         row = np.asarray(llm.scores[llm.n_tokens - 1], np.float64)
@@ -110,6 +150,8 @@ for i, ids in enumerate(job["prompts"]):
         llm.eval([tok])
     out["greedy"].append(toks)
     out.setdefault("margins", []).append(margins)
+    if job.get("all_logits"):  # prompt + greedy tokens (the last one evaluated too)
+        np.save(f"{job['dir']}/logits{i}.npy", np.asarray(llm.scores[:llm.n_tokens], np.float32))
 json.dump(out, open(f"{job['dir']}/out.json", "w"))
 """
 
@@ -122,6 +164,7 @@ def run_llama_cpp(
     n_greedy: int,
     tmp: str,
     f32_kv: bool = False,
+    all_logits: bool = False,
 ):
     n_ctx = max(len(p) for p in prompts) + n_greedy + 8
     job = {
@@ -132,6 +175,7 @@ def run_llama_cpp(
         "dir": tmp,
         "n_ctx": max(256, n_ctx),
         "f32_kv": f32_kv,
+        "all_logits": all_logits,
     }
     with open(os.path.join(tmp, "job.json"), "w") as f:
         json.dump(job, f)
@@ -164,8 +208,8 @@ def llama_cpp_version(python: str) -> str:
 
 
 def real(args) -> dict:
-    from minfer_jax.files.gguf import load_gguf
     from minfer_jax.files.tokenizer import Tokenizer
+    from minfer_jax.model.from_gguf import load_gguf
 
     gm = load_gguf(args.model)
     tok = Tokenizer.from_model(gm)
@@ -244,7 +288,8 @@ def write_f32_copy(gm, path: str) -> None:
     from gguf.quants import dequantize
 
     from minfer_jax.files.gguf import QType, RawTensor
-    from minfer_jax.files.synthetic import write_gguf
+
+    from minfer_bench.synthetic import write_gguf
 
     tensors = {
         n: RawTensor(
@@ -259,8 +304,63 @@ def write_f32_copy(gm, path: str) -> None:
     write_gguf(dataclasses.replace(gm, tensors=tensors), path, progress=False, tokenizer=tok)
 
 
-def synthetic(args) -> dict:
-    from minfer_jax.files.synthetic import synthetic_model, write_gguf
+def vocab(args) -> dict:
+    """llama.cpp's ids for a cut test vocabulary (tests/data/tokenizer) with
+    tests/cut_vocab.PRE_TOKENIZER_MERGES under another pre-tokenizer (--pre): its own vectors'
+    texts, TOKENIZER_TEXTS and PRE_TOKENIZER_TEXTS."""
+    import gguf
+
+    from tests.cut_vocab import PRE_TOKENIZER_MERGES, cut_vocab_meta, vocab_vectors, with_merges
+
+    meta = with_merges(cut_vocab_meta(args.name), PRE_TOKENIZER_MERGES)
+    texts = [t for t, _ in vocab_vectors(args.name)] + TOKENIZER_TEXTS + PRE_TOKENIZER_TEXTS
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "vocab.gguf")
+        w = gguf.GGUFWriter(path, "llama")  # a vocabulary-only file: llama's few required keys
+        for add, value in (
+            (w.add_block_count, 1),
+            (w.add_context_length, 64),
+            (w.add_embedding_length, 64),
+            (w.add_feed_forward_length, 64),
+            (w.add_head_count, 1),
+            (w.add_layer_norm_rms_eps, 1e-5),
+        ):
+            add(value)
+        w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+        w.add_tokenizer_pre(args.pre)
+        w.add_token_list(meta["tokenizer.ggml.tokens"])
+        w.add_token_types(meta["tokenizer.ggml.token_type"])
+        w.add_token_merges(meta["tokenizer.ggml.merges"])
+        w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+        w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        job = {"model": path, "texts": texts, "out": os.path.join(tmp, "ids.json")}
+        with open(os.path.join(tmp, "job.json"), "w") as f:
+            json.dump(job, f)
+        with open(os.path.join(tmp, "worker.py"), "w") as f:
+            f.write(VOCAB_WORKER)
+        subprocess.run(
+            [args.llama_python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")],
+            check=True,
+        )
+        with open(job["out"]) as f:
+            ids = json.load(f)
+    return {
+        "vocab": args.name,
+        "pre": args.pre,
+        "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids, strict=True)],
+    }
+
+
+def logits(args) -> dict:
+    """llama.cpp's logits at every position of random prompts + its greedy continuation
+    (--greedy tokens), for a synthetic spec; written beside --out as an .npz (float16: far below
+    the tests' 0.02-std tolerance). For families minfer_bench/float64_reference.py does not know
+    (gpt-oss): the test compares our logits with these directly."""
+    from minfer_bench.synthetic import synthetic_model, write_gguf
 
     gm = synthetic_model(args.spec, seed=args.seed)
     rng = np.random.default_rng(args.seed)
@@ -269,28 +369,88 @@ def synthetic(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.gguf")
         write_gguf(gm, path, progress=False)
-        logits, out = run_llama_cpp(
-            args.llama_python, path, prompts, [], 0, tmp, f32_kv=args.f32_kv
+        _, out = run_llama_cpp(
+            args.llama_python, path, prompts, [], args.greedy, tmp, f32_kv=args.f32_kv
         )
-    rows = []
-    for ids, lg in zip(prompts, logits):
-        ref = float64_reference.forward(gm, ids)
+        full = [p + g for p, g in zip(prompts, out["greedy"])]  # teacher-forced: every position
+        rows, _ = run_llama_cpp(args.llama_python, path, full, [], 0, tmp, f32_kv=args.f32_kv)
+    stem = os.path.splitext(args.out)[0]
+    arrays = {f"p{i}": r.astype(np.float16) for i, r in enumerate(rows)}
+    np.savez_compressed(stem + ".npz", **arrays)
+    return {
+        "spec": args.spec,
+        "seed": args.seed,
+        "f32_kv": args.f32_kv,
+        "logits": os.path.basename(stem + ".npz"),
+        "prompts": [
+            {"ids": ids, "n_prompt": len(p), "margin": _margins(r)}
+            for ids, p, r in zip(full, prompts, rows)
+        ],
+    }
+
+
+def _margins(rows: np.ndarray) -> list[float]:
+    top2 = np.sort(rows, axis=-1)[:, -2:]
+    return (top2[:, 1] - top2[:, 0]).tolist()
+
+
+def synthetic(args) -> dict:
+    from minfer_jax.quant.planes import QType
+
+    from minfer_bench.synthetic import one_format_model, synthetic_model, write_gguf
+
+    if args.matrix_type:  # spec: a config name
+        gm = one_format_model(args.spec, QType[args.matrix_type], seed=args.seed)
+    else:
+        gm = synthetic_model(args.spec, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    prompts = [rng.integers(0, gm.config.vocab_size, n).tolist() for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.gguf")
+        write_gguf(gm, path, progress=False)
+        logits, out = run_llama_cpp(
+            args.llama_python,
+            path,
+            prompts,
+            [],
+            args.greedy,
+            tmp,
+            f32_kv=args.f32_kv,
+            all_logits=args.greedy > 0,
+        )
+    rows, kept_logits = [], {}
+    for i, (ids, lg, greedy) in enumerate(zip(prompts, logits, out["greedy"])):
+        ids = ids + greedy  # each greedy token was fed back: logits at every position
+        lg = lg[: len(ids)]
+        gaps: list = []
+        ref = float64_reference.forward(gm, ids, router_gaps=gaps)
         top2 = np.sort(lg, axis=-1)[:, -2:]
         rows.append(
             {
                 "ids": ids,
+                "n_prompt": len(prompts[i]),
                 "argmax": lg.argmax(-1).tolist(),
                 "margin": (top2[:, 1] - top2[:, 0]).tolist(),
                 "llama_cpp_f64_distance": float(np.max(np.abs(lg - ref))),
+                "llama_cpp_f64_std": np.std(lg - ref, axis=-1).tolist(),  # per position
+                "llama_cpp_f64_max": np.max(np.abs(lg - ref), axis=-1).tolist(),
                 "f64_argmax_equal": int((lg.argmax(-1) == ref.argmax(-1)).sum()),
             }
         )
+        if gaps:  # MoE: the router's closest call at each position, over the layers
+            rows[-1]["f64_router_gap"] = np.min(gaps, axis=0).tolist()
+        if args.logits_out:
+            kept_logits[f"logits{i}"] = lg.astype(np.float16)
         print(
             f"{len(ids)} tokens: |llama.cpp - f64| {rows[-1]['llama_cpp_f64_distance']:.3g}, "
             f"llama.cpp argmax = f64 argmax at {rows[-1]['f64_argmax_equal']}/{len(ids)}, min "
             f"margin {min(rows[-1]['margin']):.3g}"
         )
-    return {"spec": args.spec, "seed": args.seed, "f32_kv": args.f32_kv, "prompts": rows}
+    if args.logits_out:  # llama.cpp's logits themselves, f16 (the MoE parity tests read them)
+        np.savez_compressed(args.logits_out, **kept_logits)
+    out = {"spec": args.spec, "seed": args.seed, "f32_kv": args.f32_kv, "prompts": rows}
+    return out | ({"matrix_type": args.matrix_type} if args.matrix_type else {})
 
 
 def main(argv=None):
@@ -324,8 +484,31 @@ def main(argv=None):
     s.add_argument(
         "--f32-kv", action="store_true", help="llama.cpp's KV cache in f32 (default f16)"
     )
+    s.add_argument(
+        "--matrix-type",
+        help="spec is a config name; every matrix but the token embedding in this GGML type, "
+        "the rest F32 (e.g. IQ4_NL)",
+    )
+    s.add_argument(
+        "--greedy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="append llama.cpp's N greedy tokens to each prompt (values at every position)",
+    )
+    s.add_argument("--logits-out", default="", help="also keep llama.cpp's logits here (.npz)")
+    lg = sub.add_parser("logits")
+    lg.add_argument("spec")
+    lg.add_argument("--seed", type=int, default=0)
+    lg.add_argument("--lengths", default="24,72")
+    lg.add_argument("--greedy", type=int, default=16, help="llama.cpp's greedy tokens appended")
+    lg.add_argument("--f32-kv", action="store_true", help="llama.cpp's KV cache in f32")
+    v = sub.add_parser("vocab")
+    v.add_argument("name", help="a cut vocabulary of tests/data/tokenizer (ggml-vocab-llama-bpe)")
+    v.add_argument("--pre", required=True, help="the tokenizer.ggml.pre to write, e.g. gpt-4o")
     args = ap.parse_args(argv)
-    result = real(args) if args.kind == "real" else synthetic(args)
+    modes = {"real": real, "synthetic": synthetic, "vocab": vocab, "logits": logits}
+    result = modes[args.kind](args)
     result["llama_cpp_python"] = llama_cpp_version(args.llama_python)
     result["tool"] = "tools/llama_cpp_reference.py"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -15,7 +15,8 @@ import sys
 import jax
 
 import minfer_jax
-from minfer_jax.files.synthetic import synthetic_model
+
+from minfer_bench.synthetic import synthetic_model
 
 
 def run(spec: str, tp: int, pp: int, tg: int, layers: int | None) -> dict:

@@ -2,7 +2,8 @@
 
 The decode GEMV quantizes x to int8, one scale per 32 inputs (llama.cpp's q8_1 idea; in two
 terms in the precise mode, ops.Impl.precise). This emulates that in the float64 forward
-(tests/float64_reference.py) at chosen matmul inputs and counts, over the greedy tokens of the
+(minfer_bench/float64_reference.py) at chosen matmul inputs and counts, over the greedy tokens of
+the
 XLA path (which agree with float64), the steps where the emulated top-1 differs from float64's,
 and how many of them at a float64 top-2 gap above --gap. It needs no GPU: it tells which inputs
 need a finer x before a kernel is changed. Sites: qkv, o, gateup, down, head; a suffix picks a
@@ -25,9 +26,10 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import minfer_jax  # noqa: E402
-from minfer_jax.files.gguf import load_gguf  # noqa: E402
-from tests import float64_reference  # noqa: E402
+from minfer_jax.model.from_gguf import load_gguf  # noqa: E402
 from tools.engine_check import NATURAL_PROMPTS  # noqa: E402
+
+from minfer_bench import float64_reference  # noqa: E402
 
 GROUP = 32
 SITES = ("qkv", "o", "gateup", "down", "head")

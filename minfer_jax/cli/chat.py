@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from minfer_jax.engine.phases import format_executable, process_age
 from minfer_jax.engine.steps import StopReason
+from minfer_jax.files.harmony import CONTENT, HarmonyStream, split_channels
 
 CHUNK = 16  # tokens per on-device decode call: text streams out once per chunk
 
@@ -71,6 +72,8 @@ class _Session:
     wrote_any: bool = False
     last_char_newline: bool = False
     first_text_at: float | None = None  # seconds after the process started (phases.process_age)
+    # a harmony chat (gpt-oss): the reply's channels, the answer to stdout, reasoning to stderr
+    channels: HarmonyStream | None = None
 
     def write(self, text: str) -> None:
         if not text:
@@ -83,13 +86,34 @@ class _Session:
         self.last_char_newline = text.endswith("\n")
 
     def _on_text(self, text: str) -> None:
-        self.partial.append(text)
-        self.write(text)
+        if self.channels is None:
+            self._show(CONTENT, text)
+            return
+        for field, piece in self.channels.feed(text):
+            self._show(field, piece)
+
+    def _show(self, field: str, text: str) -> None:
+        """A streamed piece: the answer to stdout (and the turn's text), reasoning to stderr."""
+        if field == CONTENT:
+            self.partial.append(text)
+            self.write(text)
+        else:
+            self.err.write(text)
+            self.err.flush()
+
+    def answer(self, text: str) -> str:
+        """What of a reply's text is the answer (a harmony chat: its final channel)."""
+        return text if self.channels is None else split_channels(text)[CONTENT]
 
     def generate(self, ids: Sequence[int], *, turn: int = 0):
         max_new = self.n_predict if self.n_predict >= 0 else self.max_len
         self.partial = []
+        if self.channels is not None:
+            self.channels = HarmonyStream()
         result, compile_s = self._produce(ids, max_new, (self.seed + turn) % 2**32)
+        if self.channels is not None and self.stream:
+            for field, piece in self.channels.finish():
+                self._show(field, piece)
         self.last = _Totals(
             prompt_tokens=result.n_prompt,
             cached_tokens=result.cached_tokens,

@@ -33,8 +33,10 @@ from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 # module attributes: tests substitute an already loaded model
 from minfer_jax.engine.runtime import load
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError, MinferError
-from minfer_jax.files.gguf import load_gguf
+from minfer_jax.files.harmony import HarmonyStream
 from minfer_jax.files.model_source import resolve_model
+from minfer_jax.model.from_gguf import load_gguf
+from minfer_jax.version import __version__
 
 PROG = "minfer-generate"
 DEFAULT_N_PREDICT = 128
@@ -87,8 +89,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _version() -> str:
     import jax
-
-    from minfer_jax import __version__
 
     return f"{PROG} {__version__} (jax {jax.__version__}, default backend {jax.default_backend()})"
 
@@ -505,6 +505,11 @@ def _run(args, out, err) -> int:
         err=err,
         verbose=args.verbose,
         constrain=constrain,
+        channels=(
+            HarmonyStream()
+            if (chat or prompt is None) and model.tokenizer is not None and model.tokenizer.harmony
+            else None
+        ),
     )
     tok = model.tokenizer
     base = (
@@ -527,7 +532,7 @@ def _run(args, out, err) -> int:
         raise _UsageError("the prompt is empty (it encodes to no tokens)")
     result = session.generate(ids)
     if not args.stream:
-        session.write(result.text)
+        session.write(session.answer(result.text))
     _newline_if_needed(out, session)
     err.write(_summary(session.totals))
     if args.verbose and session.first_text_at is not None:
@@ -615,7 +620,7 @@ def _interactive(session: _Session, base: list[dict]) -> int:
         ids = tok.encode(tok.apply_chat_template(history), add_special=False)
         try:
             result = session.generate(ids, turn=turn)
-            reply = result.text
+            reply = session.answer(result.text)
             if not session.stream:
                 session.write(reply)
         except ContextOverflowError as e:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import ops, validate
-from minfer_jax.engine import executables, weights_cache
+from minfer_jax.engine import executables, options, weights_cache
 from minfer_jax.engine import plan as plan_mod
 from minfer_jax.engine.constraint import BannedTokens, TokenConstraint
 from minfer_jax.engine.executables import ExecutableRecord, ExecutableStore
@@ -36,9 +36,10 @@ from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, wit
 from minfer_jax.engine.scheduler import Scheduler
 from minfer_jax.engine.steps import GenerationResult
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
-from minfer_jax.files.gguf import GGUFModel, load_gguf
 from minfer_jax.model.cache import KVCache, init_cache
 from minfer_jax.model.config import Config
+from minfer_jax.model.from_gguf import load_gguf
+from minfer_jax.model.gguf_model import GGUFModel
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
 
 if TYPE_CHECKING:
@@ -279,7 +280,7 @@ def load(
     device = device or jax.devices()[0]  # the first call starts the backend (CUDA: seconds)
     timer.mark("backend")
     platform = device.platform
-    validate.load_arguments(
+    options.load_arguments(
         ctx_size=ctx_size,
         weights=weights,
         kernels=kernels,

@@ -9,7 +9,12 @@ Megatron-style split (docs/ARCHITECTURE.md, "Tensor parallelism"), decided here 
   their offset in a zero vector; a straddling block is held by both neighbours);
 - KV heads (and the cache) split by head; when TP exceeds the KV heads each shard holds a copy of
   the one KV head its query heads read;
-- the output head split by vocabulary: greedy argmax per shard, then (max, index) pairs combined.
+- the output head split by vocabulary: greedy argmax per shard, then (max, index) pairs combined;
+- mixture of experts: every shard holds every expert, each expert's width split as the dense
+  FFN's (gate/up experts by rows, down experts by a K window, the shared expert likewise) and the
+  router whole, so the routing runs on each shard unchanged and one all-reduce adds the layer's
+  partial outputs. Splitting the expert axis instead would leave a shard idle whenever no token
+  of a step picked its experts (decode picks k of E per token) and need the routing exchanged.
 Every Params leaf is stored as the shards' local arrays concatenated along axis 0 (replicated
 ones as TP copies), so one PartitionSpec P("tp") splits the whole tree; each shard's layer runs
 the unchanged model code (model/decoder.py and the family module, with a local Config) inside
@@ -31,9 +36,10 @@ from jax.sharding import PartitionSpec as P
 from minfer_jax import ops
 from minfer_jax.engine import sampling
 from minfer_jax.errors import MinferError
-from minfer_jax.files.gguf import GGUFModel, RawTensor
+from minfer_jax.files.gguf import RawTensor
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
+from minfer_jax.model.gguf_model import GGUFModel
 from minfer_jax.model.weights import LoadOptions, Params, load_params
 from minfer_jax.quant.planes import get_format
 from minfer_jax.sizes import round_up
@@ -72,13 +78,20 @@ class Split:
     o_width: int  # o's local K
     o_offsets: tuple[int, ...]  # where the shard's attention output sits inside its o window
     vocab_local: int  # head rows per shard (the last padded with zero rows)
+    # mixture of experts: each expert's rows [a, b) per shard and the local expert width (as
+    # ff_ranges / ff_width), and the same for the shared expert (Qwen2-MoE); () / 0 without
+    expert_ranges: tuple[tuple[int, int], ...] = ()
+    expert_width: int = 0
+    shared_ranges: tuple[tuple[int, int], ...] = ()
+    shared_width: int = 0
 
 
 def _blocks_of(model: GGUFModel, role: str) -> int:
-    """The widest GGUF block along K of one role over all layers (1 for float formats)."""
+    """The widest GGUF block along K of one role over all layers (1 for float formats; 1 where
+    the model has no such tensor)."""
+    names = (f"blk.{i}.{role}.weight" for i in range(model.config.n_layers))
     return max(
-        get_format(model.tensors[f"blk.{i}.{role}.weight"].qtype).block
-        for i in range(model.config.n_layers)
+        (get_format(model.tensors[n].qtype).block for n in names if n in model.tensors), default=1
     )
 
 
@@ -89,12 +102,34 @@ def split_of(model: GGUFModel, degree: int) -> Split:
         degree,
         o_block=_blocks_of(model, "attn_output"),
         ff_block=_blocks_of(model, "ffn_down"),
+        expert_block=_blocks_of(model, "ffn_down_exps"),
+        shared_block=_blocks_of(model, "ffn_down_shexp"),
     )
 
 
-def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Split:
-    """Shard rows and K windows for `degree` shards; K splits fall on o_block / ff_block weights."""
+def _width_split(width: int, block: int, n: int) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Rows [a, b) of a width split over n shards in whole blocks, and the widest shard's rows."""
+    nb = width // block
+    counts = [nb // n + (s < nb % n) for s in range(n)]  # whole down blocks per shard
+    starts = np.cumsum([0] + counts)
+    ranges = tuple((int(starts[s]) * block, int(starts[s + 1]) * block) for s in range(n))
+    return ranges, max(counts) * block
+
+
+def plan_split(
+    cfg: Config,
+    degree: int,
+    *,
+    o_block: int,
+    ff_block: int,
+    expert_block: int = 1,
+    shared_block: int = 1,
+) -> Split:
+    """Shard rows and K windows for `degree` shards; K splits fall on o_block / ff_block weights
+    (expert_block / shared_block: a mixture of experts' down experts / shared down)."""
     n = degree
+    if n > 1 and cfg.family == "gpt-oss":  # its per-head sinks and o bias are not split here
+        raise ShardingError("tensor parallelism does not support gpt-oss models yet")
     if cfg.n_heads % n:
         raise ShardingError(
             f"tensor_parallel {n} does not divide the model's {cfg.n_heads} query heads"
@@ -109,11 +144,13 @@ def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Spli
     kv_first = tuple(
         s * kv_heads if cfg.n_kv_heads >= n else s * cfg.n_kv_heads // n for s in range(n)
     )
-    fb = ff_block
-    nb = cfg.d_ff // fb
-    counts = [nb // n + (s < nb % n) for s in range(n)]  # whole down blocks per shard
-    starts = np.cumsum([0] + counts)
-    ff_ranges = tuple((int(starts[s]) * fb, int(starts[s + 1]) * fb) for s in range(n))
+    ff_ranges, ff_width = _width_split(cfg.d_ff, ff_block, n) if not cfg.n_experts else ((), 0)
+    expert_ranges, expert_width = (
+        _width_split(cfg.d_ff_expert, expert_block, n) if cfg.n_experts else ((), 0)
+    )
+    shared_ranges, shared_width = (
+        _width_split(cfg.d_ff_shared, shared_block, n) if cfg.d_ff_shared else ((), 0)
+    )
     ob = o_block
     owned = [(s * heads * hd, (s + 1) * heads * hd) for s in range(n)]
     o_starts = tuple(a // ob * ob for a, _ in owned)
@@ -124,11 +161,15 @@ def plan_split(cfg: Config, degree: int, *, o_block: int, ff_block: int) -> Spli
         kv_heads=kv_heads,
         kv_first=kv_first,
         ff_ranges=ff_ranges,
-        ff_width=max(counts) * fb,
+        ff_width=ff_width,
         o_starts=o_starts,
         o_width=o_width,
         o_offsets=tuple(a - w for (a, _), w in zip(owned, o_starts)),
         vocab_local=-(-cfg.vocab_size // n),
+        expert_ranges=expert_ranges,
+        expert_width=expert_width,
+        shared_ranges=shared_ranges,
+        shared_width=shared_width,
     )
 
 
@@ -136,7 +177,13 @@ def local_config(cfg: Config, split: Split) -> Config:
     """The Config one shard's layer math runs with: its heads, KV heads and d_ff slice (d_model, the
     residual width, stays whole; the shard's q width is its q_dim, heads x head_dim)."""
     return dataclasses.replace(
-        cfg, n_heads=split.heads, n_kv_heads=split.kv_heads, d_ff=split.ff_width, tied_output=False
+        cfg,
+        n_heads=split.heads,
+        n_kv_heads=split.kv_heads,
+        d_ff=split.ff_width or cfg.d_ff,
+        tied_output=False,
+        d_ff_expert=split.expert_width,
+        d_ff_shared=split.shared_width,
     )
 
 
@@ -159,6 +206,33 @@ def _k_window(t: RawTensor, k0: int, width: int) -> RawTensor:
     padded = np.pad(as_bytes, ((0, 0), (0, max(0, hi - as_bytes.shape[1]))))
     window = np.ascontiguousarray(padded[:, lo:hi]).view(data.dtype)
     return RawTensor(t.name, t.qtype, (rows, width), window)
+
+
+def _per_expert(cut, t: RawTensor, *args) -> RawTensor:
+    """cut (_rows or _k_window) applied to each expert of an [E, n, k] tensor."""
+    e = t.shape[0]
+    data = np.asarray(t.data)
+    parts = [cut(RawTensor(t.name, t.qtype, t.shape[1:], data[i]), *args) for i in range(e)]
+    return RawTensor(t.name, t.qtype, (e, *parts[0].shape), np.stack([p.data for p in parts]))
+
+
+def _moe_tensors(t: dict[str, RawTensor], p: str, split: Split, s: int) -> dict[str, RawTensor]:
+    """Layer prefix p's mixture-of-experts tensors for shard s: the router (and the shared
+    expert's gate vector) whole, every expert's slice of its width, the shared expert's slice."""
+    out = {p + "ffn_gate_inp.weight": t[p + "ffn_gate_inp.weight"]}
+    ea, eb = split.expert_ranges[s]
+    for r in ("ffn_gate_exps", "ffn_up_exps"):
+        out[f"{p}{r}.weight"] = _per_expert(_rows, t[f"{p}{r}.weight"], ea, eb, split.expert_width)
+    down = t[p + "ffn_down_exps.weight"]
+    out[p + "ffn_down_exps.weight"] = _per_expert(_k_window, down, ea, split.expert_width)
+    if split.shared_ranges:
+        sa, sb = split.shared_ranges[s]
+        out[p + "ffn_gate_inp_shexp.weight"] = t[p + "ffn_gate_inp_shexp.weight"]
+        for r in ("ffn_gate_shexp", "ffn_up_shexp"):
+            out[f"{p}{r}.weight"] = _rows(t[f"{p}{r}.weight"], sa, sb, split.shared_width)
+        shared_down = t[p + "ffn_down_shexp.weight"]
+        out[p + "ffn_down_shexp.weight"] = _k_window(shared_down, sa, split.shared_width)
+    return out
 
 
 _REPLICATED_LAYER_VECTORS = (
@@ -184,7 +258,6 @@ def shard_tensors(model: GGUFModel, split: Split, s: int) -> dict[str, RawTensor
     )
     qa, kva = s * split.heads * hd, split.kv_first[s] * hd
     qn, kvn = split.heads * hd, split.kv_heads * hd
-    fa, fb = split.ff_ranges[s]
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
         for (
@@ -201,6 +274,10 @@ def shard_tensors(model: GGUFModel, split: Split, s: int) -> dict[str, RawTensor
         out[p + "attn_output.weight"] = _k_window(
             t[p + "attn_output.weight"], split.o_starts[s], split.o_width
         )
+        if cfg.n_experts:
+            out.update(_moe_tensors(t, p, split, s))
+            continue
+        fa, fb = split.ff_ranges[s]
         for r in ("ffn_gate", "ffn_up"):
             out[f"{p}{r}.weight"] = _rows(t[f"{p}{r}.weight"], fa, fb, split.ff_width)
         out[p + "ffn_down.weight"] = _k_window(t[p + "ffn_down.weight"], fa, split.ff_width)
@@ -254,6 +331,10 @@ class TensorParallel:
             zeros = jnp.zeros((*x.shape[:-1], self.split.o_width), x.dtype)
             x = jax.lax.dynamic_update_slice_in_dim(zeros, x, off, axis=x.ndim - 1)
         return jax.lax.psum(ops.matmul(x, w, impl), AXIS)
+
+    def all_reduce(self, x: jax.Array) -> jax.Array:
+        """The shards' partial outputs added up (a mixture of experts' layer output)."""
+        return jax.lax.psum(x, AXIS)
 
     def _vocab_ids(self) -> jax.Array:
         return jax.lax.axis_index(AXIS) * self.split.vocab_local + jnp.arange(

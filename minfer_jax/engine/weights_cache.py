@@ -9,7 +9,8 @@ One entry is one file `<digest>.weights` under MINFER_WEIGHTS_CACHE (default
 `<model cache dir>/weights`; `0` turns it off): a header (the params pytree and each leaf's
 offset, shape and dtype), then every leaf's bytes, 4 KiB aligned. The digest covers the GGUF
 (real path, size, mtime, a hash of its first and last MiB), the LoadOptions, the jax version and
-the source of the modules that produce the weights (model/weights.py, quant/, files/gguf.py).
+the source of the modules that produce the weights (model/weights.py, quant/, files/gguf.py,
+model/from_gguf.py).
 Entries are written atomically (tmp + rename) on a background thread that the interpreter waits
 for at exit, so a cold start's first token does not wait for the write (2.5 GB: 3-9 s here).
 The cache keeps its total under MINFER_WEIGHTS_CACHE_GB (default 16), dropping the least
@@ -53,7 +54,7 @@ _PROBE = 1 << 20  # bytes of the GGUF's head and tail hashed into the key
 _SUFFIX = ".weights"
 _STALE_TMP_S = 3600.0  # a temporary entry this old belongs to a writer that died
 # The modules whose code decides the bytes of the weights (a change there misses the cache).
-_PRODUCERS = ("model/weights.py", "quant", "files/gguf.py")
+_PRODUCERS = ("model/weights.py", "quant", "files/gguf.py", "model/from_gguf.py")
 
 
 def cache_dir() -> Path | None:

@@ -1,12 +1,12 @@
-"""GGUF file -> Config + metadata + raw tensor table, validated before any tensor data is touched.
+"""GGUF file -> metadata + raw tensor table, checked before any tensor data is touched.
 
 Parsing is gguf-py's `GGUFReader` (mmap); this module only adds three things around it:
 - speed: the reader walks 150k-entry token arrays through `np.memmap.__getitem__`, which costs
   ~8 s on the real 0.5B file; reading through a plain ndarray view of the same mmap costs ~2 s;
 - validation: every way a file can be broken becomes one `GGUFError` that names the file, the
   tensor and what was expected, instead of a numpy traceback;
-- the model view: a static `Config` (read by the file's family, model/families.py) and the tensor
-  names/shapes that config implies.
+- typed reads of the `{arch}.*` hyper-parameters (MetadataView) for the model side, which turns
+  them into a Config (model/gguf_model.py; this module knows no model).
 
 Tensor data stays in the mmap: `RawTensor.data` is the array gguf-py hands out (uint8 rows
 [out, bytes_per_row] for block formats and BF16, float arrays for F32/F16), read lazily.
@@ -25,12 +25,13 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from minfer_jax.errors import GGUFError, InvalidArgumentError, UnsupportedError
-from minfer_jax.model.config import Config
+from minfer_jax.errors import GGUFError, UnsupportedError
 
 QType = GGMLQuantizationType
 
-# Weight formats minfer_jax can run. Vectors (norms, biases) must be F32/F16/BF16.
+# Weight formats minfer_jax can run: the types of quant/planes.FORMATS (one record each; the reader
+# sits below quant, so it lists them: tests/test_formats.py checks the two agree). Vectors (norms,
+# biases) must be F32/F16/BF16.
 SUPPORTED_TYPES = frozenset(
     {
         QType.F32,
@@ -46,6 +47,9 @@ SUPPORTED_TYPES = frozenset(
         QType.Q4_K,
         QType.Q5_K,
         QType.Q6_K,
+        QType.IQ4_NL,
+        QType.IQ4_XS,
+        QType.MXFP4,
     }
 )
 FLOAT_TYPES = frozenset({QType.F32, QType.F16, QType.BF16})
@@ -71,18 +75,15 @@ class RawTensor:
 
 
 @dataclasses.dataclass(eq=False)
-class GGUFModel:
-    """A validated GGUF of a supported family: static config, metadata as Python values, tensors by
-    name."""
+class GGUFFile:
+    """A GGUF as read: its metadata as Python values (every key of METADATA_KINDS of its kind) and
+    every tensor by name, data left in the mmap. What it holds is not checked against a model:
+    model/gguf_model.py turns it into a Config and the tensors that Config needs."""
 
     path: str
-    config: Config
     metadata: Mapping[str, Any]
     tensors: dict[str, RawTensor]
     file_size: int
-
-    def tensor(self, name: str) -> RawTensor:
-        return self.tensors[name]
 
 
 class _FastReader(GGUFReader):
@@ -388,6 +389,9 @@ _ARCH_KINDS = {
             "attention.value_length",
             "attention.sliding_window",
             "expert_count",
+            "expert_used_count",
+            "expert_feed_forward_length",
+            "expert_shared_feed_forward_length",
             "rope.dimension_count",
         )
     },
@@ -455,7 +459,9 @@ def check_metadata_types(meta: Mapping[str, Any], path: str) -> None:
             raise GGUFError(f"{path}: metadata '{key}' should be {kind}, got {shown}")
 
 
-def _meta(meta: Mapping[str, Any], key: str, path: str, kind: type, default: Any = None) -> Any:
+def metadata_value(
+    meta: Mapping[str, Any], key: str, path: str, kind: type, default: Any = None
+) -> Any:
     v = meta.get(key, default)
     if v is None:
         raise GGUFError(f"{path}: required metadata '{key}' is missing")
@@ -486,14 +492,14 @@ class MetadataView:
         self.vocab_size, self.tied, self.tensor_names = vocab_size, tied, tensor_names
 
     def int(self, key: str, default: Any = None) -> int:
-        return _meta(self.meta, f"{self.arch}.{key}", self.path, int, default=default)
+        return metadata_value(self.meta, f"{self.arch}.{key}", self.path, int, default=default)
 
     def float(self, key: str, default: Any = None) -> float:
-        return _meta(self.meta, f"{self.arch}.{key}", self.path, float, default=default)
+        return metadata_value(self.meta, f"{self.arch}.{key}", self.path, float, default=default)
 
     # the methods `str` and `float` shadow the builtins in this class's scope
     def str(self, key: str, default: Any = None) -> builtins.str:
-        return _meta(self.meta, f"{self.arch}.{key}", self.path, str, default=default)
+        return metadata_value(self.meta, f"{self.arch}.{key}", self.path, str, default=default)
 
     def positive_float(self, key: builtins.str, default: Any = None) -> builtins.float:
         v = self.float(key, default)
@@ -503,39 +509,6 @@ class MetadataView:
                 f"got {v!r}"
             )
         return v
-
-
-def config_from_metadata(
-    meta: Mapping[str, Any],
-    path: str,
-    vocab_size: int,
-    tied: bool,
-    tensor_names: frozenset[str] = frozenset(),
-) -> Config:
-    """The family's Config from the file's metadata (families.for_architecture picks the family)."""
-    from minfer_jax.model.families import for_architecture
-
-    arch = _meta(meta, "general.architecture", path, str)
-    fam = for_architecture(arch, path)
-    try:
-        return fam.config_from_metadata(
-            MetadataView(meta, path, arch, vocab_size, tied, tensor_names)
-        )
-    except InvalidArgumentError as e:
-        raise GGUFError(f"{path}: inconsistent hyper-parameters: {e}") from None
-
-
-def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor a model of `cfg` needs (its family's table), in numpy order (out, in)."""
-    return dict(_iter_expected_shapes(cfg))
-
-
-def _iter_expected_shapes(cfg: Config):
-    """expected_shapes() lazily: a corrupt block_count of 2**40 must fail at the first missing
-    tensor, not build a dict of 10**13 names first."""
-    from minfer_jax.model.families import family
-
-    return family(cfg).tensor_shapes(cfg)
 
 
 def open_reader(path: str) -> GGUFReader:
@@ -576,55 +549,16 @@ def open_reader(path: str) -> GGUFReader:
 _HEADER_SIZE = 24
 
 
-def load_gguf(path: str | os.PathLike) -> GGUFModel:
-    """Open, parse and validate a GGUF of a supported family. Touches metadata and tensor headers,
-    not tensor data."""
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Open and parse a GGUF: its metadata (types checked) and tensor headers, not their data."""
     path = os.fspath(path)
     reader = open_reader(path)
     meta = read_metadata(reader)
     check_metadata_types(meta, path)
-    raw = {t.name: t for t in reader.tensors}
-
-    embd = raw.get("token_embd.weight")
-    if embd is None or embd.shape.size != 2:
-        # Architecture first: a llama file should say 'unsupported architecture', not 'missing
-        # tensor'.
-        config_from_metadata(meta, path, 1, True)
-        if embd is None:
-            raise GGUFError(f"{path}: required tensor 'token_embd.weight' is missing")
-        raise GGUFError(
-            f"{path}: tensor 'token_embd.weight' has shape {tuple(reversed(embd.shape.tolist()))}, "
-            "expected 2 dimensions (vocab_size, d_model)"
+    tensors = {
+        t.name: RawTensor(
+            t.name, QType(t.tensor_type), tuple(int(s) for s in reversed(t.shape.tolist())), t.data
         )
-    vocab = int(embd.shape[-1])
-    cfg = config_from_metadata(
-        meta, path, vocab, tied="output.weight" not in raw, tensor_names=frozenset(raw)
-    )
-    n_tokens = len(meta.get("tokenizer.ggml.tokens", ()))
-    if n_tokens > vocab:  # its ids past the table would be clamped by the gather, not refused
-        raise GGUFError(
-            f"{path}: the tokenizer has {n_tokens} tokens but 'token_embd.weight' has only {vocab} "
-            f"rows (ids {vocab}..{n_tokens - 1} could not be embedded)"
-        )
-
-    tensors: dict[str, RawTensor] = {}
-    for name, want in _iter_expected_shapes(cfg):
-        t = raw.get(name)
-        if t is None:
-            raise GGUFError(f"{path}: required tensor '{name}' is missing (expected shape {want})")
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        if shape != want:
-            raise GGUFError(
-                f"{path}: tensor '{name}' has shape {shape}, expected {want} from the metadata"
-            )
-        qtype = QType(t.tensor_type)
-        if qtype not in SUPPORTED_TYPES or (len(want) == 1 and qtype not in FLOAT_TYPES):
-            allowed = FLOAT_TYPES if len(want) == 1 else SUPPORTED_TYPES
-            raise UnsupportedError(
-                f"{path}: tensor '{name}' has type {qtype.name}, which minfer_jax does not "
-                f"support here (supported: {', '.join(sorted(q.name for q in allowed))})"
-            )
-        tensors[name] = RawTensor(name, qtype, shape, t.data)
-    return GGUFModel(
-        path=path, config=cfg, metadata=meta, tensors=tensors, file_size=os.path.getsize(path)
-    )
+        for t in reader.tensors
+    }
+    return GGUFFile(path=path, metadata=meta, tensors=tensors, file_size=os.path.getsize(path))

@@ -44,6 +44,20 @@ LLAMA3_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O split (gpt-oss's o200k_harmony): case runs split words
+# ("CamelCase" -> "Camel", "Case"), contractions stay on their word, digits in threes,
+# punctuation takes trailing newlines and '/'. This is llama.cpp's rewrite, not the tokenizer.json
+# original it quotes: where they differ (a combining mark after a letter, an upper non-ASCII letter
+# after a lower one) this follows llama.cpp (tests/data/llama_cpp/gpt-4o-tokenizer.json).
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+GPT4O_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    + _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    + _CONTRACTIONS
+    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class BytePairPre:
@@ -69,6 +83,7 @@ BPE_PRE_TOKENIZERS = {
     "smollm": BytePairPre(None, digits=True),
     "gpt-2": _GPT2,
     "gpt2": _GPT2,
+    "gpt-4o": BytePairPre(GPT4O_PATTERN),  # gpt-oss (o200k_harmony); no NFC, no BOS
 }
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
@@ -86,7 +101,14 @@ END_OF_TURN_TOKENS = (
     "<｜end▁of▁sentence｜>",
     "<end_of_turn>",
     "<EOT>",
+    "<|return|>",  # gpt-oss (harmony): the final answer's end
+    "<|call|>",  # gpt-oss: a tool call's end
 )
+# gpt-oss's harmony framing, which llama.cpp always renders (USER_DEFINED, so skip_special keeps
+# it): the output's channels are parsed from this text (files/harmony.py). Where the vocabulary
+# has <|return|> and <|call|>, <|end|> ends a message, not the turn: not an end token there.
+HARMONY_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+HARMONY_END = "<|end|>"
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -391,6 +413,8 @@ class Tokenizer:
         self.eos_ids = eos_ids
         self.chat_template = chat_template
         self.source = source
+        # gpt-oss's harmony vocabulary: its chat output has channels (files/harmony.py)
+        self.harmony = _is_harmony(tokens)
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], source: str = "<gguf>") -> Tokenizer:
@@ -408,7 +432,7 @@ class Tokenizer:
         tokens = _require_list(meta, "tokenizer.ggml.tokens", str, source)
         if not tokens:
             raise GGUFError(f"{source}: metadata 'tokenizer.ggml.tokens' is empty")
-        types = _token_types(meta, len(tokens), source)
+        types = _harmony_types(tokens, _token_types(meta, len(tokens), source))
         bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", len(tokens), source)
         eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source)
         # llama.cpp's defaults where the file says nothing: BOS for SentencePiece and Llama 3
@@ -463,7 +487,7 @@ class Tokenizer:
 
     @classmethod
     def from_model(cls, model: Any) -> Tokenizer:
-        """Build from a loaded `minfer_jax.files.gguf.GGUFModel`."""
+        """Build from a loaded `minfer_jax.model.gguf_model.GGUFModel`."""
         return cls.from_metadata(model.metadata, source=str(model.path))
 
     def backend_json(self) -> str:
@@ -618,6 +642,20 @@ def _token_types(meta: Mapping[str, Any], n_vocab: int, source: str) -> list[int
     return types
 
 
+def _is_harmony(tokens: list[str]) -> bool:
+    """A harmony vocabulary (gpt-oss): it has <|return|> and <|call|> (llama.cpp's test)."""
+    return "<|return|>" in tokens and "<|call|>" in tokens
+
+
+def _harmony_types(tokens: list[str], types: list[int]) -> list[int]:
+    """types with llama.cpp's harmony overrides: the framing tokens USER_DEFINED (rendered), and
+    <|end|> too in a harmony vocabulary (not an end token: _eos_ids)."""
+    rendered = set(HARMONY_RENDERED) | ({HARMONY_END} if _is_harmony(tokens) else set())
+    if not rendered.intersection(tokens):
+        return types
+    return [TOKEN_USER_DEFINED if t in rendered else k for t, k in zip(tokens, types)]
+
+
 def _eos_ids(
     meta: Mapping[str, Any], tokens: list[str], types: list[int], source: str
 ) -> frozenset[int]:
@@ -641,6 +679,8 @@ def _eos_ids(
         for i, (t, k) in enumerate(zip(tokens, types))
         if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and t in wanted
     )
+    if _is_harmony(tokens):  # llama.cpp drops <|end|> however it got there (eos_token_id too)
+        ids.difference_update(i for i in ids.copy() if tokens[i] == HARMONY_END)
     return frozenset(ids)
 
 

@@ -15,20 +15,36 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax.model.config import Config
+from minfer_jax.pallas import attention, decode_qkv
+from minfer_jax.pallas import decode_attention as dec
 
 
 def _kernels(impl) -> bool:
     return impl.kernels in ("pallas", "interpret")
 
 
-def _kernel_options(cfg: Config, window: int) -> dict:
-    """The file's softmax scale and the layer's window, passed only where they differ from the
-    kernels' defaults (head_dim^-0.5, no window). The window reaches the kernel as an operand: one
-    kernel serves every sliding-window layer."""
-    options = {"sm_scale": cfg.attn_scale} if cfg.attn_scale else {}
+def _kernel_options(cfg: Config, window: int, sinks: jax.Array | None = None) -> dict:
+    """The file's softmax scale, the layer's window and its sinks, passed only where they differ
+    from the kernels' defaults (head_dim^-0.5, no window, no sinks). The window reaches the kernel
+    as an operand: one kernel serves every sliding-window layer."""
+    options: dict = {"sm_scale": cfg.attn_scale} if cfg.attn_scale else {}
     if window:
         options["window"] = jnp.int32(window)
+    if sinks is not None:
+        options["sinks"] = sinks
     return options
+
+
+def _softmax(scores: jax.Array, visible: jax.Array, sinks: jax.Array | None) -> jax.Array:
+    """Masked softmax over the last axis of scores [Hkv, rep, ..., S]; sinks [H] (gpt-oss): each
+    head's sink logit joins the denominator only (llama.cpp's soft_max_add_sinks)."""
+    scores = jnp.where(visible, scores, -jnp.inf)
+    if sinks is None:
+        return jax.nn.softmax(scores, axis=-1)
+    n_kv, rep = scores.shape[0], scores.shape[1]
+    column = sinks.astype(jnp.float32).reshape(n_kv, rep, *(1,) * (scores.ndim - 2))
+    column = jnp.broadcast_to(column, (*scores.shape[:-1], 1))
+    return jax.nn.softmax(jnp.concatenate([scores, column], axis=-1), axis=-1)[..., :-1]
 
 
 def chunk_attention(
@@ -40,14 +56,14 @@ def chunk_attention(
     cfg: Config,
     impl,
     window: int = 0,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """q [T, H, hd] at positions start + [0, T) of sequence `slot` -> [T, H * hd] f32.
 
-    window > 0 (sliding-window layers): a query at p sees keys p - window < key <= p only."""
+    window > 0 (sliding-window layers): a query at p sees keys p - window < key <= p only.
+    sinks [H] (or None): each head's attention sink logit, in the softmax's denominator only."""
     t = q.shape[0]
     if _kernels(impl):
-        from minfer_jax.pallas import attention
-
         out = attention.chunk_attention(
             q,
             k_cache,
@@ -55,7 +71,7 @@ def chunk_attention(
             slot,
             start,
             interpret=impl.kernels == "interpret",
-            **_kernel_options(cfg, window),
+            **_kernel_options(cfg, window, sinks),
         )
         return out.reshape(t, cfg.q_dim)
     k = jax.lax.dynamic_index_in_dim(k_cache, slot, axis=0, keepdims=False).astype(
@@ -66,7 +82,7 @@ def chunk_attention(
     scores = jnp.einsum("tgrd,gsd->grts", qg, k) * cfg.softmax_scale  # [Hkv, rep, T, S]
     positions = start + jnp.arange(t, dtype=jnp.int32)
     visible = _visible(jnp.arange(k.shape[1])[None, :], positions[:, None], window)  # [T, S]
-    probs = jax.nn.softmax(jnp.where(visible[None, None], scores, -jnp.inf), axis=-1)
+    probs = _softmax(scores, visible[None, None], sinks)
     return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, cfg.q_dim)
 
 
@@ -89,16 +105,15 @@ def decode_attention(
     impl,
     span: int | None = None,
     window: int = 0,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """q [B, H, hd], row b at position positions[b] of slot slots[b] -> [B, H * hd] f32.
 
     span (static, XLA path only): keys are read from slots [0, span); every position < span.
-    window > 0: keys positions[b] - window < key <= positions[b] only.
+    window > 0: keys positions[b] - window < key <= positions[b] only. sinks: chunk_attention's.
     """
     b = q.shape[0]
     if _kernels(impl):
-        from minfer_jax.pallas import decode_attention as dec
-
         out = dec.decode_attention(
             q[:, None],
             k_cache,
@@ -108,7 +123,7 @@ def decode_attention(
             interpret=impl.kernels == "interpret",
             deterministic=impl.deterministic,
             fused=impl.fused_decode,
-            **_kernel_options(cfg, window),
+            **_kernel_options(cfg, window, sinks),
         )
         return out.reshape(b, cfg.q_dim)
     s = k_cache.shape[2] if span is None else span
@@ -117,7 +132,11 @@ def decode_attention(
     qg = q.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
     scores = jnp.einsum("bgrd,bgsd->bgrs", qg, k) * cfg.softmax_scale  # [B, Hkv, rep, span]
     visible = _visible(jnp.arange(s)[None, :], positions[:, None], window)  # [B, span]
-    probs = jax.nn.softmax(jnp.where(visible[:, None, None], scores, -jnp.inf), axis=-1)
+    if sinks is None:
+        probs = _softmax(scores, visible[:, None, None], None)
+    else:  # _softmax's sinks want [Hkv, rep, ...] first
+        by_head = _softmax(scores.transpose(1, 2, 0, 3), visible[None, None], sinks)
+        probs = by_head.transpose(2, 0, 1, 3)
     return jnp.einsum("bgrs,bgsd->bgrd", probs, v).reshape(b, cfg.q_dim)
 
 
@@ -138,9 +157,6 @@ def decode_attention_projected(
     (ops.norm_matmul_parts; widths: each one's true columns): one kernel sums them, adds bias,
     applies NeoX RoPE with inv_freq, writes k / v at positions and lays q out for the attention
     kernel (pallas/decode_qkv.py) -> (k_cache, v_cache, [B, H * hd] f32)."""
-    from minfer_jax.pallas import decode_attention as dec
-    from minfer_jax.pallas import decode_qkv
-
     b, interpret = positions.shape[0], impl.kernels == "interpret"
     qg, k_cache, v_cache = decode_qkv.write_qkv(
         tuple(parts),

@@ -22,7 +22,13 @@ _LIMITS = {
 }
 
 # Model families with a layer module (model/families.py maps each to it).
-FAMILIES = ("qwen2", "llama", "qwen3", "gemma3")
+FAMILIES = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss")
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
+# how router logits become the chosen experts' weights (llama.cpp's expert_gating_func):
+# "softmax": softmax over all experts, top-k of the probabilities
+EXPERT_GATINGS = ("softmax", "softmax_weight")
+# the experts' gated activations (experts.GLU_ACTIVATIONS): SwiGLU, gpt-oss's clamped SwiGLU
+EXPERT_ACTIVATIONS = ("silu", "swiglu_oai")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +61,21 @@ class Config:
     # with a window: every swa_period-th layer (i % period == period - 1) is global
     swa_period: int = 0
     rope_theta_local: float = 0.0  # RoPE base of the local (sliding-window) layers; 0: rope_theta
+    # YaRN RoPE scaling (rope.scaling.type yarn, every layer): the factor, 0 for none, and
+    # rope.scaling.original_context_length
+    yarn_factor: float = 0.0
+    yarn_orig_ctx: int = 0
+    # mixture of experts (model/moe.py): n_experts > 0 replaces every layer's FFN by a router and
+    # n_experts expert FFNs of width d_ff_expert, n_experts_used of them per token
+    n_experts: int = 0
+    n_experts_used: int = 0
+    d_ff_expert: int = 0
+    d_ff_shared: int = 0  # a shared expert's width (Qwen2-MoE); 0: none
+    expert_weights_norm: bool = False  # the k chosen weights divided by their sum
+    # one of EXPERT_GATINGS: "softmax" over all experts, then top-k; "softmax_weight" (gpt-oss):
+    # top-k of the raw logits, softmax over the chosen k
+    expert_gating: str = "softmax"
+    expert_act: str = "silu"  # one of EXPERT_ACTIVATIONS
 
     def __post_init__(self):
         for name, hi in _LIMITS.items():
@@ -83,6 +104,26 @@ class Config:
         validate.number("Config.rope_theta_local", self.rope_theta_local, 0.0)
         validate.integer("Config.sliding_window", self.sliding_window, 0, validate.INT32_MAX)
         validate.integer("Config.swa_period", self.swa_period, 0, 1 << 12)
+        validate.number("Config.yarn_factor", self.yarn_factor, 0.0)
+        validate.integer("Config.yarn_orig_ctx", self.yarn_orig_ctx, 0, validate.INT32_MAX)
+        if self.yarn_factor and (self.yarn_factor <= 1.0 or not self.yarn_orig_ctx):
+            raise InvalidArgumentError(
+                f"Config.yarn_factor {self.yarn_factor} needs a factor > 1 and an original "
+                f"context length (got {self.yarn_orig_ctx})"
+            )
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        validate.integer("Config.n_experts", self.n_experts, 0, MAX_EXPERTS)
+        validate.choice("Config.expert_gating", self.expert_gating, EXPERT_GATINGS)
+        validate.choice("Config.expert_act", self.expert_act, EXPERT_ACTIVATIONS)
+        validate.integer("Config.d_ff_shared", self.d_ff_shared, 0, _LIMITS["d_ff"])
+        if not self.n_experts:
+            return
+        if self.n_experts_used == 0:  # llama.cpp's wording
+            raise InvalidArgumentError("model has expert layers but no expert layers are used")
+        validate.integer("Config.n_experts_used", self.n_experts_used, 1, self.n_experts)
+        validate.integer("Config.d_ff_expert", self.d_ff_expert, 1, _LIMITS["d_ff"])
 
     @property
     def q_dim(self) -> int:
@@ -101,6 +142,11 @@ class Config:
     @property
     def softmax_scale(self) -> float:
         return self.attn_scale or self.head_dim**-0.5
+
+    @property
+    def yarn(self) -> tuple[float, int] | None:
+        """(factor, original context) of YaRN RoPE scaling (layers.rope_neox), or None."""
+        return (self.yarn_factor, self.yarn_orig_ctx) if self.yarn_factor else None
 
     def is_local(self, layer: int) -> bool:
         """Whether layer `layer` attends through the sliding window (llama.cpp's swa_layers)."""

@@ -38,9 +38,9 @@ def _layers(
     attend_projected: Callable | None = None,
     epilogues: bool = False,
 ) -> tuple[layers.Hidden, KVCache]:
-    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window)` (or,
-    where the family's layer takes it, `attend_projected(parts, widths, bias, inv_freq, k_cache,
-    v_cache, window)`: LayerCall) -> the last layer's output, not normed (with epilogues a
+    """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window, sinks)`
+    (or, where the family's layer takes it, `attend_projected(parts, widths, bias, inv_freq,
+    k_cache, v_cache, window)`: LayerCall) -> the last layer's output, not normed (with epilogues a
     layers.Residual: LayerCall.epilogues). par: None on one device; inside shard_map the
     shard's hooks (sharding.TensorParallel)."""
     fam = family(cfg)
@@ -48,9 +48,9 @@ def _layers(
     ks, vs = list(cache.k), list(cache.v)
     for i, layer in enumerate(params.layers):  # unrolled at trace time
 
-        def layer_attend(q, k, v, i=i):
+        def layer_attend(q, k, v, sinks=None, i=i):
             ks[i], vs[i], att = attend(
-                q, k.astype(ks[i].dtype), v.astype(vs[i].dtype), ks[i], vs[i], cfg.window(i)
+                q, k.astype(ks[i].dtype), v.astype(vs[i].dtype), ks[i], vs[i], cfg.window(i), sinks
             )
             return att
 
@@ -88,14 +88,14 @@ def forward_chunk(
     cache."""
     positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
 
-    def attend(q, k, v, k_cache, v_cache, window):
+    def attend(q, k, v, k_cache, v_cache, window, sinks):
         at = (slot, 0, start, 0)  # [T, Hkv, hd] -> the slot's rows [Hkv, start:start+T]
         k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 0, 1)[None], at)
         v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 0, 1)[None], at)
         return (
             k_cache,
             v_cache,
-            attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl, window),
+            attention.chunk_attention(q, k_cache, v_cache, slot, start, cfg, impl, window, sinks),
         )
 
     x, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par)
@@ -144,14 +144,14 @@ def forward_decode(
         cache, logits = jax.lax.scan(one_row, cache, (tokens, slots, positions))
         return logits, cache
 
-    def attend(q, k, v, k_cache, v_cache, window):
+    def attend(q, k, v, k_cache, v_cache, window, sinks):
         k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence
         v_cache = v_cache.at[slots, :, positions].set(v)
         return (
             k_cache,
             v_cache,
             attention.decode_attention(
-                q, k_cache, v_cache, slots, positions, cfg, impl, span, window
+                q, k_cache, v_cache, slots, positions, cfg, impl, span, window, sinks
             ),
         )
 

@@ -1,6 +1,7 @@
 """The one place a model family is chosen: `general.architecture` -> the family's module.
 
-A family module (qwen2.py, llama.py, qwen3.py, gemma3.py) holds what differs between families:
+A family module (qwen2.py, llama.py, qwen3.py, gemma3.py, qwen3moe.py, qwen2moe.py, gptoss.py)
+holds what differs between families:
   ARCHITECTURE, MODELS                the GGUF architecture name and the models it covers (messages)
   config_from_metadata(md) -> Config  its hyper-parameters from the file's `{arch}.*` keys
   tensor_shapes(cfg)                  every tensor it needs: (name, numpy shape), lazily
@@ -15,10 +16,12 @@ from __future__ import annotations
 from types import ModuleType
 
 from minfer_jax.errors import UnsupportedError
-from minfer_jax.model import gemma3, llama, qwen2, qwen3
+from minfer_jax.model import gemma3, gptoss, llama, qwen2, qwen2moe, qwen3, qwen3moe
 from minfer_jax.model.config import Config
 
-_MODULES: dict[str, ModuleType] = {m.ARCHITECTURE: m for m in (qwen2, llama, qwen3, gemma3)}
+_MODULES: dict[str, ModuleType] = {
+    m.ARCHITECTURE: m for m in (qwen2, llama, qwen3, gemma3, qwen3moe, qwen2moe, gptoss)
+}
 
 
 def family(cfg_or_name: Config | str) -> ModuleType:

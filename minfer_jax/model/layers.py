@@ -7,6 +7,7 @@ module only says which pieces its layer uses and in which order.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -14,8 +15,9 @@ import jax.numpy as jnp
 
 from minfer_jax import ops
 from minfer_jax.model.config import Config
-from minfer_jax.model.weights import Layer, Params, embed_rows
+from minfer_jax.model.weights import Layer, Params
 from minfer_jax.pallas import split_sums
+from minfer_jax.quant.matrix import embed_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,9 +25,9 @@ class LayerCall:
     """What a layer needs besides its weights (a trace-time container, not a pytree)."""
 
     positions: jax.Array  # [T] int32: each token's position
-    attend: (
-        Callable  # attend(q [T, H, hd], k, v [T, Hkv, hd]) -> [T, H * hd]: cache write + attention
-    )
+    # attend(q [T, H, hd], k, v [T, Hkv, hd], sinks=None) -> [T, H * hd]: cache write +
+    # attention; sinks [H]: gpt-oss's per-head sink logits
+    attend: Callable
     cfg: Config
     impl: ops.Impl
     # None on one device; inside shard_map the shard's hooks (sharding.TensorParallel)
@@ -86,19 +88,54 @@ def _inv_freq(hd: int, theta: float, freq_factors: jax.Array | None, scale: floa
     return inv_freq
 
 
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0  # llama.cpp's hparams defaults (gpt-oss reads none)
+
+
+def yarn_corr_dims(hd: int, theta: float, orig_ctx: int) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the pair indices where YaRN's ramp from extrapolated (fast,
+    below lo) to interpolated (slow, above hi) frequencies runs."""
+
+    def corr_dim(beta: float) -> float:
+        return hd * math.log(orig_ctx / (beta * 2 * math.pi)) / (2 * math.log(theta))
+
+    return max(0.0, math.floor(corr_dim(YARN_BETA_FAST))), min(
+        hd - 1.0, math.ceil(corr_dim(YARN_BETA_SLOW))
+    )
+
+
+def yarn_inv_freq(
+    inv_freq: jax.Array, theta: float, factor: float, orig_ctx: int
+) -> tuple[jax.Array, float]:
+    """YaRN as ggml's rope_yarn computes it (ext_factor 1, freq_scale 1 / factor): pair i turns at
+    inv_freq (1 - r) / factor + inv_freq r, r = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1);
+    and (its second value) cos and sin are scaled by mscale = 1 + 0.1 ln(factor) (llama.cpp's
+    attn_factor cancels get_mscale's own, leaving ggml's)."""
+    half = inv_freq.shape[0]
+    lo, hi = yarn_corr_dims(2 * half, theta, orig_ctx)
+    ramp = 1.0 - jnp.clip((jnp.arange(half, dtype=jnp.float32) - lo) / max(0.001, hi - lo), 0, 1)
+    return inv_freq * ((1.0 - ramp) / factor + ramp), 1.0 + 0.1 * math.log(factor)
+
+
 def rope_neox(
     x: jax.Array,
     positions: jax.Array,
     theta: float,
     freq_factors: jax.Array | None = None,
     scale: float = 1.0,
+    yarn: tuple[float, int] | None = None,
 ) -> jax.Array:
-    """NeoX RoPE (llama.cpp ROPE_TYPE_NEOX: Qwen2, Qwen3, Gemma 3): x [T, heads, hd] rotated by
-    position [T]; pairs (i, i + hd/2)."""
+    """NeoX RoPE (llama.cpp ROPE_TYPE_NEOX: Qwen2, Qwen3, Gemma 3, gpt-oss): x [T, heads, hd]
+    rotated by position [T]; pairs (i, i + hd/2). yarn: (factor, original context) of YaRN
+    scaling (Config.yarn), or None."""
     hd = x.shape[-1]
     inv_freq = _inv_freq(hd, theta, freq_factors, scale)  # [hd/2]
+    mscale = 1.0
+    if yarn is not None:
+        inv_freq, mscale = yarn_inv_freq(inv_freq, theta, *yarn)
     ang = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [T, hd/2]
     cos, sin = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]  # [T, 1, hd/2]
+    if mscale != 1.0:
+        cos, sin = cos * mscale, sin * mscale
     x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 

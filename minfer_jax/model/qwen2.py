@@ -32,12 +32,3 @@ def tensor_shapes(cfg: Config):
 def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
     x = layers.add_product(x, layers.attend_neox(x, layer, call), layer.wo, "attn_out", call)
     return layers.add_product(x, layers.gated_act(x, layer, call), layer.w_down, "ffn_out", call)
-
-
-def __getattr__(name: str):
-    # The step functions lived here before the families shared model/decoder.py.
-    if name in ("forward_chunk", "forward_decode", "logits_from_hidden"):
-        from minfer_jax.model import decoder
-
-        return getattr(decoder, name)
-    raise AttributeError(name)

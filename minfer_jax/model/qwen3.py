@@ -34,7 +34,9 @@ def tensor_shapes(cfg: Config):
         yield from schema.layer_shapes(cfg, i, qk_norm=True).items()
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
+def attention(x: layers.Hidden, layer: Layer, call: layers.LayerCall):
+    """q / k / v of attn_norm(x), q and k normed per head, NeoX-rotated, through the cache ->
+    [T, H * hd] (Qwen3-MoE's attention too)."""
     cfg, pos = call.cfg, call.positions
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
     q, k = (
@@ -43,5 +45,9 @@ def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> lay
     )  # per head
     q = layers.rope_neox(q, pos, cfg.rope_theta, scale=cfg.rope_scale)
     k = layers.rope_neox(k, pos, cfg.rope_theta, scale=cfg.rope_scale)
-    x = layers.add_product(x, call.attend(q, k, v), layer.wo, "attn_out", call)
+    return call.attend(q, k, v)
+
+
+def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
+    x = layers.add_product(x, attention(x, layer, call), layer.wo, "attn_out", call)
     return layers.add_product(x, layers.gated_act(x, layer, call), layer.w_down, "ffn_out", call)

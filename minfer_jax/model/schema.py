@@ -24,8 +24,9 @@ def global_shapes(cfg: Config) -> Iterator[tuple[str, tuple[int, ...]]]:
 def layer_shapes(
     cfg: Config, i: int, *, bias: bool = False, qk_norm: bool = False, post_norms: bool = False
 ) -> dict[str, tuple[int, ...]]:
-    """Layer i's tensors: attention and gated FFN, with q/k/v biases (Qwen2), per-head q/k norms
-    (Qwen3, Gemma 3) and the norms after attention and FFN (Gemma 3) where the family has them."""
+    """Layer i's tensors: attention and gated FFN (or, with cfg.n_experts, the mixture of experts:
+    moe_shapes), with q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3) and the norms after
+    attention and FFN (Gemma 3) where the family has them."""
     d, qd, kv, ff, hd = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.d_ff, cfg.head_dim
     p = f"blk.{i}."
     shapes = {p + "attn_norm.weight": (d,), p + "attn_q.weight": (qd, d)}
@@ -43,14 +44,17 @@ def layer_shapes(
     shapes[p + "attn_output.weight"] = (d, qd)
     if post_norms:
         shapes[p + "post_attention_norm.weight"] = (d,)
-    shapes.update(
-        {
-            p + "ffn_norm.weight": (d,),
-            p + "ffn_gate.weight": (ff, d),
-            p + "ffn_up.weight": (ff, d),
-            p + "ffn_down.weight": (d, ff),
-        }
-    )
+    shapes[p + "ffn_norm.weight"] = (d,)
+    if cfg.n_experts:
+        shapes.update(moe_shapes(cfg, i))
+    else:
+        shapes.update(
+            {
+                p + "ffn_gate.weight": (ff, d),
+                p + "ffn_up.weight": (ff, d),
+                p + "ffn_down.weight": (d, ff),
+            }
+        )
     if post_norms:
         shapes[p + "post_ffw_norm.weight"] = (d,)
     return shapes
@@ -86,15 +90,25 @@ def head_dim_field(md) -> dict:
     return {"head_dim": k} if k else {}
 
 
-def rope_scaling_fields(md) -> dict:
-    """Linear RoPE scaling (`rope.scaling.type` = linear, `rope.scaling.factor`); other kinds
-    refused."""
+def rope_scaling_fields(md, yarn: bool = False) -> dict:
+    """Linear RoPE scaling (`rope.scaling.type` = linear, `rope.scaling.factor`), and YaRN
+    (`yarn`, with `rope.scaling.original_context_length`) where the family applies it (yarn);
+    other kinds refused."""
     kind = md.str("rope.scaling.type", default="none")
     factor = md.positive_float("rope.scaling.factor", default=1.0)
     if kind == "none" or factor == 1.0:
         return {}
+    if kind == "yarn" and yarn:
+        orig = md.int("rope.scaling.original_context_length", default=0)
+        if orig <= 0 or factor < 1.0:
+            raise UnsupportedError(
+                f"{md.path}: YaRN RoPE scaling needs a factor > 1 and "
+                f"rope.scaling.original_context_length (got {factor}, {orig})"
+            )
+        return {"yarn_factor": factor, "yarn_orig_ctx": orig}
     if kind != "linear":
-        raise UnsupportedError(f"{md.path}: RoPE scaling {kind!r} is not supported (only 'linear')")
+        known = "'linear', 'yarn'" if yarn else "'linear'"
+        raise UnsupportedError(f"{md.path}: RoPE scaling {kind!r} is not supported (only {known})")
     return {"rope_scale": 1.0 / factor}
 
 
@@ -106,3 +120,46 @@ def check_full_rotary(md, cfg: Config) -> None:
         raise UnsupportedError(
             f"{md.path}: RoPE over {n} of {cfg.head_dim} head dimensions is not supported"
         )
+
+
+def moe_shapes(cfg: Config, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer i's mixture-of-experts tensors (numpy order): the router, the three expert tensors
+    [E, out, in] and, with cfg.d_ff_shared, Qwen2-MoE's gated shared expert."""
+    d, e, ff, sh = cfg.d_model, cfg.n_experts, cfg.d_ff_expert, cfg.d_ff_shared
+    p = f"blk.{i}."
+    shapes = {
+        p + "ffn_gate_inp.weight": (e, d),
+        p + "ffn_gate_exps.weight": (e, ff, d),
+        p + "ffn_up_exps.weight": (e, ff, d),
+        p + "ffn_down_exps.weight": (e, d, ff),
+    }
+    if sh:
+        shapes.update(
+            {
+                p + "ffn_gate_inp_shexp.weight": (d,),
+                p + "ffn_gate_shexp.weight": (sh, d),
+                p + "ffn_up_shexp.weight": (sh, d),
+                p + "ffn_down_shexp.weight": (d, sh),
+            }
+        )
+    return shapes
+
+
+def moe_fields(
+    md, *, weights_norm: bool, expert_ff: int, shared_ff: int = 0, gating: str = "softmax"
+) -> dict:
+    """The mixture-of-experts Config fields from `{arch}.expert_count` / `expert_used_count`
+    (expert_ff, shared_ff: the family's widths, read by it with its own fallbacks); {} for a file
+    without experts. Routing (gating, weights_norm) is fixed per architecture, as in llama.cpp,
+    which reads none of the expert_gating_func / expert_weights_norm keys for these families."""
+    n = md.int("expert_count", default=0)
+    if n <= 0:
+        return {}
+    return dict(
+        n_experts=n,
+        n_experts_used=md.int("expert_used_count", default=0),
+        d_ff_expert=expert_ff,
+        d_ff_shared=shared_ff,
+        expert_weights_norm=weights_norm,
+        expert_gating=gating,
+    )

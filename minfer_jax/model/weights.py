@@ -3,7 +3,7 @@
 Two storage modes, chosen per platform by `minfer_jax.load`:
 - "quantized": every matrix stays in its GGUF format, repacked once into planes
   (quant.planes); the Pallas kernels read the planes directly. Device memory ~= file size.
-- "dense": matrices are dequantized once at load (bit-exact f32, quant.ggml). On a 2-core CPU
+- "dense": matrices are dequantized once at load (bit-exact f32, planes.dequantize). On a 2-core CPU
   XLA's dense dot beats any per-call dequantization by far, and its speed depends on dtype and
   orientation (docs/ARCHITECTURE.md has the table): square and narrowing matrices are stored
   [K, N], widening ones (N >= 2K: gate/up, the vocab head, the embedding) [N, K], both f32 by
@@ -22,63 +22,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minfer_jax.files.gguf import GGUFModel, QType, RawTensor
-from minfer_jax.quant import ggml
-from minfer_jax.quant.planes import repack
+from minfer_jax.files.gguf import QType, RawTensor
+from minfer_jax.model.gguf_model import GGUFModel
+from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
+from minfer_jax.quant.planes import dequantize, repack
 
 LOAD_THREADS = min(8, os.cpu_count() or 1)  # tensors repacked / dequantized at once
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class QWeight:
-    """A [n, k] matrix in its quantized device layout: planes [Npad, k / wpc] (quant.planes)."""
+class Experts:
+    """A mixture-of-experts feed-forward's weights (model/moe.py): the router and the expert
+    tensors (experts = E each), and the shared expert where the family has one (Qwen2-MoE)."""
 
-    planes: dict[str, jax.Array]
-    qtype: QType = dataclasses.field(metadata=dict(static=True))
-    shape: tuple[int, int] = dataclasses.field(metadata=dict(static=True))
-
-    @property
-    def nbytes(self) -> int:
-        return int(sum(p.nbytes for p in self.planes.values()))
-
-    def rows(self, ids: jax.Array) -> jax.Array:
-        """Dequantized rows ids [...] -> [..., k] f32 (embedding lookup without a dense table)."""
-        from minfer_jax.quant.planes import decode
-
-        flat = ids.reshape(-1)
-        vals = decode(self.qtype, {n: p[flat] for n, p in self.planes.items()}, jnp.float32)
-        return vals.reshape(*ids.shape, self.shape[1])
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class DenseWeight:
-    """A dequantized [n, k] matrix, stored as [n, k] (transposed=False) or [k, n]
-    (transposed=True)."""
-
-    w: jax.Array
-    transposed: bool = dataclasses.field(metadata=dict(static=True))
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(reversed(self.w.shape)) if self.transposed else tuple(self.w.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.w.size * self.w.dtype.itemsize)
-
-
-Weight = QWeight | DenseWeight
-
-
-def embed_rows(w: Weight, ids: jax.Array) -> jax.Array:
-    """Rows of an embedding table as f32: ids [...] -> [..., d]."""
-    if isinstance(w, QWeight):
-        return w.rows(ids)
-    if w.transposed:
-        raise ValueError("embedding tables are stored [vocab, d]")
-    return w.w[ids].astype(jnp.float32)
+    router: Weight  # ffn_gate_inp [E, d]
+    gate: Weight  # ffn_gate_exps: E x [ff_exp, d]
+    up: Weight  # ffn_up_exps: E x [ff_exp, d]
+    down: Weight  # ffn_down_exps: E x [d, ff_exp]
+    shared_gate_inp: jax.Array | None = None  # [d] ffn_gate_inp_shexp: the shared expert's gate
+    shared_gate_up: tuple = ()  # ffn_gate_shexp / ffn_up_shexp, fused as Layer.gate_up
+    shared_down: Weight | None = None  # ffn_down_shexp [d, ff_shexp]
+    # gpt-oss's biases (f32): the router's [E] and each expert's [E, ff_exp] / [E, d]
+    router_bias: jax.Array | None = None
+    gate_bias: jax.Array | None = None
+    up_bias: jax.Array | None = None
+    down_bias: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -93,13 +62,16 @@ class Layer:
     qkv: tuple  # (w_qkv,), (w_qk, wv), (wq, w_kv) or (wq [qd, d], wk [kv, d], wv [kv, d])
     qkv_bias: jax.Array | None  # [qd + 2 kv] (Qwen2); None: no biases
     wo: Weight  # [d, qd]
-    ffn_norm: jax.Array  # [d]
-    gate_up: tuple  # (w_gate_up,) or (w_gate [ff, d], w_up [ff, d])
-    w_down: Weight  # [d, ff]
+    ffn_norm: jax.Array | None  # [d]; None where the family has none (gpt-oss)
+    gate_up: tuple = ()  # (w_gate_up,) or (w_gate [ff, d], w_up [ff, d]); () in a MoE layer
+    w_down: Weight | None = None  # [d, ff]; None in a MoE layer
     q_norm: jax.Array | None = None  # [hd] per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
     k_norm: jax.Array | None = None
     post_attn_norm: jax.Array | None = None  # [d] RMSNorm of the attention / FFN output (Gemma 3)
     post_ffn_norm: jax.Array | None = None
+    moe: Experts | None = None  # the mixture-of-experts FFN in place of gate_up / w_down
+    wo_bias: jax.Array | None = None  # [d] attn_output.bias (gpt-oss)
+    sinks: jax.Array | None = None  # [H] attn_sinks.weight: per-head sink logits (gpt-oss)
 
 
 @jax.tree_util.register_dataclass
@@ -130,7 +102,7 @@ class LoadOptions:
 
 
 def _vector(t: RawTensor) -> np.ndarray:
-    return np.asarray(ggml.dequantize(t.data, t.qtype, t.shape), np.float32)
+    return np.asarray(dequantize(t.data, t.qtype, t.shape), np.float32)
 
 
 def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
@@ -140,7 +112,7 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     shape = (rows, t.shape[1])
     if opts.mode == "dense":
         w = jnp.concatenate(
-            [ggml.dequantize(x.data, x.qtype, x.shape) for x in tensors]
+            [dequantize(x.data, x.qtype, x.shape) for x in tensors]
         )  # [n, k] f32, bit-exact
         if t.name == "token_embd.weight" or rows >= 2 * t.shape[1]:
             return DenseWeight(
@@ -152,6 +124,57 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     raw = np.concatenate([np.asarray(x.data) for x in tensors]) if len(tensors) > 1 else t.data
     planes = repack(raw, t.qtype, shape)
     return QWeight({n: jax.device_put(v, device) for n, v in planes.items()}, QType(t.qtype), shape)
+
+
+def _expert_matrix(t: RawTensor, opts: LoadOptions, device) -> Weight:
+    """An expert tensor (numpy shape [E, n, k]) as one weight with a leading expert axis: dense
+    [E, n, k], or each expert repacked and every plane stacked ([E, Npad, k / wpc])."""
+    e, n, k = t.shape
+    if opts.mode == "dense":
+        w = dequantize(t.data, t.qtype, (e * n, k)).reshape(e, n, k)  # bit-exact f32
+        w = w.astype(jnp.dtype(opts.dense_dtype))
+        return DenseWeight(jax.device_put(w, device), transposed=False, experts=e)
+    raw = np.asarray(t.data).reshape(e, n, -1)
+    per_expert = [repack(raw[i], t.qtype, (n, k)) for i in range(e)]
+    planes = {name: np.stack([p[name] for p in per_expert]) for name in per_expert[0]}
+    return QWeight(
+        {name: jax.device_put(v, device) for name, v in planes.items()},
+        QType(t.qtype),
+        (n, k),
+        experts=e,
+    )
+
+
+def load_experts(model: GGUFModel, layer: int, opts: LoadOptions, device) -> Experts | None:
+    """Layer `layer`'s mixture-of-experts weights, or None where the file has no experts there."""
+    t, p = model.tensors, f"blk.{layer}."
+    if p + "ffn_gate_inp.weight" not in t:
+        return None
+    shared = p + "ffn_gate_inp_shexp.weight"
+
+    def bias(role):  # gpt-oss: ffn_gate_inp.bias [E], ffn_*_exps.bias [E, width]
+        name = f"{p}{role}.bias"
+        return jax.device_put(_vector(t[name]), device) if name in t else None
+
+    return Experts(
+        router=_matrix([t[p + "ffn_gate_inp.weight"]], opts, device),
+        gate=_expert_matrix(t[p + "ffn_gate_exps.weight"], opts, device),
+        up=_expert_matrix(t[p + "ffn_up_exps.weight"], opts, device),
+        down=_expert_matrix(t[p + "ffn_down_exps.weight"], opts, device),
+        shared_gate_inp=jax.device_put(_vector(t[shared]), device) if shared in t else None,
+        shared_gate_up=(
+            _group(model, [f"{p}{r}_shexp.weight" for r in GATE_UP_ROLES], opts, device)
+            if shared in t
+            else ()
+        ),
+        shared_down=(
+            _matrix([t[p + "ffn_down_shexp.weight"]], opts, device) if shared in t else None
+        ),
+        router_bias=bias("ffn_gate_inp"),
+        gate_bias=bias("ffn_gate_exps"),
+        up_bias=bias("ffn_up_exps"),
+        down_bias=bias("ffn_down_exps"),
+    )
 
 
 def fused_runs(qtypes: Sequence, *, fuse: bool = True, dense: bool = False) -> list[list[int]]:
@@ -197,10 +220,13 @@ def layer_matmuls(
     dense: bool = False,
 ) -> list[LayerMatmul]:
     """The matmuls of layer `layer` as loaded (q/k/v and gate/up fused as `fused_runs` says), from
-    tensor types and shapes alone, in the order a token meets them."""
+    tensor types and shapes alone, in the order a token meets them (ops.matmul's: a mixture of
+    experts' router and expert tensors are not among them)."""
     out = []
     for roles in _LAYER_MATMULS:
         names = [f"blk.{layer}.{r}.weight" for r in roles]
+        if names[0] not in qtypes:  # a mixture-of-experts layer has no dense FFN
+            continue
         for run in fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense):
             members = tuple(names[i] for i in run)
             out.append(
@@ -248,18 +274,26 @@ def load_params(
 
     def layer(i):
         p = f"blk.{i}."
+        dense_ffn = p + "ffn_down.weight" in t
         return Layer(
             attn_norm=vec(p + "attn_norm.weight"),
             qkv=_group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
             qkv_bias=biases(p),
             wo=_matrix([t[p + "attn_output.weight"]], opts, device),
-            ffn_norm=vec(p + "ffn_norm.weight"),
-            gate_up=_group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device),
-            w_down=_matrix([t[p + "ffn_down.weight"]], opts, device),
+            ffn_norm=optional_vec(p + "ffn_norm.weight"),
+            gate_up=(
+                _group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device)
+                if dense_ffn
+                else ()
+            ),
+            w_down=_matrix([t[p + "ffn_down.weight"]], opts, device) if dense_ffn else None,
             q_norm=optional_vec(p + "attn_q_norm.weight"),
             k_norm=optional_vec(p + "attn_k_norm.weight"),
             post_attn_norm=optional_vec(p + "post_attention_norm.weight"),
             post_ffn_norm=optional_vec(p + "post_ffw_norm.weight"),
+            moe=load_experts(model, i, opts, device),
+            wo_bias=optional_vec(p + "attn_output.bias"),
+            sinks=optional_vec(p + "attn_sinks.weight"),
         )
 
     # Repacking is numpy work that releases the GIL: layers in parallel (a 7B's 4.4 GB took minutes

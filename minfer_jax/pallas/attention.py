@@ -138,6 +138,31 @@ def online_softmax_step(carry, s, v):
     return correction[:, None] * acc + pv, m_next, l_next
 
 
+def initial_carry(acc_shape: tuple[int, ...], rows: int, sink=None, first=True):
+    """The online softmax's starting (acc, m, lsum). sink [rows] (base-2 logits, or None): an
+    attention sink (gpt-oss) enters as a key already seen with that score and a zero value, so
+    it is in the denominator only; with key splits only the first split (first) holds it."""
+    acc = jnp.zeros(acc_shape, jnp.float32)
+    if sink is None:
+        return acc, jnp.full((rows,), M_INIT, jnp.float32), jnp.zeros((rows,), jnp.float32)
+    m = jnp.where(first, sink, M_INIT)
+    return acc, m, jnp.where(first, jnp.ones_like(m), jnp.zeros_like(m))
+
+
+def sink_rows(sinks: jax.Array, n_kv: int, n_rows: int) -> jax.Array:
+    """Per-head sinks [H] -> base-2 per query row of each KV group [Hkv, n_rows] (row r holds
+    head g * rep + r % rep, the kernels' row = t * rep + r layout; padded rows repeat it)."""
+    rep = sinks.shape[0] // n_kv
+    heads = jnp.arange(n_rows) % rep
+    return sinks.astype(jnp.float32).reshape(n_kv, rep)[:, heads] * LOG2_E
+
+
+def check_sinks(sinks, n_heads: int) -> None:
+    """Raise AttentionShapeError unless sinks is None or one logit per query head [H]."""
+    if sinks is not None and tuple(sinks.shape) != (n_heads,):
+        raise AttentionShapeError(f"sinks {tuple(sinks.shape)} must be one per head ({n_heads},)")
+
+
 def scores(q: jax.Array, k: jax.Array, qk_scale: float) -> jax.Array:
     """q [rows, hd] . k [bk, hd]^T in f32, times qk_scale (sm_scale * log2 e)."""
     return (
@@ -157,13 +182,18 @@ def _chunk_kernel(
     qk_scale: float,
     grid_key: tuple,
     windowed: bool = False,
+    sinks: bool = False,
 ):
     """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847).
-    windowed: meta holds a third value, the sliding window (traced: one kernel for every layer)."""
+    windowed: meta holds a third value, the sliding window (traced: one kernel for every layer).
+    sinks: one more operand, the block's rows' sinks [block_q] (base 2; initial_carry)."""
     if windowed:
-        return _windowed_chunk_kernel(rep, t_len, n_blocks, block_q, block_k, k_splits, qk_scale)
+        return _windowed_chunk_kernel(
+            rep, t_len, n_blocks, block_q, block_k, k_splits, qk_scale, sinks
+        )
 
-    def kernel(q_ref, k_ref, v_ref, meta_ref, o_ref, *stat_refs):
+    def kernel(q_ref, k_ref, v_ref, meta_ref, *refs):
+        sink_ref, (o_ref, *stat_refs) = (refs[0], refs[1:]) if sinks else (None, refs)
         h = pl.program_id(0)
         i = n_blocks - 1 - pl.program_id(1)  # the longest (last) row blocks start first
         slot, start = meta_ref[0], meta_ref[1]
@@ -191,10 +221,11 @@ def _chunk_kernel(
                 s = jnp.where(keys[None, :] <= q_pos[:, None], s, -jnp.inf)
             return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
 
-        carry = (
-            jnp.zeros(q_ref.shape, jnp.float32),
-            jnp.full((block_q,), M_INIT, jnp.float32),
-            jnp.zeros((block_q,), jnp.float32),
+        carry = initial_carry(
+            q_ref.shape,
+            block_q,
+            None if sink_ref is None else sink_ref[...],
+            k_splits == 1 or pl.program_id(2) == 0,
         )
         carry = lax.fori_loop(
             lo, jnp.minimum(hi, n_open), functools.partial(step, masked=False), carry
@@ -213,13 +244,21 @@ def _chunk_kernel(
 
 
 def _windowed_chunk_kernel(
-    rep: int, t_len: int, n_blocks: int, block_q: int, block_k: int, k_splits: int, qk_scale: float
+    rep: int,
+    t_len: int,
+    n_blocks: int,
+    block_q: int,
+    block_k: int,
+    k_splits: int,
+    qk_scale: float,
+    sinks: bool = False,
 ):
     """The chunk kernel on a sliding-window layer: a query at p sees keys p - window < key <= p, so
     the key loop starts at the first tile any row of the block sees (a 16k-token prefill with a
     512 window reads ~512 keys per query, not 16k). Tiles every row sees whole skip the mask."""
 
-    def kernel(q_ref, k_ref, v_ref, meta_ref, o_ref, *stat_refs):
+    def kernel(q_ref, k_ref, v_ref, meta_ref, *refs):
+        sink_ref, (o_ref, *stat_refs) = (refs[0], refs[1:]) if sinks else (None, refs)
         h = pl.program_id(0)
         i = n_blocks - 1 - pl.program_id(1)
         slot, start, window = meta_ref[0], meta_ref[1], meta_ref[2]
@@ -254,10 +293,11 @@ def _windowed_chunk_kernel(
                 s = jnp.where(seen, s, -jnp.inf)
             return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
 
-        carry = (
-            jnp.zeros(q_ref.shape, jnp.float32),
-            jnp.full((block_q,), M_INIT, jnp.float32),
-            jnp.zeros((block_q,), jnp.float32),
+        carry = initial_carry(
+            q_ref.shape,
+            block_q,
+            None if sink_ref is None else sink_ref[...],
+            k_splits == 1 or pl.program_id(2) == 0,
         )
         carry = lax.fori_loop(lo, jnp.minimum(hi, a), functools.partial(step, masked=True), carry)
         carry = lax.fori_loop(
@@ -304,13 +344,16 @@ def chunk_attention(
     k_splits: int | None = None,
     interpret: bool = False,
     window=None,
+    sinks=None,
 ) -> jax.Array:
     """q [T, H, hd] at positions start .. start+T-1 of cache slot `slot` (both traced int32
     scalars) over the cache's keys 0 .. start+t -> [T, H, hd] float32. The caller keeps
     start + T <= max_len (start is traced, so it cannot be checked here).
-    window (a traced int32 scalar, > 0): query p sees keys p - window < key <= p only."""
+    window (a traced int32 scalar, > 0): query p sees keys p - window < key <= p only.
+    sinks ([H] f32 logits, or None): each head's attention sink, in the softmax's denominator."""
     t_len, n_heads, head_dim = q.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
+    check_sinks(sinks, n_heads)
     if t_len < MIN_T or t_len > MAX_T or t_len & (t_len - 1):
         raise AttentionShapeError(
             f"chunk length T={t_len} must be a power of two in [{MIN_T}, {MAX_T}]"
@@ -334,13 +377,13 @@ def chunk_attention(
     if window is not None:
         meta.append(jnp.asarray(window, jnp.int32))
     return _chunk_attention(
-        q, k_cache, v_cache, jnp.stack(meta), sm_scale=scale, cfg=cfg, interpret=interpret
+        q, k_cache, v_cache, jnp.stack(meta), sinks, sm_scale=scale, cfg=cfg, interpret=interpret
     )
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "cfg", "interpret"))
 def _chunk_attention(
-    q, k_cache, v_cache, meta, *, sm_scale: float, cfg: ChunkConfig, interpret: bool
+    q, k_cache, v_cache, meta, sinks, *, sm_scale: float, cfg: ChunkConfig, interpret: bool
 ):
     t_len, n_heads, head_dim = q.shape
     n_kv = k_cache.shape[1]
@@ -366,7 +409,8 @@ def _chunk_attention(
         splits,
         sm_scale * LOG2_E,
         (k_cache.shape, str(k_cache.dtype)),
-        *((True,) if windowed else ()),
+        windowed=windowed,
+        sinks=sinks is not None,
     )
     whole_cache = pl.BlockSpec(k_cache.shape, lambda h, i, s: (0, 0, 0, 0))
     in_specs = [
@@ -375,6 +419,10 @@ def _chunk_attention(
         whole_cache,
         pl.BlockSpec(meta.shape, lambda h, i, s: (0,)),
     ]
+    operands = [qg, k_cache, v_cache, meta]
+    if sinks is not None:  # each row block's sinks, beside its query rows
+        in_specs.append(pl.BlockSpec((None, block_q), lambda h, i, s: (h, n_blocks - 1 - i)))
+        operands.append(sink_rows(sinks, n_kv, rows_pad))
     if splits == 1:
         out_shape = [jax.ShapeDtypeStruct((n_kv, rows_pad, head_dim), jnp.float32)]
         out_specs = [in_specs[0]]
@@ -402,7 +450,7 @@ def _chunk_attention(
         compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
         interpret=interpret,
         name="chunk_attention",
-    )(qg, k_cache, v_cache, meta)
+    )(*operands)
     out = parts[0] if splits == 1 else merge_splits(*parts)  # [Hkv, rows_pad, hd]
     out = out[:, :n_rows].reshape(n_kv, t_len, rep, head_dim).transpose(1, 0, 2, 3)
     return out.reshape(t_len, n_heads, head_dim)
@@ -418,6 +466,7 @@ def chunk_attention_reference(
     *,
     sm_scale: float | None = None,
     window=None,
+    sinks=None,
 ) -> jax.Array:
     """The kernel's math in plain jnp over the slot's whole cache row (f32, dense softmax):
     q [T, H, hd] at positions start .. start+T-1 -> [T, H, hd] float32."""
@@ -432,5 +481,15 @@ def chunk_attention_reference(
     visible = jnp.arange(max_len)[None, :] <= q_pos[:, None]  # [T, S]
     if window is not None:
         visible &= q_pos[:, None] - jnp.arange(max_len)[None, :] < window
-    p = jax.nn.softmax(jnp.where(visible[None, None], s, -jnp.inf), axis=-1)
+    s = jnp.where(visible[None, None], s, -jnp.inf)
+    if sinks is not None:
+        s = with_sinks(s, sinks.reshape(n_kv, n_heads // n_kv, 1, 1))
+    p = jax.nn.softmax(s, axis=-1)[..., :max_len]
     return jnp.einsum("grts,gsd->tgrd", p, v, precision=HIGHEST).reshape(t_len, n_heads, head_dim)
+
+
+def with_sinks(scores: jax.Array, sinks: jax.Array) -> jax.Array:
+    """scores [..., S] with one more column, each row's sink (sinks broadcast to [..., 1]): a
+    softmax over it puts the sink in the denominator; the caller drops its column."""
+    column = jnp.broadcast_to(sinks.astype(scores.dtype), (*scores.shape[:-1], 1))
+    return jnp.concatenate([scores, column], axis=-1)

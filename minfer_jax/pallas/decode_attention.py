@@ -34,9 +34,13 @@ from minfer_jax.pallas.attention import (
     M_INIT,
     AttentionShapeError,
     check_cache,
+    check_sinks,
+    initial_carry,
     merge_splits,
     online_softmax_step,
     scores,
+    sink_rows,
+    with_sinks,
 )
 from minfer_jax.sizes import pow2_at_least
 
@@ -146,13 +150,16 @@ def _decode_kernel(
     qk_scale: float,
     grid_key: tuple,
     windowed: bool = False,
+    sinks: bool = False,
 ):
     """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847).
     windowed: one more [B] operand, the sliding window (traced): keys q_pos - window < key <= q_pos,
-    and the key loop starts at the first tile the row's first query sees."""
+    and the key loop starts at the first tile the row's first query sees. sinks: one more
+    operand, the group's rows' sinks [rows] (base 2), held by split 0 (initial_carry)."""
 
     def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, *refs):
-        window_ref, (o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if windowed else (None, refs)
+        window_ref, refs = (refs[0], refs[1:]) if windowed else (None, refs)
+        sink_ref, (o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if sinks else (None, refs)
         b, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         slot, length = slots_ref[b], lengths_ref[b]
         n_tiles = lax.div(length + block_k - 1, block_k)
@@ -183,10 +190,8 @@ def _decode_kernel(
             s = jnp.where(seen, s, -jnp.inf)
             return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
 
-        carry = (
-            jnp.zeros(q_ref.shape, jnp.float32),
-            jnp.full((rows,), M_INIT, jnp.float32),
-            jnp.zeros((rows,), jnp.float32),
+        carry = initial_carry(
+            q_ref.shape, rows, None if sink_ref is None else sink_ref[...], split == 0
         )
         acc, m, lsum = lax.fori_loop(lo, hi, step, carry)
         o_ref[...] = acc
@@ -197,14 +202,24 @@ def _decode_kernel(
 
 
 @functools.cache
-def _row_kernel(rep: int, nq: int, block_k: int, qk_scale: float, grid_key: tuple, windowed: bool):
+def _row_kernel(
+    rep: int,
+    nq: int,
+    block_k: int,
+    qk_scale: float,
+    grid_key: tuple,
+    windowed: bool,
+    sinks: bool = False,
+):
     """One program per (row b, KV group g, query row r): r's scores against every key it sees,
     an online softmax over the key tiles with scalar max and sum, the normalized [hd] output
     (DecodeConfig.row_programs). Elementwise products, not dots: one query row is under Triton's
-    16-row dot tiles, and a short cache makes the few tiles cheap."""
+    16-row dot tiles, and a short cache makes the few tiles cheap. sinks: one more operand, the
+    sinks of every group's rows [Hkv * rows] (base 2), read at this program's row."""
 
     def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, *refs):
-        window_ref, (o_ref,) = (refs[0], refs[1:]) if windowed else (None, refs)
+        window_ref, refs = (refs[0], refs[1:]) if windowed else (None, refs)
+        sink_ref, (o_ref,) = (refs[0], refs[1:]) if sinks else (None, refs)
         b, h, r = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         slot, length = slots_ref[b], lengths_ref[b]
         q_pos = length - nq + lax.div(r, rep)
@@ -229,7 +244,11 @@ def _row_kernel(rep: int, nq: int, block_k: int, qk_scale: float, grid_key: tupl
             acc = correction * acc + jnp.sum(p[:, None] * v, axis=0)
             return acc, m_next, correction * l_prev + jnp.sum(p)
 
-        carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.float32(M_INIT), jnp.float32(0.0))
+        if sink_ref is None:
+            carry = (jnp.zeros(q_ref.shape, jnp.float32), jnp.float32(M_INIT), jnp.float32(0.0))
+        else:  # the sink: a key seen first, with a zero value (initial_carry)
+            sink = sink_ref[h * pl.num_programs(2) + r]
+            carry = (jnp.zeros(q_ref.shape, jnp.float32), sink, jnp.float32(1.0))
         acc, _, lsum = lax.fori_loop(lo, hi, step, carry)
         o_ref[...] = acc / jnp.where(lsum > 0, lsum, 1.0)  # a row of length 0 sees no key: zeros
 
@@ -242,7 +261,7 @@ def decode_attention(
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
     in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
     unused batch row) reads nothing and returns zeros. options: decode_attention_grouped's
-    (sm_scale, tiles, row_programs, interpret, window, deterministic, fused)."""
+    (sm_scale, tiles, row_programs, interpret, window, sinks, deterministic, fused)."""
     if q.ndim != 4:
         raise AttentionShapeError(f"q has shape {q.shape}; expected [B, nq, H, head_dim]")
     batch, nq, n_heads, head_dim = q.shape
@@ -286,17 +305,20 @@ def decode_attention_grouped(
     row_programs: bool | None = None,
     interpret: bool = False,
     window=None,
+    sinks=None,
     deterministic: bool = False,
     fused: bool = True,
 ) -> jax.Array:
     """decode_attention with q already laid out as the kernel reads it: qg [B, Hkv, rows, hd] in
     the cache dtype (row j * rep + r: query j of head g * rep + r; rows = query_rows, the rest
     zero; as decode_qkv.write_qkv writes it) -> [B, nq, H, hd] float32. window (traced int32,
-    > 0): query p sees keys p - window < key <= p only. deterministic: a row's result does not
+    > 0): query p sees keys p - window < key <= p only. sinks ([H] f32 or None): each head's
+    attention sink, in the softmax's denominator only. deterministic: a row's result does not
     depend on the batch (decode_config). fused: the splits merged by merge_splits_kernel, else in
     jnp. The tiles and row_programs default to decode_config's."""
     batch, n_kv, rows, head_dim = qg.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
+    check_sinks(sinks, n_heads)
     if rows != query_rows(nq, n_heads, n_kv):
         raise AttentionShapeError(f"qg has {rows} rows; expected {query_rows(nq, n_heads, n_kv)}")
     cfg = decode_config(
@@ -328,6 +350,7 @@ def decode_attention_grouped(
         v_cache,
         slots,
         lengths,
+        None if sinks is None else sink_rows(sinks, n_kv, rows),
         *windows,
         nq=nq,
         n_heads=n_heads,
@@ -347,6 +370,7 @@ def _decode_attention(
     v_cache,
     slots,
     lengths,
+    sinks,
     *windows,
     nq: int,
     n_heads: int,
@@ -355,6 +379,7 @@ def _decode_attention(
     interpret: bool,
     fused: bool,
 ):
+    """sinks: None or [Hkv, rows] base 2 (attention.sink_rows)."""
     batch, n_kv, rows, head_dim = qg.shape
     rep = n_heads // n_kv
     n_rows = nq * rep
@@ -362,8 +387,10 @@ def _decode_attention(
     tiles.silence_triton_deprecation()
     whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, s: (0, 0, 0, 0))
     per_row = pl.BlockSpec((batch,), lambda b, h, s: (0,))
+    has_sinks = sinks is not None
     if cfg.row_programs:
         row = pl.BlockSpec((None, None, None, head_dim), lambda b, h, r: (b, h, r, 0))
+        flat_sinks = () if sinks is None else (sinks[:, :n_rows].reshape(-1),)
         out = pl.pallas_call(
             _row_kernel(
                 rep,
@@ -372,15 +399,24 @@ def _decode_attention(
                 sm_scale * LOG2_E,
                 (batch, k_cache.shape, str(k_cache.dtype)),
                 bool(windows),
+                has_sinks,
             ),
             out_shape=jax.ShapeDtypeStruct((batch, n_kv, n_rows, head_dim), jnp.float32),
             grid=(batch, n_kv, n_rows),
-            in_specs=[row, whole_cache, whole_cache, per_row, per_row, *(per_row for _ in windows)],
+            in_specs=[
+                row,
+                whole_cache,
+                whole_cache,
+                per_row,
+                per_row,
+                *(per_row for _ in windows),
+                *(pl.BlockSpec(a.shape, lambda b, h, r: (0,)) for a in flat_sinks),
+            ],
             out_specs=row,
             compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
             interpret=interpret,
             name="decode_attention_rows",
-        )(qg, k_cache, v_cache, slots, lengths, *windows)
+        )(qg, k_cache, v_cache, slots, lengths, *windows, *flat_sinks)
     else:
         kernel = _decode_kernel(
             rep,
@@ -390,9 +426,11 @@ def _decode_attention(
             cfg.block_k,
             sm_scale * LOG2_E,
             (batch, k_cache.shape, str(k_cache.dtype)),
-            *((True,) if windows else ()),
+            windowed=bool(windows),
+            sinks=has_sinks,
         )
         part_shape = (batch, n_kv, splits, rows)
+        group_sinks = () if sinks is None else (sinks,)
         o, m, lsum = pl.pallas_call(
             kernel,
             out_shape=[
@@ -408,6 +446,7 @@ def _decode_attention(
                 per_row,
                 per_row,
                 *(per_row for _ in windows),
+                *(pl.BlockSpec((None, rows), lambda b, h, s: (h, 0)) for _ in group_sinks),
             ],
             out_specs=[
                 pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
@@ -417,7 +456,7 @@ def _decode_attention(
             compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
             interpret=interpret,
             name="decode_attention",
-        )(qg, k_cache, v_cache, slots, lengths, *windows)
+        )(qg, k_cache, v_cache, slots, lengths, *windows, *group_sinks)
         if fused and splits & (splits - 1) == 0:  # Triton blocks: S a power of two
             out = merge_splits_kernel(o, m, lsum, n_rows, interpret=interpret)
         else:
@@ -470,6 +509,7 @@ def decode_attention_reference(
     *,
     sm_scale: float | None = None,
     window=None,
+    sinks=None,
 ) -> jax.Array:
     """The kernel's math in plain jnp over each row's whole cache slot (f32, dense softmax)."""
     batch, nq, n_heads, head_dim = q.shape
@@ -489,7 +529,10 @@ def decode_attention_reference(
     visible = jnp.arange(max_len)[None, None, :] <= q_pos[:, :, None]  # [B, nq, S]
     if window is not None:
         visible &= q_pos[:, :, None] - jnp.arange(max_len)[None, None, :] < window
-    p = jax.nn.softmax(jnp.where(visible[:, None, None], s, -jnp.inf), axis=-1)
+    s = jnp.where(visible[:, None, None], s, -jnp.inf)
+    if sinks is not None:
+        s = with_sinks(s, sinks.reshape(1, n_kv, n_heads // n_kv, 1, 1))
+    p = jax.nn.softmax(s, axis=-1)[..., :max_len]
     return jnp.einsum("bgrjs,bgsd->bjgrd", p, v, precision=HIGHEST).reshape(
         batch, nq, n_heads, head_dim
     )

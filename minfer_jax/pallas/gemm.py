@@ -143,7 +143,7 @@ def few_token_splits(
 
 
 @functools.cache
-def _kernel(
+def tile_kernel(
     qtype: QType,
     bm: int,
     bn: int,
@@ -152,16 +152,28 @@ def _kernel(
     compute_dtype,
     magic_half: bool = False,
     field_major: bool = False,
+    expert_npad: int = 0,
 ):
     """One kernel closure per configuration (jax#40847: a shared function object can reuse a
-    trace)."""
+    trace). expert_npad > 0: the grouped expert GEMM's (expert_gemm.py): a first ref holds each
+    token block's expert (-1: an empty tile, skipped), the plane refs are a stacked weight's
+    whole planes flattened to [E * expert_npad, cols], and the block's expert's rows are read at
+    e * expert_npad + (row block) * bn."""
     fmt = get_format(qtype)
     n_k = k // bk
     dn = (((1,), (1,)), ((), ()))
     per = fields_per_word(qtype) if field_major else 1
     words = bk // per
 
-    def kernel(x_ref, *refs):
+    def kernel(*refs):
+        if not expert_npad:
+            return tile_product(0, *refs)
+        tile_expert_ref, *refs = refs
+        e = tile_expert_ref[pl.program_id(0)]
+        r0 = e * expert_npad + pl.program_id(1) * bn
+        pl.when(e >= 0)(lambda: tile_product(r0, *refs))
+
+    def tile_product(r0, x_ref, *refs):
         *plane_refs, o_ref = refs
 
         def step(j, acc):
@@ -170,7 +182,7 @@ def _kernel(
             if (
                 field_major
             ):  # x's columns kx + i * words + j hold x[kx + per j + i] (permute_field_major)
-                t = tiles.load_plane_tiles(fmt, plane_refs, 0, bn, k0, bk)
+                t = tiles.load_plane_tiles(fmt, plane_refs, r0, bn, k0, bk)
                 a, b = field_scales(qtype, t, compute_dtype)  # [bn, words]
                 for i in range(per):
                     q = field_ints(qtype, t, i)
@@ -180,7 +192,7 @@ def _kernel(
                     acc = acc + lax.dot_general(xi, w, dn, preferred_element_type=jnp.float32)
                 return acc
             w = tiles.load_weight_tile(
-                fmt, plane_refs, 0, bn, k0, bk, compute_dtype, magic_half
+                fmt, plane_refs, r0, bn, k0, bk, compute_dtype, magic_half
             )  # [bn, bk]
             xt = x_ref[:, pl.ds(kx, bk)]  # [bm, bk]
             return acc + lax.dot_general(xt, w, dn, preferred_element_type=jnp.float32)  # [bm, bn]
@@ -221,7 +233,7 @@ def gemm(
         per = fields_per_word(qtype)
         assert cfg.bk // per >= FIELD_MIN_WORDS and fmt.compute_dtype == jnp.float16, cfg
         xp = permute_field_major(xp, cfg.bk, per)
-    kernel = _kernel(
+    kernel = tile_kernel(
         qtype, cfg.bm, cfg.bn, cfg.bk, k_split, fmt.compute_dtype, cfg.magic_half, cfg.field_major
     )
     out = tiled_call(

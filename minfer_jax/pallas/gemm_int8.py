@@ -14,8 +14,9 @@ integers q [bn, 32] meet xq [bm, 32] in an int8 dot with int32 accumulation, and
 
     acc += float(dot) * xs[:, block] * a[group]  (+ xsum[:, group] * b[group])
 
-Formats whose groups are 16 wide (Q2_K, Q3_K, Q6_K) take two dots per step, each with the other
-half of the weight tile zeroed, because the Triton lowering needs K >= 32 for an int8 dot.
+Formats whose groups are 16 wide (Q2_K, Q3_K, Q6_K: the record's `group`) take two dots per
+step, each with the other half of the weight tile zeroed, because the Triton lowering needs
+K >= 32 for an int8 dot.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Int8GemmConfig:
 
 
 def group_size(qtype: QType) -> int:
-    return 16 if qtype in (QType.Q2_K, QType.Q3_K, QType.Q6_K) else 32
+    return get_format(qtype).group
 
 
 def choose_config(qtype: QType, m: int, n: int, k: int) -> Int8GemmConfig:

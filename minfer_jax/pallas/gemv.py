@@ -210,7 +210,8 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_sumsq, n
     assert n_groups % cfg.splits == 0 and gs % gt == 0, (cfg, k)
     tuning = row(qtype)
     block = gemv_int8_kernel.Block(qtype, ntp, cfg.bn, gt, gs // gt)
-    dot4 = int8_words.dp4a_emulated if interpret else _dp4a
+    dot4 = int8_words.dp4a_emulated if interpret else int8_words.dp4a_ptx
+    perm = int8_words.prmt_emulated if interpret else int8_words.prmt_ptx
     if cfg.prequant:
         assert cfg.x_terms == 1, "x quantized before the kernel comes in one term"
         xs = x if norm_eps is None else x * _norm_rsqrt(x, row_sumsq, norm_eps)
@@ -223,7 +224,7 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_sumsq, n
             pl.BlockSpec((ntp, 4, gs, 1), lambda i, s: (0, 0, s, 0)),
         ]
         dims3, flat = tuning.tile_shapes(prequant=True)
-        body = gemv_int8_kernel.prequantized_x_kernel(block, dims3, dot4, cfg.x_first)
+        body = gemv_int8_kernel.prequantized_x_kernel(block, dims3, dot4, cfg.x_first, perm)
     else:
         operands = [int8_words.x_view(qtype, x)]  # [ntp, G, x_words, 4, x_slots]
         in_specs = [
@@ -251,6 +252,7 @@ def _int8_member(x, planes, qtype: QType, cfg: GemvConfig, x_scale, row_sumsq, n
             norm,
             0 if row_sumsq is None else row_sumsq.shape[1],
             cfg.x_terms,
+            perm,
         )
     wp = int8_words.word_planes(qtype, planes, dims3=dims3, flat_words=flat)
     for name, tail in spec.view_tails(dims3, flat):
@@ -380,20 +382,6 @@ def _split_k_call(
         interpret=interpret,
         name=name,
     )(*operands)
-
-
-def _dp4a(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
-    """c + dot of the four signed bytes of a and b, per element (PTX dp4a; GPU only)."""
-    from jax.experimental.pallas import triton as pltriton
-
-    [r] = pltriton.elementwise_inline_asm(
-        "dp4a.s32.s32 $0, $1, $2, $3;",
-        args=[a, b, c],
-        constraints="=r,r,r,r",
-        pack=1,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.int32)],
-    )
-    return r
 
 
 # One kernel closure per configuration (jax#40847: a shared function object can reuse a trace).

@@ -69,17 +69,34 @@ def in_kernel_x_kernel(
     norm: tuple[int, float] | None = None,
     sumsq_pieces: int = 0,
     x_terms: int = 1,
+    perm: Callable | None = None,
 ):
     """x as f32 views [ntp, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
-    quantized per step and token in x_terms int8 terms (int8_words.quantize_slot_terms); per-group
-    values as [bn, gt] tiles.
+    quantized per step and token (in_kernel_x_source); per-group values as [bn, gt] tiles."""
+    source = in_kernel_x_source(
+        block.qtype, block.gt, exact_round, scaled, norm, sumsq_pieces, x_terms
+    )
+    return _kernel(block, source, False, False, dot4, x_first, perm)
+
+
+def in_kernel_x_source(
+    qtype: QType,
+    gt: int,
+    exact_round: bool,
+    scaled: bool = False,
+    norm: tuple[int, float] | None = None,
+    sumsq_pieces: int = 0,
+    x_terms: int = 1,
+) -> _XSource:
+    """x as f32 views [rows, G, x_words, 4, x_slots] (+ with `scaled` the scale's [1, G, ...]),
+    quantized per step and token in x_terms int8 terms (int8_words.quantize_slot_terms); also
+    the expert GEMV's (pallas/expert_kernels.py) x.
 
     norm = (K, eps): x is an RMSNorm's input and the scale its weight; the program quantizes
     (x * rsqrt(mean(x^2) + eps)) * scale, the norm's output, as it loads its slice. One more ref
     gives the sum of squares: x's whole rows [ntp, K], or with sumsq_pieces > 0 the rows' sums
     of squares in that many pieces [ntp, pieces] (for rows too wide to reread per program)."""
-    spec = int8_words.SPECS[block.qtype]
-    gt = block.gt
+    spec = int8_words.SPECS[qtype]
     assert norm is None or scaled, "the folded norm needs its weight as the scale"
     assert norm is not None or not sumsq_pieces, "sums of squares are the norm's"
     at_rows = 1 + scaled  # ref positions: x, [scale], [rows or sums of squares]
@@ -103,8 +120,7 @@ def in_kernel_x_kernel(
         return [([w[None] for w in words], dx[None]) for words, dx in terms], xo[None], xsum[None]
 
     n_refs = at_rows + (norm is not None)
-    source = _XSource(n_refs, load, prepare, rsqrt if norm is not None else None)
-    return _kernel(block, source, False, False, dot4, x_first)
+    return _XSource(n_refs, load, prepare, rsqrt if norm is not None else None)
 
 
 def _sumsq_rsqrt(sumsq_ref, tok: int, pieces: int, k: int, eps: float):
@@ -132,7 +148,9 @@ def _pow2_pieces(k: int) -> list[int]:
 
 
 @functools.cache
-def prequantized_x_kernel(block: Block, dims3: bool, dot4: Callable, x_first: bool):
+def prequantized_x_kernel(
+    block: Block, dims3: bool, dot4: Callable, x_first: bool, perm: Callable | None = None
+):
     """x as quantize_x's words [ntp, G, x_slots, x_words] and scales [ntp, 4, G, 1]; per-group
     values as [bn, gt, 1] tiles with dims3, else [bn, gt] with one-word quant views flat."""
     spec = int8_words.SPECS[block.qtype]
@@ -152,10 +170,18 @@ def prequantized_x_kernel(block: Block, dims3: bool, dot4: Callable, x_first: bo
         words, dx, xo, xsum = raw
         return [(words, dx)], xo, xsum
 
-    return _kernel(block, _XSource(2, load, prepare), dims3, not dims3, dot4, x_first)
+    return _kernel(block, _XSource(2, load, prepare), dims3, not dims3, dot4, x_first, perm)
 
 
-def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callable, x_first: bool):
+def _kernel(
+    block: Block,
+    x_src: _XSource,
+    dims3: bool,
+    flat: bool,
+    dot4: Callable,
+    x_first: bool,
+    perm: Callable | None,
+):
     spec = int8_words.SPECS[block.qtype]
     ntp, bn, gt = block.ntp, block.bn, block.gt
     col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)  # [r, gt] -> per-group shape
@@ -177,24 +203,18 @@ def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callab
         def step(j, accs):
             g0 = j * gt if isinstance(j, int) else pl.multiple_of(j * gt, gt)
             x_raw = [load(tok, g0) for tok in range(ntp)] if x_first else None
-            t = {
-                name: views[name][(slice(None), pl.ds(g0, gt)) + (slice(None),) * len(tail)]
-                for name, tail in spec.view_tails(dims3, flat)
-            }  # [bn, gt, *tail]
             groups = col(
                 (split_g0 + g0 + lax.iota(jnp.int32, gt))[None, :]
             )  # [1, gt(, 1)] absolute
-            rows = col(lax.iota(jnp.int32, bn)[:, None])
-            for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
-                t[name] = coarse[name][rows, groups // per]  # [bn, gt(, 1)]
+            t = load_step_tiles(spec, views, coarse, g0, gt, groups, bn, dims3, flat)
             xq = [x_src.prepare(raw) for raw in x_raw] if x_first else None
             words, a, b = spec.fn(
-                t, groups % 2
+                t, groups % 2, perm
             )  # words: x_slots x [bn, gt, x_words]; a, b [bn, gt(, 1)]
             out = []
             for tok in range(ntp):  # the weight words above serve every token
                 terms, xo, xsum = xq[tok] if x_first else x_src.prepare(load(tok, g0))
-                out.append(accs[tok] + _token_sums(spec, words, a, b, terms, xo, xsum, dot4, dims3))
+                out.append(accs[tok] + token_sums(spec, words, a, b, terms, xo, xsum, dot4, dims3))
             return tuple(out)
 
         accs = tuple(jnp.zeros((bn, gt, 1) if dims3 else (bn, gt), jnp.float32) for _ in range(ntp))
@@ -206,7 +226,36 @@ def _kernel(block: Block, x_src: _XSource, dims3: bool, flat: bool, dot4: Callab
     return kernel
 
 
-def _token_sums(spec, words, a, b, terms, xo, xsum, dot4, dims3: bool):
+def load_step_tiles(
+    spec: int8_words.WordSpec,
+    views: dict,
+    coarse: dict,
+    g0,
+    gt: int,
+    groups,
+    bn: int,
+    dims3: bool,
+    flat: bool,
+    row0=None,
+) -> dict:
+    """One step's weight tiles: the views' groups [g0, g0 + gt) of rows [row0, row0 + bn) (the
+    whole block where row0 is None), then the coarse fields gathered at the absolute group numbers
+    `groups` [1, gt(, 1)] -> {plane: [bn, gt, *tail] or [bn, gt(, 1)]}, in that load order."""
+    col = (lambda v: v[:, :, None]) if dims3 else (lambda v: v)
+    rsel = slice(None) if row0 is None else pl.ds(row0, bn)
+    t = {
+        name: views[name][(rsel, pl.ds(g0, gt)) + (slice(None),) * len(tail)]
+        for name, tail in spec.view_tails(dims3, flat)
+    }  # [bn, gt, *tail]
+    rows = col(lax.iota(jnp.int32, bn)[:, None])
+    if row0 is not None:
+        rows = rows + row0
+    for name, per in spec.coarse:  # one value per `per` groups: gather it for each group
+        t[name] = coarse[name][rows, groups // per]  # [bn, gt(, 1)]
+    return t
+
+
+def token_sums(spec, words, a, b, terms, xo, xsum, dot4, dims3: bool):
     """One token's a * (sum over x's terms of dx * S + xo) + b * xsum per group [bn, gt(, 1)], S by
     dp4a on the words and the term's."""
     v = None

@@ -165,6 +165,11 @@ TUNING: dict[QType, Int8Row | FloatRow] = {  # measured on device.TUNED_ON (the 
     QType.Q6_K: Int8Row(16,      1,        3,        32,  1,    False, True),
     QType.Q3_K: Int8Row(16,      1,        OFF,      32,  1,    False, True),
     QType.Q2_K: Int8Row(16,      OFF,      OFF,      32,  1,    False, True),
+    # not measured: the rows of the closest 4-bit layout (one scale per 32 nibbles: Q4_0; 32-weight
+    # sub-scales under a super-block d: Q4_K)
+    QType.IQ4_NL: Int8Row(32,    2,        3,        64,  1,    True,  False),
+    QType.MXFP4: Int8Row(32,     2,        3,        64,  1,    True,  False),
+    QType.IQ4_XS: Int8Row(32,    OFF,      8,        32,  4,    True,  True),
     QType.F32: FloatRow(),
     QType.F16: FloatRow(),
     QType.BF16: FloatRow(),

@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from minfer_jax.quant.planes import QType
+from minfer_jax.quant import codebooks
+from minfer_jax.quant.planes import QType, get_format
 
 F32 = jnp.float32
 M4 = 0x0F0F0F0F  # low nibble of every byte
@@ -54,9 +55,9 @@ class WordSpec:
         tuple[str, tuple[int, ...]], ...
     ]  # plane -> words per group (first: the quants; then fields)
     coarse: tuple[tuple[str, int], ...]  # plane -> groups per plane column (gathered per group)
-    # (tiles, parity int32 (group index % 2) of the per-group shape) -> (slot words: x_slots
-    # tensors [bn, G, x_words] of int8x4, a f32, b f32 or None), per-group values (fields, parity,
-    # a, b) [bn, G] for 2-D tiles or [bn, G, 1] for 3-D ones
+    # (tiles, parity int32 (group index % 2) of the per-group shape, perm: the byte permute,
+    # prmt) -> (slot words: x_slots tensors [bn, G, x_words] of int8x4, a f32, b f32 or None),
+    # per-group values (fields, parity, a, b) [bn, G] for 2-D tiles or [bn, G, 1] for 3-D ones
     fn: Callable = dataclasses.field(compare=False)
 
     def view_tails(
@@ -114,15 +115,15 @@ def _q5_high(qh):
     return (h << (4 - j)) & 0x10101010, (h >> j) & 0x10101010
 
 
-def _q8_0(t, parity):
+def _q8_0(t, parity, perm=None):
     return [t["q"]], _f(t["d"]), None
 
 
-def _q4_0(t, parity):
+def _q4_0(t, parity, perm=None):
     return list(_nibbles(t["qs"])), _f(t["d"]), None
 
 
-def _q4_1(t, parity):
+def _q4_1(t, parity, perm=None):
     return list(_nibbles(t["qs"])), _f(t["d"]), _f(t["m"])
 
 
@@ -132,7 +133,7 @@ def _q5(t):
     return [lo | h_lo, hi | h_hi]
 
 
-def _q5_0(t, parity):
+def _q5_0(t, parity, perm=None):
     # Bytes q - 16 as signed int8 (offset 0, so no offset term): with the 5th bit set that is the
     # low nibble, with it clear 0xF0 | nibble (the inverted bit times 15 fills bits 4..7).
     # Measured faster than unsigned words: docs/BENCHMARKS.md, GEMV choices [G-q5_0-signed].
@@ -141,7 +142,7 @@ def _q5_0(t, parity):
     return [lo | ((h_lo ^ 0x10101010) * 15), hi | ((h_hi ^ 0x10101010) * 15)], _f(t["d"]), None
 
 
-def _q5_1(t, parity):
+def _q5_1(t, parity, perm=None):
     return _q5(t), _f(t["d"]), _f(t["m"])
 
 
@@ -149,15 +150,15 @@ def _kquant_ab(t):
     return _f(t["d"]) * _f(t["sc"]), -(_f(t["dmin"]) * _f(t["m"]))
 
 
-def _q4_k(t, parity):
+def _q4_k(t, parity, perm=None):
     return list(_nibbles(t["qs"])), *_kquant_ab(t)
 
 
-def _q5_k(t, parity):
+def _q5_k(t, parity, perm=None):
     return _q5(t), *_kquant_ab(t)
 
 
-def _q6_k(t, parity):
+def _q6_k(t, parity, perm=None):
     # ql [bn, G, 2] nibble words; qh [bn, G(, 1)] (planes._q6h_order): nibble word j's high pairs
     # at bits 8b + 4j (even weights) and 8b + 4j + 2 (odd)
     lo, hi = _nibbles(t["ql"])
@@ -170,12 +171,12 @@ def _crumbs(qs):  # [bn, G(, 1)] 2-bit words -> 4 slots [bn, G, 1]: bit pair s o
     return [(_col(qs) >> (2 * s)) & M2 for s in range(4)]
 
 
-def _q2_k(t, parity):
+def _q2_k(t, parity, perm=None):
     sc = t["sc"].astype(jnp.int32)
     return _crumbs(t["qs"]), _f(t["d"]) * _f(sc & 15), -(_f(t["dmin"]) * _f(sc >> 4))
 
 
-def _q3_k(t, parity):
+def _q3_k(t, parity, perm=None):
     # qh [bn, G(, 1)] (gathered: one word per two groups, planes._q3h_order): group parity i's
     # high bit of slot s at bit 8b + 4i + s
     base = _col(t["qh"] >> (4 * parity).astype(jnp.uint32))  # [bn, G, 1]
@@ -183,19 +184,56 @@ def _q3_k(t, parity):
     return words, _f(t["d"]) * _f(t["sc"]), None
 
 
+def _codebook_words(qs, table, perm):
+    """[bn, G, 4] nibble words in codebooks.codebook_order -> [even, odd] int8x4 words of the
+    codebook's values (llama.cpp's get_int_from_table_16): per half word, two byte permutes pick
+    each nibble's entry from the table's low and high eight bytes by its low three bits, a third
+    picks between the two by its top bit. Selector nibbles stay in 0..7 (prmt's sign mode off)."""
+    table = [jnp.full(qs.shape, w, jnp.uint32) for w in codebooks.table_words(table)]
+    words = []
+    for n in (qs, qs >> 16):
+        low, high = perm(table[0], table[1], n & 0x7777), perm(table[2], table[3], n & 0x7777)
+        words.append(perm(low, high, 0x3210 | ((n & 0x8888) >> 1)))
+    return words
+
+
+def _iq4_nl(t, parity, perm):
+    return _codebook_words(t["qs"], codebooks.KVALUES_IQ4NL, perm), _f(t["d"]), None
+
+
+def _iq4_xs(t, parity, perm):
+    words = _codebook_words(t["qs"], codebooks.KVALUES_IQ4NL, perm)
+    return words, _f(t["d"]) * _f(t["sc"]), None
+
+
+def _mxfp4(t, parity, perm):
+    return (
+        _codebook_words(t["qs"], codebooks.KVALUES_MXFP4, perm),
+        codebooks.e8m0_half(t["e"]),
+        None,
+    )
+
+
+def _spec(qtype: QType, *fields) -> WordSpec:
+    """A format's WordSpec, its group the format record's."""
+    return WordSpec(get_format(qtype).group, *fields)
+
+
 SPECS: dict[QType, WordSpec] = {
-    QType.Q8_0: WordSpec(32, 1, 8, 0, (("q", (8,)), ("d", ())), (), _q8_0),
-    QType.Q4_0: WordSpec(32, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0),
-    QType.Q4_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("d", ()), ("m", ())), (), _q4_1),
-    QType.Q5_0: WordSpec(
-        32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0
+    QType.Q8_0: _spec(QType.Q8_0, 1, 8, 0, (("q", (8,)), ("d", ())), (), _q8_0),
+    QType.Q4_0: _spec(QType.Q4_0, 2, 4, -8, (("qs", (4,)), ("d", ())), (), _q4_0),
+    QType.Q4_1: _spec(QType.Q4_1, 2, 4, 0, (("qs", (4,)), ("d", ()), ("m", ())), (), _q4_1),
+    QType.Q5_0: _spec(
+        QType.Q5_0, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ())), (), _q5_0
     ),  # signed words
-    QType.Q5_1: WordSpec(32, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ()), ("m", ())), (), _q5_1),
-    QType.Q4_K: WordSpec(
-        32, 2, 4, 0, (("qs", (4,)), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)), _q4_k
+    QType.Q5_1: _spec(
+        QType.Q5_1, 2, 4, 0, (("qs", (4,)), ("qh", ()), ("d", ()), ("m", ())), (), _q5_1
     ),
-    QType.Q5_K: WordSpec(
-        32,
+    QType.Q4_K: _spec(
+        QType.Q4_K, 2, 4, 0, (("qs", (4,)), ("sc", ()), ("m", ())), (("d", 8), ("dmin", 8)), _q4_k
+    ),
+    QType.Q5_K: _spec(
+        QType.Q5_K,
         2,
         4,
         0,
@@ -203,12 +241,32 @@ SPECS: dict[QType, WordSpec] = {
         (("d", 8), ("dmin", 8)),
         _q5_k,
     ),
-    QType.Q6_K: WordSpec(
-        16, 2, 2, -32, (("ql", (2,)), ("qh", ()), ("sc", ())), (("d", 16),), _q6_k
+    QType.Q6_K: _spec(
+        QType.Q6_K, 2, 2, -32, (("ql", (2,)), ("qh", ()), ("sc", ())), (("d", 16),), _q6_k
     ),
-    QType.Q3_K: WordSpec(16, 4, 1, -4, (("qs", (1,)), ("sc", ())), (("qh", 2), ("d", 16)), _q3_k),
-    QType.Q2_K: WordSpec(16, 4, 1, 0, (("qs", (1,)), ("sc", ())), (("d", 16), ("dmin", 16)), _q2_k),
+    QType.Q3_K: _spec(
+        QType.Q3_K, 4, 1, -4, (("qs", (1,)), ("sc", ())), (("qh", 2), ("d", 16)), _q3_k
+    ),
+    QType.Q2_K: _spec(
+        QType.Q2_K, 4, 1, 0, (("qs", (1,)), ("sc", ())), (("d", 16), ("dmin", 16)), _q2_k
+    ),
+    QType.IQ4_NL: _spec(QType.IQ4_NL, 2, 4, 0, (("qs", (4,)), ("d", ())), (), _iq4_nl),
+    QType.MXFP4: _spec(QType.MXFP4, 2, 4, 0, (("qs", (4,)), ("e", ())), (), _mxfp4),
+    QType.IQ4_XS: _spec(QType.IQ4_XS, 2, 4, 0, (("qs", (4,)), ("sc", ())), (("d", 8),), _iq4_xs),
 }
+
+
+def prmt_emulated(a: jax.Array, b: jax.Array, c) -> jax.Array:
+    """PTX prmt.b32 (default mode) in plain jnp, for selectors whose nibbles are 0..7: byte i of
+    the result is byte (c >> 4 i) & 7 of the pair (a's bytes 0..3, b's 4..7)."""
+    a, b = a.astype(jnp.uint32), b.astype(jnp.uint32)
+    c = jnp.asarray(c).astype(jnp.uint32)
+    out = jnp.zeros(jnp.broadcast_shapes(a.shape, b.shape, c.shape), jnp.uint32)
+    for i in range(4):
+        sel = (c >> (4 * i)) & 7
+        byte = (jnp.where(sel < 4, a, b) >> ((sel & 3) * 8)) & 0xFF
+        out = out | (byte << (8 * i))
+    return out
 
 
 def dp4a_emulated(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
@@ -221,6 +279,37 @@ def dp4a_emulated(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
             b << left, jnp.int32(24)
         )
     return c
+
+
+def prmt_ptx(a: jax.Array, b: jax.Array, c) -> jax.Array:
+    """Byte permute of the pair (a, b) by selector c, per element (PTX prmt.b32; inside a Triton
+    kernel on the GPU only)."""
+    from jax.experimental.pallas import triton as pltriton
+
+    c = jnp.broadcast_to(jnp.asarray(c, jnp.uint32), a.shape)
+    [r] = pltriton.elementwise_inline_asm(
+        "prmt.b32 $0, $1, $2, $3;",
+        args=[a, b, c],
+        constraints="=r,r,r,r",
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.uint32)],
+    )
+    return r
+
+
+def dp4a_ptx(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
+    """c + dot of the four signed bytes of a and b, per element (PTX dp4a; inside a Triton
+    kernel on the GPU only)."""
+    from jax.experimental.pallas import triton as pltriton
+
+    [r] = pltriton.elementwise_inline_asm(
+        "dp4a.s32.s32 $0, $1, $2, $3;",
+        args=[a, b, c],
+        constraints="=r,r,r,r",
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.int32)],
+    )
+    return r
 
 
 # ----------------------------------------------------------------------------- activation side

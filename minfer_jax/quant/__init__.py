@@ -1,9 +1,19 @@
-"""Weight formats: GGUF bytes -> device planes (repack) and planes -> values (decode).
+"""Weight formats: GGUF bytes -> values (dequantize), -> device planes (repack), planes -> values
+(decode).
 
-`ggml` holds the bit-exact jnp dequantization of raw GGUF bytes (ground truth, checked against
-gguf-py); `planes` holds the device layout every kernel reads and its decode arithmetic.
+`planes` holds every format's one record (`Format`, FORMATS) and those entry points; `ggml` the
+bit-exact jnp dequantization of raw GGUF blocks (ground truth, checked against gguf-py); `layout`
+and `codebooks` the per-format repack and decode arithmetic the records point to.
 """
 
-from minfer_jax.quant.planes import FORMATS, ROW_ALIGN, Format, decode, get_format, repack
+from minfer_jax.quant.planes import (
+    FORMATS,
+    ROW_ALIGN,
+    Format,
+    decode,
+    dequantize,
+    get_format,
+    repack,
+)
 
-__all__ = ["FORMATS", "ROW_ALIGN", "Format", "decode", "get_format", "repack"]
+__all__ = ["FORMATS", "ROW_ALIGN", "Format", "decode", "dequantize", "get_format", "repack"]

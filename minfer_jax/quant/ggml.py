@@ -1,14 +1,13 @@
-"""Reference dequantization of GGUF tensor data in pure jax.numpy, bit-exact with gguf-py.
+"""Reference dequantization of GGUF blocks in pure jax.numpy, bit-exact with gguf-py.
 
-`dequantize(data, qtype, shape)` turns the bytes of one tensor, exactly as gguf-py hands them out
-(`RawTensor.data`: uint8 [rows, bytes_per_row] for block formats and BF16, float32/float16
-[rows, cols] for F32/F16), into a float32 array of the logical shape. The result is bit-identical
-to `gguf.quants.dequantize` for every input, including NaN/inf/subnormal scales, and is the ground
-truth every GPU kernel of minfer_jax is checked against (tests/test_quant_ggml.py).
-
-Every format is one small function in `_FORMATS` mapping uint8 blocks [..., type_size] to f32
-[..., block_size]; the float formats are the degenerate case block_size=1, type_size=itemsize.
-All multi-byte fields are little-endian (ggml memcpy's them on little-endian hosts).
+One function per format, `dequant_<type>`, maps the uint8 blocks [..., type_size] of a tensor,
+exactly as gguf-py hands them out, to float32 [..., block_size]; the float formats are the
+degenerate case block_size=1, type_size=itemsize. Each is its format's `dequant` in the format's
+record (quant/planes.py), whose `dequantize(data, qtype, shape)` applies it to a whole tensor.
+The results are bit-identical to `gguf.quants.dequantize` for every input, including
+NaN/inf/subnormal scales, and are the ground truth every kernel is checked against
+(tests/test_quant_ggml.py). All multi-byte fields are little-endian (ggml memcpy's them on
+little-endian hosts).
 
 Exactness and FMA contraction. XLA CPU (and ptxas on GPU) contracts `a*b + c` into a fused
 multiply-add, which skips the rounding of `a*b`; `lax.reduce_precision`, `lax.optimization_barrier`
@@ -22,6 +21,8 @@ multiplies and an FMA vs. a separate add all give the same single rounding of th
 i.e. gguf-py's `(d*q) + m` and `d*q - dm`. We still follow gguf-py's order (d*sc first, then *q)
 so the argument is easy to check. Results are multiples of 2^-24 (or 0/inf/NaN), so
 flush-to-zero of f32 subnormals cannot matter either; F32/F16/BF16 data is only bit-manipulated.
+The codebook formats fit the same argument (IQ4_XS: d * (ls - 32) * kv needs 11 + 6 + 7 = 24
+bits), except MXFP4, whose power-of-two scale reaches 2^-128: its values are built from bits.
 
 NaN payloads: XLA's f16->f32 convert quiets signalling NaNs, numpy keeps the bits; `_f16_to_f32`
 rebuilds NaNs bitwise so F16 tensors round-trip exactly. After a multiply both sides quiet the
@@ -30,24 +31,15 @@ NaN the same way; which payload survives NaN (op) NaN may differ, so tests compa
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
-from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from jax import lax
 
-from minfer_jax.errors import UnsupportedError
+from minfer_jax.quant import codebooks
 
-QType = GGMLQuantizationType
 QK_K = 256  # super-block size of the K-quants
-
-__all__ = ["dequantize", "SUPPORTED", "block_size", "type_size"]
-
 
 # ------------------------------------------------------------------------------------------------
 # Shared helpers: byte fields -> numbers, bit unpacking.
@@ -121,31 +113,31 @@ def _f32(x: jax.Array) -> jax.Array:
 # One function per format: uint8 blocks [..., type_size] -> float32 [..., block_size].
 
 
-def _deq_f32(b: jax.Array) -> jax.Array:
+def dequant_f32(b: jax.Array) -> jax.Array:
     """F32: 4 bytes, a little-endian IEEE float. [..., 4] -> [..., 1]"""
     return lax.bitcast_convert_type(b, jnp.float32)[..., None]
 
 
-def _deq_f16(b: jax.Array) -> jax.Array:
+def dequant_f16(b: jax.Array) -> jax.Array:
     """F16: 2 bytes, a little-endian IEEE half. [..., 2] -> [..., 1]"""
     return _f16_at(b, 0)
 
 
-def _deq_bf16(b: jax.Array) -> jax.Array:
+def dequant_bf16(b: jax.Array) -> jax.Array:
     """BF16: 2 bytes, the top half of an f32 (gguf-py: int16 -> int32 << 16). [..., 2] ->
     [..., 1]"""
     h = lax.bitcast_convert_type(b, jnp.uint16).astype(jnp.uint32)  # [...]
     return lax.bitcast_convert_type(h << 16, jnp.float32)[..., None]  # [..., 1]
 
 
-def _deq_q8_0(b: jax.Array) -> jax.Array:
+def dequant_q8_0(b: jax.Array) -> jax.Array:
     """Q8_0, 32 weights in 34 bytes: [0:2] f16 d, [2:34] int8 q. y = q * d."""
     d = _f16_at(b, 0)  # [..., 1]
     q = _f32(lax.bitcast_convert_type(b[..., 2:34], jnp.int8))  # [..., 32]
     return q * d  # [..., 32]
 
 
-def _deq_q4_0(b: jax.Array) -> jax.Array:
+def dequant_q4_0(b: jax.Array) -> jax.Array:
     """Q4_0, 32 weights in 18 bytes: [0:2] f16 d, [2:18] nibbles: weight i < 16 is the low nibble
     of qs[i], weight 16+i its high nibble. y = d * (q - 8)."""
     d = _f16_at(b, 0)  # [..., 1]
@@ -153,7 +145,7 @@ def _deq_q4_0(b: jax.Array) -> jax.Array:
     return d * _f32(q.astype(jnp.int32) - 8)  # [..., 32]
 
 
-def _deq_q4_1(b: jax.Array) -> jax.Array:
+def dequant_q4_1(b: jax.Array) -> jax.Array:
     """Q4_1, 32 weights in 20 bytes: [0:2] f16 d, [2:4] f16 m, [4:20] nibbles as Q4_0.
     y = (d * q) + m."""
     d, m = _f16_at(b, 0), _f16_at(b, 2)  # [..., 1]
@@ -161,7 +153,7 @@ def _deq_q4_1(b: jax.Array) -> jax.Array:
     return (d * _f32(q)) + m  # [..., 32]
 
 
-def _deq_q5_0(b: jax.Array) -> jax.Array:
+def dequant_q5_0(b: jax.Array) -> jax.Array:
     """Q5_0, 32 weights in 22 bytes: [0:2] f16 d, [2:6] u32 qh (bit i = 5th bit of weight i),
     [6:22] low nibbles as Q4_0. y = d * ((ql | qh << 4) - 16)."""
     d = _f16_at(b, 0)  # [..., 1]
@@ -170,7 +162,7 @@ def _deq_q5_0(b: jax.Array) -> jax.Array:
     return d * _f32((ql | (qh << 4)).astype(jnp.int32) - 16)  # [..., 32]
 
 
-def _deq_q5_1(b: jax.Array) -> jax.Array:
+def dequant_q5_1(b: jax.Array) -> jax.Array:
     """Q5_1, 32 weights in 24 bytes: [0:2] f16 d, [2:4] f16 m, [4:8] u32 qh, [8:24] low nibbles
     (as Q5_0). y = (d * (ql | qh << 4)) + m."""
     d, m = _f16_at(b, 0), _f16_at(b, 2)  # [..., 1]
@@ -179,7 +171,7 @@ def _deq_q5_1(b: jax.Array) -> jax.Array:
     return (d * _f32(ql | (qh << 4))) + m  # [..., 32]
 
 
-def _deq_q2_k(b: jax.Array) -> jax.Array:
+def dequant_q2_k(b: jax.Array) -> jax.Array:
     """Q2_K, 256 weights in 84 bytes: [0:16] 16 sub-block bytes (bits 0-3 scale, 4-7 min),
     [16:80] 2-bit quants, [80:82] f16 d, [82:84] f16 dmin. Weights 128h + 32j + 16k + l
     (half h, shift j, l < 16) are bits 2j..2j+1 of qs[32h + 16k + l], sub-block 8h + 2j + k.
@@ -193,7 +185,7 @@ def _deq_q2_k(b: jax.Array) -> jax.Array:
     return _merge_last(dl * q - ml, 2)  # [..., 256]
 
 
-def _deq_q3_k(b: jax.Array) -> jax.Array:
+def dequant_q3_k(b: jax.Array) -> jax.Array:
     """Q3_K, 256 weights in 110 bytes: [0:32] hmask, [32:96] 2-bit low quants (laid out as Q2_K),
     [96:108] sixteen 6-bit scales, [108:110] f16 d. Weight 32j + l's high bit is bit j of
     hmask[l]; a set bit means +0, a clear bit -4: q = ql - 4 * (1 - hbit).
@@ -213,7 +205,7 @@ def _deq_q3_k(b: jax.Array) -> jax.Array:
     return _merge_last(dl * q, 2)  # [..., 256]
 
 
-def _deq_q4_k(b: jax.Array) -> jax.Array:
+def dequant_q4_k(b: jax.Array) -> jax.Array:
     """Q4_K, 256 weights in 144 bytes: [0:2] f16 d, [2:4] f16 dmin, [4:16] 6-bit scales/mins
     (`_k_scale_min`), [16:144] nibbles: 64-weight chunk c is qs[32c:32c+32], low nibbles are
     sub-block 2c, high nibbles sub-block 2c+1. y = (d * sc) * q - (dmin * m)."""
@@ -227,7 +219,7 @@ def _deq_q4_k(b: jax.Array) -> jax.Array:
     return _merge_last(dl * q - dm, 2)  # [..., 256]
 
 
-def _deq_q5_k(b: jax.Array) -> jax.Array:
+def dequant_q5_k(b: jax.Array) -> jax.Array:
     """Q5_K, 256 weights in 176 bytes: [0:2] f16 d, [2:4] f16 dmin, [4:16] scales/mins as Q4_K,
     [16:48] qh: bit j of qh[l] is the 5th bit of weight 32j + l, [48:176] low nibbles as Q4_K.
     y = (d * sc) * (ql | qh << 4) - (dmin * m)."""
@@ -242,7 +234,7 @@ def _deq_q5_k(b: jax.Array) -> jax.Array:
     return _merge_last(dl * _f32(ql | (qh << 4)) - dm, 2)  # [..., 256]
 
 
-def _deq_q6_k(b: jax.Array) -> jax.Array:
+def dequant_q6_k(b: jax.Array) -> jax.Array:
     """Q6_K, 256 weights in 210 bytes: [0:128] low nibbles, [128:192] 2-bit high parts,
     [192:208] sixteen int8 scales, [208:210] f16 d. Half h (128 weights) uses ql[64h:64h+64] and
     qh[32h:32h+32]; its weight 32j + l (j < 4, l < 32) has low nibble (j//2 ? high : low) of
@@ -259,105 +251,35 @@ def _deq_q6_k(b: jax.Array) -> jax.Array:
     return _merge_last(dl * q, 2)  # [..., 256]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Format:
-    fn: Callable[[jax.Array], jax.Array]
-    native: np.dtype | None = None  # the element dtype gguf-py hands out for float formats
+def _codebook(q: jax.Array, table) -> jax.Array:
+    """uint8 nibbles -> f32 codebook[q] (a gather: outside kernels only)."""
+    return jnp.asarray(table, jnp.float32)[q.astype(jnp.int32)]
 
 
-_FORMATS: dict[QType, _Format] = {
-    QType.F32: _Format(_deq_f32, np.dtype(np.float32)),
-    QType.F16: _Format(_deq_f16, np.dtype(np.float16)),
-    QType.BF16: _Format(_deq_bf16, np.dtype(jnp.bfloat16)),
-    QType.Q8_0: _Format(_deq_q8_0),
-    QType.Q4_0: _Format(_deq_q4_0),
-    QType.Q4_1: _Format(_deq_q4_1),
-    QType.Q5_0: _Format(_deq_q5_0),
-    QType.Q5_1: _Format(_deq_q5_1),
-    QType.Q2_K: _Format(_deq_q2_k),
-    QType.Q3_K: _Format(_deq_q3_k),
-    QType.Q4_K: _Format(_deq_q4_k),
-    QType.Q5_K: _Format(_deq_q5_k),
-    QType.Q6_K: _Format(_deq_q6_k),
-}
-
-SUPPORTED = frozenset(_FORMATS)
+def dequant_iq4_nl(b: jax.Array) -> jax.Array:
+    """IQ4_NL, 32 weights in 18 bytes: [0:2] f16 d, [2:18] nibbles as Q4_0. y = d * kv[q]."""
+    d = _f16_at(b, 0)  # [..., 1]
+    q = _merge_last(_unpack(b[..., 2:18], 4), 2)  # [..., 32]
+    return d * _codebook(q, codebooks.KVALUES_IQ4NL)  # [..., 32]
 
 
-def block_size(qtype: QType) -> int:
-    """Weights per block (1 for float formats)."""
-    return GGML_QUANT_SIZES[qtype][0]
+def dequant_iq4_xs(b: jax.Array) -> jax.Array:
+    """IQ4_XS, 256 weights in 136 bytes: [0:2] f16 d, [2:4] u16 scales_h, [4:8] scales_l,
+    [8:136] eight 32-weight runs of nibbles as IQ4_NL. Sub-block ib's 6-bit scale ls has its low
+    nibble at (scales_l[ib / 2] >> 4 (ib % 2)) and its top bits at (scales_h >> 2 ib) & 3.
+    y = (d * (ls - 32)) * kv[q]."""
+    d = _f16_at(b, 0)  # [..., 1]
+    h = lax.bitcast_convert_type(b[..., 2:4], jnp.uint16)[..., None]  # [..., 1]
+    hi = ((h >> (2 * jnp.arange(8, dtype=jnp.uint16))) & 3).astype(jnp.uint8)  # [..., 8]
+    lo = _merge_last(jnp.swapaxes(_unpack(b[..., 4:8], 4), -1, -2), 2)  # [..., 8]
+    dl = (d * _f32((lo | (hi << 4)).astype(jnp.int32) - 32))[..., None]  # [..., 8, 1]
+    q = _merge_last(_unpack(_split_last(b[..., 8:136], 8, 16), 4), 2)  # [..., 8, 32]
+    return _merge_last(dl * _codebook(q, codebooks.KVALUES_IQ4NL), 2)  # [..., 256]
 
 
-def type_size(qtype: QType) -> int:
-    """Bytes per block."""
-    return GGML_QUANT_SIZES[qtype][1]
-
-
-def _check_qtype(qtype) -> QType:
-    try:
-        qt = QType(int(qtype))
-    except ValueError:
-        raise UnsupportedError(f"dequantize: unknown ggml type id {qtype!r}") from None
-    if qt not in _FORMATS:
-        raise UnsupportedError(
-            f"dequantize: ggml type {qt.name} is not supported "
-            f"(supported: {', '.join(q.name for q in _FORMATS)})"
-        )
-    return qt
-
-
-def _as_blocks(data: jax.Array, qtype: QType, rows: int, cols: int) -> jax.Array:
-    """data (uint8 bytes, or the float format's own dtype) -> uint8 blocks [rows, cols/bs, ts]."""
-    bs, ts = GGML_QUANT_SIZES[qtype]
-    if cols % bs:
-        raise ValueError(
-            f"dequantize {qtype.name}: row length {cols} is not a multiple of the block size {bs}"
-        )
-    nb = cols // bs
-    native = _FORMATS[qtype].native
-    if data.dtype == np.uint8:
-        if data.size != rows * nb * ts:
-            raise ValueError(
-                f"dequantize {qtype.name}: {data.size} bytes for {rows}x{cols} weights, "
-                f"expected {rows * nb * ts}"
-            )
-        return data.reshape(rows, nb, ts)  # [rows, nb, ts]
-    if native is not None and data.dtype == native:
-        if data.size != rows * cols:
-            raise ValueError(
-                f"dequantize {qtype.name}: {data.size} elements, expected {rows}x{cols}"
-            )
-        return lax.bitcast_convert_type(data.reshape(rows, cols), jnp.uint8)  # [rows, cols, ts]
-    raise ValueError(
-        f"dequantize {qtype.name}: data of dtype {data.dtype} is neither uint8 bytes"
-        + (f" nor {native}" if native is not None else "")
-    )
-
-
-@functools.partial(jax.jit, static_argnames=("qtype", "shape"))
-def _dequantize(data: jax.Array, qtype: QType, shape: tuple[int, ...]) -> jax.Array:
-    cols = shape[-1]
-    rows = math.prod(shape[:-1])
-    blocks = _as_blocks(data, qtype, rows, cols)  # [rows, nb, ts]
-    out = _FORMATS[qtype].fn(blocks)  # [rows, nb, bs]
-    return out.reshape(shape)  # shape
-
-
-def dequantize(data, qtype: QType, shape: Sequence[int]) -> jax.Array:
-    """Dequantize one GGUF tensor to float32, bit-exact with `gguf.quants.dequantize`.
-
-    data: numpy or jax array as gguf-py hands it out: uint8 [rows, bytes_per_row] (any shape with
-      that many bytes) for block formats and BF16; float32/float16 (or their raw uint8 bytes) for
-      F32/F16. qtype: a GGMLQuantizationType in `SUPPORTED` (static under jit). shape: logical
-      numpy-order shape, (rows, cols) or (n,) (static under jit).
-    Returns float32 of `shape`. Raises UnsupportedError naming the type for any other type and
-    ValueError if data does not match shape.
-    """
-    qt = _check_qtype(qtype)
-    shape = tuple(int(s) for s in shape)
-    if not shape:
-        raise ValueError("dequantize: shape must have at least one dimension")
-    if not isinstance(data, jax.Array):
-        data = np.asarray(data)
-    return _dequantize(data, qt, shape)
+def dequant_mxfp4(b: jax.Array) -> jax.Array:
+    """MXFP4, 32 weights in 17 bytes: [0] E8M0 e, [1:17] nibbles as Q4_0.
+    y = 2^(e - 128) * kv[q], built from the bits (codebooks.pow2_product: exact at every e)."""
+    q = _merge_last(_unpack(b[..., 1:17], 4), 2)  # [..., 32]
+    kv = jnp.asarray(codebooks.KVALUES_MXFP4, jnp.int32)[q.astype(jnp.int32)]  # [..., 32]
+    return codebooks.pow2_product(kv, b[..., 0:1])  # [..., 32]

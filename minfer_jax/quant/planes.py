@@ -1,45 +1,66 @@
-"""Device layout of every weight format: GGUF blocks -> planes (repack), planes -> values (decode).
+"""Every weight format's one record (`Format`, in FORMATS) and what reads it: GGUF bytes -> values
+(dequantize), GGUF blocks -> planes (repack), planes -> values (decode).
 
-GGUF blocks (18, 22, 34, 144, 210 bytes) interleave scales and quants at odd strides, which no
-kernel can load in power-of-two tiles. At load time each matrix is repacked once into *planes*:
-2-D arrays [rows, K / weights_per_col] with the rows (output features) padded to ROW_ALIGN, one
-plane per kind of field:
+GGUF blocks (17, 18, 22, 34, 136, 144, 210 bytes) interleave scales and quants at odd strides,
+which no kernel can load in power-of-two tiles. At load time each matrix is repacked once into
+*planes*: 2-D arrays [rows, K / weights_per_col] with the rows (output features) padded to
+ROW_ALIGN, one plane per kind of field:
 
     packed b-bit quants  uint32 words of 32 / b weights, LSB first: the word's k-th weight in
                          field k (natural order), or in field order(k) for the high-bit planes
-                         of Q5_*, Q6_K and Q3_K (chosen for the integer GEMV, see _q5h_order)
-    per-group scales     f16 (or small ints for K-quant sub-scales), group g at column g
+                         of Q5_*, Q6_K and Q3_K (chosen for the integer GEMV, see q5h_order) and
+                         the codebook formats' nibbles (quant/codebooks.py)
+    per-group scales     f16 (or small ints for K-quant sub-scales, MXFP4's E8M0 byte), group g
+                         at column g
 
 so that a kernel tile covering rows [r0, r0 + bn) and weights [k0, k0 + bk) is the rectangle
 plane[r0 : r0 + bn, k0 / wpc : (k0 + bk) / wpc] of every plane (wpc = weights per column).
 Layouts, bits per weight and why: docs/ARCHITECTURE.md. Sizes: quants and f16 scales keep their
-GGUF size; K-quant 6-bit sub-scales/mins are unpacked to one byte each (Q3_K, Q4_K, Q5_K: +4
-bytes per 256 weights, +2.3 .. 3.6 %), so weights stay well inside 1.1x the file.
+GGUF size; K-quant 6-bit sub-scales/mins are unpacked to one byte each (Q3_K, Q4_K, Q5_K, IQ4_XS:
++2 .. 4 bytes per 256 weights, +1.5 .. 3.6 %), so weights stay well inside 1.1x the file.
 
 Words, not bytes: the decode GEMV multiplies four int8 weights per dp4a instruction on 32-bit
 registers, and a uint8 plane cannot be reinterpreted as words inside a Triton kernel (outside
 it, XLA's bitcast_convert would copy the whole matrix every call).
 
+A record holds everything the layers above read about its format: block and group sizes, the
+planes, the compute dtype, the bit-exact byte decode (quant/ggml.py), the repack and the integer
+form (quant/layout.py, quant/codebooks.py), and the field-major layout of the few-token GEMM.
+The GGUF reader lists the same types (files/gguf.SUPPORTED_TYPES); the kernels' per-format
+tables (pallas/int8_words.SPECS, gemv_tuning.TUNING, gemm.FIELD_MAJOR) are keyed by these
+records, and tests/test_formats.py checks that every format has its entries.
+
 `decode` (values) and `decode_ints` (integers, scale, offset) are the single definition of each
 format's arithmetic on planes. The f16 GEMM and the float GEMV call them on loaded tiles, the
 references on whole arrays (f32, bit-exact with gguf-py); the integer GEMV's word tricks
-(pallas/int8_words.py) are tested against references built on decode_ints.
+(pallas/int8_words.py) are tested against references built on decode_ints. Every function here
+takes planes of one matrix [rows, cols]; expert weights stacked on a leading axis go through
+jax.vmap (decode, decode_ints) or one repack per expert.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from jax import lax
 
 from minfer_jax.errors import UnsupportedError
+from minfer_jax.quant import codebooks as C
+from minfer_jax.quant import ggml as G
+from minfer_jax.quant import layout as L
+from minfer_jax.quant.layout import affine, int_to_half, per_word
 from minfer_jax.sizes import round_up
 
 QType = GGMLQuantizationType
+
+__all__ = ["FORMATS", "Format", "Plane", "QType", "affine", "decode", "int_to_half", "repack"]
 
 ROW_ALIGN = 128  # rows padded to this so any power-of-two row block <= 128 tiles them exactly
 
@@ -49,446 +70,51 @@ class Plane:
     name: str
     dtype: np.dtype
     wpc: int  # weights per column: plane columns = K // wpc
+    # small-int planes: the half-open range valid values lie in (random test and bench planes)
+    sample: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldLayout:
+    """The few-token GEMM's field-major decode (pallas/gemm.py): the low-bit plane holds
+    32 / bits fields per word in natural order (8 nibbles; Q8_0: 4 bytes); for one field index i,
+    the weights per * j + i of a tile come out as [bn, W] over the tile's W words, with scales and
+    offsets per word, and no reshape of the tile."""
+
+    plane: str
+    bits: int
+    scales: Callable = dataclasses.field(compare=False)  # (tiles, dtype) -> (a, b or None)
+    offset: int = 0  # subtracted from the assembled integer
+    high: tuple[int, Callable] | None = None  # qh plane: (bits per weight, the order pack wrote)
+    signed: bool = False  # the fields are int8 bytes
 
 
 @dataclasses.dataclass(frozen=True)
 class Format:
-    """Static description of one weight format's device layout."""
+    """One weight format: everything the reader, the repacker, the kernels and the tuning read."""
 
     qtype: QType
     planes: tuple[Plane, ...]
     block: int  # weights per GGUF block: K must be a multiple of it
     compute_dtype: np.dtype  # dtype the kernels decode into and feed the dot with
     repack: Callable[[np.ndarray, int], dict[str, np.ndarray]] = dataclasses.field(compare=False)
-    ints: Callable | None = dataclasses.field(
-        compare=False
-    )  # block formats: (tiles, dtype) -> (q, a, b)
+    # block formats: (tiles, dtype) -> (q int32 [r, K], a [r, K / group], b or None)
+    ints: Callable | None = dataclasses.field(compare=False)
+    dequant: Callable = dataclasses.field(compare=False)  # GGUF uint8 blocks -> f32, bit-exact
+    group: int = 1  # weights per scale group of `ints` (a, b)
+    field: FieldLayout | None = None
+    native: np.dtype | None = None  # float formats: the element dtype gguf-py hands out
+    # (tiles) -> f32 values, where `ints`' q * a is not exact in f32 (MXFP4's 2^-128 scales)
+    exact_f32: Callable | None = dataclasses.field(default=None, compare=False)
 
     @property
     def name(self) -> str:
         return self.qtype.name
 
-
-# ----------------------------------------------------------------------------- numpy repack helpers
-
-# Field orders of the high-bit planes. The int8 GEMV (pallas/gemv.py) builds int8x4 words whose
-# byte b holds weight 8j + 2b + h (nibble word j, half h); these orders put the high bits of
-# exactly those weights where two ops (shift, mask) move them next to their nibbles.
-
-
-def _q5h_order(k):
-    """1-bit, 32 weights per word: weight k = 8j + 2b + h at bit 8b + 4h + j."""
-    return 8 * ((k >> 1) & 3) + 4 * (k & 1) + (k >> 3)
-
-
-def _q6h_order(k):
-    """2-bit, 16 weights per word: weight k = 8j + 2b + h at field 4b + 2j + h
-    (bits 8b + 4j + 2h)."""
-    return 4 * ((k >> 1) & 3) + 2 * (k >> 3) + (k & 1)
-
-
-def _q3h_order(k):
-    """1-bit, 32 weights (two 16-groups) per word: weight k = 16i + 4b + s at bit 8b + 4i + s."""
-    return 8 * ((k >> 2) & 3) + 4 * (k >> 4) + (k & 3)
-
-
-def _blocks(raw: np.ndarray, qtype: QType) -> np.ndarray:
-    """uint8 [rows, bytes_per_row] -> [rows, n_blocks, block_bytes]."""
-    _, type_size = GGML_QUANT_SIZES[qtype]
-    rows = raw.shape[0]
-    return np.ascontiguousarray(raw).reshape(rows, -1, type_size)
-
-
-def _f16(blocks: np.ndarray, off: int) -> np.ndarray:
-    """The f16 field at byte `off` of every block: [rows, nb] float16."""
-    return np.ascontiguousarray(blocks[:, :, off : off + 2]).view(np.float16)[..., 0]
-
-
-def _pack(values: np.ndarray, bits: int, order: Callable | None = None) -> np.ndarray:
-    """[rows, K] small unsigned ints -> uint32 words [rows, K * bits / 32], LSB first: the word's
-    k-th weight in field order(k) (bits [bits * order(k), bits * (order(k) + 1)))."""
-    rows = values.shape[0]
-    per = 32 // bits
-    v = values.astype(np.uint8).reshape(rows, -1, per)  # [rows, words, per]
-    if order is not None:
-        permuted = np.empty_like(v)
-        permuted[..., order(np.arange(per))] = v
-        v = permuted
-    v = v.reshape(rows, -1, 8 // bits)  # [rows, bytes, fields per byte]
-    packed = v[..., 0].copy()  # [rows, bytes], little-endian words
-    for i in range(
-        1, 8 // bits
-    ):  # one pass per field: numpy's reduce over a tiny axis is ~10x slower
-        packed |= v[..., i] << np.uint8(i * bits)
-    return packed.view("<u4").astype(np.uint32)
-
-
-def _nibbles_32(qs: np.ndarray) -> np.ndarray:
-    """GGUF 32-weight nibble layout (byte j: weight j low, weight j+16 high) -> [rows, nb*32]
-    values."""
-    lo, hi = qs & 0x0F, qs >> 4  # [rows, nb, 16]
-    return np.concatenate([lo, hi], axis=-1).reshape(qs.shape[0], -1)
-
-
-def _bits_32(qh: np.ndarray) -> np.ndarray:
-    """GGUF Q5 high-bit field (uint32 LE per block, bit j = weight j) -> [rows, nb*32] 0/1."""
-    return np.unpackbits(qh, axis=-1, bitorder="little").reshape(qh.shape[0], -1)
-
-
-def _kquant_nibbles(qs: np.ndarray) -> np.ndarray:
-    """Q4_K/Q5_K qs [rows, ns, 128]: chunk c of 32 bytes holds weights 64c+l (low) and 64c+32+l
-    (high)."""
-    rows, ns = qs.shape[:2]
-    q = qs.reshape(rows, ns, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
-    return (q & 0x0F).reshape(rows, ns * 256)
-
-
-def _kquant_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K 12-byte packed 6-bit scales [rows, ns, 12] -> (sc, m) uint8 [rows, ns*8]."""
-    d, m, md = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
-    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
-    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
-    rows = scales.shape[0]
-    return sc.reshape(rows, -1), mn.reshape(rows, -1)
-
-
-def _pad_rows(planes: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    padded = round_up(rows, ROW_ALIGN)
-    if padded == rows:
-        return planes
-    return {
-        k: np.concatenate([v, np.zeros((padded - rows,) + v.shape[1:], v.dtype)])
-        for k, v in planes.items()
-    }
-
-
-def _repack_float(dtype):
-    def repack(raw: np.ndarray, k: int) -> dict[str, np.ndarray]:
-        if raw.dtype == np.uint8:  # BF16 arrives as bytes
-            raw = np.ascontiguousarray(raw).view(np.uint16).view(jnp.bfloat16)
-        return {"w": np.asarray(raw).astype(dtype).reshape(raw.shape[0], k)}
-
-    return repack
-
-
-def _repack_q8_0(raw, k):
-    b = _blocks(raw, QType.Q8_0)
-    return {
-        "q": np.ascontiguousarray(b[:, :, 2:]).reshape(b.shape[0], k).view("<u4").astype(np.uint32),
-        "d": _f16(b, 0),
-    }
-
-
-def _repack_q4_0(raw, k):
-    b = _blocks(raw, QType.Q4_0)
-    return {"qs": _pack(_nibbles_32(b[:, :, 2:]), 4), "d": _f16(b, 0)}
-
-
-def _repack_q4_1(raw, k):
-    b = _blocks(raw, QType.Q4_1)
-    return {"qs": _pack(_nibbles_32(b[:, :, 4:]), 4), "d": _f16(b, 0), "m": _f16(b, 2)}
-
-
-def _repack_q5_0(raw, k):
-    b = _blocks(raw, QType.Q5_0)
-    return {
-        "qs": _pack(_nibbles_32(b[:, :, 6:]), 4),
-        "qh": _pack(_bits_32(b[:, :, 2:6]), 1, _q5h_order),
-        "d": _f16(b, 0),
-    }
-
-
-def _repack_q5_1(raw, k):
-    b = _blocks(raw, QType.Q5_1)
-    return {
-        "qs": _pack(_nibbles_32(b[:, :, 8:]), 4),
-        "qh": _pack(_bits_32(b[:, :, 4:8]), 1, _q5h_order),
-        "d": _f16(b, 0),
-        "m": _f16(b, 2),
-    }
-
-
-def _repack_q2_k(raw, k):
-    # block: scales[16] (lo nibble scale, hi nibble min) | qs[64] | d | dmin
-    b = _blocks(raw, QType.Q2_K)
-    rows, ns = b.shape[:2]
-    qs = b[:, :, 16:80].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(
-        1, 1, 1, 4, 1
-    )
-    q = (qs & 3).reshape(rows, ns * 256)  # chunk c of 32 bytes, shift s -> weights 128c + 32s + l
-    return {
-        "qs": _pack(q, 2),
-        "sc": np.ascontiguousarray(b[:, :, 0:16]).reshape(rows, -1),
-        "d": _f16(b, 80),
-        "dmin": _f16(b, 82),
-    }
-
-
-def _repack_q3_k(raw, k):
-    # block: hmask[32] | qs[64] | scales[12] (16 x 6-bit, offset 32) | d
-    b = _blocks(raw, QType.Q3_K)
-    rows, ns = b.shape[:2]
-    ql = b[:, :, 32:96].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(
-        1, 1, 1, 4, 1
-    )
-    ql = (ql & 3).reshape(rows, ns * 256)
-    qh = b[:, :, 0:32].reshape(rows, ns, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
-    qh = (qh & 1).reshape(rows, ns * 256)  # bit i of byte l -> weight 32i + l
-    s = b[:, :, 96:108]
-    lo = (
-        s[..., 0:8].reshape(rows, ns, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    ).reshape(rows, ns, 16)
-    hi = (
-        s[..., 8:12].reshape(rows, ns, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
-    ).reshape(rows, ns, 16)
-    sc = ((lo & 0x0F) | ((hi & 0x03) << 4)).astype(np.int8) - np.int8(32)
-    return {
-        "qs": _pack(ql, 2),
-        "qh": _pack(qh, 1, _q3h_order),
-        "sc": sc.reshape(rows, -1),
-        "d": _f16(b, 108),
-    }
-
-
-def _repack_q4_k(raw, k):
-    # block: d | dmin | scales[12] | qs[128]
-    b = _blocks(raw, QType.Q4_K)
-    sc, mn = _kquant_scale_min(b[:, :, 4:16])
-    return {
-        "qs": _pack(_kquant_nibbles(b[:, :, 16:144]), 4),
-        "sc": sc,
-        "m": mn,
-        "d": _f16(b, 0),
-        "dmin": _f16(b, 2),
-    }
-
-
-def _repack_q5_k(raw, k):
-    # block: d | dmin | scales[12] | qh[32] | qs[128]; high bit of weight 32i + l is bit i of qh[l]
-    b = _blocks(raw, QType.Q5_K)
-    rows, ns = b.shape[:2]
-    sc, mn = _kquant_scale_min(b[:, :, 4:16])
-    qh = b[:, :, 16:48].reshape(rows, ns, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
-    qh = (qh & 1).reshape(rows, ns * 256)
-    return {
-        "qs": _pack(_kquant_nibbles(b[:, :, 48:176]), 4),
-        "qh": _pack(qh, 1, _q5h_order),
-        "sc": sc,
-        "m": mn,
-        "d": _f16(b, 0),
-        "dmin": _f16(b, 2),
-    }
-
-
-def _repack_q6_k(raw, k):
-    # block: ql[128] | qh[64] | scales[16] (int8) | d
-    b = _blocks(raw, QType.Q6_K)
-    rows, ns = b.shape[:2]
-    ql = b[:, :, 0:128].reshape(rows, ns, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(
-        1, 1, 1, 2, 1
-    )
-    ql = (ql & 0x0F).reshape(rows, ns * 256)  # byte 64h + j, shift 4s -> weight 128h + 64s + j
-    qh = b[:, :, 128:192].reshape(rows, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(
-        1, 1, 1, 4, 1
-    )
-    qh = (qh & 3).reshape(rows, ns * 256)  # byte 32h + l, shift 2s -> weight 128h + 32s + l
-    return {
-        "ql": _pack(ql, 4),
-        "qh": _pack(qh, 2, _q6h_order),
-        "sc": np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(rows, -1),
-        "d": _f16(b, 208),
-    }
-
-
-# ----------------------------------------------------------------------------- jnp decode helpers
-# Everything below runs both inside Pallas kernels (on loaded tiles) and on whole arrays, so it
-# sticks to ops the Triton lowering supports: elementwise ops, broadcasts, iota and reshapes.
-
-
-def unpack(w: jax.Array, bits: int, order: Callable | None = None) -> jax.Array:
-    """uint32 words [r, c] -> int32 [r, c * 32 / bits] in natural k order (inverse of _pack)."""
-    per = 32 // bits
-    r, c = w.shape
-    k = jax.lax.iota(jnp.int32, per)
-    shifts = ((order(k) if order is not None else k) * bits).astype(jnp.uint32)  # [per]
-    v = (w[:, :, None] >> shifts[None, None, :]) & jnp.uint32((1 << bits) - 1)  # [r, c, per]
-    return v.reshape(r, c * per).astype(jnp.int32)
-
-
-def group_scale(v: jax.Array, s: jax.Array) -> jax.Array:
-    """v [r, K] * s [r, K / g] with s broadcast over groups of g = K / s.shape[1] consecutive
-    weights."""
-    r, k = v.shape
-    g = k // s.shape[1]
-    return (v.reshape(r, k // g, g) * s[:, :, None]).reshape(r, k)
-
-
-def affine(v: jax.Array, s: jax.Array, b: jax.Array) -> jax.Array:
-    """v * s + b elementwise (broadcasting), in gguf-py's order ((v * s) then + b)."""
-    dtype = v.dtype
-    if dtype == jnp.float16 and jax.default_backend() != "gpu":
-        # XLA:CPU contracts v * s + b into an FMA in some fusions and not in others (the reference
-        # and interpret-mode kernels differed by an f16 ulp); in f32 v * s is exact, so the sum is
-        # rounded once either way, then to f16
-        v, s, b = v.astype(jnp.float32), s.astype(jnp.float32), b.astype(jnp.float32)
-    return (v * s + b).astype(dtype)
-
-
-def group_affine(v: jax.Array, s: jax.Array, b: jax.Array) -> jax.Array:
-    """v * s + b per group (`affine`)."""
-    r, k = v.shape
-    g = k // s.shape[1]
-    return affine(v.reshape(r, k // g, g), s[:, :, None], b[:, :, None]).reshape(r, k)
-
-
-def superblock_scale(sub: jax.Array, d: jax.Array, dtype) -> jax.Array:
-    """K-quant sub-scales [r, n_sub] (ints) times their superblock's d [r, n_super] -> [r, n_sub]
-    dtype."""
-    r, n = sub.shape
-    per = n // d.shape[1]
-    return (d.astype(dtype)[:, :, None] * sub.astype(dtype).reshape(r, n // per, per)).reshape(r, n)
-
-
-# Each block format is "integers times a per-group scale plus a per-group offset":
-#     value[k] = q[k] * a[g] (+ b[g]),  g = group of k (32, or 16 for Q2_K/Q3_K/Q6_K)
-# `_ints_*` return (q int32 [r, K] with the format's offset applied, a [r, G], b [r, G] or None).
-# `decode` turns them into values (what the f16 kernels and the reference use); the int8 GEMM
-# feeds q to integer dots and applies a, b per group. The products are computed in gguf-py's
-# order (d * sc first, then * q, then + b) so f32 decoding is bit-exact.
-
-
-def _ints_q8_0(t, dtype):
-    return (unpack(t["q"], 8) ^ 0x80) - 0x80, t["d"].astype(dtype), None  # bytes -> signed
-
-
-def _ints_q4_0(t, dtype):
-    return unpack(t["qs"], 4) - 8, t["d"].astype(dtype), None
-
-
-def _ints_q4_1(t, dtype):
-    return unpack(t["qs"], 4), t["d"].astype(dtype), t["m"].astype(dtype)
-
-
-def _ints_q5_0(t, dtype):
-    return (
-        (unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4)) - 16,
-        t["d"].astype(dtype),
-        None,
-    )
-
-
-def _ints_q5_1(t, dtype):
-    return (
-        unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4),
-        t["d"].astype(dtype),
-        t["m"].astype(dtype),
-    )
-
-
-def _ints_q2_k(t, dtype):
-    sc = t["sc"].astype(jnp.int32)
-    return (
-        unpack(t["qs"], 2),
-        superblock_scale(sc & 0x0F, t["d"], dtype),
-        -superblock_scale(sc >> 4, t["dmin"], dtype),
-    )
-
-
-def _ints_q3_k(t, dtype):
-    return (
-        (unpack(t["qs"], 2) | (unpack(t["qh"], 1, _q3h_order) << 2)) - 4,
-        superblock_scale(t["sc"], t["d"], dtype),
-        None,
-    )
-
-
-def _scales_q4_k(t, dtype):
-    return superblock_scale(t["sc"], t["d"], dtype), -superblock_scale(t["m"], t["dmin"], dtype)
-
-
-def _ints_q4_k(t, dtype):
-    return (unpack(t["qs"], 4), *_scales_q4_k(t, dtype))
-
-
-def _ints_q5_k(t, dtype):
-    return (
-        unpack(t["qs"], 4) | (unpack(t["qh"], 1, _q5h_order) << 4),
-        superblock_scale(t["sc"], t["d"], dtype),
-        -superblock_scale(t["m"], t["dmin"], dtype),
-    )
-
-
-def _ints_q6_k(t, dtype):
-    return (
-        (unpack(t["ql"], 4) | (unpack(t["qh"], 2, _q6h_order) << 4)) - 32,
-        superblock_scale(t["sc"], t["d"], dtype),
-        None,
-    )
-
-
-# Field-major decode (the few-token GEMM, pallas/gemm.py): a format's low-bit plane holds `per`
-# fields per word in natural order (8 nibbles; Q8_0: 4 bytes). For one field index i, the weights
-# per * j + i of a tile come out as [bn, W] over the tile's W words, with scales and offsets per
-# word, and no reshape of the tile: that kernel's dot takes x with its K-columns permuted to match.
-# FIELD_PLANES: qtype -> (that plane, bits per field).
-
-
-def _per_word(v: jax.Array, words: int) -> jax.Array:
-    """[r, G] per-group values -> [r, words], each repeated over its group's words."""
-    r, g = v.shape
-    return jnp.broadcast_to(v[:, :, None], (r, g, words // g)).reshape(r, words)
-
-
-FIELD_PLANES = {
-    q: ("qs", 4) for q in (QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q4_K, QType.Q5_K)
-}
-FIELD_PLANES.update({QType.Q6_K: ("ql", 4), QType.Q8_0: ("q", 8)})
-_FIELD_OFFSET = {
-    QType.Q4_0: 8,
-    QType.Q5_0: 16,
-    QType.Q6_K: 32,
-}  # subtracted from the assembled integer
-
-
-def fields_per_word(qtype: QType) -> int:
-    return 32 // FIELD_PLANES[qtype][1]
-
-
-def field_scales(qtype: QType, tiles: Mapping[str, jax.Array], dtype):
-    """(a, b or None) [bn, W] per word of the tile's field plane, in gguf-py's product order."""
-    words = tiles[FIELD_PLANES[qtype][0]].shape[1]
-    if qtype in (QType.Q4_K, QType.Q5_K):
-        a, b = _scales_q4_k(tiles, dtype)
-    elif qtype == QType.Q6_K:
-        a, b = superblock_scale(tiles["sc"], tiles["d"], dtype), None
-    else:  # Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: d (and m) per 32-weight block
-        a, b = tiles["d"].astype(dtype), tiles["m"].astype(dtype) if "m" in tiles else None
-    return _per_word(a, words), None if b is None else _per_word(b, words)
-
-
-# high-bit planes of the field-major formats: (bits per weight, the field order _pack wrote)
-_FIELD_HIGH_BITS = {QType.Q6_K: (2, _q6h_order)} | {
-    q: (1, _q5h_order) for q in (QType.Q5_0, QType.Q5_1, QType.Q5_K)
-}
-
-
-def field_ints(qtype: QType, tiles: Mapping[str, jax.Array], i: int) -> jax.Array:
-    """int32 q [bn, W] of weights per * j + i (high bits and the format's offset applied)."""
-    plane, bits = FIELD_PLANES[qtype]
-    words = tiles[plane]
-    n_words = words.shape[1]
-    q = ((words >> jnp.uint32(bits * i)) & jnp.uint32((1 << bits) - 1)).astype(jnp.int32)
-    if qtype == QType.Q8_0:
-        return (q ^ 0x80) - 0x80  # bytes -> signed
-    if qtype in _FIELD_HIGH_BITS:  # nibble word j's weight i is weight 8 (j % nibble words) + i
-        high_bits, order = _FIELD_HIGH_BITS[qtype]  # of qh word j // nibble words
-        nibble_words = 32 // high_bits // 8
-        j = jax.lax.iota(jnp.int32, n_words)
-        shift = high_bits * order(8 * (j % nibble_words) + i)
-        qh = _per_word(tiles["qh"], n_words)
-        high = (qh >> shift.astype(jnp.uint32)[None, :]) & jnp.uint32((1 << high_bits) - 1)
-        q = q | (high.astype(jnp.int32) << 4)
-    return q - _FIELD_OFFSET.get(qtype, 0)
+    @property
+    def type_size(self) -> int:
+        """Bytes per GGUF block."""
+        return GGML_QUANT_SIZES[self.qtype][1]
 
 
 _U8, _I8, _U32, _F16 = (
@@ -497,100 +123,203 @@ _U8, _I8, _U32, _F16 = (
     np.dtype(np.uint32),
     np.dtype(np.float16),
 )
+_SC6 = (0, 64)  # 6-bit sub-scales and mins
+_SC6_SIGNED = (-32, 32)  # 6-bit scales stored as ls - 32
+_E8M0 = (118, 125)  # MXFP4 scale bytes: 2^-10 .. 2^-4 (weights of a trained model's size)
 
 
-def _fmt(qtype, planes, block, repack, ints, compute=_F16):
+def _planes(*spec) -> tuple[Plane, ...]:
+    return tuple(Plane(n, np.dtype(d), w, *rest) for n, d, w, *rest in spec)
+
+
+def _float(qtype, dtype, dequant, compute=None) -> Format:
     return Format(
         qtype,
-        tuple(Plane(n, np.dtype(d), w) for n, d, w in planes),
-        block,
-        np.dtype(compute),
-        repack,
-        ints,
+        _planes(("w", dtype, 1)),
+        1,
+        np.dtype(compute or _F16),
+        L.repack_float(dtype),
+        None,
+        dequant,
+        native=np.dtype(dtype),
     )
 
+
+def _d_m(t, dtype):
+    """d (and m) per 32-weight block: the field-major scales of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1."""
+    return t["d"].astype(dtype), t["m"].astype(dtype) if "m" in t else None
+
+
+def _q6_k_scales(t, dtype):
+    return L.superblock_scale(t["sc"], t["d"], dtype), None
+
+
+_Q5H = (1, L.q5h_order)
 
 FORMATS: dict[QType, Format] = {
     f.qtype: f
     for f in [
-        _fmt(QType.F32, [("w", np.float32, 1)], 1, _repack_float(np.float32), None, np.float32),
-        _fmt(QType.F16, [("w", np.float16, 1)], 1, _repack_float(np.float16), None),
-        _fmt(
-            QType.BF16, [("w", jnp.bfloat16, 1)], 1, _repack_float(jnp.bfloat16), None, jnp.bfloat16
+        _float(QType.F32, np.float32, G.dequant_f32, np.float32),
+        _float(QType.F16, np.float16, G.dequant_f16),
+        _float(QType.BF16, jnp.bfloat16, G.dequant_bf16, jnp.bfloat16),
+        Format(
+            QType.Q8_0,
+            _planes(("q", _U32, 4), ("d", _F16, 32)),
+            32,
+            _F16,
+            L.repack_q8_0,
+            L.ints_q8_0,
+            G.dequant_q8_0,
+            32,
+            FieldLayout("q", 8, _d_m, signed=True),
         ),
-        _fmt(QType.Q8_0, [("q", _U32, 4), ("d", _F16, 32)], 32, _repack_q8_0, _ints_q8_0),
-        _fmt(QType.Q4_0, [("qs", _U32, 8), ("d", _F16, 32)], 32, _repack_q4_0, _ints_q4_0),
-        _fmt(
+        Format(
+            QType.Q4_0,
+            _planes(("qs", _U32, 8), ("d", _F16, 32)),
+            32,
+            _F16,
+            L.repack_q4_0,
+            L.ints_q4_0,
+            G.dequant_q4_0,
+            32,
+            FieldLayout("qs", 4, _d_m, 8),
+        ),
+        Format(
             QType.Q4_1,
-            [("qs", _U32, 8), ("d", _F16, 32), ("m", _F16, 32)],
+            _planes(("qs", _U32, 8), ("d", _F16, 32), ("m", _F16, 32)),
             32,
-            _repack_q4_1,
-            _ints_q4_1,
+            _F16,
+            L.repack_q4_1,
+            L.ints_q4_1,
+            G.dequant_q4_1,
+            32,
+            FieldLayout("qs", 4, _d_m),
         ),
-        _fmt(
+        Format(
             QType.Q5_0,
-            [("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32)],
+            _planes(("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32)),
             32,
-            _repack_q5_0,
-            _ints_q5_0,
+            _F16,
+            L.repack_q5_0,
+            L.ints_q5_0,
+            G.dequant_q5_0,
+            32,
+            FieldLayout("qs", 4, _d_m, 16, _Q5H),
         ),
-        _fmt(
+        Format(
             QType.Q5_1,
-            [("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32), ("m", _F16, 32)],
+            _planes(("qs", _U32, 8), ("qh", _U32, 32), ("d", _F16, 32), ("m", _F16, 32)),
             32,
-            _repack_q5_1,
-            _ints_q5_1,
+            _F16,
+            L.repack_q5_1,
+            L.ints_q5_1,
+            G.dequant_q5_1,
+            32,
+            FieldLayout("qs", 4, _d_m, 0, _Q5H),
         ),
-        _fmt(
+        Format(
             QType.Q2_K,
-            [("qs", _U32, 16), ("sc", _U8, 16), ("d", _F16, 256), ("dmin", _F16, 256)],
+            _planes(("qs", _U32, 16), ("sc", _U8, 16), ("d", _F16, 256), ("dmin", _F16, 256)),
             256,
-            _repack_q2_k,
-            _ints_q2_k,
+            _F16,
+            L.repack_q2_k,
+            L.ints_q2_k,
+            G.dequant_q2_k,
+            16,
         ),
-        _fmt(
+        Format(
             QType.Q3_K,
-            [("qs", _U32, 16), ("qh", _U32, 32), ("sc", _I8, 16), ("d", _F16, 256)],
+            _planes(
+                ("qs", _U32, 16), ("qh", _U32, 32), ("sc", _I8, 16, _SC6_SIGNED), ("d", _F16, 256)
+            ),
             256,
-            _repack_q3_k,
-            _ints_q3_k,
+            _F16,
+            L.repack_q3_k,
+            L.ints_q3_k,
+            G.dequant_q3_k,
+            16,
         ),
-        _fmt(
+        Format(
             QType.Q4_K,
-            [
+            _planes(
                 ("qs", _U32, 8),
-                ("sc", _U8, 32),
-                ("m", _U8, 32),
+                ("sc", _U8, 32, _SC6),
+                ("m", _U8, 32, _SC6),
                 ("d", _F16, 256),
                 ("dmin", _F16, 256),
-            ],
+            ),
             256,
-            _repack_q4_k,
-            _ints_q4_k,
+            _F16,
+            L.repack_q4_k,
+            L.ints_q4_k,
+            G.dequant_q4_k,
+            32,
+            FieldLayout("qs", 4, L.scales_q4_k),
         ),
-        _fmt(
+        Format(
             QType.Q5_K,
-            [
+            _planes(
                 ("qs", _U32, 8),
                 ("qh", _U32, 32),
-                ("sc", _U8, 32),
-                ("m", _U8, 32),
+                ("sc", _U8, 32, _SC6),
+                ("m", _U8, 32, _SC6),
                 ("d", _F16, 256),
                 ("dmin", _F16, 256),
-            ],
+            ),
             256,
-            _repack_q5_k,
-            _ints_q5_k,
+            _F16,
+            L.repack_q5_k,
+            L.ints_q5_k,
+            G.dequant_q5_k,
+            32,
+            FieldLayout("qs", 4, L.scales_q4_k, 0, _Q5H),
         ),
-        _fmt(
+        Format(
             QType.Q6_K,
-            [("ql", _U32, 8), ("qh", _U32, 16), ("sc", _I8, 16), ("d", _F16, 256)],
+            _planes(("ql", _U32, 8), ("qh", _U32, 16), ("sc", _I8, 16), ("d", _F16, 256)),
             256,
-            _repack_q6_k,
-            _ints_q6_k,
+            _F16,
+            L.repack_q6_k,
+            L.ints_q6_k,
+            G.dequant_q6_k,
+            16,
+            FieldLayout("ql", 4, _q6_k_scales, 32, (2, L.q6h_order)),
+        ),
+        Format(
+            QType.IQ4_NL,
+            _planes(("qs", _U32, 8), ("d", _F16, 32)),
+            32,
+            _F16,
+            C.repack_iq4_nl,
+            C.ints_iq4_nl,
+            G.dequant_iq4_nl,
+            32,
+        ),
+        Format(
+            QType.IQ4_XS,
+            _planes(("qs", _U32, 8), ("sc", _I8, 32, _SC6_SIGNED), ("d", _F16, 256)),
+            256,
+            _F16,
+            C.repack_iq4_xs,
+            C.ints_iq4_xs,
+            G.dequant_iq4_xs,
+            32,
+        ),
+        # bf16: 2^(e - 128) * kv is exact in bf16 at any e, where f16's range ends at 2^-24
+        Format(
+            QType.MXFP4,
+            _planes(("qs", _U32, 8), ("e", _U8, 32, _E8M0)),
+            32,
+            np.dtype(jnp.bfloat16),
+            C.repack_mxfp4,
+            C.ints_mxfp4,
+            G.dequant_mxfp4,
+            32,
+            exact_f32=C.values_mxfp4,
         ),
     ]
 }
+SUPPORTED = frozenset(FORMATS)
 
 
 def get_format(qtype: QType) -> Format:
@@ -601,6 +330,19 @@ def get_format(qtype: QType) -> Format:
             f"weight type {getattr(qtype, 'name', qtype)} has no device layout; "
             f"supported: {', '.join(q.name for q in FORMATS)}"
         ) from None
+
+
+# ----------------------------------------------------------------------------- GGUF bytes -> planes
+
+
+def _pad_rows(planes: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    padded = round_up(rows, ROW_ALIGN)
+    if padded == rows:
+        return planes
+    return {
+        k: np.concatenate([v, np.zeros((padded - rows,) + v.shape[1:], v.dtype)])
+        for k, v in planes.items()
+    }
 
 
 def repack(raw: np.ndarray, qtype: QType, shape: tuple[int, int]) -> dict[str, np.ndarray]:
@@ -623,6 +365,9 @@ def repack(raw: np.ndarray, qtype: QType, shape: tuple[int, int]) -> dict[str, n
     return _pad_rows(planes, rows)
 
 
+# ----------------------------------------------------------------------------- planes -> values
+
+
 def decode(
     qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32, *, magic_half: bool = False
 ) -> jax.Array:
@@ -636,20 +381,11 @@ def decode(
     fmt = get_format(qtype)
     if fmt.ints is None:
         return tiles["w"].astype(dtype)
+    if fmt.exact_f32 is not None and jnp.dtype(dtype) == jnp.float32:
+        return fmt.exact_f32(tiles)
     q, a, b = fmt.ints(tiles, dtype)
     q = int_to_half(q) if magic_half and jnp.dtype(dtype) == jnp.float16 else q.astype(dtype)
-    return group_scale(q, a) if b is None else group_affine(q, a, b)
-
-
-_HALF_MAGIC = 0x6600  # f16 bits of 1536.0: 1536 + v for integers 0 <= v < 512 (one ulp = 1 there)
-
-
-def int_to_half(q: jax.Array) -> jax.Array:
-    """int32 q in [-512, 512) -> exactly q as f16, by integer adds and a bitcast: the f16 whose bits
-    are 0x6600 + q is 1536 + q, so subtracting 1536 is exact. Integer-to-float conversions run at a
-    sixteenth of the FMA rate on the H100/H200; this takes an add, a truncation and an f16 add."""
-    bits = (q + _HALF_MAGIC).astype(jnp.uint16)
-    return jax.lax.bitcast_convert_type(bits, jnp.float16) - jnp.float16(1536.0)
+    return L.group_scale(q, a) if b is None else L.group_affine(q, a, b)
 
 
 def decode_ints(qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32):
@@ -664,3 +400,119 @@ def decode_ints(qtype: QType, tiles: Mapping[str, jax.Array], dtype=jnp.float32)
 def tile_cols(bk: int, wpc: int) -> int:
     """Columns of a plane covered by a tile of bk weights (at least the one covering column)."""
     return max(1, bk // wpc)
+
+
+# ----------------------------------------------------------------------------- field-major decode
+# For the few-token GEMM (pallas/gemm.py): that kernel's dot takes x with its K-columns permuted
+# to match the fields (FieldLayout).
+
+
+def fields_per_word(qtype: QType) -> int:
+    return 32 // _field(qtype).bits
+
+
+def _field(qtype: QType) -> FieldLayout:
+    field = get_format(qtype).field
+    if field is None:
+        raise UnsupportedError(f"{QType(qtype).name} has no field-major layout")
+    return field
+
+
+def field_scales(qtype: QType, tiles: Mapping[str, jax.Array], dtype):
+    """(a, b or None) [bn, W] per word of the tile's field plane, in gguf-py's product order."""
+    field = _field(qtype)
+    words = tiles[field.plane].shape[1]
+    a, b = field.scales(tiles, dtype)
+    return per_word(a, words), None if b is None else per_word(b, words)
+
+
+def field_ints(qtype: QType, tiles: Mapping[str, jax.Array], i: int) -> jax.Array:
+    """int32 q [bn, W] of weights per * j + i (high bits and the format's offset applied)."""
+    field = _field(qtype)
+    bits = field.bits
+    words = tiles[field.plane]
+    n_words = words.shape[1]
+    q = ((words >> jnp.uint32(bits * i)) & jnp.uint32((1 << bits) - 1)).astype(jnp.int32)
+    if field.signed:
+        return (q ^ 0x80) - 0x80  # bytes -> signed
+    if field.high is not None:  # nibble word j's weight i is weight 8 (j % nibble words) + i
+        high_bits, order = field.high  # of qh word j // nibble words
+        nibble_words = 32 // high_bits // 8
+        j = jax.lax.iota(jnp.int32, n_words)
+        shift = high_bits * order(8 * (j % nibble_words) + i)
+        qh = per_word(tiles["qh"], n_words)
+        high = (qh >> shift.astype(jnp.uint32)[None, :]) & jnp.uint32((1 << high_bits) - 1)
+        q = q | (high.astype(jnp.int32) << 4)
+    return q - field.offset
+
+
+# ----------------------------------------------------------------------------- GGUF bytes -> values
+
+
+def _check_qtype(qtype) -> QType:
+    try:
+        qt = QType(int(qtype))
+    except ValueError:
+        raise UnsupportedError(f"dequantize: unknown ggml type id {qtype!r}") from None
+    if qt not in FORMATS:
+        raise UnsupportedError(
+            f"dequantize: ggml type {qt.name} is not supported "
+            f"(supported: {', '.join(q.name for q in FORMATS)})"
+        )
+    return qt
+
+
+def _as_blocks(data: jax.Array, qtype: QType, rows: int, cols: int) -> jax.Array:
+    """data (uint8 bytes, or the float format's own dtype) -> uint8 blocks [rows, cols/bs, ts]."""
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    if cols % bs:
+        raise ValueError(
+            f"dequantize {qtype.name}: row length {cols} is not a multiple of the block size {bs}"
+        )
+    nb = cols // bs
+    native = FORMATS[qtype].native
+    if data.dtype == np.uint8:
+        if data.size != rows * nb * ts:
+            raise ValueError(
+                f"dequantize {qtype.name}: {data.size} bytes for {rows}x{cols} weights, "
+                f"expected {rows * nb * ts}"
+            )
+        return data.reshape(rows, nb, ts)  # [rows, nb, ts]
+    if native is not None and data.dtype == native:
+        if data.size != rows * cols:
+            raise ValueError(
+                f"dequantize {qtype.name}: {data.size} elements, expected {rows}x{cols}"
+            )
+        return lax.bitcast_convert_type(data.reshape(rows, cols), jnp.uint8)  # [rows, cols, ts]
+    raise ValueError(
+        f"dequantize {qtype.name}: data of dtype {data.dtype} is neither uint8 bytes"
+        + (f" nor {native}" if native is not None else "")
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("qtype", "shape"))
+def _dequantize(data: jax.Array, qtype: QType, shape: tuple[int, ...]) -> jax.Array:
+    cols = shape[-1]
+    rows = math.prod(shape[:-1])
+    blocks = _as_blocks(data, qtype, rows, cols)  # [rows, nb, ts]
+    out = FORMATS[qtype].dequant(blocks)  # [rows, nb, bs]
+    return out.reshape(shape)  # shape
+
+
+def dequantize(data, qtype: QType, shape: Sequence[int]) -> jax.Array:
+    """Dequantize one GGUF tensor to float32, bit-exact with `gguf.quants.dequantize`.
+
+    data: numpy or jax array as gguf-py hands it out: uint8 [rows, bytes_per_row] (any shape with
+      that many bytes) for block formats and BF16; float32/float16 (or their raw uint8 bytes) for
+      F32/F16. qtype: a GGMLQuantizationType in `SUPPORTED` (static under jit). shape: logical
+      numpy-order shape, (rows, cols), (n,) or (E, rows, cols) (static under jit).
+    Returns float32 of `shape`. Raises UnsupportedError naming the type for any other type and
+    ValueError if data does not match shape.
+    """
+    qt = _check_qtype(qtype)
+    shape = tuple(int(s) for s in shape)
+    if not shape:
+        raise ValueError("dequantize: shape must have at least one dimension")
+    if not isinstance(data, jax.Array):
+        data = np.asarray(data)
+    return _dequantize(data, qt, shape)

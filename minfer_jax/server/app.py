@@ -162,23 +162,31 @@ async def _stream(
             yield chunk(role=True)
         held = None if calls is None else CallStream(calls)
         thought = None if think is None else ReasoningStream(think)
+
+        def content_chunks(field: str, text: str, split: bool = True):
+            """Chunks of one piece: reasoning split off (thinking models), text that may begin a
+            tool call held back."""
+            if field == "content" and split and thought is not None:
+                reasoning, text = thought.feed(text)
+                yield from content_chunks("reasoning_content", reasoning)
+            if field == "content" and held is not None and text:
+                text = held.feed(text)
+            if text:
+                yield chunk(text, field=field)
+
         async for piece in handle.pieces():
-            if thought is not None:
-                reasoning, piece = thought.feed(piece)
-                if reasoning:
-                    yield chunk(reasoning=reasoning)
-            if held is not None and piece:
-                piece = held.feed(piece)
-            if piece:
-                yield chunk(piece)
+            for field, text in reply.deltas(piece):
+                for event in content_chunks(field, text):
+                    yield event
+        for field, text in reply.deltas(None):  # what a harmony chat held back
+            for event in content_chunks(field, text):
+                yield event
         if thought is not None:
-            reasoning, piece = thought.finish()
-            if reasoning:
-                yield chunk(reasoning=reasoning)
-            if held is not None and piece:
-                piece = held.feed(piece)
-            if piece:
-                yield chunk(piece)
+            reasoning, text = thought.finish()
+            for event in content_chunks("reasoning_content", reasoning):
+                yield event
+            for event in content_chunks("content", text, split=False):
+                yield event
         req = handle.req
         if req.error is not None:
             failed = _failed(req.error)
@@ -284,7 +292,8 @@ async def _generate(
     """Submit one validated request; its SSE stream, or its JSON once done (calls, think: as
     _stream takes them)."""
     handle = await _submit(backend, kind, body, ids, calls)
-    reply = Reply(kind, backend.model_id)
+    tokenizer = backend.model.tokenizer
+    reply = Reply(kind, backend.model_id, harmony=tokenizer is not None and tokenizer.harmony)
     if body.stream:
         return StreamingResponse(
             _stream(handle, reply, body.include_usage, calls, think),

@@ -50,7 +50,7 @@ class ServerSettingsError(MinferError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-    # -m: path, hf:repo:file, synthetic:<spec> (load_model), None: the built-in default
+    # -m: path, hf:repo:file (load_model; others through the loader), None: the built-in default
     model: str | None = None
     n_parallel: int = 1  # -np: sequences decoded at once (KV cache slots)
     ctx_size: int = 0  # -c: total context over all slots (0: DEFAULT_SLOT_CTX per slot)
@@ -98,26 +98,11 @@ class ServerSettings:
 
 
 def load_model(ref: str | None, **kwargs):
-    """minfer_jax.load(ref), or for 'synthetic:<config>:<ftype>[:layers=N][:seed=S]' a random-weight
-    model of real shapes with synthetic.placeholder_tokenizer as its tokenizer (what write_gguf
-    writes): for benchmarks, whose prompts are token ids and whose text is never read."""
+    """minfer_jax.load(ref): the server's loader unless create_app is given another
+    (minfer_bench.serve's also knows synthetic:<spec> models)."""
     from minfer_jax.engine.runtime import load
 
-    if not (ref or "").startswith("synthetic:"):
-        return load(ref, **kwargs)
-    from minfer_jax.files import synthetic
-
-    parts, extra = ref.split(":"), {}
-    while parts[-1].startswith(("layers=", "seed=")):
-        key, _, value = parts.pop().partition("=")
-        if not value.isdigit():
-            raise ServerSettingsError(
-                f"{ref!r}: {key}= needs a non-negative integer, got {value!r}"
-            )
-        extra[key] = int(value)
-    gm = synthetic.synthetic_model(":".join(parts), **extra)
-    gm.metadata.update(synthetic.placeholder_tokenizer(gm.config.vocab_size))
-    return load(gguf_model=gm, **kwargs)
+    return load(ref, **kwargs)
 
 
 def _log_phases(model, started: float | None, load_s: float) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from minfer_jax import ops
 from minfer_jax.errors import MinferError
@@ -57,8 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         metavar="REF",
         default=None,
-        help="GGUF path or hf:<repo>:<file> (default: the built-in model, the `model` extra); "
-        "synthetic:<config>:<ftype>[:layers=N] serves random weights of real shapes (benchmarks)",
+        help="GGUF path or hf:<repo>:<file> (default: the built-in model, the `model` extra)",
     )
     p.add_argument(
         "-a",
@@ -249,7 +248,8 @@ def _warn_open(args, access) -> None:
         )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, loader: Callable | None = None) -> int:
+    """The server's command line; loader: what turns -m into a Model (default runtime.load)."""
     try:
         args = build_parser().parse_args(argv)
         settings = settings_from(args)
@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.should_exit = True
 
     _warn_open(args, http["access"])
-    app = create_app(settings, on_fatal=on_fatal, **http)
+    app = create_app(settings, loader=loader, on_fatal=on_fatal, **http)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:

@@ -10,6 +10,7 @@ import time
 import uuid
 
 from minfer_jax.engine.steps import StopReason
+from minfer_jax.files.harmony import HarmonyStream, split_channels
 
 # scheduler stop reasons -> OpenAI finish_reason ("context": the slot is full, which OpenAI calls
 # length)
@@ -49,9 +50,18 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 class Reply:
     """The fixed fields of one response (id, created, model) and its shapes, for either endpoint."""
 
-    def __init__(self, kind: str, model: str):
+    def __init__(self, kind: str, model: str, harmony: bool = False):
         self.kind, self.model = kind, model  # kind: "chat" or "text"
         self.id, self.created = new_id(kind), int(time.time())
+        # gpt-oss chat: the text's harmony channels go to content and reasoning_content
+        self.channels = HarmonyStream() if harmony and kind == "chat" else None
+
+    def deltas(self, piece: str | None) -> list[tuple[str, str]]:
+        """(field, text) of one streamed text piece (None: the end, flushing what was held
+        back): the piece as content, or a harmony chat's pieces per channel."""
+        if self.channels is None:
+            return [] if piece is None else [("content", piece)]
+        return self.channels.finish() if piece is None else self.channels.feed(piece)
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -70,11 +80,15 @@ class Reply:
         reasoning: a thinking model's think block (server/reasoning.py)."""
         finish = "tool_calls" if tool_calls else FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
-            message: dict = {"role": "assistant", "content": text or None}
+            message: dict = {"role": "assistant"}
+            if self.channels is not None:  # gpt-oss: content and reasoning_content by channel
+                message.update(split_channels(text))
+            else:
+                message["content"] = text if text or not tool_calls else None
+                if reasoning is not None:
+                    message["reasoning_content"] = reasoning
             if tool_calls:
                 message["tool_calls"] = [c.openai() for c in tool_calls]
-            if reasoning is not None:
-                message["reasoning_content"] = reasoning
             choice = {
                 "index": 0,
                 "message": message,
@@ -97,13 +111,14 @@ class Reply:
         reason: StopReason | None = None,
         *,
         role: bool = False,
+        field: str = "content",
         call=None,
         call_index: int = 0,
         called: bool = False,
-        reasoning: str | None = None,
     ) -> dict:
-        """One streamed chunk: a text piece, the opening role (chat), one tool call (`call`, at
-        `call_index`), or the final finish_reason ("tool_calls" once `called`)."""
+        """One streamed chunk: a text piece (of `field`: content, or a harmony chat's
+        reasoning_content), the opening role (chat), one tool call (`call`, at `call_index`), or
+        the final finish_reason ("tool_calls" once `called`)."""
         finish = None if reason is None else FINISH_REASON.get(reason, "stop")
         if called and reason is not None:
             finish = "tool_calls"
@@ -111,12 +126,10 @@ class Reply:
             delta = (
                 {"role": "assistant", "content": ""}
                 if role
-                else ({} if text is None else {"content": text})
+                else ({} if text is None else {field: text})
             )
             if call is not None:
                 delta = {"tool_calls": [call.openai(call_index)]}
-            if reasoning is not None:
-                delta = {"reasoning_content": reasoning}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}

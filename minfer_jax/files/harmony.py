@@ -1,0 +1,98 @@
+"""gpt-oss's harmony output format: the generated text split into its channels.
+
+After the chat template's `<|start|>assistant` the model writes messages of the form
+`<|channel|>NAME[ to=RECIPIENT][<|constrain|>FORMAT]<|message|>BODY<|end|>`, the next one opened
+by `<|start|>assistant`, the last one ending in `<|return|>` (or `<|call|>` for a tool call),
+which end the turn and are not in the text. The `analysis` channel holds the model's reasoning,
+`final` the answer the user sees; anything else (commentary: preambles, tool calls) is kept in
+the content as it is. The framing tokens reach the text because llama.cpp's overrides render them
+(files/tokenizer.py, HARMONY_RENDERED). Text that does not start with a channel header is content.
+"""
+
+from __future__ import annotations
+
+import re
+
+CHANNEL = "<|channel|>"
+MESSAGE = "<|message|>"
+START = "<|start|>"
+BODY_ENDS = ("<|end|>", "<|return|>", "<|call|>")
+MARKERS = (CHANNEL, MESSAGE, START, "<|constrain|>", *BODY_ENDS)
+REASONING, CONTENT = "reasoning_content", "content"  # the OpenAI chat fields they go to
+_CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
+
+
+def _field(header: str) -> str:
+    """The response field a message with this header goes to: analysis -> reasoning."""
+    name = _CHANNEL_NAME.search(header)
+    return REASONING if name and name.group(1) == "analysis" else CONTENT
+
+
+def _held_back(text: str) -> int:
+    """Length of text's longest suffix that could still become a marker."""
+    for n in range(min(len(text), max(map(len, MARKERS)) - 1), 0, -1):
+        if any(m.startswith(text[-n:]) for m in MARKERS):
+            return n
+    return 0
+
+
+class HarmonyStream:
+    """Splits streamed text into (field, text) pieces: feed() each piece as it comes, finish()
+    once at the end. Headers and framing tokens are dropped; a marker split across pieces is
+    held back until it is whole."""
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._in_body = False
+        self._started = False  # any text seen: text before a header is content
+        self._field = CONTENT
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[tuple[str, str]]:
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        while self._buf:
+            if not self._in_body:
+                could_be_header = any(
+                    m.startswith(self._buf) or self._buf.startswith(m) for m in MARKERS
+                )
+                if not self._started and not could_be_header:  # no header at all: content
+                    self._started, self._in_body, self._field = True, True, CONTENT
+                    continue
+                i = self._buf.find(MESSAGE)
+                if i < 0:  # the header is not complete yet (at the end: an unfinished header)
+                    if final:
+                        out.append((CONTENT, "" if self._started else self._buf))
+                        self._buf = ""
+                    break
+                self._started, self._in_body = True, True
+                self._field = _field(self._buf[:i])
+                self._buf = self._buf[i + len(MESSAGE) :]
+                continue
+            self._started = True
+            ends = [(i, m) for m in BODY_ENDS if (i := self._buf.find(m)) >= 0]
+            if ends:
+                i, marker = min(ends)
+                out.append((self._field, self._buf[:i]))
+                self._buf, self._in_body = self._buf[i + len(marker) :], False
+                continue
+            keep = 0 if final else _held_back(self._buf)
+            out.append((self._field, self._buf[: len(self._buf) - keep]))
+            self._buf = self._buf[len(self._buf) - keep :]
+            break
+        return [(f, t) for f, t in out if t]
+
+
+def split_channels(text: str) -> dict[str, str]:
+    """The whole generated text -> {"content": ..., "reasoning_content": ...} (each joined over
+    its messages; reasoning_content only where the text has an analysis message)."""
+    stream = HarmonyStream()
+    fields: dict[str, str] = {CONTENT: ""}
+    for field, piece in [*stream.feed(text), *stream.finish()]:
+        fields[field] = fields.get(field, "") + piece
+    return fields
