@@ -970,16 +970,15 @@ def test_forced_tool_calls_validate_streamed_and_not_and_results_feed_back(clien
         messages=messages,
         tools=[CLOCK, WEATHER],
         tool_choice=named,
+        parallel_tool_calls=False,
         max_tokens=60,
         temperature=0,
     )
     choice = full.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
-    # parallel calls allowed (the default): each of the named function, each valid
-    for call in choice.message.tool_calls:
-        assert call.type == "function" and call.function.name == "get_weather" and call.id
-        _valid_weather_args(call.function.arguments)
-    call = choice.message.tool_calls[0]
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    _valid_weather_args(call.function.arguments)
 
     stream = client.chat.completions.create(
         model="tiny",
