@@ -32,6 +32,7 @@ from minfer_jax.cli.arguments import (
     validate_arguments,
 )
 from minfer_jax.cli.chat import _Session, _summary
+from minfer_jax.cli.constraints import constraint_keywords
 from minfer_jax.engine import options
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
@@ -168,6 +169,7 @@ def _run(args, out, err) -> int:
     import jax
 
     validate_arguments(args)
+    constrain = constraint_keywords(args)
     chat = args.chat or args.system_prompt is not None
     prompt = _read_prompt(args, chat)
     seed = args.seed if args.seed >= 0 else secrets.randbelow(2**32)
@@ -190,6 +192,7 @@ def _run(args, out, err) -> int:
     ctx = _choose_ctx(args.ctx_size, trained, err)
     model = load(options=dataclasses.replace(opts, ctx_size=ctx), gguf_model=gguf_model)
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
+    model.constraint(**constrain)  # a bad schema or grammar fails now, before any prompt
     load_s = time.perf_counter() - t0
     phases = {
         **({"python + imports": started} if started is not None else {}),
@@ -217,6 +220,7 @@ def _run(args, out, err) -> int:
         out=out,
         err=err,
         verbose=args.verbose,
+        constrain=constrain,
         channels=(
             HarmonyStream()
             if (chat or prompt is None) and model.tokenizer is not None and model.tokenizer.harmony
