@@ -236,14 +236,9 @@ def _run(args, out, err) -> int:
     if prompt is None:
         return _interactive(session, base)
 
-    if chat:
-        ids = tok.encode(
-            tok.apply_chat_template(base + [{"role": "user", "content": prompt}]), add_special=False
-        )
-    else:
-        ids = tok.encode(prompt)
-        if args.display_prompt:
-            session.write(prompt)
+    ids = _encode(tok, prompt, base if chat else None)
+    if not chat and args.display_prompt:
+        session.write(prompt)
     if not ids:
         raise UsageError("the prompt is empty (it encodes to no tokens)")
     result = session.generate(ids)
@@ -257,6 +252,15 @@ def _run(args, out, err) -> int:
         )
     err.flush()
     return 0
+
+
+def _encode(tok, prompt: str, chat_base: list | None) -> list[int]:
+    """The one-shot prompt's ids: plain, or (chat_base: the system message or none) as one user
+    turn through the chat template."""
+    if chat_base is None:
+        return tok.encode(prompt)
+    turn = chat_base + [{"role": "user", "content": prompt}]
+    return tok.encode(tok.apply_chat_template(turn), add_special=False)
 
 
 def _print_details(err, model, gguf_model, path, max_len, load_s, seed, sampler, phases) -> None:
