@@ -15,6 +15,7 @@ init_cache, Params, Config, Impl) are exported here; README.md, "Your own jitted
 from minfer_jax.engine.generation import generate, generate_batch
 from minfer_jax.engine.options import Options
 from minfer_jax.engine.plan import Plan
+from minfer_jax.engine.request import Request
 from minfer_jax.engine.runtime import Model, load
 from minfer_jax.engine.sampling import (
     FULL_MODE,
@@ -25,7 +26,7 @@ from minfer_jax.engine.sampling import (
     Sampler,
     SamplerMode,
 )
-from minfer_jax.engine.scheduler import Request, Scheduler
+from minfer_jax.engine.scheduler import Scheduler
 from minfer_jax.engine.steps import (
     GenerationResult,
     SlotState,

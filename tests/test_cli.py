@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import json
 import os
 import re
 import subprocess
@@ -105,6 +106,9 @@ def _one_error_line(err: str) -> str:
         ["-s", "-7", "-p", "x"],
         ["-p", "a", "-f", "b"],
         ["--backend", "cuda"],
+        ["--json-schema", "{not json", "-p", "x"],
+        ["--grammar", 'root ::= "a"', "--json-schema", "{}", "-p", "x"],
+        ["--grammar-file", "/nonexistent/g.gbnf", "-p", "x"],
     ],
 )
 def test_bad_flags_one_line_exit_2(argv, capsys):
@@ -174,6 +178,21 @@ def test_greedy_completion_streams(run_cli):
     assert re.search(r"generated: 32 tokens, [\d.]+ tok/s", err)
     assert re.search(r"compile: [\d.]+ s \| stop: length", err)
     assert run_cli.loads[-1]["ctx_size"] == 4096
+
+
+@pytest.mark.real_model
+def test_json_schema_and_grammar_flags_constrain_the_output(run_cli, tmp_path):
+    schema = '{"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, '
+    schema += '"required": ["answer"], "additionalProperties": false}'
+    rc, out, err, _ = run_cli("-p", "Is 7 prime? Answer in JSON.", "-j", schema, "--temp", "0")
+    assert rc == 0, err
+    assert json.loads(out) in ({"answer": "yes"}, {"answer": "no"}), out
+    grammar = tmp_path / "g.gbnf"
+    grammar.write_text('root ::= "fib" [0-9] [0-9]?\n')
+    rc, out, err, _ = run_cli("-p", FIB, "--grammar-file", str(grammar), "-n", "8", "--temp", "0")
+    assert rc == 0 and re.fullmatch("fib[0-9]{1,2}\n?", out), (out, err)
+    rc, out, err, _ = run_cli("-p", FIB, "--grammar", "root ::= missing", "-n", "4")
+    assert rc == 2 and "grammar" in _one_error_line(err)
 
 
 @pytest.mark.real_model

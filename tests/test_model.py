@@ -171,7 +171,7 @@ def test_step_functions_compose_inside_a_user_jit():
     gm = synthetic_model("qwen2.5-0.5b:q8_0", layers=1, seed=2)
     m = minfer_jax.load(gguf_model=gm, weights="quantized", kernels="xla", ctx_size=64)
     cfg, impl, mode = m.config, m.impl, SamplerMode()
-    rows = RowSettings.of([GREEDY], [0])
+    rows = RowSettings.of([GREEDY], [0], vocab=m.config.vocab_size)
 
     @jax.jit
     def prefill_then_decode(params, cache, prompt):

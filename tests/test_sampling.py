@@ -65,7 +65,7 @@ def test_filters_match_the_sorted_reference(seed):
     logits = (
         rng.standard_normal((len(SETTINGS), VOCAB)) * rng.uniform(0.5, 4.0, (len(SETTINGS), 1))
     ).astype(np.float32)
-    rows = RowSettings.of(SETTINGS, [0] * len(SETTINGS))
+    rows = RowSettings.of(SETTINGS, [0] * len(SETTINGS), vocab=VOCAB)
     got = np.asarray(keep_mask(jnp.asarray(logits), rows, WIDE_CAP))
     for i, s in enumerate(SETTINGS):
         assert set(np.flatnonzero(got[i]).tolist()) == reference_keep(logits[i], s), s
@@ -103,7 +103,7 @@ def test_a_row_draws_the_same_token_in_every_mode_that_serves_it():
     history = jnp.full((n, 8), -1, jnp.int32)
     for trial in range(20):
         logits = jnp.asarray(rng.standard_normal((n, VOCAB)) * 3, jnp.float32)
-        rows = RowSettings.of(samplers, list(range(trial, trial + n)))
+        rows = RowSettings.of(samplers, list(range(trial, trial + n)), vocab=VOCAB)
         pos = jnp.arange(n, dtype=jnp.int32) + trial
         a = sample_rows(logits, pos, rows, history, SAMPLED_MODE)
         b = sample_rows(logits, pos, rows, history, FULL_MODE)
@@ -116,7 +116,7 @@ def test_draws_follow_the_filtered_distribution():
     logits = np.full((1, VOCAB), -30.0, np.float32)
     logits[0, :2] = [np.log(3.0), 0.0]
     s = Sampler(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)
-    rows = RowSettings.of([s], [0])
+    rows = RowSettings.of([s], [0], vocab=VOCAB)
     draw = jax.jit(
         lambda seed: sample_rows(
             jnp.asarray(logits),
@@ -133,7 +133,7 @@ def test_draws_follow_the_filtered_distribution():
 
 def test_seeds_use_all_64_bits_and_keep_the_32_bit_keys():
     pos = jnp.zeros((3,), jnp.int32)
-    keys = row_keys(RowSettings.of([GREEDY] * 3, [42, 2**32 + 42, 2**64 - 1]), pos)
+    keys = row_keys(RowSettings.of([GREEDY] * 3, [42, 2**32 + 42, 2**64 - 1], vocab=VOCAB), pos)
     assert not np.array_equal(keys[0], keys[1]) and not np.array_equal(keys[1], keys[2])
     assert np.array_equal(keys[0], jax.random.fold_in(jax.random.PRNGKey(42), 0))
 
@@ -147,6 +147,42 @@ def test_the_repeat_penalty_reads_only_the_last_n_tokens():
         Sampler(temperature=0.0, repeat_penalty=1.5, repeat_last_n=3),
     ]  # `top` is 4 tokens back
     out = sample_rows(
-        logits, jnp.zeros((2,), jnp.int32), RowSettings.of(samplers, [0, 0]), history, FULL_MODE
+        logits,
+        jnp.zeros((2,), jnp.int32),
+        RowSettings.of(samplers, [0, 0], vocab=VOCAB),
+        history,
+        FULL_MODE,
     )
     assert out.tolist() == [top - 1, top]
+
+
+def test_the_token_mask_limits_each_row_in_every_mode():
+    """A row's bitmask leaves only its allowed tokens (greedy and drawn alike); an all-ones row
+    samples exactly as without a mask."""
+    from minfer_jax.engine.constraint import BannedTokens, batch_mask, clear_bits
+
+    rng = np.random.default_rng(3)
+    samplers = [GREEDY, Sampler(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0), GREEDY]
+    allowed = [5, 37, 999]  # in three different 32-bit words
+    mask = batch_mask([None, None, BannedTokens([0])], 3, VOCAB)
+    for row in (0, 1):
+        clear_bits(mask[row], [t for t in range(VOCAB) if t not in allowed])
+    history = jnp.zeros((3, 0), jnp.int32)
+    for trial in range(10):
+        logits = jnp.asarray(rng.standard_normal((3, VOCAB)) * 3, jnp.float32)
+        logits = logits.at[2, 0].set(100.0)  # the banned token would win row 2
+        pos = jnp.full((3,), trial, jnp.int32)
+        for mode in MODES:
+            rows = RowSettings.of(samplers, [trial] * 3, vocab=VOCAB, mask=mask)
+            out = sample_rows(logits, pos, rows, history, mode).tolist()
+            assert out[0] in allowed and out[1] in allowed, (mode, out)
+            assert out[0] == allowed[int(np.argmax(np.asarray(logits[0])[allowed]))]
+            assert out[2] != 0 and out[2] == int(jnp.argmax(logits[2, 1:])) + 1
+            free = RowSettings.of(samplers, [trial] * 3, vocab=VOCAB)
+            masked_free = RowSettings.of(
+                samplers, [trial] * 3, vocab=VOCAB, mask=batch_mask([], 3, VOCAB)
+            )
+            assert (
+                sample_rows(logits, pos, free, history, mode).tolist()
+                == sample_rows(logits, pos, masked_free, history, mode).tolist()
+            )

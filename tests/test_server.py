@@ -354,7 +354,7 @@ BAD_REQUESTS = [  # (endpoint, raw body, param named in the error)
     (
         "chat/completions",
         b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}',
-        "tools",
+        "tools.0.function",
     ),
 ]
 
@@ -840,3 +840,226 @@ def test_include_usage_puts_a_null_usage_on_every_other_chunk(server):
                 assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
             else:
                 assert all("usage" not in c for c in chunks), chunks
+
+
+# -- agents: constrained output and the request fields (issue 54) ----------------------------------
+def _post(server, endpoint: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/{endpoint}", json=body, timeout=120)
+
+
+@pytest.mark.real_model
+def test_response_format_json_schema_replies_validate_streamed_and_not(server, client):
+    from tests.test_constrained import SCHEMA, validate
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA, "strict": True}}
+    messages = [{"role": "user", "content": "Describe a thing in JSON."}]
+    full = client.chat.completions.create(
+        model="tiny", messages=messages, response_format=fmt, max_tokens=120, temperature=0
+    )
+    text = full.choices[0].message.content
+    validate(json.loads(text), SCHEMA)
+    assert full.choices[0].finish_reason == "stop"
+    chunks = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        response_format=fmt,
+        max_tokens=120,
+        temperature=0,
+        stream=True,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    # json_object: any object (the random model's strings run on: only its start is checked);
+    # llama-server's json_object with a schema
+    anything = client.chat.completions.create(
+        model="tiny", messages=messages, response_format={"type": "json_object"}, max_tokens=4
+    )
+    assert anything.choices[0].message.content.startswith("{")
+    small = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_object", "schema": small}
+    reply = client.chat.completions.create(
+        model="tiny", messages=messages, response_format=fmt, max_tokens=20, temperature=0
+    )
+    assert json.loads(reply.choices[0].message.content).keys() == {"ok"}
+
+
+@pytest.mark.real_model
+def test_llama_server_json_schema_and_grammar_fields_constrain_completions(server):
+    schema = {"type": "array", "items": {"enum": ["x", "yz"]}, "minItems": 2, "maxItems": 4}
+    r = _post(server, "completions", {"prompt": "hi", "json_schema": schema, "max_tokens": 40})
+    assert r.status_code == 200, r.text
+    value = json.loads(r.json()["choices"][0]["text"])
+    assert 2 <= len(value) <= 4 and set(value) <= {"x", "yz"}
+    gbnf = 'root ::= "yes" | "no"'
+    body = {"prompt": "hi", "grammar": gbnf, "max_tokens": 8, "temperature": 1.0, "seed": 1}
+    r = _post(server, "completions", body)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("yes", "no"), r.text
+    # ignore_eos: read (a wrong type is a 400), and the reply runs to max_tokens
+    r = _post(server, "completions", {"prompt": "hi", "ignore_eos": True, "max_tokens": 12})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12, r.text
+
+
+FORMERLY_IGNORED = [  # (endpoint, extra fields, param named in the 400)
+    ("completions", {"ignore_eos": "yes"}, "ignore_eos"),
+    ("completions", {"grammar": "root ::= missing"}, "grammar"),
+    ("completions", {"json_schema": {"type": "nope"}}, "json_schema"),
+    ("completions", {"mirostat": 2}, "mirostat"),
+    ("completions", {"typical_p": 0.5}, "typical_p"),
+    ("completions", {"n_probs": 5}, "n_probs"),
+    ("completions", {"frobnicate": 1}, "frobnicate"),
+    ("completions", {"messages": []}, "messages"),
+    ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("chat/completions", {"response_format": {"type": "xml"}}, "response_format.type"),
+    ("chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
+    ("chat/completions", {"json_schema": {}, "grammar": 'root ::= "a"'}, None),
+    ("chat/completions", {"stream_options": {"include_usage": True, "x": 1}}, "stream_options.x"),
+]
+
+
+@pytest.mark.real_model
+def test_no_field_is_dropped_in_silence(server):
+    """Each field a client may send is honoured or refused with a 400 naming it; fields that only
+    describe the caller (and cache_prompt: prefix reuse is always on) are accepted."""
+    base = {
+        "completions": {"prompt": "hi", "max_tokens": 2},
+        "chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    }
+    for endpoint, extra, param in FORMERLY_IGNORED:
+        r = _post(server, endpoint, {**base[endpoint], **extra})
+        assert r.status_code == 400, (extra, r.text)
+        assert r.json()["error"]["param"] == param, (extra, r.json())
+    message = {"role": "user", "content": "hi", "audio": {"id": "x"}}
+    r = _post(server, "chat/completions", {"messages": [message], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.audio"
+    accepted = {"user": "u", "metadata": {"a": "b"}, "cache_prompt": True, "store": False}
+    for endpoint, body in base.items():
+        r = _post(server, endpoint, {**body, **accepted, "mirostat": 0, "typical_p": 1.0})
+        assert r.status_code == 200, r.text
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}
+
+
+def _valid_weather_args(arguments: str) -> None:
+    args = json.loads(arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("c", "f"), args
+    assert isinstance(args["city"], str) and len(args["city"]) <= 20
+
+
+@pytest.mark.real_model
+def test_forced_tool_calls_validate_streamed_and_not_and_results_feed_back(client):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    full = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        tools=[CLOCK, WEATHER],
+        tool_choice=named,
+        parallel_tool_calls=False,
+        max_tokens=60,
+        temperature=0,
+    )
+    choice = full.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    _valid_weather_args(call.function.arguments)
+
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        tools=[CLOCK, WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+        temperature=0,
+        stream=True,
+    )
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        for c in chunk.choices[0].delta.tool_calls or []:
+            got = calls.setdefault(c.index, {"name": "", "arguments": ""})
+            got["name"] += c.function.name or ""
+            got["arguments"] += c.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and list(calls) == [0], calls
+    assert calls[0]["name"] in ("get_weather", "clock")
+    if calls[0]["name"] == "get_weather":
+        _valid_weather_args(calls[0]["arguments"])
+
+    history = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+    ]
+    again = client.chat.completions.create(
+        model="tiny", messages=history, tools=[WEATHER], max_tokens=4, temperature=0
+    )
+    assert again.usage.prompt_tokens > full.usage.prompt_tokens + 10  # the call and its result
+    bad = {"type": "function", "function": {"name": "nowhere"}}
+    with pytest.raises(openai.BadRequestError, match="nowhere"):
+        client.chat.completions.create(
+            model="tiny", messages=messages, tools=[WEATHER], tool_choice=bad, max_tokens=4
+        )
+
+
+@pytest.mark.real_model
+def test_anthropic_messages_api_with_a_system_prompt_tools_and_its_stream(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    tool = {
+        "name": "get_weather",
+        "input_schema": WEATHER["function"]["parameters"],
+        "description": "The weather in a city",
+    }
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    forced = client.messages.create(
+        model="tiny",
+        system="You are terse.",
+        messages=messages,
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        max_tokens=60,
+        extra_body={"temperature": 0},
+    )
+    assert forced.stop_reason == "tool_use" and forced.role == "assistant", forced
+    (use,) = [b for b in forced.content if b.type == "tool_use"]
+    assert use.name == "get_weather"
+    _valid_weather_args(json.dumps(use.input))
+    history = messages + [
+        {"role": "assistant", "content": [use.model_dump()]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21 C"}],
+        },
+    ]
+    count = client.messages.count_tokens(model="tiny", messages=history, tools=[tool])
+    assert count.input_tokens > forced.usage.input_tokens
+    with client.messages.stream(
+        model="tiny", messages=history, tools=[tool], max_tokens=6, extra_body={"temperature": 0}
+    ) as stream:
+        names = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert names[0] == "message_start" and names[-1] == "message_stop", names
+    assert names[-2] == "message_delta" and "content_block_start" in names, names
+    assert names.index("content_block_start") < names.index("content_block_stop"), names
+    assert final.stop_reason in ("end_turn", "max_tokens") and final.usage.output_tokens > 0
+    r = httpx.post(f"{server.url}/v1/messages", json={"model": "tiny", "messages": messages})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and "max_tokens" in r.text

@@ -31,7 +31,7 @@ class Runner:
 
     def __post_init__(self):
         self.rng = np.random.default_rng(self.seed)
-        self.rows1 = RowSettings.of([GREEDY], [0])
+        self.rows1 = RowSettings.of([GREEDY], [0], vocab=self.model.config.vocab_size)
         self.history = np.full((self.plan.history,), -1, np.int32)
         self.seen = set()
 
@@ -91,7 +91,7 @@ class Runner:
             state,
             slot_arr,
             positions,
-            RowSettings.of([GREEDY] * rows, [0] * rows),
+            RowSettings.of([GREEDY] * rows, [0] * rows, vocab=self.model.config.vocab_size),
         )
 
 

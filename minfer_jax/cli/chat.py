@@ -65,6 +65,7 @@ class _Session:
     out: object
     err: object
     verbose: bool
+    constrain: dict = dataclasses.field(default_factory=dict)  # Model.constraint's keywords
     totals: _Totals = dataclasses.field(default_factory=_Totals)
     last: _Totals | None = None
     partial: list = dataclasses.field(default_factory=list)  # text streamed by the current reply
@@ -131,6 +132,7 @@ class _Session:
         """One generation through the model's scheduler: (GenerationResult, seconds compiling
         ahead)."""
         sched = self.model.scheduler(1, ctx=self.max_len, decode_steps=CHUNK)
+        constraint = self.model.constraint(**self.constrain)  # type: ignore[attr-defined]
         req = sched.submit(
             ids,
             max_new_tokens=max_new,
@@ -138,14 +140,17 @@ class _Session:
             seed=seed,
             stop=self.stop,
             on_text=self._on_text if self.stream else None,
+            constraint=constraint,
         )
-        compile_s = self._compile_ahead(sched, len(ids), max_new)
+        one_step = constraint is not None and constraint.dynamic
+        compile_s = self._compile_ahead(sched, len(ids), max_new, one_step)
         sched.run([req])
         return req.result(), compile_s
 
-    def _compile_ahead(self, sched, n: int, max_new: int) -> float:
+    def _compile_ahead(self, sched, n: int, max_new: int, one_step: bool = False) -> float:
         """Compile what the scheduler says this generation runs first, with a message on stderr."""
-        todo = [k for k in sched.needed(n, max_new, self.sampler) if not self.model.is_compiled(k)]
+        needed = sched.needed(n, max_new, self.sampler, one_step=one_step)
+        todo = [k for k in needed if not self.model.is_compiled(k)]
         if not todo:
             return 0.0
         what = " + ".join(k.label for k in todo)

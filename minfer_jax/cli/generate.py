@@ -32,6 +32,7 @@ from minfer_jax.cli.arguments import (
     validate_arguments,
 )
 from minfer_jax.cli.chat import _Session, _summary
+from minfer_jax.cli.constraints import constraint_keywords
 from minfer_jax.engine import options
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
@@ -168,6 +169,7 @@ def _run(args, out, err) -> int:
     import jax
 
     validate_arguments(args)
+    constrain = constraint_keywords(args)
     chat = args.chat or args.system_prompt is not None
     prompt = _read_prompt(args, chat)
     seed = args.seed if args.seed >= 0 else secrets.randbelow(2**32)
@@ -190,6 +192,7 @@ def _run(args, out, err) -> int:
     ctx = _choose_ctx(args.ctx_size, trained, err)
     model = load(options=dataclasses.replace(opts, ctx_size=ctx), gguf_model=gguf_model)
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
+    model.constraint(**constrain)  # a bad schema or grammar fails now, before any prompt
     load_s = time.perf_counter() - t0
     phases = {
         **({"python + imports": started} if started is not None else {}),
@@ -217,6 +220,7 @@ def _run(args, out, err) -> int:
         out=out,
         err=err,
         verbose=args.verbose,
+        constrain=constrain,
         channels=(
             HarmonyStream()
             if (chat or prompt is None) and model.tokenizer is not None and model.tokenizer.harmony
@@ -232,14 +236,9 @@ def _run(args, out, err) -> int:
     if prompt is None:
         return _interactive(session, base)
 
-    if chat:
-        ids = tok.encode(
-            tok.apply_chat_template(base + [{"role": "user", "content": prompt}]), add_special=False
-        )
-    else:
-        ids = tok.encode(prompt)
-        if args.display_prompt:
-            session.write(prompt)
+    ids = _encode(tok, prompt, base if chat else None)
+    if not chat and args.display_prompt:
+        session.write(prompt)
     if not ids:
         raise UsageError("the prompt is empty (it encodes to no tokens)")
     result = session.generate(ids)
@@ -253,6 +252,15 @@ def _run(args, out, err) -> int:
         )
     err.flush()
     return 0
+
+
+def _encode(tok, prompt: str, chat_base: list | None) -> list[int]:
+    """The one-shot prompt's ids: plain, or (chat_base: the system message or none) as one user
+    turn through the chat template."""
+    if chat_base is None:
+        return tok.encode(prompt)
+    turn = chat_base + [{"role": "user", "content": prompt}]
+    return tok.encode(tok.apply_chat_template(turn), add_special=False)
 
 
 def _print_details(err, model, gguf_model, path, max_len, load_s, seed, sampler, phases) -> None:

@@ -105,6 +105,9 @@ def generate(
     chat: bool = False,
     on_text: Callable[[str], None] | None = None,
     decode_steps: int = plan_mod.DECODE_STEPS,
+    json_schema=None,
+    grammar: str | None = None,
+    ignore_eos: bool = False,
     **settings: Unpack[SamplerKeywords],
 ) -> GenerationResult:
     """Generate from a prompt: text (with chat=True wrapped in the chat template), a list of chat
@@ -114,7 +117,9 @@ def generate(
     others at Sampler's defaults; neither: greedy. decode_steps: tokens per decode executable
     (text streams to on_text once per such chunk). max_new_tokens and repeat_last_n of -1 or past
     the context mean the context, top_k past the vocabulary the vocabulary (clamped, as in
-    llama.cpp). An unknown keyword is an InvalidArgumentError naming it.
+    llama.cpp). json_schema (a dict) or grammar (GBNF text, or llguidance's Lark opening with
+    %llguidance) constrain the reply (the `grammar` extra: llguidance); ignore_eos never samples an
+    end-of-sequence token. An unknown keyword is an InvalidArgumentError naming it.
     """
     model = _model(model)
     validate.generate_arguments(
@@ -124,6 +129,7 @@ def generate(
     max_new_tokens = validate.clamped_count(
         "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
     )
+    constraint = model.constraint(json_schema=json_schema, grammar=grammar, ignore_eos=ignore_eos)
     sched = model.scheduler(1, decode_steps=decode_steps)
     req = sched.submit(
         prompt_ids(model, prompt, chat),
@@ -132,6 +138,7 @@ def generate(
         seed=seed,
         stop=stop,
         on_text=on_text,
+        constraint=constraint,
     )
     sched.run([req])
     return req.result()

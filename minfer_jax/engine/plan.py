@@ -112,10 +112,14 @@ class Plan:
     def prefill_key(self, bucket: int, mode: SamplerMode) -> PrefillKey:
         return PrefillKey(bucket, self.n_slots, self.cache_len, self.history, prefill_mode(mode))
 
-    def decode_key(self, n_active: int, end: int, mode: SamplerMode) -> DecodeKey:
+    def decode_key(
+        self, n_active: int, end: int, mode: SamplerMode, one_step: bool = False
+    ) -> DecodeKey:
+        """one_step: a batch with a grammar row, whose every token needs the host (a plan of
+        decode_steps 1, the server's default, has no other executable for it)."""
         return DecodeKey(
             self.rows(n_active),
-            self.decode_steps,
+            1 if one_step else self.decode_steps,
             self.n_slots,
             self.cache_len,
             self.history,
@@ -200,7 +204,7 @@ class PrefillKey:
             i32,
             i32,
             jax.ShapeDtypeStruct((self.history,), jnp.int32),
-            RowSettings.spec(1),
+            RowSettings.spec(1, model.config.vocab_size),
         )
 
 
@@ -244,7 +248,12 @@ class DecodeKey:
         vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
         fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span, model.tp)
         return fn.lower(
-            model.params, _cache(model, self), _state(self), vec, vec, RowSettings.spec(self.rows)
+            model.params,
+            _cache(model, self),
+            _state(self),
+            vec,
+            vec,
+            RowSettings.spec(self.rows, model.config.vocab_size),
         )
 
 

@@ -27,7 +27,9 @@ from tqdm import tqdm
 from minfer_jax import ops, validate
 from minfer_jax.engine import executables, sharding, weights_cache
 from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine.constraint import BannedTokens, TokenConstraint
 from minfer_jax.engine.executables import ExecutableRecord, ExecutableStore
+from minfer_jax.engine.grammar import Grammars, GrammarSpec
 from minfer_jax.engine.options import Options, check_platform, impl_for, options_of
 from minfer_jax.engine.phases import PhaseTimer
 from minfer_jax.engine.plan import Plan
@@ -102,6 +104,30 @@ class Model:
     _records: dict = dataclasses.field(default_factory=dict, repr=False)  # key -> ExecutableRecord
     _scheduler: Scheduler | None = dataclasses.field(default=None, repr=False)
     options: Options = Options()  # what load() was told
+    _grammars: Grammars | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def grammars(self) -> Grammars:
+        """The model's compiled grammars (engine/grammar.py), made on first use."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.config.vocab_size)
+        return self._grammars
+
+    def constraint(
+        self, *, json_schema=None, grammar: str | None = None, ignore_eos: bool = False
+    ) -> TokenConstraint | None:
+        """A request's token constraint: a JSON Schema or a grammar (GBNF, or llguidance's Lark
+        opening with %llguidance), else the end-of-sequence tokens banned (ignore_eos), else
+        None. A grammar decides where the text ends, so ignore_eos does not apply to it."""
+        if json_schema is not None and grammar is not None:
+            raise InvalidArgumentError("pass json_schema or grammar, not both")
+        if json_schema is not None:
+            return self.grammars.compile(GrammarSpec.json_schema(json_schema))
+        if grammar is not None:
+            return self.grammars.compile(GrammarSpec.grammar(grammar))
+        if ignore_eos and self.tokenizer is not None:
+            return BannedTokens(self.tokenizer.eos_ids)
+        return None
 
     @property
     def weight_nbytes(self) -> int:

@@ -13,6 +13,7 @@ from typing import TypedDict, Unpack, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from minfer_jax import validate
 
@@ -130,10 +131,23 @@ NARROW_CAP = 64
 WIDE_CAP = FULL_SORT_CAP  # the FULL mode's: top_k up to 4096, top-p/min-p without a small top_k
 
 
+def mask_words(vocab: int) -> int:
+    """int32 words of one row's token bitmask (bit t % 32 of word t // 32: token t allowed)."""
+    return (vocab + 31) // 32
+
+
+def all_allowed(rows: int, vocab: int) -> np.ndarray:
+    """The bitmask of rows that no constraint narrows: every bit set."""
+    return np.full((rows, mask_words(vocab)), -1, np.int32)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RowSettings:
-    """Per-row sampler settings, each an array [B]."""
+    """Per-row sampler settings, each an array [B] (the mask [B, mask_words(vocab)]).
+
+    The mask is always an input (all bits set for free rows) so that a constrained row and free
+    rows share one executable."""
 
     temperature: jax.Array  # f32; <= 0: greedy
     top_k: jax.Array  # i32; 0: off
@@ -143,13 +157,19 @@ class RowSettings:
     repeat_last_n: jax.Array  # i32
     seed: jax.Array  # u32: the seed's low 32 bits
     seed_hi: jax.Array  # u32: its high 32 bits (0 for seeds below 2**32: their keys are unchanged)
+    mask: jax.Array  # i32 [B, words]: allowed tokens as bits (grammar, banned EOS)
 
     @staticmethod
-    def of(samplers, seeds, rows: int | None = None) -> RowSettings:
+    def of(
+        samplers,
+        seeds,
+        rows: int | None = None,
+        *,
+        vocab: int,
+        mask: jax.Array | np.ndarray | None = None,
+    ) -> RowSettings:
         """Host arrays for these samplers (padded with greedy rows up to `rows`); seeds in
-        0..2**64-1."""
-        import numpy as np
-
+        0..2**64-1; mask: [rows, mask_words(vocab)] (None: every token allowed)."""
         pad = (rows or len(samplers)) - len(samplers)
         samplers = list(samplers) + [GREEDY] * pad
         seeds = [int(s) % 2**64 for s in seeds] + [0] * pad
@@ -167,10 +187,11 @@ class RowSettings:
             repeat_last_n=cast(jax.Array, np.asarray([s.history_len for s in samplers], np.int32)),
             seed=cast(jax.Array, np.asarray([s % 2**32 for s in seeds], np.uint32)),
             seed_hi=cast(jax.Array, np.asarray([s >> 32 for s in seeds], np.uint32)),
+            mask=cast(jax.Array, all_allowed(len(samplers), vocab) if mask is None else mask),
         )
 
     @staticmethod
-    def spec(rows: int) -> RowSettings:
+    def spec(rows: int, vocab: int) -> RowSettings:
         """The abstract shapes of `of(...)` for `rows` rows (what an executable is lowered for)."""
         # abstract values, typed as the arrays they stand for
         f32, i32, u32 = (
@@ -186,6 +207,7 @@ class RowSettings:
             repeat_last_n=i32,
             seed=u32,
             seed_hi=u32,
+            mask=cast(jax.Array, jax.ShapeDtypeStruct((rows, mask_words(vocab)), jnp.int32)),
         )
 
 
@@ -280,6 +302,15 @@ def keep_mask(logits: jax.Array, rows: RowSettings, cap: int) -> jax.Array:
     return logits >= jnp.maximum(jnp.maximum(t_k, t_p), t_min)
 
 
+def allowed_bits(mask: jax.Array, ids: jax.Array | None = None, vocab: int = 0) -> jax.Array:
+    """The bitmask [B, words] as bool [B, vocab] (ids: only these token ids, [n] -> [B, n])."""
+    bits = (mask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)) & 1  # [B, words, 32]
+    flat = bits.reshape(mask.shape[0], -1).astype(bool)
+    if ids is None:
+        return flat[:, :vocab]
+    return jnp.take(flat, jnp.minimum(ids, flat.shape[1] - 1), axis=1) & (ids < flat.shape[1])
+
+
 def sample_rows(
     logits: jax.Array,
     positions: jax.Array,
@@ -289,6 +320,8 @@ def sample_rows(
 ) -> jax.Array:
     """logits [B, vocab] -> token ids [B] int32; row b draws the token of position positions[b]."""
     logits = logits.astype(jnp.float32)
+    # disallowed tokens first: no filter or penalty below can bring one back
+    logits = jnp.where(allowed_bits(rows.mask, vocab=logits.shape[-1]), logits, -jnp.inf)
     if mode.penalty:
         width = history.shape[1]
         recent = jnp.arange(width)[None, :] >= width - rows.repeat_last_n[:, None]

@@ -34,29 +34,14 @@ import numpy as np
 from minfer_jax import validate
 from minfer_jax.engine import steps
 from minfer_jax.engine.checkpoints import Checkpoints
+from minfer_jax.engine.constraint import ConstraintError, TokenConstraint, batch_mask
 from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey
+from minfer_jax.engine.request import Request
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.engine.text_stream import TextStream
 from minfer_jax.errors import ContextOverflowError
 from minfer_jax.model.cache import KVCache
-
-_ids = itertools.count()
-
-
-@dataclasses.dataclass
-class Timing:
-    """A request's clock, kept by the scheduler: when its prefill was dispatched and its first token
-    read, the loop's compile seconds at each (compiles are subtracted from the phase they stalled),
-    and the seconds each phase took."""
-
-    start: float | None = None  # prefill dispatched (perf_counter)
-    first: float | None = None  # first token read
-    compile_at_start: float = 0.0  # Scheduler.compile_s at start / at first
-    compile_at_first: float = 0.0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    compile_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,69 +58,6 @@ class DecodeChunk:
 
     rows: list[tuple[Request, int]]  # (request, valid tokens) per row, in row order
     tokens: jax.Array  # [decode_steps, rows] int32
-
-
-class Request:
-    """One generation: prompt and settings in, streamed text and a GenerationResult out."""
-
-    def __init__(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        max_new_tokens: int,
-        sampler: Sampler,
-        seed: int,
-        stop: Sequence[str] = (),
-        on_text: Callable[[str], None] | None = None,
-        on_done: Callable[[Request], None] | None = None,
-    ):
-        self.id = next(_ids)
-        self.prompt = [int(t) for t in prompt_ids]
-        self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
-        self.stop, self.on_text = tuple(stop), on_text
-        self.on_done = on_done  # called from the loop's thread once done is set (must not raise)
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self._cancelled = False
-        # scheduler-side state (touched by the loop's thread only)
-        self.stream: TextStream | None = None
-        self.slot: int | None = None
-        self.chunks: list[tuple[int, int, int]] = []
-        self.produced = 0  # tokens sampled by dispatched work (the first by the last prefill chunk)
-        self.cached = 0  # prompt tokens reused from the slot's previous sequence (prefix reuse)
-        # most tokens this sequence may produce (max_new_tokens, or the context's room)
-        self.limit = 0
-        self.timing = Timing()
-
-    def cancel(self) -> None:
-        """Stop generating (a client went away); the slot is freed at the next step."""
-        self._cancelled = True
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    @property
-    def finished(self) -> bool:
-        return self.stream is not None and self.stream.reason is not None
-
-    def result(self, timeout: float | None = None) -> steps.GenerationResult:
-        if not self.done.wait(timeout):
-            raise TimeoutError(f"request {self.id} still running after {timeout} s")
-        if self.error is not None:
-            raise self.error
-        s, t = self.stream, self.timing
-        assert s is not None and s.reason is not None  # done without an error: finished
-        return steps.GenerationResult(
-            tokens=list(s.tokens),
-            text=s.text,
-            prompt_tokens=self.prompt,
-            stop_reason=s.reason,
-            prefill_s=t.prefill_s,
-            decode_s=t.decode_s,
-            compile_s=t.compile_s,
-            cached_tokens=self.cached,
-        )
 
 
 class Scheduler:
@@ -165,6 +87,7 @@ class Scheduler:
             collections.deque()
         )  # dispatched, not read
         self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._free_masks: dict[int, jax.Array] = {}  # batch width -> all-allowed mask on the device
         self.compile_s = 0.0  # every compile this loop waited for
         self.tokens_out = 0  # tokens handed to requests (metrics)
         self._wake = threading.Event()
@@ -182,8 +105,12 @@ class Scheduler:
         stop: Sequence[str] = (),
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
+        constraint: TokenConstraint | None = None,
     ) -> Request:
-        """Queue a generation (thread-safe); the loop picks it up at its next step."""
+        """Queue a generation (thread-safe); the loop picks it up at its next step.
+
+        constraint: the tokens it may sample at each step (constraint.py), built off this
+        thread."""
         prompt_ids = validate.token_ids(prompt_ids, self.model.config.vocab_size, "prompt")
         validate.integer("max_new_tokens", max_new_tokens, 0, validate.INT32_MAX)
         req = Request(
@@ -194,6 +121,7 @@ class Scheduler:
             stop=stop,
             on_text=on_text,
             on_done=on_done,
+            constraint=constraint,
         )
         self.check(req)
         self.incoming.put(req)
@@ -241,6 +169,10 @@ class Scheduler:
         try:
             self._admit()
             dispatched = self._dispatch_prefill()
+            if any(_follows_tokens(r) for r in self.decoding):
+                # a grammar's next mask needs its last token: read everything dispatched first
+                while self.inflight:
+                    self._read(self.inflight.popleft())
             dispatched = self._dispatch_decode() or dispatched
             keep = (
                 1
@@ -307,7 +239,7 @@ class Scheduler:
             self.cache, req.cached = self.checkpoints.restore(self.cache, req.slot, req.prompt)
         if self.compile_in_loop:
             req.timing.compile_s = self.compile(
-                self.needed(n, req.max_new_tokens, req.sampler, start=req.cached)
+                self.needed(n, req.max_new_tokens, req.sampler, req.cached, _follows_tokens(req))
             )
         req.chunks = plan.chunks(n - req.cached, req.cached)
         req.timing.start, req.timing.compile_at_start = time.perf_counter(), self.compile_s
@@ -336,9 +268,12 @@ class Scheduler:
     def mode(samplers: Sequence[Sampler]) -> SamplerMode:
         return SamplerMode.of(samplers)
 
-    def needed(self, n_prompt: int, max_new: int, sampler: Sampler, start: int = 0) -> list:
+    def needed(
+        self, n_prompt: int, max_new: int, sampler: Sampler, start: int = 0, one_step: bool = False
+    ) -> list:
         """The executables a request of n_prompt tokens will run first (for compile-ahead messages);
-        start: prompt tokens a slot already holds (prefix reuse)."""
+        start: prompt tokens a slot already holds (prefix reuse); one_step: it follows a grammar
+        (plan.decode_key)."""
         plan = self.plan
         mode = SamplerMode.of([sampler])
         keys: list[PrefillKey | DecodeKey] = list(
@@ -349,7 +284,9 @@ class Scheduler:
         if max_new > 1:
             batch_mode = SamplerMode.of([r.sampler for r in self.decoding] + [sampler])
             keys.append(
-                plan.decode_key(len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode)
+                plan.decode_key(
+                    len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode, one_step
+                )
             )
         return keys
 
@@ -408,6 +345,9 @@ class Scheduler:
         history[width - len(tail) :] = tail
         exe = self._exe(key)
         assert req.slot is not None  # prefilling requests hold a slot
+        vocab = self.model.config.vocab_size
+        # only the last chunk's token counts: the constraint's first mask goes to that one
+        mask = batch_mask([None if req.chunks else req.constraint], 1, vocab)
         token, self.state, self.cache = exe(
             self.model.params,
             self.cache,
@@ -417,7 +357,7 @@ class Scheduler:
             np.int32(start),
             np.int32(n_valid),
             history,
-            RowSettings.of([req.sampler], [req.seed]),
+            RowSettings.of([req.sampler], [req.seed], vocab=vocab, mask=mask),
         )
         if not req.chunks:
             if self.checkpoints is not None:
@@ -434,27 +374,43 @@ class Scheduler:
             return False
         plan, n = self.plan, len(rows)
         end = max(len(r.prompt) + r.produced - 1 for r in rows) + plan.decode_steps
-        key = self._runnable(plan.decode_key(n, end, self.mode([r.sampler for r in rows])))
+        # a grammar row needs each token before its next mask: the whole batch steps once
+        one_step = any(_follows_tokens(r) for r in rows)
+        mode = self.mode([r.sampler for r in rows])
+        key = self._runnable(plan.decode_key(n, end, mode, one_step))
         width = key.rows
         slots = np.full((width,), plan.scratch_slot, np.int32)
         positions = np.zeros((width,), np.int32)
         for i, r in enumerate(rows):
             slots[i], positions[i] = r.slot, len(r.prompt) + r.produced - 1
         exe = self._exe(key)
+        settings = RowSettings.of(
+            [r.sampler for r in rows],
+            [r.seed for r in rows],
+            width,
+            vocab=self.model.config.vocab_size,
+            mask=self._mask(rows, width),
+        )
         out, self.state, self.cache = exe(
-            self.model.params,
-            self.cache,
-            self.state,
-            slots,
-            positions,
-            RowSettings.of([r.sampler for r in rows], [r.seed for r in rows], width),
+            self.model.params, self.cache, self.state, slots, positions, settings
         )
         valid = []
         for r in rows:
-            valid.append(min(plan.decode_steps, r.limit - r.produced))
-            r.produced += plan.decode_steps
+            valid.append(min(key.n_steps, r.limit - r.produced))
+            r.produced += key.n_steps
         self.inflight.append(DecodeChunk(list(zip(rows, valid)), out))
         return True
+
+    def _mask(self, rows: list[Request], width: int):
+        """The batch's mask input: one all-allowed device array per width while no row is
+        constrained (nothing to send), else built on the host."""
+        vocab = self.model.config.vocab_size
+        if all(r.constraint is None for r in rows):
+            mask = self._free_masks.get(width)
+            if mask is None:
+                mask = self._free_masks[width] = jax.device_put(batch_mask([], width, vocab))
+            return mask
+        return batch_mask([r.constraint for r in rows], width, vocab)
 
     # -- reading results -----------------------------------------------------------------------
     def _read(self, item: FirstToken | DecodeChunk) -> None:
@@ -478,6 +434,13 @@ class Scheduler:
         stream = req.stream
         assert stream is not None  # tokens reach started requests only
         for t in tokens:
+            if req.constraint is not None and stream.reason is None:
+                try:
+                    req.constraint.advance(t)
+                except ConstraintError as e:
+                    req.error = e
+                    self._finish(req, StopReason.ERROR)
+                    return
             stream.push(t)
         self.tokens_out += len(tokens)
         piece = stream.take()
@@ -530,3 +493,8 @@ class Scheduler:
         self.inflight.clear()
         self.slot_tokens.clear()
         self.cache = self.state = None  # donated buffers may be gone: start from a fresh cache
+
+
+def _follows_tokens(req: Request) -> bool:
+    """req's mask changes with every token it samples (a grammar)."""
+    return req.constraint is not None and req.constraint.dynamic

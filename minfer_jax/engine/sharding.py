@@ -357,9 +357,8 @@ class TensorParallel:
         if mode.sampled or mode.penalty:
             return sampling.sample_rows(self.full_logits(local), positions, rows, history, mode)
         ids = self._vocab_ids()
-        masked = jnp.where(
-            ids < self.config.vocab_size, local.astype(jnp.float32), -jnp.inf
-        )  # [B, Vl]
+        allowed = (ids < self.config.vocab_size)[None, :] & sampling.allowed_bits(rows.mask, ids)
+        masked = jnp.where(allowed, local.astype(jnp.float32), -jnp.inf)  # [B, Vl]
         best = jnp.max(masked, axis=-1)  # [B]
         where = ids[jnp.argmax(masked, axis=-1)]
         all_best = jax.lax.all_gather(best, AXIS)  # [TP, B]: the first shard holding the max wins,

@@ -62,17 +62,25 @@ def encode_within(
 
 
 def encode_chat(
-    tok: Any, messages: Sequence[Mapping[str, Any]], limit: int, *, literal: bool = True
+    tok: Any,
+    messages: Sequence[Mapping[str, Any]],
+    limit: int,
+    *,
+    literal: bool = True,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """The chat template applied to messages, as at most `limit` token ids (PromptTooLong past it).
 
     literal=True: control-token text in message content is encoded as plain text (module docstring);
-    False: it becomes control tokens, as transformers and llama.cpp's server do.
+    False: it becomes control tokens, as transformers and llama.cpp's server do. template_kwargs:
+    extra template variables (enable_thinking, ...).
     """
+    extra = dict(template_kwargs or {})
     if not literal:
-        return encode_within(tok, tok.apply_chat_template(messages), limit, add_special=False)
+        text = tok.apply_chat_template(messages, **extra)
+        return encode_within(tok, text, limit, add_special=False)
     shield = _shield(tok)
-    text = tok.apply_chat_template([shield.protect(m) for m in messages])
+    text = tok.apply_chat_template([shield.protect(m) for m in messages], **extra)
     ids: list[int] = []
     for piece, control_id in shield.pieces(text):
         if control_id is not None:

@@ -490,6 +490,10 @@ class Tokenizer:
         """Build from a loaded `minfer_jax.model.gguf_model.GGUFModel`."""
         return cls.from_metadata(model.metadata, source=str(model.path))
 
+    def backend_json(self) -> str:
+        """The HF `tokenizers` backend serialized (tokenizer.json), for grammar libraries."""
+        return self._backend.to_str()
+
     @property
     def vocab_size(self) -> int:
         """Number of ids (= rows of the embedding table), including added/control tokens."""

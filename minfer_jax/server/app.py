@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import secrets
 
 from fastapi import FastAPI, Request
@@ -32,11 +33,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minfer_jax import validate
 from minfer_jax.errors import MinferError
 from minfer_jax.server import metrics
+from minfer_jax.server.anthropic import add_messages_routes
 from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSettings, ShuttingDown
 from minfer_jax.server.guards import AccessGuard, AccessPolicy
 from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, longest_token_chars
 from minfer_jax.server.openai_format import Reply, error_body, sse
+from minfer_jax.server.reasoning import ReasoningStream, reply_thinks, split_reasoning
 from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, CompletionRequest, parse
+from minfer_jax.server.tools import CallFormat, CallStream, tool_grammar, tool_setup
 
 # a non-streamed request checks this often whether its client is still there
 DISCONNECT_POLL_S = 0.5
@@ -116,7 +120,9 @@ def _text_prompt_ids(model, prompt: str | list[int], limit: int) -> list[int]:
         raise BadRequest(str(e), "prompt") from None
 
 
-def _chat_prompt_ids(model, messages: list[dict], limit: int, literal: bool) -> list[int]:
+def _chat_prompt_ids(
+    model, messages: list[dict], limit: int, literal: bool, template_kwargs: dict | None = None
+) -> list[int]:
     """Messages rendered with the chat template and tokenized (at most `limit` tokens)."""
     from minfer_jax.files.prompts import encode_chat
 
@@ -127,13 +133,23 @@ def _chat_prompt_ids(model, messages: list[dict], limit: int, literal: bool) -> 
             "messages",
         )
     try:
-        return encode_chat(model.tokenizer, messages, limit, literal=literal)
+        return encode_chat(
+            model.tokenizer, messages, limit, literal=literal, template_kwargs=template_kwargs
+        )
     except MinferError as e:  # the template refused or failed, more tokens than the context holds
         raise BadRequest(str(e), "messages") from None
 
 
-async def _stream(handle: Handle, reply: Reply, include_usage: bool):
-    """SSE events of one request; leaving early (client gone) cancels it."""
+async def _stream(
+    handle: Handle,
+    reply: Reply,
+    include_usage: bool,
+    calls: CallFormat | None,
+    think: bool | None = None,
+):
+    """SSE events of one request; leaving early (client gone) cancels it. calls: the tool-call
+    format the reply is parsed with (text that may be a call is held back); think: a thinking
+    model's reply (reasoning_content split out; True: it starts inside the think block)."""
 
     def chunk(*args, **kwargs) -> str:
         event = reply.chunk(*args, **kwargs)
@@ -144,18 +160,45 @@ async def _stream(handle: Handle, reply: Reply, include_usage: bool):
     try:
         if reply.kind == "chat":
             yield chunk(role=True)
+        held = None if calls is None else CallStream(calls)
+        thought = None if think is None else ReasoningStream(think)
+
+        def content_chunks(field: str, text: str, split: bool = True):
+            """Chunks of one piece: reasoning split off (thinking models), text that may begin a
+            tool call held back."""
+            if field == "content" and split and thought is not None:
+                reasoning, text = thought.feed(text)
+                yield from content_chunks("reasoning_content", reasoning)
+            if field == "content" and held is not None and text:
+                text = held.feed(text)
+            if text:
+                yield chunk(text, field=field)
+
         async for piece in handle.pieces():
             for field, text in reply.deltas(piece):
-                yield chunk(text, field=field)
+                for event in content_chunks(field, text):
+                    yield event
         for field, text in reply.deltas(None):  # what a harmony chat held back
-            yield chunk(text, field=field)
+            for event in content_chunks(field, text):
+                yield event
+        if thought is not None:
+            reasoning, text = thought.finish()
+            for event in content_chunks("reasoning_content", reasoning):
+                yield event
+            for event in content_chunks("content", text, split=False):
+                yield event
         req = handle.req
         if req.error is not None:
             failed = _failed(req.error)
             yield sse(error_body(failed.message, failed.kind, code=failed.code))
             return
         result = req.result()
-        yield chunk(reason=result.stop_reason)
+        rest, made = held.finish() if held is not None else ("", [])
+        if rest:
+            yield chunk(rest)
+        for index, call in enumerate(made):
+            yield chunk(call=call, call_index=index)
+        yield chunk(reason=result.stop_reason, called=bool(made))
         if include_usage:
             yield sse(
                 reply.usage_chunk(
@@ -221,10 +264,68 @@ def _ready(backend: Backend, request: Request) -> Backend:
     return backend
 
 
-async def _generate(backend: Backend, request: Request, kind: str, body, ids: list[int]):
-    """Submit one validated request; its SSE stream, or its JSON once done."""
+def _constraint(model, body, fmt: CallFormat | None = None):
+    """The request's token constraint (its schema or grammar compiled, a forced tool call, or
+    EOS banned), built in a worker thread: a grammar compiles off the scheduler's loop."""
+    asked = body.output_constraint()
+    forced = tool_grammar(fmt, body)
+    if forced is not None:
+        if asked:
+            raise BadRequest(f"a forced tool call and {asked[0][0]} do not mix", "tool_choice")
+        asked = [("tool_choice", {"grammar": forced})]
+    field, keywords = asked[0] if asked else ("ignore_eos", {"ignore_eos": body.ignore_eos})
+    try:
+        return model.constraint(**keywords)
+    except MinferError as e:  # a schema or grammar llguidance refuses or cannot bound
+        raise BadRequest(str(e), field) from None
+
+
+async def _generate(
+    backend: Backend,
+    request: Request,
+    kind: str,
+    body,
+    ids: list[int],
+    calls: CallFormat | None = None,
+    think: bool | None = None,
+):
+    """Submit one validated request; its SSE stream, or its JSON once done (calls, think: as
+    _stream takes them)."""
+    handle = await _submit(backend, kind, body, ids, calls)
+    tokenizer = backend.model.tokenizer
+    reply = Reply(kind, backend.model_id, harmony=tokenizer is not None and tokenizer.harmony)
+    if body.stream:
+        return StreamingResponse(
+            _stream(handle, reply, body.include_usage, calls, think),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    if not await _wait(request, handle):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+    req = handle.req
+    if req.error is not None:
+        raise _failed(req.error)
+    result = req.result()
+    reasoning, text = (None, result.text) if think is None else split_reasoning(result.text, think)
+    text, made = calls.parse(text) if calls is not None else (text, [])
+    return JSONResponse(
+        reply.full(
+            text,
+            result.stop_reason,
+            len(result.prompt_tokens),
+            len(result.tokens),
+            result.cached_tokens,
+            made,
+            reasoning,
+        )
+    )
+
+
+async def _submit(backend: Backend, kind: str, body, ids: list[int], calls=None) -> Handle:
+    """The request's constraint built (off the loop) and its generation queued."""
     from minfer_jax.engine.sampling import sampler_of
 
+    constraint = await run_in_threadpool(_constraint, backend.model, body, calls)
     ctx, vocab = backend.scheduler.plan.ctx, backend.model.config.vocab_size
     # extreme counts are clamped (validate.clamped_count), as generate() and the CLI do
     wanted = backend.settings.n_predict if body.max_tokens is None else body.max_tokens
@@ -247,6 +348,7 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
             seed=body.seed,
             stop=body.stops,
             stream=body.stream,
+            constraint=constraint,
         )
     except ServerBusy:
         raise
@@ -254,29 +356,7 @@ async def _generate(backend: Backend, request: Request, kind: str, body, ids: li
         raise _failed(e) from None
     except MinferError as e:  # the scheduler's checks: empty prompt, over the context, bad token id
         raise BadRequest(str(e), "messages" if kind == "chat" else "prompt") from None
-    tokenizer = backend.model.tokenizer
-    reply = Reply(kind, backend.model_id, harmony=tokenizer is not None and tokenizer.harmony)
-    if body.stream:
-        return StreamingResponse(
-            _stream(handle, reply, body.include_usage),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
-    if not await _wait(request, handle):
-        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
-    req = handle.req
-    if req.error is not None:
-        raise _failed(req.error)
-    result = req.result()
-    return JSONResponse(
-        reply.full(
-            result.text,
-            result.stop_reason,
-            len(result.prompt_tokens),
-            len(result.tokens),
-            result.cached_tokens,
-        )
-    )
+    return handle
 
 
 class _Admission:
@@ -295,6 +375,8 @@ class _Admission:
         if tok is not None and self.literal_content:
             tok.encode("", parse_special=False)  # builds the literal backend now
         longest = 1 if tok is None else longest_token_chars(tok)
+        with contextlib.suppress(MinferError):  # no llguidance: constrained requests say so
+            backend.model.grammars.ll_tokenizer()  # ~1 s for a 150k vocabulary: not mid-serving
         self.resolved = self.limits.for_model(backend.scheduler.plan.ctx, longest)
         return self.resolved
 
@@ -338,14 +420,28 @@ def _add_generation_routes(
             parse, ChatCompletionRequest, raw, lambda data: limits.check_json(data, ctx)
         )
         del raw
+        ids, calls, think = await prepare_chat(body, limits)
+        return await _generate(backend, request, "chat", body, ids, calls, think)
+
+    async def prepare_chat(body: ChatCompletionRequest, limits: RequestLimits):
+        """A chat body's prompt ids, tool-call format and thinking (as _generate takes them)."""
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
         limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
+        calls, tools = tool_setup(backend.model, body)
         ids = await run_in_threadpool(
-            _chat_prompt_ids, backend.model, messages, ctx - 1, literal_content
+            _chat_prompt_ids,
+            backend.model,
+            messages,
+            backend.scheduler.plan.ctx - 1,
+            literal_content,
+            {**(body.chat_template_kwargs or {}), **tools},
         )
-        del messages
-        return await _generate(backend, request, "chat", body, ids)
+        return ids, calls, reply_thinks(backend.model, ids)
+
+    add_messages_routes(
+        app, backend, admission, prepare_chat, functools.partial(_submit, backend), _wait
+    )
 
 
 def _add_info_routes(app: FastAPI, backend: Backend, admission: _Admission) -> None:

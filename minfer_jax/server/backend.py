@@ -352,6 +352,7 @@ class Backend:
         seed: int | None,
         stop: Sequence[str],
         stream: bool,
+        constraint=None,
     ) -> Handle:
         """Queue one generation; ServerBusy when the queue is full, MinferError for a bad
         request."""
@@ -377,6 +378,7 @@ class Backend:
                 stop=stop,
                 on_text=handle.on_text,
                 on_done=handle.on_done,
+                constraint=constraint,
             )
         except BaseException:
             with self.lock:

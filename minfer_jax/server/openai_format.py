@@ -73,14 +73,25 @@ class Reply:
         prompt_tokens: int,
         completion_tokens: int,
         cached_tokens: int = 0,
+        tool_calls: list | None = None,
+        reasoning: str | None = None,
     ) -> dict:
-        """The non-streamed response."""
-        finish = FINISH_REASON.get(reason, "stop")
+        """The non-streamed response; tool_calls: ToolCall (server/tools.py) parsed from it;
+        reasoning: a thinking model's think block (server/reasoning.py)."""
+        finish = "tool_calls" if tool_calls else FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
-            fields = {"content": text} if self.channels is None else split_channels(text)
+            message: dict = {"role": "assistant"}
+            if self.channels is not None:  # gpt-oss: content and reasoning_content by channel
+                message.update(split_channels(text))
+            else:
+                message["content"] = text if text or not tool_calls else None
+                if reasoning is not None:
+                    message["reasoning_content"] = reasoning
+            if tool_calls:
+                message["tool_calls"] = [c.openai() for c in tool_calls]
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", **fields},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
             }
@@ -101,16 +112,24 @@ class Reply:
         *,
         role: bool = False,
         field: str = "content",
+        call=None,
+        call_index: int = 0,
+        called: bool = False,
     ) -> dict:
         """One streamed chunk: a text piece (of `field`: content, or a harmony chat's
-        reasoning_content), the opening role (chat), or the final finish_reason."""
+        reasoning_content), the opening role (chat), one tool call (`call`, at `call_index`), or
+        the final finish_reason ("tool_calls" once `called`)."""
         finish = None if reason is None else FINISH_REASON.get(reason, "stop")
+        if called and reason is not None:
+            finish = "tool_calls"
         if self.kind == "chat":
             delta = (
                 {"role": "assistant", "content": ""}
                 if role
                 else ({} if text is None else {field: text})
             )
+            if call is not None:
+                delta = {"tool_calls": [call.openai(call_index)]}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}

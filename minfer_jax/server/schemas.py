@@ -4,12 +4,14 @@ Strict types (no "0.5" for a number, no `true` for an int; null is the field's d
 official client sends it for a setting passed as None), finite numbers only, ranges as OpenAI
 documents them, text that is valid Unicode (no lone surrogates). Only settings that map onto
 minfer_jax's Sampler (and llama-server's extensions top_k, min_p, repeat_penalty, repeat_last_n)
-are accepted; a setting the engine cannot honour (n > 1, logprobs, echo, penalties other than
-repeat_penalty, ...) is rejected rather than ignored, except at its no-op value (0 and 0.0 alike:
-the official client sends `frequency_penalty: 0.0`). Counts past what exists (max_tokens past the
-context, top_k past the vocabulary, repeat_last_n past the context) are accepted here and clamped
-by the app (validate.clamped_count). Unknown fields are ignored, as OpenAI's own clients send a
-few (user, metadata, ...).
+are accepted, with constrained output (response_format, llama-server's json_schema and grammar)
+and ignore_eos; a setting the engine cannot honour (n > 1, logprobs, echo, penalties other than
+repeat_penalty, mirostat, typical_p, ...) is rejected rather than ignored, except at its no-op
+value (0 and 0.0 alike: the official client sends `frequency_penalty: 0.0`). Counts past what
+exists (max_tokens past the context, top_k past the vocabulary, repeat_last_n past the context)
+are accepted here and clamped by the app (validate.clamped_count). Every other field is a 400
+that names it, except the few that only describe the caller (`CALLER_FIELDS`: user, metadata,
+...), which change nothing in the reply.
 
 `parse` turns a body into a request in this order: JSON (the collector paused: a body of a million
 empty lists otherwise takes seconds), the raw checks the caller gives (limits.py: message count,
@@ -53,12 +55,54 @@ UNSUPPORTED = {
     "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0),
     "logit_bias": (None, {}),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),  # the deprecated spelling of tools and tool_choice
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "moderation": (None,),
+    # llama-server's samplers, at the values that leave its chain as minfer_jax's
+    "mirostat": (None, 0),
+    "mirostat_tau": (None, 5.0),
+    "mirostat_eta": (None, 0.1),
+    "typical_p": (None, 1.0),
+    "tfs_z": (None, 1.0),
+    "n_probs": (None, 0),
+    "min_keep": (None, 0),
+    "dynatemp_range": (None, 0),
+    "dynatemp_exponent": (None, 1.0),
+    "xtc_probability": (None, 0),
+    "xtc_threshold": (None, 0.1),
+    "dry_multiplier": (None, 0),
+    "top_n_sigma": (None, -1),
+    "penalty_last_n": (None,),  # llama-server's name of repeat_last_n: send repeat_last_n
+    "logit_bias_eog": (None,),
+    "n_keep": (None, 0),
+    "id_slot": (None, -1),
+    "n_indent": (None, 0),
+    "t_max_predict_ms": (None, 0),
+    "post_sampling_probs": (None, False),
+    "return_tokens": (None, False),
+    "timings_per_token": (None, False),
+    "lora": (None, []),
+    "samplers": (None,),
 }
+# Fields that only describe the caller (OpenAI's and llama-server's): accepted, and they change
+# nothing in the reply. cache_prompt: prefix reuse is always on (engine/scheduler.py).
+CALLER_FIELDS = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "safety_identifier",
+    "cache_prompt",
+)
 
 
 class BadRequest(MinferError, ValueError):
@@ -123,6 +167,15 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
         raise BadRequest(f"the request body must be a JSON object, got {type(data).__name__}")
     if check is not None:
         check(data)
+    known = set(kind.model_fields) | set(UNSUPPORTED) | set(CALLER_FIELDS)
+    for key in data:
+        if key not in known:
+            raise BadRequest(
+                f"unknown field {_shown(key)}: minfer_jax does not implement it (fields that only "
+                f"describe the caller are accepted: {', '.join(CALLER_FIELDS)})",
+                key,
+            )
+    data = {key: value for key, value in data.items() if key not in CALLER_FIELDS}
     # null is "not given", as OpenAI and llama-server read it: the default (a required field stays)
     required = {name for name, field in kind.model_fields.items() if field.is_required()}
     data = {key: value for key, value in data.items() if value is not None or key in required}
@@ -130,6 +183,8 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
         if key in data and not any(_same(data[key], a) for a in allowed):
             ok = " or ".join(json.dumps(a) for a in allowed)
             raise BadRequest(f"{key}={_shown(data[key])} is not supported (only {ok})", key)
+    # at their no-op values they are said and done: not fields of the body
+    data = {key: value for key, value in data.items() if key not in UNSUPPORTED}
     try:
         return kind.model_validate(data)
     except RecursionError:
@@ -139,6 +194,10 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
         # of a union's alternatives: the deepest, then one that matched the type, then the last
         err = max(reversed(errs), key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
         where = ".".join(str(p) for p in err["loc"] if _is_field(p)) or None
+        if err["type"] == "extra_forbidden":
+            raise BadRequest(
+                f"{where}: unknown field, not implemented by minfer_jax", where
+            ) from None
         raise BadRequest(
             f"{where or 'body'}: {err['msg']} (got {_shown(err.get('input'))})", where
         ) from None
@@ -163,7 +222,7 @@ def _is_field(part: str | int) -> bool:
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
     include_usage: bool = False
 
 
@@ -175,10 +234,11 @@ SEED_MAX = 2**64 - 1  # OpenAI's seed is an integer; llama-server's a uint32: 64
 class _Generation(BaseModel):
     """Fields common to /v1/completions and /v1/chat/completions (llama-server's defaults)."""
 
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=-1)  # -1 or past the context: until the context is full
+    n_predict: int | None = Field(None, ge=-1)  # llama-server's name of max_tokens
     temperature: float = Field(DEFAULT_TEMPERATURE, ge=0.0, le=2.0)  # 0: greedy
     top_k: int = Field(40, ge=0)  # past the vocabulary: all of it
     top_p: float = Field(0.95, gt=0.0, le=1.0)
@@ -193,6 +253,31 @@ class _Generation(BaseModel):
     ) = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # llama-server's: end-of-sequence tokens are never sampled
+    # llama-server's constrained output: a JSON Schema, or a GBNF grammar
+    json_schema: dict[str, Any] | bool | None = None
+    grammar: Text | None = None
+
+    @model_validator(mode="after")
+    def _llama_server_fields(self):
+        if self.max_tokens is None and self.n_predict is not None:
+            self.max_tokens = self.n_predict
+        asked = [field for field, _ in self.output_constraint()]
+        if len(asked) > 1:
+            raise ValueError(f"give one of {' and '.join(asked)}, not both")
+        return self
+
+    def output_constraint(self) -> list[tuple[str, dict]]:
+        """What constrains the reply, with the field that asked: [(field, keywords of
+        Model.constraint)], empty for free text."""
+        fmt = getattr(self, "response_format", None)
+        fmt_schema = None if fmt is None else fmt.schema_of()
+        asked = [
+            ("json_schema", {"json_schema": self.json_schema}),
+            ("grammar", {"grammar": self.grammar}),
+            ("response_format", {"json_schema": fmt_schema}),
+        ]
+        return [(field, kw) for field, kw in asked if next(iter(kw.values())) is not None]
 
     @property
     def stops(self) -> list[str]:
@@ -212,23 +297,117 @@ class CompletionRequest(_Generation):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
     type: Literal["text"]
     text: Text
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: Text
+    arguments: Text  # JSON text
+
+
+class MessageToolCall(BaseModel):
+    """A call an assistant message made (the history of a tool-using conversation)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    id: Text | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def as_template_call(self) -> dict[str, Any]:
+        """As HF chat templates read a call: arguments as an object (tojson renders it)."""
+        try:
+            arguments: Any = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        fn = {"name": self.function.name, "arguments": arguments}
+        return {"id": self.id, "type": "function", "function": fn}
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[ContentPart] | None = None
+    name: Text | None = None  # passed to the template (some render it)
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: Text | None = None  # a tool result's call
 
-    def as_template_message(self) -> dict[str, str]:
-        """The message as a chat template expects it: text content only."""
+    def as_template_message(self) -> dict[str, Any]:
+        """The message as a chat template expects it: text content, calls with their arguments
+        as objects."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role  # OpenAI's newer name for system
-        return {"role": role, "content": content or ""}
+        message: dict[str, Any] = {"role": role, "content": content or ""}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [c.as_template_call() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema
+    strict: bool | None = None  # the arguments are always held to it when a call is forced
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    """response_format.json_schema: OpenAI's named schema (strict or not, the schema is always
+    enforced token by token)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    name: Text
+    description: Text | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, json_object (llama-server: with an optional schema),
+    json_schema."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs its json_schema: {name, schema, strict}")
+        return self
+
+    def schema_of(self) -> dict[str, Any] | bool | None:
+        """The JSON Schema it asks for (None: free text)."""
+        if self.type == "text":
+            return None
+        schema = self.schema_ if self.json_schema is None else self.json_schema.schema_
+        return {"type": "object"} if schema is None else schema
 
 
 class ChatCompletionRequest(_Generation):
@@ -236,6 +415,12 @@ class ChatCompletionRequest(_Generation):
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = Field(None, ge=-1)  # OpenAI's newer name
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # extra variables for the chat template (e.g. enable_thinking), as llama-server takes them
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_limit(self):

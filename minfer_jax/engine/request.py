@@ -1,0 +1,96 @@
+"""One generation request as the scheduler (scheduler.py) holds it: prompt and settings in, its
+clock (Timing), streamed text and a GenerationResult out."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+
+from minfer_jax.engine import steps
+from minfer_jax.engine.constraint import TokenConstraint
+from minfer_jax.engine.sampling import Sampler
+from minfer_jax.engine.text_stream import TextStream
+
+_ids = itertools.count()
+
+
+@dataclasses.dataclass
+class Timing:
+    """A request's clock, kept by the scheduler: when its prefill was dispatched and its first token
+    read, the loop's compile seconds at each (compiles are subtracted from the phase they stalled),
+    and the seconds each phase took."""
+
+    start: float | None = None  # prefill dispatched (perf_counter)
+    first: float | None = None  # first token read
+    compile_at_start: float = 0.0  # Scheduler.compile_s at start / at first
+    compile_at_first: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    compile_s: float = 0.0
+
+
+class Request:
+    """One generation: prompt and settings in, streamed text and a GenerationResult out."""
+
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampler: Sampler,
+        seed: int,
+        stop: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+        on_done: Callable[[Request], None] | None = None,
+        constraint: TokenConstraint | None = None,
+    ):
+        self.id = next(_ids)
+        self.constraint = constraint  # the tokens it may sample (grammar, banned EOS)
+        self.prompt = [int(t) for t in prompt_ids]
+        self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
+        self.stop, self.on_text = tuple(stop), on_text
+        self.on_done = on_done  # called from the loop's thread once done is set (must not raise)
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._cancelled = False
+        # scheduler-side state (touched by the loop's thread only)
+        self.stream: TextStream | None = None
+        self.slot: int | None = None
+        self.chunks: list[tuple[int, int, int]] = []
+        self.produced = 0  # tokens sampled by dispatched work (the first by the last prefill chunk)
+        self.cached = 0  # prompt tokens reused from the slot's previous sequence (prefix reuse)
+        # most tokens this sequence may produce (max_new_tokens, or the context's room)
+        self.limit = 0
+        self.timing = Timing()
+
+    def cancel(self) -> None:
+        """Stop generating (a client went away); the slot is freed at the next step."""
+        self._cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def finished(self) -> bool:
+        return self.stream is not None and self.stream.reason is not None
+
+    def result(self, timeout: float | None = None) -> steps.GenerationResult:
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request {self.id} still running after {timeout} s")
+        if self.error is not None:
+            raise self.error
+        s, t = self.stream, self.timing
+        assert s is not None and s.reason is not None  # done without an error: finished
+        return steps.GenerationResult(
+            tokens=list(s.tokens),
+            text=s.text,
+            prompt_tokens=self.prompt,
+            stop_reason=s.reason,
+            prefill_s=t.prefill_s,
+            decode_s=t.decode_s,
+            compile_s=t.compile_s,
+            cached_tokens=self.cached,
+        )
