@@ -44,9 +44,18 @@ def test_chunk_kernel_matches_recurrence(t_len, n_k, n_v, strong):
     for got_o, got_s in (
         delta_rule.chunk_delta_rule(*args, interpret=INTERPRET, block_v=16),
         delta_rule.chunk_delta_rule_reference(*args),
+        delta_rule.chunk_delta_rule_xla(*args),
     ):
         np.testing.assert_allclose(got_o, want_o, atol=ATOL, rtol=1e-4)
         np.testing.assert_allclose(got_s, want_s, atol=ATOL, rtol=1e-4)
+
+
+def test_xla_path_holds_no_lapack_call():
+    """The model's CPU path is stored as a serialized executable (engine/executables.py): a LAPACK
+    custom call in it crashed a later process that loaded it before registering LAPACK."""
+    args = _inputs(0, 70, 1, 2, 16, 16)
+    text = delta_rule.chunk_delta_rule_xla.lower(*args).as_text()
+    assert "lapack" not in text.lower() and "custom_call" not in text
 
 
 def test_nearly_equal_keys_stay_stable():

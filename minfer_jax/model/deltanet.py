@@ -86,7 +86,7 @@ def mix_chunk(proj, w: DeltaNet, conv_state, state, n_valid, cfg: Config, impl: 
     y, conv_state = conv_chunk(x, conv_state, w.conv, n_valid)
     q, k, v = split_heads(y, cfg, cfg.rms_eps)
     if impl.kernels == "xla":
-        o, state = delta_rule.chunk_delta_rule_reference(q, k, v, g, beta, state)
+        o, state = delta_rule.chunk_delta_rule_xla(q, k, v, g, beta, state)
     else:
         interpret = impl.kernels == "interpret"
         o, state = delta_rule.chunk_delta_rule(q, k, v, g, beta, state, interpret=interpret)

@@ -181,7 +181,20 @@ def chunk_delta_rule(
 
 @jax.jit
 def chunk_delta_rule_reference(q, k, v, g, beta, state):
-    """The kernel's chunked math in jnp (a scan over chunks, all value heads at once)."""
+    """The kernel's chunked math in jnp (a scan over chunks, all value heads at once), each
+    chunk's triangular system through jax's solver: independent of the kernel's substitution."""
+    return _chunk_scan(q, k, v, g, beta, state, _solve_reference)
+
+
+@jax.jit
+def chunk_delta_rule_xla(q, k, v, g, beta, state):
+    """The model's XLA path (CPU): the reference's scan with the kernel's forward substitution,
+    so its executable holds no LAPACK custom call (a stored CPU executable with one crashed when
+    loaded into a process that had not registered LAPACK's handlers yet)."""
+    return _chunk_scan(q, k, v, g, beta, state, forward_substitute)
+
+
+def _chunk_scan(q, k, v, g, beta, state, solve):
     _check(q, k, v, g, beta, state)
     t_len, n_k = q.shape[:2]
     n_v = v.shape[1]
@@ -193,7 +206,7 @@ def chunk_delta_rule_reference(q, k, v, g, beta, state):
         return jnp.swapaxes(x.reshape(n_v, -1, CHUNK, *x.shape[2:]), 0, 1)
 
     def step(s, xs):
-        o, s = jax.vmap(functools.partial(_chunk_step, solve=_solve_reference))(*xs, s)
+        o, s = jax.vmap(functools.partial(_chunk_step, solve=solve))(*xs, s)
         return s, o
 
     s1, o = lax.scan(step, state.astype(jnp.float32), tuple(map(chunks, (qh, kh, vh, gcum, bh))))
