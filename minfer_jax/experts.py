@@ -10,8 +10,8 @@ projection gets), ids [T, k] int32 expert ids on the device, and returns [T, k, 
 - `tiled_matmul`: the T x k rows sorted by expert on the device, each expert's rows padded to
   whole tiles of TILE_ROWS, one [TILE_ROWS, K] x [K, N] dot per tile in a scan whose tiles past the
   used ones are skipped; reads about T x k / TILE_ROWS + E matrices, once each. The CPU's prefill.
-- `ragged_matmul`: the same sort, every expert dequantized to the kernels' compute dtype and one
-  `jax.lax.ragged_dot_general` (XLA's grouped GEMM on the GPU).
+On the kernels, quantized experts take pallas/expert_gemv.py and pallas/expert_gemm.py instead
+(ops.expert_route).
 No host sync and no data-dependent shape anywhere: the sort, group sizes and tile table are
 device arrays of static shapes.
 """
@@ -82,20 +82,6 @@ def _unsort(y: jax.Array, order: jax.Array, ids_shape) -> jax.Array:
     """Sorted rows [T k, N] back to [T, k, N]."""
     inverse = jnp.argsort(order)
     return y[inverse].reshape(*ids_shape, y.shape[-1])
-
-
-def ragged_matmul(x: jax.Array, w: Weight, ids: jax.Array) -> jax.Array:
-    """Rows sorted by expert, one ragged_dot over every expert's dequantized matrix -> [T, k, N]."""
-    order, sizes = sort_by_expert(ids, w.experts)
-    mats = expert_matrices(w, jnp.arange(w.experts))  # [E, N, K], transient
-    rows = _sorted_rows(x, order, ids.shape[1]).astype(mats.dtype)
-    dims = jax.lax.RaggedDotDimensionNumbers(
-        dot_dimension_numbers=(((1,), (2,)), ((), ())),
-        lhs_ragged_dimensions=[0],
-        rhs_group_dimensions=[0],
-    )
-    y = jax.lax.ragged_dot_general(rows, mats, sizes, dims, preferred_element_type=jnp.float32)
-    return _unsort(y, order, ids.shape)
 
 
 def tile_table(ids: jax.Array, n_experts: int, tile: int = TILE_ROWS):

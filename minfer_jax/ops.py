@@ -336,7 +336,6 @@ def expert_route(w: Weight, nt: int, impl: Impl) -> str:
 EXPERT_CALLS = {
     "gather": experts.gather_matmul,
     "tiles": experts.tiled_matmul,
-    "ragged": experts.ragged_matmul,
 }
 
 
