@@ -148,7 +148,7 @@ def test_server_batches_requests_and_reuses_a_prefix():
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             answers = list(pool.map(complete, prompts))
         again = complete(prompts[2] + prompt(60, 3))
-    model = load_model(ref, ctx_size=128)
+    model = load_model(ref, minfer_jax.Options(ctx_size=128))
     for ids, answer in zip(prompts, answers):
         alone = minfer_jax.generate(model, ids, max_new_tokens=4)
         assert answer["choices"][0]["text"] == alone.text

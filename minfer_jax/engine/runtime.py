@@ -274,6 +274,10 @@ def load(
         timer.mark("resolve")
         gguf_model = load_gguf(source)
         timer.mark("parse")
+    if gguf_model.config.recurrent_layers and device.platform == "cpu":
+        # jax 0.10.2's CPU client crashed (segfault) serializing a hybrid model's executables in
+        # the test suite (2026-12-07): compile those each start instead of storing them
+        store = None
     return _assemble(gguf_model, opts, device, timer, store)
 
 
