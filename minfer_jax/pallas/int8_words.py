@@ -286,15 +286,21 @@ def prmt_ptx(a: jax.Array, b: jax.Array, c) -> jax.Array:
     kernel on the GPU only)."""
     from jax.experimental.pallas import triton as pltriton
 
-    c = jnp.broadcast_to(jnp.asarray(c, jnp.uint32), a.shape)
+    # Triton's inline asm takes signless integers only: an unsigned operand or result failed to
+    # parse ("tt.elementwise_inline_asm op result #0 must be ... integer", H100, 2026-12-07)
+    def signless(x):
+        x = jnp.asarray(x)
+        return lax.bitcast_convert_type(x, jnp.int32) if x.dtype == jnp.uint32 else x
+
+    c = jnp.broadcast_to(jnp.asarray(c, jnp.int32), a.shape)
     [r] = pltriton.elementwise_inline_asm(
         "prmt.b32 $0, $1, $2, $3;",
-        args=[a, b, c],
+        args=[signless(a), signless(b), c],
         constraints="=r,r,r,r",
         pack=1,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.uint32)],
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.int32)],
     )
-    return r
+    return lax.bitcast_convert_type(r, jnp.uint32)  # as prmt_emulated's
 
 
 def dp4a_ptx(a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
