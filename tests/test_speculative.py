@@ -269,3 +269,12 @@ def test_cli_flags_take_llama_cpp_spellings():
     assert speculation_from_args(parse(["--draft-max", "3"])) is None
     with pytest.raises(InvalidArgumentError, match="not implemented"):
         speculation_from_args(parse(["--spec-type", "draft-simple"]))
+
+
+def test_the_server_refuses_speculative_fields_with_a_reason():
+    from minfer_jax.server import schemas
+
+    body = b'{"prompt": "hi", "speculative.n_max": 8}'
+    with pytest.raises(schemas.BadRequest, match="not in the server yet") as e:
+        schemas.parse(schemas.CompletionRequest, body)
+    assert e.value.param == "speculative.n_max"
