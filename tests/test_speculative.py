@@ -28,6 +28,7 @@ from minfer_jax.engine.verify import verify_chunk
 from minfer_jax.errors import InvalidArgumentError
 from tests.configs import tiny_config
 
+from minfer_bench.spec_replay import replayed
 from minfer_bench.synthetic import synthetic_model_from_config
 
 TINY = tiny_config(n_layers=2, d_model=128, d_ff=256, context_length=1024)
@@ -278,3 +279,17 @@ def test_the_server_refuses_speculative_fields_with_a_reason():
     with pytest.raises(schemas.BadRequest, match="not in the server yet") as e:
         schemas.parse(schemas.CompletionRequest, body)
     assert e.value.param == "speculative.n_max"
+
+
+def test_right_partly_right_and_wrong_drafts_all_give_plain_tokens(tiny):
+    """Drafts replayed from the plain output, spoiled on purpose (last token, first token,
+    none): accepted up to the first wrong token, the rest rolled back, the tokens the plain ones
+    (greedy and sampled with the penalty)."""
+    prompt = ids(20, 31)
+    for settings in ({}, SAMPLED):
+        plain = minfer_jax.generate(tiny, prompt, max_new_tokens=24, seed=4, **settings)
+        sampler = None if not settings else Sampler(**settings)
+        spec = replayed(tiny, prompt, plain.tokens, draft_max=3, sampler=sampler, seed=4)
+        s = spec.speculation
+        assert s.verify_steps >= 6 and 0 < s.accepted < s.drafted
+        assert spec.tokens == plain.tokens
