@@ -214,6 +214,14 @@ def test_draft_length_adapts_and_drafting_pauses_where_it_does_not_pay():
     d.record(1, 2)
     assert d.k == 3  # a whole draft accepted: the next bucket up
     assert d.stats.verify_steps == 6 and d.stats.accepted == 1 and d.stats.plain_chunks == pause
+    misses = Drafter(Speculation(ngram_min=2))  # nothing repeats: every lookup misses
+    waits = []
+    for i in range(4):
+        assert misses.propose(list(range(10 + i)), room=50) is None and misses.pause == 2**i - 1
+        waits.append(misses.wants_tokens)
+        while misses.pause:
+            misses.propose([], room=50)  # paused: plain chunks without reading the sequence
+    assert waits == [True, False, False, False]
 
 
 def test_verify_buckets_are_bounded_and_compiled_with_the_request(tiny):

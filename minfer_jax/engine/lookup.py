@@ -6,8 +6,8 @@ earlier occurrence of the sequence's last n tokens (prompt and output so far; n 
 down to ngram_min, longest first), preferring the place its last accepted draft came from (code
 re-emitted from the prompt keeps copying from the same place, where a short n-gram also occurs
 elsewhere). The draft length adapts to what is accepted (draft buckets 1, 3, 7, 15: a verify step
-of 1 + k rows, plan.draft_bucket), and where drafts stop paying the drafter pauses for a growing
-number of plain decode chunks.
+of 1 + k rows, plan.draft_bucket), and where drafts stop paying (misses in a row, or few
+accepted) the drafter pauses for a growing number of plain decode chunks.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ LLAMA_CPP_SPEC_TYPES = (
 DEFAULT_DRAFT_MAX = 7  # 1 + 7 = 8 rows: the GEMV's largest, about one decode step's cost
 PAYS = 0.25  # accepted drafts per verify step (running mean) below which drafting pauses
 HOT = 1.0  # ... above which a lookup miss still verifies one token instead of a plain chunk
-MAX_PAUSE = 64  # plain chunks a pause lasts at most
+MAX_PAUSE = 16  # plain chunks a pause lasts at most
 EMA = 0.3  # weight of the latest step in the running mean
 
 
@@ -103,6 +103,12 @@ class Drafter:
         self.stats = SpecStats()
         self._pending: int | None = None  # source position of the draft in flight
 
+    @property
+    def wants_tokens(self) -> bool:
+        """Whether the next propose() reads the sequence (else, paused, the row decodes plain
+        chunks and its tokens may be read late, as any plain row's)."""
+        return self.pause == 0
+
     def propose(self, seq: list[int], room: int) -> list[int] | None:
         """The draft to verify after seq (at most room - 1 tokens: room is what the sequence may
         still produce); [] verifies one token without a draft; None runs a plain chunk."""
@@ -119,7 +125,9 @@ class Drafter:
             if self.gain >= HOT and room > 1:
                 self._pending = None
                 return []
+            # a plain chunk now and, after misses in a row, more before looking again
             self.stats.plain_chunks += 1
+            self.pause, self.backoff = self.backoff - 1, min(2 * self.backoff, MAX_PAUSE)
             return None
         self._pending = (source or 0) - len(seq)
         return draft

@@ -161,7 +161,9 @@ class Scheduler:
         try:
             self._admit()
             dispatched = self._dispatch_prefill()
-            if any(_follows_tokens(r) or r.drafter for r in self.decoding):
+            if any(
+                _follows_tokens(r) or (r.drafter and r.drafter.wants_tokens) for r in self.decoding
+            ):
                 # a grammar's next mask and a draft need the last token: read everything first
                 while self.inflight:
                     self._read(self.inflight.popleft())
