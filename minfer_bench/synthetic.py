@@ -33,7 +33,7 @@ from gguf import GGML_QUANT_SIZES, LlamaFileType
 
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, RawTensor
-from minfer_jax.files.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
+from minfer_jax.files.vocabulary import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
 from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import expected_shapes
 from minfer_jax.model.gguf_model import GGUFModel

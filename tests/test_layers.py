@@ -180,7 +180,6 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES = 550, 90
 OVERSIZE = {
     "minfer_bench/synthetic.py",
     "minfer_jax/files/chat_template.py",
-    "minfer_jax/files/tokenizer.py",
     "minfer_jax/pallas/decode_attention.py:_decode_attention",
     "minfer_jax/pallas/decode_qkv.py:write_qkv",
 }

@@ -12,7 +12,7 @@ Why the cut vocabulary tokenizes the vectors exactly like the whole one: every m
 while tokenizing a text builds a piece of one of the output tokens, so it is among the kept merges;
 with a subset of the merges that still contains all applied ones, BPE (lowest rank first) applies
 the same merges in the same order. SentencePiece merges are derived from the vocabulary by the
-same rule (tokenizer.py's _spm_merges), so the kept ones keep their relative order.
+same rule (tokenizer_models.py's _spm_merges), so the kept ones keep their relative order.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 import shutil
 
 from minfer_jax.files.gguf import open_reader, read_metadata
-from minfer_jax.files.tokenizer import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED
+from minfer_jax.files.vocabulary import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED
 
 KEYS = (
     "tokenizer.ggml.model",

@@ -6,7 +6,7 @@ by `<|start|>assistant`, the last one ending in `<|return|>` (or `<|call|>` for 
 which end the turn and are not in the text. The `analysis` channel holds the model's reasoning,
 `final` the answer the user sees; anything else (commentary: preambles, tool calls) is kept in
 the content as it is. The framing tokens reach the text because llama.cpp's overrides render them
-(files/tokenizer.py, HARMONY_RENDERED). Text that does not start with a channel header is content.
+(files/vocabulary.py, HARMONY_RENDERED). Text that does not start with a channel header is content.
 """
 
 from __future__ import annotations
