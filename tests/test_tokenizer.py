@@ -341,7 +341,14 @@ def test_synthetic_bad_metadata(overrides, error, match):
 
 
 @pytest.mark.parametrize(
-    "name", ["ggml-vocab-llama-bpe", "ggml-vocab-llama-spm", "ggml-vocab-gpt-2", "ggml-vocab-phi-3"]
+    "name",
+    [
+        "ggml-vocab-llama-bpe",
+        "ggml-vocab-llama-spm",
+        "ggml-vocab-gpt-2",
+        "ggml-vocab-phi-3",
+        "ggml-vocab-qwen35",
+    ],
 )
 def test_llama_cpp_vectors_of_other_vocabularies(name):
     tok = Tokenizer.from_metadata(cut_vocab_meta(name), source=name)
@@ -349,8 +356,22 @@ def test_llama_cpp_vectors_of_other_vocabularies(name):
     assert len(cases) >= 40
     for text, expected in cases:
         assert tok.encode(text, add_special=False) == expected, text
-        if name.endswith("-bpe") or name.endswith("gpt-2"):  # byte-level: decoding is exact
+        if name.endswith(("-bpe", "gpt-2", "qwen35")):  # byte-level: decoding is exact
             assert tok.decode(expected) == text
+
+
+def test_qwen35_split_keeps_combining_marks_on_their_letter():
+    """Qwen3.5's split puts a combining mark in the letter run and does not NFC-normalize: the
+    decomposed "é" of its vectors is 'e' + U+0301 as two tokens, where qwen2's split (and NFC)
+    give other ids on its vectors."""
+    meta = cut_vocab_meta("ggml-vocab-qwen35")
+    tok = Tokenizer.from_metadata(meta)
+    qwen2 = Tokenizer.from_metadata({**meta, "tokenizer.ggml.pre": "qwen2"})
+    assert not tok.add_bos
+    cases = vocab_vectors("ggml-vocab-qwen35")
+    assert tok.encode("e\u0301", add_special=False) == [68, 53839]
+    differ = [t for t, ids in cases if qwen2.encode(t, add_special=False) != ids]
+    assert "e\u0301" in differ and len(differ) >= 3
 
 
 def test_bos_defaults_follow_llama_cpp():

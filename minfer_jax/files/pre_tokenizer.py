@@ -21,6 +21,14 @@ LLAMA3_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# Qwen3.5 / 3.6's split (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35, the tokenizer.json original it
+# quotes): Qwen2's with combining marks (\p{M}) kept in the letter run, and no NFC before it, so a
+# decomposed "e\u0301" stays one pre-token of two characters.
+QWEN35_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 # llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O split (gpt-oss's o200k_harmony): case runs split words
 # ("CamelCase" -> "Camel", "Case"), contractions stay on their word, digits in threes,
 # punctuation takes trailing newlines and '/'. This is llama.cpp's rewrite, not the tokenizer.json
@@ -54,6 +62,7 @@ _GPT2 = BytePairPre(None)
 BPE_PRE_TOKENIZERS = {
     "qwen2": _QWEN2,
     "deepseek-r1-qwen": _QWEN2,
+    "qwen35": BytePairPre(QWEN35_PATTERN),  # Qwen3.5 / 3.6; no NFC, no BOS
     "llama-bpe": _LLAMA3,
     "llama3": _LLAMA3,
     "llama-v3": _LLAMA3,
