@@ -348,6 +348,7 @@ def test_synthetic_bad_metadata(overrides, error, match):
         "ggml-vocab-gpt-2",
         "ggml-vocab-phi-3",
         "ggml-vocab-qwen35",
+        "ggml-vocab-gemma-4",
     ],
 )
 def test_llama_cpp_vectors_of_other_vocabularies(name):
@@ -356,7 +357,7 @@ def test_llama_cpp_vectors_of_other_vocabularies(name):
     assert len(cases) >= 40
     for text, expected in cases:
         assert tok.encode(text, add_special=False) == expected, text
-        if name.endswith(("-bpe", "gpt-2", "qwen35")):  # byte-level: decoding is exact
+        if name.endswith(("-bpe", "gpt-2", "qwen35", "gemma-4")):  # no added space: exact
             assert tok.decode(expected) == text
 
 
@@ -372,6 +373,38 @@ def test_qwen35_split_keeps_combining_marks_on_their_letter():
     assert tok.encode("e\u0301", add_special=False) == [68, 53839]
     differ = [t for t, ids in cases if qwen2.encode(t, add_special=False) != ids]
     assert "e\u0301" in differ and len(differ) >= 3
+
+
+def test_gemma4_tokenizer_model():
+    """tokenizer.ggml.model = gemma4 (llama.cpp's rules): BOS even where the file says no, a
+    newline run is one token, a space is '▁' with none added before the text, a character
+    without a token falls back to its <0xXX> bytes, and <turn|> / <|tool_response> end a turn."""
+    meta = cut_vocab_meta("ggml-vocab-gemma-4")
+    tok = Tokenizer.from_metadata({**meta, "tokenizer.ggml.add_bos_token": False})
+    bos = meta["tokenizer.ggml.bos_token_id"]
+    assert tok.add_bos and tok.encode("\n\n\n") == [bos, tok.token_to_id("\n\n\n")]
+    spelled = [tok.id_to_token(i) for i in tok.encode("a\n\n b<|turn>hi<turn|>", add_special=False)]
+    assert spelled == ["a", "\n\n", "▁b", "<|turn>", "hi", "<turn|>"]
+    assert [tok.id_to_token(i) for i in tok.encode("Ω", add_special=False)] == ["<0xCE>", "<0xA9>"]
+    assert tok.decode(tok.encode("Ω a\n", add_special=False)) == "Ω a\n"
+    ends = {tok.id_to_token(i) for i in tok.eos_ids}
+    assert ends == {"<eos>", "<turn|>", "<|tool_response>"}
+
+
+@pytest.mark.parametrize("name", ["ggml-vocab-llama-spm", "ggml-vocab-gemma-4"])
+def test_grammar_library_reads_the_bytes_of_spm_spelled_tokens(name):
+    """llguidance builds its token table from backend_json (a '▁'-spelled vocabulary needs the
+    decoder there) and gets the bytes our decode gives, for every token of the cut vocabulary."""
+    import llguidance
+
+    meta = cut_vocab_meta(name)
+    tok = Tokenizer.from_metadata(meta)
+    table = llguidance.LLTokenizer(tok.backend_json(), n_vocab=tok.vocab_size, eos_token=tok.eos_id)
+    kept = [i for i, t in enumerate(meta["tokenizer.ggml.tokens"]) if not t.startswith("\ue000")]
+    assert len(kept) > 500
+    # <0xFF> (never in UTF-8 text) is llguidance's own marker byte: it keeps that token empty
+    kept.remove(tok.token_to_id("<0xFF>"))
+    assert [table.decode_bytes([i]) for i in kept] == [tok.token_bytes([i]) for i in kept]
 
 
 def test_bos_defaults_follow_llama_cpp():

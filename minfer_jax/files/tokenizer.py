@@ -28,10 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from minfer_jax import validate
-from minfer_jax.errors import GGUFError, InvalidArgumentError, UnsupportedError
+from minfer_jax.errors import GGUFError, InvalidArgumentError
 from minfer_jax.files import tokenizer_models, vocabulary
 from minfer_jax.files.chat_template import CHATML_TEMPLATE, render_chat_template
-from minfer_jax.files.pre_tokenizer import byte_pair_pre
 from minfer_jax.files.vocabulary import TOKEN_CONTROL, TOKEN_USER_DEFINED
 
 
@@ -87,24 +86,20 @@ class Tokenizer:
         """Build from GGUF `tokenizer.*` metadata; GGUFError/UnsupportedError name `source`.
 
         tokenizer.ggml.model 'gpt2': byte-level BPE with the pre-tokenizer tokenizer.ggml.pre names;
-        'llama': SentencePiece BPE with byte fallback (scores instead of merges)."""
-        model = meta.get("tokenizer.ggml.model")
-        if model not in ("gpt2", "llama"):
-            raise UnsupportedError(
-                f"{source}: tokenizer model {model!r} is not supported "
-                "(only 'gpt2' byte-level BPE and 'llama' SentencePiece BPE)"
-            )
-        pre = byte_pair_pre(meta, source) if model == "gpt2" else None
+        'llama': SentencePiece BPE with byte fallback (scores instead of merges); 'gemma4':
+        '▁'-spelled BPE from merges with byte fallback (tokenizer_models.py)."""
         tokens = vocabulary.require_list(meta, "tokenizer.ggml.tokens", str, source)
         if not tokens:
             raise GGUFError(f"{source}: metadata 'tokenizer.ggml.tokens' is empty")
         types = vocabulary.harmony_types(tokens, vocabulary.token_types(meta, len(tokens), source))
+        built = tokenizer_models.build(meta, tokens, types, source)
         bos_id = vocabulary.optional_id(meta, "tokenizer.ggml.bos_token_id", len(tokens), source)
         eos_id = vocabulary.optional_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source)
         # llama.cpp's defaults where the file says nothing: BOS for SentencePiece and Llama 3
-        # vocabularies
-        add_bos = vocabulary.optional_bool(
-            meta, "tokenizer.ggml.add_bos_token", pre.add_bos if pre else True, source
+        # vocabularies; Gemma 4 always
+        add_bos = (
+            vocabulary.optional_bool(meta, "tokenizer.ggml.add_bos_token", built.add_bos, source)
+            or built.always_bos
         )
         add_eos = vocabulary.optional_bool(meta, "tokenizer.ggml.add_eos_token", False, source)
         for flag, key, token_id in (
@@ -119,28 +114,8 @@ class Tokenizer:
                 f"{source}: metadata 'tokenizer.chat_template' must be a string, "
                 f"got {type(template).__name__}"
             )
-        if pre is not None:
-            merges = tokenizer_models.split_merges(
-                vocabulary.require_list(meta, "tokenizer.ggml.merges", str, source), tokens, source
-            )
-            backend = tokenizer_models.build_byte_level_bpe(tokens, types, merges, pre, source)
-        else:
-            scores = vocabulary.require_list(meta, "tokenizer.ggml.scores", float, source)
-            if len(scores) != len(tokens):
-                raise GGUFError(f"{source}: {len(scores)} token scores for {len(tokens)} tokens")
-            unk_id = vocabulary.optional_id(
-                meta, "tokenizer.ggml.unknown_token_id", len(tokens), source
-            )
-            backend = tokenizer_models.build_sentencepiece_bpe(
-                tokens,
-                types,
-                scores,
-                vocabulary.optional_bool(meta, "tokenizer.ggml.add_space_prefix", True, source),
-                None if unk_id is None else tokens[unk_id],
-                source,
-            )
         return cls(
-            backend=backend,
+            backend=built.backend,
             tokens=tokens,
             types=types,
             bos_id=bos_id,
@@ -150,7 +125,7 @@ class Tokenizer:
             chat_template=template,
             source=source,
             add_eos=add_eos,
-            sentencepiece=pre is None,
+            sentencepiece=built.spm_spelling,
         )
 
     @classmethod

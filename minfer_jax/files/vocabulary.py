@@ -25,6 +25,8 @@ END_OF_TURN_TOKENS = (
     "<EOT>",
     "<|return|>",  # gpt-oss (harmony): the final answer's end
     "<|call|>",  # gpt-oss: a tool call's end
+    "<turn|>",  # Gemma 4: a turn's end
+    "<|tool_response>",  # Gemma 4: a tool call waits for its answer
 )
 # gpt-oss's harmony framing, which llama.cpp always renders (USER_DEFINED, so skip_special keeps
 # it): the output's channels are parsed from this text (files/harmony.py). Where the vocabulary
