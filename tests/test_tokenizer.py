@@ -375,6 +375,23 @@ def test_qwen35_split_keeps_combining_marks_on_their_letter():
     assert "e\u0301" in differ and len(differ) >= 3
 
 
+@pytest.mark.parametrize("name", ["qwen35", "gemma-4"])
+def test_natural_text_and_code_ids_equal_llama_cpp(name):
+    """llama.cpp's ids (tools/llama_cpp_reference.py tokenize, on its whole ggml-vocab-NAME.gguf)
+    of prose, code, JSON, CJK, emoji, digits, contractions, whitespace runs and chat markers, on
+    the vocabulary cut to what they need (tools/extract_vocab.py --also)."""
+    import json
+
+    data = json.loads(
+        (Path(__file__).parent / "data" / "llama_cpp" / f"{name}-tokenizer.json").read_text("utf-8")
+    )
+    tok = Tokenizer.from_metadata(cut_vocab_meta(f"ggml-vocab-{name}"), source=name)
+    assert len(data["cases"]) >= 40
+    for case in data["cases"]:
+        assert tok.encode(case["text"], add_special=False) == case["ids"], case["text"]
+        assert tok.decode(case["ids"]) == case["text"]
+
+
 def test_gemma4_tokenizer_model():
     """tokenizer.ggml.model = gemma4 (llama.cpp's rules): BOS even where the file says no, a
     newline run is one token, a space is '▁' with none added before the text, a character
