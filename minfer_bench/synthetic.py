@@ -46,6 +46,7 @@ from minfer_bench.quant_mix import (
     parse_ftype,
     tensor_types,
 )
+from minfer_bench.qwen35_configs import QWEN35_CONFIGS
 
 # --------------------------------------------------------------------------------------------
 # Configurations
@@ -181,6 +182,7 @@ def _moe_configs() -> dict[str, Config]:
 
 
 SYNTHETIC_CONFIGS.update(_moe_configs())
+SYNTHETIC_CONFIGS.update(QWEN35_CONFIGS)
 # gemma3-1b with every layer global (no sliding window): the A/B of sliding-window prefill, in
 # memory (bench.py --synthetic); a gemma3 GGUF must name its window, so its file does not load.
 SYNTHETIC_CONFIGS["gemma3-1b-global"] = dataclasses.replace(
