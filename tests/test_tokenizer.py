@@ -424,6 +424,32 @@ def test_grammar_library_reads_the_bytes_of_spm_spelled_tokens(name):
     assert [table.decode_bytes([i]) for i in kept] == [tok.token_bytes([i]) for i in kept]
 
 
+def test_gemma4_count_at_least_is_a_lower_bound():
+    """count_at_least on Gemma 4's split (a pre-token is a whole line) never counts more tokens
+    than any continuation of the prefix has, special tokens cut in half included."""
+    import random
+
+    tok = Tokenizer.from_metadata(cut_vocab_meta("ggml-vocab-gemma-4"))
+    rng = random.Random(0)
+    pieces = [
+        " ",
+        "  ",
+        "Hello",
+        " world",
+        "\n",
+        "\n\n",
+        "a",
+        "<|turn>",
+        "<turn",
+        "|>",
+        "é",
+        "東京",
+    ]
+    for _ in range(400):
+        prefix, rest = ("".join(rng.choices(pieces, k=rng.randint(0, 8))) for _ in range(2))
+        assert tok.count_at_least(prefix) <= len(tok.encode(prefix + rest, add_special=False))
+
+
 def test_bos_defaults_follow_llama_cpp():
     """SentencePiece and Llama 3 vocabularies add BOS unless the file says otherwise; gpt-2 does
     not."""
