@@ -83,19 +83,28 @@ def roundf(x: jax.Array) -> jax.Array:
     return jnp.where(x < 0, -b, b)
 
 
+def scale_of(amax: jax.Array, kind: str) -> jax.Array:
+    """The f32 scale d of a block whose largest magnitude is amax."""
+    return amax / (127.0 if kind == Q8_0 else FP8_MAX)
+
+
+def quantize_with(x: jax.Array, d: jax.Array, kind: str) -> jax.Array:
+    """x (f32) / d (broadcast against it) -> the 8-bit values, times the f32 d's inverse as ggml
+    does (d = 0: zeros)."""
+    inverse = jnp.where(d > 0, 1.0 / jnp.where(d > 0, d, 1.0), 0.0)
+    scaled = x * inverse
+    if kind == Q8_0:
+        return roundf(scaled).astype(jnp.int8)
+    return jnp.clip(scaled, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
+
+
 def quantize(x: jax.Array, kind: str) -> tuple[jax.Array, jax.Array]:
     """x [..., head_dim] (any float) -> (values [..., head_dim], scales [..., head_dim / block])."""
     x = x.astype(jnp.float32)
     block = block_size(kind, x.shape[-1])
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
-    amax = jnp.max(jnp.abs(blocks), axis=-1)
-    d = amax / (127.0 if kind == Q8_0 else FP8_MAX)
-    inverse = jnp.where(d > 0, 1.0 / jnp.where(d > 0, d, 1.0), 0.0)
-    scaled = blocks * inverse[..., None]
-    if kind == Q8_0:
-        values = roundf(scaled).astype(jnp.int8)
-    else:
-        values = jnp.clip(scaled, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
+    d = scale_of(jnp.max(jnp.abs(blocks), axis=-1), kind)
+    values = quantize_with(blocks, d[..., None], kind)
     return values.reshape(x.shape), d.astype(SCALE_DTYPE)
 
 
