@@ -106,7 +106,7 @@ def _check(o: Options) -> None:
             f"cache types {o.cache_type_k!r} / {o.cache_type_v!r} (cache_dtype "
             f"{o.cache_dtype}) name different float dtypes; K and V share one"
         )
-    quantized = {o.cache_type_k, o.cache_type_v} & set(kv.KV_TYPES)
+    quantized = {t for t in (o.cache_type_k, o.cache_type_v) if t in kv.KV_TYPES}
     if quantized and o.tensor_parallel is not None:
         raise InvalidArgumentError(
             f"an 8-bit KV cache ({', '.join(sorted(quantized))}) does not run tensor-parallel yet; "
