@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from minfer_jax import ops
 from minfer_jax.model import attention, deltanet, layers
+from minfer_jax.model import cache as kv_cache
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.families import family
@@ -56,9 +57,7 @@ def _layers(
         j, r = kv_index.get(i, -1), rec_index.get(i, -1)
 
         def layer_attend(q, k, v, sinks=None, i=i, j=j):
-            ks[j], vs[j], att = attend(
-                q, k.astype(ks[j].dtype), v.astype(vs[j].dtype), ks[j], vs[j], cfg.window(i), sinks
-            )
+            ks[j], vs[j], att = attend(q, k, v, ks[j], vs[j], cfg.window(i), sinks)
             return att
 
         def layer_attend_projected(parts, widths, bias, inv_freq, i=i, j=j):
@@ -118,9 +117,8 @@ def forward_chunk(
         return out, conv.at[slot].set(c), delta.at[slot].set(s)
 
     def attend(q, k, v, k_cache, v_cache, window, sinks):
-        at = (slot, 0, start, 0)  # [T, Hkv, hd] -> the slot's rows [Hkv, start:start+T]
-        k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 0, 1)[None], at)
-        v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 0, 1)[None], at)
+        k_cache = kv_cache.write_chunk(k_cache, k, slot, start)  # cast, or quantized
+        v_cache = kv_cache.write_chunk(v_cache, v, slot, start)
         return (
             k_cache,
             v_cache,
@@ -174,8 +172,8 @@ def forward_decode(
         return logits, cache
 
     def attend(q, k, v, k_cache, v_cache, window, sinks):
-        k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence
-        v_cache = v_cache.at[slots, :, positions].set(v)
+        k_cache = kv_cache.write_rows(k_cache, k, slots, positions)  # one row per sequence
+        v_cache = kv_cache.write_rows(v_cache, v, slots, positions)
         return (
             k_cache,
             v_cache,
