@@ -9,6 +9,7 @@ import sys
 
 from minfer_jax import validate
 from minfer_jax.cli.constraints import add_constraint_flags
+from minfer_jax.cli.speculative import add_speculative_flags
 from minfer_jax.engine import options
 from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.version import __version__
@@ -186,6 +187,7 @@ def _generation_arguments(g) -> None:
         help="random seed, 0..2^32-1 (default -1: random; --verbose prints it)",
     )
     add_constraint_flags(g)
+    add_speculative_flags(g)
 
 
 def _output_arguments(o) -> None:

@@ -33,6 +33,7 @@ from minfer_jax.cli.arguments import (
 )
 from minfer_jax.cli.chat import _Session, _summary
 from minfer_jax.cli.constraints import constraint_keywords
+from minfer_jax.cli.speculative import speculation_from_args
 from minfer_jax.engine import options
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
@@ -170,6 +171,7 @@ def _run(args, out, err) -> int:
 
     validate_arguments(args)
     constrain = constraint_keywords(args)
+    speculation = speculation_from_args(args)
     chat = args.chat or args.system_prompt is not None
     prompt = _read_prompt(args, chat)
     seed = args.seed if args.seed >= 0 else secrets.randbelow(2**32)
@@ -221,6 +223,7 @@ def _run(args, out, err) -> int:
         err=err,
         verbose=args.verbose,
         constrain=constrain,
+        speculation=speculation,
         channels=(
             HarmonyStream()
             if (chat or prompt is None) and model.tokenizer is not None and model.tokenizer.harmony
@@ -246,6 +249,13 @@ def _run(args, out, err) -> int:
         session.write(session.answer(result.text))
     _newline_if_needed(out, session)
     err.write(_summary(session.totals))
+    if args.verbose and result.speculation is not None:
+        s = result.speculation
+        err.write(
+            f"speculation: {s.verify_steps} verification steps, {s.accepted} of {s.drafted} "
+            f"drafted tokens accepted ({s.tokens_per_step:.2f} tokens per step), "
+            f"{s.plain_chunks} plain chunks\n"
+        )
     if args.verbose and session.first_text_at is not None:
         err.write(
             format_phase("first text after the process started", session.first_text_at) + "\n"

@@ -15,6 +15,7 @@ from typing import Any, TypeGuard, Unpack
 
 from minfer_jax import validate
 from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine.lookup import speculation_of
 from minfer_jax.engine.options import unknown_keyword
 from minfer_jax.engine.runtime import Model
 from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
@@ -108,6 +109,9 @@ def generate(
     json_schema=None,
     grammar: str | None = None,
     ignore_eos: bool = False,
+    speculative: str | None = None,
+    draft_max: int | None = None,
+    draft_min: int | None = None,
     **settings: Unpack[SamplerKeywords],
 ) -> GenerationResult:
     """Generate from a prompt: text (with chat=True wrapped in the chat template), a list of chat
@@ -119,13 +123,18 @@ def generate(
     the context mean the context, top_k past the vocabulary the vocabulary (clamped, as in
     llama.cpp). json_schema (a dict) or grammar (GBNF text, or llguidance's Lark opening with
     %llguidance) constrain the reply (the `grammar` extra: llguidance); ignore_eos never samples an
-    end-of-sequence token. An unknown keyword is an InvalidArgumentError naming it.
+    end-of-sequence token. speculative="lookup" (llama.cpp's "ngram-simple") drafts tokens from
+    the prompt and output so far and verifies up to draft_max (1..15, default 7) of them in one
+    step, skipping drafts shorter than draft_min: the same tokens as without it (greedy), the same
+    distribution (sampled); result.speculation counts what it did. An unknown keyword is an
+    InvalidArgumentError naming it.
     """
     model = _model(model)
     validate.generate_arguments(
         max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text
     )
     sampler = _sampler(model, sampler, settings)
+    speculation = speculation_of(speculative, draft_max, draft_min)
     max_new_tokens = validate.clamped_count(
         "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
     )
@@ -139,6 +148,7 @@ def generate(
         stop=stop,
         on_text=on_text,
         constraint=constraint,
+        speculation=speculation,
     )
     sched.run([req])
     return req.result()

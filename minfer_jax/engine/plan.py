@@ -16,7 +16,7 @@ from typing import cast
 import jax
 import jax.numpy as jnp
 
-from minfer_jax.engine import steps
+from minfer_jax.engine import steps, verify
 from minfer_jax.engine.sampling import GREEDY_MODE, MODES, RowSettings, SamplerMode
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
@@ -31,6 +31,7 @@ DEFAULT_CHUNK = {
     "cpu": 256,
 }  # prefill chunk per platform (docs/BENCHMARKS.md, "Prefill chunk")
 DECODE_STEPS = 16  # tokens per decode executable: the host sees tokens once per chunk
+MAX_DRAFT = 15  # drafted tokens one verification takes at most (16 rows)
 MAX_DECODE_STEPS = 4096  # more only delays streaming and stop checks (bench tgN runs N in one)
 
 
@@ -158,6 +159,24 @@ class Plan:
     def logits_key(self, bucket: int) -> LogitsKey:
         return LogitsKey(bucket, self.n_slots, self.cache_len)
 
+    def verify_key(self, n_draft: int, end: int, mode: SamplerMode) -> VerifyKey:
+        """Speculative decoding's verification of n_draft drafted tokens (verify.py): 1 + K rows
+        of one sequence, K = draft_bucket(n_draft); end: past the last position it writes."""
+        k = draft_bucket(n_draft)
+        return VerifyKey(k, self.n_slots, self.cache_len, self.history, mode, self.span(end + k))
+
+    def verify_keys(self, draft_max: int, end: int, mode: SamplerMode) -> list[VerifyKey]:
+        """Every verification bucket a sequence drafting up to draft_max tokens meets."""
+        return list(dict.fromkeys(self.verify_key(n, end, mode) for n in range(draft_max + 1)))
+
+
+def draft_bucket(n_draft: int) -> int:
+    """Drafted tokens a verification executable takes for n_draft (0 verifies one token): 1, 3,
+    7 or 15, so that 1 + K rows are a power of two (the GEMV takes up to 8, verify.py)."""
+    if not 0 <= n_draft <= MAX_DRAFT:
+        raise PlanError(f"a draft is 0..{MAX_DRAFT} tokens, got {n_draft}")
+    return pow2_at_least(n_draft + 1, 2) - 1
+
 
 def prefill_mode(mode: SamplerMode) -> SamplerMode:
     """Prefill samples one token per chunk: greedy, or the FULL mode for anything else (its
@@ -258,6 +277,55 @@ class DecodeKey:
 
 
 @dataclasses.dataclass(frozen=True)
+class VerifyKey:
+    drafts: int  # K: the executable verifies up to K drafted tokens in 1 + K rows
+    n_slots: int
+    cache_len: int
+    history: int
+    mode: SamplerMode
+    span: int | None
+
+    @property
+    def label(self) -> str:
+        return f"verify [1+{self.drafts}] {self.mode.label}"
+
+    @property
+    def cost(self) -> tuple:
+        return (self.drafts, self.mode, self.span or 0)
+
+    def covers(self, other, start: int = 0) -> bool:
+        """This executable can run `other`'s verification (its drafts padded to these)."""
+        if not isinstance(other, VerifyKey):
+            return False
+        wide_enough = (
+            other.span is None
+            if self.span is None
+            else other.span is not None and self.span >= other.span
+        )
+        return (
+            self.mode.covers(other.mode)
+            and self.drafts >= other.drafts
+            and wide_enough
+            and (self.n_slots, self.cache_len, self.history)
+            == (other.n_slots, other.cache_len, other.history)
+        )
+
+    def lower(self, model):
+        i32 = jax.ShapeDtypeStruct((), jnp.int32)
+        fn = _verify_jit(model.config, model.impl, self.mode, self.span, model.tp)
+        return fn.lower(
+            model.params,
+            _cache(model, self),
+            _state(self),
+            i32,
+            i32,
+            jax.ShapeDtypeStruct((self.drafts,), jnp.int32),
+            i32,
+            RowSettings.spec(1, model.config.vocab_size),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class LogitsKey:
     bucket: int
     n_slots: int
@@ -314,6 +382,14 @@ def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
         _step(
             steps.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span
         ),
+        donate_argnums=(1, 2),
+    )
+
+
+@functools.cache
+def _verify_jit(cfg, impl, mode, span, tp=None):
+    return jax.jit(
+        _step(verify.verify_chunk, "verify", cfg, tp, impl=impl, mode=mode, span=span),
         donate_argnums=(1, 2),
     )
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from minfer_jax.engine import steps
 from minfer_jax.engine.constraint import TokenConstraint
+from minfer_jax.engine.lookup import Drafter, Speculation
 from minfer_jax.engine.sampling import Sampler
 from minfer_jax.engine.text_stream import TextStream
 
@@ -45,8 +46,11 @@ class Request:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
+        speculation: Speculation | None = None,
     ):
         self.id = next(_ids)
+        # speculative decoding (lookup.py): this sequence's drafter, None when off
+        self.drafter = Drafter(speculation) if speculation is not None else None
         self.constraint = constraint  # the tokens it may sample (grammar, banned EOS)
         self.prompt = [int(t) for t in prompt_ids]
         self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
@@ -93,4 +97,5 @@ class Request:
             decode_s=t.decode_s,
             compile_s=t.compile_s,
             cached_tokens=self.cached,
+            speculation=None if self.drafter is None else self.drafter.stats,
         )

@@ -14,6 +14,8 @@ it. Each `step()`:
   4. only then reads the tokens of the previous chunk: JAX dispatches asynchronously, so the
      device runs chunk k while the host detokenizes chunk k - 1 and checks its stops. A stop
      found late discards the extra tokens of chunk k (their K/V lie past the sequence's end).
+A speculating sequence (lookup.py) instead runs one verification of its drafted tokens per step
+(verify.py) whenever its drafter proposes one, read at once: the next draft needs its tokens.
 Every per-sequence choice a batch may differ in (sampler, seed, position) is a traced array;
 only shapes (plan.py) pick an executable.
 """
@@ -21,7 +23,6 @@ only shapes (plan.py) pick an executable.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import queue
 import threading
@@ -35,29 +36,15 @@ from minfer_jax import validate
 from minfer_jax.engine import steps
 from minfer_jax.engine.checkpoints import Checkpoints
 from minfer_jax.engine.constraint import ConstraintError, TokenConstraint, batch_mask
-from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey
+from minfer_jax.engine.inflight import DecodeChunk, FirstToken, VerifyChunk
+from minfer_jax.engine.lookup import Speculation, check_speculation
+from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey, VerifyKey
 from minfer_jax.engine.request import Request
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.engine.text_stream import TextStream
 from minfer_jax.errors import ContextOverflowError
 from minfer_jax.model.cache import KVCache
-
-
-@dataclasses.dataclass(frozen=True)
-class FirstToken:
-    """In flight: the token a prompt's last prefill chunk sampled."""
-
-    req: Request
-    token: jax.Array  # [] int32
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeChunk:
-    """In flight: one decode chunk's tokens for its rows, each with how many of them count."""
-
-    rows: list[tuple[Request, int]]  # (request, valid tokens) per row, in row order
-    tokens: jax.Array  # [decode_steps, rows] int32
 
 
 class Scheduler:
@@ -83,7 +70,7 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
-        self.inflight: collections.deque[FirstToken | DecodeChunk] = (
+        self.inflight: collections.deque[FirstToken | DecodeChunk | VerifyChunk] = (
             collections.deque()
         )  # dispatched, not read
         self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
@@ -106,11 +93,12 @@ class Scheduler:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
+        speculation: Speculation | None = None,
     ) -> Request:
         """Queue a generation (thread-safe); the loop picks it up at its next step.
 
         constraint: the tokens it may sample at each step (constraint.py), built off this
-        thread."""
+        thread. speculation: draft and verify tokens (lookup.py, verify.py)."""
         prompt_ids = validate.token_ids(prompt_ids, self.model.config.vocab_size, "prompt")
         validate.integer("max_new_tokens", max_new_tokens, 0, validate.INT32_MAX)
         req = Request(
@@ -122,6 +110,7 @@ class Scheduler:
             on_text=on_text,
             on_done=on_done,
             constraint=constraint,
+            speculation=speculation,
         )
         self.check(req)
         self.incoming.put(req)
@@ -129,7 +118,10 @@ class Scheduler:
         return req
 
     def check(self, req: Request) -> None:
-        """The context check (ids and limits are validated by submit)."""
+        """The context check and what speculation cannot combine with (ids and limits are
+        validated by submit)."""
+        if req.drafter is not None:
+            check_speculation(self.model.config, req.constraint)
         n, ctx = len(req.prompt), self.plan.ctx
         if n >= ctx:
             raise ContextOverflowError(
@@ -169,8 +161,8 @@ class Scheduler:
         try:
             self._admit()
             dispatched = self._dispatch_prefill()
-            if any(_follows_tokens(r) for r in self.decoding):
-                # a grammar's next mask needs its last token: read everything dispatched first
+            if any(_follows_tokens(r) or r.drafter for r in self.decoding):
+                # a grammar's next mask and a draft need the last token: read everything first
                 while self.inflight:
                     self._read(self.inflight.popleft())
             dispatched = self._dispatch_decode() or dispatched
@@ -238,8 +230,11 @@ class Scheduler:
         if self.checkpoints is not None and self.cache is not None:  # restored, never truncated
             self.cache, req.cached = self.checkpoints.restore(self.cache, req.slot, req.prompt)
         if self.compile_in_loop:
+            spec = None if req.drafter is None else req.drafter.spec
             req.timing.compile_s = self.compile(
-                self.needed(n, req.max_new_tokens, req.sampler, req.cached, _follows_tokens(req))
+                self.needed(
+                    n, req.max_new_tokens, req.sampler, req.cached, _follows_tokens(req), spec
+                )
             )
         req.chunks = plan.chunks(n - req.cached, req.cached)
         req.timing.start, req.timing.compile_at_start = time.perf_counter(), self.compile_s
@@ -269,18 +264,26 @@ class Scheduler:
         return SamplerMode.of(samplers)
 
     def needed(
-        self, n_prompt: int, max_new: int, sampler: Sampler, start: int = 0, one_step: bool = False
+        self,
+        n_prompt: int,
+        max_new: int,
+        sampler: Sampler,
+        start: int = 0,
+        one_step: bool = False,
+        speculation: Speculation | None = None,
     ) -> list:
         """The executables a request of n_prompt tokens will run first (for compile-ahead messages);
         start: prompt tokens a slot already holds (prefix reuse); one_step: it follows a grammar
-        (plan.decode_key)."""
+        (plan.decode_key); speculation: its verification buckets too."""
         plan = self.plan
         mode = SamplerMode.of([sampler])
-        keys: list[PrefillKey | DecodeKey] = list(
+        keys: list[PrefillKey | DecodeKey | VerifyKey] = list(
             dict.fromkeys(
                 plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt - start, start)
             )
         )
+        if max_new > 1 and speculation is not None:
+            keys += plan.verify_keys(speculation.draft_max, n_prompt, mode)
         if max_new > 1:
             batch_mode = SamplerMode.of([r.sampler for r in self.decoding] + [sampler])
             keys.append(
@@ -370,8 +373,10 @@ class Scheduler:
 
     def _dispatch_decode(self) -> bool:
         rows = [r for r in self.decoding if not r.finished and r.produced < r.limit]
+        verified = [r for r in rows if r.drafter is not None and self._dispatch_verify(r)]
+        rows = [r for r in rows if r not in verified]
         if not rows:
-            return False
+            return bool(verified)
         plan, n = self.plan, len(rows)
         end = max(len(r.prompt) + r.produced - 1 for r in rows) + plan.decode_steps
         # a grammar row needs each token before its next mask: the whole batch steps once
@@ -401,6 +406,33 @@ class Scheduler:
         self.inflight.append(DecodeChunk(list(zip(rows, valid)), out))
         return True
 
+    def _dispatch_verify(self, req: Request) -> bool:
+        """Dispatch a verification of req's next draft, if its drafter proposes one (else req
+        takes the plain decode chunk)."""
+        assert req.drafter is not None and req.stream is not None and req.slot is not None
+        seq = req.prompt + list(req.stream.tokens)
+        draft = req.drafter.propose(seq, req.limit - req.produced)
+        if draft is None:
+            return False
+        position = len(seq) - 1  # the last token's: all of req's tokens were read (step)
+        mode = self.mode([req.sampler])
+        key = self._runnable(self.plan.verify_key(len(draft), position + 1, mode))
+        drafts = np.zeros((key.drafts,), np.int32)
+        drafts[: len(draft)] = draft
+        vocab = self.model.config.vocab_size
+        tokens, n_out, self.state, self.cache = self._exe(key)(
+            self.model.params,
+            self.cache,
+            self.state,
+            np.int32(req.slot),
+            np.int32(position),
+            drafts,
+            np.int32(len(draft)),
+            RowSettings.of([req.sampler], [req.seed], vocab=vocab, mask=self._mask([req], 1)),
+        )
+        self.inflight.append(VerifyChunk(req, len(draft), tokens, n_out))
+        return True
+
     def _mask(self, rows: list[Request], width: int):
         """The batch's mask input: one all-allowed device array per width while no row is
         constrained (nothing to send), else built on the host."""
@@ -413,7 +445,7 @@ class Scheduler:
         return batch_mask([r.constraint for r in rows], width, vocab)
 
     # -- reading results -----------------------------------------------------------------------
-    def _read(self, item: FirstToken | DecodeChunk) -> None:
+    def _read(self, item: FirstToken | DecodeChunk | VerifyChunk) -> None:
         if isinstance(item, FirstToken):
             req, token = item.req, int(item.token)  # waits for the prefill
             if req.done.is_set():
@@ -424,6 +456,15 @@ class Scheduler:
             t.prefill_s = t.first - t.start - (self.compile_s - t.compile_at_start)
             t.compile_at_first = self.compile_s
             self._deliver(req, [token])
+            return
+        if isinstance(item, VerifyChunk):
+            req, n_out = item.req, int(item.n_out)  # waits for the verification
+            assert req.drafter is not None
+            req.drafter.record(item.n_draft, n_out)
+            valid = min(n_out, req.limit - req.produced)
+            req.produced += n_out
+            if not req.done.is_set():
+                self._deliver(req, np.asarray(item.tokens)[:valid].tolist())
             return
         out = np.asarray(item.tokens)  # waits for this chunk (the next one is already queued)
         for i, (req, valid) in enumerate(item.rows):

@@ -189,6 +189,8 @@ class GenerationResult:
     compile_s: float
     # prompt tokens whose K/V a previous request left in the slot (not prefilled again)
     cached_tokens: int = 0
+    # speculative decoding's counts (lookup.SpecStats), None when it was off
+    speculation: Any = None
 
     @property
     def n_prompt(self) -> int:

@@ -169,6 +169,13 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
         check(data)
     known = set(kind.model_fields) | set(UNSUPPORTED) | set(CALLER_FIELDS)
     for key in data:
+        if isinstance(key, str) and key.startswith("speculative"):  # llama-server's speculative.*
+            raise BadRequest(
+                f"{key}: speculative decoding is not in the server yet (neither per request nor "
+                "per slot); it runs in generate(speculative='lookup') and the CLI's --spec-type "
+                "ngram-simple",
+                key,
+            )
         if key not in known:
             raise BadRequest(
                 f"unknown field {_shown(key)}: minfer_jax does not implement it (fields that only "
