@@ -248,6 +248,12 @@ def _run(args, out, err) -> int:
     if not args.stream:
         session.write(session.answer(result.text))
     _newline_if_needed(out, session)
+    _report_end(args, session, result, err)
+    return 0
+
+
+def _report_end(args, session, result, err) -> None:
+    """The one-shot run's summary on stderr; with --verbose, speculation and first-text times."""
     err.write(_summary(session.totals))
     if args.verbose and result.speculation is not None:
         s = result.speculation
@@ -261,7 +267,6 @@ def _run(args, out, err) -> int:
             format_phase("first text after the process started", session.first_text_at) + "\n"
         )
     err.flush()
-    return 0
 
 
 def _encode(tok, prompt: str, chat_base: list | None) -> list[int]:
