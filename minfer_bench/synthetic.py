@@ -38,6 +38,7 @@ from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import expected_shapes
 from minfer_jax.model.gguf_model import GGUFModel
 
+from minfer_bench.gemma4_keys import gemma4_metadata, proportional_rope_factors
 from minfer_bench.quant_mix import (
     DEFAULT_TYPE,
     FTYPES,
@@ -432,6 +433,8 @@ def _family_metadata(cfg: Config) -> dict:
         meta[f"{a}.rope.freq_base_swa"] = float(np.float32(cfg.rope_theta_local))
     if cfg.recurrent_layers:
         meta.update(_hybrid_metadata(cfg))
+    if cfg.family == "gemma4":
+        meta.update(gemma4_metadata(cfg))
     return meta
 
 
@@ -534,9 +537,12 @@ def synthetic_model_from_config(
 
     def build(tname: str) -> RawTensor:
         if tname == "rope_freqs.weight":  # frequency divisors: real values, not noise
-            return RawTensor(
-                tname, QType.F32, shapes[tname], llama3_rope_factors(cfg.head_dim, cfg.rope_theta)
+            factors = (
+                proportional_rope_factors(cfg.head_dim)
+                if cfg.family == "gemma4"
+                else llama3_rope_factors(cfg.head_dim, cfg.rope_theta)
             )
+            return RawTensor(tname, QType.F32, shapes[tname], factors)
         rng = np.random.default_rng([seed, zlib.crc32(tname.encode())])
         return random_raw_tensor(tname, type_map[tname], shapes[tname], rng)
 
@@ -708,13 +714,18 @@ def write_gguf(
     w.add_block_count(cfg.n_layers + cfg.mtp_layers)
     w.add_context_length(cfg.context_length)
     w.add_embedding_length(cfg.d_model)
-    w.add_feed_forward_length(cfg.d_ff)
     w.add_head_count(cfg.n_heads)
-    w.add_head_count_kv(cfg.n_kv_heads)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
-    for key, value in (_family_metadata(cfg) | _moe_metadata(cfg)).items():
-        if isinstance(value, list):
+    family_keys = _family_metadata(cfg) | _moe_metadata(cfg)
+    if f"{cfg.family}.feed_forward_length" not in family_keys:  # gemma4's may be per layer
+        w.add_feed_forward_length(cfg.d_ff)
+    if f"{cfg.family}.attention.head_count_kv" not in family_keys:
+        w.add_head_count_kv(cfg.n_kv_heads)
+    for key, value in family_keys.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, list):
             w.add_array(key, value)
         elif isinstance(value, str):
             w.add_string(key, value)

@@ -37,8 +37,14 @@ class KVCache:
         return self.k[0].shape[2]
 
 
-def cache_shape(cfg: Config, n_slots: int, max_len: int) -> tuple[int, int, int, int]:
-    return (n_slots, cfg.n_kv_heads, max_len, cfg.head_dim)
+def cache_shape(
+    cfg: Config, n_slots: int, max_len: int, layer: int | None = None
+) -> tuple[int, int, int, int]:
+    """One layer's K (or V) buffer; layer None: the full-attention layers' (gemma4's sliding
+    layers may have another head dim and KV head count: Config.layer_head_dim)."""
+    if layer is None:
+        return (n_slots, cfg.n_kv_heads, max_len, cfg.head_dim)
+    return (n_slots, cfg.layer_kv_heads(layer), max_len, cfg.layer_head_dim(layer))
 
 
 def recurrent_shapes(cfg: Config, n_slots: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -54,12 +60,15 @@ def init_cache(cfg: Config, n_slots: int, max_len: int, dtype=jnp.float32) -> KV
 
 def cache_spec(cfg: Config, n_slots: int, max_len: int, dtype) -> KVCache:
     """The cache's shapes without memory (for ahead-of-time lowering)."""
-    spec = jax.ShapeDtypeStruct(cache_shape(cfg, n_slots, max_len), dtype)
-    n_kv, n_rec = len(cfg.attention_layers), len(cfg.recurrent_layer_ids)
+    specs = tuple(
+        jax.ShapeDtypeStruct(cache_shape(cfg, n_slots, max_len, i), dtype)
+        for i in cfg.attention_layers
+    )
+    n_rec = len(cfg.recurrent_layer_ids)
     states = [jax.ShapeDtypeStruct(s, jnp.float32) for s in recurrent_shapes(cfg, n_slots)]
     return KVCache(
-        k=(spec,) * n_kv,
-        v=(spec,) * n_kv,
+        k=specs,
+        v=specs,
         conv=(states[0],) * n_rec,
         delta=(states[1],) * n_rec,
     )
