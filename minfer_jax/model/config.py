@@ -169,14 +169,12 @@ class Config:
         validate.integer("Config.shared_kv_layers", self.shared_kv_layers, 0, self.n_layers)
         if self.shared_kv_layers:
             n_kv = self.n_layers - self.shared_kv_layers
-            if n_kv < 2 or self.is_local(n_kv - 2) == self.is_local(n_kv - 1):
+            if n_kv < 2 or not self.is_local(n_kv - 2) or self.is_local(n_kv - 1):
                 raise InvalidArgumentError(
                     f"Config: {self.shared_kv_layers} shared-KV layers need the two layers before "
-                    "them to be one sliding-window and one full-attention layer, in that order "
-                    "(llama.cpp's reuse rule)"
+                    "them to be a sliding-window then a full-attention layer (llama.cpp's reuse "
+                    "rule: a shared layer reads layer n_kv - 2 if sliding, else n_kv - 1)"
                 )
-            if self.is_local(n_kv - 1):
-                raise InvalidArgumentError("Config: the last layer with a cache must be full")
 
     def _check_hybrid(self) -> None:
         validate.integer("Config.rope_dims", self.rope_dims, 0, self.head_dim)
