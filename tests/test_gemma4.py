@@ -127,24 +127,24 @@ def _until_eos(tokens: list[int], eos: int) -> list[int]:
     return tokens[: tokens.index(eos)] if eos in tokens else tokens
 
 
-def test_generate_alone_in_a_batch_and_after_a_shared_prefix(files):
-    """generate() (prefill, then decode steps through the shared-KV layers) and generate_batch()
-    (170 tokens in three chunks beside a 24-token prompt, rows of one decode batch) give
-    llama.cpp's greedy continuation; a follow-up of the 170-token prompt reuses its cached prefix
-    and gets the tokens it gets from an empty cache."""
+def test_batched_and_after_a_shared_prefix_as_llama_cpp(files):
+    """The scheduler runs the 170-token prompt (three prefill chunks) beside the 24-token one
+    (rows of one decode batch, through the shared-KV layers): each gets llama.cpp's greedy
+    continuation. Then the 170 tokens + the first 4 of that continuation reuse the slot's cached
+    prefix and get the next 4 (greedy is deterministic: llama.cpp's tokens 5-8, its 9th the
+    synthetic vocabulary's end-of-sequence token)."""
     name = "gemma4-tiny"
     model = _model(files(name))
     eos = model.config.vocab_size - 1  # the synthetic vocabulary's
     long, short = _expected_prompts(name)
-    got = minfer_jax.generate(model, short["ids"], max_new_tokens=len(short["greedy"]))
-    assert got.tokens == _until_eos(short["greedy"], eos)
-    first = minfer_jax.generate(model, long["ids"], max_new_tokens=8)
-    assert first.tokens == _until_eos(long["greedy"][:8], eos)
-    follow_up = long["ids"] + first.tokens + [5, 6, 7]
-    reused = minfer_jax.generate(model, follow_up, max_new_tokens=8)
-    assert reused.cached_tokens >= len(long["ids"])
-    minfer_jax.generate(model, short["ids"], max_new_tokens=1)  # the slot now holds another
-    alone = minfer_jax.generate(model, follow_up, max_new_tokens=8)
-    assert alone.cached_tokens == 0 and alone.tokens == reused.tokens
-    results = minfer_jax.generate_batch(model, [long["ids"], short["ids"]], max_new_tokens=12)
-    assert [r.tokens for r in results] == [_until_eos(p["greedy"][:12], eos) for p in (long, short)]
+    sched = model.scheduler(2)
+    reqs = [sched.submit(p["ids"], max_new_tokens=len(p["greedy"])) for p in (long, short)]
+    sched.run(reqs)
+    assert [r.result().tokens for r in reqs] == [
+        _until_eos(p["greedy"], eos) for p in (long, short)
+    ]
+    follow_up = long["ids"] + long["greedy"][:4]
+    reused = sched.submit(follow_up, max_new_tokens=4)
+    sched.run([reused])
+    assert reused.result().cached_tokens >= len(long["ids"])
+    assert reused.result().tokens == long["greedy"][4:8]

@@ -326,6 +326,31 @@ def _group(model: GGUFModel, names: list[str], opts: LoadOptions, device) -> tup
     return tuple(_matrix([ts[i] for i in run], opts, device) for run in runs)
 
 
+def _deltanet(model: GGUFModel, p: str, opts: LoadOptions, device) -> DeltaNet:
+    """The Gated DeltaNet weights of the layer whose tensors start with p."""
+    t = model.tensors
+    return DeltaNet(
+        proj=_group(model, [f"{p}{r}.weight" for r in DELTANET_PROJ_ROLES], opts, device),
+        dt_bias=jax.device_put(_vector(t[p + "ssm_dt.bias"]), device),
+        a=jax.device_put(_vector(t[p + "ssm_a"]), device),
+        conv=jax.device_put(_vector(t[p + "ssm_conv1d.weight"]), device),
+        norm=jax.device_put(_vector(t[p + "ssm_norm.weight"]), device),
+        out=_matrix([t[p + "ssm_out.weight"]], opts, device),
+    )
+
+
+def _per_layer_input(model: GGUFModel, p: str, opts: LoadOptions, device) -> PerLayerInput | None:
+    """gemma4's per-layer embedding block of the layer whose tensors start with p, or None."""
+    t = model.tensors
+    if p + "inp_gate.weight" not in t:
+        return None
+    return PerLayerInput(
+        gate=_matrix([t[p + "inp_gate.weight"]], opts, device),
+        proj=_matrix([t[p + "proj.weight"]], opts, device),
+        post_norm=jax.device_put(_vector(t[p + "post_norm.weight"]), device),
+    )
+
+
 def load_params(
     model: GGUFModel,
     opts: LoadOptions = LoadOptions(),
@@ -352,25 +377,6 @@ def load_params(
     def biases(p):
         names = [f"{p}{r}.bias" for r in QKV_ROLES]
         return jnp.concatenate([vec(n) for n in names]) if names[0] in t else None
-
-    def deltanet(p):
-        return DeltaNet(
-            proj=_group(model, [f"{p}{r}.weight" for r in DELTANET_PROJ_ROLES], opts, device),
-            dt_bias=vec(p + "ssm_dt.bias"),
-            a=vec(p + "ssm_a"),
-            conv=vec(p + "ssm_conv1d.weight"),
-            norm=vec(p + "ssm_norm.weight"),
-            out=_matrix([t[p + "ssm_out.weight"]], opts, device),
-        )
-
-    def per_layer(p):  # gemma4's per-layer embedding block
-        if p + "inp_gate.weight" not in t:
-            return None
-        return PerLayerInput(
-            gate=_matrix([t[p + "inp_gate.weight"]], opts, device),
-            proj=_matrix([t[p + "proj.weight"]], opts, device),
-            post_norm=vec(p + "post_norm.weight"),
-        )
 
     def layer(i):
         p = f"blk.{i}."
@@ -400,8 +406,8 @@ def load_params(
             moe=load_experts(model, i, opts, device),
             wo_bias=optional_vec(p + "attn_output.bias"),
             sinks=optional_vec(p + "attn_sinks.weight"),
-            mixer=deltanet(p) if recurrent else None,
-            per_layer=per_layer(p),
+            mixer=_deltanet(model, p, opts, device) if recurrent else None,
+            per_layer=_per_layer_input(model, p, opts, device),
             out_scale=optional_vec(p + "layer_output_scale.weight"),
             moe_norms=tuple(vec(n) for n in moe_norms) if moe_norms[0] in t else (),
         )
