@@ -38,7 +38,12 @@ from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import expected_shapes
 from minfer_jax.model.gguf_model import GGUFModel
 
-from minfer_bench.gemma4_keys import gemma4_metadata, proportional_rope_factors
+from minfer_bench.gemma4_keys import (
+    gemma4_metadata,
+    gemma4_real_shapes,
+    gemma4_with_layers,
+    proportional_rope_factors,
+)
 from minfer_bench.quant_mix import (
     DEFAULT_TYPE,
     FTYPES,
@@ -182,6 +187,7 @@ def _moe_configs() -> dict[str, Config]:
 
 
 SYNTHETIC_CONFIGS.update(_moe_configs())
+SYNTHETIC_CONFIGS.update(gemma4_real_shapes())  # Gemma-4-31B, 26B-A4B, E4B (gemma4_keys.py)
 # gemma3-1b with every layer global (no sliding window): the A/B of sliding-window prefill, in
 # memory (bench.py --synthetic); a gemma3 GGUF must name its window, so its file does not load.
 SYNTHETIC_CONFIGS["gemma3-1b-global"] = dataclasses.replace(
@@ -609,7 +615,11 @@ def _spec_config(spec: str, layers: int | None) -> tuple[str, str, Config]:
         # a hybrid's layer pattern repeats (qwen35moe: 3 DeltaNet, 1 attention)
         pattern = cfg.recurrent_layers
         recurrent = tuple(pattern[i % len(pattern)] for i in range(layers)) if pattern else ()
-        cfg = dataclasses.replace(cfg, n_layers=layers, recurrent_layers=recurrent)
+        cfg = (
+            gemma4_with_layers(cfg, layers)
+            if cfg.family == "gemma4"
+            else dataclasses.replace(cfg, n_layers=layers, recurrent_layers=recurrent)
+        )
     return cfg_name, ftype, cfg
 
 
