@@ -38,7 +38,9 @@ llama.cpp's logits (f16 .npz) for a direct comparison:
         --out tests/data/llama_cpp/qwen3moe-tiny-f32.json synthetic qwen3moe-tiny:f32 \
         --lengths 16,96 --greedy 32 --f32-kv --logits-out tests/data/llama_cpp/qwen3moe-tiny-f32.npz
 
-hybrid: a synthetic qwen35 / qwen35moe (F32, or "qwen35moe-tiny:q8_0-experts"; f32 KV cache):
+hybrid: a synthetic qwen35 / qwen35moe (F32, or "qwen35moe-tiny:q8_0-experts"; f32 KV cache) or
+gemma4 (minfer_bench.synthetic_gemma4: `--out tests/data/llama_cpp/gemma4-tiny.json hybrid
+gemma4-tiny`):
 llama.cpp's greedy tokens after random prompts (one past two 64-token delta-rule chunks) and its
 logits at every position of prompt + those (tests/data/llama_cpp/qwen35moe-tiny-q8_0-experts.json
 from `hybrid qwen35moe-tiny:q8_0-experts`).
@@ -516,9 +518,11 @@ def hybrid(args) -> dict:
     import base64
 
     from minfer_bench.synthetic import write_gguf
+    from minfer_bench.synthetic_gemma4 import GEMMA4_TINY, gemma4_model
     from minfer_bench.synthetic_qwen35 import qwen35_model
 
-    gm = qwen35_model(args.name, seed=args.seed)
+    build = gemma4_model if args.name in GEMMA4_TINY else qwen35_model
+    gm = build(args.name, seed=args.seed)
     rng = np.random.default_rng(args.seed)
     lengths = [int(n) for n in args.lengths.split(",")]
     prompts = [rng.integers(0, gm.config.vocab_size, n).tolist() for n in lengths]
@@ -600,7 +604,11 @@ def main(argv=None):
     v.add_argument("--pre", required=True, help="the tokenizer.ggml.pre to write, e.g. gpt-4o")
     tk = sub.add_parser("tokenize", help="llama.cpp's ids of NATURAL_TEXTS for a vocab file")
     tk.add_argument("vocab", help="a whole vocabulary, e.g. llama.cpp's ggml-vocab-qwen35.gguf")
-    h = sub.add_parser("hybrid", help="a synthetic qwen35 variant (synthetic_qwen35.QWEN35_TINY)")
+    h = sub.add_parser(
+        "hybrid",
+        help="a synthetic qwen35 or gemma4 variant (synthetic_qwen35.QWEN35_TINY, "
+        "synthetic_gemma4.GEMMA4_TINY)",
+    )
     h.add_argument("name")
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--lengths", default="170,24")

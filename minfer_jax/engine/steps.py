@@ -79,7 +79,7 @@ def prefill_chunk(
     last = jax.lax.dynamic_slice_in_dim(
         h, n_valid - 1, 1, axis=0
     )  # [1, d]: one row through the head
-    logits = logits_from_hidden(params, last, impl)
+    logits = logits_from_hidden(params, last, impl, cfg)
     token = _sample(par, logits, (start + n_valid)[None], rows, history[None], mode)
     history = push_history(history[None], token)[0]
     state = SlotState(
@@ -143,7 +143,7 @@ def prompt_logits(
     (outside jit); inside a jit the caller bounds it, as the plan's chunks do."""
     check_span(start, tokens.shape[0], cache.max_len)
     h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)
-    logits = logits_from_hidden(params, h, impl)
+    logits = logits_from_hidden(params, h, impl, cfg)
     return (logits if par is None else par.full_logits(logits)), cache
 
 

@@ -75,15 +75,15 @@ def chunk_attention(
             interpret=impl.kernels == "interpret",
             **_kernel_options(cfg, window, sinks),
         )
-        return out.reshape(t, cfg.q_dim)
+        return out.reshape(t, -1)
     k = kv_cache.read(k_cache, (slot,))  # [Hkv, S, hd] f32 (dequantized)
     v = kv_cache.read(v_cache, (slot,))
-    qg = q.astype(jnp.float32).reshape(t, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
+    qg = q.astype(jnp.float32).reshape(t, k.shape[0], -1, q.shape[-1])  # the layer's own shapes
     scores = jnp.einsum("tgrd,gsd->grts", qg, k) * cfg.softmax_scale  # [Hkv, rep, T, S]
     positions = start + jnp.arange(t, dtype=jnp.int32)
     visible = _visible(jnp.arange(k.shape[1])[None, :], positions[:, None], window)  # [T, S]
     probs = _softmax(scores, visible[None, None], sinks)
-    return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, cfg.q_dim)
+    return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, -1)
 
 
 def _visible(keys: jax.Array, positions: jax.Array, window: int) -> jax.Array:
@@ -125,11 +125,11 @@ def decode_attention(
             fused=impl.fused_decode,
             **_kernel_options(cfg, window, sinks),
         )
-        return out.reshape(b, cfg.q_dim)
+        return out.reshape(b, -1)
     s = k_cache.shape[2] if span is None else span
     k = kv_cache.read(k_cache, (slots, slice(None), slice(0, s)))  # [B, Hkv, span, hd] f32
     v = kv_cache.read(v_cache, (slots, slice(None), slice(0, s)))
-    qg = q.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
+    qg = q.astype(jnp.float32).reshape(b, k.shape[1], -1, q.shape[-1])
     scores = jnp.einsum("bgrd,bgsd->bgrs", qg, k) * cfg.softmax_scale  # [B, Hkv, rep, span]
     visible = _visible(jnp.arange(s)[None, :], positions[:, None], window)  # [B, span]
     if sinks is None:
@@ -137,7 +137,7 @@ def decode_attention(
     else:  # _softmax's sinks want [Hkv, rep, ...] first
         by_head = _softmax(scores.transpose(1, 2, 0, 3), visible[None, None], sinks)
         probs = by_head.transpose(2, 0, 1, 3)
-    return jnp.einsum("bgrs,bgsd->bgrd", probs, v).reshape(b, cfg.q_dim)
+    return jnp.einsum("bgrs,bgsd->bgrd", probs, v).reshape(b, -1)
 
 
 def decode_attention_projected(

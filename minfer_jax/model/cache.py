@@ -46,8 +46,14 @@ class KVCache:
         return self.k[0].shape[2]
 
 
-def cache_shape(cfg: Config, n_slots: int, max_len: int) -> tuple[int, int, int, int]:
-    return (n_slots, cfg.n_kv_heads, max_len, cfg.head_dim)
+def cache_shape(
+    cfg: Config, n_slots: int, max_len: int, layer: int | None = None
+) -> tuple[int, int, int, int]:
+    """One layer's K (or V) buffer; layer None: the full-attention layers' (gemma4's sliding
+    layers may have another head dim and KV head count: Config.layer_head_dim)."""
+    if layer is None:
+        return (n_slots, cfg.n_kv_heads, max_len, cfg.head_dim)
+    return (n_slots, cfg.layer_kv_heads(layer), max_len, cfg.layer_head_dim(layer))
 
 
 def recurrent_shapes(cfg: Config, n_slots: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -79,16 +85,17 @@ def cache_spec(
 ) -> KVCache:
     """The cache's shapes without memory (for ahead-of-time lowering). dtype: the float cache's
     (and an 8-bit one's compute dtype); kv_types: KVTypes."""
-    shape = cache_shape(cfg, n_slots, max_len)
-    k, v = (
-        jax.ShapeDtypeStruct(shape, dtype) if kind is None else kv.spec(kind, shape, dtype)
-        for kind in kv_types
-    )
-    n_kv, n_rec = len(cfg.attention_layers), len(cfg.recurrent_layer_ids)
+
+    def layer(kind: str | None, i: int):
+        shape = cache_shape(cfg, n_slots, max_len, i)
+        return jax.ShapeDtypeStruct(shape, dtype) if kind is None else kv.spec(kind, shape, dtype)
+
+    kind_k, kind_v = kv_types
+    n_rec = len(cfg.recurrent_layer_ids)
     states = [jax.ShapeDtypeStruct(s, jnp.float32) for s in recurrent_shapes(cfg, n_slots)]
     return KVCache(
-        k=(k,) * n_kv,  # type: ignore[arg-type]
-        v=(v,) * n_kv,  # type: ignore[arg-type]
+        k=tuple(layer(kind_k, i) for i in cfg.attention_layers),  # type: ignore[misc]
+        v=tuple(layer(kind_v, i) for i in cfg.attention_layers),  # type: ignore[misc]
         conv=(states[0],) * n_rec,
         delta=(states[1],) * n_rec,
     )
