@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax.engine import steps
-from minfer_jax.engine.sampling import GREEDY_MODE, MODES, RowSettings, SamplerMode
+from minfer_jax.engine.sampling import GREEDY_MODE, PLAN_MODES, RowSettings, SamplerMode
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
 from minfer_jax.sizes import pow2_at_least, round_up
@@ -127,11 +127,11 @@ class Plan:
             self.span(end),
         )
 
-    def serving_keys(self, modes=MODES) -> list:
+    def serving_keys(self, modes=PLAN_MODES) -> list:
         """Every executable a long-running server meets (for these sampler modes; by default all
-        three, so no sampler setting is a reason to compile): each prefill bucket a prompt of up to
-        ctx tokens can take and decode at every row count up to n_seqs (the XLA path's smallest
-        attention window)."""
+        four, so no sampler setting and no logprobs request is a reason to compile): each prefill
+        bucket a prompt of up to ctx tokens can take and decode at every row count up to n_seqs
+        (the XLA path's smallest attention window)."""
         buckets, b = [], MIN_BUCKET
         while b <= min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET)):
             buckets.append(b)
@@ -149,10 +149,11 @@ class Plan:
 
     def ready_keys(self) -> list:
         """The executables that serve every request on their own (the largest prefill bucket and
-        decode at every row, in the FULL mode, over the whole cache): what a server compiles before
+        decode at every row, in the top mode (LOGPROBS: FULL and each token's logprobs), over the
+        whole cache): what a server compiles before
         it says it is ready; `covers` lets them stand in for the rest while those compile."""
         bucket = min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET))
-        top = max(MODES)
+        top = max(PLAN_MODES)
         return [self.prefill_key(bucket, top), self.decode_key(self.n_seqs, self.cache_len, top)]
 
     def logits_key(self, bucket: int) -> LogitsKey:
@@ -160,9 +161,10 @@ class Plan:
 
 
 def prefill_mode(mode: SamplerMode) -> SamplerMode:
-    """Prefill samples one token per chunk: greedy, or the FULL mode for anything else (its
-    sampler's cost is nothing beside a chunk's, and it halves the prefill executables)."""
-    return GREEDY_MODE if mode == GREEDY_MODE else max(MODES)
+    """Prefill samples one token per chunk: greedy, or the top mode (LOGPROBS) for anything else
+    (its sampler's and logprobs' cost is nothing beside a chunk's, and it halves the prefill
+    executables)."""
+    return GREEDY_MODE if mode == GREEDY_MODE else max(PLAN_MODES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,9 +8,12 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 
+import jax
+import numpy as np
+
 from minfer_jax.engine import steps
 from minfer_jax.engine.constraint import TokenConstraint
-from minfer_jax.engine.sampling import Sampler
+from minfer_jax.engine.sampling import Sampled, Sampler, TokenLogprobs
 from minfer_jax.engine.text_stream import TextStream
 
 _ids = itertools.count()
@@ -45,8 +48,15 @@ class Request:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
+        logprobs: int | None = None,
+        leader: Request | None = None,
     ):
         self.id = next(_ids)
+        # alternatives each token reports with its logprob (0..TOP_LOGPROBS; None: no logprobs)
+        self.logprobs = logprobs
+        self.token_logprobs: list[steps.TokenLogprob] = []  # one per token of stream.tokens
+        # the request whose prefill this one shares (n > 1: the same prompt, its K/V copied)
+        self.leader = leader
         self.constraint = constraint  # the tokens it may sample (grammar, banned EOS)
         self.prompt = [int(t) for t in prompt_ids]
         self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
@@ -93,4 +103,20 @@ class Request:
             decode_s=t.decode_s,
             compile_s=t.compile_s,
             cached_tokens=self.cached,
+            logprobs=None if self.logprobs is None else list(self.token_logprobs),
         )
+
+
+def on_host(out, logprobs: bool) -> tuple[np.ndarray, TokenLogprobs | None]:
+    """A step's tokens on the host (waits for them) and, where asked and computed, their
+    logprobs."""
+    if isinstance(out, Sampled):
+        lps = jax.tree.map(np.asarray, out.logprobs) if logprobs else None
+        return np.asarray(out.tokens), lps
+    return np.asarray(out), None
+
+
+def token_logprob(token: int, lps: TokenLogprobs, i: int, top: int) -> steps.TokenLogprob:
+    """Row i of host logprobs as the result's entry, with `top` alternatives."""
+    alternatives = zip(lps.top_ids[i][:top].tolist(), lps.top[i][:top].tolist())
+    return steps.TokenLogprob(int(token), float(lps.chosen[i]), tuple(alternatives))

@@ -32,12 +32,13 @@ import jax
 import numpy as np
 
 from minfer_jax import validate
-from minfer_jax.engine import steps
+from minfer_jax.engine import sampling, steps
 from minfer_jax.engine.checkpoints import Checkpoints
 from minfer_jax.engine.constraint import ConstraintError, TokenConstraint, batch_mask
 from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey
-from minfer_jax.engine.request import Request
-from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
+from minfer_jax.engine.request import Request, on_host, token_logprob
+from minfer_jax.engine.sampling import RowSettings, Sampled, Sampler, SamplerMode
+from minfer_jax.engine.sharing import compile_copy, copy_slot, shared_prefix, waits_for_leader
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.engine.text_stream import TextStream
 from minfer_jax.errors import ContextOverflowError
@@ -49,7 +50,7 @@ class FirstToken:
     """In flight: the token a prompt's last prefill chunk sampled."""
 
     req: Request
-    token: jax.Array  # [] int32
+    token: jax.Array | Sampled  # [] int32 (LOGPROBS_MODE: with its logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,7 @@ class DecodeChunk:
     """In flight: one decode chunk's tokens for its rows, each with how many of them count."""
 
     rows: list[tuple[Request, int]]  # (request, valid tokens) per row, in row order
-    tokens: jax.Array  # [decode_steps, rows] int32
+    tokens: jax.Array | Sampled  # [decode_steps, rows] int32 (LOGPROBS_MODE: with logprobs)
 
 
 class Scheduler:
@@ -106,13 +107,19 @@ class Scheduler:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
+        logprobs: int | None = None,
+        leader: Request | None = None,
     ) -> Request:
         """Queue a generation (thread-safe); the loop picks it up at its next step.
 
         constraint: the tokens it may sample at each step (constraint.py), built off this
-        thread."""
+        thread. logprobs: each token's logprob and this many alternatives (0..TOP_LOGPROBS) in
+        the result (None: none). leader: a request with the same prompt submitted before this
+        one, whose prefill this one shares (sharing.py: n > 1 choices)."""
         prompt_ids = validate.token_ids(prompt_ids, self.model.config.vocab_size, "prompt")
         validate.integer("max_new_tokens", max_new_tokens, 0, validate.INT32_MAX)
+        if logprobs is not None:
+            validate.integer("logprobs", logprobs, 0, sampling.TOP_LOGPROBS)
         req = Request(
             prompt_ids,
             max_new_tokens=max_new_tokens,
@@ -122,6 +129,8 @@ class Scheduler:
             on_text=on_text,
             on_done=on_done,
             constraint=constraint,
+            logprobs=logprobs,
+            leader=leader,
         )
         self.check(req)
         self.incoming.put(req)
@@ -211,8 +220,12 @@ class Scheduler:
             r for r in itertools.chain(self.waiting, self.prefilling, self.decoding) if r.cancelled
         ]:
             self._finish(req, StopReason.CANCELLED)
-        while self.waiting and self.free_slots:
-            req = self.waiting.popleft()
+        while self.free_slots:
+            # a follower waits for its leader's prefill (sharing.py); the others go in order
+            ready = next((r for r in self.waiting if not self._waits(r)), None)
+            if ready is None:
+                break
+            self.waiting.remove(req := ready)
             try:
                 self._start(req)
             except BaseException:
@@ -237,10 +250,15 @@ class Scheduler:
         req.slot, req.cached = self._take_slot(req.prompt)
         if self.checkpoints is not None and self.cache is not None:  # restored, never truncated
             self.cache, req.cached = self.checkpoints.restore(self.cache, req.slot, req.prompt)
+        shared = shared_prefix(req) if self.shares_prefill else 0
+        if shared > req.cached and self.cache is not None:  # n > 1: the leader's K/V copied
+            assert req.leader is not None and req.leader.slot is not None
+            self.cache = copy_slot(self.cache, np.int32(req.leader.slot), np.int32(req.slot))
+            req.cached = shared
         if self.compile_in_loop:
-            req.timing.compile_s = self.compile(
-                self.needed(n, req.max_new_tokens, req.sampler, req.cached, _follows_tokens(req))
-            )
+            follows, logprobs = _follows_tokens(req), req.logprobs is not None
+            needed = self.needed(n, req.max_new_tokens, req.sampler, req.cached, follows, logprobs)
+            req.timing.compile_s = self.compile(needed)
         req.chunks = plan.chunks(n - req.cached, req.cached)
         req.timing.start, req.timing.compile_at_start = time.perf_counter(), self.compile_s
         self.prefilling.append(req)
@@ -268,21 +286,44 @@ class Scheduler:
     def mode(samplers: Sequence[Sampler]) -> SamplerMode:
         return SamplerMode.of(samplers)
 
+    @staticmethod
+    def _mode_of(reqs: Sequence[Request]) -> SamplerMode:
+        """The mode of a batch of requests: their samplers', LOGPROBS where one wants them."""
+        return SamplerMode.of([r.sampler for r in reqs], any(r.logprobs is not None for r in reqs))
+
+    @property
+    def shares_prefill(self) -> bool:
+        """Followers (n > 1) start from a copy of their leader's slot (sharing.py)."""
+        return (
+            self.reuse_prefixes
+            and self.plan.n_seqs > 1
+            and not self.model.config.recurrent_layer_ids
+        )
+
+    def _waits(self, req: Request) -> bool:
+        return self.shares_prefill and waits_for_leader(req)
+
     def needed(
-        self, n_prompt: int, max_new: int, sampler: Sampler, start: int = 0, one_step: bool = False
+        self,
+        n_prompt: int,
+        max_new: int,
+        sampler: Sampler,
+        start: int = 0,
+        one_step: bool = False,
+        logprobs: bool = False,
     ) -> list:
         """The executables a request of n_prompt tokens will run first (for compile-ahead messages);
         start: prompt tokens a slot already holds (prefix reuse); one_step: it follows a grammar
-        (plan.decode_key)."""
+        (plan.decode_key); logprobs: it asks for its tokens' logprobs."""
         plan = self.plan
-        mode = SamplerMode.of([sampler])
+        mode = SamplerMode.of([sampler], logprobs)
         keys: list[PrefillKey | DecodeKey] = list(
             dict.fromkeys(
                 plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt - start, start)
             )
         )
         if max_new > 1:
-            batch_mode = SamplerMode.of([r.sampler for r in self.decoding] + [sampler])
+            batch_mode = max(self._mode_of(self.decoding), mode)
             keys.append(
                 plan.decode_key(
                     len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode, one_step
@@ -323,6 +364,8 @@ class Scheduler:
             self.state = steps.init_slot_state(p.n_slots, p.history)
             if self.cache.conv and self.reuse_prefixes:
                 self.checkpoints = Checkpoints(self.cache)
+            if self.shares_prefill:
+                self.cache = compile_copy(self.cache)
 
     def _dispatch_prefill(self) -> bool:
         """Prefill chunks up to plan.chunk prompt tokens this step (at least one chunk)."""
@@ -336,7 +379,7 @@ class Scheduler:
     def _dispatch_prefill_chunk(self, req: Request) -> int:
         """Dispatch req's next prompt chunk; returns its bucket (tokens of prefill work)."""
         start, bucket, n_valid = req.chunks.pop(0)
-        key = self._runnable(self.plan.prefill_key(bucket, self.mode([req.sampler])), start)
+        key = self._runnable(self.plan.prefill_key(bucket, self._mode_of([req])), start)
         tokens = np.zeros((key.bucket,), np.int32)
         tokens[:n_valid] = req.prompt[start : start + n_valid]
         width = self.plan.history
@@ -376,8 +419,7 @@ class Scheduler:
         end = max(len(r.prompt) + r.produced - 1 for r in rows) + plan.decode_steps
         # a grammar row needs each token before its next mask: the whole batch steps once
         one_step = any(_follows_tokens(r) for r in rows)
-        mode = self.mode([r.sampler for r in rows])
-        key = self._runnable(plan.decode_key(n, end, mode, one_step))
+        key = self._runnable(plan.decode_key(n, end, self._mode_of(rows), one_step))
         width = key.rows
         slots = np.full((width,), plan.scratch_slot, np.int32)
         positions = np.zeros((width,), np.int32)
@@ -415,7 +457,8 @@ class Scheduler:
     # -- reading results -----------------------------------------------------------------------
     def _read(self, item: FirstToken | DecodeChunk) -> None:
         if isinstance(item, FirstToken):
-            req, token = item.req, int(item.token)  # waits for the prefill
+            req = item.req
+            token, lps = on_host(item.token, req.logprobs is not None)  # waits for the prefill
             if req.done.is_set():
                 return
             t = req.timing
@@ -423,17 +466,20 @@ class Scheduler:
             assert t.start is not None  # set when its prefill was dispatched
             t.prefill_s = t.first - t.start - (self.compile_s - t.compile_at_start)
             t.compile_at_first = self.compile_s
-            self._deliver(req, [token])
+            self._deliver(req, [int(token)], jax.tree.map(lambda a: a[None], lps))
             return
-        out = np.asarray(item.tokens)  # waits for this chunk (the next one is already queued)
+        # waits for this chunk (the next one is already queued)
+        out, lps = on_host(item.tokens, any(r.logprobs is not None for r, _ in item.rows))
         for i, (req, valid) in enumerate(item.rows):
             if not req.done.is_set():
-                self._deliver(req, out[:valid, i].tolist())
+                row = jax.tree.map(lambda a: a[:valid, i], lps)  # noqa: B023  used at once
+                self._deliver(req, out[:valid, i].tolist(), row)
 
-    def _deliver(self, req: Request, tokens: list[int]) -> None:
+    def _deliver(self, req: Request, tokens: list[int], lps=None) -> None:
+        """Hand tokens to req's stream; lps: their TokenLogprobs (host arrays, a row a token)."""
         stream = req.stream
         assert stream is not None  # tokens reach started requests only
-        for t in tokens:
+        for i, t in enumerate(tokens):
             if req.constraint is not None and stream.reason is None:
                 try:
                     req.constraint.advance(t)
@@ -441,7 +487,10 @@ class Scheduler:
                     req.error = e
                     self._finish(req, StopReason.ERROR)
                     return
+            kept = len(stream.tokens)
             stream.push(t)
+            if lps is not None and req.logprobs is not None and len(stream.tokens) > kept:
+                req.token_logprobs.append(token_logprob(t, lps, i, req.logprobs))
         self.tokens_out += len(tokens)
         piece = stream.take()
         if piece and req.on_text is not None:

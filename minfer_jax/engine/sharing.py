@@ -1,0 +1,52 @@
+"""n > 1 choices from one prefill: a follower request (Request.leader) waits until its leader's
+prompt is dispatched, then starts from a copy of the leader's slot and prefills only its last
+prompt token (which yields its own first token, drawn with its own seed).
+
+The copy takes every position of the slot: what the leader wrote past the shared prompt (its
+decode) lies where the follower writes before it reads, as after any prefix reuse. Not used where
+the scheduler reuses no prefix (the deterministic mode) or keeps recurrent state (a hybrid model's
+state holds every token its slot ran, so a copy taken mid-decode is not the prompt's): there a
+follower prefills its whole prompt.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+
+from minfer_jax.engine.request import Request
+from minfer_jax.model.cache import KVCache
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def copy_slot(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
+    """cache with slot dst (every leaf's leading axis) set to slot src."""
+    return jax.tree.map(lambda a: a.at[dst].set(a[src]), cache)
+
+
+def compile_copy(cache: KVCache) -> KVCache:
+    """copy_slot compiled now (a no-op copy of slot 0), not on a server's loop thread later."""
+    return copy_slot(cache, np.int32(0), np.int32(0))
+
+
+def waits_for_leader(req: Request) -> bool:
+    """req shares a prefill whose prompt is not dispatched yet (the leader has not produced its
+    first token and is not done)."""
+    leader = req.leader
+    return leader is not None and leader.produced == 0 and not leader.done.is_set()
+
+
+def shared_prefix(req: Request) -> int:
+    """Prompt tokens req can take from its leader's live slot (0: none; at least one token is
+    prefilled: it yields the first token's logits)."""
+    leader = req.leader
+    if leader is None or leader.slot is None or leader.produced == 0 or leader.chunks:
+        return 0
+    n = 0
+    for a, b in zip(leader.prompt, req.prompt):
+        if a != b:
+            break
+        n += 1
+    return min(n, len(req.prompt) - 1)
