@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax.engine import steps
-from minfer_jax.engine.sampling import GREEDY_MODE, PLAN_MODES, RowSettings, SamplerMode
+from minfer_jax.engine.sampling import GREEDY_MODE, MODES, PLAN_MODES, RowSettings, SamplerMode
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
 from minfer_jax.sizes import pow2_at_least, round_up
@@ -127,11 +127,13 @@ class Plan:
             self.span(end),
         )
 
-    def serving_keys(self, modes=PLAN_MODES) -> list:
+    def serving_keys(self, modes=MODES) -> list:
         """Every executable a long-running server meets (for these sampler modes; by default all
-        four, so no sampler setting and no logprobs request is a reason to compile): each prefill
-        bucket a prompt of up to ctx tokens can take and decode at every row count up to n_seqs
-        (the XLA path's smallest attention window)."""
+        three, so no sampler setting is a reason to compile): each prefill bucket a prompt of up to
+        ctx tokens can take and decode at every row count up to n_seqs (the XLA path's smallest
+        attention window). A batch with logprobs decodes on the ready set's LOGPROBS executable,
+        which covers every batch: a fourth set compiled in the background (~7.5 s a key for a 7B)
+        would only speed up those batches."""
         buckets, b = [], MIN_BUCKET
         while b <= min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET)):
             buckets.append(b)
