@@ -11,6 +11,8 @@ import pytest
 
 import minfer_jax
 from minfer_jax.engine.sampling import (
+    FULL_MODE,
+    GREEDY_LOGPROBS_MODE,
     GREEDY_MODE,
     LOGPROBS_MODE,
     TOP_LOGPROBS,
@@ -91,13 +93,16 @@ def test_logprobs_are_the_log_softmax_of_the_models_logits(model):
 
 
 def test_a_logprobs_row_picks_the_logprobs_mode_and_bad_counts_are_refused(model):
-    assert SamplerMode.of([Sampler(temperature=0.0)], logprobs=True) == LOGPROBS_MODE
-    assert LOGPROBS_MODE.covers(SamplerMode.of([HOT])) and not GREEDY_MODE.logprobs
+    assert SamplerMode.of([Sampler(temperature=0.0)], logprobs=True) == GREEDY_LOGPROBS_MODE
+    assert SamplerMode.of([HOT], logprobs=True).covers(GREEDY_LOGPROBS_MODE)
+    assert not FULL_MODE.covers(GREEDY_LOGPROBS_MODE) and not GREEDY_MODE.logprobs
+    assert GREEDY_LOGPROBS_MODE.join(FULL_MODE) == LOGPROBS_MODE
     plan = model.plan(n_seqs=2)
-    # the ready set serves logprobs batches: no compile while serving
+    # the ready set serves every batch (no compile while serving); greedy ones with logprobs get
+    # their own executables in the background
     assert {k.mode for k in plan.ready_keys()} == {LOGPROBS_MODE}
-    assert plan.ready_keys()[1].covers(plan.decode_key(1, 20, LOGPROBS_MODE))
-    assert plan.ready_keys()[0].covers(plan.prefill_key(16, LOGPROBS_MODE))
+    assert plan.ready_keys()[1].covers(plan.decode_key(1, 20, GREEDY_LOGPROBS_MODE))
+    assert plan.decode_key(1, 20, GREEDY_LOGPROBS_MODE) in plan.serving_keys()
     sched = minfer_jax.Scheduler(model, plan)
     for bad in (-1, TOP_LOGPROBS + 1, 2.5):
         with pytest.raises(minfer_jax.InvalidArgumentError, match="logprobs"):

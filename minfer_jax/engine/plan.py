@@ -17,7 +17,13 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax.engine import steps
-from minfer_jax.engine.sampling import GREEDY_MODE, MODES, PLAN_MODES, RowSettings, SamplerMode
+from minfer_jax.engine.sampling import (
+    GREEDY_MODE,
+    LOGPROBS_MODE,
+    SERVING_MODES,
+    RowSettings,
+    SamplerMode,
+)
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
 from minfer_jax.sizes import pow2_at_least, round_up
@@ -127,13 +133,11 @@ class Plan:
             self.span(end),
         )
 
-    def serving_keys(self, modes=MODES) -> list:
-        """Every executable a long-running server meets (for these sampler modes; by default all
-        three, so no sampler setting is a reason to compile): each prefill bucket a prompt of up to
-        ctx tokens can take and decode at every row count up to n_seqs (the XLA path's smallest
-        attention window). A batch with logprobs decodes on the ready set's LOGPROBS executable,
-        which covers every batch: a fourth set compiled in the background (~7.5 s a key for a 7B)
-        would only speed up those batches."""
+    def serving_keys(self, modes=SERVING_MODES) -> list:
+        """Every executable a long-running server meets (for these sampler modes; by default the
+        three samplers' and greedy and full with logprobs, so no sampler setting and no logprobs
+        request is a reason to compile): each prefill bucket a prompt of up to ctx tokens can take
+        and decode at every row count up to n_seqs (the XLA path's smallest attention window)."""
         buckets, b = [], MIN_BUCKET
         while b <= min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET)):
             buckets.append(b)
@@ -155,7 +159,7 @@ class Plan:
         whole cache): what a server compiles before
         it says it is ready; `covers` lets them stand in for the rest while those compile."""
         bucket = min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET))
-        top = max(PLAN_MODES)
+        top = LOGPROBS_MODE
         return [self.prefill_key(bucket, top), self.decode_key(self.n_seqs, self.cache_len, top)]
 
     def logits_key(self, bucket: int) -> LogitsKey:
@@ -166,7 +170,7 @@ def prefill_mode(mode: SamplerMode) -> SamplerMode:
     """Prefill samples one token per chunk: greedy, or the top mode (LOGPROBS) for anything else
     (its sampler's and logprobs' cost is nothing beside a chunk's, and it halves the prefill
     executables)."""
-    return GREEDY_MODE if mode == GREEDY_MODE else max(PLAN_MODES)
+    return GREEDY_MODE if mode == GREEDY_MODE else LOGPROBS_MODE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -214,11 +214,12 @@ class RowSettings:
 @dataclasses.dataclass(frozen=True, order=True)
 class SamplerMode:
     """The static part of a batch's sampling: one of GREEDY_MODE < SAMPLED_MODE < FULL_MODE, each
-    able to serve every batch a smaller one serves (`covers`). Everything else is traced."""
+    able to serve every batch a smaller one serves (`covers`), with or without each token's
+    logprobs (`token_logprobs`: only a batch with a row that asks pays for them; LOGPROBS_MODE,
+    the full mode with them, serves every batch). Everything else is traced."""
 
-    # 0 greedy, 1 sampled (NARROW_CAP candidates), 2 full (WIDE_CAP, repeat penalty), 3 full and
-    # each token's logprobs (`token_logprobs`): only a batch with a row that asks pays for them
-    rank: int = 0
+    rank: int = 0  # 0 greedy, 1 sampled (NARROW_CAP candidates), 2 full (WIDE_CAP, repeat penalty)
+    logprobs: bool = False  # the step also returns each token's logprobs (`Sampled`)
 
     @property
     def sampled(self) -> bool:  # some row may draw (temperature > 0)
@@ -235,23 +236,22 @@ class SamplerMode:
         return self.rank >= 2
 
     @property
-    def logprobs(self) -> bool:  # the step also returns each token's logprobs (`Sampled`)
-        return self.rank >= 3
-
-    @property
     def label(self) -> str:
-        return ("greedy", "sampled", "full", "logprobs")[self.rank]
+        return ("greedy", "sampled", "full")[self.rank] + (" logprobs" if self.logprobs else "")
 
     def covers(self, other: SamplerMode) -> bool:
-        return self.rank >= other.rank
+        return self.rank >= other.rank and self.logprobs >= other.logprobs
+
+    def join(self, other: SamplerMode) -> SamplerMode:
+        """The smallest mode covering both."""
+        return SamplerMode(max(self.rank, other.rank), self.logprobs or other.logprobs)
 
     @staticmethod
     def of(samplers, logprobs: bool = False) -> SamplerMode:
         """The smallest mode serving every one of these samplers (logprobs: a row asks for its
         tokens' logprobs)."""
-        if logprobs:
-            return LOGPROBS_MODE
-        return max((_mode_of(s) for s in samplers), default=GREEDY_MODE)
+        mode = max((_mode_of(s) for s in samplers), default=GREEDY_MODE)
+        return dataclasses.replace(mode, logprobs=True) if logprobs else mode
 
 
 def _mode_of(s: Sampler) -> SamplerMode:
@@ -265,8 +265,9 @@ def _mode_of(s: Sampler) -> SamplerMode:
 
 GREEDY_MODE, SAMPLED_MODE, FULL_MODE = SamplerMode(0), SamplerMode(1), SamplerMode(2)
 MODES = (GREEDY_MODE, SAMPLED_MODE, FULL_MODE)  # what samplers alone need
-LOGPROBS_MODE = SamplerMode(3)
-PLAN_MODES = (*MODES, LOGPROBS_MODE)  # every mode an executable is compiled for
+GREEDY_LOGPROBS_MODE, LOGPROBS_MODE = SamplerMode(0, True), SamplerMode(2, True)
+# what a server compiles (plan.serving_keys): a sampled batch with logprobs runs on LOGPROBS_MODE
+SERVING_MODES = (*MODES, GREEDY_LOGPROBS_MODE, LOGPROBS_MODE)
 
 
 def push_history(history: jax.Array, tokens: jax.Array) -> jax.Array:

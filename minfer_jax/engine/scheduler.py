@@ -323,7 +323,7 @@ class Scheduler:
             )
         )
         if max_new > 1:
-            batch_mode = max(self._mode_of(self.decoding), mode)
+            batch_mode = self._mode_of(self.decoding).join(mode)
             keys.append(
                 plan.decode_key(
                     len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode, one_step
