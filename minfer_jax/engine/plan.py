@@ -135,9 +135,10 @@ class Plan:
 
     def serving_keys(self, modes=SERVING_MODES) -> list:
         """Every executable a long-running server meets (for these sampler modes; by default the
-        three samplers' and greedy and full with logprobs, so no sampler setting and no logprobs
-        request is a reason to compile): each prefill bucket a prompt of up to ctx tokens can take
-        and decode at every row count up to n_seqs (the XLA path's smallest attention window)."""
+        three samplers' and greedy with logprobs (sampling.SERVING_MODES), so no sampler setting
+        and no logprobs request is a reason to compile): each prefill bucket a prompt of up to ctx
+        tokens can take and decode at every row count up to n_seqs (the XLA path's smallest
+        attention window)."""
         buckets, b = [], MIN_BUCKET
         while b <= min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET)):
             buckets.append(b)

@@ -266,8 +266,10 @@ def _mode_of(s: Sampler) -> SamplerMode:
 GREEDY_MODE, SAMPLED_MODE, FULL_MODE = SamplerMode(0), SamplerMode(1), SamplerMode(2)
 MODES = (GREEDY_MODE, SAMPLED_MODE, FULL_MODE)  # what samplers alone need
 GREEDY_LOGPROBS_MODE, LOGPROBS_MODE = SamplerMode(0, True), SamplerMode(2, True)
-# what a server compiles (plan.serving_keys): a sampled batch with logprobs runs on LOGPROBS_MODE
-SERVING_MODES = (*MODES, GREEDY_LOGPROBS_MODE, LOGPROBS_MODE)
+# what a server compiles (plan.serving_keys): greedy batches with logprobs (scoring, evals) get
+# their own; a sampled batch with logprobs runs on the ready set's LOGPROBS_MODE (its sampler
+# costs more than the rows and span it wastes)
+SERVING_MODES = (*MODES, GREEDY_LOGPROBS_MODE)
 
 
 def push_history(history: jax.Array, tokens: jax.Array) -> jax.Array:
