@@ -80,10 +80,12 @@ def test_logprobs_are_the_log_softmax_of_the_models_logits(model):
     drawn = hot.result().logprobs
     assert drawn is not None and any(e.token != e.top[0][0] for e in drawn)  # not all argmax
     assert plain.result().logprobs is None
+    # beside rows that ask for nothing (the batch of the same width, without logprobs)
     alone = scheduler(model)
-    again = alone.submit(plain.prompt, max_new_tokens=10, sampler=HOT, seed=6)
-    alone.run([again])
-    assert again.result().tokens == plain.result().tokens
+    again = [alone.submit(plain.prompt, max_new_tokens=10, sampler=HOT, seed=6)]
+    again += [alone.submit(prompt(6, 4 + i), max_new_tokens=10, sampler=HOT) for i in (0, 1)]
+    alone.run(again)
+    assert again[0].result().tokens == plain.result().tokens
     # the library call: generate(..., logprobs=k) (one token: its prefill only compiles)
     lib = minfer_jax.generate(model, ids, max_new_tokens=1, logprobs=0)
     first = (greedy.result().logprobs or [])[0]
@@ -121,11 +123,11 @@ def test_n_choices_share_one_prefill(model):
     sched.run([lead, *rest])
     assert lead.result().cached_tokens == 0
     assert [r.result().cached_tokens for r in rest] == [len(ids) - 1] * 2
-    for i, r in enumerate([lead, *rest]):
-        alone = scheduler(model)
-        solo = alone.submit(ids, max_new_tokens=8, sampler=HOT, seed=11 + i)
-        alone.run([solo])
-        assert r.result().tokens == solo.result().tokens
+    apart = scheduler(model)  # three unrelated requests: each prefills its whole prompt
+    solos = [apart.submit(ids, max_new_tokens=8, sampler=HOT, seed=11 + i) for i in range(3)]
+    apart.run(solos)
+    assert [s.result().cached_tokens for s in solos] == [0, 0, 0]
+    assert [r.result().tokens for r in [lead, *rest]] == [s.result().tokens for s in solos]
     assert len({tuple(r.result().tokens) for r in [lead, *rest]}) == 3
     # generate_batch: an equal prompt shares the first one's prefill (one token each: the same
     # executables as above)
