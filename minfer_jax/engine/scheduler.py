@@ -38,7 +38,7 @@ from minfer_jax.engine.constraint import ConstraintError, TokenConstraint, batch
 from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey
 from minfer_jax.engine.request import Request, on_host, token_logprob
 from minfer_jax.engine.sampling import RowSettings, Sampled, Sampler, SamplerMode
-from minfer_jax.engine.sharing import compile_copy, copy_slot, shared_prefix, waits_for_leader
+from minfer_jax.engine.sharing import shared_prefix, slot_copier, waits_for_leader
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.engine.text_stream import TextStream
 from minfer_jax.errors import ContextOverflowError
@@ -81,6 +81,7 @@ class Scheduler:
         # recurrent layers (qwen35) only from a checkpoint of their state (checkpoints.py).
         self.reuse_prefixes = not model.impl.deterministic
         self.checkpoints: Checkpoints | None = None
+        self._copy_slot: Callable | None = None  # n > 1: a follower's start (sharing.py)
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
@@ -252,8 +253,8 @@ class Scheduler:
             self.cache, req.cached = self.checkpoints.restore(self.cache, req.slot, req.prompt)
         shared = shared_prefix(req) if self.shares_prefill else 0
         if shared > req.cached and self.cache is not None:  # n > 1: the leader's K/V copied
-            assert req.leader is not None and req.leader.slot is not None
-            self.cache = copy_slot(self.cache, np.int32(req.leader.slot), np.int32(req.slot))
+            assert req.leader and req.leader.slot is not None and self._copy_slot is not None
+            self.cache = self._copy_slot(self.cache, req.leader.slot, req.slot)
             req.cached = shared
         if self.compile_in_loop:
             follows, logprobs = _follows_tokens(req), req.logprobs is not None
@@ -365,7 +366,7 @@ class Scheduler:
             if self.cache.conv and self.reuse_prefixes:
                 self.checkpoints = Checkpoints(self.cache)
             if self.shares_prefill:
-                self.cache = compile_copy(self.cache)
+                self._copy_slot = slot_copier(self.cache)
 
     def _dispatch_prefill(self) -> bool:
         """Prefill chunks up to plan.chunk prompt tokens this step (at least one chunk)."""

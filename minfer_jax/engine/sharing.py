@@ -12,6 +12,8 @@ follower prefills its whole prompt.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -20,15 +22,27 @@ from minfer_jax.engine.request import Request
 from minfer_jax.model.cache import KVCache
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def copy_slot(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
+def _copy(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
     """cache with slot dst (every leaf's leading axis) set to slot src."""
     return jax.tree.map(lambda a: a.at[dst].set(a[src]), cache)
 
 
-def compile_copy(cache: KVCache) -> KVCache:
-    """copy_slot compiled now (a no-op copy of slot 0), not on a server's loop thread later."""
-    return copy_slot(cache, np.int32(0), np.int32(0))
+def slot_copier(cache: KVCache) -> Callable[[KVCache, Any, Any], KVCache]:
+    """copy(cache, src, dst) for caches laid out as this one (its shardings kept: a tensor
+    parallel cache stays split by heads), compiled now (once per layout), not on a server's loop
+    thread later."""
+    leaves, treedef = jax.tree.flatten(cache)
+    compiled = _compiled_copy(treedef, tuple((a.shape, a.dtype, a.sharding) for a in leaves))
+    return lambda c, src, dst: compiled(c, np.int32(src), np.int32(dst))
+
+
+@functools.cache
+def _compiled_copy(treedef, layout: tuple):
+    specs = [jax.ShapeDtypeStruct(shape, dtype, sharding=s) for shape, dtype, s in layout]
+    shardings = jax.tree.unflatten(treedef, [s for _, _, s in layout])
+    copy = jax.jit(_copy, donate_argnums=0, out_shardings=shardings)
+    i32 = jax.ShapeDtypeStruct((), np.int32)
+    return copy.lower(jax.tree.unflatten(treedef, specs), i32, i32).compile()
 
 
 def waits_for_leader(req: Request) -> bool:
