@@ -40,7 +40,13 @@ from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, lon
 from minfer_jax.server.openai_format import Reply, error_body, sse
 from minfer_jax.server.reasoning import ReasoningStream, reply_thinks, split_reasoning
 from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, CompletionRequest, parse
-from minfer_jax.server.tools import CallFormat, CallStream, tool_grammar, tool_setup
+from minfer_jax.server.tools import (
+    CallFormat,
+    CallStream,
+    HarmonyCalls,
+    tool_grammar,
+    tool_setup,
+)
 
 # a non-streamed request checks this often whether its client is still there
 DISCONNECT_POLL_S = 0.5
@@ -160,7 +166,9 @@ async def _stream(
     try:
         if reply.kind == "chat":
             yield chunk(role=True)
-        held = None if calls is None else CallStream(calls)
+        # harmony's calls are whole messages of the raw text, parsed once it is done
+        whole = isinstance(calls, HarmonyCalls)
+        held = None if calls is None or whole else CallStream(calls)
         thought = None if think is None else ReasoningStream(think)
 
         def content_chunks(field: str, text: str, split: bool = True):
@@ -194,6 +202,8 @@ async def _stream(
             return
         result = req.result()
         rest, made = held.finish() if held is not None else ("", [])
+        if whole:
+            made = calls.parse(result.text)[1]
         if rest:
             yield chunk(rest)
         for index, call in enumerate(made):
