@@ -38,6 +38,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from minfer_jax.engine.flags import StrictParser
+
 from minfer_bench.load_test import LOOPBACK, LoadTestError
 
 MAX_CLIENTS = 256
@@ -438,7 +440,7 @@ async def run(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = StrictParser(
         prog="python -m minfer_bench.soak",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -1009,6 +1010,104 @@ def test_llama_server_json_schema_and_grammar_fields_constrain_completions(serve
     # ignore_eos: read (a wrong type is a 400), and the reply runs to max_tokens
     r = _post(server, "completions", {"prompt": "hi", "ignore_eos": True, "max_tokens": 12})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12, r.text
+
+
+# hostile schemas and grammars (tests/hostile_grammars.py) through the server: a few by field, and
+# the costliest compiled while a stream runs
+HOSTILE_BY_FIELD = [  # (case, the field that carries it)
+    ("objects nested 100 deep", "response_format"),
+    ("a reference chain of 3000", "json_schema"),
+    ("the root referring to itself", "response_format"),
+    ("pattern with a backreference", "json_schema"),
+    ("GBNF undefined rule", "grammar"),
+    ("GBNF 3000 rules chained", "grammar"),
+    ("the schema true", "json_schema"),
+    ("pattern (a+)+$", "response_format"),
+]
+HOSTILE_SLOW = [
+    "2000 properties",
+    "a const string of 200k characters",
+    "GBNF 500 rules chained",
+    "GBNF 10000 alternatives",
+    "pattern a{100000}",
+    "an object reference chain of 990 (a deep stack)",
+    "Lark 3000 rules chained (a deep stack)",
+]
+MAX_GAP_S = 0.100  # issue 54: a compile blocks no other stream for more than 100 ms
+
+
+def _hostile_body(name: str, field: str | None = None) -> dict:
+    from tests.hostile_grammars import CASES
+
+    case = {c.name: c for c in CASES}[name]
+    field = field or case.kind
+    value = case.build()
+    if field == "response_format":
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": value}}
+        messages = [{"role": "user", "content": "hi"}]
+        return {"messages": messages, field: fmt, "max_tokens": 1, "temperature": 0}
+    return {"prompt": "hi", field: value, "max_tokens": 1, "temperature": 0}
+
+
+@pytest.mark.real_model
+def test_hostile_grammars_through_the_server(server):
+    from tests.hostile_grammars import CASES
+
+    says = {c.name: c.says for c in CASES}
+    for name, field in HOSTILE_BY_FIELD:
+        body = _hostile_body(name, field)
+        r = _post(server, "chat/completions" if "messages" in body else "completions", body)
+        if says[name] is None:
+            assert r.status_code == 200, (name, r.text[:300])
+            continue
+        assert r.status_code == 400, (name, r.text[:300])
+        error = r.json()["error"]
+        assert says[name].lower() in error["message"].lower() and error["param"] == field, error
+
+
+@pytest.mark.real_model
+def test_a_stream_keeps_its_pace_while_hostile_grammars_compile(server):
+    """The costliest cases of the table compile (two requests at a time) while a reply streams:
+    its largest gap between tokens then is at most MAX_GAP_S over its largest gap before."""
+    arrivals: list[float] = []
+    window: list[float] = []
+    statuses: list[int] = []
+
+    def send(names: list[str]) -> None:
+        for name in names:
+            statuses.append(_post(server, "completions", _hostile_body(name)).status_code)
+
+    def attack() -> None:
+        while len(arrivals) < 60:  # the stream runs: its pace before, then the compiles
+            time.sleep(0.005)
+        window.append(time.perf_counter())
+        senders = [
+            threading.Thread(target=send, args=(HOSTILE_SLOW,)),
+            threading.Thread(target=send, args=(HOSTILE_SLOW[::-1],)),
+        ]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        window.append(time.perf_counter())
+
+    body = {"prompt": "hi", "max_tokens": SLOT_CTX - 8, "ignore_eos": True, "stream": True}
+    attacker = threading.Thread(target=attack)
+    attacker.start()
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.perf_counter())
+    attacker.join()
+    gaps = [(b, b - a) for a, b in zip(arrivals, arrivals[1:])]
+    before = max(g for t, g in gaps[5:] if t < window[0])  # the first few: the prefill
+    during = [g for t, g in gaps if window[0] <= t <= window[1]]
+    print(
+        f"{len(during)} tokens during {window[1] - window[0]:.2f} s of compiles: largest gap "
+        f"{max(during) * 1e3:.1f} ms (before: {before * 1e3:.1f} ms)"
+    )
+    assert len(during) >= 10 and statuses == [200] * len(statuses) == [200] * 14, statuses
+    assert max(during) <= before + MAX_GAP_S, sorted(during)[-5:]
 
 
 FORMERLY_IGNORED = [  # (endpoint, extra fields, param named in the 400)

@@ -180,9 +180,12 @@ def _unavailable(message: str) -> ApiError:
 
 
 def _failed(error: BaseException) -> ApiError:
-    """The reply to a request that ended with an error: 503 for a server going down, else 500."""
+    """The reply to a request that ended with an error: 503 for a server going down, 400 for its
+    own input (a grammar past its parser's limits at a later token), else 500."""
     if isinstance(error, ShuttingDown):
         return _unavailable(str(error))
+    if isinstance(error, MinferError):  # the request's own input, found out mid-generation
+        return ApiError(400, f"generation stopped: {error}", "invalid_request_error")
     return ApiError(500, f"generation failed: {type(error).__name__}: {error}", "server_error")
 
 

@@ -94,6 +94,8 @@ class Reply:
             message: dict = {"role": "assistant"}
             if self.channels is not None:  # gpt-oss: content and reasoning_content by channel
                 message.update(split_channels(text))
+                if tool_calls and not message["content"]:
+                    message["content"] = None
             else:
                 message["content"] = text if text or not tool_calls else None
                 if reasoning is not None:

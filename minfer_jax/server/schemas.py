@@ -174,7 +174,10 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
         raise BadRequest(f"the request body must be a JSON object, got {type(data).__name__}")
     if check is not None:
         check(data)
-    known = set(kind.model_fields) | set(UNSUPPORTED) | set(CALLER_FIELDS)
+    # a body kind may declare its own (anthropic.py's Messages): else the OpenAI bodies' lists
+    caller = getattr(kind, "caller_fields", CALLER_FIELDS)
+    unsupported = getattr(kind, "unsupported", UNSUPPORTED)
+    known = set(kind.model_fields) | set(unsupported) | set(caller)
     for key in data:
         if isinstance(key, str) and key.startswith("speculative"):  # llama-server's speculative.*
             raise BadRequest(
@@ -186,19 +189,19 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
         if key not in known:
             raise BadRequest(
                 f"unknown field {_shown(key)}: minfer_jax does not implement it (fields that only "
-                f"describe the caller are accepted: {', '.join(CALLER_FIELDS)})",
+                f"describe the caller are accepted: {', '.join(caller)})",
                 key,
             )
-    data = {key: value for key, value in data.items() if key not in CALLER_FIELDS}
+    data = {key: value for key, value in data.items() if key not in caller}
     # null is "not given", as OpenAI and llama-server read it: the default (a required field stays)
     required = {name for name, field in kind.model_fields.items() if field.is_required()}
     data = {key: value for key, value in data.items() if value is not None or key in required}
-    for key, allowed in UNSUPPORTED.items():
+    for key, allowed in unsupported.items():
         if key in data and not any(_same(data[key], a) for a in allowed):
             ok = " or ".join(json.dumps(a) for a in allowed)
             raise BadRequest(f"{key}={_shown(data[key])} is not supported (only {ok})", key)
     # at their no-op values they are said and done: not fields of the body
-    data = {key: value for key, value in data.items() if key not in UNSUPPORTED}
+    data = {key: value for key, value in data.items() if key not in unsupported}
     try:
         return kind.model_validate(data)
     except RecursionError:

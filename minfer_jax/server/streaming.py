@@ -12,7 +12,7 @@ from typing import Any
 from minfer_jax.server.backend import Handle
 from minfer_jax.server.openai_format import LogprobFormat, Reply, error_body, sse
 from minfer_jax.server.reasoning import ReasoningStream
-from minfer_jax.server.tools import CallFormat, CallStream
+from minfer_jax.server.tools import CallFormat, CallStream, HarmonyCalls
 
 
 class ChoiceFailed:
@@ -34,7 +34,9 @@ async def choice_chunks(
     ChoiceFailed. calls: the tool-call format the reply is parsed with (text that may be a call is
     held back); think: a thinking model's reply (reasoning_content split out; True: it starts
     inside the think block); logprobs: the tokens' logprobs go with the first chunk after them."""
-    held = None if calls is None else CallStream(calls)
+    # harmony's calls are whole messages of the raw text, parsed once it is done
+    whole = isinstance(calls, HarmonyCalls)
+    held = None if calls is None or whole else CallStream(calls)
     thought = None if think is None else ReasoningStream(think)
     pending: list = []  # token logprobs not sent yet
 
@@ -75,6 +77,8 @@ async def choice_chunks(
         return
     result = req.result()
     rest, made = held.finish() if held is not None else ("", [])
+    if whole:
+        made = calls.parse(result.text)[1]
     if rest:
         yield chunk(rest)
     for call_index, call in enumerate(made):
