@@ -20,9 +20,10 @@ from minfer_jax import ops, validate
 from minfer_jax.engine.plan import Plan, PlanError
 from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.model.cache import KVTypes
+from minfer_jax.model.weights import WEIGHT_MODES
 from minfer_jax.quant import kv
 
-LOAD_WEIGHT_MODES = ("quantized", "dense")
+LOAD_WEIGHT_MODES = WEIGHT_MODES
 DTYPES = ("float32", "bfloat16", "float16")
 FLOAT_CACHE_TYPES = {"f32": jnp.float32, "f16": jnp.float16}
 CACHE_TYPES = (*FLOAT_CACHE_TYPES, *kv.KV_TYPES)  # -ctk / -ctv, llama.cpp's spellings
@@ -34,8 +35,10 @@ class Options:
 
     ctx_size: KV cache length (None: min(4096, the trained context); more is clamped to it).
     kernels: "pallas" | "interpret" | "xla" (None: pallas on a GPU, xla elsewhere).
-    weights: "quantized" keeps the GGUF formats on the device, "dense" dequantizes once (None:
-    quantized with kernels, dense on XLA); dense_dtype / wide_dtype: the dense copy's dtypes.
+    weights: "quantized" keeps the GGUF formats on the device, "int8" holds block formats as int8
+    with group scales (XLA decodes them inside its dot), "dense" dequantizes once to f32 (None:
+    quantized with kernels, int8 on a CPU's XLA path, dense on a GPU's); dense_dtype /
+    wide_dtype: the dense copy's dtypes.
     gemm: GEMM variant past 8 tokens ("auto", "f16", "dequant", "int8"; ops.Impl).
     prefill_chunk: tokens per prefill executable, a power of two (None: the platform's).
     tensor_parallel: split weights and KV cache over this many devices (None: one device).
@@ -199,7 +202,8 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         "--weights",
         choices=LOAD_WEIGHT_MODES,
         default=None,
-        help="weight storage on the device (default: quantized with kernels, dense on xla)",
+        help="weight storage on the device (default: quantized with kernels, int8 on a CPU's xla "
+        "path, dense on a GPU's; dense: the f32 reference)",
     )
     parser.add_argument(
         "--deterministic",
