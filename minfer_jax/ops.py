@@ -5,6 +5,7 @@ nt = prod(x.shape[:-1]) is a Python int at trace time, so `route(w, nt, impl)` i
 per shape bucket and compiled into that bucket's executable. Its kinds (Route.kind):
 
     "dense"       dense weight (CPU "dense" mode)   -> XLA dot
+    "int8"        Int8Weight (the CPU's default)    -> XLA dot with q * a (+ b) decoded inside it
     "xla"         QWeight, impl.kernels == "xla"    -> reference: whole-matrix decode + XLA dot
     "gemv"        block format, nt <= GEMV_MAX_NT   -> integer Pallas GEMV (pallas/gemv.py)
     "gemv-float"  float format, nt <= GEMV_MAX_NT   -> float Pallas GEMV (pallas/gemv.py)
@@ -62,7 +63,7 @@ from minfer_jax.pallas import (
     gemv_tuning,
     tiles,
 )
-from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
+from minfer_jax.quant.matrix import DenseWeight, Int8Weight, QWeight, Weight
 from minfer_jax.quant.planes import QType, get_format
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
@@ -162,7 +163,7 @@ def default_impl(platform: str | None = None) -> Impl:
     return Impl(kernels="pallas" if platform == "gpu" else "xla")
 
 
-ROUTE_KINDS = ("dense", "xla", "gemv", "gemv-float", "gemm", "dq+gemm", "gemm-i8")
+ROUTE_KINDS = ("dense", "int8", "xla", "gemv", "gemv-float", "gemm", "dq+gemm", "gemm-i8")
 _PREFILL_KINDS = {
     "f16": "gemm",
     "dequant": "dq+gemm",
@@ -203,6 +204,8 @@ def route(
     (Route.fold_norm); sumsq: the norm input's sums of squares are given."""
     if isinstance(w, DenseWeight):
         return Route("dense")
+    if isinstance(w, Int8Weight):
+        return Route("int8")
     r = _quantized_route(w.qtype, nt, impl)
     if after_norm and impl.fused_decode and r.kind == "gemv":
         return dataclasses.replace(r, fold_norm=_fold_mode(w.qtype, *w.shape, nt, r, sumsq))
@@ -312,6 +315,9 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     if isinstance(w, DenseWeight):  # r.kind == "dense"
         wm = w.w if w.transposed else w.w.T  # [K, N]
         y = jnp.dot(x2.astype(wm.dtype), wm, preferred_element_type=jnp.float32)
+    elif isinstance(w, Int8Weight):  # r.kind == "int8": XLA fuses the decode into the dot
+        values = w.values()
+        y = jnp.dot(x2.astype(jnp.float32), values if w.transposed else values.T)
     else:
         y = by_rows(route_call(r, w.qtype, w.shape[0], impl), r.row_chunk, x2, w.planes)
     return y.reshape(*lead, y.shape[-1])
@@ -458,7 +464,7 @@ def matmul_parts(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     f32, as norm_matmul_parts (the deterministic mode's row chunks finished, as there: one path
     at every row count)."""
     r = route(w, x.shape[0], impl)
-    if isinstance(w, DenseWeight) or r.kind not in ("gemv", "gemv-float") or r.row_chunk:
+    if not isinstance(w, QWeight) or r.kind not in ("gemv", "gemv-float") or r.row_chunk:
         return matmul(x, w, impl)[None]
     return route_call(r, w.qtype, w.shape[0], impl, partials=True)(x, w.planes)
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 
 from minfer_jax.engine import options
+from minfer_jax.engine.flags import StrictParser, add_llama_noops, add_llama_refusals
 
 from minfer_bench.bench.fields import OUTPUT_FORMATS
 from minfer_bench.bench.parsing import BenchError
 from minfer_bench.synthetic import SYNTHETIC_CONFIGS
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(StrictParser):
     def error(self, message):  # one line, exit 2
         raise BenchError(message)
 
@@ -42,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_args(p.add_argument_group("speculative mode"))
     _startup_args(p.add_argument_group("startup mode"))
     _output_args(p.add_argument_group("output"))
+    # llama-bench's -t / -ngl / -fa (lists there); -r is its repetitions, as here
+    add_llama_noops(
+        p.add_argument_group("llama-bench flags that mean nothing here"),
+        ("threads", "gpu_layers", "flash_attn"),
+    )
+    refused = ("conversation", "no_conversation", "single_turn", "escape", "ignore_eos")
+    add_llama_refusals(p, "bench.py", refused)
     return p
 
 

@@ -112,6 +112,7 @@ def generate(
     speculative: str | None = None,
     draft_max: int | None = None,
     draft_min: int | None = None,
+    logprobs: int | None = None,
     **settings: Unpack[SamplerKeywords],
 ) -> GenerationResult:
     """Generate from a prompt: text (with chat=True wrapped in the chat template), a list of chat
@@ -126,7 +127,10 @@ def generate(
     end-of-sequence token. speculative="lookup" (llama.cpp's "ngram-simple") drafts tokens from
     the prompt and output so far and verifies up to draft_max (1..15, default 7) of them in one
     step, skipping drafts shorter than draft_min: the same tokens as without it (greedy), the same
-    distribution (sampled); result.speculation counts what it did. An unknown keyword is an
+    distribution (sampled); result.speculation counts what it did. logprobs (0..20): the result's
+    `logprobs` holds each token's log-probability under the model's distribution (raw logits:
+    before the temperature and the filters) and this many most likely alternatives. An unknown
+    keyword is an
     InvalidArgumentError naming it.
     """
     model = _model(model)
@@ -149,6 +153,7 @@ def generate(
         on_text=on_text,
         constraint=constraint,
         speculation=speculation,
+        logprobs=logprobs,
     )
     sched.run([req])
     return req.result()
@@ -170,10 +175,11 @@ def generate_batch(
     """generate() for many prompts at once, decoded together; one result per prompt, in order.
 
     prompts: a list of prompts (each as generate() takes it), never one string. seed: one for all
-    prompts or one per prompt. A sequence gets the tokens it gets alone when the model was loaded
-    with deterministic=True (any batch, any platform) and on the CPU's default path; on the GPU's
-    default kernels a batch can part from the lone tokens at near ties (README, "Batch
-    invariance").
+    prompts or one per prompt. A prompt equal to an earlier one shares its prefill (n choices of
+    one prompt: pass it n times with n seeds). A sequence gets the tokens it gets alone when the
+    model was loaded with deterministic=True (any batch, any platform) and on the CPU's default
+    path; on the GPU's default kernels a batch can part from the lone tokens at near ties (README,
+    "Batch invariance").
     """
     model = _model(model)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
@@ -197,15 +203,19 @@ def generate_batch(
         "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
     )
     sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
-    reqs = [
-        sched.submit(
-            prompt_ids(model, p, chat),
+    reqs: list = []
+    firsts: dict[tuple[int, ...], Any] = {}  # prompt -> its first request (the leader)
+    for p, s in zip(prompts, seeds):
+        ids = prompt_ids(model, p, chat)
+        req = sched.submit(
+            ids,
             max_new_tokens=max_new_tokens,
             sampler=sampler,
             seed=s,
             stop=stop,
+            leader=firsts.get(tuple(ids)),
         )
-        for p, s in zip(prompts, seeds)
-    ]
+        firsts.setdefault(tuple(ids), req)
+        reqs.append(req)
     sched.run(reqs)
     return [r.result() for r in reqs]

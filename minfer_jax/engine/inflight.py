@@ -8,6 +8,7 @@ import dataclasses
 import jax
 
 from minfer_jax.engine.request import Request
+from minfer_jax.engine.sampling import Sampled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,7 +16,7 @@ class FirstToken:
     """In flight: the token a prompt's last prefill chunk sampled."""
 
     req: Request
-    token: jax.Array  # [] int32
+    token: jax.Array | Sampled  # [] int32 (LOGPROBS_MODE: with its logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +24,7 @@ class DecodeChunk:
     """In flight: one decode chunk's tokens for its rows, each with how many of them count."""
 
     rows: list[tuple[Request, int]]  # (request, valid tokens) per row, in row order
-    tokens: jax.Array  # [decode_steps, rows] int32
+    tokens: jax.Array | Sampled  # [decode_steps, rows] int32 (LOGPROBS_MODE: with logprobs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -178,10 +178,12 @@ class Drafter:
         return None
 
 
-def check_speculation(cfg, constraint) -> None:
+def check_speculation(cfg, constraint, logprobs: int | None = None) -> None:
     """What speculation cannot combine with yet: a grammar (each token needs the host before the
-    next is drafted against its mask) and recurrent layers (a rejected draft would need their
-    per-token states restored)."""
+    next is drafted against its mask), recurrent layers (a rejected draft would need their
+    per-token states restored) and logprobs (the verification step does not compute them)."""
+    if logprobs is not None:
+        raise InvalidArgumentError("speculative decoding does not report logprobs yet")
     if constraint is not None and constraint.dynamic:
         raise InvalidArgumentError(
             "speculative decoding does not combine with a grammar or JSON schema yet"

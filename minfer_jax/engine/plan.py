@@ -17,7 +17,13 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax.engine import steps, verify
-from minfer_jax.engine.sampling import GREEDY_MODE, MODES, RowSettings, SamplerMode
+from minfer_jax.engine.sampling import (
+    GREEDY_MODE,
+    LOGPROBS_MODE,
+    SERVING_MODES,
+    RowSettings,
+    SamplerMode,
+)
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
 from minfer_jax.sizes import pow2_at_least, round_up
@@ -128,10 +134,11 @@ class Plan:
             self.span(end),
         )
 
-    def serving_keys(self, modes=MODES) -> list:
-        """Every executable a long-running server meets (for these sampler modes; by default all
-        three, so no sampler setting is a reason to compile): each prefill bucket a prompt of up to
-        ctx tokens can take and decode at every row count up to n_seqs (the XLA path's smallest
+    def serving_keys(self, modes=SERVING_MODES) -> list:
+        """Every executable a long-running server meets (for these sampler modes; by default the
+        three samplers' and greedy with logprobs (sampling.SERVING_MODES), so no sampler setting
+        and no logprobs request is a reason to compile): each prefill bucket a prompt of up to ctx
+        tokens can take and decode at every row count up to n_seqs (the XLA path's smallest
         attention window)."""
         buckets, b = [], MIN_BUCKET
         while b <= min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET)):
@@ -150,14 +157,40 @@ class Plan:
 
     def ready_keys(self) -> list:
         """The executables that serve every request on their own (the largest prefill bucket and
-        decode at every row, in the FULL mode, over the whole cache): what a server compiles before
+        decode at every row, in the top mode (LOGPROBS: FULL and each token's logprobs), over the
+        whole cache): what a server compiles before
         it says it is ready; `covers` lets them stand in for the rest while those compile."""
         bucket = min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET))
-        top = max(MODES)
+        top = LOGPROBS_MODE
         return [self.prefill_key(bucket, top), self.decode_key(self.n_seqs, self.cache_len, top)]
 
     def logits_key(self, bucket: int) -> LogitsKey:
         return LogitsKey(bucket, self.n_slots, self.cache_len)
+
+    def first_keys(
+        self,
+        n_prompt: int,
+        max_new: int,
+        mode: SamplerMode,
+        batch: tuple[int, SamplerMode],
+        start: int = 0,
+        one_step: bool = False,
+        speculation=None,
+    ) -> list:
+        """The executables a request of n_prompt tokens runs first: its prefill chunks from start
+        (prompt tokens a slot holds), its verification buckets when it speculates (lookup.py's
+        Speculation), the decode chunk of the batch it joins (rows, their mode)."""
+        keys: list[PrefillKey | DecodeKey | VerifyKey] = list(
+            dict.fromkeys(
+                self.prefill_key(b, mode) for _, b, _ in self.chunks(n_prompt - start, start)
+            )
+        )
+        if max_new > 1 and speculation is not None:
+            keys += self.verify_keys(speculation.draft_max, n_prompt, mode)
+        if max_new > 1:
+            rows, batch_mode = batch
+            keys.append(self.decode_key(rows, n_prompt + self.decode_steps, batch_mode, one_step))
+        return keys
 
     def verify_key(self, n_draft: int, end: int, mode: SamplerMode) -> VerifyKey:
         """Speculative decoding's verification of n_draft drafted tokens (verify.py): 1 + K rows
@@ -179,9 +212,10 @@ def draft_bucket(n_draft: int) -> int:
 
 
 def prefill_mode(mode: SamplerMode) -> SamplerMode:
-    """Prefill samples one token per chunk: greedy, or the FULL mode for anything else (its
-    sampler's cost is nothing beside a chunk's, and it halves the prefill executables)."""
-    return GREEDY_MODE if mode == GREEDY_MODE else max(MODES)
+    """Prefill samples one token per chunk: greedy, or the top mode (LOGPROBS) for anything else
+    (its sampler's and logprobs' cost is nothing beside a chunk's, and it halves the prefill
+    executables)."""
+    return GREEDY_MODE if mode == GREEDY_MODE else LOGPROBS_MODE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,7 +383,7 @@ class LogitsKey:
 def _cache(model, key):
     if model.tp is not None:
         return model.tp.cache_spec(key.n_slots, key.cache_len, model.cache_dtype)
-    return cache_spec(model.config, key.n_slots, key.cache_len, model.cache_dtype)
+    return cache_spec(model.config, key.n_slots, key.cache_len, model.cache_dtype, model.kv_types)
 
 
 def _state(key):

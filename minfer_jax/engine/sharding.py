@@ -132,6 +132,8 @@ def plan_split(
         raise ShardingError(f"tensor_parallel is not supported for the hybrid family {cfg.family}")
     if n > 1 and cfg.family == "gpt-oss":  # its per-head sinks and o bias are not split here
         raise ShardingError("tensor parallelism does not support gpt-oss models yet")
+    if n > 1 and cfg.family == "gemma4":  # per-layer head shapes and embeddings are not split
+        raise ShardingError("tensor parallelism does not support gemma4 models yet")
     if cfg.n_heads % n:
         raise ShardingError(
             f"tensor_parallel {n} does not divide the model's {cfg.n_heads} query heads"
