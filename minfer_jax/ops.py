@@ -65,6 +65,7 @@ from minfer_jax.pallas import (
 )
 from minfer_jax.quant.matrix import DenseWeight, Int8Weight, QWeight, Weight
 from minfer_jax.quant.planes import QType, get_format
+from minfer_jax.validate import Choices
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
 # quantized experts on the kernels: the grouped expert GEMV up to this many tokens, the sorted
@@ -75,23 +76,6 @@ EXPERT_GEMM_VARIANT = "ragged"  # one of expert_gemm.VARIANTS
 # impl.deterministic: matmuls of up to this many rows compute each row as alone (plan.MAX_SEQS,
 # the largest decode batch; prefill chunks this short take the same path)
 DETERMINISTIC_MAX_NT = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class Choices:
-    """One setting's values, each with what it means, in the order help lists them: Impl and
-    load() validate against it; the CLIs take their argparse choices and help text from it."""
-
-    meanings: tuple[tuple[str, str], ...]  # (value, one-line meaning)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.meanings)
-
-    def describe(self) -> str:
-        """'a (meaning), b (meaning) or c (meaning)': for a --help line."""
-        parts = [f"{name} ({meaning})" for name, meaning in self.meanings]
-        return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
 
 
 KERNELS = Choices(
