@@ -68,20 +68,33 @@ def kv_label(dtype, kv_types: KVTypes) -> str:
 
 
 def init_cache(
-    cfg: Config, n_slots: int, max_len: int, dtype=jnp.float32, kv_types: KVTypes = FLOAT_KV
+    cfg: Config,
+    n_slots: int,
+    max_len: int,
+    dtype=jnp.float32,
+    kv_types: KVTypes = FLOAT_KV,
+    rotated: bool = True,
 ) -> KVCache:
-    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types)
+    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types, rotated)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec)
 
 
 def cache_spec(
-    cfg: Config, n_slots: int, max_len: int, dtype, kv_types: KVTypes = FLOAT_KV
+    cfg: Config,
+    n_slots: int,
+    max_len: int,
+    dtype,
+    kv_types: KVTypes = FLOAT_KV,
+    rotated: bool = True,
 ) -> KVCache:
     """The cache's shapes without memory (for ahead-of-time lowering). dtype: the float cache's
-    (and an 8-bit one's compute dtype); kv_types: KVTypes."""
+    (and an 8-bit one's compute dtype); kv_types: KVTypes; rotated: kv.ROTATED_TYPES layers hold
+    their rows rotated (quant/kv.py; rotate_in / rotate_out)."""
     shape = cache_shape(cfg, n_slots, max_len)
     k, v = (
-        jax.ShapeDtypeStruct(shape, dtype) if kind is None else kv.spec(kind, shape, dtype)
+        jax.ShapeDtypeStruct(shape, dtype)
+        if kind is None
+        else kv.spec(kind, shape, dtype, rotated and kind in kv.ROTATED_TYPES)
         for kind in kv_types
     )
     n_kv, n_rec = len(cfg.attention_layers), len(cfg.recurrent_layer_ids)
@@ -100,6 +113,25 @@ def cache_nbytes(
     """Bytes of the whole cache: 8-bit values and their scales as stored (the planner's count)."""
     spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types)
     return int(sum(s.size * jnp.dtype(s.dtype).itemsize for s in jax.tree.leaves(spec)))
+
+
+def rotated(layer: Layer) -> bool:
+    return isinstance(layer, QuantizedKV) and layer.rotated
+
+
+def rotate_in(q, k, v, k_layer: Layer, v_layer: Layer):
+    """(q, k, v) as the layers store and read them: q and k rotated where K is, v where V is
+    (quant/kv.py: q.k is unchanged)."""
+    if rotated(k_layer):
+        q, k = kv.rotate(q), kv.rotate(k)
+    return q, k, kv.rotate(v) if rotated(v_layer) else v
+
+
+def rotate_out(att: jax.Array, v_layer: Layer, head_dim: int) -> jax.Array:
+    """The attention's output [T, H * hd] rotated back where V is stored rotated."""
+    if not rotated(v_layer):
+        return att
+    return kv.rotate(att.reshape(*att.shape[:-1], -1, head_dim)).reshape(att.shape)
 
 
 def write_chunk(layer: Layer, rows: jax.Array, slot, start) -> Layer:

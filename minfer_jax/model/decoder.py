@@ -57,8 +57,9 @@ def _layers(
         j, r = kv_index.get(i, -1), rec_index.get(i, -1)
 
         def layer_attend(q, k, v, sinks=None, i=i, j=j):
+            q, k, v = kv_cache.rotate_in(q, k, v, ks[j], vs[j])  # 8-bit layers: rotated
             ks[j], vs[j], att = attend(q, k, v, ks[j], vs[j], cfg.window(i), sinks)
-            return att
+            return kv_cache.rotate_out(att, vs[j], cfg.head_dim)
 
         def layer_attend_projected(parts, widths, bias, inv_freq, i=i, j=j):
             ks[j], vs[j], att = attend_projected(
@@ -193,7 +194,9 @@ def forward_decode(
 
     epilogues = impl.fused_decode and impl.kernels != "xla" and par is None
     half = cfg.head_dim // 2  # the q/k/v epilogue kernel's tiles: a power of two
-    projected = epilogues and half & (half - 1) == 0
+    # a rotated 8-bit layer (quant/kv.py) rotates q / k / v in XLA, outside the epilogue kernel
+    rotated = any(kv_cache.rotated(layer) for layer in (*cache.k, *cache.v))
+    projected = epilogues and half & (half - 1) == 0 and not rotated
     x, cache = _layers(
         params,
         tokens,
