@@ -173,6 +173,8 @@ def test_model_on_8bit_cache_kernels_match_xla(tiny_gguf, kind=kv.Q8_0):
         )
 
     kern, ref = load(KERNELS), load("xla")
+    with pytest.raises(InvalidArgumentError, match=r"4096 slots x 1048576 tokens \(q8_0\)"):
+        kern.new_cache(4096, 1 << 20)  # the real bytes against the device's memory
     cache = kern.new_cache(1, 256)
     assert cache.k[0].values.dtype == kv.VALUE_DTYPES[kind]
     assert cache.v[0].scales.dtype == jnp.float16 and cache.k[0].rotated == (kind == kv.Q8_0)

@@ -153,6 +153,15 @@ class Model:
         if self.tp is not None:
             return self.tp.init_cache(n_slots, max_len or self.plan().cache_len, self.cache_dtype)
         max_len = max_len or self.plan().cache_len
+        validate.fits_in_memory(  # -np slots of -c / -np tokens, in the cache's real bytes
+            f"a KV cache of {n_slots} slots x {max_len} tokens "
+            f"({kv_label(self.cache_dtype, self.kv_types)})",
+            cache_nbytes(
+                self.config, n_slots, max_len, self.cache_dtype, self.kv_types, self.kv_rotation
+            ),
+            validate.memory_limit_bytes(executables.execution_devices(self)[0]),
+            already=self.weight_nbytes,
+        )
         return init_cache(
             self.config, n_slots, max_len, self.cache_dtype, self.kv_types, self.kv_rotation
         )

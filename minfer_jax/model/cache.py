@@ -108,10 +108,15 @@ def cache_spec(
 
 
 def cache_nbytes(
-    cfg: Config, n_slots: int, max_len: int, dtype=jnp.float32, kv_types: KVTypes = FLOAT_KV
+    cfg: Config,
+    n_slots: int,
+    max_len: int,
+    dtype=jnp.float32,
+    kv_types: KVTypes = FLOAT_KV,
+    rotated: bool = True,
 ) -> int:
     """Bytes of the whole cache: 8-bit values and their scales as stored (the planner's count)."""
-    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types)
+    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types, rotated)
     return int(sum(s.size * jnp.dtype(s.dtype).itemsize for s in jax.tree.leaves(spec)))
 
 
