@@ -48,6 +48,8 @@ class Options:
     cache_dtype: the KV cache's dtype (None: float16 on a GPU, float32 elsewhere).
     cache_type_k / cache_type_v: "f32" | "f16" (a float cache of that dtype) | "q8_0" | "fp8"
     (8-bit, quant/kv.py, computed in cache_dtype) | None (cache_dtype); cache_format decides.
+    kv_rotation: an 8-bit K (V) is stored Hadamard-rotated, as llama.cpp does (quant/kv.py); off:
+    unrotated, and decode keeps its fused q/k/v epilogue (LLAMA_ATTN_ROT_DISABLE's A/B).
     progress: a progress bar while the weights load and a line while the built-in model is set up.
     """
 
@@ -65,6 +67,7 @@ class Options:
     cache_dtype: Any = None
     cache_type_k: str | None = None
     cache_type_v: str | None = None
+    kv_rotation: bool = True
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -88,7 +91,7 @@ def _check(o: Options) -> None:
             ) from None
     if o.tensor_parallel is not None:
         validate.integer("tensor_parallel", o.tensor_parallel, 1, 1 << 16)
-    for name in ("deterministic", "precise", "fused_decode", "progress"):
+    for name in ("deterministic", "precise", "fused_decode", "kv_rotation", "progress"):
         if not isinstance(getattr(o, name), bool):
             raise InvalidArgumentError(f"{name} must be True or False, got {getattr(o, name)!r}")
     if o.weights is not None:
@@ -244,6 +247,13 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
             "/ fp8 (e4m3, a scale per head row) (default: f16 on a GPU, f32 on a CPU)",
         )
     parser.add_argument(
+        "--no-kv-rotation",
+        dest="kv_rotation",
+        action="store_false",
+        help="store an 8-bit K / V cache unrotated (llama.cpp's LLAMA_ATTN_ROT_DISABLE; for A/B: "
+        "outliers then cost accuracy)",
+    )
+    parser.add_argument(
         "-tp",
         "--tensor-parallel",
         type=int,
@@ -267,5 +277,6 @@ def from_arguments(args: argparse.Namespace, **overrides: Any) -> Options:
         tensor_parallel=args.tensor_parallel,
         cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v,
+        kv_rotation=args.kv_rotation,
         **overrides,
     )

@@ -383,7 +383,14 @@ class LogitsKey:
 def _cache(model, key):
     if model.tp is not None:
         return model.tp.cache_spec(key.n_slots, key.cache_len, model.cache_dtype)
-    return cache_spec(model.config, key.n_slots, key.cache_len, model.cache_dtype, model.kv_types)
+    return cache_spec(
+        model.config,
+        key.n_slots,
+        key.cache_len,
+        model.cache_dtype,
+        model.kv_types,
+        model.kv_rotation,
+    )
 
 
 def _state(key):

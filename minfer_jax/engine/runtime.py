@@ -120,6 +120,7 @@ class Model:
     options: Options = Options()  # what load() was told
     _grammars: Grammars | None = dataclasses.field(default=None, repr=False)
     kv_types: KVTypes = FLOAT_KV  # 8-bit K / V kinds (quant/kv.py), None: the float cache
+    kv_rotation: bool = True  # 8-bit layers stored Hadamard-rotated (quant/kv.py)
 
     @property
     def grammars(self) -> Grammars:
@@ -152,7 +153,18 @@ class Model:
         if self.tp is not None:
             return self.tp.init_cache(n_slots, max_len or self.plan().cache_len, self.cache_dtype)
         max_len = max_len or self.plan().cache_len
-        return init_cache(self.config, n_slots, max_len, self.cache_dtype, self.kv_types)
+        validate.fits_in_memory(  # -np slots of -c / -np tokens, in the cache's real bytes
+            f"a KV cache of {n_slots} slots x {max_len} tokens "
+            f"({kv_label(self.cache_dtype, self.kv_types)})",
+            cache_nbytes(
+                self.config, n_slots, max_len, self.cache_dtype, self.kv_types, self.kv_rotation
+            ),
+            validate.memory_limit_bytes(executables.execution_devices(self)[0]),
+            already=self.weight_nbytes,
+        )
+        return init_cache(
+            self.config, n_slots, max_len, self.cache_dtype, self.kv_types, self.kv_rotation
+        )
 
     # -- the plan and its executables ------------------------------------------------------------
     def plan(
@@ -371,6 +383,7 @@ def _assemble(gguf_model: GGUFModel, opts: Options, device, timer: PhaseTimer, s
         ctx_size=ctx,
         cache_dtype=jnp.dtype(cache_dtype),
         kv_types=kv_types,
+        kv_rotation=opts.kv_rotation,
         source=gguf_model.path,
         weight_mode=mode,
         chunk=chunk,

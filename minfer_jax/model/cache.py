@@ -74,21 +74,34 @@ def kv_label(dtype, kv_types: KVTypes) -> str:
 
 
 def init_cache(
-    cfg: Config, n_slots: int, max_len: int, dtype=jnp.float32, kv_types: KVTypes = FLOAT_KV
+    cfg: Config,
+    n_slots: int,
+    max_len: int,
+    dtype=jnp.float32,
+    kv_types: KVTypes = FLOAT_KV,
+    rotated: bool = True,
 ) -> KVCache:
-    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types)
+    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types, rotated)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec)
 
 
 def cache_spec(
-    cfg: Config, n_slots: int, max_len: int, dtype, kv_types: KVTypes = FLOAT_KV
+    cfg: Config,
+    n_slots: int,
+    max_len: int,
+    dtype,
+    kv_types: KVTypes = FLOAT_KV,
+    rotated: bool = True,
 ) -> KVCache:
     """The cache's shapes without memory (for ahead-of-time lowering). dtype: the float cache's
-    (and an 8-bit one's compute dtype); kv_types: KVTypes."""
+    (and an 8-bit one's compute dtype); kv_types: KVTypes; rotated: kv.ROTATED_TYPES layers hold
+    their rows rotated (quant/kv.py; rotate_in / rotate_out)."""
 
     def layer(kind: str | None, i: int):
         shape = cache_shape(cfg, n_slots, max_len, i)
-        return jax.ShapeDtypeStruct(shape, dtype) if kind is None else kv.spec(kind, shape, dtype)
+        if kind is None:
+            return jax.ShapeDtypeStruct(shape, dtype)
+        return kv.spec(kind, shape, dtype, rotated and kind in kv.ROTATED_TYPES)
 
     kind_k, kind_v = kv_types
     n_rec = len(cfg.recurrent_layer_ids)
@@ -102,11 +115,35 @@ def cache_spec(
 
 
 def cache_nbytes(
-    cfg: Config, n_slots: int, max_len: int, dtype=jnp.float32, kv_types: KVTypes = FLOAT_KV
+    cfg: Config,
+    n_slots: int,
+    max_len: int,
+    dtype=jnp.float32,
+    kv_types: KVTypes = FLOAT_KV,
+    rotated: bool = True,
 ) -> int:
     """Bytes of the whole cache: 8-bit values and their scales as stored (the planner's count)."""
-    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types)
+    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types, rotated)
     return int(sum(s.size * jnp.dtype(s.dtype).itemsize for s in jax.tree.leaves(spec)))
+
+
+def rotated(layer: Layer) -> bool:
+    return isinstance(layer, QuantizedKV) and layer.rotated
+
+
+def rotate_in(q, k, v, k_layer: Layer, v_layer: Layer):
+    """(q, k, v) as the layers store and read them: q and k rotated where K is, v where V is
+    (quant/kv.py: q.k is unchanged)."""
+    if rotated(k_layer):  # k, v None: a shared-KV layer (gemma4) that only reads
+        q, k = kv.rotate(q), None if k is None else kv.rotate(k)
+    return q, k, kv.rotate(v) if rotated(v_layer) and v is not None else v
+
+
+def rotate_out(att: jax.Array, v_layer: Layer, head_dim: int) -> jax.Array:
+    """The attention's output [T, H * hd] rotated back where V is stored rotated."""
+    if not rotated(v_layer):
+        return att
+    return kv.rotate(att.reshape(*att.shape[:-1], -1, head_dim)).reshape(att.shape)
 
 
 def write_chunk(layer: Layer, rows: jax.Array, slot, start) -> Layer:

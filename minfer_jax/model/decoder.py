@@ -64,8 +64,9 @@ def _layers(
         def layer_attend(q, k, v, sinks=None, i=i, j=j, shared=shared):
             if shared:  # reads what its source layer wrote this step; writes nothing
                 k = v = None
+            q, k, v = kv_cache.rotate_in(q, k, v, ks[j], vs[j])  # 8-bit layers: rotated
             ks[j], vs[j], att = attend(q, k, v, ks[j], vs[j], cfg.window(i), sinks)
-            return att
+            return kv_cache.rotate_out(att, vs[j], cfg.layer_head_dim(i))
 
         def layer_attend_projected(parts, widths, bias, inv_freq, i=i, j=j):
             ks[j], vs[j], att = attend_projected(
@@ -203,7 +204,9 @@ def forward_decode(
 
     epilogues = impl.fused_decode and impl.kernels != "xla" and par is None
     half = cfg.head_dim // 2  # the q/k/v epilogue kernel's tiles: a power of two
-    projected = epilogues and half & (half - 1) == 0
+    # a rotated 8-bit layer (quant/kv.py) rotates q / k / v in XLA, outside the epilogue kernel
+    rotated = any(kv_cache.rotated(layer) for layer in (*cache.k, *cache.v))
+    projected = epilogues and half & (half - 1) == 0 and not rotated
     x, cache = _layers(
         params,
         tokens,

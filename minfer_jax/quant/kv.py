@@ -7,6 +7,14 @@ Two kinds (`KV_TYPES`), chosen by the command line's -ctk / -ctv:
 - "fp8": float8_e4m3fn values with one f16 scale per head row (amax / 448). e4m3 carries its own
   exponent, so a finer scale buys little; one scale per row keeps the scale array a 128th of the
   values and the kernels' dequantization one multiply per key.
+rotated (the default, as llama.cpp's "attention rotation" since its PR 21038): K and Q (V and the
+attention's output) are multiplied by an orthonormal Hadamard matrix of head_dim (`hadamard`)
+before K (V) is stored, which leaves q.k and P.V unchanged but spreads a row's outliers over all
+its values: the built-in 0.5B's layer-0 K holds values near 145 beside ones near 1, and unrotated
+q8_0 K moved its next-token distributions by a mean KL of 0.56 nats (llama.cpp unrotated: 0.46),
+rotated 0.003 (llama.cpp: 0.004). q8_0 only (ROTATED_TYPES): fp8 keeps each value's relative
+precision, so rotating spreads the outliers' error instead (fp8 K + V: 0.008 unrotated, 1.85
+rotated; 2026-12-07, tools/kv_quality.py, this CPU, first 6 prompts).
 A QuantizedKV stands where the float cache array stood ([n_slots, Hkv, max_len, head_dim] values,
 [n_slots, Hkv, max_len, head_dim / block] scales); `dtype` is the float dtype it dequantizes to
 (the attention's compute dtype: f16 on a GPU, f32 on a CPU), `shape` the values' shape.
@@ -24,6 +32,7 @@ from minfer_jax.errors import InvalidArgumentError
 
 Q8_0, FP8 = "q8_0", "fp8"
 KV_TYPES = (Q8_0, FP8)
+ROTATED_TYPES = (Q8_0,)  # stored Hadamard-rotated unless told otherwise (see above)
 Q8_0_BLOCK = 32  # ggml's QK8_0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 VALUE_DTYPES = {Q8_0: jnp.int8, FP8: jnp.float8_e4m3fn}
@@ -36,6 +45,7 @@ class QuantizedKV:
     values: jax.Array  # [n_slots, Hkv, max_len, head_dim] int8 (q8_0) or float8_e4m3fn (fp8)
     scales: jax.Array  # [n_slots, Hkv, max_len, head_dim / block] f16
     dtype: np.dtype = dataclasses.field(metadata={"static": True}, default=np.dtype(np.float16))
+    rotated: bool = dataclasses.field(metadata={"static": True}, default=False)  # by `hadamard`
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -65,14 +75,32 @@ def check_kind(kind: str, head_dim: int) -> None:
         )
 
 
-def spec(kind: str, shape: tuple[int, ...], dtype) -> QuantizedKV:
+def spec(kind: str, shape: tuple[int, ...], dtype, rotated: bool = False) -> QuantizedKV:
     """The abstract QuantizedKV of a float cache shape [..., head_dim] (for lowering)."""
     blocks = shape[-1] // block_size(kind, shape[-1])
     return QuantizedKV(
         values=jax.ShapeDtypeStruct(shape, VALUE_DTYPES[kind]),  # type: ignore[arg-type]
         scales=jax.ShapeDtypeStruct((*shape[:-1], blocks), SCALE_DTYPE),  # type: ignore[arg-type]
         dtype=np.dtype(dtype),
+        rotated=rotated,
     )
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal (Sylvester) Hadamard matrix of size n, a power of two: symmetric, its own
+    inverse."""
+    h = np.ones((1, 1), np.float32)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    if h.shape[0] != n:
+        raise InvalidArgumentError(f"a rotated KV cache needs a power-of-two head_dim, got {n}")
+    return h / np.float32(np.sqrt(n))
+
+
+def rotate(x: jax.Array) -> jax.Array:
+    """x [..., head_dim] times hadamard(head_dim) in f32 (applying it twice gives x back)."""
+    h = jnp.asarray(hadamard(x.shape[-1]))
+    return jnp.matmul(x.astype(jnp.float32), h, precision=jax.lax.Precision.HIGHEST)
 
 
 def roundf(x: jax.Array) -> jax.Array:
