@@ -38,7 +38,7 @@ from minfer_jax.engine.sharding import TensorParallel
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.files.model_source import model_cache_dir, notice, resolve_model
 from minfer_jax.files.tokenizer import Tokenizer
-from minfer_jax.model.cache import KVCache, init_cache
+from minfer_jax.model.cache import KVCache, cache_nbytes, init_cache
 from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import load_gguf
 from minfer_jax.model.gguf_model import GGUFModel
@@ -288,9 +288,9 @@ def _context(opts: Options, cfg: Config, cache_dtype, file_size: int, device) ->
     validate.fits_in_memory(
         f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x "
         f"{cfg.head_dim}",
-        validate.kv_cache_bytes(
-            cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize
-        ),
+        # every cached layer's own buffer (gemma4's differ by layer kind; shared-KV layers have
+        # none; a hybrid's recurrent states are in it too)
+        cache_nbytes(cfg, 1, ctx, jnp.dtype(cache_dtype)),
         validate.memory_limit_bytes(device),
         already=file_size,
     )
