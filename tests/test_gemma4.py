@@ -123,6 +123,13 @@ def test_metadata_rules_and_refusals():
         _config(gm, meta, frozenset(gm.tensors) | {"blk.0.attn_qkv.weight"})
 
 
+def test_tensor_parallelism_is_refused_clearly():
+    from minfer_jax.engine.sharding import ShardingError, plan_split
+
+    with pytest.raises(ShardingError, match="gemma4"):
+        plan_split(GEMMA4_TINY["gemma4-tiny"], 2, o_block=32, ff_block=32)
+
+
 def _until_eos(tokens: list[int], eos: int) -> list[int]:
     """llama.cpp's greedy tokens as generate() returns them: up to the end-of-sequence token."""
     return tokens[: tokens.index(eos)] if eos in tokens else tokens
