@@ -23,6 +23,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from minfer_jax.engine.flags import StrictParser
+
 from minfer_bench import load_test
 
 
@@ -85,7 +87,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = StrictParser(
         prog="python -m minfer_bench.load_bench",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,

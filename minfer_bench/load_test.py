@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from minfer_jax.engine.flags import StrictParser
 from minfer_jax.errors import MinferError
 
 MAX_CLIENTS = 256
@@ -264,7 +265,7 @@ async def run(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = StrictParser(
         prog="python -m minfer_bench.load_test",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,

@@ -38,6 +38,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from minfer_jax.engine.flags import StrictParser
+
 from minfer_bench.load_test import LOOPBACK, LoadTestError
 
 MAX_CLIENTS = 256
@@ -70,7 +72,7 @@ MALFORMED = [  # (endpoint, raw body, headers, expected status)
     ("completions", b'{"prompt": "hi", "max_tokens": 4', None, 400),
     ("completions", b"[" * 100_000 + b"]" * 100_000, None, 400),
     ("completions", b'{"prompt": "hi", "temperature": "hot"}', None, 400),
-    ("completions", b'{"prompt": "hi", "n": 2}', None, 400),
+    ("completions", b'{"prompt": "hi", "n": 0}', None, 400),
     ("completions", b'{"prompt": "a\\ud800b"}', None, 400),
     ("completions", b'{"prompt": [151936]}', None, 400),
     ("completions", b'{"prompt": "hi", "stop": ["\\udc80"]}', None, 400),
@@ -438,7 +440,7 @@ async def run(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = StrictParser(
         prog="python -m minfer_bench.soak",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,

@@ -33,7 +33,7 @@ from gguf import GGML_QUANT_SIZES, LlamaFileType
 
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, RawTensor
-from minfer_jax.files.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
+from minfer_jax.files.vocabulary import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
 from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import expected_shapes
 from minfer_jax.model.gguf_model import GGUFModel
@@ -53,6 +53,7 @@ from minfer_bench.quant_mix import (
     parse_ftype,
     tensor_types,
 )
+from minfer_bench.qwen35_configs import QWEN35_CONFIGS
 
 # --------------------------------------------------------------------------------------------
 # Configurations
@@ -188,6 +189,7 @@ def _moe_configs() -> dict[str, Config]:
 
 
 SYNTHETIC_CONFIGS.update(_moe_configs())
+SYNTHETIC_CONFIGS.update(QWEN35_CONFIGS)
 SYNTHETIC_CONFIGS.update(gemma4_real_shapes())  # Gemma-4-31B, 26B-A4B, E4B (gemma4_keys.py)
 # gemma3-1b with every layer global (no sliding window): the A/B of sliding-window prefill, in
 # memory (bench.py --synthetic); a gemma3 GGUF must name its window, so its file does not load.

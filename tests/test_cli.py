@@ -376,6 +376,37 @@ def test_interactive_chat_ctrl_d(run_cli, monkeypatch):
     assert rc == 0 and "interactive chat" in err and "Traceback" not in err
 
 
+@pytest.mark.real_model
+def test_single_turn_chat_ends_after_one_reply(run_cli, shared_model, monkeypatch):
+    """-st (llama-cli's single turn): one message typed, one reply, then the process ends."""
+    tok = shared_model.tokenizer
+    prompts: list[str] = []
+
+    def one_reply(session, ids, max_new, seed):
+        prompts.append(tok.decode(ids))
+        session._on_text("Hi.")
+        result = GenerationResult(
+            tokens=tok.encode("Hi."),
+            text="Hi.",
+            prompt_tokens=list(ids),
+            stop_reason="eos",
+            prefill_s=0.1,
+            decode_s=0.1,
+            compile_s=0.0,
+        )
+        return result, 0.0
+
+    lines = iter(["first", "second"])
+    monkeypatch.setattr(cli, "_stdin_is_tty", lambda: True)
+    monkeypatch.setattr(cli, "_input", lambda prompt="": next(lines))
+    monkeypatch.setattr(cli._Session, "_produce", one_reply)
+    rc, out, err, _ = run_cli("-st", "-t", "4", "-ngl", "99", "-n", "8")
+    assert rc == 0, err
+    assert len(prompts) == 1 and "first" in prompts[0] and "<|im_start|>user" in prompts[0]
+    assert out == "Hi.\n" and next(lines) == "second"
+    assert err.count("means nothing here") == 2
+
+
 # -- end to end ----------------------------------------------------------------------------------
 
 

@@ -70,7 +70,7 @@ def test_split_channels():
         "reasoning_content": "cut off",
     }
     tool = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{}"
-    assert split_channels(tool) == {"content": "{}"}
+    assert split_channels(tool) == {"content": ""}  # a call: parsed by server/tools.py
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 11, 1000])

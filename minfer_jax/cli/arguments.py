@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 
 from minfer_jax import validate
 from minfer_jax.cli.constraints import add_constraint_flags
+from minfer_jax.cli.speculative import add_speculative_flags
 from minfer_jax.engine import options
+from minfer_jax.engine.flags import StrictParser, add_llama_noops
 from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.version import __version__
 
@@ -54,7 +57,7 @@ class _VersionAction(argparse.Action):
         raise SystemExit(0)
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(StrictParser):
     def error(self, message):  # argparse prints usage + message and exits; we want one line
         raise UsageError(f"{message} (see --help)")
 
@@ -77,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _prompt_arguments(p.add_argument_group("prompt"))
     _generation_arguments(p.add_argument_group("generation"))
     _output_arguments(p.add_argument_group("output"))
+    add_llama_noops(p.add_argument_group("llama.cpp flags that mean nothing here"))
     return p
 
 
@@ -108,8 +112,33 @@ def _prompt_arguments(q) -> None:
     src.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE")
     q.add_argument(
         "--chat",
+        "-cnv",
+        "--conversation",
+        dest="chat",
         action="store_true",
         help="apply the model's chat template; without a prompt on a terminal: interactive chat",
+    )
+    q.add_argument(
+        "-no-cnv",
+        "--no-conversation",
+        dest="chat",
+        action="store_false",
+        help="plain completion, no chat template (the default)",
+    )
+    q.add_argument(
+        "-st",
+        "--single-turn",
+        action="store_true",
+        help="chat for one turn, then exit (implies --chat; the message from -p, -f, stdin or "
+        "one line typed)",
+    )
+    q.add_argument(
+        "-e",
+        "--escape",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="read \\n \\r \\t \\' \\\" \\\\ \\xHH in -p, -sys, --stop/-r as llama.cpp "
+        "does (default: off, the text is taken as typed)",
     )
     q.add_argument(
         "-sys",
@@ -138,10 +167,14 @@ def _generation_arguments(g) -> None:
     )
     g.add_argument(
         "--stop",
+        "-r",
+        "--reverse-prompt",
+        dest="stop",
         action="append",
         default=[],
         metavar="TEXT",
-        help="stop when TEXT is generated (not printed); repeatable",
+        help="stop when TEXT is generated (not printed); repeatable (-r: llama-cli's reverse "
+        "prompt)",
     )
     g.add_argument(
         "--temp", type=float, default=0.8, metavar="T", help="temperature (default 0.8; 0 = greedy)"
@@ -186,6 +219,7 @@ def _generation_arguments(g) -> None:
         help="random seed, 0..2^32-1 (default -1: random; --verbose prints it)",
     )
     add_constraint_flags(g)
+    add_speculative_flags(g)
 
 
 def _output_arguments(o) -> None:
@@ -206,6 +240,26 @@ def _output_arguments(o) -> None:
 
 # -------------------------------------------------------------------------------------------------
 # entry point
+
+
+_ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{2}|[nrt'\"\\])")
+_ESCAPED = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's -e: backslash escapes in command-line text read as the characters they name."""
+    return _ESCAPE.sub(lambda m: chr(int(m[1][1:], 16)) if m[1][0] == "x" else _ESCAPED[m[1]], text)
+
+
+def apply_escapes(args) -> None:
+    """-e/--escape: the command line's texts with their escapes read."""
+    if not args.escape:
+        return
+    if args.prompt is not None:
+        args.prompt = process_escapes(args.prompt)
+    if args.system_prompt is not None:
+        args.system_prompt = process_escapes(args.system_prompt)
+    args.stop = [process_escapes(s) for s in args.stop]
 
 
 def validate_arguments(args) -> None:

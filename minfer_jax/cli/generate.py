@@ -27,12 +27,14 @@ from collections.abc import Sequence
 from minfer_jax import validate
 from minfer_jax.cli.arguments import (
     UsageError,
+    apply_escapes,
     build_parser,
     checked_text,
     validate_arguments,
 )
 from minfer_jax.cli.chat import _Session, _summary
 from minfer_jax.cli.constraints import constraint_keywords
+from minfer_jax.cli.speculative import speculation_from_args
 from minfer_jax.engine import options
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
@@ -168,9 +170,11 @@ def _make_sampler(args, ctx: int, vocab_size: int):
 def _run(args, out, err) -> int:
     import jax
 
+    apply_escapes(args)
     validate_arguments(args)
     constrain = constraint_keywords(args)
-    chat = args.chat or args.system_prompt is not None
+    speculation = speculation_from_args(args)
+    chat = args.chat or args.single_turn or args.system_prompt is not None
     prompt = _read_prompt(args, chat)
     seed = args.seed if args.seed >= 0 else secrets.randbelow(2**32)
     progress = bool(getattr(err, "isatty", lambda: False)())
@@ -221,6 +225,7 @@ def _run(args, out, err) -> int:
         err=err,
         verbose=args.verbose,
         constrain=constrain,
+        speculation=speculation,
         channels=(
             HarmonyStream()
             if (chat or prompt is None) and model.tokenizer is not None and model.tokenizer.harmony
@@ -234,7 +239,7 @@ def _run(args, out, err) -> int:
         else []
     )
     if prompt is None:
-        return _interactive(session, base)
+        return _interactive(session, base, turns=1 if args.single_turn else None)
 
     ids = _encode(tok, prompt, base if chat else None)
     if not chat and args.display_prompt:
@@ -245,13 +250,25 @@ def _run(args, out, err) -> int:
     if not args.stream:
         session.write(session.answer(result.text))
     _newline_if_needed(out, session)
+    _report_end(args, session, result, err)
+    return 0
+
+
+def _report_end(args, session, result, err) -> None:
+    """The one-shot run's summary on stderr; with --verbose, speculation and first-text times."""
     err.write(_summary(session.totals))
+    if args.verbose and result.speculation is not None:
+        s = result.speculation
+        err.write(
+            f"speculation: {s.verify_steps} verification steps, {s.accepted} of {s.drafted} "
+            f"drafted tokens accepted ({s.tokens_per_step:.2f} tokens per step), "
+            f"{s.plain_chunks} plain chunks\n"
+        )
     if args.verbose and session.first_text_at is not None:
         err.write(
             format_phase("first text after the process started", session.first_text_at) + "\n"
         )
     err.flush()
-    return 0
 
 
 def _encode(tok, prompt: str, chat_base: list | None) -> list[int]:
@@ -322,7 +339,8 @@ def _read_message() -> str:
         return "\n".join(lines)
 
 
-def _interactive(session: _Session, base: list[dict]) -> int:
+def _interactive(session: _Session, base: list[dict], turns: int | None = None) -> int:
+    """The chat loop (turns: replies before it ends by itself, -st; None: until /exit)."""
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
     err = session.err
@@ -383,6 +401,8 @@ def _interactive(session: _Session, base: list[dict]) -> int:
         if session.verbose:
             err.write(_summary(session.last))
             err.flush()
+        if turns is not None and turn >= turns:
+            break
     if session.totals.turns:
         err.write(f"{session.totals.turns} replies; totals:\n" + _summary(session.totals))
         err.flush()

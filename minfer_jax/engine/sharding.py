@@ -395,13 +395,14 @@ class TensorParallel:
 
     # -- engine step functions over the mesh --------------------------------------------------
     def shard_step(self, fn, kind: str):
-        """engine.prefill_chunk / decode_chunk / prompt_logits (cfg, impl, mode bound) over the
-        mesh."""
+        """engine.prefill_chunk / decode_chunk / prompt_logits / verify_chunk (cfg, impl, mode
+        bound) over the mesh."""
         r, c = REPLICATED, CACHE_SPEC
         in_specs, out_specs = {
             "prefill": ((PARAMS_SPEC, c, r, r, r, r, r, r, r), (r, r, c)),
             "decode": ((PARAMS_SPEC, c, r, r, r, r), (r, r, c)),
             "logits": ((PARAMS_SPEC, c, r, r, r), (r, c)),
+            "verify": ((PARAMS_SPEC, c, r, r, r, r, r, r), (r, r, r, c)),
         }[kind]
         return jax.shard_map(
             functools.partial(fn, par=self),

@@ -4,9 +4,11 @@ After the chat template's `<|start|>assistant` the model writes messages of the 
 `<|channel|>NAME[ to=RECIPIENT][<|constrain|>FORMAT]<|message|>BODY<|end|>`, the next one opened
 by `<|start|>assistant`, the last one ending in `<|return|>` (or `<|call|>` for a tool call),
 which end the turn and are not in the text. The `analysis` channel holds the model's reasoning,
-`final` the answer the user sees; anything else (commentary: preambles, tool calls) is kept in
-the content as it is. The framing tokens reach the text because llama.cpp's overrides render them
-(files/tokenizer.py, HARMONY_RENDERED). Text that does not start with a channel header is content.
+`final` the answer the user sees; a message addressed to a function (` to=functions.NAME` in its
+header: a tool call, which server/tools.py's HarmonyCalls parses from the whole text) is not
+shown; anything else (commentary preambles) is kept in the content as it is. The framing tokens
+reach the text because llama.cpp's overrides render them (files/vocabulary.py,
+HARMONY_RENDERED). Text that does not start with a channel header is content.
 """
 
 from __future__ import annotations
@@ -19,11 +21,17 @@ START = "<|start|>"
 BODY_ENDS = ("<|end|>", "<|return|>", "<|call|>")
 MARKERS = (CHANNEL, MESSAGE, START, "<|constrain|>", *BODY_ENDS)
 REASONING, CONTENT = "reasoning_content", "content"  # the OpenAI chat fields they go to
+CALL = "tool_call"  # a message to a function: dropped from the fields
+RECIPIENT = " to="  # a header may open with the recipient, before its channel
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
+_TO_FUNCTION = re.compile(r"\bto=functions\.")
 
 
 def _field(header: str) -> str:
-    """The response field a message with this header goes to: analysis -> reasoning."""
+    """The response field a message with this header goes to: analysis -> reasoning, a call to a
+    function -> CALL."""
+    if _TO_FUNCTION.search(header):
+        return CALL
     name = _CHANNEL_NAME.search(header)
     return REASONING if name and name.group(1) == "analysis" else CONTENT
 
@@ -59,7 +67,8 @@ class HarmonyStream:
         while self._buf:
             if not self._in_body:
                 could_be_header = any(
-                    m.startswith(self._buf) or self._buf.startswith(m) for m in MARKERS
+                    m.startswith(self._buf) or self._buf.startswith(m)
+                    for m in (*MARKERS, RECIPIENT)
                 )
                 if not self._started and not could_be_header:  # no header at all: content
                     self._started, self._in_body, self._field = True, True, CONTENT
@@ -85,7 +94,7 @@ class HarmonyStream:
             out.append((self._field, self._buf[: len(self._buf) - keep]))
             self._buf = self._buf[len(self._buf) - keep :]
             break
-        return [(f, t) for f, t in out if t]
+        return [(f, t) for f, t in out if t and f != CALL]
 
 
 def split_channels(text: str) -> dict[str, str]:

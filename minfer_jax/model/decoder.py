@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from minfer_jax import ops
 from minfer_jax.model import attention, deltanet, layers
+from minfer_jax.model import cache as kv_cache
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.families import family
@@ -61,11 +62,9 @@ def _layers(
         shared = cfg.kv_source(i) != i
 
         def layer_attend(q, k, v, sinks=None, i=i, j=j, shared=shared):
-            if not shared:
-                k, v = k.astype(ks[j].dtype), v.astype(vs[j].dtype)
-            ks[j], vs[j], att = attend(
-                q, None if shared else k, None if shared else v, ks[j], vs[j], cfg.window(i), sinks
-            )
+            if shared:  # reads what its source layer wrote this step; writes nothing
+                k = v = None
+            ks[j], vs[j], att = attend(q, k, v, ks[j], vs[j], cfg.window(i), sinks)
             return att
 
         def layer_attend_projected(parts, widths, bias, inv_freq, i=i, j=j):
@@ -126,10 +125,9 @@ def forward_chunk(
         return out, conv.at[slot].set(c), delta.at[slot].set(s)
 
     def attend(q, k, v, k_cache, v_cache, window, sinks):
-        at = (slot, 0, start, 0)  # [T, Hkv, hd] -> the slot's rows [Hkv, start:start+T]
         if k is not None:  # None: a shared-KV layer, reading what its source layer wrote
-            k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 0, 1)[None], at)
-            v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 0, 1)[None], at)
+            k_cache = kv_cache.write_chunk(k_cache, k, slot, start)  # cast, or quantized
+            v_cache = kv_cache.write_chunk(v_cache, v, slot, start)
         return (
             k_cache,
             v_cache,
@@ -184,8 +182,8 @@ def forward_decode(
 
     def attend(q, k, v, k_cache, v_cache, window, sinks):
         if k is not None:  # None: a shared-KV layer (forward_chunk's attend)
-            k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence
-            v_cache = v_cache.at[slots, :, positions].set(v)
+            k_cache = kv_cache.write_rows(k_cache, k, slots, positions)  # one row per sequence
+            v_cache = kv_cache.write_rows(v_cache, v, slots, positions)
         return (
             k_cache,
             v_cache,

@@ -1,14 +1,18 @@
-"""Weight pytrees and loading: GGUF tensors -> device arrays, quantized (GPU) or dense (CPU).
+"""Weight pytrees and loading: GGUF tensors -> device arrays, quantized (GPU), int8 (CPU) or dense.
 
-Two storage modes, chosen per platform by `minfer_jax.load`:
+Three storage modes, chosen per platform by `minfer_jax.load`:
 - "quantized": every matrix stays in its GGUF format, repacked once into planes
   (quant.planes); the Pallas kernels read the planes directly. Device memory ~= file size.
+- "int8" (the CPU's default): block-format matrices as int8 integers with a scale (and offset) per
+  group (quant/int8_form.py decides which formats and their orientation), bit-exact values that
+  XLA's CPU dot decodes inside the dot; float formats and expert tensors dense f32 as below.
+  About 1.1-1.25 bytes per weight.
 - "dense": matrices are dequantized once at load (bit-exact f32, planes.dequantize). On a 2-core CPU
   XLA's dense dot beats any per-call dequantization by far, and its speed depends on dtype and
   orientation (docs/ARCHITECTURE.md has the table): square and narrowing matrices are stored
   [K, N], widening ones (N >= 2K: gate/up, the vocab head, the embedding) [N, K], both f32 by
-  default (bf16 halves the bytes but ran slower inside the decode loop). This is what makes CPU
-  generation usable.
+  default (bf16 halves the bytes but ran slower inside the decode loop). The reference the int8
+  form is checked against (`load(weights="dense")`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 
 from minfer_jax.files.gguf import QType, RawTensor
 from minfer_jax.model.gguf_model import GGUFModel
+from minfer_jax.quant.int8_form import holds_int8, int8_weight
 from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
 from minfer_jax.quant.planes import dequantize, repack
 
@@ -139,9 +144,12 @@ def params_nbytes(p: Params) -> int:
     return int(sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(p)))
 
 
+WEIGHT_MODES = ("quantized", "int8", "dense")
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadOptions:
-    mode: str = "quantized"  # "quantized" | "dense"
+    mode: str = "quantized"  # one of WEIGHT_MODES
     dense_dtype: str = "float32"  # dense square/narrowing matrices, stored [K, N]
     wide_dtype: str = "float32"  # dense widening matrices (N >= 2K) and token_embd, stored [N, K]
     fuse: bool = True  # neighbouring q/k/v and gate/up projections of one format as one weight
@@ -156,7 +164,9 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     t = tensors[0]
     rows = sum(x.shape[0] for x in tensors)
     shape = (rows, t.shape[1])
-    if opts.mode == "dense":
+    if opts.mode == "int8" and all(holds_int8(x.qtype) for x in tensors):
+        return int8_weight([(x.data, x.qtype, x.shape) for x in tensors], device)
+    if opts.mode != "quantized":  # "dense", or a float format in "int8"
         w = jnp.concatenate(
             [dequantize(x.data, x.qtype, x.shape) for x in tensors]
         )  # [n, k] f32, bit-exact
@@ -191,7 +201,7 @@ def _expert_matrix(t: RawTensor, opts: LoadOptions, device) -> Weight:
     """An expert tensor (numpy shape [E, n, k]) as one weight with a leading expert axis: dense
     [E, n, k], or each expert repacked and every plane stacked ([E, Npad, k / wpc])."""
     e, n, k = t.shape
-    if opts.mode == "dense":
+    if opts.mode != "quantized":  # expert tensors stay dense f32 in "int8" too
         w = dequantize(t.data, t.qtype, (e * n, k)).reshape(e, n, k)  # bit-exact f32
         w = w.astype(jnp.dtype(opts.dense_dtype))
         return DenseWeight(jax.device_put(w, device), transposed=False, experts=e)
@@ -250,13 +260,16 @@ def load_experts(model: GGUFModel, layer: int, opts: LoadOptions, device) -> Exp
     )
 
 
-def fused_runs(qtypes: Sequence, *, fuse: bool = True, dense: bool = False) -> list[list[int]]:
+def fused_runs(
+    qtypes: Sequence, *, fuse: bool = True, dense: bool = False, int8: bool = False
+) -> list[list[int]]:
     """Which of a row-stacked group's tensors (q, k, v or gate, up, in order) become one weight:
-    runs of neighbours that share a format (all of them for dense weights, none without `fuse`).
+    runs of neighbours that share a format (all of them for dense weights, and for int8 weights
+    where every format is held as int8; none without `fuse`).
     Q4_K / Q4_K / Q6_K -> [[0, 1], [2]]: two matmul launches instead of three."""
     if not fuse:
         return [[i] for i in range(len(qtypes))]
-    if dense:
+    if dense or (int8 and all(holds_int8(q) for q in qtypes)):
         return [list(range(len(qtypes)))]
     runs: list[list[int]] = []
     for i, q in enumerate(qtypes):
@@ -293,6 +306,7 @@ def layer_matmuls(
     *,
     fuse: bool = True,
     dense: bool = False,
+    int8: bool = False,
 ) -> list[LayerMatmul]:
     """The matmuls of layer `layer` as loaded (q/k/v and gate/up fused as `fused_runs` says), from
     tensor types and shapes alone, in the order a token meets them (ops.matmul's: a mixture of
@@ -305,7 +319,8 @@ def layer_matmuls(
         names = [f"blk.{layer}.{r}.weight" for r in roles]
         if not names:
             continue
-        for run in fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense):
+        runs = fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense, int8=int8)
+        for run in runs:
             members = tuple(names[i] for i in run)
             out.append(
                 LayerMatmul(
@@ -322,7 +337,9 @@ def layer_matmuls(
 def _group(model: GGUFModel, names: list[str], opts: LoadOptions, device) -> tuple:
     """The weights of a row-stacked group, fused as `fused_runs` says."""
     ts = [model.tensors[n] for n in names]
-    runs = fused_runs([t.qtype for t in ts], fuse=opts.fuse, dense=opts.mode == "dense")
+    runs = fused_runs(
+        [t.qtype for t in ts], fuse=opts.fuse, dense=opts.mode == "dense", int8=opts.mode == "int8"
+    )
     return tuple(_matrix([ts[i] for i in run], opts, device) for run in runs)
 
 
@@ -359,8 +376,8 @@ def load_params(
     progress: Callable[[Iterable], Iterable] | None = None,
 ) -> Params:
     """Build Params from a validated GGUF, layer by layer (peak host memory: one layer)."""
-    if opts.mode not in ("quantized", "dense"):
-        raise ValueError(f"LoadOptions.mode must be 'quantized' or 'dense', got {opts.mode!r}")
+    if opts.mode not in WEIGHT_MODES:
+        raise ValueError(f"LoadOptions.mode must be one of {WEIGHT_MODES}, got {opts.mode!r}")
     cfg = model.config
     device = device or jax.devices()[0]
     t = model.tensors

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -113,6 +113,16 @@ class MessagesRequest(_Strict):
     thinking: Thinking | None = None
     metadata: dict[str, Any] | None = None  # describes the caller
     service_tier: str | None = None  # describes the caller
+    # accepted and ignored (schemas.parse): they describe the caller or where it is served, or hint
+    # at caching (prefix reuse is always on); none changes the reply
+    caller_fields: ClassVar[tuple[str, ...]] = (
+        "cache_control",
+        "inference_geo",
+        "user_profile_id",
+        "workspace_id",
+    )
+    # settings accepted only at their no-op values (schemas.parse)
+    unsupported: ClassVar[dict[str, tuple]] = {"speed": (None, "standard")}
 
 
 class CountTokensRequest(MessagesRequest):

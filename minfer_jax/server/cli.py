@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from minfer_jax.engine import options
+from minfer_jax.engine.flags import StrictParser, add_llama_noops, add_llama_refusals
 from minfer_jax.errors import MinferError
 from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
 from minfer_jax.server.limits import DEFAULT_MAX_MESSAGES
@@ -38,7 +39,7 @@ class _UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(StrictParser):
     def error(self, message):  # one line, not usage + message
         raise _UsageError(f"{message} (see --help)")
 
@@ -62,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     _serving_arguments(p.add_argument_group("serving"))
     _access_arguments(p.add_argument_group("requests and access"))
     _engine_arguments(p.add_argument_group("engine"))
+    add_llama_noops(p.add_argument_group("llama.cpp flags that mean nothing here"))
+    add_llama_refusals(
+        p,
+        PROG,
+        hints={
+            "ignore_eos": "send ignore_eos in the request",
+            "reverse_prompt": "send stop in the request",
+        },
+    )
     return p
 
 

@@ -6,6 +6,9 @@ function).
     XmlCalls        Qwen3-Coder / Qwen3.5: <tool_call>\n<function=f>\n<parameter=p>\nv\n</parameter>
                     \n</function>\n</tool_call>
     Llama3JsonCalls Llama 3.x: [<|python_tag|>]{"name": ..., "parameters": {...}}
+    HarmonyCalls    gpt-oss: a harmony message addressed to a function, <|channel|>commentary
+                    to=functions.f <|constrain|>json<|message|>{...}<|call|> (the recipient may
+                    also stand before the channel); one call per turn, <|call|> ends it
 """
 
 from __future__ import annotations
@@ -152,11 +155,62 @@ class Llama3JsonCalls:
         return "start: " + _json_call([_call_schema(f, self.args_key) for f in functions])
 
 
-CallFormat = QwenJsonCalls | XmlCalls | Llama3JsonCalls
+class HarmonyCalls:
+    """gpt-oss's calls: whole harmony messages of the raw text (files/harmony.py keeps them out of
+    the content), so the app parses the finished text rather than holding streamed content."""
+
+    opener = "to=functions."
+    args_key = "arguments"
+    # one message: its header (after <|start|> or the text's start) up to <|message|>, its body
+    _message = re.compile(
+        r"(?:^|<\|start\|>)((?:(?!<\|start\|>|<\|message\|>).)*)<\|message\|>"
+        r"((?:(?!<\|start\|>|<\|end\|>|<\|call\|>|<\|return\|>).)*)"
+        r"(?:<\|end\|>|<\|call\|>|<\|return\|>)?",
+        re.S,
+    )
+    _recipient = re.compile(r"\bto=functions\.([^\s<]+)")
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(the text without its call messages, the calls)."""
+        calls, kept, at = [], [], 0
+        for m in self._message.finditer(text):
+            name = self._recipient.search(m.group(1))
+            if name is None:
+                continue
+            value = _loaded(m.group(2).strip())
+            arguments = m.group(2).strip() if value is None else json.dumps(value)
+            calls.append(ToolCall(name.group(1), arguments))
+            kept.append(text[at : m.start()])
+            at = m.end()
+        if not calls:
+            return text, []
+        return "".join(kept) + text[at:], calls
+
+    def grammar(self, functions: list[dict], parallel: bool) -> str:
+        """One call (harmony ends the turn at <|call|>): the commentary channel addressed to the
+        function, its arguments JSON valid against its schema."""
+        rules, names = [], []
+        for i, fn in enumerate(functions):
+            params = fn.get("parameters") or {"type": "object"}
+            if params.get("type") == "object":
+                params = {"additionalProperties": False, **params}
+            schema = {**params, "x-guidance": {"whitespace_flexible": False}}
+            head = json.dumps(f"commentary to=functions.{fn['name']} ")
+            rules.append(
+                f'f{i}: <|channel|> {head} <|constrain|> "json" <|message|> '
+                f"%json {json.dumps(schema)}"
+            )
+            names.append(f"f{i}")
+        return "\n".join([f"start: {' | '.join(names)}", *rules])
+
+
+CallFormat = QwenJsonCalls | XmlCalls | Llama3JsonCalls | HarmonyCalls
 
 
 def call_format(template: str) -> CallFormat | None:
     """The tool-call format a chat template teaches its model (None: it knows no tools)."""
+    if "to=functions." in template or "<|call|>" in template:  # harmony's (gpt-oss)
+        return HarmonyCalls()
     if "<function=" in template:
         return XmlCalls()
     if "<tool_call>" in template:

@@ -1,0 +1,213 @@
+"""gpt-oss tool calls in harmony (issue 54): `<|channel|>commentary to=functions.NAME
+<|constrain|>json<|message|>{...}<|call|>` parsed into OpenAI tool_calls (whole and streamed), kept
+out of the content, forced by a grammar when tool_choice asks, and the results rendered back through
+the harmony template; end to end on the synthetic gpt-oss-tiny with a harmony vocabulary, through
+the server and the official openai client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minfer_jax.engine.steps import StopReason
+from minfer_jax.files.chat_template import render_chat_template
+from minfer_jax.files.harmony import HarmonyStream, split_channels
+from minfer_jax.server.openai_format import Reply
+from minfer_jax.server.tools import HarmonyCalls, call_format, forced_grammar
+
+TEMPLATE = (Path(__file__).parent / "data" / "gpt-oss-chat-template.jinja").read_text("utf-8")
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"],
+    },
+}
+CALL_TEXT = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+    '<|message|>{"city": "Paris", "unit": "c"}'
+)
+RECIPIENT_FIRST = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Oslo"}'
+
+
+def test_the_template_is_harmonys_call_format():
+    assert isinstance(call_format(TEMPLATE), HarmonyCalls)
+
+
+@pytest.mark.parametrize(
+    "text, name, arguments, rest",
+    [
+        (CALL_TEXT, "get_weather", {"city": "Paris", "unit": "c"}, "Need the weather."),
+        (RECIPIENT_FIRST, "get_weather", {"city": "Oslo"}, ""),
+        (RECIPIENT_FIRST + "<|call|>", "get_weather", {"city": "Oslo"}, ""),
+    ],
+)
+def test_a_call_parses_and_leaves_the_reasoning(text, name, arguments, rest):
+    remaining, calls = HarmonyCalls().parse(text)
+    assert [c.name for c in calls] == [name]
+    assert json.loads(calls[0].arguments) == arguments
+    assert split_channels(remaining).get("reasoning_content", "") == rest
+    assert split_channels(remaining)["content"] == ""
+    answer = "<|channel|>final<|message|>Sunny."
+    assert HarmonyCalls().parse(answer) == (answer, [])
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_a_streamed_call_is_never_content(size):
+    stream = HarmonyStream()
+    pieces = []
+    for text in (CALL_TEXT, RECIPIENT_FIRST):
+        stream = HarmonyStream()
+        pieces = []
+        for i in range(0, len(text), size):
+            pieces += stream.feed(text[i : i + size])
+        pieces += stream.finish()
+        assert all(field != "content" for field, _ in pieces), pieces
+    assert "".join(t for f, t in pieces if f == "reasoning_content") == ""
+
+
+def test_reply_shapes_of_a_call():
+    text, calls = HarmonyCalls().parse(CALL_TEXT)
+    whole = Reply("chat", "m", harmony=True).full(text, StopReason.EOS, 5, 9, tool_calls=calls)
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    message = choice["message"]
+    assert message["content"] is None and message["reasoning_content"] == "Need the weather."
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["type"] == "function"
+
+
+def test_tool_results_render_back_through_the_harmony_template():
+    """As the server hands them to the template (schemas.ChatMessage.as_template_message): the
+    call with its arguments as an object, then the result as the function's message."""
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+    ]
+    tools = [{"type": "function", "function": WEATHER}]
+    text = render_chat_template(TEMPLATE, messages, add_generation_prompt=True, tools=tools)
+    assert (
+        '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": '
+        '"Paris"}<|call|>' in text
+    )
+    assert (
+        "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+        '"{\\"temp\\": 21}"<|end|><|start|>assistant'
+    ) in text
+
+
+# -- end to end: the synthetic gpt-oss-tiny with a harmony vocabulary -----------------------------
+HARMONY_SPECIALS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+                    "<|constrain|>"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gptoss():
+    """gpt-oss-tiny (random weights) whose vocabulary is the byte alphabet, harmony's framing
+    tokens and fillers, with the gpt-oss chat template."""
+    import minfer_jax
+    from tests.test_tokenizer import _byte_level_alphabet
+
+    from minfer_bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config
+
+    cfg = SYNTHETIC_CONFIGS["gpt-oss-tiny"]
+    alphabet = _byte_level_alphabet()
+    fillers = [f"<|filler_{i}|>" for i in range(cfg.vocab_size - len(alphabet) - 7)]
+    tokens = [*alphabet, *HARMONY_SPECIALS, *fillers]
+    gm = synthetic_model_from_config(cfg, "q8_0", seed=2)
+    gm.metadata.update(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": "gpt-4o",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [1] * len(alphabet) + [3] * (len(tokens) - len(alphabet)),
+            "tokenizer.ggml.merges": [],
+            "tokenizer.ggml.eos_token_id": tokens.index("<|return|>"),
+            "tokenizer.ggml.eot_token_id": tokens.index("<|end|>"),
+            "tokenizer.chat_template": TEMPLATE,
+        }
+    )
+    return minfer_jax.load(gguf_model=gm, kernels="xla", ctx_size=1024, progress=False)
+
+
+def test_a_forced_call_compiles_and_its_arguments_validate(gptoss):
+    import minfer_jax
+
+    assert gptoss.tokenizer.harmony
+    grammar = forced_grammar(HarmonyCalls(), [WEATHER], parallel=False)
+    out = minfer_jax.generate(gptoss, "call", grammar=grammar, max_new_tokens=160, temperature=1.0)
+    _, calls = HarmonyCalls().parse(out.text)
+    assert out.stop_reason == "eos" and [c.name for c in calls] == ["get_weather"], out.text
+    _valid(calls[0].arguments)
+
+
+def _valid(arguments: str) -> None:
+    args = json.loads(arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("c", "f"), args
+    assert isinstance(args["city"], str) and len(args["city"]) <= 6
+
+
+def test_harmony_calls_through_the_server_and_the_openai_client(gptoss):
+    import openai
+    from starlette.testclient import TestClient
+
+    from minfer_jax.server.app import create_app
+    from minfer_jax.server.backend import ServerSettings
+
+    app = create_app(ServerSettings(warmup=False), loader=lambda *args, **kwargs: gptoss)
+    with TestClient(app, base_url="http://localhost") as http:
+        client = openai.OpenAI(base_url="http://localhost/v1", api_key="x", http_client=http)
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        tools = [{"type": "function", "function": WEATHER}]
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        full = client.chat.completions.create(
+            model="m", messages=messages, tools=tools, tool_choice=named, max_tokens=160
+        )
+        choice = full.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather" and call.id
+        _valid(call.function.arguments)
+
+        stream = client.chat.completions.create(
+            model="m", messages=messages, tools=tools, tool_choice="required", max_tokens=160,
+            stream=True, seed=5,
+        )  # fmt: skip
+        calls: dict[int, dict] = {}
+        content, finish = "", None
+        for chunk in stream:
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            for c in delta.tool_calls or []:
+                got = calls.setdefault(c.index, {"name": "", "arguments": ""})
+                got["name"] += c.function.name or ""
+                got["arguments"] += c.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        assert finish == "tool_calls" and list(calls) == [0] and content == "", (calls, content)
+        assert calls[0]["name"] == "get_weather"
+        _valid(calls[0]["arguments"])
+
+        history = messages + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+        ]
+        again = client.chat.completions.create(
+            model="m", messages=history, tools=tools, max_tokens=4
+        )
+        assert again.usage.prompt_tokens > full.usage.prompt_tokens + 20  # the call and result
