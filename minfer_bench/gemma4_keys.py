@@ -114,3 +114,15 @@ def gemma4_with_layers(cfg: Config, layers: int) -> Config:
         layer_d_ff=cut(cfg.layer_d_ff),
         shared_kv_layers=shared,
     )
+
+
+def gemma4_vector(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray | None:
+    """Values of the gemma4 vectors whose scale shapes the forward (None for the rest): q / k
+    norms of head_dim^-1/4 (attention scale 1 leaves the score spread to them; unit norms make
+    every softmax one-hot), router and expert scales and layer output scales near 1 (noise of
+    0.02 would zero the router and the residual)."""
+    if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):
+        return (shape[0] ** -0.25 * (1.0 + 0.1 * rng.standard_normal(shape))).astype(np.float32)
+    if name.endswith((".scale", "layer_output_scale.weight")):
+        return rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    return None

@@ -202,7 +202,7 @@ class _QuantizeState:
             ft=ft,
             n_attention_wv=sum(1 for n in shapes if _is_attn_v(n)),
             n_ffn_down=cfg.n_layers,  # qs.n_ffn_down = hparams.n_layer
-            n_gqa=cfg.n_heads // cfg.n_kv_heads,
+            n_gqa=cfg.n_heads // cfg.layer_kv_heads(0),  # llama.cpp: hparams.n_gqa() of layer 0
             is_70b=cfg.n_layers
             == 80,  # llama_model_qwen2::load_arch_hparams: case 80 -> LLM_TYPE_70B
             has_tied_embeddings="output.weight" not in shapes,

@@ -41,6 +41,7 @@ from minfer_jax.model.gguf_model import GGUFModel
 from minfer_bench.gemma4_keys import (
     gemma4_metadata,
     gemma4_real_shapes,
+    gemma4_vector,
     gemma4_with_layers,
     proportional_rope_factors,
 )
@@ -552,6 +553,9 @@ def synthetic_model_from_config(
             )
             return RawTensor(tname, QType.F32, shapes[tname], factors)
         rng = np.random.default_rng([seed, zlib.crc32(tname.encode())])
+        scale = gemma4_vector(tname, shapes[tname], rng) if cfg.family == "gemma4" else None
+        if scale is not None:  # gemma4's scale vectors (F32): values of a sane forward
+            return RawTensor(tname, QType.F32, shapes[tname], scale)
         return random_raw_tensor(tname, type_map[tname], shapes[tname], rng)
 
     # numpy's generators and casts release the GIL on large arrays: a thread per core helps.

@@ -107,7 +107,11 @@ def gemma4_model(name: str, seed: int = 0) -> GGUFModel:
     """The model GEMMA4_TINY[name] with random F32 weights (each tensor from (seed, its name))."""
     if name not in GEMMA4_TINY:
         raise ValueError(f"unknown synthetic gemma4 model {name!r}")
-    cfg = GEMMA4_TINY[name]
+    return gemma4_model_from_config(GEMMA4_TINY[name], name, seed)
+
+
+def gemma4_model_from_config(cfg: Config, name: str, seed: int = 0) -> GGUFModel:
+    """A gemma4 model of any small Config with gemma4_model's random F32 weights."""
     tensors = {n: _tensor(n, s, seed, cfg) for n, s in expected_shapes(cfg).items()}
     return GGUFModel(
         path=f"synthetic:{name}",

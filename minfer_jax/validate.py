@@ -168,11 +168,6 @@ def seed(value: Any) -> int:
     return integer("seed", value, SEED_MIN, SEED_MAX)
 
 
-def kv_cache_bytes(n_layers: int, ctx: int, n_kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """Bytes of a K and a V cache of ctx slots (model/cache.py's layout)."""
-    return 2 * n_layers * ctx * n_kv_heads * head_dim * itemsize
-
-
 def memory_limit_bytes(device: Any = None) -> int | None:
     """What the device can hold: its allocator's limit on an accelerator, physical RAM on a CPU."""
     stats = None

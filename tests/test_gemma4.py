@@ -2,7 +2,8 @@
 logits (tests/data/llama_cpp/gemma4*-tiny.json, tools/llama_cpp_reference.py hybrid:
 llama-cpp-python 0.3.36 on the CPU, f32 KV cache) at every position of a random prompt and
 llama.cpp's greedy continuation; the files' metadata rules; the shared-KV cache layout; the prompt
-through the scheduler (in pieces, batched, sharing a prefix)."""
+through the scheduler (in pieces, batched, sharing a prefix); the Pallas attention kernels on a
+512-wide full head."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from minfer_jax.model.cache import cache_spec
 from minfer_jax.model.from_gguf import config_from_metadata, load_gguf
 
 from minfer_bench.synthetic import write_gguf
-from minfer_bench.synthetic_gemma4 import GEMMA4_TINY, gemma4_model
+from minfer_bench.synthetic_gemma4 import GEMMA4_TINY, gemma4_model, gemma4_model_from_config
 
 DATA = Path(__file__).parent / "data" / "llama_cpp"
 # Measured 4e-3 (dense) and 2e-3 (MoE) of the logit std: llama.cpp computes GELU through an f16
@@ -122,6 +123,13 @@ def test_metadata_rules_and_refusals():
         _config(gm, meta, frozenset(gm.tensors) | {"blk.0.attn_qkv.weight"})
 
 
+def test_tensor_parallelism_is_refused_clearly():
+    from minfer_jax.engine.sharding import ShardingError, plan_split
+
+    with pytest.raises(ShardingError, match="gemma4"):
+        plan_split(GEMMA4_TINY["gemma4-tiny"], 2, o_block=32, ff_block=32)
+
+
 def _until_eos(tokens: list[int], eos: int) -> list[int]:
     """llama.cpp's greedy tokens as generate() returns them: up to the end-of-sequence token."""
     return tokens[: tokens.index(eos)] if eos in tokens else tokens
@@ -148,3 +156,55 @@ def test_batched_and_after_a_shared_prefix_as_llama_cpp(files):
     sched.run([reused])
     assert reused.result().cached_tokens >= len(long["ids"])
     assert reused.result().tokens == long["greedy"][4:8]
+
+
+def test_kernel_path_matches_the_xla_path_with_a_512_wide_head():
+    """The Pallas chunk and decode attention kernels (interpreted on the CPU, compiled with
+    MINFER_TEST_KERNELS=compiled) against the XLA path on gemma4-tiny cut to 3 layers (sliding,
+    full with K = V, then a sliding one reading layer 0's cache) with the real files' 512-wide
+    full head and 256-wide sliding head: a 32-token prefill chunk, then 3 decode steps past the
+    32-token window."""
+    import jax
+
+    from minfer_jax import ops
+    from minfer_jax.model import decoder
+    from minfer_jax.model.cache import init_cache
+    from minfer_jax.model.weights import LoadOptions, load_params
+    from tests.kernel_mode import KERNELS
+
+    cfg = dataclasses.replace(
+        GEMMA4_TINY["gemma4-tiny"],
+        n_layers=3,
+        n_heads=2,
+        head_dim=512,
+        head_dim_swa=256,
+        swa_layers=(True, False, True),
+        shared_kv_layers=1,
+        v_from_k=(False, True, False),
+        layer_d_ff=(256, 256, 512),
+    )
+    params = load_params(gemma4_model_from_config(cfg, "gemma4-wide-tiny"), LoadOptions("dense"))
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, 35).astype(np.int32)
+
+    def run(impl):
+        @functools.partial(jax.jit, static_argnums=(0, 1))
+        def chunk(start, n, cache):  # the kernel takes power-of-two chunks
+            part = tokens[start : start + n]
+            h, cache = decoder.forward_chunk(params, part, 0, np.int32(start), cache, cfg, impl)
+            return decoder.logits_from_hidden(params, h, impl, cfg), cache
+
+        @jax.jit
+        def step(token, position, cache):
+            one = np.zeros((1,), np.int32)
+            return decoder.forward_decode(params, token, one, position + one, cache, cfg, impl)
+
+        first, cache = chunk(0, 32, init_cache(cfg, 1, 64))
+        rows = [first]
+        for p in (32, 33, 34):
+            logits, cache = step(tokens[p : p + 1], p, cache)
+            rows.append(logits)
+        return np.concatenate([np.asarray(r) for r in rows])
+
+    want, got = run(ops.Impl(kernels="xla")), run(ops.Impl(kernels=KERNELS))
+    assert want.shape == (35, cfg.vocab_size)
+    assert np.abs(got - want).max() < 1e-3 * want.std()
