@@ -72,7 +72,7 @@ MALFORMED = [  # (endpoint, raw body, headers, expected status)
     ("completions", b'{"prompt": "hi", "max_tokens": 4', None, 400),
     ("completions", b"[" * 100_000 + b"]" * 100_000, None, 400),
     ("completions", b'{"prompt": "hi", "temperature": "hot"}', None, 400),
-    ("completions", b'{"prompt": "hi", "n": 2}', None, 400),
+    ("completions", b'{"prompt": "hi", "n": 0}', None, 400),
     ("completions", b'{"prompt": "a\\ud800b"}', None, 400),
     ("completions", b'{"prompt": [151936]}', None, 400),
     ("completions", b'{"prompt": "hi", "stop": ["\\udc80"]}', None, 400),

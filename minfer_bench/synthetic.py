@@ -33,11 +33,17 @@ from gguf import GGML_QUANT_SIZES, LlamaFileType
 
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, RawTensor
-from minfer_jax.files.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
+from minfer_jax.files.vocabulary import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
 from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import expected_shapes
 from minfer_jax.model.gguf_model import GGUFModel
 
+from minfer_bench.gemma4_keys import (
+    gemma4_metadata,
+    gemma4_real_shapes,
+    gemma4_with_layers,
+    proportional_rope_factors,
+)
 from minfer_bench.quant_mix import (
     DEFAULT_TYPE,
     FTYPES,
@@ -46,6 +52,7 @@ from minfer_bench.quant_mix import (
     parse_ftype,
     tensor_types,
 )
+from minfer_bench.qwen35_configs import QWEN35_CONFIGS
 
 # --------------------------------------------------------------------------------------------
 # Configurations
@@ -181,6 +188,8 @@ def _moe_configs() -> dict[str, Config]:
 
 
 SYNTHETIC_CONFIGS.update(_moe_configs())
+SYNTHETIC_CONFIGS.update(QWEN35_CONFIGS)
+SYNTHETIC_CONFIGS.update(gemma4_real_shapes())  # Gemma-4-31B, 26B-A4B, E4B (gemma4_keys.py)
 # gemma3-1b with every layer global (no sliding window): the A/B of sliding-window prefill, in
 # memory (bench.py --synthetic); a gemma3 GGUF must name its window, so its file does not load.
 SYNTHETIC_CONFIGS["gemma3-1b-global"] = dataclasses.replace(
@@ -432,6 +441,8 @@ def _family_metadata(cfg: Config) -> dict:
         meta[f"{a}.rope.freq_base_swa"] = float(np.float32(cfg.rope_theta_local))
     if cfg.recurrent_layers:
         meta.update(_hybrid_metadata(cfg))
+    if cfg.family == "gemma4":
+        meta.update(gemma4_metadata(cfg))
     return meta
 
 
@@ -534,9 +545,12 @@ def synthetic_model_from_config(
 
     def build(tname: str) -> RawTensor:
         if tname == "rope_freqs.weight":  # frequency divisors: real values, not noise
-            return RawTensor(
-                tname, QType.F32, shapes[tname], llama3_rope_factors(cfg.head_dim, cfg.rope_theta)
+            factors = (
+                proportional_rope_factors(cfg.head_dim)
+                if cfg.family == "gemma4"
+                else llama3_rope_factors(cfg.head_dim, cfg.rope_theta)
             )
+            return RawTensor(tname, QType.F32, shapes[tname], factors)
         rng = np.random.default_rng([seed, zlib.crc32(tname.encode())])
         return random_raw_tensor(tname, type_map[tname], shapes[tname], rng)
 
@@ -603,7 +617,11 @@ def _spec_config(spec: str, layers: int | None) -> tuple[str, str, Config]:
         # a hybrid's layer pattern repeats (qwen35moe: 3 DeltaNet, 1 attention)
         pattern = cfg.recurrent_layers
         recurrent = tuple(pattern[i % len(pattern)] for i in range(layers)) if pattern else ()
-        cfg = dataclasses.replace(cfg, n_layers=layers, recurrent_layers=recurrent)
+        cfg = (
+            gemma4_with_layers(cfg, layers)
+            if cfg.family == "gemma4"
+            else dataclasses.replace(cfg, n_layers=layers, recurrent_layers=recurrent)
+        )
     return cfg_name, ftype, cfg
 
 
@@ -708,13 +726,18 @@ def write_gguf(
     w.add_block_count(cfg.n_layers + cfg.mtp_layers)
     w.add_context_length(cfg.context_length)
     w.add_embedding_length(cfg.d_model)
-    w.add_feed_forward_length(cfg.d_ff)
     w.add_head_count(cfg.n_heads)
-    w.add_head_count_kv(cfg.n_kv_heads)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
-    for key, value in (_family_metadata(cfg) | _moe_metadata(cfg)).items():
-        if isinstance(value, list):
+    family_keys = _family_metadata(cfg) | _moe_metadata(cfg)
+    if f"{cfg.family}.feed_forward_length" not in family_keys:  # gemma4's may be per layer
+        w.add_feed_forward_length(cfg.d_ff)
+    if f"{cfg.family}.attention.head_count_kv" not in family_keys:
+        w.add_head_count_kv(cfg.n_kv_heads)
+    for key, value in family_keys.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, list):
             w.add_array(key, value)
         elif isinstance(value, str):
             w.add_string(key, value)

@@ -5,6 +5,7 @@ nt = prod(x.shape[:-1]) is a Python int at trace time, so `route(w, nt, impl)` i
 per shape bucket and compiled into that bucket's executable. Its kinds (Route.kind):
 
     "dense"       dense weight (CPU "dense" mode)   -> XLA dot
+    "int8"        Int8Weight (the CPU's default)    -> XLA dot with q * a (+ b) decoded inside it
     "xla"         QWeight, impl.kernels == "xla"    -> reference: whole-matrix decode + XLA dot
     "gemv"        block format, nt <= GEMV_MAX_NT   -> integer Pallas GEMV (pallas/gemv.py)
     "gemv-float"  float format, nt <= GEMV_MAX_NT   -> float Pallas GEMV (pallas/gemv.py)
@@ -62,8 +63,9 @@ from minfer_jax.pallas import (
     gemv_tuning,
     tiles,
 )
-from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
+from minfer_jax.quant.matrix import DenseWeight, Int8Weight, QWeight, Weight
 from minfer_jax.quant.planes import QType, get_format
+from minfer_jax.validate import Choices
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
 # quantized experts on the kernels: the grouped expert GEMV up to this many tokens, the sorted
@@ -74,23 +76,6 @@ EXPERT_GEMM_VARIANT = "ragged"  # one of expert_gemm.VARIANTS
 # impl.deterministic: matmuls of up to this many rows compute each row as alone (plan.MAX_SEQS,
 # the largest decode batch; prefill chunks this short take the same path)
 DETERMINISTIC_MAX_NT = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class Choices:
-    """One setting's values, each with what it means, in the order help lists them: Impl and
-    load() validate against it; the CLIs take their argparse choices and help text from it."""
-
-    meanings: tuple[tuple[str, str], ...]  # (value, one-line meaning)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.meanings)
-
-    def describe(self) -> str:
-        """'a (meaning), b (meaning) or c (meaning)': for a --help line."""
-        parts = [f"{name} ({meaning})" for name, meaning in self.meanings]
-        return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
 
 
 KERNELS = Choices(
@@ -162,7 +147,7 @@ def default_impl(platform: str | None = None) -> Impl:
     return Impl(kernels="pallas" if platform == "gpu" else "xla")
 
 
-ROUTE_KINDS = ("dense", "xla", "gemv", "gemv-float", "gemm", "dq+gemm", "gemm-i8")
+ROUTE_KINDS = ("dense", "int8", "xla", "gemv", "gemv-float", "gemm", "dq+gemm", "gemm-i8")
 _PREFILL_KINDS = {
     "f16": "gemm",
     "dequant": "dq+gemm",
@@ -203,6 +188,8 @@ def route(
     (Route.fold_norm); sumsq: the norm input's sums of squares are given."""
     if isinstance(w, DenseWeight):
         return Route("dense")
+    if isinstance(w, Int8Weight):
+        return Route("int8")
     r = _quantized_route(w.qtype, nt, impl)
     if after_norm and impl.fused_decode and r.kind == "gemv":
         return dataclasses.replace(r, fold_norm=_fold_mode(w.qtype, *w.shape, nt, r, sumsq))
@@ -312,6 +299,9 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     if isinstance(w, DenseWeight):  # r.kind == "dense"
         wm = w.w if w.transposed else w.w.T  # [K, N]
         y = jnp.dot(x2.astype(wm.dtype), wm, preferred_element_type=jnp.float32)
+    elif isinstance(w, Int8Weight):  # r.kind == "int8": XLA fuses the decode into the dot
+        values = w.values()
+        y = jnp.dot(x2.astype(jnp.float32), values if w.transposed else values.T)
     else:
         y = by_rows(route_call(r, w.qtype, w.shape[0], impl), r.row_chunk, x2, w.planes)
     return y.reshape(*lead, y.shape[-1])
@@ -458,7 +448,7 @@ def matmul_parts(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     f32, as norm_matmul_parts (the deterministic mode's row chunks finished, as there: one path
     at every row count)."""
     r = route(w, x.shape[0], impl)
-    if isinstance(w, DenseWeight) or r.kind not in ("gemv", "gemv-float") or r.row_chunk:
+    if not isinstance(w, QWeight) or r.kind not in ("gemv", "gemv-float") or r.row_chunk:
         return matmul(x, w, impl)[None]
     return route_call(r, w.qtype, w.shape[0], impl, partials=True)(x, w.planes)
 

@@ -9,6 +9,7 @@ Each function returns the checked value in its canonical type (a Python int or f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import os
@@ -18,6 +19,24 @@ from typing import Any
 import numpy as np
 
 from minfer_jax.errors import InvalidArgumentError
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+    """One setting's values, each with what it means, in the order help lists them: Impl and
+    load() validate against it; the CLIs take their argparse choices and help text from it."""
+
+    meanings: tuple[tuple[str, str], ...]  # (value, one-line meaning)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.meanings)
+
+    def describe(self) -> str:
+        """'a (meaning), b (meaning) or c (meaning)': for a --help line."""
+        parts = [f"{name} ({meaning})" for name, meaning in self.meanings]
+        return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
+
 
 INT32_MAX = 2**31 - 1  # positions, ids and counts reach the device as int32
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what jax.random.PRNGKey accepts

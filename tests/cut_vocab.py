@@ -40,9 +40,12 @@ def cut_vocab_meta(name: str) -> dict:
 def vocab_vectors(name: str) -> list[tuple[str, list[int]]]:
     texts = (DATA / f"{name}.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
     lines = (DATA / f"{name}.gguf.out").read_text(encoding="utf-8").split("\n")
-    assert texts[-1] == "" and lines[-1] == ""
+    # one line of ids per text; the texts end with a separator (an empty last piece) or not
+    # (gemma-4's)
+    assert lines[-1] == "" and texts[len(lines) - 1 :] in ([""], [])
     return [
-        (t, [int(x) for x in line.split()]) for t, line in zip(texts[:-1], lines[:-1], strict=True)
+        (t, [int(x) for x in line.split()])
+        for t, line in zip(texts[: len(lines) - 1], lines[:-1], strict=True)
     ]
 
 

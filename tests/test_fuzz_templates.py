@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from fuzz_support import FUZZ_EXAMPLES_ENV, bounded, fuzz_settings
 from minfer_jax.errors import TemplateError
-from minfer_jax.files import chat_template
+from minfer_jax.files import template_budget
 from minfer_jax.files.chat_template import MAX_OUTPUT, render_chat_template
 
 MESSAGES = [
@@ -168,7 +168,7 @@ def test_fuzz_templates(template, monkeypatch_steps):
     try:
         out = bounded(
             lambda: render_chat_template(template, MESSAGES),
-            seconds=chat_template.MAX_SECONDS + 2,
+            seconds=template_budget.MAX_SECONDS + 2,
             megabytes=400,
             rss=True,
         )
@@ -192,7 +192,7 @@ def test_fuzz_template_syntax(template, monkeypatch_steps):
     try:
         out = bounded(
             lambda: render_chat_template(template, MESSAGES),
-            seconds=chat_template.MAX_SECONDS + 2,
+            seconds=template_budget.MAX_SECONDS + 2,
             megabytes=400,
             rss=True,
         )
@@ -207,6 +207,6 @@ def monkeypatch_steps():
     keep the real one."""
     with pytest.MonkeyPatch.context() as mp:
         if not os.environ.get(FUZZ_EXAMPLES_ENV):
-            mp.setattr(chat_template, "MAX_STEPS", 100_000)
-            mp.setattr(chat_template, "MAX_SECONDS", 3.0)
+            mp.setattr(template_budget, "MAX_STEPS", 100_000)
+            mp.setattr(template_budget, "MAX_SECONDS", 3.0)
         yield

@@ -150,6 +150,6 @@ def test_other_moe_architectures_are_one_unsupported_error_naming_them():
     from minfer_jax.errors import UnsupportedError
     from minfer_jax.model.families import for_architecture
 
-    for arch in ("deepseek2", "gemma4"):  # gpt-oss, qwen35moe are supported
+    for arch in ("deepseek2", "mamba"):  # gpt-oss, qwen35moe, gemma4 are supported
         with pytest.raises(UnsupportedError, match=f"unsupported architecture '{arch}'"):
             for_architecture(arch, "m.gguf")

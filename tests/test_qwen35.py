@@ -80,7 +80,7 @@ def test_layer_pattern_from_the_interval_and_refusals():
     _, meta = _metadata(**{"rope.dimension_sections": [8, 0, 0, 0]})  # pairs left at position 0
     with pytest.raises(UnsupportedError, match="dimension_sections"):
         config_from_metadata(meta, "x.gguf", 320, True)
-    for arch in ("gemma4",):
+    for arch in ("mamba",):
         with pytest.raises(UnsupportedError, match=arch):
             config_from_metadata({**meta, "general.architecture": arch}, "x.gguf", 320, True)
 

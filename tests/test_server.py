@@ -338,8 +338,10 @@ BAD_REQUESTS = [  # (endpoint, raw body, param named in the error)
     ("completions", b'{"prompt": "hi", "max_tokens": -5}', "max_tokens"),
     ("completions", b'{"prompt": "hi", "seed": 1e400}', "seed"),
     ("completions", b'{"prompt": "hi", "stop": [1]}', "stop.0"),
-    ("completions", b'{"prompt": "hi", "n": 2}', "n"),
-    ("completions", b'{"prompt": "hi", "logprobs": 3}', "logprobs"),
+    ("completions", b'{"prompt": "hi", "n": 0}', "n"),
+    ("completions", b'{"prompt": "hi", "n": 1000}', "n"),
+    ("completions", b'{"prompt": "hi", "logprobs": 21}', "logprobs"),
+    ("completions", b'{"prompt": "hi", "logprobs": true}', "logprobs"),
     ("completions", b'{"prompt": ""}', "prompt"),
     ("completions", b'{"prompt": []}', "prompt"),
     ("completions", b'{"prompt": [1, true]}', "prompt.1"),
@@ -846,6 +848,117 @@ def test_include_usage_puts_a_null_usage_on_every_other_chunk(server):
 # -- agents: constrained output and the request fields (issue 54) ----------------------------------
 def _post(server, endpoint: str, body: dict) -> httpx.Response:
     return httpx.post(f"{server.url}/v1/{endpoint}", json=body, timeout=120)
+
+
+# -- logprobs and n > 1 choices (issue 54 item 4) -------------------------------------------------
+def _ids_of(tokenizer, entries) -> list[int]:
+    """The token ids of chat logprobs entries, from their bytes (each names one token here)."""
+    wanted = {bytes(e.bytes) for e in entries}
+    by_bytes: dict[bytes, list[int]] = {}
+    for i in range(tokenizer.vocab_size):
+        raw = tokenizer.token_bytes([i])
+        if raw in wanted:
+            by_bytes.setdefault(raw, []).append(i)
+    assert all(len(by_bytes[bytes(e.bytes)]) == 1 for e in entries)
+    return [by_bytes[bytes(e.bytes)][0] for e in entries]
+
+
+@pytest.mark.real_model
+def test_chat_logprobs_are_the_models_log_softmax(client, tokenizer, tiny_model):
+    """Each content token's logprob and top_logprobs against log_softmax of the logits the same
+    model file gives in this process (prompt_logits over prompt + reply at once); greedy: the
+    chosen token is the most likely; streamed chunks carry the same logprobs."""
+    import jax
+    import numpy as np
+
+    import minfer_jax
+
+    messages = [{"role": "user", "content": "Name a prime."}]
+    ask = dict(model="tiny", messages=messages, max_tokens=8, temperature=0, logprobs=True)
+    chat = client.chat.completions.create(**ask, top_logprobs=5)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens > 0
+    ids = _ids_of(tokenizer, content)
+    assert tokenizer.decode(ids, skip_special=True) == chat.choices[0].message.content
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special=False)
+    model = minfer_jax.load(str(tiny_model), ctx_size=64)
+    logits = model.logits(prompt + ids)[len(prompt) - 1 : len(prompt) - 1 + len(ids)]
+    reference = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    for row, token, entry in zip(reference, ids, content):
+        assert entry.logprob == pytest.approx(row[token], abs=1e-3)
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert tops == sorted(tops, reverse=True) and len(tops) == 5
+        assert tops == pytest.approx(sorted(row, reverse=True)[:5], abs=1e-3)
+        assert entry.top_logprobs[0].bytes == entry.bytes  # greedy: the most likely token
+        assert entry.token == bytes(entry.bytes).decode("utf-8", errors="replace")
+    streamed = list(client.chat.completions.create(**ask, top_logprobs=5, stream=True))
+    pieces = [e for c in streamed if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes, len(e.top_logprobs)) for e in pieces] == [
+        (e.token, e.bytes, 5) for e in content
+    ]
+    assert [e.logprob for e in pieces] == pytest.approx([e.logprob for e in content], abs=1e-5)
+    bare = client.chat.completions.create(**ask).choices[0].logprobs.content  # no top_logprobs
+    assert [e.top_logprobs for e in bare] == [[]] * len(content)
+
+
+@pytest.mark.real_model
+def test_completions_logprobs_streamed_and_not(client):
+    ask = dict(model="tiny", prompt="def fibonacci(n):", max_tokens=10, temperature=0, logprobs=2)
+    whole = client.completions.create(**ask)
+    lp = whole.choices[0].logprobs
+    n = whole.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n > 0
+    assert all(x <= 0 for x in lp.token_logprobs)
+    # greedy: each token is its step's most likely, and the offsets walk the tokens' text
+    assert [max(top.values()) for top in lp.top_logprobs] == pytest.approx(lp.token_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(n)]
+    streamed = list(client.completions.create(**ask, stream=True))
+    parts = [c.choices[0].logprobs for c in streamed if c.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [x for p in parts for x in p.token_logprobs] == pytest.approx(lp.token_logprobs)
+    assert [x for p in parts for x in p.text_offset] == lp.text_offset
+
+
+@pytest.mark.real_model
+def test_n_choices_share_one_prefill_streamed_and_not(server, client):
+    """n choices: one prefill (the others copy its K/V and prefill their last prompt token), an
+    index each, usage counting the prompt once; greedy choices agree, sampled ones differ and are
+    reproducible with a seed; streamed choices reassemble to the whole reply's."""
+    messages = [{"role": "user", "content": "Write a haiku about the sea."}]
+    cached_before = metrics(server.url)["minfer_prompt_tokens_cached_total"]
+    greedy = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=6, temperature=0, n=2
+    )
+    assert [c.index for c in greedy.choices] == [0, 1]
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    one = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, n=1)
+    assert greedy.usage.prompt_tokens == one.usage.prompt_tokens
+    assert greedy.usage.completion_tokens == 12 or greedy.choices[0].finish_reason == "stop"
+    shared = metrics(server.url)["minfer_prompt_tokens_cached_total"] - cached_before
+    assert shared >= greedy.usage.prompt_tokens - 1  # the second choice's prompt came copied
+
+    ask = dict(model="tiny", prompt="Once upon a time", max_tokens=5, temperature=1.0, seed=7)
+    sampled = client.completions.create(**ask, n=2)
+    texts = [c.text for c in sampled.choices]
+    assert texts[0] != texts[1] and [c.index for c in sampled.choices] == [0, 1]
+    assert [c.text for c in client.completions.create(**ask, n=2).choices] == texts
+    assert client.completions.create(**ask).choices[0].text == texts[0]  # choice 0: the seed's
+    chunks = list(
+        client.completions.create(
+            **ask, n=2, logprobs=1, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    by_index: dict[int, list] = {0: [], 1: []}
+    for c in chunks[:-1]:
+        by_index[c.choices[0].index].append(c.choices[0])
+    assert ["".join(p.text for p in by_index[i]) for i in range(2)] == texts
+    assert [by_index[i][-1].finish_reason for i in range(2)] == [
+        c.finish_reason for c in sampled.choices
+    ]
+    assert chunks[-1].usage.completion_tokens == sampled.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == sampled.usage.prompt_tokens
+    logprobs = [[t for p in by_index[i] if p.logprobs for t in p.logprobs.tokens] for i in range(2)]
+    assert sum(len(t) for t in logprobs) == sampled.usage.completion_tokens
 
 
 @pytest.mark.real_model

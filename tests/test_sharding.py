@@ -136,6 +136,7 @@ def test_sharded_model_matches_one_device(kernels):
         assert (
             res["tied_tp2"] == res["tied_one"]
         )  # tied head: token_embd split by vocabulary as the head
+        assert res["spec_tp4"] == res["one"]["tokens"]  # verified drafts at TP 4
 
 
 def test_moe_split_cuts_each_experts_width():
@@ -235,6 +236,11 @@ def _model_results(kernels: str) -> dict:
         }
         if "sampled" in got:
             res["sampled_tp4"] = got["sampled"]
+            # speculative verification (its shard_map step) with drafts right and wrong
+            from minfer_bench.spec_replay import replayed
+
+            spec = replayed(m, PROMPT, one["tokens"], draft_max=3)
+            res["spec_tp4"] = [int(t) for t in spec.tokens]
     if kernels == "xla":
         tied = synthetic_model_from_config(
             dataclasses.replace(TINY, tied_output=True), "q4_k_m", seed=6

@@ -341,7 +341,15 @@ def test_synthetic_bad_metadata(overrides, error, match):
 
 
 @pytest.mark.parametrize(
-    "name", ["ggml-vocab-llama-bpe", "ggml-vocab-llama-spm", "ggml-vocab-gpt-2", "ggml-vocab-phi-3"]
+    "name",
+    [
+        "ggml-vocab-llama-bpe",
+        "ggml-vocab-llama-spm",
+        "ggml-vocab-gpt-2",
+        "ggml-vocab-phi-3",
+        "ggml-vocab-qwen35",
+        "ggml-vocab-gemma-4",
+    ],
 )
 def test_llama_cpp_vectors_of_other_vocabularies(name):
     tok = Tokenizer.from_metadata(cut_vocab_meta(name), source=name)
@@ -349,8 +357,97 @@ def test_llama_cpp_vectors_of_other_vocabularies(name):
     assert len(cases) >= 40
     for text, expected in cases:
         assert tok.encode(text, add_special=False) == expected, text
-        if name.endswith("-bpe") or name.endswith("gpt-2"):  # byte-level: decoding is exact
+        if name.endswith(("-bpe", "gpt-2", "qwen35", "gemma-4")):  # no added space: exact
             assert tok.decode(expected) == text
+
+
+def test_qwen35_split_keeps_combining_marks_on_their_letter():
+    """Qwen3.5's split puts a combining mark in the letter run and does not NFC-normalize: the
+    decomposed "é" of its vectors is 'e' + U+0301 as two tokens, where qwen2's split (and NFC)
+    give other ids on its vectors."""
+    meta = cut_vocab_meta("ggml-vocab-qwen35")
+    tok = Tokenizer.from_metadata(meta)
+    qwen2 = Tokenizer.from_metadata({**meta, "tokenizer.ggml.pre": "qwen2"})
+    assert not tok.add_bos
+    cases = vocab_vectors("ggml-vocab-qwen35")
+    assert tok.encode("e\u0301", add_special=False) == [68, 53839]
+    differ = [t for t, ids in cases if qwen2.encode(t, add_special=False) != ids]
+    assert "e\u0301" in differ and len(differ) >= 3
+
+
+@pytest.mark.parametrize("name", ["qwen35", "gemma-4"])
+def test_natural_text_and_code_ids_equal_llama_cpp(name):
+    """llama.cpp's ids (tools/llama_cpp_reference.py tokenize, on its whole ggml-vocab-NAME.gguf)
+    of prose, code, JSON, CJK, emoji, digits, contractions, whitespace runs and chat markers, on
+    the vocabulary cut to what they need (tools/extract_vocab.py --also)."""
+    import json
+
+    data = json.loads(
+        (Path(__file__).parent / "data" / "llama_cpp" / f"{name}-tokenizer.json").read_text("utf-8")
+    )
+    tok = Tokenizer.from_metadata(cut_vocab_meta(f"ggml-vocab-{name}"), source=name)
+    assert len(data["cases"]) >= 40
+    for case in data["cases"]:
+        assert tok.encode(case["text"], add_special=False) == case["ids"], case["text"]
+        assert tok.decode(case["ids"]) == case["text"]
+
+
+def test_gemma4_tokenizer_model():
+    """tokenizer.ggml.model = gemma4 (llama.cpp's rules): BOS even where the file says no, a
+    newline run is one token, a space is '▁' with none added before the text, a character
+    without a token falls back to its <0xXX> bytes, and <turn|> / <|tool_response> end a turn."""
+    meta = cut_vocab_meta("ggml-vocab-gemma-4")
+    tok = Tokenizer.from_metadata({**meta, "tokenizer.ggml.add_bos_token": False})
+    bos = meta["tokenizer.ggml.bos_token_id"]
+    assert tok.add_bos and tok.encode("\n\n\n") == [bos, tok.token_to_id("\n\n\n")]
+    spelled = [tok.id_to_token(i) for i in tok.encode("a\n\n b<|turn>hi<turn|>", add_special=False)]
+    assert spelled == ["a", "\n\n", "▁b", "<|turn>", "hi", "<turn|>"]
+    assert [tok.id_to_token(i) for i in tok.encode("Ω", add_special=False)] == ["<0xCE>", "<0xA9>"]
+    assert tok.decode(tok.encode("Ω a\n", add_special=False)) == "Ω a\n"
+    ends = {tok.id_to_token(i) for i in tok.eos_ids}
+    assert ends == {"<eos>", "<turn|>", "<|tool_response>"}
+
+
+@pytest.mark.parametrize("name", ["ggml-vocab-llama-spm", "ggml-vocab-gemma-4"])
+def test_grammar_library_reads_the_bytes_of_spm_spelled_tokens(name):
+    """llguidance builds its token table from backend_json (a '▁'-spelled vocabulary needs the
+    decoder there) and gets the bytes our decode gives, for every token of the cut vocabulary."""
+    import llguidance
+
+    meta = cut_vocab_meta(name)
+    tok = Tokenizer.from_metadata(meta)
+    table = llguidance.LLTokenizer(tok.backend_json(), n_vocab=tok.vocab_size, eos_token=tok.eos_id)
+    kept = [i for i, t in enumerate(meta["tokenizer.ggml.tokens"]) if not t.startswith("\ue000")]
+    assert len(kept) > 500
+    # <0xFF> (never in UTF-8 text) is llguidance's own marker byte: it keeps that token empty
+    kept.remove(tok.token_to_id("<0xFF>"))
+    assert [table.decode_bytes([i]) for i in kept] == [tok.token_bytes([i]) for i in kept]
+
+
+def test_gemma4_count_at_least_is_a_lower_bound():
+    """count_at_least on Gemma 4's split (a pre-token is a whole line) never counts more tokens
+    than any continuation of the prefix has, special tokens cut in half included."""
+    import random
+
+    tok = Tokenizer.from_metadata(cut_vocab_meta("ggml-vocab-gemma-4"))
+    rng = random.Random(0)
+    pieces = [
+        " ",
+        "  ",
+        "Hello",
+        " world",
+        "\n",
+        "\n\n",
+        "a",
+        "<|turn>",
+        "<turn",
+        "|>",
+        "é",
+        "東京",
+    ]
+    for _ in range(400):
+        prefix, rest = ("".join(rng.choices(pieces, k=rng.randint(0, 8))) for _ in range(2))
+        assert tok.count_at_least(prefix) <= len(tok.encode(prefix + rest, add_special=False))
 
 
 def test_bos_defaults_follow_llama_cpp():

@@ -157,7 +157,9 @@ def main() -> None:
     rows["memory"] = dict(
         peak_bytes=stats.get("peak_bytes_in_use"),
         weight_bytes=m.weight_nbytes,
-        kv_cache_bytes=cache_nbytes(m.config, plan.n_slots, plan.cache_len, m.cache_dtype),
+        kv_cache_bytes=cache_nbytes(
+            m.config, plan.n_slots, plan.cache_len, m.cache_dtype, m.kv_types, m.kv_rotation
+        ),
     )
     mem = rows["memory"]
     if mem["peak_bytes"]:

@@ -2,17 +2,20 @@ r"""Cut llama.cpp's ggml-vocab-NAME.gguf test vocabularies down to what their te
 
     PYTHONPATH=. python tools/extract_vocab.py DIR/ggml-vocab-llama-bpe.gguf \
         --out tests/data/tokenizer/
+    PYTHONPATH=. python tools/extract_vocab.py DIR/ggml-vocab-qwen35.gguf \
+        --also tests/data/llama_cpp/qwen35-tokenizer.json --out tests/data/tokenizer/
 
 Writes NAME.vocab.json (+ copies NAME's .inp / .out beside it): the tokens (by id) that are
-substrings of some expected output token, every byte token, every CONTROL / USER_DEFINED token,
-their scores and types, and the merges among kept tokens, in the file's order. Ids are kept; the
-tests fill the missing ids with unreachable placeholders.
+substrings of some expected output token (of the .out, and of the cases of the --also JSON files
+that tools/llama_cpp_reference.py's tokenize mode wrote), every byte token, every CONTROL /
+USER_DEFINED token, their scores and types, and the merges among kept tokens, in the file's order.
+Ids are kept; the tests fill the missing ids with unreachable placeholders.
 
 Why the cut vocabulary tokenizes the vectors exactly like the whole one: every merge BPE applies
 while tokenizing a text builds a piece of one of the output tokens, so it is among the kept merges;
 with a subset of the merges that still contains all applied ones, BPE (lowest rank first) applies
 the same merges in the same order. SentencePiece merges are derived from the vocabulary by the
-same rule (tokenizer.py's _spm_merges), so the kept ones keep their relative order.
+same rule (tokenizer_models.py's _spm_merges), so the kept ones keep their relative order.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import os
 import shutil
 
 from minfer_jax.files.gguf import open_reader, read_metadata
-from minfer_jax.files.tokenizer import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED
+from minfer_jax.files.vocabulary import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED
 
 KEYS = (
     "tokenizer.ggml.model",
@@ -43,11 +46,15 @@ def main(argv=None):
     )
     ap.add_argument("vocab", help="ggml-vocab-NAME.gguf (its .inp / .out beside it)")
     ap.add_argument("--out", required=True, help="directory")
+    ap.add_argument("--also", nargs="*", default=[], help="JSON files of more expected ids")
     args = ap.parse_args(argv)
     meta = read_metadata(open_reader(args.vocab))
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
     lines = open(args.vocab + ".out", encoding="utf-8").read().split("\n")
     final = {tokens[int(i)] for line in lines for i in line.split()}
+    for path in args.also:
+        with open(path, encoding="utf-8") as f:
+            final.update(tokens[i] for case in json.load(f)["cases"] for i in case["ids"])
     pieces = {t[a:b] for t in final for a in range(len(t)) for b in range(a + 1, len(t) + 1)}
     keep = [
         i

@@ -25,6 +25,8 @@ greedy continuation, for a synthetic spec (`logits gpt-oss-tiny:f32 --f32-kv --o
 tests/data/llama_cpp/gpt-oss-tiny-f32.json`).
 vocab: llama.cpp's ids for a cut test vocabulary of tests/data/tokenizer with another pre-tokenizer
 (`vocab ggml-vocab-llama-bpe --pre gpt-4o --out tests/data/llama_cpp/gpt-4o-tokenizer.json`).
+tokenize: llama.cpp's ids of natural text and code for a whole vocabulary file
+(`tokenize DIR/ggml-vocab-qwen35.gguf --out tests/data/llama_cpp/qwen35-tokenizer.json`).
 synthetic: the spec's model written as a GGUF (minfer_bench.synthetic, deterministic in the
 seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
 every position, its top-2 margin there and its distance from the float64 forward. --greedy N
@@ -36,7 +38,9 @@ llama.cpp's logits (f16 .npz) for a direct comparison:
         --out tests/data/llama_cpp/qwen3moe-tiny-f32.json synthetic qwen3moe-tiny:f32 \
         --lengths 16,96 --greedy 32 --f32-kv --logits-out tests/data/llama_cpp/qwen3moe-tiny-f32.npz
 
-hybrid: a synthetic qwen35 / qwen35moe (F32, or "qwen35moe-tiny:q8_0-experts"; f32 KV cache):
+hybrid: a synthetic qwen35 / qwen35moe (F32, or "qwen35moe-tiny:q8_0-experts"; f32 KV cache) or
+gemma4 (minfer_bench.synthetic_gemma4: `--out tests/data/llama_cpp/gemma4-tiny.json hybrid
+gemma4-tiny`):
 llama.cpp's greedy tokens after random prompts (one past two 64-token delta-rule chunks) and its
 logits at every position of prompt + those (tests/data/llama_cpp/qwen35moe-tiny-q8_0-experts.json
 from `hybrid qwen35moe-tiny:q8_0-experts`).
@@ -116,6 +120,29 @@ PRE_TOKENIZER_TEXTS = [
     "tabs\tand\n\nnewlines  \n   \t end",
     "!!!??? ... --- *** ''' \"\"\"",
     "<|start|>user<|message|>hi<|end|>",
+]
+# Natural text and code for a whole vocabulary (`tokenize` mode): prose, digits, contractions,
+# CJK, emoji, newline and space runs, code, each vocabulary's own chat markers.
+NATURAL_TEXTS = [
+    "The committee's report, published on 7 December 2026, runs to 1,284 pages; it wasn't what "
+    'anyone expected. "We\'ll see," she said -- and left.',
+    'def mean(xs: list[float]) -> float:\n    """Average."""\n    if not xs:\n'
+    "        raise ValueError('empty')\n    return sum(xs) / len(xs)  # O(n)\n",
+    '{"id": 42, "tags": ["a", "b"], "price": 19.99, "ok": true, "next": null}\n',
+    "for (int i = 0; i < n; ++i) {\n\tif (a[i] != b[i]) return -1;\n}\r\n",
+    "SELECT name, COUNT(*) FROM users WHERE age >= 18 GROUP BY name;",
+    "# Title\n\n- item one\n- item two\n\n\n\n> quoted   text   \n",
+    "東京は日本の首都です。人口は約1400万人。北京是中国的首都，上海是最大的城市。",
+    "한국어 문장과 Русский текст, ελληνικά, עברית, العربية, हिन्दी, ไทย.",
+    "Emoji: 👍🏽 👨‍👩‍👧‍👦 🇯🇵 ❤️ 🦙🦙🦙 ✅✔️",
+    "Café, naïve, résumé, Ångström, ﬁne, ½ + ¼ = ¾, x² ≤ 10³",
+    "123 4567 89012 3.14159 -0.5e-10 1,000,000 0x1F 2026-12-07T05:40:00Z",
+    "I'm, you're, he's, she'd, we've, they'll, DON'T, Can'T, o'clock, rock'n'roll",
+    "    indented\n        more\n\t\ttabs\n   \n\n",
+    "https://example.com/path?q=a+b&x=1#frag user@example.org C:\\Users\\me",
+    "<|im_start|>system\nYou are brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n",
+    "<bos><|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n4<turn|>",
+    "e\u0301te\u0301 Vie\u0302\u0301t Nam a\u0300 n\u0303",
 ]
 VOCAB_WORKER = r"""
 import json, sys
@@ -362,6 +389,29 @@ def vocab(args) -> dict:
     }
 
 
+def tokenize(args) -> dict:
+    """llama.cpp's ids (vocab_only, special tokens parsed, no BOS) for a whole vocabulary file
+    (llama.cpp's models/ggml-vocab-NAME.gguf): NATURAL_TEXTS, TOKENIZER_TEXTS and
+    PRE_TOKENIZER_TEXTS. tools/extract_vocab.py --also then keeps the tokens these need."""
+    texts = NATURAL_TEXTS + TOKENIZER_TEXTS + PRE_TOKENIZER_TEXTS
+    with tempfile.TemporaryDirectory() as tmp:
+        job = {"model": args.vocab, "texts": texts, "out": os.path.join(tmp, "ids.json")}
+        with open(os.path.join(tmp, "job.json"), "w") as f:
+            json.dump(job, f)
+        with open(os.path.join(tmp, "worker.py"), "w") as f:
+            f.write(VOCAB_WORKER)
+        subprocess.run(
+            [args.llama_python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")],
+            check=True,
+        )
+        with open(job["out"]) as f:
+            ids = json.load(f)
+    return {
+        "vocab": os.path.basename(args.vocab).removesuffix(".gguf"),
+        "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids, strict=True)],
+    }
+
+
 def logits(args) -> dict:
     """llama.cpp's logits at every position of random prompts + its greedy continuation
     (--greedy tokens), for a synthetic spec; written beside --out as an .npz (float16: far below
@@ -468,9 +518,11 @@ def hybrid(args) -> dict:
     import base64
 
     from minfer_bench.synthetic import write_gguf
+    from minfer_bench.synthetic_gemma4 import GEMMA4_TINY, gemma4_model
     from minfer_bench.synthetic_qwen35 import qwen35_model
 
-    gm = qwen35_model(args.name, seed=args.seed)
+    build = gemma4_model if args.name in GEMMA4_TINY else qwen35_model
+    gm = build(args.name, seed=args.seed)
     rng = np.random.default_rng(args.seed)
     lengths = [int(n) for n in args.lengths.split(",")]
     prompts = [rng.integers(0, gm.config.vocab_size, n).tolist() for n in lengths]
@@ -550,13 +602,20 @@ def main(argv=None):
     v = sub.add_parser("vocab")
     v.add_argument("name", help="a cut vocabulary of tests/data/tokenizer (ggml-vocab-llama-bpe)")
     v.add_argument("--pre", required=True, help="the tokenizer.ggml.pre to write, e.g. gpt-4o")
-    h = sub.add_parser("hybrid", help="a synthetic qwen35 variant (synthetic_qwen35.QWEN35_TINY)")
+    tk = sub.add_parser("tokenize", help="llama.cpp's ids of NATURAL_TEXTS for a vocab file")
+    tk.add_argument("vocab", help="a whole vocabulary, e.g. llama.cpp's ggml-vocab-qwen35.gguf")
+    h = sub.add_parser(
+        "hybrid",
+        help="a synthetic qwen35 or gemma4 variant (synthetic_qwen35.QWEN35_TINY, "
+        "synthetic_gemma4.GEMMA4_TINY)",
+    )
     h.add_argument("name")
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--lengths", default="170,24")
     h.add_argument("--n-greedy", type=int, default=16)
     args = ap.parse_args(argv)
     modes = {"real": real, "synthetic": synthetic, "vocab": vocab, "logits": logits}
+    modes["tokenize"] = tokenize
     modes["hybrid"] = hybrid
     result = modes[args.kind](args)
     result["llama_cpp_python"] = llama_cpp_version(args.llama_python)

@@ -3,8 +3,9 @@
 Writes each tiny MoE config with the real models' layer counts (and 16 / 8 / 8 experts) as F16,
 quantizes it with llama.cpp (llama-cpp-python's llama_model_quantize, same process) to Q4_K_M and
 prints every tensor whose type differs from quant_mix.tensor_types; also the real-shape
-Qwen3.6-35B-A3B (qwen35moe) narrowed to d_model 256, 512 tokens and 16 experts (its 40 layers and
-DeltaNet tensors kept). Run from the repository root in a venv with llama-cpp-python:
+Qwen3.6-35B-A3B (qwen35moe) and Qwen3.6-27B (qwen35) narrowed to d_model 256, 512 tokens, an FFN of
+512 and 16 experts (their 40 / 64 layers and DeltaNet tensors kept). Run from the repository root
+in a venv with llama-cpp-python:
 
     PYTHONPATH=. python tools/quant_mix_vs_llama_cpp.py
 """
@@ -30,8 +31,9 @@ from minfer_bench.synthetic import (  # noqa: E402
 )
 
 CASES = (("qwen3moe-tiny", 48, 16), ("mixtral-tiny", 32, 8), ("qwen2moe-tiny", 24, 8))
-# real-shape configs made small where no rule looks: d_model 256, a 512-token vocab, 16 experts
-NARROWED = (("qwen3.6-35b-a3b", 16),)
+# real-shape configs made small where no rule looks: d_model 256, a 512-token vocab, an FFN of
+# 512, 16 experts (none for a dense one)
+NARROWED = (("qwen3.6-35b-a3b", 16), ("qwen3.6-27b", 0))
 Q4_K_M = 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 
@@ -43,7 +45,9 @@ def main() -> int:
     ] + [
         (
             name,
-            dataclasses.replace(SYNTHETIC_CONFIGS[name], d_model=256, vocab_size=512, n_experts=n),
+            dataclasses.replace(
+                SYNTHETIC_CONFIGS[name], d_model=256, vocab_size=512, d_ff=512, n_experts=n
+            ),
         )
         for name, n in NARROWED
     ]

@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     _execution_args(p.add_argument_group("execution"))
     _kernel_args(p.add_argument_group("kernel mode"))
     _batched_args(p.add_argument_group("batched mode (llama-batched-bench)"))
+    _spec_args(p.add_argument_group("speculative mode"))
     _startup_args(p.add_argument_group("startup mode"))
     _output_args(p.add_argument_group("output"))
     # llama-bench's -t / -ngl / -fa (lists there); -r is its repetitions, as here
@@ -230,6 +231,26 @@ def _batched_args(g) -> None:
         default=None,
         metavar="B",
         help="sequences decoded at once, a list (default 1,2,4,8,16,32)",
+    )
+
+
+def _spec_args(g) -> None:
+    g.add_argument(
+        "--spec",
+        metavar="TYPE",
+        choices=["ngram-simple", "lookup"],
+        help="speculative decoding (prompt lookup) against plain decode on the named workloads "
+        "code-edit and text (greedy, -n tokens, best of -r), then the verification step's cost "
+        "per draft bucket at depth -d",
+    )
+    g.add_argument(
+        "--spec-draft-n-max",
+        "--draft-max",
+        dest="draft_max",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--spec: most tokens drafted per step (default 7)",
     )
 
 

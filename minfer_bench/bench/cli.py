@@ -223,6 +223,8 @@ def _main(argv: list[str]) -> int:
     env = make_env(args.mem_bw, command)
     if args.batched:
         return _run_batched(args, req, impl, log)
+    if args.spec:
+        return _run_spec(args, req, log)
     if req.kernel_mode:
         return _run_kernels(args, req, env, impl, log)
     return _run_models(args, req, env, impl, log, preloaded)
@@ -415,6 +417,35 @@ def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> 
             opts = options.from_arguments(args, ctx_size=need, progress=args.progress)
             model = load(options=opts, gguf_model=src.gguf)
             batched.run(model, src.label, pps, tgs, npls, seed=args.seed, out_files=files, log=log)
+            del model
+    finally:
+        for f in files:
+            f.close()
+    return 0
+
+
+def _run_spec(args, req: _Request, log: Callable[[str], None]) -> int:
+    from minfer_jax.engine.runtime import load
+
+    from minfer_bench.bench import speculative
+
+    n_gen = _int_lists(args.n_gen, [256], "-n")[0]
+    depth = _int_lists(args.n_depth, [0], "-d")[0]
+    files = [open(f, "w") for f in args.out]
+    try:
+        for kind, ref in [("model", m) for m in req.models] + [
+            ("synthetic", s) for s in req.synths
+        ]:
+            src = _load_source(
+                kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress
+            )
+            ctx = min(src.gguf.config.context_length, max(4096, depth + 128))
+            opts = options.from_arguments(args, ctx_size=ctx, progress=args.progress)
+            model = load(options=opts, gguf_model=src.gguf)
+            speculative.run(
+                model, src.label, n_gen=n_gen, draft_max=args.draft_max,
+                reps=args.repetitions or 3, depth=depth, seed=args.seed, out_files=files, log=log,
+            )  # fmt: skip
             del model
     finally:
         for f in files:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from minfer_jax.model.cache import type_names
 from minfer_jax.sizes import pow2_at_least
 
 from minfer_bench.bench.engine_runs import time_sequence
@@ -173,7 +174,7 @@ class ModelBench:
         ts = [1e9 * test.n_tokens / s for s in samples]
         avg_ns = int(sum(samples) // len(samples))
         gbps, pct, tflops = self._rates(test, avg_ns * 1e-9, cfg)
-        cache_type = np.dtype(m.cache_dtype).name.replace("float", "f")
+        type_k, type_v = type_names(m.cache_dtype, m.kv_types)
         return {
             "build_commit": env.build_commit,
             "build_number": env.build_number,
@@ -190,8 +191,8 @@ class ModelBench:
             "cpu_mask": "0x0",
             "cpu_strict": False,
             "poll": 50,
-            "type_k": cache_type,
-            "type_v": cache_type,
+            "type_k": type_k,
+            "type_v": type_v,
             "n_gpu_layers": 0 if env.is_cpu_backend else 99,
             "n_cpu_moe": 0,
             "split_mode": "none",

@@ -10,6 +10,7 @@ import sys
 
 from minfer_jax import validate
 from minfer_jax.cli.constraints import add_constraint_flags
+from minfer_jax.cli.speculative import add_speculative_flags
 from minfer_jax.engine import options
 from minfer_jax.engine.flags import StrictParser, add_llama_noops
 from minfer_jax.errors import InvalidArgumentError
@@ -218,6 +219,7 @@ def _generation_arguments(g) -> None:
         help="random seed, 0..2^32-1 (default -1: random; --verbose prints it)",
     )
     add_constraint_flags(g)
+    add_speculative_flags(g)
 
 
 def _output_arguments(o) -> None:

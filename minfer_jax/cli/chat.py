@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from minfer_jax.engine.lookup import Speculation
 from minfer_jax.engine.phases import format_executable, process_age
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.files.harmony import CONTENT, HarmonyStream, split_channels
@@ -66,6 +67,7 @@ class _Session:
     err: object
     verbose: bool
     constrain: dict = dataclasses.field(default_factory=dict)  # Model.constraint's keywords
+    speculation: Speculation | None = None  # --spec-type and its draft sizes
     totals: _Totals = dataclasses.field(default_factory=_Totals)
     last: _Totals | None = None
     partial: list = dataclasses.field(default_factory=list)  # text streamed by the current reply
@@ -141,6 +143,7 @@ class _Session:
             stop=self.stop,
             on_text=self._on_text if self.stream else None,
             constraint=constraint,
+            speculation=self.speculation,
         )
         one_step = constraint is not None and constraint.dynamic
         compile_s = self._compile_ahead(sched, len(ids), max_new, one_step)
@@ -149,7 +152,9 @@ class _Session:
 
     def _compile_ahead(self, sched, n: int, max_new: int, one_step: bool = False) -> float:
         """Compile what the scheduler says this generation runs first, with a message on stderr."""
-        needed = sched.needed(n, max_new, self.sampler, one_step=one_step)
+        needed = sched.needed(
+            n, max_new, self.sampler, one_step=one_step, speculation=self.speculation
+        )
         todo = [k for k in needed if not self.model.is_compiled(k)]
         if not todo:
             return 0.0

@@ -34,6 +34,7 @@ from minfer_jax.cli.arguments import (
 )
 from minfer_jax.cli.chat import _Session, _summary
 from minfer_jax.cli.constraints import constraint_keywords
+from minfer_jax.cli.speculative import speculation_from_args
 from minfer_jax.engine import options
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
@@ -172,6 +173,7 @@ def _run(args, out, err) -> int:
     apply_escapes(args)
     validate_arguments(args)
     constrain = constraint_keywords(args)
+    speculation = speculation_from_args(args)
     chat = args.chat or args.single_turn or args.system_prompt is not None
     prompt = _read_prompt(args, chat)
     seed = args.seed if args.seed >= 0 else secrets.randbelow(2**32)
@@ -223,6 +225,7 @@ def _run(args, out, err) -> int:
         err=err,
         verbose=args.verbose,
         constrain=constrain,
+        speculation=speculation,
         channels=(
             HarmonyStream()
             if (chat or prompt is None) and model.tokenizer is not None and model.tokenizer.harmony
@@ -247,13 +250,25 @@ def _run(args, out, err) -> int:
     if not args.stream:
         session.write(session.answer(result.text))
     _newline_if_needed(out, session)
+    _report_end(args, session, result, err)
+    return 0
+
+
+def _report_end(args, session, result, err) -> None:
+    """The one-shot run's summary on stderr; with --verbose, speculation and first-text times."""
     err.write(_summary(session.totals))
+    if args.verbose and result.speculation is not None:
+        s = result.speculation
+        err.write(
+            f"speculation: {s.verify_steps} verification steps, {s.accepted} of {s.drafted} "
+            f"drafted tokens accepted ({s.tokens_per_step:.2f} tokens per step), "
+            f"{s.plain_chunks} plain chunks\n"
+        )
     if args.verbose and session.first_text_at is not None:
         err.write(
             format_phase("first text after the process started", session.first_text_at) + "\n"
         )
     err.flush()
-    return 0
 
 
 def _encode(tok, prompt: str, chat_base: list | None) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+import jax
 import numpy as np
 
 from minfer_jax.engine.sampling import mask_words
@@ -64,3 +65,19 @@ def batch_mask(constraints: list[TokenConstraint | None], rows: int, vocab: int)
         if c is not None:
             c.fill(mask[i])
     return mask
+
+
+class BatchMasks:
+    """A batch's mask input: one all-allowed device array per width while no row is constrained
+    (nothing to send each step), else built on the host."""
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+        self.free: dict[int, jax.Array] = {}  # batch width -> all-allowed mask on the device
+
+    def __call__(self, constraints: list[TokenConstraint | None], width: int):
+        if all(c is None for c in constraints):
+            if width not in self.free:
+                self.free[width] = jax.device_put(batch_mask([], width, self.vocab))
+            return self.free[width]
+        return batch_mask(constraints, width, self.vocab)

@@ -124,7 +124,7 @@ def fingerprint(model, key) -> str:
         f"key={key!r}",
         f"config={model.config!r}",
         f"impl={model.impl!r}",
-        f"cache_dtype={model.cache_dtype}",
+        f"cache_dtype={model.cache_dtype} kv_types={model.kv_types} rot={model.kv_rotation}",
         "tp=none"
         if tp is None
         else f"tp={tp.split!r} local={tp.local!r} mesh={dict(tp.mesh.shape)}",

@@ -15,6 +15,7 @@ from typing import Any, TypeGuard, Unpack
 
 from minfer_jax import validate
 from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine.lookup import speculation_of
 from minfer_jax.engine.options import unknown_keyword
 from minfer_jax.engine.runtime import Model
 from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
@@ -108,6 +109,10 @@ def generate(
     json_schema=None,
     grammar: str | None = None,
     ignore_eos: bool = False,
+    speculative: str | None = None,
+    draft_max: int | None = None,
+    draft_min: int | None = None,
+    logprobs: int | None = None,
     **settings: Unpack[SamplerKeywords],
 ) -> GenerationResult:
     """Generate from a prompt: text (with chat=True wrapped in the chat template), a list of chat
@@ -119,13 +124,21 @@ def generate(
     the context mean the context, top_k past the vocabulary the vocabulary (clamped, as in
     llama.cpp). json_schema (a dict) or grammar (GBNF text, or llguidance's Lark opening with
     %llguidance) constrain the reply (the `grammar` extra: llguidance); ignore_eos never samples an
-    end-of-sequence token. An unknown keyword is an InvalidArgumentError naming it.
+    end-of-sequence token. speculative="lookup" (llama.cpp's "ngram-simple") drafts tokens from
+    the prompt and output so far and verifies up to draft_max (1..15, default 7) of them in one
+    step, skipping drafts shorter than draft_min: the same tokens as without it (greedy), the same
+    distribution (sampled); result.speculation counts what it did. logprobs (0..20): the result's
+    `logprobs` holds each token's log-probability under the model's distribution (raw logits:
+    before the temperature and the filters) and this many most likely alternatives. An unknown
+    keyword is an
+    InvalidArgumentError naming it.
     """
     model = _model(model)
     validate.generate_arguments(
         max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text
     )
     sampler = _sampler(model, sampler, settings)
+    speculation = speculation_of(speculative, draft_max, draft_min)
     max_new_tokens = validate.clamped_count(
         "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
     )
@@ -139,6 +152,8 @@ def generate(
         stop=stop,
         on_text=on_text,
         constraint=constraint,
+        speculation=speculation,
+        logprobs=logprobs,
     )
     sched.run([req])
     return req.result()
@@ -160,10 +175,11 @@ def generate_batch(
     """generate() for many prompts at once, decoded together; one result per prompt, in order.
 
     prompts: a list of prompts (each as generate() takes it), never one string. seed: one for all
-    prompts or one per prompt. A sequence gets the tokens it gets alone when the model was loaded
-    with deterministic=True (any batch, any platform) and on the CPU's default path; on the GPU's
-    default kernels a batch can part from the lone tokens at near ties (README, "Batch
-    invariance").
+    prompts or one per prompt. A prompt equal to an earlier one shares its prefill (n choices of
+    one prompt: pass it n times with n seeds). A sequence gets the tokens it gets alone when the
+    model was loaded with deterministic=True (any batch, any platform) and on the CPU's default
+    path; on the GPU's default kernels a batch can part from the lone tokens at near ties (README,
+    "Batch invariance").
     """
     model = _model(model)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
@@ -187,15 +203,19 @@ def generate_batch(
         "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
     )
     sched = model.scheduler(min(len(prompts), max_batch), decode_steps=decode_steps)
-    reqs = [
-        sched.submit(
-            prompt_ids(model, p, chat),
+    reqs: list = []
+    firsts: dict[tuple[int, ...], Any] = {}  # prompt -> its first request (the leader)
+    for p, s in zip(prompts, seeds):
+        ids = prompt_ids(model, p, chat)
+        req = sched.submit(
+            ids,
             max_new_tokens=max_new_tokens,
             sampler=sampler,
             seed=s,
             stop=stop,
+            leader=firsts.get(tuple(ids)),
         )
-        for p, s in zip(prompts, seeds)
-    ]
+        firsts.setdefault(tuple(ids), req)
+        reqs.append(req)
     sched.run(reqs)
     return [r.result() for r in reqs]

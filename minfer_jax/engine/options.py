@@ -14,12 +14,19 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+import jax.numpy as jnp
+
 from minfer_jax import ops, validate
 from minfer_jax.engine.plan import Plan, PlanError
 from minfer_jax.errors import InvalidArgumentError
+from minfer_jax.model.cache import KVTypes
+from minfer_jax.model.weights import WEIGHT_MODES
+from minfer_jax.quant import kv
 
-LOAD_WEIGHT_MODES = ("quantized", "dense")
+LOAD_WEIGHT_MODES = WEIGHT_MODES
 DTYPES = ("float32", "bfloat16", "float16")
+FLOAT_CACHE_TYPES = {"f32": jnp.float32, "f16": jnp.float16}
+CACHE_TYPES = (*FLOAT_CACHE_TYPES, *kv.KV_TYPES)  # -ctk / -ctv, llama.cpp's spellings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +35,10 @@ class Options:
 
     ctx_size: KV cache length (None: min(4096, the trained context); more is clamped to it).
     kernels: "pallas" | "interpret" | "xla" (None: pallas on a GPU, xla elsewhere).
-    weights: "quantized" keeps the GGUF formats on the device, "dense" dequantizes once (None:
-    quantized with kernels, dense on XLA); dense_dtype / wide_dtype: the dense copy's dtypes.
+    weights: "quantized" keeps the GGUF formats on the device, "int8" holds block formats as int8
+    with group scales (XLA decodes them inside its dot), "dense" dequantizes once to f32 (None:
+    quantized with kernels, int8 on a CPU's XLA path, dense on a GPU's); dense_dtype /
+    wide_dtype: the dense copy's dtypes.
     gemm: GEMM variant past 8 tokens ("auto", "f16", "dequant", "int8"; ops.Impl).
     prefill_chunk: tokens per prefill executable, a power of two (None: the platform's).
     tensor_parallel: split weights and KV cache over this many devices (None: one device).
@@ -37,6 +46,10 @@ class Options:
     precise: decode GEMVs take their activations in two int8 terms (slower decode on kernels).
     fused_decode: decode's fused Pallas epilogues (off: the XLA ops, for A/B; ops.Impl).
     cache_dtype: the KV cache's dtype (None: float16 on a GPU, float32 elsewhere).
+    cache_type_k / cache_type_v: "f32" | "f16" (a float cache of that dtype) | "q8_0" | "fp8"
+    (8-bit, quant/kv.py, computed in cache_dtype) | None (cache_dtype); cache_format decides.
+    kv_rotation: an 8-bit K (V) is stored Hadamard-rotated, as llama.cpp does (quant/kv.py); off:
+    unrotated, and decode keeps its fused q/k/v epilogue (LLAMA_ATTN_ROT_DISABLE's A/B).
     progress: a progress bar while the weights load and a line while the built-in model is set up.
     """
 
@@ -52,6 +65,9 @@ class Options:
     precise: bool = False
     fused_decode: bool = True
     cache_dtype: Any = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    kv_rotation: bool = True
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -75,7 +91,7 @@ def _check(o: Options) -> None:
             ) from None
     if o.tensor_parallel is not None:
         validate.integer("tensor_parallel", o.tensor_parallel, 1, 1 << 16)
-    for name in ("deterministic", "precise", "fused_decode", "progress"):
+    for name in ("deterministic", "precise", "fused_decode", "kv_rotation", "progress"):
         if not isinstance(getattr(o, name), bool):
             raise InvalidArgumentError(f"{name} must be True or False, got {getattr(o, name)!r}")
     if o.weights is not None:
@@ -83,6 +99,25 @@ def _check(o: Options) -> None:
     if o.kernels is not None:
         validate.choice("kernels", o.kernels, ops.KERNELS.names)
     validate.choice("gemm", o.gemm, ops.GEMMS.names)
+    for name in ("cache_type_k", "cache_type_v"):
+        if getattr(o, name) is not None:
+            validate.choice(name, getattr(o, name), CACHE_TYPES)
+    floats = {
+        FLOAT_CACHE_TYPES[t] for t in (o.cache_type_k, o.cache_type_v) if t in FLOAT_CACHE_TYPES
+    }
+    if o.cache_dtype is not None:
+        floats.add(jnp.dtype(o.cache_dtype).type)
+    if len(floats) > 1:
+        raise InvalidArgumentError(
+            f"cache types {o.cache_type_k!r} / {o.cache_type_v!r} (cache_dtype "
+            f"{o.cache_dtype}) name different float dtypes; K and V share one"
+        )
+    quantized = {t for t in (o.cache_type_k, o.cache_type_v) if t in kv.KV_TYPES}
+    if quantized and o.tensor_parallel is not None:
+        raise InvalidArgumentError(
+            f"an 8-bit KV cache ({', '.join(sorted(quantized))}) does not run tensor-parallel yet; "
+            "drop -ctk/-ctv or -tp"
+        )
     validate.choice("dense_dtype", o.dense_dtype, DTYPES)
     validate.choice("wide_dtype", o.wide_dtype, DTYPES)
 
@@ -121,6 +156,19 @@ def check_platform(o: Options, platform: str) -> None:
         )
 
 
+def cache_format(o: Options, platform: str) -> tuple[Any, KVTypes]:
+    """(the float dtype of the cache or of an 8-bit cache's dequantized tiles, (K, V) 8-bit kinds
+    or None): a float -ctk / -ctv, else cache_dtype, else float16 on a GPU and float32 elsewhere."""
+    named = [
+        FLOAT_CACHE_TYPES[t] for t in (o.cache_type_k, o.cache_type_v) if t in FLOAT_CACHE_TYPES
+    ]
+    dtype = (
+        named[0] if named else o.cache_dtype or (jnp.float16 if platform == "gpu" else jnp.float32)
+    )
+    kinds = tuple(t if t in kv.KV_TYPES else None for t in (o.cache_type_k, o.cache_type_v))
+    return jnp.dtype(dtype), (kinds[0], kinds[1])
+
+
 def impl_for(o: Options, platform: str) -> ops.Impl:
     """The static execution choices (ops.Impl) these options mean on this platform."""
     base = ops.Impl(kernels=o.kernels) if o.kernels else ops.default_impl(platform)
@@ -157,7 +205,8 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         "--weights",
         choices=LOAD_WEIGHT_MODES,
         default=None,
-        help="weight storage on the device (default: quantized with kernels, dense on xla)",
+        help="weight storage on the device (default: quantized with kernels, int8 on a CPU's xla "
+        "path, dense on a GPU's; dense: the f32 reference)",
     )
     parser.add_argument(
         "--deterministic",
@@ -187,6 +236,23 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         help="prefill chunk: tokens per prefill executable, a power of two (default: the "
         "platform's)",
     )
+    for short, name, what in (("-ctk", "k", "K"), ("-ctv", "v", "V")):
+        parser.add_argument(
+            short,
+            f"--cache-type-{name}",
+            dest=f"cache_type_{name}",
+            choices=CACHE_TYPES,
+            default=None,
+            help=f"KV cache type for {what}: f16 / f32, or 8-bit q8_0 (llama.cpp's blocks of 32) "
+            "/ fp8 (e4m3, a scale per head row) (default: f16 on a GPU, f32 on a CPU)",
+        )
+    parser.add_argument(
+        "--no-kv-rotation",
+        dest="kv_rotation",
+        action="store_false",
+        help="store an 8-bit K / V cache unrotated (llama.cpp's LLAMA_ATTN_ROT_DISABLE; for A/B: "
+        "outliers then cost accuracy)",
+    )
     parser.add_argument(
         "-tp",
         "--tensor-parallel",
@@ -209,5 +275,8 @@ def from_arguments(args: argparse.Namespace, **overrides: Any) -> Options:
         fused_decode=args.fused_decode,
         prefill_chunk=args.prefill_chunk,
         tensor_parallel=args.tensor_parallel,
+        cache_type_k=args.cache_type_k,
+        cache_type_v=args.cache_type_v,
+        kv_rotation=args.kv_rotation,
         **overrides,
     )

@@ -16,8 +16,14 @@ from typing import cast
 import jax
 import jax.numpy as jnp
 
-from minfer_jax.engine import steps
-from minfer_jax.engine.sampling import GREEDY_MODE, MODES, RowSettings, SamplerMode
+from minfer_jax.engine import steps, verify
+from minfer_jax.engine.sampling import (
+    GREEDY_MODE,
+    LOGPROBS_MODE,
+    SERVING_MODES,
+    RowSettings,
+    SamplerMode,
+)
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
 from minfer_jax.sizes import pow2_at_least, round_up
@@ -31,6 +37,7 @@ DEFAULT_CHUNK = {
     "cpu": 256,
 }  # prefill chunk per platform (docs/BENCHMARKS.md, "Prefill chunk")
 DECODE_STEPS = 16  # tokens per decode executable: the host sees tokens once per chunk
+MAX_DRAFT = 15  # drafted tokens one verification takes at most (16 rows)
 MAX_DECODE_STEPS = 4096  # more only delays streaming and stop checks (bench tgN runs N in one)
 
 
@@ -127,10 +134,11 @@ class Plan:
             self.span(end),
         )
 
-    def serving_keys(self, modes=MODES) -> list:
-        """Every executable a long-running server meets (for these sampler modes; by default all
-        three, so no sampler setting is a reason to compile): each prefill bucket a prompt of up to
-        ctx tokens can take and decode at every row count up to n_seqs (the XLA path's smallest
+    def serving_keys(self, modes=SERVING_MODES) -> list:
+        """Every executable a long-running server meets (for these sampler modes; by default the
+        three samplers' and greedy with logprobs (sampling.SERVING_MODES), so no sampler setting
+        and no logprobs request is a reason to compile): each prefill bucket a prompt of up to ctx
+        tokens can take and decode at every row count up to n_seqs (the XLA path's smallest
         attention window)."""
         buckets, b = [], MIN_BUCKET
         while b <= min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET)):
@@ -149,20 +157,65 @@ class Plan:
 
     def ready_keys(self) -> list:
         """The executables that serve every request on their own (the largest prefill bucket and
-        decode at every row, in the FULL mode, over the whole cache): what a server compiles before
+        decode at every row, in the top mode (LOGPROBS: FULL and each token's logprobs), over the
+        whole cache): what a server compiles before
         it says it is ready; `covers` lets them stand in for the rest while those compile."""
         bucket = min(self.chunk, pow2_at_least(self.ctx, MIN_BUCKET))
-        top = max(MODES)
+        top = LOGPROBS_MODE
         return [self.prefill_key(bucket, top), self.decode_key(self.n_seqs, self.cache_len, top)]
 
     def logits_key(self, bucket: int) -> LogitsKey:
         return LogitsKey(bucket, self.n_slots, self.cache_len)
 
+    def first_keys(
+        self,
+        n_prompt: int,
+        max_new: int,
+        mode: SamplerMode,
+        batch: tuple[int, SamplerMode],
+        start: int = 0,
+        one_step: bool = False,
+        speculation=None,
+    ) -> list:
+        """The executables a request of n_prompt tokens runs first: its prefill chunks from start
+        (prompt tokens a slot holds), its verification buckets when it speculates (lookup.py's
+        Speculation), the decode chunk of the batch it joins (rows, their mode)."""
+        keys: list[PrefillKey | DecodeKey | VerifyKey] = list(
+            dict.fromkeys(
+                self.prefill_key(b, mode) for _, b, _ in self.chunks(n_prompt - start, start)
+            )
+        )
+        if max_new > 1 and speculation is not None:
+            keys += self.verify_keys(speculation.draft_max, n_prompt, mode)
+        if max_new > 1:
+            rows, batch_mode = batch
+            keys.append(self.decode_key(rows, n_prompt + self.decode_steps, batch_mode, one_step))
+        return keys
+
+    def verify_key(self, n_draft: int, end: int, mode: SamplerMode) -> VerifyKey:
+        """Speculative decoding's verification of n_draft drafted tokens (verify.py): 1 + K rows
+        of one sequence, K = draft_bucket(n_draft); end: past the last position it writes."""
+        k = draft_bucket(n_draft)
+        return VerifyKey(k, self.n_slots, self.cache_len, self.history, mode, self.span(end + k))
+
+    def verify_keys(self, draft_max: int, end: int, mode: SamplerMode) -> list[VerifyKey]:
+        """Every verification bucket a sequence drafting up to draft_max tokens meets."""
+        return list(dict.fromkeys(self.verify_key(n, end, mode) for n in range(draft_max + 1)))
+
+
+def draft_bucket(n_draft: int) -> int:
+    """Drafted tokens a verification executable takes for n_draft (0 verifies one token): 1, 3,
+    7 or 15, so that 1 + K rows are a power of two (the GEMV takes up to 8, verify.py)."""
+    if not 0 <= n_draft <= MAX_DRAFT:
+        raise PlanError(f"a draft is 0..{MAX_DRAFT} tokens, got {n_draft}")
+    return pow2_at_least(n_draft + 1, 2) - 1
+
 
 def prefill_mode(mode: SamplerMode) -> SamplerMode:
-    """Prefill samples one token per chunk: greedy, or the FULL mode for anything else (its
-    sampler's cost is nothing beside a chunk's, and it halves the prefill executables)."""
-    return GREEDY_MODE if mode == GREEDY_MODE else max(MODES)
+    """Prefill samples one token per chunk: greedy, or the top mode (LOGPROBS) for anything else
+    (its sampler's and logprobs' cost is nothing beside a chunk's, and it halves the prefill
+    executables)."""
+    return GREEDY_MODE if mode == GREEDY_MODE else LOGPROBS_MODE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +311,55 @@ class DecodeKey:
 
 
 @dataclasses.dataclass(frozen=True)
+class VerifyKey:
+    drafts: int  # K: the executable verifies up to K drafted tokens in 1 + K rows
+    n_slots: int
+    cache_len: int
+    history: int
+    mode: SamplerMode
+    span: int | None
+
+    @property
+    def label(self) -> str:
+        return f"verify [1+{self.drafts}] {self.mode.label}"
+
+    @property
+    def cost(self) -> tuple:
+        return (self.drafts, self.mode, self.span or 0)
+
+    def covers(self, other, start: int = 0) -> bool:
+        """This executable can run `other`'s verification (its drafts padded to these)."""
+        if not isinstance(other, VerifyKey):
+            return False
+        wide_enough = (
+            other.span is None
+            if self.span is None
+            else other.span is not None and self.span >= other.span
+        )
+        return (
+            self.mode.covers(other.mode)
+            and self.drafts >= other.drafts
+            and wide_enough
+            and (self.n_slots, self.cache_len, self.history)
+            == (other.n_slots, other.cache_len, other.history)
+        )
+
+    def lower(self, model):
+        i32 = jax.ShapeDtypeStruct((), jnp.int32)
+        fn = _verify_jit(model.config, model.impl, self.mode, self.span, model.tp)
+        return fn.lower(
+            model.params,
+            _cache(model, self),
+            _state(self),
+            i32,
+            i32,
+            jax.ShapeDtypeStruct((self.drafts,), jnp.int32),
+            i32,
+            RowSettings.spec(1, model.config.vocab_size),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class LogitsKey:
     bucket: int
     n_slots: int
@@ -281,7 +383,14 @@ class LogitsKey:
 def _cache(model, key):
     if model.tp is not None:
         return model.tp.cache_spec(key.n_slots, key.cache_len, model.cache_dtype)
-    return cache_spec(model.config, key.n_slots, key.cache_len, model.cache_dtype)
+    return cache_spec(
+        model.config,
+        key.n_slots,
+        key.cache_len,
+        model.cache_dtype,
+        model.kv_types,
+        model.kv_rotation,
+    )
 
 
 def _state(key):
@@ -314,6 +423,14 @@ def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
         _step(
             steps.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span
         ),
+        donate_argnums=(1, 2),
+    )
+
+
+@functools.cache
+def _verify_jit(cfg, impl, mode, span, tp=None):
+    return jax.jit(
+        _step(verify.verify_chunk, "verify", cfg, tp, impl=impl, mode=mode, span=span),
         donate_argnums=(1, 2),
     )
 

@@ -8,9 +8,13 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 
+import jax
+import numpy as np
+
 from minfer_jax.engine import steps
 from minfer_jax.engine.constraint import TokenConstraint
-from minfer_jax.engine.sampling import Sampler
+from minfer_jax.engine.lookup import Drafter, Speculation
+from minfer_jax.engine.sampling import Sampled, Sampler, TokenLogprobs
 from minfer_jax.engine.text_stream import TextStream
 
 _ids = itertools.count()
@@ -45,8 +49,18 @@ class Request:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
+        speculation: Speculation | None = None,
+        logprobs: int | None = None,
+        leader: Request | None = None,
     ):
         self.id = next(_ids)
+        # speculative decoding (lookup.py): this sequence's drafter, None when off
+        self.drafter = Drafter(speculation) if speculation is not None else None
+        # alternatives each token reports with its logprob (0..TOP_LOGPROBS; None: no logprobs)
+        self.logprobs = logprobs
+        self.token_logprobs: list[steps.TokenLogprob] = []  # one per token of stream.tokens
+        # the request whose prefill this one shares (n > 1: the same prompt, its K/V copied)
+        self.leader = leader
         self.constraint = constraint  # the tokens it may sample (grammar, banned EOS)
         self.prompt = [int(t) for t in prompt_ids]
         self.max_new_tokens, self.sampler, self.seed = max_new_tokens, sampler, seed
@@ -93,4 +107,43 @@ class Request:
             decode_s=t.decode_s,
             compile_s=t.compile_s,
             cached_tokens=self.cached,
+            speculation=None if self.drafter is None else self.drafter.stats,
+            logprobs=None if self.logprobs is None else list(self.token_logprobs),
         )
+
+
+def on_host(out, logprobs: bool) -> tuple[np.ndarray, TokenLogprobs | None]:
+    """A step's tokens on the host (waits for them) and, where asked and computed, their
+    logprobs."""
+    if isinstance(out, Sampled):
+        lps = jax.tree.map(np.asarray, out.logprobs) if logprobs else None
+        return np.asarray(out.tokens), lps
+    return np.asarray(out), None
+
+
+def token_logprob(token: int, lps: TokenLogprobs, i: int, top: int) -> steps.TokenLogprob:
+    """Row i of host logprobs as the result's entry, with `top` alternatives."""
+    alternatives = zip(lps.top_ids[i][:top].tolist(), lps.top[i][:top].tolist())
+    return steps.TokenLogprob(int(token), float(lps.chosen[i]), tuple(alternatives))
+
+
+def kept_tokens(req: Request) -> list[int]:
+    """The tokens whose K/V req's slot holds at [0, len) once req ends: the prompt up to the
+    first chunk not dispatched, then every generated token that was fed back (all but the
+    last one produced; a token a late stop discarded lies past them)."""
+    written = req.chunks[0][0] if req.chunks else len(req.prompt)
+    kept = req.prompt[:written]
+    if written == len(req.prompt) and req.stream is not None:
+        kept += list(req.stream.tokens)[:-1]
+    return kept
+
+
+def follows_tokens(req: Request) -> bool:
+    """req's mask changes with every token it samples (a grammar)."""
+    return req.constraint is not None and req.constraint.dynamic
+
+
+def reads_first(req: Request) -> bool:
+    """req needs its last token read before its next dispatch: a grammar's next mask, or a
+    draft (a drafter that is not paused)."""
+    return follows_tokens(req) or (req.drafter is not None and req.drafter.wants_tokens)

@@ -30,7 +30,13 @@ from minfer_jax.engine import plan as plan_mod
 from minfer_jax.engine.constraint import BannedTokens, TokenConstraint
 from minfer_jax.engine.executables import ExecutableRecord, ExecutableStore
 from minfer_jax.engine.grammar import Grammars, GrammarSpec
-from minfer_jax.engine.options import Options, check_platform, impl_for, options_of
+from minfer_jax.engine.options import (
+    Options,
+    cache_format,
+    check_platform,
+    impl_for,
+    options_of,
+)
 from minfer_jax.engine.phases import PhaseTimer
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.scheduler import Scheduler
@@ -38,11 +44,19 @@ from minfer_jax.engine.sharding import TensorParallel
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
 from minfer_jax.files.model_source import model_cache_dir, notice, resolve_model
 from minfer_jax.files.tokenizer import Tokenizer
-from minfer_jax.model.cache import KVCache, init_cache
+from minfer_jax.model.cache import (
+    FLOAT_KV,
+    KVCache,
+    KVTypes,
+    cache_nbytes,
+    init_cache,
+    kv_label,
+)
 from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import load_gguf
 from minfer_jax.model.gguf_model import GGUFModel
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
+from minfer_jax.quant import kv
 
 DEFAULT_CTX = 4096
 COMPILATION_CACHE_ENV = "MINFER_COMPILATION_CACHE"  # a directory, or "0"/"off" to disable
@@ -88,7 +102,7 @@ class Model:
     tokenizer: Tokenizer | None  # None: the file has no vocabulary (token ids in and out)
     impl: ops.Impl
     ctx_size: int
-    cache_dtype: object
+    cache_dtype: object  # the float cache's dtype, or an 8-bit one's compute dtype
     source: str
     weight_mode: str
     chunk: int = plan_mod.DEFAULT_CHUNK["cpu"]  # prefill chunk (tokens per executable)
@@ -105,6 +119,8 @@ class Model:
     _scheduler: Scheduler | None = dataclasses.field(default=None, repr=False)
     options: Options = Options()  # what load() was told
     _grammars: Grammars | None = dataclasses.field(default=None, repr=False)
+    kv_types: KVTypes = FLOAT_KV  # 8-bit K / V kinds (quant/kv.py), None: the float cache
+    kv_rotation: bool = True  # 8-bit layers stored Hadamard-rotated (quant/kv.py)
 
     @property
     def grammars(self) -> Grammars:
@@ -136,7 +152,19 @@ class Model:
     def new_cache(self, n_slots: int = 1, max_len: int | None = None) -> KVCache:
         if self.tp is not None:
             return self.tp.init_cache(n_slots, max_len or self.plan().cache_len, self.cache_dtype)
-        return init_cache(self.config, n_slots, max_len or self.plan().cache_len, self.cache_dtype)
+        max_len = max_len or self.plan().cache_len
+        validate.fits_in_memory(  # -np slots of -c / -np tokens, in the cache's real bytes
+            f"a KV cache of {n_slots} slots x {max_len} tokens "
+            f"({kv_label(self.cache_dtype, self.kv_types)})",
+            cache_nbytes(
+                self.config, n_slots, max_len, self.cache_dtype, self.kv_types, self.kv_rotation
+            ),
+            validate.memory_limit_bytes(executables.execution_devices(self)[0]),
+            already=self.weight_nbytes,
+        )
+        return init_cache(
+            self.config, n_slots, max_len, self.cache_dtype, self.kv_types, self.kv_rotation
+        )
 
     # -- the plan and its executables ------------------------------------------------------------
     def plan(
@@ -281,16 +309,16 @@ def load(
     return _assemble(gguf_model, opts, device, timer, store)
 
 
-def _context(opts: Options, cfg: Config, cache_dtype, file_size: int, device) -> int:
+def _context(
+    opts: Options, cfg: Config, cache_dtype, kv_types: KVTypes, file_size: int, device
+) -> int:
     """The KV cache length of this load (clamped to the trained context, like -c), refused before
     any weight moves when it cannot fit: a claimed context of 2**26 must not start allocating."""
     ctx = min(opts.ctx_size or DEFAULT_CTX, cfg.context_length)
     validate.fits_in_memory(
-        f"a KV cache of {ctx} tokens x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x "
-        f"{cfg.head_dim}",
-        validate.kv_cache_bytes(
-            cfg.n_layers, ctx, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cache_dtype).itemsize
-        ),
+        f"a KV cache of {ctx} tokens x {len(cfg.attention_layers)} layers x {cfg.n_kv_heads} KV "
+        f"heads x {cfg.head_dim} ({kv_label(cache_dtype, kv_types)})",
+        cache_nbytes(cfg, 1, ctx, cache_dtype, kv_types),
         validate.memory_limit_bytes(device),
         already=file_size,
     )
@@ -318,12 +346,24 @@ def _params(gguf_model: GGUFModel, opts: Options, weight_opts: LoadOptions, devi
     return params, None, "built", saving
 
 
+def default_weight_mode(impl: ops.Impl, platform: str) -> str:
+    """The kernels read quantized planes; XLA's CPU dot int8 weights with the decode fused in
+    (3-4x the f32 copy's speed, docs/BENCHMARKS.md "This project's CPU"); a GPU's XLA path keeps
+    the dense f32 copy."""
+    if impl.kernels in ("pallas", "interpret"):
+        return "quantized"
+    return "int8" if platform == "cpu" else "dense"
+
+
 def _assemble(gguf_model: GGUFModel, opts: Options, device, timer: PhaseTimer, store) -> Model:
     cfg, platform = gguf_model.config, device.platform
     impl = impl_for(opts, platform)
-    mode = opts.weights or ("quantized" if impl.kernels in ("pallas", "interpret") else "dense")
-    cache_dtype = opts.cache_dtype or (jnp.float16 if platform == "gpu" else jnp.float32)
-    ctx = _context(opts, cfg, cache_dtype, gguf_model.file_size, device)
+    mode = opts.weights or default_weight_mode(impl, platform)
+    cache_dtype, kv_types = cache_format(opts, platform)
+    for kind in kv_types:
+        if kind is not None:
+            kv.check_kind(kind, cfg.head_dim)
+    ctx = _context(opts, cfg, cache_dtype, kv_types, gguf_model.file_size, device)
     default_chunk = plan_mod.DEFAULT_CHUNK.get(platform, plan_mod.DEFAULT_CHUNK["cpu"])
     chunk = default_chunk if opts.prefill_chunk is None else opts.prefill_chunk
     Plan(ctx=ctx, chunk=chunk)  # validates the chunk before any weight moves
@@ -342,6 +382,8 @@ def _assemble(gguf_model: GGUFModel, opts: Options, device, timer: PhaseTimer, s
         impl=impl,
         ctx_size=ctx,
         cache_dtype=jnp.dtype(cache_dtype),
+        kv_types=kv_types,
+        kv_rotation=opts.kv_rotation,
         source=gguf_model.path,
         weight_mode=mode,
         chunk=chunk,

@@ -214,9 +214,12 @@ class RowSettings:
 @dataclasses.dataclass(frozen=True, order=True)
 class SamplerMode:
     """The static part of a batch's sampling: one of GREEDY_MODE < SAMPLED_MODE < FULL_MODE, each
-    able to serve every batch a smaller one serves (`covers`). Everything else is traced."""
+    able to serve every batch a smaller one serves (`covers`), with or without each token's
+    logprobs (`token_logprobs`: only a batch with a row that asks pays for them; LOGPROBS_MODE,
+    the full mode with them, serves every batch). Everything else is traced."""
 
     rank: int = 0  # 0 greedy, 1 sampled (NARROW_CAP candidates), 2 full (WIDE_CAP, repeat penalty)
+    logprobs: bool = False  # the step also returns each token's logprobs (`Sampled`)
 
     @property
     def sampled(self) -> bool:  # some row may draw (temperature > 0)
@@ -234,15 +237,21 @@ class SamplerMode:
 
     @property
     def label(self) -> str:
-        return ("greedy", "sampled", "full")[self.rank]
+        return ("greedy", "sampled", "full")[self.rank] + (" logprobs" if self.logprobs else "")
 
     def covers(self, other: SamplerMode) -> bool:
-        return self.rank >= other.rank
+        return self.rank >= other.rank and self.logprobs >= other.logprobs
+
+    def join(self, other: SamplerMode) -> SamplerMode:
+        """The smallest mode covering both."""
+        return SamplerMode(max(self.rank, other.rank), self.logprobs or other.logprobs)
 
     @staticmethod
-    def of(samplers) -> SamplerMode:
-        """The smallest mode serving every one of these samplers."""
-        return max((_mode_of(s) for s in samplers), default=GREEDY_MODE)
+    def of(samplers, logprobs: bool = False) -> SamplerMode:
+        """The smallest mode serving every one of these samplers (logprobs: a row asks for its
+        tokens' logprobs)."""
+        mode = max((_mode_of(s) for s in samplers), default=GREEDY_MODE)
+        return dataclasses.replace(mode, logprobs=True) if logprobs else mode
 
 
 def _mode_of(s: Sampler) -> SamplerMode:
@@ -255,7 +264,12 @@ def _mode_of(s: Sampler) -> SamplerMode:
 
 
 GREEDY_MODE, SAMPLED_MODE, FULL_MODE = SamplerMode(0), SamplerMode(1), SamplerMode(2)
-MODES = (GREEDY_MODE, SAMPLED_MODE, FULL_MODE)
+MODES = (GREEDY_MODE, SAMPLED_MODE, FULL_MODE)  # what samplers alone need
+GREEDY_LOGPROBS_MODE, LOGPROBS_MODE = SamplerMode(0, True), SamplerMode(2, True)
+# what a server compiles (plan.serving_keys): greedy batches with logprobs (scoring, evals) get
+# their own; a sampled batch with logprobs runs on the ready set's LOGPROBS_MODE (its sampler
+# costs more than the rows and span it wastes)
+SERVING_MODES = (*MODES, GREEDY_LOGPROBS_MODE)
 
 
 def push_history(history: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -342,3 +356,46 @@ def sample_rows(
         jnp.int32
     )
     return jnp.where(rows.temperature > 0, tokens, greedy)
+
+
+# -- logprobs -------------------------------------------------------------------------------------
+TOP_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's bound): one static top-N
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities of sampled tokens under the model's distribution: the softmax of the raw
+    logits, before the mask, the repeat penalty, the filters and the temperature (what llama-server
+    reports for n_probs without post_sampling_probs, and OpenAI for logprobs)."""
+
+    chosen: jax.Array  # [..., B] f32: of the sampled token
+    top_ids: jax.Array  # [..., B, TOP_LOGPROBS] i32: the most likely tokens, most likely first
+    top: jax.Array  # [..., B, TOP_LOGPROBS] f32: their logprobs
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+    """A LOGPROBS_MODE step's tokens with their logprobs (other modes return the tokens alone)."""
+
+    tokens: jax.Array
+    logprobs: TokenLogprobs
+
+
+def empty_logprobs(shape: tuple[int, ...], vocab: int) -> TokenLogprobs:
+    """Zeros shaped as token_logprobs' output for `shape` ([steps, B]) tokens."""
+    k = min(TOP_LOGPROBS, vocab)
+    return TokenLogprobs(
+        chosen=jnp.zeros(shape, jnp.float32),
+        top_ids=jnp.zeros((*shape, k), jnp.int32),
+        top=jnp.zeros((*shape, k), jnp.float32),
+    )
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array) -> TokenLogprobs:
+    """logits [B, vocab] (raw, as the model gave them), tokens [B] -> their TokenLogprobs."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    top, top_ids = jax.lax.top_k(logp, min(TOP_LOGPROBS, logp.shape[-1]))
+    chosen = jnp.take_along_axis(logp, tokens[:, None], axis=1)[:, 0]
+    return TokenLogprobs(chosen=chosen, top_ids=top_ids.astype(jnp.int32), top=top)

@@ -14,6 +14,8 @@ it. Each `step()`:
   4. only then reads the tokens of the previous chunk: JAX dispatches asynchronously, so the
      device runs chunk k while the host detokenizes chunk k - 1 and checks its stops. A stop
      found late discards the extra tokens of chunk k (their K/V lie past the sequence's end).
+A speculating sequence (lookup.py) instead runs one verification of its drafted tokens per step
+(verify.py) whenever its drafter proposes one, read at once: the next draft needs its tokens.
 Every per-sequence choice a batch may differ in (sampler, seed, position) is a traced array;
 only shapes (plan.py) pick an executable.
 """
@@ -21,7 +23,6 @@ only shapes (plan.py) pick an executable.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import queue
 import threading
@@ -32,32 +33,26 @@ import jax
 import numpy as np
 
 from minfer_jax import validate
-from minfer_jax.engine import steps
+from minfer_jax.engine import sampling, steps
 from minfer_jax.engine.checkpoints import Checkpoints
-from minfer_jax.engine.constraint import ConstraintError, TokenConstraint, batch_mask
-from minfer_jax.engine.plan import DecodeKey, Plan, PrefillKey
-from minfer_jax.engine.request import Request
+from minfer_jax.engine.constraint import BatchMasks, ConstraintError, TokenConstraint
+from minfer_jax.engine.inflight import DecodeChunk, FirstToken, VerifyChunk
+from minfer_jax.engine.lookup import Speculation, check_speculation
+from minfer_jax.engine.plan import Plan
+from minfer_jax.engine.request import (
+    Request,
+    follows_tokens,
+    kept_tokens,
+    on_host,
+    reads_first,
+    token_logprob,
+)
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
+from minfer_jax.engine.sharing import common_prefix, shared_prefix, slot_copier, waits_for_leader
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.engine.text_stream import TextStream
 from minfer_jax.errors import ContextOverflowError
 from minfer_jax.model.cache import KVCache
-
-
-@dataclasses.dataclass(frozen=True)
-class FirstToken:
-    """In flight: the token a prompt's last prefill chunk sampled."""
-
-    req: Request
-    token: jax.Array  # [] int32
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeChunk:
-    """In flight: one decode chunk's tokens for its rows, each with how many of them count."""
-
-    rows: list[tuple[Request, int]]  # (request, valid tokens) per row, in row order
-    tokens: jax.Array  # [decode_steps, rows] int32
 
 
 class Scheduler:
@@ -80,14 +75,15 @@ class Scheduler:
         # recurrent layers (qwen35) only from a checkpoint of their state (checkpoints.py).
         self.reuse_prefixes = not model.impl.deterministic
         self.checkpoints: Checkpoints | None = None
+        self._copy_slot: Callable | None = None  # n > 1: a follower's start (sharing.py)
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
-        self.inflight: collections.deque[FirstToken | DecodeChunk] = (
+        self.inflight: collections.deque[FirstToken | DecodeChunk | VerifyChunk] = (
             collections.deque()
         )  # dispatched, not read
         self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
-        self._free_masks: dict[int, jax.Array] = {}  # batch width -> all-allowed mask on the device
+        self._masks = BatchMasks(model.config.vocab_size)
         self.compile_s = 0.0  # every compile this loop waited for
         self.tokens_out = 0  # tokens handed to requests (metrics)
         self._wake = threading.Event()
@@ -106,13 +102,21 @@ class Scheduler:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
+        speculation: Speculation | None = None,
+        logprobs: int | None = None,
+        leader: Request | None = None,
     ) -> Request:
         """Queue a generation (thread-safe); the loop picks it up at its next step.
 
         constraint: the tokens it may sample at each step (constraint.py), built off this
-        thread."""
+        thread. speculation: draft and verify tokens (lookup.py, verify.py). logprobs: each
+        token's logprob and this many alternatives (0..TOP_LOGPROBS) in the result (None: none).
+        leader: a request with the same prompt submitted before this one, whose prefill this one
+        shares (sharing.py: n > 1 choices)."""
         prompt_ids = validate.token_ids(prompt_ids, self.model.config.vocab_size, "prompt")
         validate.integer("max_new_tokens", max_new_tokens, 0, validate.INT32_MAX)
+        if logprobs is not None:
+            validate.integer("logprobs", logprobs, 0, sampling.TOP_LOGPROBS)
         req = Request(
             prompt_ids,
             max_new_tokens=max_new_tokens,
@@ -122,6 +126,9 @@ class Scheduler:
             on_text=on_text,
             on_done=on_done,
             constraint=constraint,
+            speculation=speculation,
+            logprobs=logprobs,
+            leader=leader,
         )
         self.check(req)
         self.incoming.put(req)
@@ -129,7 +136,10 @@ class Scheduler:
         return req
 
     def check(self, req: Request) -> None:
-        """The context check (ids and limits are validated by submit)."""
+        """The context check and what speculation cannot combine with (ids and limits are
+        validated by submit)."""
+        if req.drafter is not None:
+            check_speculation(self.model.config, req.constraint, req.logprobs)
         n, ctx = len(req.prompt), self.plan.ctx
         if n >= ctx:
             raise ContextOverflowError(
@@ -169,8 +179,7 @@ class Scheduler:
         try:
             self._admit()
             dispatched = self._dispatch_prefill()
-            if any(_follows_tokens(r) for r in self.decoding):
-                # a grammar's next mask needs its last token: read everything dispatched first
+            if any(reads_first(r) for r in self.decoding):  # a grammar's mask, a draft
                 while self.inflight:
                     self._read(self.inflight.popleft())
             dispatched = self._dispatch_decode() or dispatched
@@ -211,8 +220,12 @@ class Scheduler:
             r for r in itertools.chain(self.waiting, self.prefilling, self.decoding) if r.cancelled
         ]:
             self._finish(req, StopReason.CANCELLED)
-        while self.waiting and self.free_slots:
-            req = self.waiting.popleft()
+        while self.free_slots:
+            # a follower waits for its leader's prefill (sharing.py); the others go in order
+            ready = next((r for r in self.waiting if not self._waits(r)), None)
+            if ready is None:
+                break
+            self.waiting.remove(req := ready)
             try:
                 self._start(req)
             except BaseException:
@@ -237,10 +250,18 @@ class Scheduler:
         req.slot, req.cached = self._take_slot(req.prompt)
         if self.checkpoints is not None and self.cache is not None:  # restored, never truncated
             self.cache, req.cached = self.checkpoints.restore(self.cache, req.slot, req.prompt)
+        shared = shared_prefix(req) if self.shares_prefill else 0
+        if shared > req.cached and self.cache is not None:  # n > 1: the leader's K/V copied
+            assert req.leader and req.leader.slot is not None and self._copy_slot is not None
+            self.cache = self._copy_slot(self.cache, req.leader.slot, req.slot)
+            req.cached = shared
         if self.compile_in_loop:
-            req.timing.compile_s = self.compile(
-                self.needed(n, req.max_new_tokens, req.sampler, req.cached, _follows_tokens(req))
+            spec = None if req.drafter is None else req.drafter.spec
+            follows, logprobs = follows_tokens(req), req.logprobs is not None
+            needed = self.needed(
+                n, req.max_new_tokens, req.sampler, req.cached, follows, logprobs, spec
             )
+            req.timing.compile_s = self.compile(needed)
         req.chunks = plan.chunks(n - req.cached, req.cached)
         req.timing.start, req.timing.compile_at_start = time.perf_counter(), self.compile_s
         self.prefilling.append(req)
@@ -251,13 +272,7 @@ class Scheduler:
         logits). Without a match: a slot that keeps nothing, else the one freed longest ago."""
 
         def shared(slot: int) -> int:
-            kept = self.slot_tokens.get(slot, ())
-            n = 0
-            for a, b in zip(kept, prompt):
-                if a != b:
-                    break
-                n += 1
-            return n
+            return common_prefix(self.slot_tokens.get(slot, ()), prompt)
 
         best = max(self.free_slots, key=lambda s: (shared(s), s not in self.slot_tokens))
         self.free_slots.remove(best)
@@ -268,27 +283,40 @@ class Scheduler:
     def mode(samplers: Sequence[Sampler]) -> SamplerMode:
         return SamplerMode.of(samplers)
 
+    @staticmethod
+    def _mode_of(reqs: Sequence[Request]) -> SamplerMode:
+        """The mode of a batch of requests: their samplers', LOGPROBS where one wants them."""
+        return SamplerMode.of([r.sampler for r in reqs], any(r.logprobs is not None for r in reqs))
+
+    @property
+    def shares_prefill(self) -> bool:
+        """Followers (n > 1) start from a copy of their leader's slot (sharing.py)."""
+        return (
+            self.reuse_prefixes
+            and self.plan.n_seqs > 1
+            and not self.model.config.recurrent_layer_ids
+        )
+
+    def _waits(self, req: Request) -> bool:
+        return self.shares_prefill and waits_for_leader(req)
+
     def needed(
-        self, n_prompt: int, max_new: int, sampler: Sampler, start: int = 0, one_step: bool = False
+        self,
+        n_prompt: int,
+        max_new: int,
+        sampler: Sampler,
+        start: int = 0,
+        one_step: bool = False,
+        logprobs: bool = False,
+        speculation: Speculation | None = None,
     ) -> list:
         """The executables a request of n_prompt tokens will run first (for compile-ahead messages);
         start: prompt tokens a slot already holds (prefix reuse); one_step: it follows a grammar
-        (plan.decode_key)."""
-        plan = self.plan
-        mode = SamplerMode.of([sampler])
-        keys: list[PrefillKey | DecodeKey] = list(
-            dict.fromkeys(
-                plan.prefill_key(b, mode) for _, b, _ in plan.chunks(n_prompt - start, start)
-            )
-        )
-        if max_new > 1:
-            batch_mode = SamplerMode.of([r.sampler for r in self.decoding] + [sampler])
-            keys.append(
-                plan.decode_key(
-                    len(self.decoding) + 1, n_prompt + plan.decode_steps, batch_mode, one_step
-                )
-            )
-        return keys
+        (plan.decode_key); logprobs: it asks for its tokens' logprobs; speculation: its
+        verification buckets too."""
+        mode = SamplerMode.of([sampler], logprobs)
+        batch = (len(self.decoding) + 1, self._mode_of(self.decoding).join(mode))
+        return self.plan.first_keys(n_prompt, max_new, mode, batch, start, one_step, speculation)
 
     def compile(self, keys) -> float:
         """Compile what is not compiled yet; returns the seconds spent."""
@@ -323,6 +351,8 @@ class Scheduler:
             self.state = steps.init_slot_state(p.n_slots, p.history)
             if self.cache.conv and self.reuse_prefixes:
                 self.checkpoints = Checkpoints(self.cache)
+            if self.shares_prefill:
+                self._copy_slot = slot_copier(self.cache)
 
     def _dispatch_prefill(self) -> bool:
         """Prefill chunks up to plan.chunk prompt tokens this step (at least one chunk)."""
@@ -336,7 +366,7 @@ class Scheduler:
     def _dispatch_prefill_chunk(self, req: Request) -> int:
         """Dispatch req's next prompt chunk; returns its bucket (tokens of prefill work)."""
         start, bucket, n_valid = req.chunks.pop(0)
-        key = self._runnable(self.plan.prefill_key(bucket, self.mode([req.sampler])), start)
+        key = self._runnable(self.plan.prefill_key(bucket, self._mode_of([req])), start)
         tokens = np.zeros((key.bucket,), np.int32)
         tokens[:n_valid] = req.prompt[start : start + n_valid]
         width = self.plan.history
@@ -347,7 +377,7 @@ class Scheduler:
         assert req.slot is not None  # prefilling requests hold a slot
         vocab = self.model.config.vocab_size
         # only the last chunk's token counts: the constraint's first mask goes to that one
-        mask = batch_mask([None if req.chunks else req.constraint], 1, vocab)
+        mask = self._masks([None if req.chunks else req.constraint], 1)
         token, self.state, self.cache = exe(
             self.model.params,
             self.cache,
@@ -370,14 +400,15 @@ class Scheduler:
 
     def _dispatch_decode(self) -> bool:
         rows = [r for r in self.decoding if not r.finished and r.produced < r.limit]
+        verified = [r for r in rows if r.drafter is not None and self._dispatch_verify(r)]
+        rows = [r for r in rows if r not in verified]
         if not rows:
-            return False
+            return bool(verified)
         plan, n = self.plan, len(rows)
         end = max(len(r.prompt) + r.produced - 1 for r in rows) + plan.decode_steps
         # a grammar row needs each token before its next mask: the whole batch steps once
-        one_step = any(_follows_tokens(r) for r in rows)
-        mode = self.mode([r.sampler for r in rows])
-        key = self._runnable(plan.decode_key(n, end, mode, one_step))
+        one_step = any(follows_tokens(r) for r in rows)
+        key = self._runnable(plan.decode_key(n, end, self._mode_of(rows), one_step))
         width = key.rows
         slots = np.full((width,), plan.scratch_slot, np.int32)
         positions = np.zeros((width,), np.int32)
@@ -389,7 +420,7 @@ class Scheduler:
             [r.seed for r in rows],
             width,
             vocab=self.model.config.vocab_size,
-            mask=self._mask(rows, width),
+            mask=self._masks([r.constraint for r in rows], width),
         )
         out, self.state, self.cache = exe(
             self.model.params, self.cache, self.state, slots, positions, settings
@@ -401,21 +432,40 @@ class Scheduler:
         self.inflight.append(DecodeChunk(list(zip(rows, valid)), out))
         return True
 
-    def _mask(self, rows: list[Request], width: int):
-        """The batch's mask input: one all-allowed device array per width while no row is
-        constrained (nothing to send), else built on the host."""
+    def _dispatch_verify(self, req: Request) -> bool:
+        """Dispatch a verification of req's next draft, if its drafter proposes one (else req
+        takes the plain decode chunk)."""
+        assert req.drafter is not None and req.stream is not None and req.slot is not None
+        seq = req.prompt + list(req.stream.tokens)
+        draft = req.drafter.propose(seq, req.limit - req.produced)
+        if draft is None:
+            return False
+        position = len(seq) - 1  # the last token's: all of req's tokens were read (step)
+        mode = self.mode([req.sampler])
+        key = self._runnable(self.plan.verify_key(len(draft), position + 1, mode))
+        drafts = np.zeros((key.drafts,), np.int32)
+        drafts[: len(draft)] = draft
         vocab = self.model.config.vocab_size
-        if all(r.constraint is None for r in rows):
-            mask = self._free_masks.get(width)
-            if mask is None:
-                mask = self._free_masks[width] = jax.device_put(batch_mask([], width, vocab))
-            return mask
-        return batch_mask([r.constraint for r in rows], width, vocab)
+        tokens, n_out, self.state, self.cache = self._exe(key)(
+            self.model.params,
+            self.cache,
+            self.state,
+            np.int32(req.slot),
+            np.int32(position),
+            drafts,
+            np.int32(len(draft)),
+            RowSettings.of(
+                [req.sampler], [req.seed], vocab=vocab, mask=self._masks([req.constraint], 1)
+            ),
+        )
+        self.inflight.append(VerifyChunk(req, len(draft), tokens, n_out))
+        return True
 
     # -- reading results -----------------------------------------------------------------------
-    def _read(self, item: FirstToken | DecodeChunk) -> None:
+    def _read(self, item: FirstToken | DecodeChunk | VerifyChunk) -> None:
         if isinstance(item, FirstToken):
-            req, token = item.req, int(item.token)  # waits for the prefill
+            req = item.req
+            token, lps = on_host(item.token, req.logprobs is not None)  # waits for the prefill
             if req.done.is_set():
                 return
             t = req.timing
@@ -423,17 +473,29 @@ class Scheduler:
             assert t.start is not None  # set when its prefill was dispatched
             t.prefill_s = t.first - t.start - (self.compile_s - t.compile_at_start)
             t.compile_at_first = self.compile_s
-            self._deliver(req, [token])
+            self._deliver(req, [int(token)], jax.tree.map(lambda a: a[None], lps))
             return
-        out = np.asarray(item.tokens)  # waits for this chunk (the next one is already queued)
+        if isinstance(item, VerifyChunk):  # speculation reports no logprobs (check refuses)
+            req, n_out = item.req, int(item.n_out)  # waits for the verification
+            assert req.drafter is not None
+            req.drafter.record(item.n_draft, n_out)
+            valid = min(n_out, req.limit - req.produced)
+            req.produced += n_out
+            if not req.done.is_set():
+                self._deliver(req, np.asarray(item.tokens)[:valid].tolist())
+            return
+        # waits for this chunk (the next one is already queued)
+        out, lps = on_host(item.tokens, any(r.logprobs is not None for r, _ in item.rows))
         for i, (req, valid) in enumerate(item.rows):
             if not req.done.is_set():
-                self._deliver(req, out[:valid, i].tolist())
+                row = jax.tree.map(lambda a: a[:valid, i], lps)  # noqa: B023  used at once
+                self._deliver(req, out[:valid, i].tolist(), row)
 
-    def _deliver(self, req: Request, tokens: list[int]) -> None:
+    def _deliver(self, req: Request, tokens: list[int], lps=None) -> None:
+        """Hand tokens to req's stream; lps: their TokenLogprobs (host arrays, a row a token)."""
         stream = req.stream
         assert stream is not None  # tokens reach started requests only
-        for t in tokens:
+        for i, t in enumerate(tokens):
             if req.constraint is not None and stream.reason is None:
                 try:
                     req.constraint.advance(t)
@@ -441,7 +503,10 @@ class Scheduler:
                     req.error = e
                     self._finish(req, StopReason.ERROR)
                     return
+            kept = len(stream.tokens)
             stream.push(t)
+            if lps is not None and req.logprobs is not None and len(stream.tokens) > kept:
+                req.token_logprobs.append(token_logprob(t, lps, i, req.logprobs))
         self.tokens_out += len(tokens)
         piece = stream.take()
         if piece and req.on_text is not None:
@@ -462,7 +527,7 @@ class Scheduler:
             self.decoding.remove(req)
         if req.slot is not None:
             if self.reuse_prefixes:
-                self.slot_tokens[req.slot] = self._kept_tokens(req)
+                self.slot_tokens[req.slot] = kept_tokens(req)
             self.free_slots.append(req.slot)
             req.slot = None
         t = req.timing
@@ -474,17 +539,6 @@ class Scheduler:
         if req.on_done is not None:
             req.on_done(req)
 
-    @staticmethod
-    def _kept_tokens(req: Request) -> list[int]:
-        """The tokens whose K/V req's slot holds at [0, len) once req ends: the prompt up to the
-        first chunk not dispatched, then every generated token that was fed back (all but the
-        last one produced; a token a late stop discarded lies past them)."""
-        written = req.chunks[0][0] if req.chunks else len(req.prompt)
-        kept = req.prompt[:written]
-        if written == len(req.prompt) and req.stream is not None:
-            kept += list(req.stream.tokens)[:-1]
-        return kept
-
     def _fail_all(self, error: BaseException) -> None:
         live = list(itertools.chain(self.waiting, self.prefilling, self.decoding))
         for req in live:
@@ -493,8 +547,3 @@ class Scheduler:
         self.inflight.clear()
         self.slot_tokens.clear()
         self.cache = self.state = None  # donated buffers may be gone: start from a fresh cache
-
-
-def _follows_tokens(req: Request) -> bool:
-    """req's mask changes with every token it samples (a grammar)."""
-    return req.constraint is not None and req.constraint.dynamic

@@ -132,6 +132,8 @@ def plan_split(
         raise ShardingError(f"tensor_parallel is not supported for the hybrid family {cfg.family}")
     if n > 1 and cfg.family == "gpt-oss":  # its per-head sinks and o bias are not split here
         raise ShardingError("tensor parallelism does not support gpt-oss models yet")
+    if n > 1 and cfg.family == "gemma4":  # per-layer head shapes and embeddings are not split
+        raise ShardingError("tensor parallelism does not support gemma4 models yet")
     if cfg.n_heads % n:
         raise ShardingError(
             f"tensor_parallel {n} does not divide the model's {cfg.n_heads} query heads"
@@ -393,13 +395,14 @@ class TensorParallel:
 
     # -- engine step functions over the mesh --------------------------------------------------
     def shard_step(self, fn, kind: str):
-        """engine.prefill_chunk / decode_chunk / prompt_logits (cfg, impl, mode bound) over the
-        mesh."""
+        """engine.prefill_chunk / decode_chunk / prompt_logits / verify_chunk (cfg, impl, mode
+        bound) over the mesh."""
         r, c = REPLICATED, CACHE_SPEC
         in_specs, out_specs = {
             "prefill": ((PARAMS_SPEC, c, r, r, r, r, r, r, r), (r, r, c)),
             "decode": ((PARAMS_SPEC, c, r, r, r, r), (r, r, c)),
             "logits": ((PARAMS_SPEC, c, r, r, r), (r, c)),
+            "verify": ((PARAMS_SPEC, c, r, r, r, r, r, r), (r, r, r, c)),
         }[kind]
         return jax.shard_map(
             functools.partial(fn, par=self),

@@ -25,7 +25,15 @@ import jax
 import jax.numpy as jnp
 
 from minfer_jax import ops
-from minfer_jax.engine.sampling import RowSettings, SamplerMode, push_history, sample_rows
+from minfer_jax.engine.sampling import (
+    RowSettings,
+    Sampled,
+    SamplerMode,
+    empty_logprobs,
+    push_history,
+    sample_rows,
+    token_logprobs,
+)
 from minfer_jax.errors import ContextOverflowError
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
@@ -66,12 +74,13 @@ def prefill_chunk(
     impl: ops.Impl,
     mode: SamplerMode,
     par=None,
-) -> tuple[jax.Array, SlotState, KVCache]:
+) -> tuple[jax.Array | Sampled, SlotState, KVCache]:
     """Run tokens [C] (the first n_valid real) of sequence `slot` from position `start`.
 
     Samples the token after the last valid one with the slot's settings `rows` ([1] each) and its
     history [W] (the prompt's tail) and stores both in `state`, so decode can follow without the
-    host. Returns (token, state, cache); only the last chunk of a prompt's token matters.
+    host. Returns (token, state, cache); only the last chunk of a prompt's token matters. In
+    LOGPROBS_MODE the token is a Sampled (token [], its TokenLogprobs).
     A start + C past the cache is refused where start is concrete (outside jit).
     """
     check_span(start, tokens.shape[0], cache.max_len)
@@ -79,13 +88,16 @@ def prefill_chunk(
     last = jax.lax.dynamic_slice_in_dim(
         h, n_valid - 1, 1, axis=0
     )  # [1, d]: one row through the head
-    logits = logits_from_hidden(params, last, impl)
+    logits = logits_from_hidden(params, last, impl, cfg)
     token = _sample(par, logits, (start + n_valid)[None], rows, history[None], mode)
     history = push_history(history[None], token)[0]
     state = SlotState(
         last_token=state.last_token.at[slot].set(token[0]),
         history=state.history.at[slot].set(history),
     )
+    if mode.logprobs:
+        first = jax.tree.map(lambda x: x[0], _logprobs(par, logits, token))
+        return Sampled(token[0], first), state, cache
     return token[0], state, cache
 
 
@@ -103,11 +115,12 @@ def decode_chunk(
     n_steps: int,
     span: int | None = None,
     par=None,
-) -> tuple[jax.Array, SlotState, KVCache]:
+) -> tuple[jax.Array | Sampled, SlotState, KVCache]:
     """Advance rows [B] (slot slots[b], feeding its last token at positions[b]) by n_steps tokens.
 
     span (static, XLA path): attend over cache positions [0, span) (positions + n_steps <= span).
-    Returns (tokens [n_steps, B] int32, state, cache).
+    Returns (tokens [n_steps, B] int32, state, cache); in LOGPROBS_MODE the tokens are a Sampled
+    (tokens, their TokenLogprobs [n_steps, B, ...]).
     """
 
     def step(i, carry):
@@ -115,9 +128,20 @@ def decode_chunk(
         pos = positions + i
         logits, cache = forward_decode(params, tokens, slots, pos, cache, cfg, impl, span, par)
         nxt = _sample(par, logits, pos + 1, rows, history, mode)
-        return out.at[i].set(nxt), nxt, push_history(history, nxt), cache
+        if mode.logprobs:
+            lp = _logprobs(par, logits, nxt)
+            out = Sampled(
+                out.tokens.at[i].set(nxt),
+                jax.tree.map(lambda all_, one: all_.at[i].set(one), out.logprobs, lp),
+            )
+        else:
+            out = out.at[i].set(nxt)
+        return out, nxt, push_history(history, nxt), cache
 
-    out = jnp.zeros((n_steps, slots.shape[0]), jnp.int32)
+    tokens0 = jnp.zeros((n_steps, slots.shape[0]), jnp.int32)
+    out: jax.Array | Sampled = tokens0
+    if mode.logprobs:  # the carry holds every step's logprobs
+        out = Sampled(tokens0, empty_logprobs((n_steps, slots.shape[0]), cfg.vocab_size))
     # only the penalty reads or grows the history: other modes leave it where it is
     history = state.history[slots] if mode.penalty else jnp.zeros((slots.shape[0], 0), jnp.int32)
     out, tokens, history, cache = jax.lax.fori_loop(
@@ -143,7 +167,7 @@ def prompt_logits(
     (outside jit); inside a jit the caller bounds it, as the plan's chunks do."""
     check_span(start, tokens.shape[0], cache.max_len)
     h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par)
-    logits = logits_from_hidden(params, h, impl)
+    logits = logits_from_hidden(params, h, impl, cfg)
     return (logits if par is None else par.full_logits(logits)), cache
 
 
@@ -167,6 +191,11 @@ def _sample(par, logits, positions, rows, history, mode):
     return par.sample_rows(logits, positions, rows, history, mode)
 
 
+def _logprobs(par, logits, tokens):
+    """token_logprobs on one device; inside shard_map over the gathered vocabulary."""
+    return token_logprobs(logits if par is None else par.full_logits(logits), tokens)
+
+
 class StopReason(enum.StrEnum):
     """Why a sequence ended; str-valued, so it compares, formats and serializes as its value."""
 
@@ -176,6 +205,16 @@ class StopReason(enum.StrEnum):
     CONTEXT = "context"  # the sequence filled its cache slot
     CANCELLED = "cancelled"  # Request.cancel() (a client went away)
     ERROR = "error"  # the loop failed; the request carries the error
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability under the model's distribution (sampling.py,
+    TokenLogprobs) and the `top` most likely tokens with theirs, most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclasses.dataclass
@@ -189,6 +228,10 @@ class GenerationResult:
     compile_s: float
     # prompt tokens whose K/V a previous request left in the slot (not prefilled again)
     cached_tokens: int = 0
+    # speculative decoding's counts (lookup.SpecStats), None when it was off
+    speculation: Any = None
+    # one per token of `tokens` when the request asked for logprobs (None: it did not)
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def n_prompt(self) -> int:

@@ -121,6 +121,7 @@ _STR, _INT, _FLOAT, _BOOL, _STRS, _INTS, _BOOLS = (
     "array of int",
     "array of bool",
 )
+_INT_OR_INTS = "int or array of int"  # llama.cpp's get_key_or_arr: one value or one per layer
 # What each key this package reads must hold (llama.cpp's types); other keys pass unchecked.
 # `{arch}.` keys are checked under the file's own architecture name (metadata_kinds).
 _ARCH_KINDS = {
@@ -130,9 +131,7 @@ _ARCH_KINDS = {
             "block_count",
             "context_length",
             "embedding_length",
-            "feed_forward_length",
             "attention.head_count",
-            "attention.head_count_kv",
             "attention.key_length",
             "attention.value_length",
             "attention.sliding_window",
@@ -150,6 +149,9 @@ _ARCH_KINDS = {
             "nextn_predict_layers",
         )
     },
+    "feed_forward_length": _INT_OR_INTS,
+    "attention.head_count_kv": _INT_OR_INTS,
+    "attention.sliding_window_pattern": _BOOLS,
     "rope.dimension_sections": _INTS,
     "attention.recurrent_layers": _BOOLS,
     "rope.freq_base": _FLOAT,
@@ -198,6 +200,7 @@ _KIND_CHECKS = {
     _STRS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     _INTS: lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
     _BOOLS: lambda v: isinstance(v, list) and all(isinstance(x, bool) for x in v),
+    _INT_OR_INTS: lambda v: _is_int(v) or (isinstance(v, list) and all(_is_int(x) for x in v)),
 }
 
 

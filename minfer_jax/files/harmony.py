@@ -7,7 +7,7 @@ which end the turn and are not in the text. The `analysis` channel holds the mod
 `final` the answer the user sees; a message addressed to a function (` to=functions.NAME` in its
 header: a tool call, which server/tools.py's HarmonyCalls parses from the whole text) is not
 shown; anything else (commentary preambles) is kept in the content as it is. The framing tokens
-reach the text because llama.cpp's overrides render them (files/tokenizer.py,
+reach the text because llama.cpp's overrides render them (files/vocabulary.py,
 HARMONY_RENDERED). Text that does not start with a channel header is content.
 """
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from minfer_jax.model import cache as kv_cache
+from minfer_jax.model.cache import Layer
 from minfer_jax.model.config import Config
 from minfer_jax.pallas import attention, decode_qkv
 from minfer_jax.pallas import decode_attention as dec
@@ -49,8 +51,8 @@ def _softmax(scores: jax.Array, visible: jax.Array, sinks: jax.Array | None) -> 
 
 def chunk_attention(
     q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    k_cache: Layer,
+    v_cache: Layer,
     slot: jax.Array,
     start: jax.Array,
     cfg: Config,
@@ -73,17 +75,15 @@ def chunk_attention(
             interpret=impl.kernels == "interpret",
             **_kernel_options(cfg, window, sinks),
         )
-        return out.reshape(t, cfg.q_dim)
-    k = jax.lax.dynamic_index_in_dim(k_cache, slot, axis=0, keepdims=False).astype(
-        jnp.float32
-    )  # [Hkv, S, hd]
-    v = jax.lax.dynamic_index_in_dim(v_cache, slot, axis=0, keepdims=False).astype(jnp.float32)
-    qg = q.astype(jnp.float32).reshape(t, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
+        return out.reshape(t, -1)
+    k = kv_cache.read(k_cache, (slot,))  # [Hkv, S, hd] f32 (dequantized)
+    v = kv_cache.read(v_cache, (slot,))
+    qg = q.astype(jnp.float32).reshape(t, k.shape[0], -1, q.shape[-1])  # the layer's own shapes
     scores = jnp.einsum("tgrd,gsd->grts", qg, k) * cfg.softmax_scale  # [Hkv, rep, T, S]
     positions = start + jnp.arange(t, dtype=jnp.int32)
     visible = _visible(jnp.arange(k.shape[1])[None, :], positions[:, None], window)  # [T, S]
     probs = _softmax(scores, visible[None, None], sinks)
-    return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, cfg.q_dim)
+    return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, -1)
 
 
 def _visible(keys: jax.Array, positions: jax.Array, window: int) -> jax.Array:
@@ -97,8 +97,8 @@ def _visible(keys: jax.Array, positions: jax.Array, window: int) -> jax.Array:
 
 def decode_attention(
     q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    k_cache: Layer,
+    v_cache: Layer,
     slots: jax.Array,
     positions: jax.Array,
     cfg: Config,
@@ -125,11 +125,11 @@ def decode_attention(
             fused=impl.fused_decode,
             **_kernel_options(cfg, window, sinks),
         )
-        return out.reshape(b, cfg.q_dim)
+        return out.reshape(b, -1)
     s = k_cache.shape[2] if span is None else span
-    k = k_cache[slots, :, :s].astype(jnp.float32)  # [B, Hkv, span, hd]
-    v = v_cache[slots, :, :s].astype(jnp.float32)
-    qg = q.astype(jnp.float32).reshape(b, cfg.n_kv_heads, cfg.n_rep, cfg.head_dim)
+    k = kv_cache.read(k_cache, (slots, slice(None), slice(0, s)))  # [B, Hkv, span, hd] f32
+    v = kv_cache.read(v_cache, (slots, slice(None), slice(0, s)))
+    qg = q.astype(jnp.float32).reshape(b, k.shape[1], -1, q.shape[-1])
     scores = jnp.einsum("bgrd,bgsd->bgrs", qg, k) * cfg.softmax_scale  # [B, Hkv, rep, span]
     visible = _visible(jnp.arange(s)[None, :], positions[:, None], window)  # [B, span]
     if sinks is None:
@@ -137,7 +137,7 @@ def decode_attention(
     else:  # _softmax's sinks want [Hkv, rep, ...] first
         by_head = _softmax(scores.transpose(1, 2, 0, 3), visible[None, None], sinks)
         probs = by_head.transpose(2, 0, 1, 3)
-    return jnp.einsum("bgrs,bgsd->bgrd", probs, v).reshape(b, cfg.q_dim)
+    return jnp.einsum("bgrs,bgsd->bgrd", probs, v).reshape(b, -1)
 
 
 def decode_attention_projected(
@@ -145,8 +145,8 @@ def decode_attention_projected(
     widths: tuple[int, ...],
     bias: jax.Array | None,
     inv_freq: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    k_cache: Layer,
+    v_cache: Layer,
     slots: jax.Array,
     positions: jax.Array,
     cfg: Config,

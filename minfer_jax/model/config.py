@@ -32,13 +32,14 @@ FAMILIES = (
     "gpt-oss",
     "qwen35",
     "qwen35moe",
+    "gemma4",
 )
 MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
 # how router logits become the chosen experts' weights (llama.cpp's expert_gating_func):
 # "softmax": softmax over all experts, top-k of the probabilities
 EXPERT_GATINGS = ("softmax", "softmax_weight")
 # the experts' gated activations (experts.GLU_ACTIVATIONS): SwiGLU, gpt-oss's clamped SwiGLU
-EXPERT_ACTIVATIONS = ("silu", "swiglu_oai")
+EXPERT_ACTIVATIONS = ("silu", "swiglu_oai", "gelu_tanh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,21 @@ class Config:
     ssm_groups: int = 0  # DeltaNet: q / k heads
     ssm_v_heads: int = 0  # DeltaNet: v heads (a multiple of ssm_groups)
     mtp_layers: int = 0  # multi-token-prediction blocks after the trunk (loaded, not run)
+    # gemma4 (model/gemma4.py): True per sliding-window layer (attention.sliding_window_pattern;
+    # () : swa_period's rule); the sliding layers' head dim and KV heads (0: head_dim, n_kv_heads,
+    # which are the full layers'); the last shared_kv_layers layers attend to an earlier layer's
+    # cache (kv_source); per-layer FFN widths (() : d_ff); True per layer whose V is its K
+    # projection (no attn_v); the per-layer embedding width (0: none); tanh soft-cap of the logits
+    swa_layers: tuple[bool, ...] = ()
+    head_dim_swa: int = 0
+    n_kv_heads_swa: int = 0
+    shared_kv_layers: int = 0
+    layer_d_ff: tuple[int, ...] = ()
+    v_from_k: tuple[bool, ...] = ()
+    per_layer_dim: int = 0
+    final_softcap: float = 0.0
+    layer_out_scale: bool = False  # gemma4: each layer's output times layer_output_scale
+    expert_gate_up_fused: bool = False  # the experts' gate and up as one ffn_gate_up_exps
 
     def __post_init__(self):
         for name, hi in _LIMITS.items():
@@ -131,6 +147,34 @@ class Config:
             )
         self._check_experts()
         self._check_hybrid()
+        self._check_layer_shapes()
+
+    def _check_layer_shapes(self) -> None:
+        """gemma4's per-layer fields: lengths, and a shared layer's source of its own kind."""
+        for name in ("swa_layers", "layer_d_ff", "v_from_k"):
+            n = len(getattr(self, name))
+            if n not in (0, self.n_layers):
+                raise InvalidArgumentError(f"Config.{name} has {n} entries for {self.n_layers}")
+        for d in self.layer_d_ff:
+            validate.integer("Config.layer_d_ff", d, 1, _LIMITS["d_ff"])
+        validate.integer("Config.head_dim_swa", self.head_dim_swa, 0, 1 << 12)
+        validate.integer("Config.n_kv_heads_swa", self.n_kv_heads_swa, 0, 1 << 12)
+        validate.integer("Config.per_layer_dim", self.per_layer_dim, 0, 1 << 16)
+        validate.number("Config.final_softcap", self.final_softcap, 0.0)
+        if self.head_dim_swa % 2 or (self.n_kv_heads_swa and self.n_heads % self.n_kv_heads_swa):
+            raise InvalidArgumentError(
+                f"Config: sliding head dim {self.head_dim_swa} odd or {self.n_heads} heads not a "
+                f"multiple of {self.n_kv_heads_swa} sliding KV heads"
+            )
+        validate.integer("Config.shared_kv_layers", self.shared_kv_layers, 0, self.n_layers)
+        if self.shared_kv_layers:
+            n_kv = self.n_layers - self.shared_kv_layers
+            if n_kv < 2 or not self.is_local(n_kv - 2) or self.is_local(n_kv - 1):
+                raise InvalidArgumentError(
+                    f"Config: {self.shared_kv_layers} shared-KV layers need the two layers before "
+                    "them to be a sliding-window then a full-attention layer (llama.cpp's reuse "
+                    "rule: a shared layer reads layer n_kv - 2 if sliding, else n_kv - 1)"
+                )
 
     def _check_hybrid(self) -> None:
         validate.integer("Config.rope_dims", self.rope_dims, 0, self.head_dim)
@@ -199,7 +243,30 @@ class Config:
     @property
     def attention_layers(self) -> tuple[int, ...]:
         """The layers with a KV cache, in order (KVCache.k[j] is layer attention_layers[j]'s)."""
-        return tuple(i for i in range(self.n_layers) if not self.is_recurrent(i))
+        return tuple(
+            i for i in range(self.n_layers) if not self.is_recurrent(i) and self.kv_source(i) == i
+        )
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose cache layer `layer` attends to: itself, or for gemma4's last
+        shared_kv_layers layers the last cached layer of its kind (llama.cpp: n_kv - 2 if sliding,
+        else n_kv - 1; such a layer writes no cache)."""
+        n_kv = self.n_layers - self.shared_kv_layers
+        if layer < n_kv:
+            return layer
+        return n_kv - 2 if self.is_local(layer) else n_kv - 1
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.is_local(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return (
+            self.n_kv_heads_swa if self.n_kv_heads_swa and self.is_local(layer) else self.n_kv_heads
+        )
+
+    def layer_ff(self, layer: int) -> int:
+        """Layer `layer`'s dense FFN width (gemma4's shared-KV layers may be double-wide)."""
+        return self.layer_d_ff[layer] if self.layer_d_ff else self.d_ff
 
     @property
     def recurrent_layer_ids(self) -> tuple[int, ...]:
@@ -210,6 +277,8 @@ class Config:
         """Whether layer `layer` attends through the sliding window (llama.cpp's swa_layers)."""
         if not self.sliding_window:
             return False
+        if self.swa_layers:
+            return self.swa_layers[layer]
         return self.swa_period == 0 or layer % self.swa_period < self.swa_period - 1
 
     def window(self, layer: int) -> int:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from minfer_jax import ops
 from minfer_jax.model import attention, deltanet, layers
+from minfer_jax.model import cache as kv_cache
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.families import family
@@ -48,18 +49,24 @@ def _layers(
     hooks (sharding.TensorParallel)."""
     fam = family(cfg)
     x = fam.embed(params, tokens, cfg)  # [T, d]
+    per_layer = getattr(fam, "per_layer_inputs", None)  # gemma4: [L, T, n_pl] or None
+    layer_inputs = None if per_layer is None else per_layer(params, tokens, x, cfg, impl)
     ks, vs = list(cache.k), list(cache.v)
     convs, deltas = list(cache.conv), list(cache.delta)
     kv_index = {layer: j for j, layer in enumerate(cfg.attention_layers)}
     rec_index = {layer: j for j, layer in enumerate(cfg.recurrent_layer_ids)}
     for i, layer in enumerate(params.layers):  # unrolled at trace time
-        j, r = kv_index.get(i, -1), rec_index.get(i, -1)
+        # a gemma4 shared-KV layer reads its source layer's cache (written earlier in this
+        # step) and writes nothing: attend gets k = v = None
+        j, r = kv_index.get(cfg.kv_source(i), -1), rec_index.get(i, -1)
+        shared = cfg.kv_source(i) != i
 
-        def layer_attend(q, k, v, sinks=None, i=i, j=j):
-            ks[j], vs[j], att = attend(
-                q, k.astype(ks[j].dtype), v.astype(vs[j].dtype), ks[j], vs[j], cfg.window(i), sinks
-            )
-            return att
+        def layer_attend(q, k, v, sinks=None, i=i, j=j, shared=shared):
+            if shared:  # reads what its source layer wrote this step; writes nothing
+                k = v = None
+            q, k, v = kv_cache.rotate_in(q, k, v, ks[j], vs[j])  # 8-bit layers: rotated
+            ks[j], vs[j], att = attend(q, k, v, ks[j], vs[j], cfg.window(i), sinks)
+            return kv_cache.rotate_out(att, vs[j], cfg.layer_head_dim(i))
 
         def layer_attend_projected(parts, widths, bias, inv_freq, i=i, j=j):
             ks[j], vs[j], att = attend_projected(
@@ -81,6 +88,7 @@ def _layers(
             attend_projected=None if attend_projected is None else layer_attend_projected,
             epilogues=epilogues,
             recur=layer_recur,
+            layer_input=None if layer_inputs is None else layer_inputs[i],
         )
         x = fam.block(x, layer, i, call)
     return x, KVCache(k=tuple(ks), v=tuple(vs), conv=tuple(convs), delta=tuple(deltas))
@@ -118,9 +126,9 @@ def forward_chunk(
         return out, conv.at[slot].set(c), delta.at[slot].set(s)
 
     def attend(q, k, v, k_cache, v_cache, window, sinks):
-        at = (slot, 0, start, 0)  # [T, Hkv, hd] -> the slot's rows [Hkv, start:start+T]
-        k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 0, 1)[None], at)
-        v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 0, 1)[None], at)
+        if k is not None:  # None: a shared-KV layer, reading what its source layer wrote
+            k_cache = kv_cache.write_chunk(k_cache, k, slot, start)  # cast, or quantized
+            v_cache = kv_cache.write_chunk(v_cache, v, slot, start)
         return (
             k_cache,
             v_cache,
@@ -174,8 +182,9 @@ def forward_decode(
         return logits, cache
 
     def attend(q, k, v, k_cache, v_cache, window, sinks):
-        k_cache = k_cache.at[slots, :, positions].set(k)  # one [Hkv, hd] row per sequence
-        v_cache = v_cache.at[slots, :, positions].set(v)
+        if k is not None:  # None: a shared-KV layer (forward_chunk's attend)
+            k_cache = kv_cache.write_rows(k_cache, k, slots, positions)  # one row per sequence
+            v_cache = kv_cache.write_rows(v_cache, v, slots, positions)
         return (
             k_cache,
             v_cache,
@@ -195,7 +204,9 @@ def forward_decode(
 
     epilogues = impl.fused_decode and impl.kernels != "xla" and par is None
     half = cfg.head_dim // 2  # the q/k/v epilogue kernel's tiles: a power of two
-    projected = epilogues and half & (half - 1) == 0
+    # a rotated 8-bit layer (quant/kv.py) rotates q / k / v in XLA, outside the epilogue kernel
+    rotated = any(kv_cache.rotated(layer) for layer in (*cache.k, *cache.v))
+    projected = epilogues and half & (half - 1) == 0 and not rotated
     x, cache = _layers(
         params,
         tokens,
@@ -212,10 +223,18 @@ def forward_decode(
     rows, sumsq = layers.hidden(x)
     if epilogues:  # the final norm applied by the head's GEMV, from the sums of squares
         [logits] = ops.norm_matmuls(rows, params.out_norm, cfg.rms_eps, [params.head], impl, sumsq)
-        return logits, cache
-    return logits_from_hidden(params, ops.rms_norm(rows, params.out_norm, cfg.rms_eps), impl), cache
+        return soft_cap(logits, cfg), cache
+    normed = ops.rms_norm(rows, params.out_norm, cfg.rms_eps)
+    return logits_from_hidden(params, normed, impl, cfg), cache
 
 
-def logits_from_hidden(params: Params, h: jax.Array, impl: ops.Impl) -> jax.Array:
-    """h [T, d] -> logits [T, vocab] f32 (output.weight, or token_embd when tied)."""
-    return ops.matmul(h, params.head, impl)
+def logits_from_hidden(params: Params, h: jax.Array, impl: ops.Impl, cfg: Config) -> jax.Array:
+    """h [T, d] -> logits [T, vocab] f32 (output.weight, or token_embd when tied), soft-capped
+    where the family caps them."""
+    return soft_cap(ops.matmul(h, params.head, impl), cfg)
+
+
+def soft_cap(logits: jax.Array, cfg: Config) -> jax.Array:
+    """c tanh(logits / c) with c = Config.final_softcap (gemma4); as they are where it is 0."""
+    c = cfg.final_softcap
+    return logits if not c else c * jnp.tanh(logits / c)

@@ -1,7 +1,7 @@
 """The one place a model family is chosen: `general.architecture` -> the family's module.
 
 A family module (qwen2.py, llama.py, qwen3.py, gemma3.py, qwen3moe.py, qwen2moe.py, gptoss.py,
-qwen35.py, qwen35moe.py)
+qwen35.py, qwen35moe.py, gemma4.py)
 holds what differs between families:
   ARCHITECTURE, MODELS                the GGUF architecture name and the models it covers (messages)
   config_from_metadata(md) -> Config  its hyper-parameters from the file's `{arch}.*` keys
@@ -19,6 +19,7 @@ from types import ModuleType
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.model import (
     gemma3,
+    gemma4,
     gptoss,
     llama,
     qwen2,
@@ -32,7 +33,7 @@ from minfer_jax.model.config import Config
 
 _MODULES: dict[str, ModuleType] = {
     m.ARCHITECTURE: m
-    for m in (qwen2, llama, qwen3, gemma3, qwen3moe, qwen2moe, gptoss, qwen35, qwen35moe)
+    for m in (qwen2, llama, qwen3, gemma3, qwen3moe, qwen2moe, gptoss, qwen35, qwen35moe, gemma4)
 }
 
 
@@ -42,16 +43,8 @@ def family(cfg_or_name: Config | str) -> ModuleType:
     return _MODULES[name]
 
 
-# Architectures known but not run yet: one clear reason each.
-NOT_YET = {
-    "gemma4": "Gemma 4 is not supported yet",
-}
-
-
 def for_architecture(arch: str, path: str) -> ModuleType:
     """The module for a file's general.architecture; UnsupportedError naming it otherwise."""
-    if arch in NOT_YET:
-        raise UnsupportedError(f"{path}: unsupported architecture {arch!r}: {NOT_YET[arch]}")
     module = _MODULES.get(arch)
     if module is None:
         known = "; ".join(f"'{m.ARCHITECTURE}' ({m.MODELS})" for m in _MODULES.values())

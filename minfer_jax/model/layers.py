@@ -45,6 +45,8 @@ class LayerCall:
     # a Gated DeltaNet layer (qwen35): recur(proj [T, ...], weights.DeltaNet) -> [T, Hv dv], the
     # mix through the layer's recurrent state (decoder.py carries it; model/deltanet.py)
     recur: Callable | None = None
+    # gemma4's per-layer embedding input of this layer [T, n_pl] (gemma4.per_layer_inputs)
+    layer_input: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,14 +1,18 @@
-"""Weight pytrees and loading: GGUF tensors -> device arrays, quantized (GPU) or dense (CPU).
+"""Weight pytrees and loading: GGUF tensors -> device arrays, quantized (GPU), int8 (CPU) or dense.
 
-Two storage modes, chosen per platform by `minfer_jax.load`:
+Three storage modes, chosen per platform by `minfer_jax.load`:
 - "quantized": every matrix stays in its GGUF format, repacked once into planes
   (quant.planes); the Pallas kernels read the planes directly. Device memory ~= file size.
+- "int8" (the CPU's default): block-format matrices as int8 integers with a scale (and offset) per
+  group (quant/int8_form.py decides which formats and their orientation), bit-exact values that
+  XLA's CPU dot decodes inside the dot; float formats and expert tensors dense f32 as below.
+  About 1.1-1.25 bytes per weight.
 - "dense": matrices are dequantized once at load (bit-exact f32, planes.dequantize). On a 2-core CPU
   XLA's dense dot beats any per-call dequantization by far, and its speed depends on dtype and
   orientation (docs/ARCHITECTURE.md has the table): square and narrowing matrices are stored
   [K, N], widening ones (N >= 2K: gate/up, the vocab head, the embedding) [N, K], both f32 by
-  default (bf16 halves the bytes but ran slower inside the decode loop). This is what makes CPU
-  generation usable.
+  default (bf16 halves the bytes but ran slower inside the decode loop). The reference the int8
+  form is checked against (`load(weights="dense")`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 
 from minfer_jax.files.gguf import QType, RawTensor
 from minfer_jax.model.gguf_model import GGUFModel
+from minfer_jax.quant.int8_form import holds_int8, int8_weight
 from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
 from minfer_jax.quant.planes import dequantize, repack
 
@@ -67,6 +72,20 @@ class Experts:
     gate_bias: jax.Array | None = None
     up_bias: jax.Array | None = None
     down_bias: jax.Array | None = None
+    # gemma4: the router input's per-channel scale [d] (ffn_gate_inp.scale) and each expert's
+    # output scale [E] (ffn_down_exps.scale)
+    router_scale: jax.Array | None = None
+    down_scale: jax.Array | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PerLayerInput:
+    """gemma4's per-layer embedding block of one layer (model/gemma4.py)."""
+
+    gate: Weight  # inp_gate [n_pl, d]
+    proj: Weight  # proj [d, n_pl]
+    post_norm: jax.Array  # post_norm [d]
 
 
 @jax.tree_util.register_dataclass
@@ -94,6 +113,11 @@ class Layer:
     wo_bias: jax.Array | None = None  # [d] attn_output.bias (gpt-oss)
     sinks: jax.Array | None = None  # [H] attn_sinks.weight: per-head sink logits (gpt-oss)
     mixer: DeltaNet | None = None  # a Gated DeltaNet layer's weights instead of attention (qwen35)
+    # gemma4: the per-layer embedding block, the layer's output scale [1], and beside the experts
+    # the norms pre_ffw_norm_2, post_ffw_norm_1, post_ffw_norm_2 (or ())
+    per_layer: PerLayerInput | None = None
+    out_scale: jax.Array | None = None
+    moe_norms: tuple = ()
 
 
 @jax.tree_util.register_dataclass
@@ -105,6 +129,11 @@ class Params:
     output: Weight | None  # [vocab, d]; None: tied to embed
     # [hd / 2] RoPE frequency divisors (Llama 3.1+ rope_freqs.weight)
     rope_freqs: jax.Array | None = None
+    # gemma4's per-layer embeddings: per_layer_token_embd [vocab, L n_pl], per_layer_model_proj
+    # [L n_pl, d], per_layer_proj_norm [n_pl]
+    per_layer_embed: Weight | None = None
+    per_layer_proj: Weight | None = None
+    per_layer_norm: jax.Array | None = None
 
     @property
     def head(self) -> Weight:
@@ -115,9 +144,12 @@ def params_nbytes(p: Params) -> int:
     return int(sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(p)))
 
 
+WEIGHT_MODES = ("quantized", "int8", "dense")
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadOptions:
-    mode: str = "quantized"  # "quantized" | "dense"
+    mode: str = "quantized"  # one of WEIGHT_MODES
     dense_dtype: str = "float32"  # dense square/narrowing matrices, stored [K, N]
     wide_dtype: str = "float32"  # dense widening matrices (N >= 2K) and token_embd, stored [N, K]
     fuse: bool = True  # neighbouring q/k/v and gate/up projections of one format as one weight
@@ -132,11 +164,13 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     t = tensors[0]
     rows = sum(x.shape[0] for x in tensors)
     shape = (rows, t.shape[1])
-    if opts.mode == "dense":
+    if opts.mode == "int8" and all(holds_int8(x.qtype) for x in tensors):
+        return int8_weight([(x.data, x.qtype, x.shape) for x in tensors], device)
+    if opts.mode != "quantized":  # "dense", or a float format in "int8"
         w = jnp.concatenate(
             [dequantize(x.data, x.qtype, x.shape) for x in tensors]
         )  # [n, k] f32, bit-exact
-        if t.name == "token_embd.weight" or rows >= 2 * t.shape[1]:
+        if t.name in EMBEDDING_TABLES or rows >= 2 * t.shape[1]:
             return DenseWeight(
                 jax.device_put(w.astype(jnp.dtype(opts.wide_dtype)), device), transposed=False
             )
@@ -148,11 +182,26 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     return QWeight({n: jax.device_put(v, device) for n, v in planes.items()}, QType(t.qtype), shape)
 
 
+EMBEDDING_TABLES = ("token_embd.weight", "per_layer_token_embd.weight")  # stored [vocab, d]
+
+
+def expert_halves(t: RawTensor) -> tuple[RawTensor, RawTensor]:
+    """A fused ffn_gate_up_exps [E, 2 ff, k] as its gate and up halves (each expert's rows
+    [gate | up]; a quantized row is whole blocks of its own, so the halves are byte slices)."""
+    e, n2, k = t.shape
+    data = np.asarray(t.data).reshape(e, n2, -1)
+    half = n2 // 2
+    return tuple(  # type: ignore[return-value]
+        RawTensor(t.name, t.qtype, (e, half, k), np.ascontiguousarray(part).reshape(e * half, -1))
+        for part in (data[:, :half], data[:, half:])
+    )
+
+
 def _expert_matrix(t: RawTensor, opts: LoadOptions, device) -> Weight:
     """An expert tensor (numpy shape [E, n, k]) as one weight with a leading expert axis: dense
     [E, n, k], or each expert repacked and every plane stacked ([E, Npad, k / wpc])."""
     e, n, k = t.shape
-    if opts.mode == "dense":
+    if opts.mode != "quantized":  # expert tensors stay dense f32 in "int8" too
         w = dequantize(t.data, t.qtype, (e * n, k)).reshape(e, n, k)  # bit-exact f32
         w = w.astype(jnp.dtype(opts.dense_dtype))
         return DenseWeight(jax.device_put(w, device), transposed=False, experts=e)
@@ -178,10 +227,20 @@ def load_experts(model: GGUFModel, layer: int, opts: LoadOptions, device) -> Exp
         name = f"{p}{role}.bias"
         return jax.device_put(_vector(t[name]), device) if name in t else None
 
+    def scale(role):  # gemma4: ffn_gate_inp.scale [d], ffn_down_exps.scale [E]
+        name = f"{p}{role}.scale"
+        return jax.device_put(_vector(t[name]), device) if name in t else None
+
+    fused = p + "ffn_gate_up_exps.weight"
+    gate, up = (
+        expert_halves(t[fused])
+        if fused in t
+        else (t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"])
+    )
     return Experts(
         router=_matrix([t[p + "ffn_gate_inp.weight"]], opts, device),
-        gate=_expert_matrix(t[p + "ffn_gate_exps.weight"], opts, device),
-        up=_expert_matrix(t[p + "ffn_up_exps.weight"], opts, device),
+        gate=_expert_matrix(gate, opts, device),
+        up=_expert_matrix(up, opts, device),
         down=_expert_matrix(t[p + "ffn_down_exps.weight"], opts, device),
         shared_gate_inp=jax.device_put(_vector(t[shared]), device) if shared in t else None,
         shared_gate_up=(
@@ -196,16 +255,21 @@ def load_experts(model: GGUFModel, layer: int, opts: LoadOptions, device) -> Exp
         gate_bias=bias("ffn_gate_exps"),
         up_bias=bias("ffn_up_exps"),
         down_bias=bias("ffn_down_exps"),
+        router_scale=scale("ffn_gate_inp"),
+        down_scale=scale("ffn_down_exps"),
     )
 
 
-def fused_runs(qtypes: Sequence, *, fuse: bool = True, dense: bool = False) -> list[list[int]]:
+def fused_runs(
+    qtypes: Sequence, *, fuse: bool = True, dense: bool = False, int8: bool = False
+) -> list[list[int]]:
     """Which of a row-stacked group's tensors (q, k, v or gate, up, in order) become one weight:
-    runs of neighbours that share a format (all of them for dense weights, none without `fuse`).
+    runs of neighbours that share a format (all of them for dense weights, and for int8 weights
+    where every format is held as int8; none without `fuse`).
     Q4_K / Q4_K / Q6_K -> [[0, 1], [2]]: two matmul launches instead of three."""
     if not fuse:
         return [[i] for i in range(len(qtypes))]
-    if dense:
+    if dense or (int8 and all(holds_int8(q) for q in qtypes)):
         return [list(range(len(qtypes)))]
     runs: list[list[int]] = []
     for i, q in enumerate(qtypes):
@@ -220,6 +284,8 @@ def fused_runs(qtypes: Sequence, *, fuse: bool = True, dense: bool = False) -> l
 QKV_ROLES = ("attn_q", "attn_k", "attn_v")
 GATE_UP_ROLES = ("ffn_gate", "ffn_up")
 _LAYER_MATMULS = (QKV_ROLES, ("attn_output",), GATE_UP_ROLES, ("ffn_down",))
+# gemma4's norms beside its experts, in Layer.moe_norms' order
+GEMMA4_MOE_NORMS = ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,16 +306,21 @@ def layer_matmuls(
     *,
     fuse: bool = True,
     dense: bool = False,
+    int8: bool = False,
 ) -> list[LayerMatmul]:
     """The matmuls of layer `layer` as loaded (q/k/v and gate/up fused as `fused_runs` says), from
     tensor types and shapes alone, in the order a token meets them (ops.matmul's: a mixture of
     experts' router and expert tensors are not among them)."""
     out = []
-    for roles in _LAYER_MATMULS:
+    for all_roles in _LAYER_MATMULS:
+        # a mixture-of-experts layer has no dense FFN; a gemma4 layer may lack attn_v (K = V)
+        # or, sharing an earlier layer's cache, attn_k too
+        roles = tuple(r for r in all_roles if f"blk.{layer}.{r}.weight" in qtypes)
         names = [f"blk.{layer}.{r}.weight" for r in roles]
-        if names[0] not in qtypes:  # a mixture-of-experts layer has no dense FFN
+        if not names:
             continue
-        for run in fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense):
+        runs = fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense, int8=int8)
+        for run in runs:
             members = tuple(names[i] for i in run)
             out.append(
                 LayerMatmul(
@@ -266,8 +337,35 @@ def layer_matmuls(
 def _group(model: GGUFModel, names: list[str], opts: LoadOptions, device) -> tuple:
     """The weights of a row-stacked group, fused as `fused_runs` says."""
     ts = [model.tensors[n] for n in names]
-    runs = fused_runs([t.qtype for t in ts], fuse=opts.fuse, dense=opts.mode == "dense")
+    runs = fused_runs(
+        [t.qtype for t in ts], fuse=opts.fuse, dense=opts.mode == "dense", int8=opts.mode == "int8"
+    )
     return tuple(_matrix([ts[i] for i in run], opts, device) for run in runs)
+
+
+def _deltanet(model: GGUFModel, p: str, opts: LoadOptions, device) -> DeltaNet:
+    """The Gated DeltaNet weights of the layer whose tensors start with p."""
+    t = model.tensors
+    return DeltaNet(
+        proj=_group(model, [f"{p}{r}.weight" for r in DELTANET_PROJ_ROLES], opts, device),
+        dt_bias=jax.device_put(_vector(t[p + "ssm_dt.bias"]), device),
+        a=jax.device_put(_vector(t[p + "ssm_a"]), device),
+        conv=jax.device_put(_vector(t[p + "ssm_conv1d.weight"]), device),
+        norm=jax.device_put(_vector(t[p + "ssm_norm.weight"]), device),
+        out=_matrix([t[p + "ssm_out.weight"]], opts, device),
+    )
+
+
+def _per_layer_input(model: GGUFModel, p: str, opts: LoadOptions, device) -> PerLayerInput | None:
+    """gemma4's per-layer embedding block of the layer whose tensors start with p, or None."""
+    t = model.tensors
+    if p + "inp_gate.weight" not in t:
+        return None
+    return PerLayerInput(
+        gate=_matrix([t[p + "inp_gate.weight"]], opts, device),
+        proj=_matrix([t[p + "proj.weight"]], opts, device),
+        post_norm=jax.device_put(_vector(t[p + "post_norm.weight"]), device),
+    )
 
 
 def load_params(
@@ -278,8 +376,8 @@ def load_params(
     progress: Callable[[Iterable], Iterable] | None = None,
 ) -> Params:
     """Build Params from a validated GGUF, layer by layer (peak host memory: one layer)."""
-    if opts.mode not in ("quantized", "dense"):
-        raise ValueError(f"LoadOptions.mode must be 'quantized' or 'dense', got {opts.mode!r}")
+    if opts.mode not in WEIGHT_MODES:
+        raise ValueError(f"LoadOptions.mode must be one of {WEIGHT_MODES}, got {opts.mode!r}")
     cfg = model.config
     device = device or jax.devices()[0]
     t = model.tensors
@@ -290,29 +388,25 @@ def load_params(
     def optional_vec(name):  # a tensor only some families have (load_gguf keeps only the family's)
         return vec(name) if name in t else None
 
+    def optional_matrix(name):
+        return _matrix([t[name]], opts, device) if name in t else None
+
     def biases(p):
         names = [f"{p}{r}.bias" for r in QKV_ROLES]
         return jnp.concatenate([vec(n) for n in names]) if names[0] in t else None
-
-    def deltanet(p):
-        return DeltaNet(
-            proj=_group(model, [f"{p}{r}.weight" for r in DELTANET_PROJ_ROLES], opts, device),
-            dt_bias=vec(p + "ssm_dt.bias"),
-            a=vec(p + "ssm_a"),
-            conv=vec(p + "ssm_conv1d.weight"),
-            norm=vec(p + "ssm_norm.weight"),
-            out=_matrix([t[p + "ssm_out.weight"]], opts, device),
-        )
 
     def layer(i):
         p = f"blk.{i}."
         recurrent = p + "ssm_a" in t
         dense_ffn = p + "ffn_down.weight" in t
+        moe_norms = [f"{p}{n}.weight" for n in GEMMA4_MOE_NORMS]
         return Layer(
             attn_norm=vec(p + "attn_norm.weight"),
             qkv=()
             if recurrent
-            else _group(model, [f"{p}{r}.weight" for r in QKV_ROLES], opts, device),
+            else _group(
+                model, [f"{p}{r}.weight" for r in QKV_ROLES if f"{p}{r}.weight" in t], opts, device
+            ),  # fmt: skip
             qkv_bias=biases(p),
             wo=None if recurrent else _matrix([t[p + "attn_output.weight"]], opts, device),
             ffn_norm=optional_vec(p + "ffn_norm.weight"),
@@ -329,7 +423,10 @@ def load_params(
             moe=load_experts(model, i, opts, device),
             wo_bias=optional_vec(p + "attn_output.bias"),
             sinks=optional_vec(p + "attn_sinks.weight"),
-            mixer=deltanet(p) if recurrent else None,
+            mixer=_deltanet(model, p, opts, device) if recurrent else None,
+            per_layer=_per_layer_input(model, p, opts, device),
+            out_scale=optional_vec(p + "layer_output_scale.weight"),
+            moe_norms=tuple(vec(n) for n in moe_norms) if moe_norms[0] in t else (),
         )
 
     # Repacking is numpy work that releases the GIL: layers in parallel (a 7B's 4.4 GB took minutes
@@ -347,4 +444,7 @@ def load_params(
             out_norm=vec("output_norm.weight"),
             output=None if output is None else output.result(),
             rope_freqs=optional_vec("rope_freqs.weight"),
+            per_layer_embed=optional_matrix("per_layer_token_embd.weight"),
+            per_layer_proj=optional_matrix("per_layer_model_proj.weight"),
+            per_layer_norm=optional_vec("per_layer_proj_norm.weight"),
         )

@@ -28,7 +28,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from minfer_jax.errors import MinferError
-from minfer_jax.pallas import tiles
+from minfer_jax.pallas import kv_tiles, tiles
+from minfer_jax.pallas.kv_tiles import Cache
 from minfer_jax.sizes import pow2_at_least, round_up
 
 HIGHEST = (
@@ -106,10 +107,11 @@ def chunk_config(
     return cfg
 
 
-def check_cache(k_cache: jax.Array, v_cache: jax.Array, n_heads: int, head_dim: int) -> None:
-    """Raise AttentionShapeError unless k/v are [n_slots, Hkv, max_len, head_dim] and Hkv divides
-    n_heads."""
-    if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+def check_cache(k_cache: Cache, v_cache: Cache, n_heads: int, head_dim: int) -> None:
+    """Raise AttentionShapeError unless k/v are [n_slots, Hkv, max_len, head_dim] (float arrays or
+    8-bit QuantizedKV of one compute dtype) and Hkv divides n_heads."""
+    shape = tuple(k_cache.shape)
+    if len(shape) != 4 or shape != tuple(v_cache.shape) or k_cache.dtype != v_cache.dtype:
         raise AttentionShapeError(
             f"k_cache {k_cache.shape} {k_cache.dtype} and v_cache {v_cache.shape} "
             f"{v_cache.dtype} must share one [n_slots, n_kv_heads, max_len, head_dim] "
@@ -183,16 +185,19 @@ def _chunk_kernel(
     grid_key: tuple,
     windowed: bool = False,
     sinks: bool = False,
+    quant: tuple[bool, bool] = (False, False),
 ):
     """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847).
     windowed: meta holds a third value, the sliding window (traced: one kernel for every layer).
-    sinks: one more operand, the block's rows' sinks [block_q] (base 2; initial_carry)."""
+    sinks: one more operand, the block's rows' sinks [block_q] (base 2; initial_carry).
+    quant: K / V are 8-bit (two operands each, kv_tiles)."""
     if windowed:
         return _windowed_chunk_kernel(
-            rep, t_len, n_blocks, block_q, block_k, k_splits, qk_scale, sinks
+            rep, t_len, n_blocks, block_q, block_k, k_splits, qk_scale, sinks, quant
         )
 
-    def kernel(q_ref, k_ref, v_ref, meta_ref, *refs):
+    def kernel(q_ref, *refs):
+        k_refs, v_refs, (meta_ref, *refs) = kv_tiles.split_refs(refs, quant)
         sink_ref, (o_ref, *stat_refs) = (refs[0], refs[1:]) if sinks else (None, refs)
         h = pl.program_id(0)
         i = n_blocks - 1 - pl.program_id(1)  # the longest (last) row blocks start first
@@ -215,11 +220,12 @@ def _chunk_kernel(
 
         def step(j, carry, masked: bool):
             k0 = pl.multiple_of(j * block_k, block_k)
-            s = scores(q, k_ref[slot, h, pl.ds(k0, block_k), :], qk_scale)
+            s = scores(q, kv_tiles.load_tile(k_refs, slot, h, k0, block_k, q.dtype), qk_scale)
             if masked:
                 keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
                 s = jnp.where(keys[None, :] <= q_pos[:, None], s, -jnp.inf)
-            return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
+            v = kv_tiles.load_tile(v_refs, slot, h, k0, block_k, q.dtype)
+            return online_softmax_step(carry, s, v)
 
         carry = initial_carry(
             q_ref.shape,
@@ -252,12 +258,14 @@ def _windowed_chunk_kernel(
     k_splits: int,
     qk_scale: float,
     sinks: bool = False,
+    quant: tuple[bool, bool] = (False, False),
 ):
     """The chunk kernel on a sliding-window layer: a query at p sees keys p - window < key <= p, so
     the key loop starts at the first tile any row of the block sees (a 16k-token prefill with a
     512 window reads ~512 keys per query, not 16k). Tiles every row sees whole skip the mask."""
 
-    def kernel(q_ref, k_ref, v_ref, meta_ref, *refs):
+    def kernel(q_ref, *refs):
+        k_refs, v_refs, (meta_ref, *refs) = kv_tiles.split_refs(refs, quant)
         sink_ref, (o_ref, *stat_refs) = (refs[0], refs[1:]) if sinks else (None, refs)
         h = pl.program_id(0)
         i = n_blocks - 1 - pl.program_id(1)
@@ -286,12 +294,13 @@ def _windowed_chunk_kernel(
 
         def step(j, carry, masked: bool):
             k0 = pl.multiple_of(j * block_k, block_k)
-            s = scores(q, k_ref[slot, h, pl.ds(k0, block_k), :], qk_scale)
+            s = scores(q, kv_tiles.load_tile(k_refs, slot, h, k0, block_k, q.dtype), qk_scale)
             if masked:
                 keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
                 seen = (keys[None, :] <= q_pos[:, None]) & (q_pos[:, None] - keys[None, :] < window)
                 s = jnp.where(seen, s, -jnp.inf)
-            return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
+            v = kv_tiles.load_tile(v_refs, slot, h, k0, block_k, q.dtype)
+            return online_softmax_step(carry, s, v)
 
         carry = initial_carry(
             q_ref.shape,
@@ -331,8 +340,8 @@ def merge_splits(o: jax.Array, m: jax.Array, lsum: jax.Array, ordered: bool = Fa
 
 def chunk_attention(
     q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    k_cache: Cache,
+    v_cache: Cache,
     slot,
     start,
     *,
@@ -350,7 +359,8 @@ def chunk_attention(
     scalars) over the cache's keys 0 .. start+t -> [T, H, hd] float32. The caller keeps
     start + T <= max_len (start is traced, so it cannot be checked here).
     window (a traced int32 scalar, > 0): query p sees keys p - window < key <= p only.
-    sinks ([H] f32 logits, or None): each head's attention sink, in the softmax's denominator."""
+    sinks ([H] f32 logits, or None): each head's attention sink, in the softmax's denominator.
+    k_cache / v_cache: float arrays, or 8-bit QuantizedKV read tile by tile (kv_tiles)."""
     t_len, n_heads, head_dim = q.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
     check_sinks(sinks, n_heads)
@@ -411,15 +421,15 @@ def _chunk_attention(
         (k_cache.shape, str(k_cache.dtype)),
         windowed=windowed,
         sinks=sinks is not None,
+        quant=(kv_tiles.quantized(k_cache), kv_tiles.quantized(v_cache)),
     )
-    whole_cache = pl.BlockSpec(k_cache.shape, lambda h, i, s: (0, 0, 0, 0))
     in_specs = [
         pl.BlockSpec((None, block_q, head_dim), lambda h, i, s: (h, n_blocks - 1 - i, 0)),
-        whole_cache,
-        whole_cache,
+        *kv_tiles.whole_specs(k_cache),
+        *kv_tiles.whole_specs(v_cache),
         pl.BlockSpec(meta.shape, lambda h, i, s: (0,)),
     ]
-    operands = [qg, k_cache, v_cache, meta]
+    operands = [qg, *kv_tiles.operands(k_cache), *kv_tiles.operands(v_cache), meta]
     if sinks is not None:  # each row block's sinks, beside its query rows
         in_specs.append(pl.BlockSpec((None, block_q), lambda h, i, s: (h, n_blocks - 1 - i)))
         operands.append(sink_rows(sinks, n_kv, rows_pad))
@@ -459,8 +469,8 @@ def _chunk_attention(
 @functools.partial(jax.jit, static_argnames=("sm_scale",))
 def chunk_attention_reference(
     q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    k_cache: Cache,
+    v_cache: Cache,
     slot,
     start,
     *,
@@ -469,7 +479,9 @@ def chunk_attention_reference(
     sinks=None,
 ) -> jax.Array:
     """The kernel's math in plain jnp over the slot's whole cache row (f32, dense softmax):
-    q [T, H, hd] at positions start .. start+T-1 -> [T, H, hd] float32."""
+    q [T, H, hd] at positions start .. start+T-1 -> [T, H, hd] float32 (an 8-bit cache
+    dequantized first: kv_tiles.dense)."""
+    k_cache, v_cache = kv_tiles.dense(k_cache), kv_tiles.dense(v_cache)
     t_len, n_heads, head_dim = q.shape
     n_kv, max_len = k_cache.shape[1], k_cache.shape[2]
     scale = head_dim**-0.5 if sm_scale is None else sm_scale

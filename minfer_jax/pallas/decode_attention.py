@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from minfer_jax.pallas import device, tiles
+from minfer_jax.pallas import device, kv_tiles, tiles
 from minfer_jax.pallas.attention import (
     HIGHEST,
     LOG2_E,
@@ -42,6 +42,7 @@ from minfer_jax.pallas.attention import (
     sink_rows,
     with_sinks,
 )
+from minfer_jax.pallas.kv_tiles import Cache
 from minfer_jax.sizes import pow2_at_least
 
 MAX_NQ = 8
@@ -151,13 +152,16 @@ def _decode_kernel(
     grid_key: tuple,
     windowed: bool = False,
     sinks: bool = False,
+    quant: tuple[bool, bool] = (False, False),
 ):
     """One kernel closure per configuration and grid / array shapes (grid_key: jax#40847).
     windowed: one more [B] operand, the sliding window (traced): keys q_pos - window < key <= q_pos,
     and the key loop starts at the first tile the row's first query sees. sinks: one more
-    operand, the group's rows' sinks [rows] (base 2), held by split 0 (initial_carry)."""
+    operand, the group's rows' sinks [rows] (base 2), held by split 0 (initial_carry).
+    quant: K / V are 8-bit (two operands each, kv_tiles)."""
 
-    def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, *refs):
+    def kernel(q_ref, *refs):
+        k_refs, v_refs, (slots_ref, lengths_ref, *refs) = kv_tiles.split_refs(refs, quant)
         window_ref, refs = (refs[0], refs[1:]) if windowed else (None, refs)
         sink_ref, (o_ref, m_ref, l_ref) = (refs[0], refs[1:]) if sinks else (None, refs)
         b, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -182,13 +186,14 @@ def _decode_kernel(
 
         def step(j, carry):
             k0 = pl.multiple_of(j * block_k, block_k)
-            s = scores(q, k_ref[slot, h, pl.ds(k0, block_k), :], qk_scale)
+            s = scores(q, kv_tiles.load_tile(k_refs, slot, h, k0, block_k, q.dtype), qk_scale)
             keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
             seen = keys[None, :] <= q_pos[:, None]
             if windowed:
                 seen = seen & (q_pos[:, None] - keys[None, :] < window)
             s = jnp.where(seen, s, -jnp.inf)
-            return online_softmax_step(carry, s, v_ref[slot, h, pl.ds(k0, block_k), :])
+            v = kv_tiles.load_tile(v_refs, slot, h, k0, block_k, q.dtype)
+            return online_softmax_step(carry, s, v)
 
         carry = initial_carry(
             q_ref.shape, rows, None if sink_ref is None else sink_ref[...], split == 0
@@ -210,6 +215,7 @@ def _row_kernel(
     grid_key: tuple,
     windowed: bool,
     sinks: bool = False,
+    quant: tuple[bool, bool] = (False, False),
 ):
     """One program per (row b, KV group g, query row r): r's scores against every key it sees,
     an online softmax over the key tiles with scalar max and sum, the normalized [hd] output
@@ -217,7 +223,8 @@ def _row_kernel(
     16-row dot tiles, and a short cache makes the few tiles cheap. sinks: one more operand, the
     sinks of every group's rows [Hkv * rows] (base 2), read at this program's row."""
 
-    def kernel(q_ref, k_ref, v_ref, slots_ref, lengths_ref, *refs):
+    def kernel(q_ref, *refs):
+        k_refs, v_refs, (slots_ref, lengths_ref, *refs) = kv_tiles.split_refs(refs, quant)
         window_ref, refs = (refs[0], refs[1:]) if windowed else (None, refs)
         sink_ref, (o_ref,) = (refs[0], refs[1:]) if sinks else (None, refs)
         b, h, r = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -230,7 +237,7 @@ def _row_kernel(
         def step(j, carry):
             acc, m_prev, l_prev = carry
             k0 = pl.multiple_of(j * block_k, block_k)
-            k = k_ref[slot, h, pl.ds(k0, block_k), :].astype(jnp.float32)  # [bk, hd]
+            k = kv_tiles.load_tile(k_refs, slot, h, k0, block_k, q_ref.dtype).astype(jnp.float32)
             s = jnp.sum(k * q[None, :], axis=1) * qk_scale  # [bk], base 2
             keys = k0 + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
             seen = keys <= q_pos
@@ -240,7 +247,7 @@ def _row_kernel(
             m_next = jnp.maximum(m_prev, jnp.max(s))
             correction = jnp.exp2(m_prev - m_next)
             p = jnp.exp2(s - m_next)
-            v = v_ref[slot, h, pl.ds(k0, block_k), :].astype(jnp.float32)
+            v = kv_tiles.load_tile(v_refs, slot, h, k0, block_k, q_ref.dtype).astype(jnp.float32)
             acc = correction * acc + jnp.sum(p[:, None] * v, axis=0)
             return acc, m_next, correction * l_prev + jnp.sum(p)
 
@@ -256,7 +263,7 @@ def _row_kernel(
 
 
 def decode_attention(
-    q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, slots, lengths, **options
+    q: jax.Array, k_cache: Cache, v_cache: Cache, slots, lengths, **options
 ) -> jax.Array:
     """q [B, nq, H, hd]: the last nq positions of each row's lengths[b] (traced [B] int32, >= nq),
     in cache slot slots[b] (traced [B] int32) -> [B, nq, H, hd] float32. A row of length 0 (an
@@ -290,8 +297,8 @@ def query_rows(nq: int, n_heads: int, n_kv: int) -> int:
 
 def decode_attention_grouped(
     qg: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    k_cache: Cache,
+    v_cache: Cache,
     slots,
     lengths,
     *,
@@ -315,7 +322,8 @@ def decode_attention_grouped(
     > 0): query p sees keys p - window < key <= p only. sinks ([H] f32 or None): each head's
     attention sink, in the softmax's denominator only. deterministic: a row's result does not
     depend on the batch (decode_config). fused: the splits merged by merge_splits_kernel, else in
-    jnp. The tiles and row_programs default to decode_config's."""
+    jnp. The tiles and row_programs default to decode_config's. k_cache / v_cache: float arrays or
+    8-bit QuantizedKV, dequantized tile by tile (kv_tiles)."""
     batch, n_kv, rows, head_dim = qg.shape
     check_cache(k_cache, v_cache, n_heads, head_dim)
     check_sinks(sinks, n_heads)
@@ -385,7 +393,9 @@ def _decode_attention(
     n_rows = nq * rep
     splits = cfg.k_splits
     tiles.silence_triton_deprecation()
-    whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, s: (0, 0, 0, 0))
+    quant = (kv_tiles.quantized(k_cache), kv_tiles.quantized(v_cache))
+    caches = (*kv_tiles.whole_specs(k_cache), *kv_tiles.whole_specs(v_cache))
+    cache_operands = (*kv_tiles.operands(k_cache), *kv_tiles.operands(v_cache))
     per_row = pl.BlockSpec((batch,), lambda b, h, s: (0,))
     has_sinks = sinks is not None
     if cfg.row_programs:
@@ -400,13 +410,13 @@ def _decode_attention(
                 (batch, k_cache.shape, str(k_cache.dtype)),
                 bool(windows),
                 has_sinks,
+                quant,
             ),
             out_shape=jax.ShapeDtypeStruct((batch, n_kv, n_rows, head_dim), jnp.float32),
             grid=(batch, n_kv, n_rows),
             in_specs=[
                 row,
-                whole_cache,
-                whole_cache,
+                *caches,
                 per_row,
                 per_row,
                 *(per_row for _ in windows),
@@ -416,7 +426,7 @@ def _decode_attention(
             compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
             interpret=interpret,
             name="decode_attention_rows",
-        )(qg, k_cache, v_cache, slots, lengths, *windows, *flat_sinks)
+        )(qg, *cache_operands, slots, lengths, *windows, *flat_sinks)
     else:
         kernel = _decode_kernel(
             rep,
@@ -428,6 +438,7 @@ def _decode_attention(
             (batch, k_cache.shape, str(k_cache.dtype)),
             windowed=bool(windows),
             sinks=has_sinks,
+            quant=quant,
         )
         part_shape = (batch, n_kv, splits, rows)
         group_sinks = () if sinks is None else (sinks,)
@@ -441,8 +452,7 @@ def _decode_attention(
             grid=(batch, n_kv, splits),
             in_specs=[
                 pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
-                whole_cache,
-                whole_cache,
+                *caches,
                 per_row,
                 per_row,
                 *(per_row for _ in windows),
@@ -456,7 +466,7 @@ def _decode_attention(
             compiler_params=tiles.compiler_params(cfg.num_warps, cfg.num_stages),
             interpret=interpret,
             name="decode_attention",
-        )(qg, k_cache, v_cache, slots, lengths, *windows, *group_sinks)
+        )(qg, *cache_operands, slots, lengths, *windows, *group_sinks)
         if fused and splits & (splits - 1) == 0:  # Triton blocks: S a power of two
             out = merge_splits_kernel(o, m, lsum, n_rows, interpret=interpret)
         else:
@@ -502,8 +512,8 @@ def merge_splits_kernel(
 @functools.partial(jax.jit, static_argnames=("sm_scale",))
 def decode_attention_reference(
     q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    k_cache: Cache,
+    v_cache: Cache,
     slots,
     lengths,
     *,
@@ -511,7 +521,9 @@ def decode_attention_reference(
     window=None,
     sinks=None,
 ) -> jax.Array:
-    """The kernel's math in plain jnp over each row's whole cache slot (f32, dense softmax)."""
+    """The kernel's math in plain jnp over each row's whole cache slot (f32, dense softmax; an
+    8-bit cache dequantized first: kv_tiles.dense)."""
+    k_cache, v_cache = kv_tiles.dense(k_cache), kv_tiles.dense(v_cache)
     batch, nq, n_heads, head_dim = q.shape
     n_kv, max_len = k_cache.shape[1], k_cache.shape[2]
     scale = head_dim**-0.5 if sm_scale is None else sm_scale

@@ -52,9 +52,20 @@ def swiglu_oai(gate: jax.Array, up: jax.Array) -> jax.Array:
     return g * _sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1.0)
 
 
+GELU_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
+
+
+def gelu_tanh_glu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """GeGLU (gemma4's experts): gelu_tanh(gate) * up, the tanh written as a sigmoid
+    (0.5 (1 + tanh z) = sigmoid(2 z)) so every backend lowers it."""
+    z = GELU_TANH_C * (gate + 0.044715 * gate * gate * gate)
+    return gate * _sigmoid(2.0 * z) * up
+
+
 GLU_ACTIVATIONS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
     "silu": silu_glu,
     "swiglu_oai": swiglu_oai,
+    "gelu_tanh": gelu_tanh_glu,
 }
 
 

@@ -1,7 +1,8 @@
 """One weight matrix as it sits on the device, the pytrees every matmul route reads (ops.py) and the
 model holds (model/weights.py): `QWeight`, its GGUF format repacked into planes (quant/planes.py),
-or `DenseWeight`, dequantized once. Below ops and the model, so neither has to import the other's
-layer to name a weight."""
+`Int8Weight`, a block format as int8 integers with a scale (and offset) per group (the CPU's
+form, quant/int8_form.py), or `DenseWeight`, dequantized once. Below ops and the model, so
+neither has to import the other's layer to name a weight."""
 
 from __future__ import annotations
 
@@ -60,19 +61,81 @@ class DenseWeight:
         return int(self.w.size * self.w.dtype.itemsize)
 
 
-Weight = QWeight | DenseWeight
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Int8Weight:
+    """A block-format [n, k] matrix as value = q * a (+ b): q int8, a (and b) f32 per group of
+    `group` consecutive weights along k, bit-exact with the GGUF's dequantization (the format's
+    integer form, planes.Format.ints). Stored [n, k] with a, b [n, k / group] (transposed=False)
+    or [k, n] with a, b [k / group, n] (transposed=True). XLA's CPU dot reads it with the decode
+    fused in: a quarter of the f32 bytes (docs/ARCHITECTURE.md, "CPU: int8 weights")."""
+
+    q: jax.Array
+    a: jax.Array
+    b: jax.Array | None
+    transposed: bool = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def experts(self) -> int:
+        return 0  # expert tensors stay dense (model/weights.py)
+
+    @property
+    def group(self) -> int:
+        return (
+            self.q.shape[0] // self.a.shape[0]
+            if self.transposed
+            else (self.q.shape[1] // self.a.shape[1])
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, cols = self.q.shape
+        return (cols, rows) if self.transposed else (rows, cols)
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.q, self.a, self.b)
+        return int(sum(x.size * x.dtype.itemsize for x in parts if x is not None))
+
+    def values(self) -> jax.Array:
+        """The f32 values in the stored orientation ([n, k], or [k, n] when transposed)."""
+        g = self.group
+        if self.transposed:
+            k, n = self.q.shape
+            v = self.q.reshape(k // g, g, n).astype(jnp.float32) * self.a[:, None, :]
+            v = v if self.b is None else v + self.b[:, None, :]
+            return v.reshape(k, n)
+        n, k = self.q.shape
+        v = self.q.reshape(n, k // g, g).astype(jnp.float32) * self.a[:, :, None]
+        v = v if self.b is None else v + self.b[:, :, None]
+        return v.reshape(n, k)
+
+    def rows(self, ids: jax.Array) -> jax.Array:
+        """Values of rows ids [...] -> [..., k] f32 (an embedding lookup)."""
+        if self.transposed:
+            raise ValueError("embedding tables are stored [vocab, d]")
+        flat = ids.reshape(-1)
+        sub = Int8Weight(
+            self.q[flat], self.a[flat], None if self.b is None else self.b[flat], False
+        )
+        return sub.values().reshape(*ids.shape, self.shape[1])
+
+
+Weight = QWeight | DenseWeight | Int8Weight
 
 
 def expert_weight(w: Weight, e: int | jax.Array) -> Weight:
     """Expert e of an expert tensor as a plain [n, k] weight (e may be traced: a dynamic index)."""
     if isinstance(w, QWeight):
         return QWeight({n: p[e] for n, p in w.planes.items()}, w.qtype, w.shape)
+    if isinstance(w, Int8Weight):
+        raise ValueError("expert tensors are not held as Int8Weight")
     return DenseWeight(w.w[e], w.transposed)
 
 
 def embed_rows(w: Weight, ids: jax.Array) -> jax.Array:
     """Rows of an embedding table as f32: ids [...] -> [..., d]."""
-    if isinstance(w, QWeight):
+    if isinstance(w, (QWeight, Int8Weight)):
         return w.rows(ids)
     if w.transposed:
         raise ValueError("embedding tables are stored [vocab, d]")

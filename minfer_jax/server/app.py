@@ -37,16 +37,17 @@ from minfer_jax.server.anthropic import add_messages_routes
 from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSettings, ShuttingDown
 from minfer_jax.server.guards import AccessGuard, AccessPolicy
 from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, longest_token_chars
-from minfer_jax.server.openai_format import Reply, error_body, sse
-from minfer_jax.server.reasoning import ReasoningStream, reply_thinks, split_reasoning
-from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, CompletionRequest, parse
-from minfer_jax.server.tools import (
-    CallFormat,
-    CallStream,
-    HarmonyCalls,
-    tool_grammar,
-    tool_setup,
+from minfer_jax.server.openai_format import LogprobFormat, Reply, error_body, usage
+from minfer_jax.server.reasoning import reply_thinks, split_reasoning
+from minfer_jax.server.schemas import (
+    SEED_MAX,
+    BadRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse,
 )
+from minfer_jax.server.streaming import choices_usage, stream_choices
+from minfer_jax.server.tools import CallFormat, tool_grammar, tool_setup
 
 # a non-streamed request checks this often whether its client is still there
 DISCONNECT_POLL_S = 0.5
@@ -146,80 +147,6 @@ def _chat_prompt_ids(
         raise BadRequest(str(e), "messages") from None
 
 
-async def _stream(
-    handle: Handle,
-    reply: Reply,
-    include_usage: bool,
-    calls: CallFormat | None,
-    think: bool | None = None,
-):
-    """SSE events of one request; leaving early (client gone) cancels it. calls: the tool-call
-    format the reply is parsed with (text that may be a call is held back); think: a thinking
-    model's reply (reasoning_content split out; True: it starts inside the think block)."""
-
-    def chunk(*args, **kwargs) -> str:
-        event = reply.chunk(*args, **kwargs)
-        if include_usage:  # OpenAI: every chunk but the usage one says "usage": null
-            event["usage"] = None
-        return sse(event)
-
-    try:
-        if reply.kind == "chat":
-            yield chunk(role=True)
-        # harmony's calls are whole messages of the raw text, parsed once it is done
-        whole = isinstance(calls, HarmonyCalls)
-        held = None if calls is None or whole else CallStream(calls)
-        thought = None if think is None else ReasoningStream(think)
-
-        def content_chunks(field: str, text: str, split: bool = True):
-            """Chunks of one piece: reasoning split off (thinking models), text that may begin a
-            tool call held back."""
-            if field == "content" and split and thought is not None:
-                reasoning, text = thought.feed(text)
-                yield from content_chunks("reasoning_content", reasoning)
-            if field == "content" and held is not None and text:
-                text = held.feed(text)
-            if text:
-                yield chunk(text, field=field)
-
-        async for piece in handle.pieces():
-            for field, text in reply.deltas(piece):
-                for event in content_chunks(field, text):
-                    yield event
-        for field, text in reply.deltas(None):  # what a harmony chat held back
-            for event in content_chunks(field, text):
-                yield event
-        if thought is not None:
-            reasoning, text = thought.finish()
-            for event in content_chunks("reasoning_content", reasoning):
-                yield event
-            for event in content_chunks("content", text, split=False):
-                yield event
-        req = handle.req
-        if req.error is not None:
-            failed = _failed(req.error)
-            yield sse(error_body(failed.message, failed.kind, code=failed.code))
-            return
-        result = req.result()
-        rest, made = held.finish() if held is not None else ("", [])
-        if whole:
-            made = calls.parse(result.text)[1]
-        if rest:
-            yield chunk(rest)
-        for index, call in enumerate(made):
-            yield chunk(call=call, call_index=index)
-        yield chunk(reason=result.stop_reason, called=bool(made))
-        if include_usage:
-            yield sse(
-                reply.usage_chunk(
-                    len(result.prompt_tokens), len(result.tokens), result.cached_tokens
-                )
-            )
-        yield sse("[DONE]")
-    finally:
-        handle.cancel()
-
-
 async def _wait(request: Request, handle: Handle) -> bool:
     """Wait for a non-streamed request; False (and cancelled) when its client went away first."""
     try:
@@ -302,40 +229,75 @@ async def _generate(
     calls: CallFormat | None = None,
     think: bool | None = None,
 ):
-    """Submit one validated request; its SSE stream, or its JSON once done (calls, think: as
-    _stream takes them)."""
-    handle = await _submit(backend, kind, body, ids, calls)
+    """Submit one validated request (its n choices); its SSE stream, or its JSON once done (calls,
+    think: as _stream takes them)."""
+    handles = await _submit_choices(backend, kind, body, ids, calls)
     tokenizer = backend.model.tokenizer
     reply = Reply(kind, backend.model_id, harmony=tokenizer is not None and tokenizer.harmony)
+    logprobs = None
+    if body.top_alternatives is not None:
+        logprobs = functools.partial(LogprobFormat, kind, tokenizer)
     if body.stream:
         return StreamingResponse(
-            _stream(handle, reply, body.include_usage, calls, think),
+            stream_choices(handles, reply, body.include_usage, calls, think, logprobs, _failed),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
-    if not await _wait(request, handle):
-        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
-    req = handle.req
-    if req.error is not None:
-        raise _failed(req.error)
-    result = req.result()
-    reasoning, text = (None, result.text) if think is None else split_reasoning(result.text, think)
-    text, made = calls.parse(text) if calls is not None else (text, [])
-    return JSONResponse(
-        reply.full(
-            text,
-            result.stop_reason,
-            len(result.prompt_tokens),
-            len(result.tokens),
-            result.cached_tokens,
-            made,
-            reasoning,
+    for handle in handles:
+        if not await _wait(request, handle):
+            for other in handles:
+                other.cancel()
+            return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+    for handle in handles:
+        if handle.req.error is not None:
+            raise _failed(handle.req.error)
+    results = [h.req.result() for h in handles]
+    choices = []
+    for index, result in enumerate(results):
+        choice_reply = reply if index == 0 else reply.sibling()
+        reasoning, text = (
+            (None, result.text) if think is None else split_reasoning(result.text, think)
         )
-    )
+        text, made = calls.parse(text) if calls is not None else (text, [])
+        lp = None if logprobs is None else logprobs()(result.logprobs or [])
+        whole = choice_reply.full(
+            text, result.stop_reason, 0, 0, 0, made, reasoning, index=index, logprobs=lp
+        )
+        choices += whole["choices"]
+    return JSONResponse({**whole, "choices": choices, "usage": usage(*choices_usage(results))})
 
 
-async def _submit(backend: Backend, kind: str, body, ids: list[int], calls=None) -> Handle:
-    """The request's constraint built (off the loop) and its generation queued."""
+async def _submit_choices(
+    backend: Backend, kind: str, body, ids: list[int], calls=None
+) -> list[Handle]:
+    """The request's n choices queued: the first prefills, the others share it (seed + i each:
+    distinct, reproducible with a seed given)."""
+    s = backend.settings
+    if body.n > s.n_parallel + s.queue_limit:
+        raise BadRequest(
+            f"n={body.n} choices are more than this server runs and queues at once "
+            f"({s.n_parallel} slots + {s.queue_limit} queued)",
+            "n",
+        )
+    seed = body.seed if body.seed is not None and body.seed >= 0 else secrets.randbits(32)
+    handles: list[Handle] = []
+    try:
+        for index in range(body.n):
+            choice_seed = (seed + index) % (SEED_MAX + 1)
+            leader = handles[0] if handles else None
+            handles.append(await _submit(backend, kind, body, ids, calls, choice_seed, leader))
+    except BaseException:
+        for handle in handles:
+            handle.cancel()
+        raise
+    return handles
+
+
+async def _submit(
+    backend: Backend, kind: str, body, ids: list[int], calls=None, seed=None, leader=None
+) -> Handle:
+    """The request's constraint built (off the loop) and one generation queued (seed: body.seed
+    unless given; leader: the choice whose prefill this one shares)."""
     from minfer_jax.engine.sampling import sampler_of
 
     constraint = await run_in_threadpool(_constraint, backend.model, body, calls)
@@ -358,10 +320,12 @@ async def _submit(backend: Backend, kind: str, body, ids: list[int], calls=None)
             ids,
             max_tokens=max_tokens,
             sampler=sampler,
-            seed=body.seed,
+            seed=body.seed if seed is None else seed,
             stop=body.stops,
             stream=body.stream,
             constraint=constraint,
+            logprobs=body.top_alternatives,
+            leader=leader,
         )
     except ServerBusy:
         raise

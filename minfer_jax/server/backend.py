@@ -163,22 +163,35 @@ class Handle:
     ):
         self.loop, self.stream = loop, stream
         self.on_progress, self.on_finished = on_progress, on_finished
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue()  # streamed pieces, then None
+        # streamed (piece, logprobs of the tokens since the last piece), then None
+        self.queue: asyncio.Queue[tuple[str, list] | None] = asyncio.Queue()
         self.done: asyncio.Future = loop.create_future()  # resolved once the request is done
         self.req = None
         self._closed = False
+        self._sent = 0  # token logprobs put in the queue
 
     # called from the scheduler's thread: must never raise into the loop
     def on_text(self, piece: str) -> None:
         self.on_progress()
         if self.stream:
-            self._put(piece)
+            self._put((piece, self._new_logprobs(self.req)))
+
+    def _new_logprobs(self, req) -> list:
+        """The request's token logprobs not yet put in the queue (the loop's thread appends them
+        before it calls on_text or on_done)."""
+        if req is None:  # on_text before submit returned: they go with the next piece
+            return []
+        entries = req.token_logprobs[self._sent :]
+        self._sent += len(entries)
+        return entries
 
     def on_done(self, req) -> None:
         if self._closed:
             return
         self._closed = True
         self.on_finished(req)
+        if self.stream:
+            self._put(("", self._new_logprobs(req)))
         self._put(None)
         self._call(self._resolve)
 
@@ -197,8 +210,15 @@ class Handle:
 
     async def pieces(self):
         """Text pieces as they become final; ends when the request is done."""
-        while (piece := await self.queue.get()) is not None:
-            yield piece
+        async for piece, _ in self.items():
+            if piece:
+                yield piece
+
+    async def items(self):
+        """(text piece, logprobs of its tokens) as they become final; ends when the request is
+        done (the last with what came after the last piece)."""
+        while (item := await self.queue.get()) is not None:
+            yield item
 
     def cancel(self) -> None:
         """The client went away: free the slot (no-op once the request is done)."""
@@ -356,9 +376,12 @@ class Backend:
         stop: Sequence[str],
         stream: bool,
         constraint=None,
+        logprobs: int | None = None,
+        leader: Handle | None = None,
     ) -> Handle:
         """Queue one generation; ServerBusy when the queue is full, MinferError for a bad
-        request."""
+        request. logprobs: alternatives per token (None: no logprobs); leader: the choice whose
+        prefill this one shares (n > 1)."""
         sched, s = self.scheduler, self.settings
         limit = s.n_parallel + s.queue_limit
         if self.closing.is_set():
@@ -382,6 +405,8 @@ class Backend:
                 on_text=handle.on_text,
                 on_done=handle.on_done,
                 constraint=constraint,
+                logprobs=logprobs,
+                leader=None if leader is None else leader.req,
             )
         except BaseException:
             with self.lock:

@@ -48,13 +48,20 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 class Reply:
-    """The fixed fields of one response (id, created, model) and its shapes, for either endpoint."""
+    """The fixed fields of one response (id, created, model) and its shapes, for either endpoint;
+    one per choice (`sibling`: the next choice's, same id)."""
 
     def __init__(self, kind: str, model: str, harmony: bool = False):
         self.kind, self.model = kind, model  # kind: "chat" or "text"
         self.id, self.created = new_id(kind), int(time.time())
         # gpt-oss chat: the text's harmony channels go to content and reasoning_content
         self.channels = HarmonyStream() if harmony and kind == "chat" else None
+
+    def sibling(self) -> Reply:
+        """A reply for another choice of the same response: same id, its own harmony state."""
+        other = Reply(self.kind, self.model, harmony=self.channels is not None)
+        other.id, other.created = self.id, self.created
+        return other
 
     def deltas(self, piece: str | None) -> list[tuple[str, str]]:
         """(field, text) of one streamed text piece (None: the end, flushing what was held
@@ -75,9 +82,13 @@ class Reply:
         cached_tokens: int = 0,
         tool_calls: list | None = None,
         reasoning: str | None = None,
+        *,
+        index: int = 0,
+        logprobs: dict | None = None,
     ) -> dict:
         """The non-streamed response; tool_calls: ToolCall (server/tools.py) parsed from it;
-        reasoning: a thinking model's think block (server/reasoning.py)."""
+        reasoning: a thinking model's think block (server/reasoning.py); index: the choice's;
+        logprobs: its tokens' (LogprobFormat)."""
         finish = "tool_calls" if tool_calls else FINISH_REASON.get(reason, "stop")
         if self.kind == "chat":
             message: dict = {"role": "assistant"}
@@ -92,14 +103,14 @@ class Reply:
             if tool_calls:
                 message["tool_calls"] = [c.openai() for c in tool_calls]
             choice = {
-                "index": 0,
+                "index": index,
                 "message": message,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }
             head = self._head("chat.completion")
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
             head = self._head("text_completion")
         return {
             **head,
@@ -117,10 +128,13 @@ class Reply:
         call=None,
         call_index: int = 0,
         called: bool = False,
+        index: int = 0,
+        logprobs: dict | None = None,
     ) -> dict:
-        """One streamed chunk: a text piece (of `field`: content, or a harmony chat's
-        reasoning_content), the opening role (chat), one tool call (`call`, at `call_index`), or
-        the final finish_reason ("tool_calls" once `called`)."""
+        """One streamed chunk of choice `index`: a text piece (of `field`: content, or a harmony
+        chat's reasoning_content), the opening role (chat), one tool call (`call`, at
+        `call_index`), or the final finish_reason ("tool_calls" once `called`); logprobs: of the
+        tokens since the last chunk (LogprobFormat)."""
         finish = None if reason is None else FINISH_REASON.get(reason, "stop")
         if called and reason is not None:
             finish = "tool_calls"
@@ -132,9 +146,9 @@ class Reply:
             )
             if call is not None:
                 delta = {"tool_calls": [call.openai(call_index)]}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(
@@ -155,3 +169,45 @@ def sse(obj: dict | str) -> str:
         obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     )
     return f"data: {data}\n\n"
+
+
+class LogprobFormat:
+    """Tokens' logprobs (engine TokenLogprob) as OpenAI writes them: chat's
+    {"content": [{token, logprob, bytes, top_logprobs}], "refusal"}, or the completions endpoint's
+    {tokens, token_logprobs, top_logprobs, text_offset}. A token's text is its bytes decoded (a
+    piece of a UTF-8 character shows as U+FFFD; `bytes` holds it exactly)."""
+
+    def __init__(self, kind: str, tokenizer):
+        self.kind, self.tokenizer = kind, tokenizer
+        self.offset = 0  # completions: characters of the reply before the next token
+
+    def _bytes(self, token: int) -> bytes:
+        return b"" if self.tokenizer is None else self.tokenizer.token_bytes([token])
+
+    def _entry(self, token: int, logprob: float) -> dict:
+        raw = self._bytes(token)
+        text = raw.decode("utf-8", errors="replace")
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    def __call__(self, entries) -> dict:
+        """The logprobs object of these tokens (the next ones of the reply, when streaming)."""
+        if self.kind == "chat":
+            content = [
+                {
+                    **self._entry(e.token, e.logprob),
+                    "top_logprobs": [self._entry(*t) for t in e.top],
+                }
+                for e in entries
+            ]
+            return {"content": content, "refusal": None}
+        tokens, offsets = [], []
+        for e in entries:
+            tokens.append(self._entry(e.token, e.logprob)["token"])
+            offsets.append(self.offset)
+            self.offset += len(tokens[-1])
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self._entry(*t)["token"]: t[1] for t in e.top} for e in entries],
+            "text_offset": offsets,
+        }

@@ -5,13 +5,13 @@ official client sends it for a setting passed as None), finite numbers only, ran
 documents them, text that is valid Unicode (no lone surrogates). Only settings that map onto
 minfer_jax's Sampler (and llama-server's extensions top_k, min_p, repeat_penalty, repeat_last_n)
 are accepted, with constrained output (response_format, llama-server's json_schema and grammar)
-and ignore_eos; a setting the engine cannot honour (n > 1, logprobs, echo, penalties other than
-repeat_penalty, mirostat, typical_p, ...) is rejected rather than ignored, except at its no-op
-value (0 and 0.0 alike: the official client sends `frequency_penalty: 0.0`). Counts past what
-exists (max_tokens past the context, top_k past the vocabulary, repeat_last_n past the context)
-are accepted here and clamped by the app (validate.clamped_count). Every other field is a 400
-that names it, except the few that only describe the caller (`CALLER_FIELDS`: user, metadata,
-...), which change nothing in the reply.
+and ignore_eos, n choices and logprobs; a setting the engine cannot honour (best_of, echo,
+penalties other than repeat_penalty, mirostat, typical_p, ...) is rejected rather than ignored,
+except at its no-op value (0 and 0.0 alike: the official client sends `frequency_penalty: 0.0`).
+Counts past what exists (max_tokens past the context, top_k past the vocabulary, repeat_last_n
+past the context) are accepted here and clamped by the app (validate.clamped_count). Every other
+field is a 400 that names it, except the few that only describe the caller (`CALLER_FIELDS`:
+user, metadata, ...), which change nothing in the reply.
 
 `parse` turns a body into a request in this order: JSON (the collector paused: a body of a million
 empty lists otherwise takes seconds), the raw checks the caller gives (limits.py: message count,
@@ -28,9 +28,19 @@ import threading
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from minfer_jax import validate
+from minfer_jax.engine.plan import MAX_SEQS
+from minfer_jax.engine.sampling import TOP_LOGPROBS
 from minfer_jax.errors import InvalidArgumentError, MinferError
 
 
@@ -46,11 +56,8 @@ StopString = Annotated[Text, Field(max_length=validate.MAX_STOP_CHARS)]
 
 # OpenAI settings the engine does not implement: accepted only at their no-op values.
 UNSUPPORTED = {
-    "n": (1,),
     "best_of": (1,),
     "echo": (False,),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "suffix": (None, ""),
     "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0),
@@ -172,6 +179,13 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
     unsupported = getattr(kind, "unsupported", UNSUPPORTED)
     known = set(kind.model_fields) | set(unsupported) | set(caller)
     for key in data:
+        if isinstance(key, str) and key.startswith("speculative"):  # llama-server's speculative.*
+            raise BadRequest(
+                f"{key}: speculative decoding is not in the server yet (neither per request nor "
+                "per slot); it runs in generate(speculative='lookup') and the CLI's --spec-type "
+                "ngram-simple",
+                key,
+            )
         if key not in known:
             raise BadRequest(
                 f"unknown field {_shown(key)}: minfer_jax does not implement it (fields that only "
@@ -257,6 +271,7 @@ class _Generation(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # llama-server's: end-of-sequence tokens are never sampled
+    n: int = Field(1, ge=1, le=MAX_SEQS)  # choices, sharing one prefill (engine/sharing.py)
     # llama-server's constrained output: a JSON Schema, or a GBNF grammar
     json_schema: dict[str, Any] | bool | None = None
     grammar: Text | None = None
@@ -292,11 +307,22 @@ class _Generation(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def top_alternatives(self) -> int | None:
+        """Alternatives each token reports with its logprob (None: no logprobs)."""
+        return None
+
 
 class CompletionRequest(_Generation):
     """POST /v1/completions: one prompt, as text or as token ids."""
 
     prompt: Text | Annotated[list[int], Field(min_length=1)]
+    # each token's logprob and this many alternatives (OpenAI's bound is 5, llama-server's none)
+    logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
+
+    @property
+    def top_alternatives(self) -> int | None:
+        return self.logprobs
 
 
 class ContentPart(BaseModel):
@@ -424,6 +450,19 @@ class ChatCompletionRequest(_Generation):
     parallel_tool_calls: bool = True
     # extra variables for the chat template (e.g. enable_thinking), as llama-server takes them
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool = False  # each content token's logprob
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)  # and this many alternatives
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value, info):
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
+    @property
+    def top_alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _one_limit(self):

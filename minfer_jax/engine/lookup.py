@@ -1,0 +1,205 @@
+"""Prompt lookup: the n-gram drafter of speculative decoding (no second model), on the host.
+
+`Speculation` is a request's setting (generate(..., speculative="lookup"), the CLI's --spec-type);
+`Drafter` is one sequence's drafting state. It proposes the tokens that followed the latest
+earlier occurrence of the sequence's last n tokens (prompt and output so far; n from ngram_max
+down to ngram_min, longest first), preferring the place its last accepted draft came from (code
+re-emitted from the prompt keeps copying from the same place, where a short n-gram also occurs
+elsewhere). The draft length adapts to what is accepted (draft buckets 1, 3, 7, 15: a verify step
+of 1 + k rows, plan.draft_bucket), and where drafts stop paying (misses in a row, or few
+accepted) the drafter pauses for a growing number of plain decode chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from minfer_jax import validate
+from minfer_jax.engine.plan import MAX_DRAFT
+from minfer_jax.errors import InvalidArgumentError
+
+# llama.cpp's --spec-type names (common/speculative); "lookup" is ours for ngram-simple
+SPEC_TYPES = ("ngram-simple", "lookup")
+LLAMA_CPP_SPEC_TYPES = (
+    "none",
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+)
+DEFAULT_DRAFT_MAX = 7  # 1 + 7 = 8 rows: the GEMV's largest, about one decode step's cost
+PAYS = 0.25  # accepted drafts per verify step (running mean) below which drafting pauses
+HOT = 1.0  # ... above which a lookup miss still verifies one token instead of a plain chunk
+MAX_PAUSE = 16  # plain chunks a pause lasts at most
+EMA = 0.3  # weight of the latest step in the running mean
+
+
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """A request's speculative decoding: prompt lookup drafts of draft_min..draft_max tokens from
+    n-grams of ngram_min..ngram_max tokens."""
+
+    kind: str = "lookup"
+    draft_max: int = DEFAULT_DRAFT_MAX
+    draft_min: int = 1
+    ngram_max: int = 4
+    ngram_min: int = 2
+
+    def __post_init__(self):
+        validate.choice("speculative", self.kind, SPEC_TYPES)
+        validate.integer("draft_max", self.draft_max, 1, MAX_DRAFT)
+        validate.integer("draft_min", self.draft_min, 0, self.draft_max)
+        validate.integer("ngram_max", self.ngram_max, 1, 64)
+        validate.integer("ngram_min", self.ngram_min, 1, self.ngram_max)
+
+
+def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
+    """generate()'s and the CLI's settings as a Speculation (None or "none": off); a llama.cpp
+    type this engine has no drafter for is an InvalidArgumentError saying so."""
+    if kind is None or kind == "none":
+        if draft_max is not None or draft_min is not None:
+            raise InvalidArgumentError("draft_max / draft_min need speculative='lookup'")
+        return None
+    if kind in LLAMA_CPP_SPEC_TYPES and kind not in SPEC_TYPES:
+        raise InvalidArgumentError(
+            f"speculative decoding of type {kind!r} is not implemented: only prompt lookup "
+            f"({' / '.join(repr(t) for t in SPEC_TYPES)}), no draft model or MTP yet"
+        )
+    fields = {"draft_max": draft_max, "draft_min": draft_min}
+    return Speculation(kind, **{k: v for k, v in fields.items() if v is not None})
+
+
+@dataclasses.dataclass
+class SpecStats:
+    """What speculation did for one sequence."""
+
+    verify_steps: int = 0  # verification steps run
+    drafted: int = 0  # draft tokens proposed to them
+    accepted: int = 0  # ... of which accepted
+    plain_chunks: int = 0  # plain decode chunks run instead (no draft, or a pause)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a verification step produced, on average (accepted + the model's own)."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+
+class Drafter:
+    """One sequence's prompt-lookup state (the module docstring)."""
+
+    def __init__(self, spec: Speculation):
+        self.spec = spec
+        self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(spec.ngram_max + 1)]
+        self.indexed = 0  # n-grams ending before this position are in the index
+        self.offset: int | None = None  # where the last accepted draft came from, minus seq length
+        self.k = spec.draft_max  # current draft length
+        self.gain = 1.0  # running mean of accepted drafts per verify step
+        self.pause = 0  # plain chunks to run before drafting again
+        self.backoff = 1
+        self.stats = SpecStats()
+        self._pending: int | None = None  # source position of the draft in flight
+
+    @property
+    def wants_tokens(self) -> bool:
+        """Whether the next propose() reads the sequence (else, paused, the row decodes plain
+        chunks and its tokens may be read late, as any plain row's)."""
+        return self.pause == 0
+
+    def propose(self, seq: list[int], room: int) -> list[int] | None:
+        """The draft to verify after seq (at most room - 1 tokens: room is what the sequence may
+        still produce); [] verifies one token without a draft; None runs a plain chunk."""
+        if self.pause > 0:
+            self.pause -= 1
+            self.stats.plain_chunks += 1
+            return None
+        self._extend_index(seq)
+        k = min(self.k, room - 1)
+        source = self._source(seq) if k > 0 else None
+        draft = _continuation(seq, source, k) if source is not None else []
+        if len(draft) < max(self.spec.draft_min, 1):
+            self.gain *= 1 - EMA  # a miss: a step that accepts nothing
+            if self.gain >= HOT and room > 1:
+                self._pending = None
+                return []
+            # a plain chunk now and, after misses in a row, more before looking again
+            self.stats.plain_chunks += 1
+            self.pause, self.backoff = self.backoff - 1, min(2 * self.backoff, MAX_PAUSE)
+            return None
+        self._pending = (source or 0) - len(seq)
+        return draft
+
+    def record(self, n_draft: int, n_out: int) -> None:
+        """A verify step's outcome: n_draft drafts proposed, n_out tokens produced."""
+        accepted = n_out - 1
+        self.stats.verify_steps += 1
+        self.stats.drafted += n_draft
+        self.stats.accepted += accepted
+        if n_draft == 0:
+            return
+        # the source stays aligned where the draft was accepted whole (the model's own token
+        # may continue it too; the next lookup checks)
+        self.offset = self._pending if accepted == n_draft else None
+        self.gain += EMA * (accepted - self.gain)
+        if accepted == n_draft:
+            self.k = min(2 * self.k + 1, self.spec.draft_max)
+        elif 2 * accepted < n_draft:
+            self.k = max(1, (self.k - 1) // 2)
+        if self.gain < PAYS:
+            self.pause, self.backoff = self.backoff, min(2 * self.backoff, MAX_PAUSE)
+            self.gain = HOT  # judged afresh after the pause
+        else:
+            self.backoff = 1
+
+    def _extend_index(self, seq: list[int]) -> None:
+        """Index the n-grams ending at positions indexed .. len(seq) - 1 (not the sequence's own
+        last n-gram: a match must have a continuation)."""
+        top = self.spec.ngram_max
+        for end in range(max(self.indexed, 1), len(seq)):
+            for n in range(self.spec.ngram_min, min(top, end) + 1):
+                self.index[n][tuple(seq[end - n : end])] = end
+        self.indexed = max(self.indexed, len(seq))
+
+    def _source(self, seq: list[int]) -> int | None:
+        """Where the draft's tokens start in seq: the followed place if its last ngram_min tokens
+        still match, else the latest occurrence of the longest matching n-gram."""
+        n_min = self.spec.ngram_min
+        if self.offset is not None:
+            at = len(seq) + self.offset
+            if n_min <= at < len(seq) and seq[at - n_min : at] == seq[-n_min:]:
+                return at
+        for n in range(min(self.spec.ngram_max, len(seq)), n_min - 1, -1):
+            end = self.index[n].get(tuple(seq[-n:]))
+            if end is not None:
+                return end
+        return None
+
+
+def check_speculation(cfg, constraint, logprobs: int | None = None) -> None:
+    """What speculation cannot combine with yet: a grammar (each token needs the host before the
+    next is drafted against its mask), recurrent layers (a rejected draft would need their
+    per-token states restored) and logprobs (the verification step does not compute them)."""
+    if logprobs is not None:
+        raise InvalidArgumentError("speculative decoding does not report logprobs yet")
+    if constraint is not None and constraint.dynamic:
+        raise InvalidArgumentError(
+            "speculative decoding does not combine with a grammar or JSON schema yet"
+        )
+    if cfg.recurrent_layer_ids:
+        raise InvalidArgumentError(
+            f"speculative decoding is not supported for the hybrid family {cfg.family!r} yet: "
+            "its recurrent layers would need per-token state snapshots to roll back rejected "
+            "drafts"
+        )
+
+
+def _continuation(seq: list[int], source: int, k: int) -> list[int]:
+    """k tokens from seq[source], continued periodically where they run into seq's end (a match
+    near the end is a repeat of period len(seq) - source)."""
+    out: list[int] = []
+    for j in range(source, source + k):
+        out.append(seq[j] if j < len(seq) else out[j - len(seq)])
+    return out
