@@ -67,6 +67,12 @@ def _gbnf_chain(n: int) -> str:
     return "root ::= r0\n" + "\n".join(rules) + f'\nr{n} ::= "."'
 
 
+def _gbnf_chain_to_root(n: int) -> str:
+    """A chain that comes back to its start: no finite text, found at the first token."""
+    rules = [f'r{i} ::= "x" r{i + 1}' for i in range(n)]
+    return "root ::= r0\n" + "\n".join(rules) + f"\nr{n} ::= root"
+
+
 def _gbnf_parens(depth: int) -> str:
     return "root ::= " + "(" * depth + '"a"' + ")" * depth
 
@@ -115,6 +121,12 @@ CASES: list[Case] = [
             properties={f"p{i}": {"type": "integer"} for i in range(2000)},
             required=[f"p{i}" for i in range(2000)],
         ),
+    ),
+    Case(
+        "5000 properties (too many items per token)",
+        JSON,
+        lambda: _schema(properties={f"p{i}": {"type": "integer"} for i in range(5000)}),
+        "past the parser's limits at its first token",
     ),
     Case(
         "oneOf of 1000 objects",
@@ -380,6 +392,12 @@ CASES: list[Case] = [
     ),
     Case("GBNF repetition {2,1}", GBNF, 'root ::= "a"{2,1}', "range end must be >= start"),
     Case("GBNF 500 rules chained", GBNF, lambda: _gbnf_chain(500)),
+    Case(
+        "GBNF 500 rules chained back to the root",
+        GBNF,
+        lambda: _gbnf_chain_to_root(500),
+        "past the parser's limits at its first token",
+    ),
     Case("GBNF 3000 rules chained", GBNF, lambda: _gbnf_chain(3000), "3002 rules (at most 512)"),
     Case("GBNF parens 5000 deep", GBNF, lambda: _gbnf_parens(5000), "nested too deeply"),
     Case(

@@ -19,8 +19,10 @@ that admits no text at all is refused once its first mask shows it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -43,6 +45,9 @@ MAX_GBNF_RULES = 512
 MAX_SCHEMA_REFS = 1000
 MAX_LARK_RULES = 4096
 COMPILE_STACK_BYTES = 256 << 20  # address space, committed only as deep as the compile goes
+# a server's compile threads' nice value (Linux: per thread): where cores are short, the streams
+# decoding get them first and a compile takes what they leave (Grammars.compile_nice)
+SERVING_COMPILE_NICE = 10
 # Earley items in one row: llguidance's default (2000) ends a schema of ~500 properties, or a
 # GBNF of 2000 alternatives, at its first token; the work per token stays capped by its
 # step_max_items (50k items, ~2.5 ms)
@@ -123,11 +128,15 @@ Result = TypeVar("Result")
 _stack_size_lock = threading.Lock()
 
 
-def on_deep_stack(fn: Callable[[], Result]) -> Result:
-    """fn() on a fresh thread of COMPILE_STACK_BYTES of stack (its exception re-raised here)."""
+def on_deep_stack(fn: Callable[[], Result], nice: int = 0) -> Result:
+    """fn() on a fresh thread of COMPILE_STACK_BYTES of stack, its nice value raised by `nice`
+    (its exception re-raised here)."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
+        if nice:
+            with contextlib.suppress(AttributeError, OSError):  # no per-thread priority here
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
         try:
             outcome["value"] = fn()
         except BaseException as e:  # noqa: BLE001  handed to the caller's thread
@@ -222,6 +231,7 @@ class Grammars:
 
     def __init__(self, tokenizer, vocab: int, capacity: int = CACHED_GRAMMARS):
         self.tokenizer, self.vocab, self.capacity = tokenizer, vocab, capacity
+        self.compile_nice = 0  # the server sets SERVING_COMPILE_NICE
         self._ll_tokenizer: Any = None
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
@@ -245,7 +255,7 @@ class Grammars:
         """A fresh GrammarMask for spec (ConstraintError for a bad or too costly grammar); the
         work runs on a deep stack (on_deep_stack)."""
         self.ll_tokenizer()  # built on this thread: its first use is slow, not deep
-        return on_deep_stack(lambda: self._compile(spec))
+        return on_deep_stack(lambda: self._compile(spec), self.compile_nice)
 
     def _compile(self, spec: GrammarSpec) -> GrammarMask:
         text = grammar_text(spec)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from minfer_jax.engine.grammar import SERVING_COMPILE_NICE
 from minfer_jax.engine.options import Options
 from minfer_jax.engine.phases import process_age
 from minfer_jax.engine.plan import MAX_DECODE_STEPS
@@ -267,6 +268,8 @@ class Backend:
                 s.model, dataclasses.replace(s.options, ctx_size=s.slot_ctx, progress=False)
             )
             _log_phases(model, started, time.perf_counter() - t0)
+            # grammar compiles yield the cores to decoding streams (engine/grammar.py)
+            model.grammars.compile_nice = SERVING_COMPILE_NICE
             from minfer_jax.engine.scheduler import Scheduler
             from minfer_jax.engine.warmup import Warmup
 
