@@ -315,12 +315,24 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     if isinstance(w, DenseWeight):  # r.kind == "dense"
         wm = w.w if w.transposed else w.w.T  # [K, N]
         y = jnp.dot(x2.astype(wm.dtype), wm, preferred_element_type=jnp.float32)
-    elif isinstance(w, Int8Weight):  # r.kind == "int8": XLA fuses the decode into the dot
-        values = w.values()
-        y = jnp.dot(x2.astype(jnp.float32), values if w.transposed else values.T)
+    elif isinstance(w, Int8Weight):  # r.kind == "int8"
+        y = int8_dot(x2, w)
     else:
         y = by_rows(route_call(r, w.qtype, w.shape[0], impl), r.row_chunk, x2, w.planes)
     return y.reshape(*lead, y.shape[-1])
+
+
+def int8_dot(x: jax.Array, w: Int8Weight) -> jax.Array:
+    """x [nt, K] . w's values^T -> [nt, N] f32, the decode fused into XLA's dot. The barriers keep
+    x's producers (an RMSNorm) out of that fusion, which would recompute them for every output row
+    (the 0.5B's head: 1.6x the dense step), the consumers (a bias add) from turning it into an
+    output fusion that writes the f32 weights out first, and the decode inside a decode loop's
+    body (loop-invariant code motion would hoist it: all f32 weights written at every call)."""
+    x, w = jax.lax.optimization_barrier((x.astype(jnp.float32), w))
+    values = w.values()
+    if x.shape[0] > GEMV_MAX_NT:  # prefill: decode once into f32, then XLA's GEMM (not a fused
+        values = jax.lax.optimization_barrier(values)  # loop computing every row alone)
+    return jax.lax.optimization_barrier(jnp.dot(x, values.T))
 
 
 EXPERT_ROUTE_KINDS = ("gather", "tiles", "expert-gemv", "expert-gemm")
