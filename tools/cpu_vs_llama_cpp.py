@@ -84,21 +84,26 @@ def main() -> int:
         from llama_cpp import Llama
 
         llm = Llama(path, n_threads=2, n_threads_batch=2, n_ctx=a.ctx_size, verbose=False)
-    tokens = {}
-    for mode, model in models.items():  # compiles
-        r = minfer_jax.generate(model, ids, max_new_tokens=a.n_gen, ignore_eos=True)
-        tokens[mode] = r.tokens
+    for model in models.values():  # compiles
+        minfer_jax.generate(model, ids, max_new_tokens=a.n_gen, ignore_eos=True)
     rows: dict[str, list] = {}
-    for _ in range(a.reps):
+    for rep in range(a.reps):
+        # a new first token every repetition: the slot's prompt cache would otherwise serve the
+        # prompt again (and prefill_tps counts only the uncached tokens)
+        ids = [1000 + rep, *ids[1:]]
         for mode, model in models.items():
             r = minfer_jax.generate(model, ids, max_new_tokens=a.n_gen, ignore_eos=True)
+            assert r.cached_tokens == 0, r.cached_tokens
+            rows.setdefault(f"{mode}_tokens", []).append(r.tokens)
             rows.setdefault(f"{mode}_pp", []).append(r.prefill_tps)
             rows.setdefault(f"{mode}_tg", []).append(r.decode_tps)
         if llm is not None:
-            pp, tg, tokens["llama.cpp"] = llama_run(llm, ids, a.n_gen)
+            pp, tg, llama_tokens = llama_run(llm, ids, a.n_gen)
+            rows.setdefault("llama.cpp_tokens", []).append(llama_tokens)
             rows.setdefault("llama.cpp_pp", []).append(pp)
             rows.setdefault("llama.cpp_tg", []).append(tg)
-    best = {k: max(v) for k, v in rows.items()}
+    tokens = {k[: -len("_tokens")]: v[-1] for k, v in rows.items() if k.endswith("_tokens")}
+    best = {k: max(v) for k, v in rows.items() if not k.endswith("_tokens")}
     print(f"model {path}  prompt {len(ids)} tokens, {a.n_gen} generated, reps {a.reps}, best of")
     for what in ("pp", "tg"):
         for mode in [*models, "llama.cpp"] if llm is not None else models:
