@@ -6,9 +6,9 @@ The vocabulary matrices (token_embd, output) of a block format whose integer for
 (Q4_0 ... Q8_0, the K-quants, IQ4_NL, IQ4_XS; not MXFP4, whose scales leave f32's exact range).
 They are read one row at a time (a lookup; the head for the last token), where XLA's CPU dot runs
 with q * a (+ b) decoded inside it and streams about a quarter of the f32 bytes (the 0.5B's head:
-6 vs 23 ms per token). The layer matrices stay dense f32: a prefill chunk reads them at many rows,
-where XLA CPU decodes int8 into f32 far slower than it reads f32 (the 0.5B's prefill 5x slower
-with int8 layers, decode only 1.2x faster; docs/BENCHMARKS.md, "This project's CPU").
+4.4 vs 16.8 ms alone). The layer matrices stay dense f32: a prefill chunk reads them at many rows,
+where XLA CPU decodes int8 into f32 far slower than it reads f32 (2-4x the f32 GEMM's time at
+64-256 rows; docs/BENCHMARKS.md, "The int8 CPU weight form").
 """
 
 from __future__ import annotations
