@@ -304,7 +304,7 @@ def _leaves_equal(a, b) -> bool:
     )
 
 
-@pytest.mark.parametrize("weights", ["dense", "quantized"])
+@pytest.mark.parametrize("weights", ["int8", "dense", "quantized"])
 def test_weights_cache_maps_identical_weights(caches, tiny_gguf, tmp_path, weights):
     path = tmp_path / "tiny.gguf"
     write_gguf(tiny_gguf, path, progress=False)

@@ -6,7 +6,7 @@ the cores: the best is the least disturbed). Decode is greedy for `-n` tokens; t
 both are compared.
 
     PYTHONPATH=. python tools/cpu_vs_llama_cpp.py -p 64 -n 64 --reps 3
-    PYTHONPATH=. python tools/cpu_vs_llama_cpp.py --weights dense     # the f32 dense path, for A/B
+    PYTHONPATH=. python tools/cpu_vs_llama_cpp.py --weights int8,dense   # A/B with the f32 path
 """
 
 from __future__ import annotations
@@ -60,46 +60,64 @@ def main() -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("-c", "--ctx-size", type=int, default=1024)
-    ap.add_argument("--weights", default=None, help="minfer_jax's weight storage (load(weights=))")
+    ap.add_argument(
+        "--weights",
+        default="default",
+        help="minfer_jax weight storages to run, comma-separated (load(weights=); default: the "
+        "platform's)",
+    )
     ap.add_argument("--no-llama", action="store_true", help="minfer_jax alone")
     ap.add_argument("--json", default=None, help="write the rows here")
     a = ap.parse_args()
 
     path = resolve_model(a.model)
-    t = time.perf_counter()
-    kw = {} if a.weights is None else {"weights": a.weights}
-    model = minfer_jax.load(path, ctx_size=a.ctx_size, **kw)
-    load_s = time.perf_counter() - t
-    ids = model.tokenizer.encode(PROMPT * (1 + a.n_prompt // 20))[: a.n_prompt]
+    models = {}
+    for mode in a.weights.split(","):
+        t = time.perf_counter()
+        kw = {} if mode == "default" else {"weights": mode}
+        models[mode] = minfer_jax.load(path, ctx_size=a.ctx_size, **kw)
+        print(f"minfer_jax load ({models[mode].weight_mode}) {time.perf_counter() - t:.1f} s")
+    first = next(iter(models.values()))
+    ids = first.tokenizer.encode(PROMPT * (1 + a.n_prompt // 20))[: a.n_prompt]
     llm = None
     if not a.no_llama:
         from llama_cpp import Llama
 
         llm = Llama(path, n_threads=2, n_threads_batch=2, n_ctx=a.ctx_size, verbose=False)
-    ours = minfer_jax.generate(model, ids, max_new_tokens=a.n_gen, ignore_eos=True)  # compiles
-    rows: dict[str, list] = {"ours_pp": [], "ours_tg": [], "llama_pp": [], "llama_tg": []}
-    llama_tokens: list[int] = []
-    for _ in range(a.reps):
-        r = minfer_jax.generate(model, ids, max_new_tokens=a.n_gen, ignore_eos=True)
-        rows["ours_pp"].append(r.prefill_tps)
-        rows["ours_tg"].append(r.decode_tps)
+    for model in models.values():  # compiles
+        minfer_jax.generate(model, ids, max_new_tokens=a.n_gen, ignore_eos=True)
+    rows: dict[str, list] = {}
+    for rep in range(a.reps):
+        # a new first token every repetition: the slot's prompt cache would otherwise serve the
+        # prompt again (and prefill_tps counts only the uncached tokens)
+        ids = [1000 + rep, *ids[1:]]
+        for mode, model in models.items():
+            r = minfer_jax.generate(model, ids, max_new_tokens=a.n_gen, ignore_eos=True)
+            assert r.cached_tokens == 0, r.cached_tokens
+            rows.setdefault(f"{mode}_tokens", []).append(r.tokens)
+            rows.setdefault(f"{mode}_pp", []).append(r.prefill_tps)
+            rows.setdefault(f"{mode}_tg", []).append(r.decode_tps)
         if llm is not None:
             pp, tg, llama_tokens = llama_run(llm, ids, a.n_gen)
-            rows["llama_pp"].append(pp)
-            rows["llama_tg"].append(tg)
-    best = {k: max(v) if v else float("nan") for k, v in rows.items()}
-    print(f"model {path}  prompt {len(ids)} tokens, {a.n_gen} generated, reps {a.reps}")
-    print(f"minfer_jax load {load_s:.1f} s, weights {model.weight_mode}")
+            rows.setdefault("llama.cpp_tokens", []).append(llama_tokens)
+            rows.setdefault("llama.cpp_pp", []).append(pp)
+            rows.setdefault("llama.cpp_tg", []).append(tg)
+    tokens = {k[: -len("_tokens")]: v[-1] for k, v in rows.items() if k.endswith("_tokens")}
+    best = {k: max(v) for k, v in rows.items() if not k.endswith("_tokens")}
+    print(f"model {path}  prompt {len(ids)} tokens, {a.n_gen} generated, reps {a.reps}, best of")
     for what in ("pp", "tg"):
-        o, ll = best[f"ours_{what}"], best[f"llama_{what}"]
-        print(
-            f"{what}: minfer_jax {o:7.1f} t/s  llama.cpp {ll:7.1f} t/s  ratio {o / ll:5.2f}x"
-            f"   (all: {[round(x, 1) for x in rows[f'ours_{what}']]} vs "
-            f"{[round(x, 1) for x in rows[f'llama_{what}']]})"
-        )
-    if llama_tokens:
-        same = next((i for i, (x, y) in enumerate(zip(ours.tokens, llama_tokens)) if x != y), None)
-        print(f"greedy tokens: {'identical' if same is None else f'first difference at {same}'}")
+        for mode in [*models, "llama.cpp"] if llm is not None else models:
+            ratio = ""
+            if llm is not None and mode != "llama.cpp":
+                ratio = f"  {best[f'{mode}_{what}'] / best[f'llama.cpp_{what}']:5.2f}x llama.cpp"
+            print(
+                f"{what} {mode:10s} {best[f'{mode}_{what}']:7.1f} t/s{ratio}"
+                f"   (all: {[round(x, 1) for x in rows[f'{mode}_{what}']]})"
+            )
+    ref = tokens.get("llama.cpp", next(iter(tokens.values())))
+    for mode, toks in tokens.items():
+        same = next((i for i, (x, y) in enumerate(zip(toks, ref)) if x != y), None)
+        print(f"greedy tokens {mode}: {'identical' if same is None else f'differ at {same}'}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(rows=rows, best=best, n_prompt=len(ids), n_gen=a.n_gen), f, indent=1)

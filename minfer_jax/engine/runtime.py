@@ -347,9 +347,8 @@ def _params(gguf_model: GGUFModel, opts: Options, weight_opts: LoadOptions, devi
 
 
 def default_weight_mode(impl: ops.Impl, platform: str) -> str:
-    """The kernels read quantized planes; XLA's CPU dot int8 weights with the decode fused in
-    (3-4x the f32 copy's speed, docs/BENCHMARKS.md "This project's CPU"); a GPU's XLA path keeps
-    the dense f32 copy."""
+    """The kernels read quantized planes; on a CPU the XLA path reads int8 vocabulary matrices
+    (quant/int8_form.py) beside the dense f32 layers; a GPU's XLA path keeps the dense f32 copy."""
     if impl.kernels in ("pallas", "interpret"):
         return "quantized"
     return "int8" if platform == "cpu" else "dense"

@@ -1,5 +1,6 @@
-"""The weights cache: the device layout of a GGUF's weights (dense f32 on a CPU, repacked planes on
-a GPU) kept on disk, so a restart maps them instead of dequantizing or repacking again.
+"""The weights cache: the device layout of a GGUF's weights (dense f32 layers and int8 vocabulary
+matrices on a CPU, repacked planes on a GPU) kept on disk, so a restart maps them instead of
+dequantizing or repacking again.
 
 Measured on the 2-core CPU: dequantizing the built-in 0.5B to 2 GB of f32 takes 5-10 s and
 repacking its planes 10-20 s at every start; mapping the cached copy takes ~0.1 s (on a CPU

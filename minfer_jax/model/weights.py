@@ -3,10 +3,9 @@
 Three storage modes, chosen per platform by `minfer_jax.load`:
 - "quantized": every matrix stays in its GGUF format, repacked once into planes
   (quant.planes); the Pallas kernels read the planes directly. Device memory ~= file size.
-- "int8" (the CPU's default): block-format matrices as int8 integers with a scale (and offset) per
-  group (quant/int8_form.py decides which formats and their orientation), bit-exact values that
-  XLA's CPU dot decodes inside the dot; float formats and expert tensors dense f32 as below.
-  About 1.1-1.25 bytes per weight.
+- "int8" (the CPU's default): the vocabulary matrices as int8 integers with a scale (and offset)
+  per group (about 1.1-1.25 bytes per weight), bit-exact values that XLA's CPU dot decodes inside
+  the dot; everything else dense f32 as below (quant/int8_form.py decides, and says why).
 - "dense": matrices are dequantized once at load (bit-exact f32, planes.dequantize). On a 2-core CPU
   XLA's dense dot beats any per-call dequantization by far, and its speed depends on dtype and
   orientation (docs/ARCHITECTURE.md has the table): square and narrowing matrices are stored
@@ -28,7 +27,7 @@ import numpy as np
 
 from minfer_jax.files.gguf import QType, RawTensor
 from minfer_jax.model.gguf_model import GGUFModel
-from minfer_jax.quant.int8_form import holds_int8, int8_weight
+from minfer_jax.quant.int8_form import int8_weight, takes_int8
 from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
 from minfer_jax.quant.planes import dequantize, repack
 
@@ -164,9 +163,9 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     t = tensors[0]
     rows = sum(x.shape[0] for x in tensors)
     shape = (rows, t.shape[1])
-    if opts.mode == "int8" and all(holds_int8(x.qtype) for x in tensors):
-        return int8_weight([(x.data, x.qtype, x.shape) for x in tensors], device)
-    if opts.mode != "quantized":  # "dense", or a float format in "int8"
+    if opts.mode == "int8" and len(tensors) == 1 and takes_int8(t.name, t.qtype):
+        return int8_weight(t.data, t.qtype, t.shape, device)
+    if opts.mode != "quantized":  # "dense", and in "int8" all but the vocabulary matrices
         w = jnp.concatenate(
             [dequantize(x.data, x.qtype, x.shape) for x in tensors]
         )  # [n, k] f32, bit-exact
@@ -260,16 +259,13 @@ def load_experts(model: GGUFModel, layer: int, opts: LoadOptions, device) -> Exp
     )
 
 
-def fused_runs(
-    qtypes: Sequence, *, fuse: bool = True, dense: bool = False, int8: bool = False
-) -> list[list[int]]:
+def fused_runs(qtypes: Sequence, *, fuse: bool = True, dense: bool = False) -> list[list[int]]:
     """Which of a row-stacked group's tensors (q, k, v or gate, up, in order) become one weight:
-    runs of neighbours that share a format (all of them for dense weights, and for int8 weights
-    where every format is held as int8; none without `fuse`).
+    runs of neighbours that share a format (all of them for dense weights, none without `fuse`).
     Q4_K / Q4_K / Q6_K -> [[0, 1], [2]]: two matmul launches instead of three."""
     if not fuse:
         return [[i] for i in range(len(qtypes))]
-    if dense or (int8 and all(holds_int8(q) for q in qtypes)):
+    if dense:
         return [list(range(len(qtypes)))]
     runs: list[list[int]] = []
     for i, q in enumerate(qtypes):
@@ -306,7 +302,6 @@ def layer_matmuls(
     *,
     fuse: bool = True,
     dense: bool = False,
-    int8: bool = False,
 ) -> list[LayerMatmul]:
     """The matmuls of layer `layer` as loaded (q/k/v and gate/up fused as `fused_runs` says), from
     tensor types and shapes alone, in the order a token meets them (ops.matmul's: a mixture of
@@ -319,8 +314,7 @@ def layer_matmuls(
         names = [f"blk.{layer}.{r}.weight" for r in roles]
         if not names:
             continue
-        runs = fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense, int8=int8)
-        for run in runs:
+        for run in fused_runs([qtypes[n] for n in names], fuse=fuse, dense=dense):
             members = tuple(names[i] for i in run)
             out.append(
                 LayerMatmul(
@@ -337,9 +331,7 @@ def layer_matmuls(
 def _group(model: GGUFModel, names: list[str], opts: LoadOptions, device) -> tuple:
     """The weights of a row-stacked group, fused as `fused_runs` says."""
     ts = [model.tensors[n] for n in names]
-    runs = fused_runs(
-        [t.qtype for t in ts], fuse=opts.fuse, dense=opts.mode == "dense", int8=opts.mode == "int8"
-    )
+    runs = fused_runs([t.qtype for t in ts], fuse=opts.fuse, dense=opts.mode != "quantized")
     return tuple(_matrix([ts[i] for i in run], opts, device) for run in runs)
 
 

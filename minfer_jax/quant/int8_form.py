@@ -1,12 +1,14 @@
-"""The CPU's weight form, decided here: which GGUF formats become an `Int8Weight`, stored in which
-orientation, and the conversion from GGUF bytes (through the format's integer form, so the values
-are bit-exact with `planes.dequantize`).
+"""The CPU's weight form, decided here: which GGUF matrices become an `Int8Weight`, and the
+conversion from GGUF bytes (through the format's integer form, so the values are bit-exact with
+`planes.dequantize`).
 
-Every block format whose integer form fits int8 qualifies (Q4_0 ... Q8_0, the K-quants, IQ4_NL,
-IQ4_XS); MXFP4 (its scales leave f32's exact range) and the float formats stay dense f32. On the
-2-core CPU XLA fuses q * a (+ b) into its matrix-vector dot, which then streams a quarter of the
-f32 bytes; its speed depends on the orientation (docs/ARCHITECTURE.md, "CPU: int8 weights"), so
-matrices with more inputs than outputs (ffn_down) are stored [k, n], the others [n, k].
+The vocabulary matrices (token_embd, output) of a block format whose integer form fits int8
+(Q4_0 ... Q8_0, the K-quants, IQ4_NL, IQ4_XS; not MXFP4, whose scales leave f32's exact range).
+They are read one row at a time (a lookup; the head for the last token), where XLA's CPU dot runs
+with q * a (+ b) decoded inside it and streams about a quarter of the f32 bytes (the 0.5B's head:
+4.4 vs 16.8 ms alone). The layer matrices stay dense f32: a prefill chunk reads them at many rows,
+where XLA CPU decodes int8 into f32 far slower than it reads f32 (2-4x the f32 GEMM's time at
+64-256 rows; docs/BENCHMARKS.md, "The int8 CPU weight form").
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ ROW_CHUNK = 16384  # rows decoded per jitted call: bounds the int32 transient of
 
 
 def holds_int8(qtype) -> bool:
-    """Whether a weight of this format is held as an Int8Weight on the CPU."""
+    """Whether a weight of this format can be held as an Int8Weight."""
     fmt = FORMATS.get(QType(qtype))
     return fmt is not None and fmt.ints is not None and fmt.exact_f32 is None
 
 
-def stored_transposed(n: int, k: int) -> bool:
-    """[k, n] for narrowing matrices: XLA CPU's fused dot ran 896 x 4864 in 0.29 ms stored [k, n]
-    vs 2.6 ms [n, k]; square and widening ones the other way (9728 x 896: 0.24 vs 1.4 ms)."""
-    return k > n
+INT8_TENSORS = ("token_embd.weight", "output.weight")
+
+
+def takes_int8(name: str, qtype) -> bool:
+    """Whether the GGUF tensor `name` is held as an Int8Weight on the CPU (module docstring)."""
+    return name in INT8_TENSORS and holds_int8(qtype)
 
 
 @functools.partial(jax.jit, static_argnames=("qtype",))
@@ -57,37 +61,8 @@ def int8_parts(raw, qtype, shape: Sequence[int]):
     return q, a, b
 
 
-def _at_group(a: np.ndarray, g: int, to: int) -> np.ndarray:
-    """Per-group values of groups of g weights as groups of `to` (g a multiple of to): each
-    repeated, so the decoded values do not change."""
-    return np.repeat(a, g // to, axis=1)
-
-
-def int8_weight(members: Sequence[tuple], device) -> Int8Weight:
-    """Tensors (raw bytes, qtype, (n_i, k)) stacked along the rows as one Int8Weight: formats may
-    differ (q / k in Q5_0 beside v in Q8_0): groups meet at the smallest group size and a missing
-    offset is +0 (q * a + 0 is q * a exactly)."""
-    parts = [int8_parts(raw, qtype, shape) for raw, qtype, shape in members]
-    k = parts[0][0].shape[1]
-    groups = [k // a.shape[1] for _, a, _ in parts]
-    g = min(groups)
-    offsets = any(b is not None for _, _, b in parts)
-    q = np.concatenate([p[0] for p in parts])
-    a = np.concatenate([_at_group(p[1], gi, g) for p, gi in zip(parts, groups)])
-    b = None
-    if offsets:
-        b = np.concatenate(
-            [
-                _at_group(p[2], gi, g) if p[2] is not None else np.zeros((p[0].shape[0], k // g))
-                for p, gi in zip(parts, groups)
-            ]
-        ).astype(np.float32)
-    n = q.shape[0]
-    if stored_transposed(n, k):
-        q, a = np.ascontiguousarray(q.T), np.ascontiguousarray(a.T)
-        b = None if b is None else np.ascontiguousarray(b.T)
-        transposed = True
-    else:
-        transposed = False
+def int8_weight(raw, qtype, shape: Sequence[int], device) -> Int8Weight:
+    """One GGUF tensor [n, k] as an Int8Weight on `device`."""
+    q, a, b = int8_parts(raw, qtype, shape)
     put = functools.partial(jax.device_put, device=device)
-    return Int8Weight(put(q), put(a), None if b is None else put(b), transposed)
+    return Int8Weight(put(q), put(a), None if b is None else put(b))

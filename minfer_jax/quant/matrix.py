@@ -64,33 +64,23 @@ class DenseWeight:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Int8Weight:
-    """A block-format [n, k] matrix as value = q * a (+ b): q int8, a (and b) f32 per group of
-    `group` consecutive weights along k, bit-exact with the GGUF's dequantization (the format's
-    integer form, planes.Format.ints). Stored [n, k] with a, b [n, k / group] (transposed=False)
-    or [k, n] with a, b [k / group, n] (transposed=True). XLA's CPU dot reads it with the decode
-    fused in: a quarter of the f32 bytes (docs/ARCHITECTURE.md, "CPU: int8 weights")."""
+    """A block-format [n, k] matrix as value = q * a (+ b): q int8 [n, k], a (and b) f32
+    [n, k / group] per group of consecutive weights along k, bit-exact with the GGUF's
+    dequantization (the format's integer form, planes.Format.ints). XLA's CPU dot reads it with
+    the decode fused in: about a quarter of the f32 bytes (docs/ARCHITECTURE.md, "CPU: int8
+    weights")."""
 
     q: jax.Array
     a: jax.Array
     b: jax.Array | None
-    transposed: bool = dataclasses.field(metadata=dict(static=True))
 
     @property
     def experts(self) -> int:
         return 0  # expert tensors stay dense (model/weights.py)
 
     @property
-    def group(self) -> int:
-        return (
-            self.q.shape[0] // self.a.shape[0]
-            if self.transposed
-            else (self.q.shape[1] // self.a.shape[1])
-        )
-
-    @property
     def shape(self) -> tuple[int, int]:
-        rows, cols = self.q.shape
-        return (cols, rows) if self.transposed else (rows, cols)
+        return (int(self.q.shape[0]), int(self.q.shape[1]))
 
     @property
     def nbytes(self) -> int:
@@ -98,27 +88,18 @@ class Int8Weight:
         return int(sum(x.size * x.dtype.itemsize for x in parts if x is not None))
 
     def values(self) -> jax.Array:
-        """The f32 values in the stored orientation ([n, k], or [k, n] when transposed)."""
-        g = self.group
-        if self.transposed:
-            k, n = self.q.shape
-            v = self.q.reshape(k // g, g, n).astype(jnp.float32) * self.a[:, None, :]
-            v = v if self.b is None else v + self.b[:, None, :]
-            return v.reshape(k, n)
+        """The f32 values [n, k]."""
         n, k = self.q.shape
+        g = k // self.a.shape[1]
         v = self.q.reshape(n, k // g, g).astype(jnp.float32) * self.a[:, :, None]
         v = v if self.b is None else v + self.b[:, :, None]
         return v.reshape(n, k)
 
     def rows(self, ids: jax.Array) -> jax.Array:
         """Values of rows ids [...] -> [..., k] f32 (an embedding lookup)."""
-        if self.transposed:
-            raise ValueError("embedding tables are stored [vocab, d]")
         flat = ids.reshape(-1)
-        sub = Int8Weight(
-            self.q[flat], self.a[flat], None if self.b is None else self.b[flat], False
-        )
-        return sub.values().reshape(*ids.shape, self.shape[1])
+        b = None if self.b is None else self.b[flat]
+        return Int8Weight(self.q[flat], self.a[flat], b).values().reshape(*ids.shape, -1)
 
 
 Weight = QWeight | DenseWeight | Int8Weight
