@@ -280,15 +280,10 @@ class DecodeKey:
         """This executable can run `other`'s batch (padded to these rows)."""
         if not isinstance(other, DecodeKey):
             return False
-        wide_enough = (
-            other.span is None
-            if self.span is None
-            else other.span is not None and self.span >= other.span
-        )
         return (
             self.mode.covers(other.mode)
             and self.rows >= other.rows
-            and wide_enough
+            and _span_covers(self.span, other.span)
             and (self.n_steps, self.n_slots, self.cache_len, self.history)
             == (other.n_steps, other.n_slots, other.cache_len, other.history)
         )
@@ -308,6 +303,12 @@ class DecodeKey:
             vec,
             RowSettings.spec(self.rows, model.config.vocab_size),
         )
+
+
+def _span_covers(mine: int | None, theirs: int | None) -> bool:
+    """An executable reading keys [0, mine) serves one that reads [0, theirs) (None: the whole
+    cache, which only a whole-cache executable serves)."""
+    return theirs is None if mine is None else theirs is not None and mine >= theirs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,15 +332,10 @@ class VerifyKey:
         """This executable can run `other`'s verification (its drafts padded to these)."""
         if not isinstance(other, VerifyKey):
             return False
-        wide_enough = (
-            other.span is None
-            if self.span is None
-            else other.span is not None and self.span >= other.span
-        )
         return (
             self.mode.covers(other.mode)
             and self.drafts >= other.drafts
-            and wide_enough
+            and _span_covers(self.span, other.span)
             and (self.n_slots, self.cache_len, self.history)
             == (other.n_slots, other.cache_len, other.history)
         )
