@@ -371,22 +371,26 @@ def vocab(args) -> dict:
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        job = {"model": path, "texts": texts, "out": os.path.join(tmp, "ids.json")}
-        with open(os.path.join(tmp, "job.json"), "w") as f:
-            json.dump(job, f)
-        with open(os.path.join(tmp, "worker.py"), "w") as f:
-            f.write(VOCAB_WORKER)
-        subprocess.run(
-            [args.llama_python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")],
-            check=True,
-        )
-        with open(job["out"]) as f:
-            ids = json.load(f)
+        ids = _llama_ids(args.llama_python, path, texts, tmp)
     return {
         "vocab": args.name,
         "pre": args.pre,
         "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids, strict=True)],
     }
+
+
+def _llama_ids(llama_python: str, model: str, texts: list[str], tmp: str) -> list:
+    """llama.cpp's ids of texts for a vocab file, from VOCAB_WORKER run by llama_python in tmp."""
+    job = {"model": model, "texts": texts, "out": os.path.join(tmp, "ids.json")}
+    with open(os.path.join(tmp, "job.json"), "w") as f:
+        json.dump(job, f)
+    with open(os.path.join(tmp, "worker.py"), "w") as f:
+        f.write(VOCAB_WORKER)
+    subprocess.run(
+        [llama_python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")], check=True
+    )
+    with open(job["out"]) as f:
+        return json.load(f)
 
 
 def tokenize(args) -> dict:
@@ -395,17 +399,7 @@ def tokenize(args) -> dict:
     PRE_TOKENIZER_TEXTS. tools/extract_vocab.py --also then keeps the tokens these need."""
     texts = NATURAL_TEXTS + TOKENIZER_TEXTS + PRE_TOKENIZER_TEXTS
     with tempfile.TemporaryDirectory() as tmp:
-        job = {"model": args.vocab, "texts": texts, "out": os.path.join(tmp, "ids.json")}
-        with open(os.path.join(tmp, "job.json"), "w") as f:
-            json.dump(job, f)
-        with open(os.path.join(tmp, "worker.py"), "w") as f:
-            f.write(VOCAB_WORKER)
-        subprocess.run(
-            [args.llama_python, os.path.join(tmp, "worker.py"), os.path.join(tmp, "job.json")],
-            check=True,
-        )
-        with open(job["out"]) as f:
-            ids = json.load(f)
+        ids = _llama_ids(args.llama_python, args.vocab, texts, tmp)
     return {
         "vocab": os.path.basename(args.vocab).removesuffix(".gguf"),
         "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids, strict=True)],

@@ -402,12 +402,7 @@ def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> 
         raise BenchError("-npp must be >= 1, -ntg >= 0 and -npl values in 1..64")
     files = [open(f, "w") for f in args.out]
     try:
-        for kind, ref in [("model", m) for m in req.models] + [
-            ("synthetic", s) for s in req.synths
-        ]:
-            src = _load_source(
-                kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress
-            )
+        for src in _sources(args, req):
             need = max(pps) + max(tgs) + 1
             if need > src.gguf.config.context_length:
                 raise BenchError(
@@ -424,6 +419,14 @@ def _run_batched(args, req: _Request, impl: str, log: Callable[[str], None]) -> 
     return 0
 
 
+def _sources(args, req: _Request):
+    """The requested files, then the synthetic specs, each loaded when its turn comes."""
+    for kind, ref in [("model", m) for m in req.models] + [("synthetic", s) for s in req.synths]:
+        yield _load_source(
+            kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress
+        )
+
+
 def _run_spec(args, req: _Request, log: Callable[[str], None]) -> int:
     from minfer_jax.engine.runtime import load
 
@@ -433,12 +436,7 @@ def _run_spec(args, req: _Request, log: Callable[[str], None]) -> int:
     depth = _int_lists(args.n_depth, [0], "-d")[0]
     files = [open(f, "w") for f in args.out]
     try:
-        for kind, ref in [("model", m) for m in req.models] + [
-            ("synthetic", s) for s in req.synths
-        ]:
-            src = _load_source(
-                kind, ref, args.layers if kind == "synthetic" else None, args.seed, args.progress
-            )
+        for src in _sources(args, req):
             ctx = min(src.gguf.config.context_length, max(4096, depth + 128))
             opts = options.from_arguments(args, ctx_size=ctx, progress=args.progress)
             model = load(options=opts, gguf_model=src.gguf)
