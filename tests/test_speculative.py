@@ -252,8 +252,7 @@ def test_refusals_say_what_is_missing():
     with pytest.raises(InvalidArgumentError, match="need speculative"):
         speculation_of(None, draft_max=4)
     hybrid = types.SimpleNamespace(recurrent_layer_ids=(0, 1, 2), family="qwen35")
-    with pytest.raises(InvalidArgumentError, match="hybrid family 'qwen35'"):
-        check_speculation(hybrid, None)
+    check_speculation(hybrid, None)  # rolled back by snapshots (tests/test_hybrid_speculative.py)
     dense = types.SimpleNamespace(recurrent_layer_ids=(), family="qwen2")
     with pytest.raises(InvalidArgumentError, match="grammar"):
         check_speculation(dense, types.SimpleNamespace(dynamic=True))

@@ -180,19 +180,13 @@ class Drafter:
 
 def check_speculation(cfg, constraint, logprobs: int | None = None) -> None:
     """What speculation cannot combine with yet: a grammar (each token needs the host before the
-    next is drafted against its mask), recurrent layers (a rejected draft would need their
-    per-token states restored) and logprobs (the verification step does not compute them)."""
+    next is drafted against its mask) and logprobs (the verification step does not compute them).
+    Recurrent layers roll back through per-token snapshots (model/speculative.py)."""
     if logprobs is not None:
         raise InvalidArgumentError("speculative decoding does not report logprobs yet")
     if constraint is not None and constraint.dynamic:
         raise InvalidArgumentError(
             "speculative decoding does not combine with a grammar or JSON schema yet"
-        )
-    if cfg.recurrent_layer_ids:
-        raise InvalidArgumentError(
-            f"speculative decoding is not supported for the hybrid family {cfg.family!r} yet: "
-            "its recurrent layers would need per-token state snapshots to roll back rejected "
-            "drafts"
         )
 
 

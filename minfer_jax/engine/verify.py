@@ -18,7 +18,9 @@ drawn is distributed as p with d removed, renormalised. The output distribution 
 (and, with the same seed, so are the tokens wherever the batch's logits are the plain step's).
 
 Rejected drafts leave K/V at positions past the accepted ones; the next step writes those positions
-before any query can see them (keys are masked by position), so nothing needs undoing.
+before any query can see them (keys are masked by position), so nothing needs undoing. Recurrent
+layers (the hybrid families) keep their state after each row and the slot takes the one after the
+last accepted token (model/speculative.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from minfer_jax.engine.sampling import RowSettings, SamplerMode
 from minfer_jax.engine.steps import SlotState, _sample
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
-from minfer_jax.model.decoder import forward_decode
+from minfer_jax.model.speculative import forward_rows, keep_snapshot
 from minfer_jax.model.weights import Params
 
 
@@ -62,8 +64,9 @@ def verify_chunk(
     offsets = jnp.arange(n_rows, dtype=jnp.int32)
     tokens = jnp.concatenate([state.last_token[slot][None], drafts.astype(jnp.int32)])
     positions = position + offsets
-    slots = jnp.full((n_rows,), slot, jnp.int32)
-    logits, cache = forward_decode(params, tokens, slots, positions, cache, cfg, impl, span, par)
+    logits, cache, snapshots = forward_rows(
+        params, tokens, slot, position, cache, cfg, impl, span, par
+    )
     every_row = jax.tree.map(lambda a: jnp.repeat(a, n_rows, axis=0), rows)
     width = state.history.shape[1] if mode.penalty else 0
     base = state.history[slot] if mode.penalty else jnp.zeros((0,), jnp.int32)
@@ -74,6 +77,7 @@ def verify_chunk(
     match = (drawn[:-1] == drafts) & (offsets[:-1] < n_draft)
     n_accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32)))
     n_out = n_accepted + 1
+    cache = keep_snapshot(cache, snapshots, slot, n_accepted)  # the state after the last fed row
     if mode.penalty:
         grown = jnp.concatenate([base, drawn])
         new_history = state.history.at[slot].set(jax.lax.dynamic_slice_in_dim(grown, n_out, width))

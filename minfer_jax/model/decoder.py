@@ -149,6 +149,7 @@ def forward_decode(
     impl: ops.Impl,
     span: int | None = None,
     par=None,
+    recur: Callable | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """tokens [B], row b in slot slots[b] at position positions[b] -> logits [B, vocab] f32, cache.
 
@@ -164,6 +165,8 @@ def forward_decode(
     impl.fused_decode on the kernels (one device, head_dim / 2 a power of two): a family layer that
     takes LayerCall.attend_projected (Qwen2's) hands its q / k / v GEMVs' partials to
     attention.decode_attention_projected (decode_qkv's epilogue kernel, then the attention).
+    recur: a DeltaNet layer's step (_layers' `recur`) in place of one mix_step per row and slot
+    (model/speculative.py: the rows of one sequence, in order).
     """
     if impl.deterministic and impl.kernels == "pallas" and tokens.shape[0] == 1:
         pair = [jnp.concatenate([a, a]) for a in (tokens, slots, positions)]
@@ -193,7 +196,7 @@ def forward_decode(
             ),
         )
 
-    def recur(proj, w, conv, delta):
+    def recur_rows(proj, w, conv, delta):
         out, c, s = deltanet.mix_step(proj, w, conv[slots], delta[slots], cfg)
         return out, conv.at[slots].set(c), delta.at[slots].set(s)
 
@@ -218,7 +221,7 @@ def forward_decode(
         par,
         attend_projected if projected else None,
         epilogues,
-        recur,
+        recur_rows if recur is None else recur,
     )
     rows, sumsq = layers.hidden(x)
     if epilogues:  # the final norm applied by the head's GEMV, from the sums of squares

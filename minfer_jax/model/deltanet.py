@@ -102,3 +102,18 @@ def mix_step(proj, w: DeltaNet, conv_state, state, cfg: Config):
     q, k, v = split_heads(y, cfg, cfg.rms_eps)
     o, state = delta_rule.delta_rule_step(q, k, v, g, beta, state)
     return gated_norm(o, z, w, cfg.rms_eps), conv_state, state
+
+
+def mix_rows(proj, w: DeltaNet, conv_state, state, cfg: Config):
+    """T consecutive tokens of one sequence, each run as mix_step runs a decode row (so the bits
+    are plain decoding's): proj [T, ...], conv_state [K - 1, conv_dim], state [Hv, dk, dv] ->
+    (the gated output [T, Hv dv], conv states [T, K - 1, conv_dim], states [T, Hv, dk, dv]): the
+    states after each token, of which speculative verification keeps the last accepted one."""
+
+    def step(carry, row):
+        conv, s = carry
+        out, conv, s = mix_step(row[None], w, conv, s, cfg)
+        return (conv, s), (out[0], conv[0], s[0])
+
+    _, (out, convs, states) = jax.lax.scan(step, (conv_state[None], state[None]), proj)
+    return out, convs, states
