@@ -11,7 +11,6 @@ and synthetic.write_gguf writes it (its metadata: synthetic._hybrid_metadata).
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 
 import numpy as np
@@ -21,7 +20,7 @@ from minfer_jax.files.gguf import QType, RawTensor
 from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import expected_shapes
 from minfer_jax.model.gguf_model import GGUFModel
-from minfer_jax.model.qwen35 import layer_shapes
+from minfer_jax.model.qwen35 import mtp_shapes
 
 from minfer_bench.synthetic import _metadata
 
@@ -76,24 +75,6 @@ def _values(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.n
     return MATRIX_RMS * rng.standard_normal(shape)
 
 
-def _mtp_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The MTP block after the trunk (blk.{n_layers}): a gated-attention block plus nextn.*."""
-    d, i = cfg.d_model, cfg.n_layers
-    # an attention layer of the trunk's config (its experts too, for qwen35moe)
-    attention = dataclasses.replace(cfg, recurrent_layers=(), mtp_layers=0)
-    shapes = {n.replace("blk.0.", f"blk.{i}."): s for n, s in layer_shapes(attention, 0).items()}
-    p = f"blk.{i}.nextn."
-    shapes.update(
-        {
-            p + "eh_proj.weight": (d, 2 * d),
-            p + "enorm.weight": (d,),
-            p + "hnorm.weight": (d,),
-            p + "shared_head_norm.weight": (d,),
-        }
-    )
-    return shapes
-
-
 def _tensor(tname: str, shape: tuple[int, ...], seed: int, experts: QType) -> RawTensor:
     rng = np.random.default_rng([seed, zlib.crc32(tname.encode())])
     data = _values(tname, shape, rng).astype(np.float32)
@@ -111,7 +92,7 @@ def qwen35_model(name: str, seed: int = 0) -> GGUFModel:
     cfg = QWEN35_TINY[variant]
     shapes = dict(expected_shapes(cfg))
     for _ in range(cfg.mtp_layers):
-        shapes.update(_mtp_shapes(cfg))
+        shapes.update(mtp_shapes(cfg))
     experts = QType.Q8_0 if types == "q8_0-experts" else QType.F32
     tensors = {tname: _tensor(tname, shape, seed, experts) for tname, shape in shapes.items()}
     return GGUFModel(

@@ -194,7 +194,8 @@ def _run(args, out, err) -> int:
     timer.mark("parse")
     trained = gguf_model.config.context_length
     ctx = _choose_ctx(args.ctx_size, trained, err)
-    model = load(options=dataclasses.replace(opts, ctx_size=ctx), gguf_model=gguf_model)
+    mtp = speculation is not None and speculation.on_device  # draft-mtp: load the MTP block
+    model = load(options=dataclasses.replace(opts, ctx_size=ctx, mtp=mtp), gguf_model=gguf_model)
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
     model.constraint(**constrain)  # a bad schema or grammar fails now, before any prompt
     load_s = time.perf_counter() - t0

@@ -1,5 +1,6 @@
 """The CLI's speculative-decoding flags, as llama.cpp spells them: --spec-type (its type names;
-only the prompt lookup `ngram-simple`, alias `lookup`, has a drafter here), --spec-draft-n-max
+the prompt lookup `ngram-simple`, alias `lookup`, and the file's MTP block `draft-mtp`, alias
+`mtp`, have drafters here), --spec-draft-n-max
 (older --draft-max / --draft-n / --draft) and --spec-draft-n-min (--draft-min / --draft-n-min);
 turned into a lookup.Speculation."""
 
@@ -24,8 +25,9 @@ def add_speculative_flags(group: Any) -> None:
         choices=list(dict.fromkeys(LLAMA_CPP_SPEC_TYPES + SPEC_TYPES)),
         metavar="TYPE",
         help="speculative decoding: ngram-simple (alias lookup: drafts copied from the prompt "
-        "and the output so far, verified several per step; the same output) or none (default); "
-        "llama.cpp's draft-model and MTP types are not implemented",
+        "and the output so far, verified several per step; the same output), draft-mtp (alias "
+        "mtp: a Qwen3.5 / 3.6 file's MTP block drafts, default 3 a step) or none (default); "
+        "llama.cpp's draft-model types are not implemented",
     )
     group.add_argument(
         "--spec-draft-n-max",

@@ -127,7 +127,9 @@ def generate(
     end-of-sequence token. speculative="lookup" (llama.cpp's "ngram-simple") drafts tokens from
     the prompt and output so far and verifies up to draft_max (1..15, default 7) of them in one
     step, skipping drafts shorter than draft_min: the same tokens as without it (greedy), the same
-    distribution (sampled); result.speculation counts what it did. logprobs (0..20): the result's
+    distribution (sampled); result.speculation counts what it did. speculative="draft-mtp"
+    (alias "mtp"; a model loaded with mtp=True) drafts draft_max (default 3) tokens a step with
+    the file's MTP block. logprobs (0..20): the result's
     `logprobs` holds each token's log-probability under the model's distribution (raw logits:
     before the temperature and the filters) and this many most likely alternatives. An unknown
     keyword is an
@@ -139,6 +141,11 @@ def generate(
     )
     sampler = _sampler(model, sampler, settings)
     speculation = speculation_of(speculative, draft_max, draft_min)
+    if speculation is not None and speculation.on_device and not model.has_mtp:
+        raise InvalidArgumentError(
+            f"speculative={speculative!r} drafts with the file's MTP block: load the model with "
+            "minfer_jax.load(..., mtp=True) (a Qwen3.5 / 3.6 file that carries one)"
+        )
     max_new_tokens = validate.clamped_count(
         "max_new_tokens", max_new_tokens, model.ctx_size, all_of="the context"
     )

@@ -18,8 +18,10 @@ from minfer_jax import validate
 from minfer_jax.engine.plan import MAX_DRAFT
 from minfer_jax.errors import InvalidArgumentError
 
-# llama.cpp's --spec-type names (common/speculative); "lookup" is ours for ngram-simple
-SPEC_TYPES = ("ngram-simple", "lookup")
+# llama.cpp's --spec-type names (common/speculative); "lookup" is ours for ngram-simple, "mtp"
+# for draft-mtp (the file's MTP block drafts: engine/mtp_draft.py)
+MTP_TYPES = ("draft-mtp", "mtp")
+SPEC_TYPES = ("ngram-simple", "lookup", *MTP_TYPES)
 LLAMA_CPP_SPEC_TYPES = (
     "none",
     "draft-simple",
@@ -32,6 +34,7 @@ LLAMA_CPP_SPEC_TYPES = (
     "ngram-cache",
 )
 DEFAULT_DRAFT_MAX = 7  # 1 + 7 = 8 rows: the GEMV's largest, about one decode step's cost
+DEFAULT_MTP_DRAFT = 3  # chained MTP drafts: the block is trained for one, acceptance falls after
 PAYS = 0.25  # accepted drafts per verify step (running mean) below which drafting pauses
 HOT = 1.0  # ... above which a lookup miss still verifies one token instead of a plain chunk
 MAX_PAUSE = 16  # plain chunks a pause lasts at most
@@ -56,6 +59,11 @@ class Speculation:
         validate.integer("ngram_max", self.ngram_max, 1, 64)
         validate.integer("ngram_min", self.ngram_min, 1, self.ngram_max)
 
+    @property
+    def on_device(self) -> bool:
+        """The verification step drafts (MTP, engine/mtp_draft.py), not the host."""
+        return self.kind in MTP_TYPES
+
 
 def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
     """generate()'s and the CLI's settings as a Speculation (None or "none": off); a llama.cpp
@@ -67,8 +75,10 @@ def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
     if kind in LLAMA_CPP_SPEC_TYPES and kind not in SPEC_TYPES:
         raise InvalidArgumentError(
             f"speculative decoding of type {kind!r} is not implemented: only prompt lookup "
-            f"({' / '.join(repr(t) for t in SPEC_TYPES)}), no draft model or MTP yet"
+            f"and MTP ({' / '.join(repr(t) for t in SPEC_TYPES)}), no draft model yet"
         )
+    if kind in MTP_TYPES and draft_max is None:
+        draft_max = DEFAULT_MTP_DRAFT
     fields = {"draft_max": draft_max, "draft_min": draft_min}
     return Speculation(kind, **{k: v for k, v in fields.items() if v is not None})
 

@@ -43,6 +43,7 @@ class Options:
     prefill_chunk: tokens per prefill executable, a power of two (None: the platform's).
     tensor_parallel: split weights and KV cache over this many devices (None: one device).
     deterministic: a sequence gets the same tokens alone or in any batch (slower decode).
+    mtp: load the file's MTP block (Qwen3.5 / 3.6) for speculative="draft-mtp" drafting.
     precise: decode GEMVs take their activations in two int8 terms (slower decode on kernels).
     fused_decode: decode's fused Pallas epilogues (off: the XLA ops, for A/B; ops.Impl).
     cache_dtype: the KV cache's dtype (None: float16 on a GPU, float32 elsewhere).
@@ -69,6 +70,7 @@ class Options:
     cache_type_v: str | None = None
     kv_rotation: bool = True
     progress: bool = False
+    mtp: bool = False
 
     def __post_init__(self) -> None:
         _check(self)
@@ -91,7 +93,7 @@ def _check(o: Options) -> None:
             ) from None
     if o.tensor_parallel is not None:
         validate.integer("tensor_parallel", o.tensor_parallel, 1, 1 << 16)
-    for name in ("deterministic", "precise", "fused_decode", "kv_rotation", "progress"):
+    for name in ("deterministic", "precise", "fused_decode", "kv_rotation", "progress", "mtp"):
         if not isinstance(getattr(o, name), bool):
             raise InvalidArgumentError(f"{name} must be True or False, got {getattr(o, name)!r}")
     if o.weights is not None:

@@ -186,21 +186,29 @@ class Plan:
             )
         )
         if max_new > 1 and speculation is not None:
-            keys += self.verify_keys(speculation.draft_max, n_prompt, mode)
+            on_device = speculation.on_device
+            keys += self.verify_keys(speculation.draft_max, n_prompt, mode, on_device)
         if max_new > 1:
             rows, batch_mode = batch
             keys.append(self.decode_key(rows, n_prompt + self.decode_steps, batch_mode, one_step))
         return keys
 
-    def verify_key(self, n_draft: int, end: int, mode: SamplerMode) -> VerifyKey:
+    def verify_key(
+        self, n_draft: int, end: int, mode: SamplerMode, on_device: bool = False
+    ) -> VerifyKey:
         """Speculative decoding's verification of n_draft drafted tokens (verify.py): 1 + K rows
-        of one sequence, K = draft_bucket(n_draft); end: past the last position it writes."""
+        of one sequence, K = draft_bucket(n_draft); end: past the last position it writes;
+        on_device: the MTP block drafts them in the step (engine/mtp_draft.py)."""
         k = draft_bucket(n_draft)
-        return VerifyKey(k, self.n_slots, self.cache_len, self.history, mode, self.span(end + k))
+        span = self.span(end + k)
+        return VerifyKey(k, self.n_slots, self.cache_len, self.history, mode, span, on_device)
 
-    def verify_keys(self, draft_max: int, end: int, mode: SamplerMode) -> list[VerifyKey]:
+    def verify_keys(
+        self, draft_max: int, end: int, mode: SamplerMode, on_device: bool = False
+    ) -> list[VerifyKey]:
         """Every verification bucket a sequence drafting up to draft_max tokens meets."""
-        return list(dict.fromkeys(self.verify_key(n, end, mode) for n in range(draft_max + 1)))
+        keys = (self.verify_key(n, end, mode, on_device) for n in range(draft_max + 1))
+        return list(dict.fromkeys(keys))
 
 
 def draft_bucket(n_draft: int) -> int:
@@ -319,10 +327,11 @@ class VerifyKey:
     history: int
     mode: SamplerMode
     span: int | None
+    on_device: bool = False  # MTP: the step drafts on the device (engine/mtp_draft.py)
 
     @property
     def label(self) -> str:
-        return f"verify [1+{self.drafts}] {self.mode.label}"
+        return f"verify [1+{self.drafts}]{' mtp' if self.on_device else ''} {self.mode.label}"
 
     @property
     def cost(self) -> tuple:
@@ -336,13 +345,13 @@ class VerifyKey:
             self.mode.covers(other.mode)
             and self.drafts >= other.drafts
             and _span_covers(self.span, other.span)
-            and (self.n_slots, self.cache_len, self.history)
-            == (other.n_slots, other.cache_len, other.history)
+            and (self.n_slots, self.cache_len, self.history, self.on_device)
+            == (other.n_slots, other.cache_len, other.history, other.on_device)
         )
 
     def lower(self, model):
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        fn = _verify_jit(model.config, model.impl, self.mode, self.span, model.tp)
+        fn = _verify_jit(model.config, model.impl, self.mode, self.span, model.tp, self.on_device)
         return fn.lower(
             model.params,
             _cache(model, self),
@@ -386,6 +395,7 @@ def _cache(model, key):
         model.cache_dtype,
         model.kv_types,
         model.kv_rotation,
+        model.has_mtp,
     )
 
 
@@ -424,11 +434,11 @@ def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
 
 
 @functools.cache
-def _verify_jit(cfg, impl, mode, span, tp=None):
-    return jax.jit(
-        _step(verify.verify_chunk, "verify", cfg, tp, impl=impl, mode=mode, span=span),
-        donate_argnums=(1, 2),
+def _verify_jit(cfg, impl, mode, span, tp=None, on_device=False):
+    step = _step(
+        verify.verify_chunk, "verify", cfg, tp, impl=impl, mode=mode, span=span, mtp=on_device
     )
+    return jax.jit(step, donate_argnums=(1, 2))
 
 
 @functools.cache

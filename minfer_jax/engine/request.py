@@ -13,7 +13,8 @@ import numpy as np
 
 from minfer_jax.engine import steps
 from minfer_jax.engine.constraint import TokenConstraint
-from minfer_jax.engine.lookup import Drafter, Speculation
+from minfer_jax.engine.lookup import Speculation
+from minfer_jax.engine.mtp_draft import drafter_for
 from minfer_jax.engine.sampling import Sampled, Sampler, TokenLogprobs
 from minfer_jax.engine.text_stream import TextStream
 
@@ -55,7 +56,7 @@ class Request:
     ):
         self.id = next(_ids)
         # speculative decoding (lookup.py): this sequence's drafter, None when off
-        self.drafter = Drafter(speculation) if speculation is not None else None
+        self.drafter = drafter_for(speculation) if speculation is not None else None
         # alternatives each token reports with its logprob (0..TOP_LOGPROBS; None: no logprobs)
         self.logprobs = logprobs
         self.token_logprobs: list[steps.TokenLogprob] = []  # one per token of stream.tokens

@@ -55,6 +55,7 @@ from minfer_jax.model.cache import (
 from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import load_gguf
 from minfer_jax.model.gguf_model import GGUFModel
+from minfer_jax.model.mtp import load_mtp
 from minfer_jax.model.weights import LoadOptions, Params, load_params, params_nbytes
 from minfer_jax.quant import kv
 
@@ -157,14 +158,23 @@ class Model:
             f"a KV cache of {n_slots} slots x {max_len} tokens "
             f"({kv_label(self.cache_dtype, self.kv_types)})",
             cache_nbytes(
-                self.config, n_slots, max_len, self.cache_dtype, self.kv_types, self.kv_rotation
-            ),
+                self.config,
+                *(n_slots, max_len, self.cache_dtype, self.kv_types),
+                self.kv_rotation,
+                self.has_mtp,
+            ),  # fmt: skip
             validate.memory_limit_bytes(executables.execution_devices(self)[0]),
             already=self.weight_nbytes,
         )
         return init_cache(
-            self.config, n_slots, max_len, self.cache_dtype, self.kv_types, self.kv_rotation
-        )
+            self.config, *(n_slots, max_len, self.cache_dtype, self.kv_types),
+            self.kv_rotation, self.has_mtp,
+        )  # fmt: skip
+
+    @property
+    def has_mtp(self) -> bool:
+        """The MTP block is loaded (load(mtp=True)): draft-mtp speculation can run."""
+        return self.params.mtp is not None
 
     # -- the plan and its executables ------------------------------------------------------------
     def plan(
@@ -369,6 +379,8 @@ def _assemble(gguf_model: GGUFModel, opts: Options, device, timer: PhaseTimer, s
     weight_opts = LoadOptions(mode=mode, dense_dtype=opts.dense_dtype, wide_dtype=opts.wide_dtype)
     timer.mark("setup")
     params, tp, weights_from, saving = _params(gguf_model, opts, weight_opts, device)
+    if opts.mtp:  # after the weights cache's copy, which holds the trunk only
+        params = dataclasses.replace(params, mtp=load_mtp(gguf_model, weight_opts, device))
     timer.mark("params")
     tokenizer = (
         Tokenizer.from_model(gguf_model) if "tokenizer.ggml.tokens" in gguf_model.metadata else None

@@ -442,7 +442,8 @@ class Scheduler:
             return False
         position = len(seq) - 1  # the last token's: all of req's tokens were read (step)
         mode = self.mode([req.sampler])
-        key = self._runnable(self.plan.verify_key(len(draft), position + 1, mode))
+        on_device = req.drafter.spec.on_device  # MTP: drafted on the device (mtp_draft.py)
+        key = self._runnable(self.plan.verify_key(len(draft), position + 1, mode, on_device))
         drafts = np.zeros((key.drafts,), np.int32)
         drafts[: len(draft)] = draft
         vocab = self.model.config.vocab_size

@@ -38,6 +38,7 @@ from minfer_jax.errors import ContextOverflowError
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.decoder import forward_chunk, forward_decode, logits_from_hidden
+from minfer_jax.model.mtp import warm_up as mtp_warm_up
 from minfer_jax.model.weights import Params
 
 
@@ -85,6 +86,8 @@ def prefill_chunk(
     """
     check_span(start, tokens.shape[0], cache.max_len)
     h, cache = forward_chunk(params, tokens, slot, start, cache, cfg, impl, par, n_valid)  # [C, d]
+    if params.mtp is not None:  # the MTP block's rows for this chunk (draft-mtp speculation)
+        cache = mtp_warm_up(params, cache, tokens, h, slot, start, n_valid, cfg, impl)
     last = jax.lax.dynamic_slice_in_dim(
         h, n_valid - 1, 1, axis=0
     )  # [1, d]: one row through the head

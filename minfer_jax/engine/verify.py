@@ -33,6 +33,8 @@ from minfer_jax.engine.sampling import RowSettings, SamplerMode
 from minfer_jax.engine.steps import SlotState, _sample
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
+from minfer_jax.model.mtp import catch_up
+from minfer_jax.model.mtp import draft as mtp_draft
 from minfer_jax.model.speculative import forward_rows, keep_snapshot
 from minfer_jax.model.weights import Params
 
@@ -52,19 +54,25 @@ def verify_chunk(
     mode: SamplerMode,
     span: int | None = None,
     par=None,
+    mtp: bool = False,
 ) -> tuple[jax.Array, jax.Array, SlotState, KVCache]:
     """Feed slot's last token at `position` and drafts [K] (the first n_draft real, the rest
     padding) after it; rows: the sequence's sampler settings ([1] each).
 
     Returns (tokens [K + 1] int32, n_out [] int32, state, cache): tokens[:n_out] are the accepted
     drafts followed by the model's own next token (1 <= n_out <= n_draft + 1); the state's last
-    token and repeat-penalty history advance by those n_out tokens.
+    token and repeat-penalty history advance by those n_out tokens. mtp: the file's MTP block
+    drafts them here instead (model/mtp.py; `drafts` only gives their count).
     """
+    if mtp:
+        drafts, cache = mtp_draft(
+            params, cache, state.last_token[slot], slot, position, drafts.shape[0], cfg, impl
+        )
     n_rows = drafts.shape[0] + 1
     offsets = jnp.arange(n_rows, dtype=jnp.int32)
     tokens = jnp.concatenate([state.last_token[slot][None], drafts.astype(jnp.int32)])
     positions = position + offsets
-    logits, cache, snapshots = forward_rows(
+    logits, hidden, cache, snapshots = forward_rows(
         params, tokens, slot, position, cache, cfg, impl, span, par
     )
     every_row = jax.tree.map(lambda a: jnp.repeat(a, n_rows, axis=0), rows)
@@ -78,6 +86,8 @@ def verify_chunk(
     n_accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32)))
     n_out = n_accepted + 1
     cache = keep_snapshot(cache, snapshots, slot, n_accepted)  # the state after the last fed row
+    if mtp:
+        cache = catch_up(params, cache, drafts, hidden, slot, position, n_accepted, cfg, impl)
     if mode.penalty:
         grown = jnp.concatenate([base, drawn])
         new_history = state.history.at[slot].set(jax.lax.dynamic_slice_in_dim(grown, n_out, width))

@@ -36,6 +36,9 @@ class KVCache:
     v: tuple[Layer, ...]
     conv: tuple[jax.Array, ...] = ()  # DeltaNet layers x [n_slots, K - 1, conv_dim] f32
     delta: tuple[jax.Array, ...] = ()  # DeltaNet layers x [n_slots, Hv, dk, dv] f32
+    # the MTP block's (k, v [n_slots, Hkv, max_len, hd], hidden [n_slots, d] f32): its own KV cache
+    # and the trunk's hidden state of each slot's last fed token (model/mtp.py); () without one
+    mtp: tuple[jax.Array, ...] = ()
 
     @property
     def n_slots(self) -> int:
@@ -80,8 +83,9 @@ def init_cache(
     dtype=jnp.float32,
     kv_types: KVTypes = FLOAT_KV,
     rotated: bool = True,
+    mtp: bool = False,
 ) -> KVCache:
-    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types, rotated)
+    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types, rotated, mtp)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec)
 
 
@@ -92,10 +96,12 @@ def cache_spec(
     dtype,
     kv_types: KVTypes = FLOAT_KV,
     rotated: bool = True,
+    mtp: bool = False,
 ) -> KVCache:
     """The cache's shapes without memory (for ahead-of-time lowering). dtype: the float cache's
     (and an 8-bit one's compute dtype); kv_types: KVTypes; rotated: kv.ROTATED_TYPES layers hold
-    their rows rotated (quant/kv.py; rotate_in / rotate_out)."""
+    their rows rotated (quant/kv.py; rotate_in / rotate_out); mtp: with the MTP block's cache
+    (float, of the block's one full-attention layer)."""
 
     def layer(kind: str | None, i: int):
         shape = cache_shape(cfg, n_slots, max_len, i)
@@ -111,7 +117,13 @@ def cache_spec(
         v=tuple(layer(kind_v, i) for i in cfg.attention_layers),  # type: ignore[misc]
         conv=(states[0],) * n_rec,
         delta=(states[1],) * n_rec,
+        mtp=_mtp_spec(cfg, n_slots, max_len, dtype) if mtp else (),
     )
+
+
+def _mtp_spec(cfg: Config, n_slots: int, max_len: int, dtype) -> tuple:
+    kv = jax.ShapeDtypeStruct((n_slots, cfg.n_kv_heads, max_len, cfg.head_dim), dtype)
+    return (kv, kv, jax.ShapeDtypeStruct((n_slots, cfg.d_model), jnp.float32))
 
 
 def cache_nbytes(
@@ -121,9 +133,10 @@ def cache_nbytes(
     dtype=jnp.float32,
     kv_types: KVTypes = FLOAT_KV,
     rotated: bool = True,
+    mtp: bool = False,
 ) -> int:
     """Bytes of the whole cache: 8-bit values and their scales as stored (the planner's count)."""
-    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types, rotated)
+    spec = cache_spec(cfg, n_slots, max_len, dtype, kv_types, rotated, mtp)
     return int(sum(s.size * jnp.dtype(s.dtype).itemsize for s in jax.tree.leaves(spec)))
 
 

@@ -12,6 +12,7 @@ model's whole per-layer weight read (docs/ARCHITECTURE.md).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -91,7 +92,9 @@ def _layers(
             layer_input=None if layer_inputs is None else layer_inputs[i],
         )
         x = fam.block(x, layer, i, call)
-    return x, KVCache(k=tuple(ks), v=tuple(vs), conv=tuple(convs), delta=tuple(deltas))
+    return x, dataclasses.replace(  # any other part (the MTP block's, model/mtp.py) as it was
+        cache, k=tuple(ks), v=tuple(vs), conv=tuple(convs), delta=tuple(deltas)
+    )
 
 
 def forward_chunk(
@@ -168,21 +171,43 @@ def forward_decode(
     recur: a DeltaNet layer's step (_layers' `recur`) in place of one mix_step per row and slot
     (model/speculative.py: the rows of one sequence, in order).
     """
+    logits, _, cache = forward_decode_hidden(
+        params, tokens, slots, positions, cache, cfg, impl, span, par, recur
+    )
+    return logits, cache
+
+
+def forward_decode_hidden(
+    params: Params,
+    tokens: jax.Array,
+    slots: jax.Array,
+    positions: jax.Array,
+    cache: KVCache,
+    cfg: Config,
+    impl: ops.Impl,
+    span: int | None = None,
+    par=None,
+    recur: Callable | None = None,
+) -> tuple[jax.Array, jax.Array, KVCache]:
+    """forward_decode, also returning the final normed hidden states [B, d] f32 (what the head
+    reads; an MTP drafter's input, model/mtp.py). Unused, XLA drops their computation."""
     if impl.deterministic and impl.kernels == "pallas" and tokens.shape[0] == 1:
         pair = [jnp.concatenate([a, a]) for a in (tokens, slots, positions)]
-        logits, cache = forward_decode(params, *pair, cache, cfg, impl, span, par)
-        return logits[:1], cache
+        logits, hidden, cache = forward_decode_hidden(
+            params, *pair, cache, cfg, impl, span, par, recur
+        )
+        return logits[:1], hidden[:1], cache
     if impl.deterministic and impl.kernels != "pallas" and tokens.shape[0] > 1:
 
         def one_row(cache, row):
             token, slot, position = row
-            logits, cache = forward_decode(
+            logits, hidden, cache = forward_decode_hidden(
                 params, token[None], slot[None], position[None], cache, cfg, impl, span, par
             )
-            return cache, logits[0]
+            return cache, (logits[0], hidden[0])
 
-        cache, logits = jax.lax.scan(one_row, cache, (tokens, slots, positions))
-        return logits, cache
+        cache, (logits, hidden) = jax.lax.scan(one_row, cache, (tokens, slots, positions))
+        return logits, hidden, cache
 
     def attend(q, k, v, k_cache, v_cache, window, sinks):
         if k is not None:  # None: a shared-KV layer (forward_chunk's attend)
@@ -224,11 +249,11 @@ def forward_decode(
         recur_rows if recur is None else recur,
     )
     rows, sumsq = layers.hidden(x)
+    normed = ops.rms_norm(rows, params.out_norm, cfg.rms_eps)
     if epilogues:  # the final norm applied by the head's GEMV, from the sums of squares
         [logits] = ops.norm_matmuls(rows, params.out_norm, cfg.rms_eps, [params.head], impl, sumsq)
-        return soft_cap(logits, cfg), cache
-    normed = ops.rms_norm(rows, params.out_norm, cfg.rms_eps)
-    return logits_from_hidden(params, normed, impl, cfg), cache
+        return soft_cap(logits, cfg), normed, cache
+    return logits_from_hidden(params, normed, impl, cfg), normed, cache
 
 
 def logits_from_hidden(params: Params, h: jax.Array, impl: ops.Impl, cfg: Config) -> jax.Array:

@@ -102,6 +102,27 @@ def model_from_file(file: GGUFFile) -> GGUFModel:
     tensors = {
         name: _checked_tensor(path, raw, name, want) for name, want in _iter_expected_shapes(cfg)
     }
+    tensors.update(_mtp_tensors(path, raw, cfg))
     return GGUFModel(
         path=path, config=cfg, metadata=meta, tensors=tensors, file_size=file.file_size
     )
+
+
+MTP_OPTIONAL = ("nextn.embed_tokens.weight", "nextn.shared_head_head.weight")  # [vocab, d] each
+
+
+def _mtp_tensors(path: str, raw: dict[str, RawTensor], cfg: Config) -> dict[str, RawTensor]:
+    """The MTP block's tensors after the trunk, checked, where the file has one (kept for
+    speculative decoding, model/mtp.py; never run in the main pass). A file that declares
+    nextn_predict_layers without the block's tensors loads without it."""
+    shapes = getattr(family(cfg), "mtp_shapes", None)
+    if not cfg.mtp_layers or shapes is None:
+        return {}
+    block = f"blk.{cfg.n_layers}."
+    if block + "nextn.eh_proj.weight" not in raw:
+        return {}
+    out = {name: _checked_tensor(path, raw, name, want) for name, want in shapes(cfg).items()}
+    for name in (block + n for n in MTP_OPTIONAL):
+        if name in raw:
+            out[name] = _checked_tensor(path, raw, name, (cfg.vocab_size, cfg.d_model))
+    return out

@@ -13,6 +13,8 @@ the trunk (`blk.{n_layers}.*`): they load (for speculative decoding) but never r
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -135,6 +137,25 @@ def layer_shapes(cfg: Config, i: int) -> dict[str, tuple[int, ...]]:
             p + "ffn_gate.weight": (ff, d),
             p + "ffn_up.weight": (ff, d),
             p + "ffn_down.weight": (d, ff),
+        }
+    )
+    return shapes
+
+
+def mtp_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The MTP block after the trunk (blk.{n_layers}): a gated-attention block (with the trunk's
+    FFN kind) plus nextn.* (llama.cpp models/qwen35.cpp load_block_mtp); the optional
+    nextn.embed_tokens / shared_head_head are not listed (model/mtp.py takes them where present)."""
+    d, i = cfg.d_model, cfg.n_layers
+    attention = dataclasses.replace(cfg, recurrent_layers=(), mtp_layers=0)
+    shapes = {n.replace("blk.0.", f"blk.{i}."): s for n, s in layer_shapes(attention, 0).items()}
+    p = f"blk.{i}.nextn."
+    shapes.update(
+        {
+            p + "eh_proj.weight": (d, 2 * d),
+            p + "enorm.weight": (d,),
+            p + "hnorm.weight": (d,),
+            p + "shared_head_norm.weight": (d,),
         }
     )
     return shapes

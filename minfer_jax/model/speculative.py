@@ -22,7 +22,7 @@ from minfer_jax import ops
 from minfer_jax.model import deltanet
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
-from minfer_jax.model.decoder import forward_decode
+from minfer_jax.model.decoder import forward_decode_hidden
 from minfer_jax.model.weights import Params
 
 
@@ -46,18 +46,18 @@ def forward_rows(
     impl: ops.Impl,
     span: int | None = None,
     par=None,
-) -> tuple[jax.Array, KVCache, Snapshots]:
+) -> tuple[jax.Array, jax.Array, KVCache, Snapshots]:
     """tokens [T] of sequence `slot` at positions start + [0, T) as T decode rows -> (logits
-    [T, vocab], cache, Snapshots). The cache's K/V hold all T rows; its recurrent states are the
-    slot's before the rows (keep_snapshot sets them)."""
+    [T, vocab], the final normed hidden states [T, d], cache, Snapshots). The cache's K/V hold
+    all T rows; its recurrent states are the slot's before the rows (keep_snapshot sets them)."""
     t = tokens.shape[0]
     positions = start + jnp.arange(t, dtype=jnp.int32)
     slots = jnp.full((t,), slot, jnp.int32)
     if not cfg.recurrent_layer_ids:
-        logits, cache = forward_decode(
+        logits, hidden, cache = forward_decode_hidden(
             params, tokens, slots, positions, cache, cfg, impl, span, par
         )
-        return logits, cache, Snapshots()
+        return logits, hidden, cache, Snapshots()
     if impl.deterministic and impl.kernels != "pallas":
         return _one_row_at_a_time(params, tokens, slot, positions, cache, cfg, impl, span, par)
     convs: list[jax.Array] = []
@@ -69,10 +69,10 @@ def forward_rows(
         deltas.append(s)
         return out, conv, delta
 
-    logits, cache = forward_decode(
+    logits, hidden, cache = forward_decode_hidden(
         params, tokens, slots, positions, cache, cfg, impl, span, par, recur=recur
     )
-    return logits, cache, Snapshots(tuple(convs), tuple(deltas))
+    return logits, hidden, cache, Snapshots(tuple(convs), tuple(deltas))
 
 
 def _one_row_at_a_time(params, tokens, slot, positions, cache, cfg, impl, span, par):
@@ -83,15 +83,15 @@ def _one_row_at_a_time(params, tokens, slot, positions, cache, cfg, impl, span, 
 
     def one_row(cache, row):
         token, position = row
-        logits, cache = forward_decode(
+        logits, hidden, cache = forward_decode_hidden(
             params, token[None], slot[None], position[None], cache, cfg, impl, span, par
         )
         states = (tuple(c[slot] for c in cache.conv), tuple(d[slot] for d in cache.delta))
-        return cache, (logits[0], states)
+        return cache, (logits[0], hidden[0], states)
 
-    cache, (logits, (convs, deltas)) = jax.lax.scan(one_row, cache, (tokens, positions))
+    cache, (logits, hidden, (convs, deltas)) = jax.lax.scan(one_row, cache, (tokens, positions))
     cache = _set_slot(cache, slot, conv0, delta0)
-    return logits, cache, Snapshots(convs, deltas)
+    return logits, hidden, cache, Snapshots(convs, deltas)
 
 
 def keep_snapshot(cache: KVCache, snapshots: Snapshots, slot, index) -> KVCache:

@@ -20,6 +20,7 @@ import concurrent.futures
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +134,8 @@ class Params:
     per_layer_embed: Weight | None = None
     per_layer_proj: Weight | None = None
     per_layer_norm: jax.Array | None = None
+    # the MTP block (model/mtp.MtpParams), loaded for draft-mtp speculation (load(mtp=True))
+    mtp: Any = None
 
     @property
     def head(self) -> Weight:
@@ -383,43 +386,8 @@ def load_params(
     def optional_matrix(name):
         return _matrix([t[name]], opts, device) if name in t else None
 
-    def biases(p):
-        names = [f"{p}{r}.bias" for r in QKV_ROLES]
-        return jnp.concatenate([vec(n) for n in names]) if names[0] in t else None
-
     def layer(i):
-        p = f"blk.{i}."
-        recurrent = p + "ssm_a" in t
-        dense_ffn = p + "ffn_down.weight" in t
-        moe_norms = [f"{p}{n}.weight" for n in GEMMA4_MOE_NORMS]
-        return Layer(
-            attn_norm=vec(p + "attn_norm.weight"),
-            qkv=()
-            if recurrent
-            else _group(
-                model, [f"{p}{r}.weight" for r in QKV_ROLES if f"{p}{r}.weight" in t], opts, device
-            ),  # fmt: skip
-            qkv_bias=biases(p),
-            wo=None if recurrent else _matrix([t[p + "attn_output.weight"]], opts, device),
-            ffn_norm=optional_vec(p + "ffn_norm.weight"),
-            gate_up=(
-                _group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device)
-                if dense_ffn
-                else ()
-            ),
-            w_down=_matrix([t[p + "ffn_down.weight"]], opts, device) if dense_ffn else None,
-            q_norm=optional_vec(p + "attn_q_norm.weight"),
-            k_norm=optional_vec(p + "attn_k_norm.weight"),
-            post_attn_norm=optional_vec(p + "post_attention_norm.weight"),
-            post_ffn_norm=optional_vec(p + "post_ffw_norm.weight"),
-            moe=load_experts(model, i, opts, device),
-            wo_bias=optional_vec(p + "attn_output.bias"),
-            sinks=optional_vec(p + "attn_sinks.weight"),
-            mixer=_deltanet(model, p, opts, device) if recurrent else None,
-            per_layer=_per_layer_input(model, p, opts, device),
-            out_scale=optional_vec(p + "layer_output_scale.weight"),
-            moe_norms=tuple(vec(n) for n in moe_norms) if moe_norms[0] in t else (),
-        )
+        return load_layer(model, i, opts, device)
 
     # Repacking is numpy work that releases the GIL: layers in parallel (a 7B's 4.4 GB took minutes
     # on one core); at most a few layers' host copies live at once.
@@ -440,3 +408,60 @@ def load_params(
             per_layer_proj=optional_matrix("per_layer_model_proj.weight"),
             per_layer_norm=optional_vec("per_layer_proj_norm.weight"),
         )
+
+
+def load_layer(model: GGUFModel, i: int, opts: LoadOptions, device) -> Layer:
+    """Layer i's weights (blk.{i}.*): also an MTP block after the trunk (model/mtp.py)."""
+    t, p = model.tensors, f"blk.{i}."
+
+    def vec(name):
+        return jax.device_put(_vector(t[name]), device)
+
+    def optional_vec(name):  # a tensor only some families have (load_gguf keeps only the family's)
+        return vec(name) if name in t else None
+
+    def biases(p):
+        names = [f"{p}{r}.bias" for r in QKV_ROLES]
+        return jnp.concatenate([vec(n) for n in names]) if names[0] in t else None
+
+    recurrent = p + "ssm_a" in t
+    dense_ffn = p + "ffn_down.weight" in t
+    moe_norms = [f"{p}{n}.weight" for n in GEMMA4_MOE_NORMS]
+    return Layer(
+        attn_norm=vec(p + "attn_norm.weight"),
+        qkv=()
+        if recurrent
+        else _group(
+            model, [f"{p}{r}.weight" for r in QKV_ROLES if f"{p}{r}.weight" in t], opts, device
+        ),  # fmt: skip
+        qkv_bias=biases(p),
+        wo=None if recurrent else _matrix([t[p + "attn_output.weight"]], opts, device),
+        ffn_norm=optional_vec(p + "ffn_norm.weight"),
+        gate_up=(
+            _group(model, [f"{p}{r}.weight" for r in GATE_UP_ROLES], opts, device)
+            if dense_ffn
+            else ()
+        ),
+        w_down=_matrix([t[p + "ffn_down.weight"]], opts, device) if dense_ffn else None,
+        q_norm=optional_vec(p + "attn_q_norm.weight"),
+        k_norm=optional_vec(p + "attn_k_norm.weight"),
+        post_attn_norm=optional_vec(p + "post_attention_norm.weight"),
+        post_ffn_norm=optional_vec(p + "post_ffw_norm.weight"),
+        moe=load_experts(model, i, opts, device),
+        wo_bias=optional_vec(p + "attn_output.bias"),
+        sinks=optional_vec(p + "attn_sinks.weight"),
+        mixer=_deltanet(model, p, opts, device) if recurrent else None,
+        per_layer=_per_layer_input(model, p, opts, device),
+        out_scale=optional_vec(p + "layer_output_scale.weight"),
+        moe_norms=tuple(vec(n) for n in moe_norms) if moe_norms[0] in t else (),
+    )
+
+
+def load_matrix(model: GGUFModel, name: str, opts: LoadOptions, device) -> Weight:
+    """One named matrix of the file as load_params stores it."""
+    return _matrix([model.tensors[name]], opts, device)
+
+
+def load_vector(model: GGUFModel, name: str, device) -> jax.Array:
+    """One named norm or bias of the file, f32 on the device."""
+    return jax.device_put(_vector(model.tensors[name]), device)
