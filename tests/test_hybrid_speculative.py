@@ -86,7 +86,7 @@ def test_verification_rows_are_plain_decode_steps_bit_for_bit():
     cache = jax.tree.map(lambda a: a + 0.01 if a.dtype == jnp.float32 else a, cache)  # not zero
 
     rows = jax.jit(lambda c: forward_rows(params, tokens, jnp.int32(0), jnp.int32(5), c, cfg, impl))
-    logits, after_rows, snaps = rows(cache)
+    logits, _, after_rows, snaps = rows(cache)
     assert all(bool(jnp.all(a == b)) for a, b in zip(after_rows.delta, cache.delta))  # untouched
 
     def plain_step(c, row):  # plain decoding's steps run in a loop too (steps.decode_chunk)
