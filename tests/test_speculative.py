@@ -244,7 +244,7 @@ def test_verify_buckets_are_bounded_and_compiled_with_the_request(tiny):
 
 def test_refusals_say_what_is_missing():
     with pytest.raises(InvalidArgumentError, match="not implemented"):
-        speculation_of("draft-mtp")
+        speculation_of("draft-eagle3")
     with pytest.raises(InvalidArgumentError, match="speculative"):
         speculation_of("ngram-fancy")
     with pytest.raises(InvalidArgumentError, match="draft_max"):

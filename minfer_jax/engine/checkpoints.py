@@ -37,6 +37,8 @@ class Checkpoints:
     def __init__(self, cache: KVCache):
         self.conv = tuple(jnp.zeros_like(c) for c in cache.conv)
         self.delta = tuple(jnp.zeros_like(d) for d in cache.delta)
+        # with the MTP block (model/mtp.py): its hidden state of the prompt's last token
+        self.hidden = tuple(jnp.zeros_like(h) for h in cache.mtp[2:])
         self.tokens: dict[int, list[int]] = {}
         # compiled now, not on a server's loop thread later (take and restore share it)
         self.conv = _copy_slot(self.conv, cache.conv, np.int32(0))
@@ -46,6 +48,7 @@ class Checkpoints:
         """Copy slot's state, which has just run `prompt` from position 0."""
         self.conv = _copy_slot(self.conv, cache.conv, np.int32(slot))
         self.delta = _copy_slot(self.delta, cache.delta, np.int32(slot))
+        self.hidden = _copy_slot(self.hidden, cache.mtp[2:], np.int32(slot))
         self.tokens[slot] = list(prompt)
 
     def restore(self, cache: KVCache, slot: int, prompt: Sequence[int]) -> tuple[KVCache, int]:
@@ -56,4 +59,5 @@ class Checkpoints:
             return cache, 0
         conv = _copy_slot(cache.conv, self.conv, np.int32(slot))
         delta = _copy_slot(cache.delta, self.delta, np.int32(slot))
-        return dataclasses.replace(cache, conv=conv, delta=delta), len(kept)
+        mtp = cache.mtp[:2] + _copy_slot(cache.mtp[2:], self.hidden, np.int32(slot))
+        return dataclasses.replace(cache, conv=conv, delta=delta, mtp=mtp), len(kept)

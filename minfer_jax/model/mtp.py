@@ -59,6 +59,10 @@ from minfer_jax.model.weights import (
 )
 from minfer_jax.quant.matrix import embed_rows
 
+# A draft chain's rows (1) and a verification's (K <= 15) attend as decode rows (every row its own
+# position; the chunk kernel takes powers of two from 16), a prefill chunk's as a chunk.
+AS_DECODE_ROWS = 15
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -126,14 +130,20 @@ def mtp_forward(
     e = ops.rms_norm(embed_rows(mtp.embed or params.embed, tokens), mtp.enorm, eps)
     h = ops.rms_norm(hidden, mtp.hnorm, eps)
     x = ops.matmul(jnp.concatenate([e, h], axis=-1), mtp.eh_proj, impl)  # embedding first
-    positions = start + jnp.arange(tokens.shape[0], dtype=jnp.int32)
+    t = tokens.shape[0]
+    positions = start + jnp.arange(t, dtype=jnp.int32)
+    slots = jnp.full((t,), slot, jnp.int32)
     k_cache, v_cache = kv
 
     def attend(q, k, v, sinks=None):
         nonlocal k_cache, v_cache
-        k_cache = kv_cache.write_chunk(k_cache, k, slot, start)
-        v_cache = kv_cache.write_chunk(v_cache, v, slot, start)
-        return attention.chunk_attention(q, k_cache, v_cache, slot, start, mcfg, impl, 0, sinks)
+        if t > AS_DECODE_ROWS:  # a prefill chunk
+            k_cache = kv_cache.write_chunk(k_cache, k, slot, start)
+            v_cache = kv_cache.write_chunk(v_cache, v, slot, start)
+            return attention.chunk_attention(q, k_cache, v_cache, slot, start, mcfg, impl)
+        k_cache = kv_cache.write_rows(k_cache, k, slots, positions)
+        v_cache = kv_cache.write_rows(v_cache, v, slots, positions)
+        return attention.decode_attention(q, k_cache, v_cache, slots, positions, mcfg, impl)
 
     call = layers.LayerCall(positions=positions, attend=attend, cfg=mcfg, impl=impl)
     x = family(cfg).block(x, mtp.layer, 0, call)
