@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 
 import minfer_jax
+from minfer_jax.cli.arguments import build_parser
+from minfer_jax.cli.speculative import speculation_from_args
+from minfer_jax.engine.lookup import DEFAULT_MTP_DRAFT, Speculation
 from minfer_jax.errors import InvalidArgumentError, UnsupportedError
 from minfer_jax.files.gguf import QType, RawTensor
 from minfer_jax.model.mtp import has_mtp, mtp_forward
@@ -139,3 +142,12 @@ def test_mtp_needs_the_block_loaded_and_in_the_file():
         minfer_jax.generate(plain_load, [1, 2, 3], max_new_tokens=4, speculative="draft-mtp")
     with pytest.raises(UnsupportedError, match="no MTP block"):
         minfer_jax.load(gguf_model=qwen35_model("qwen35-tiny"), kernels="xla", mtp=True)
+
+
+def test_cli_takes_llama_cpps_draft_mtp():
+    parse = build_parser().parse_args
+    spec = speculation_from_args(parse(["--spec-type", "draft-mtp"]))
+    assert spec == Speculation(kind="draft-mtp", draft_max=DEFAULT_MTP_DRAFT) and spec.on_device
+    spec = speculation_from_args(parse(["--spec-type", "mtp", "--spec-draft-n-max", "1"]))
+    assert spec.on_device and spec.draft_max == 1
+    assert not speculation_from_args(parse(["--spec-type", "lookup"])).on_device

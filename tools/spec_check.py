@@ -12,6 +12,11 @@ verification bucket meets accepted and rejected tokens). It prints how many sequ
 from plain decoding and, for each that does, the plain run's top-2 logit margin at the first
 differing position (a near tie, or a bug). The deterministic mode must give 0 differences.
 The same check runs on the CPU with --kernels interpret (slow: a tiny model only).
+--qwen35 NAME takes a small synthetic Qwen3.5 file (minfer_bench.synthetic_qwen35, e.g.
+qwen35-tiny-v3-mtp, with an MTP block); --mtp loads the MTP block and adds its drafter
+(generate(speculative="draft-mtp")):
+
+    PYTHONPATH=. python tools/spec_check.py --qwen35 qwen35-tiny-v3-mtp --mtp -n 32 --prompts 4
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from minfer_jax.files.prompts import encode_chat
 
 from minfer_bench.spec_replay import replayed
 from minfer_bench.synthetic import synthetic_model
+from minfer_bench.synthetic_qwen35 import qwen35_model
 
 PROMPTS = "tests/data/invariance_prompts.json"
 
@@ -55,12 +61,16 @@ def check(model, label: str, mode: str, prompts, n_gen: int, draft_max: int) -> 
     rows = []
     for p in prompts:
         plain = minfer_jax.generate(model, p, max_new_tokens=n_gen, ignore_eos=True)
-        lookup = minfer_jax.generate(
-            model, p, max_new_tokens=n_gen, ignore_eos=True, speculative="lookup",
-            draft_max=draft_max,
-        )  # fmt: skip
-        replay = replayed(model, p, plain.tokens, draft_max=draft_max)
-        for kind, res in (("lookup", lookup), ("replay", replay)):
+        runs = [("lookup", "lookup")] + ([("mtp", "draft-mtp")] if model.has_mtp else [])
+        results = [
+            (kind, minfer_jax.generate(
+                model, p, max_new_tokens=n_gen, ignore_eos=True, speculative=spec,
+                draft_max=draft_max,
+            ))
+            for kind, spec in runs
+        ]  # fmt: skip
+        results.append(("replay", replayed(model, p, plain.tokens, draft_max=draft_max)))
+        for kind, res in results:
             same = res.tokens == plain.tokens
             where, gap = (None, None) if same else margin_at(model, p, plain.tokens, res.tokens)
             rows.append(
@@ -83,6 +93,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("-m", "--model", action="append", default=[], help="a GGUF path or default")
     ap.add_argument("--synthetic", action="append", default=[], help="e.g. qwen2.5-7b:q4_k_m")
+    ap.add_argument("--qwen35", action="append", default=[], help="e.g. qwen35-tiny-v3-mtp")
+    ap.add_argument("--mtp", action="store_true", help="load the MTP block, draft with it too")
     ap.add_argument("--layers", type=int, default=None, help="synthetic: layer count")
     ap.add_argument("--kernels", default=None, help="pallas (GPU default) or interpret")
     ap.add_argument("--modes", default="default,deterministic")
@@ -92,11 +104,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="also write the rows as JSON lines here")
     args = ap.parse_args(argv)
     sources = [(f"synthetic:{s}", synthetic_model(s, layers=args.layers)) for s in args.synthetic]
+    sources += [(f"synthetic:{s}", qwen35_model(s)) for s in args.qwen35]
     sources += [(m, resolve_model(m)) for m in args.model]
     rows = []
     for label, src in sources:
         for mode in args.modes.split(","):
-            kw = dict(kernels=args.kernels, deterministic=mode == "deterministic", ctx_size=2048)
+            kw = dict(
+                kernels=args.kernels, deterministic=mode == "deterministic", ctx_size=2048,
+                mtp=args.mtp,
+            )  # fmt: skip
             model = (
                 minfer_jax.load(src, **kw) if isinstance(src, str) else
                 minfer_jax.load(gguf_model=src, **kw)
