@@ -107,9 +107,9 @@ def test_verification_rows_are_plain_decode_steps_bit_for_bit():
     mixer = params.layers[0].mixer
     width = _proj_width(cfg)
     proj = jax.random.normal(jax.random.PRNGKey(0), (5, width), jnp.float32)
-    conv, state = cache.conv[0][0], cache.delta[0][0]
-    out, convs, states = jax.jit(lambda p: deltanet.mix_rows(p, mixer, conv, state, cfg))(proj)
-    conv, state = conv[None], state[None]
+    conv0, state0 = cache.conv[0][0], cache.delta[0][0]
+    out, convs, states = jax.jit(lambda p: deltanet.mix_rows(p, mixer, conv0, state0, cfg))(proj)
+    conv, state = conv0[None], state0[None]
     for i in range(proj.shape[0]):
         o, conv, state = jax.jit(lambda p, c, s: deltanet.mix_step(p, mixer, c, s, cfg))(
             proj[i : i + 1], conv, state
@@ -117,6 +117,9 @@ def test_verification_rows_are_plain_decode_steps_bit_for_bit():
         np.testing.assert_array_equal(np.asarray(o[0]), np.asarray(out[i]))
         np.testing.assert_array_equal(np.asarray(state[0]), np.asarray(states[i]))
         np.testing.assert_array_equal(np.asarray(conv[0]), np.asarray(convs[i]))
+    unrolled = jax.jit(lambda p: deltanet.mix_rows(p, mixer, conv0, state0, cfg, unroll=True))
+    for got, want in zip(unrolled(proj), (out, convs, states)):  # the GPU's form: same math
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
 def _proj_width(cfg) -> int:

@@ -104,16 +104,19 @@ def mix_step(proj, w: DeltaNet, conv_state, state, cfg: Config):
     return gated_norm(o, z, w, cfg.rms_eps), conv_state, state
 
 
-def mix_rows(proj, w: DeltaNet, conv_state, state, cfg: Config):
+def mix_rows(proj, w: DeltaNet, conv_state, state, cfg: Config, unroll: bool = False):
     """T consecutive tokens of one sequence, each run as mix_step runs a decode row (so the bits
     are plain decoding's): proj [T, ...], conv_state [K - 1, conv_dim], state [Hv, dk, dv] ->
     (the gated output [T, Hv dv], conv states [T, K - 1, conv_dim], states [T, Hv, dk, dv]): the
-    states after each token, of which speculative verification keeps the last accepted one."""
+    states after each token, of which speculative verification keeps the last accepted one.
+    unroll: the rows as straight-line code (a GPU loop iteration costs ~8 us, more than a row's
+    step), else a loop (the CPU's bits are then the decode step's)."""
 
     def step(carry, row):
         conv, s = carry
         out, conv, s = mix_step(row[None], w, conv, s, cfg)
         return (conv, s), (out[0], conv[0], s[0])
 
-    _, (out, convs, states) = jax.lax.scan(step, (conv_state[None], state[None]), proj)
+    carry = (conv_state[None], state[None])
+    _, (out, convs, states) = jax.lax.scan(step, carry, proj, unroll=unroll)
     return out, convs, states

@@ -63,8 +63,10 @@ def forward_rows(
     convs: list[jax.Array] = []
     deltas: list[jax.Array] = []
 
+    unroll = impl.kernels == "pallas" and not impl.deterministic
+
     def recur(proj, w, conv, delta):  # called once per DeltaNet layer, in layer order
-        out, c, s = deltanet.mix_rows(proj, w, conv[slot], delta[slot], cfg)
+        out, c, s = deltanet.mix_rows(proj, w, conv[slot], delta[slot], cfg, unroll)
         convs.append(c)
         deltas.append(s)
         return out, conv, delta
