@@ -108,7 +108,9 @@ def model_from_file(file: GGUFFile) -> GGUFModel:
     )
 
 
-MTP_OPTIONAL = ("nextn.embed_tokens.weight", "nextn.shared_head_head.weight")  # [vocab, d] each
+# [vocab, d] each; and shared_head_norm [d] (llama.cpp: TENSOR_NOT_REQUIRED, output_norm instead)
+MTP_OPTIONAL = ("nextn.embed_tokens.weight", "nextn.shared_head_head.weight")
+MTP_OPTIONAL_NORM = "nextn.shared_head_norm.weight"
 
 
 def _mtp_tensors(path: str, raw: dict[str, RawTensor], cfg: Config) -> dict[str, RawTensor]:
@@ -121,8 +123,16 @@ def _mtp_tensors(path: str, raw: dict[str, RawTensor], cfg: Config) -> dict[str,
     block = f"blk.{cfg.n_layers}."
     if block + "nextn.eh_proj.weight" not in raw:
         return {}
-    out = {name: _checked_tensor(path, raw, name, want) for name, want in shapes(cfg).items()}
-    for name in (block + n for n in MTP_OPTIONAL):
+    optional: dict[str, tuple[int, ...]] = {
+        block + n: (cfg.vocab_size, cfg.d_model) for n in MTP_OPTIONAL
+    }
+    optional[block + MTP_OPTIONAL_NORM] = (cfg.d_model,)
+    out = {
+        name: _checked_tensor(path, raw, name, want)
+        for name, want in shapes(cfg).items()
+        if name not in optional
+    }
+    for name, want in optional.items():
         if name in raw:
-            out[name] = _checked_tensor(path, raw, name, (cfg.vocab_size, cfg.d_model))
+            out[name] = _checked_tensor(path, raw, name, want)
     return out

@@ -73,7 +73,7 @@ class MtpParams:
     eh_proj: Weight  # [d, 2 d]
     enorm: jax.Array  # [d]
     hnorm: jax.Array  # [d]
-    head_norm: jax.Array  # [d] shared_head_norm
+    head_norm: jax.Array | None = None  # [d] shared_head_norm; None: the trunk's output_norm
     embed: Weight | None = None  # nextn.embed_tokens [vocab, d]; None: the trunk's token_embd
     head: Weight | None = None  # nextn.shared_head_head [vocab, d]; None: the trunk's head
 
@@ -95,12 +95,15 @@ def load_mtp(model: GGUFModel, opts: LoadOptions, device) -> MtpParams:
     def optional(name):
         return load_matrix(model, p + name, opts, device) if p + name in model.tensors else None
 
+    def optional_vector(name):
+        return load_vector(model, p + name, device) if p + name in model.tensors else None
+
     return MtpParams(
         layer=load_layer(model, n, opts, device),
         eh_proj=load_matrix(model, p + "eh_proj.weight", opts, device),
         enorm=load_vector(model, p + "enorm.weight", device),
         hnorm=load_vector(model, p + "hnorm.weight", device),
-        head_norm=load_vector(model, p + "shared_head_norm.weight", device),
+        head_norm=optional_vector("shared_head_norm.weight"),
         embed=optional("embed_tokens.weight"),
         head=optional("shared_head_head.weight"),
     )
@@ -147,7 +150,8 @@ def mtp_forward(
 
     call = layers.LayerCall(positions=positions, attend=attend, cfg=mcfg, impl=impl)
     x = family(cfg).block(x, mtp.layer, 0, call)
-    out = ops.rms_norm(layers.hidden(x)[0], mtp.head_norm, eps)
+    head_norm = params.out_norm if mtp.head_norm is None else mtp.head_norm
+    out = ops.rms_norm(layers.hidden(x)[0], head_norm, eps)
     logits = ops.matmul(out, mtp.head or params.head, impl)
     return logits, out, (k_cache, v_cache)
 
