@@ -23,7 +23,7 @@ log "start on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 # the disk holds 64 GiB: q30 + goss + q36 + q7 (~53 GiB) first, g26 and q27 once q30 and goss are gone
 (write qwen3-30b-a3b:q4_k_m /tmp/q30.gguf; write gpt-oss-20b:mxfp4_moe /tmp/goss.gguf
  write qwen3.6-35b-a3b:q4_k_m /tmp/q36.gguf; write qwen2.5-7b:q4_k_m /tmp/q7.gguf
- written "q30 goss removed"; write gemma-4-26b-a4b:q4_k_m /tmp/g26.gguf; write qwen3.6-27b:q4_k_m /tmp/q27.gguf) &
+ until grep -q "q30 goss removed" $P; do sleep 5; done; write gemma-4-26b-a4b:q4_k_m /tmp/g26.gguf; write qwen3.6-27b:q4_k_m /tmp/q27.gguf) &
 MINFER_TEST_KERNELS=compiled run tests_new.txt 300 python3 -m pytest -v -p no:cacheprovider tests/test_codebooks.py tests/test_expert_kernels.py tests/test_kv8.py tests/test_attention_sinks.py tests/test_deltanet.py tests/test_gemma4.py tests/test_kernels.py -k 'not slow'
 written /tmp/q30.gguf; run tg_ours_q30.md 400 python3 scripts/bench.py -m /tmp/q30.gguf -p 512,4096 -n 128 -r 2 -o md
 written /tmp/goss.gguf; run tg_ours_goss.md 400 python3 scripts/bench.py -m /tmp/goss.gguf -p 512,4096 -n 128 -r 2 -o md
