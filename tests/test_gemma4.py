@@ -139,11 +139,10 @@ def test_batched_and_after_a_shared_prefix_as_llama_cpp(files):
     """The scheduler runs the 170-token prompt (three prefill chunks) beside the 24-token one
     (rows of one decode batch, through the shared-KV layers): each gets llama.cpp's greedy
     continuation. Then the 170 tokens + the first 4 of that continuation reuse the slot's cached
-    prefix and get the next 4 (greedy is deterministic: llama.cpp's tokens 5-8, its 9th the
-    synthetic vocabulary's end-of-sequence token)."""
+    prefix and get the next 4 (greedy is deterministic: llama.cpp's tokens 5-8)."""
     name = "gemma4-tiny"
     model = _model(files(name))
-    eos = model.config.vocab_size - 1  # the synthetic vocabulary's
+    eos = model.tokenizer.eos_id  # the synthetic vocabulary's <eos> (id 1, as Gemma 4's)
     long, short = _expected_prompts(name)
     sched = model.scheduler(2)
     reqs = [sched.submit(p["ids"], max_new_tokens=len(p["greedy"])) for p in (long, short)]
