@@ -105,3 +105,46 @@ def split_channels(text: str) -> dict[str, str]:
     for field, piece in [*stream.feed(text), *stream.finish()]:
         fields[field] = fields.get(field, "") + piece
     return fields
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI-style chat messages as the harmony template takes them: an assistant's
+    `reasoning_content` as its `thinking` (the analysis message the template renders before a
+    call), joined with its text where it has calls too (the template holds one analysis message
+    there), and an assistant turn of several calls split into one turn per call, each followed by
+    its result (the template names a result after the latest call)."""
+    out: list[dict] = []
+    pending: dict[str, dict] = {}  # results not placed yet, by call id
+    for m in messages:
+        if m.get("role") == "tool" and m.get("tool_call_id") in pending:
+            pending[m["tool_call_id"]].update(result=m)
+            continue
+        m = dict(m)
+        thinking = m.pop("reasoning_content", None)
+        calls = m.get("tool_calls") or []
+        if thinking and calls and m.get("content"):
+            thinking, m["content"] = f"{thinking}\n\n{m['content']}", ""
+        if thinking:
+            m["thinking"] = thinking
+        if m.get("role") != "assistant" or len(calls) < 2:
+            out.extend(_flushed(pending))
+            out.append(m)
+            continue
+        out.extend(_flushed(pending))
+        first = {**m, "tool_calls": calls[:1]}
+        pending = {c.get("id") or f"#{i}": {"call": c} for i, c in enumerate(calls)}
+        pending[calls[0].get("id") or "#0"]["message"] = first
+    out.extend(_flushed(pending))
+    return out
+
+
+def _flushed(pending: dict[str, dict]) -> list[dict]:
+    """The turns of a split multi-call message: each call, then its result where one came."""
+    out = []
+    for entry in pending.values():
+        out.append(entry.get("message") or {"role": "assistant", "content": "",
+                                             "tool_calls": [entry["call"]]})  # fmt: skip
+        if "result" in entry:
+            out.append(entry["result"])
+    pending.clear()
+    return out
