@@ -114,11 +114,13 @@ def template_messages(messages: list[dict]) -> list[dict]:
     there), and an assistant turn of several calls split into one turn per call, each followed by
     its result (the template names a result after the latest call)."""
     out: list[dict] = []
-    pending: dict[str, dict] = {}  # results not placed yet, by call id
+    pending: list[dict] = []  # the split turn's calls, each with its result once that comes
     for m in messages:
-        if m.get("role") == "tool" and m.get("tool_call_id") in pending:
-            pending[m["tool_call_id"]].update(result=m)
+        waiting = [e for e in pending if "result" not in e]
+        if m.get("role") == "tool" and (entry := _of_call(waiting, m.get("tool_call_id"))):
+            entry["result"] = m
             continue
+        out.extend(_flushed(pending))
         m = dict(m)
         thinking = m.pop("reasoning_content", None)
         calls = m.get("tool_calls") or []
@@ -127,21 +129,21 @@ def template_messages(messages: list[dict]) -> list[dict]:
         if thinking:
             m["thinking"] = thinking
         if m.get("role") != "assistant" or len(calls) < 2:
-            out.extend(_flushed(pending))
             out.append(m)
             continue
-        out.extend(_flushed(pending))
-        first = {**m, "tool_calls": calls[:1]}
-        pending = {c.get("id") or f"#{i}": {"call": c} for i, c in enumerate(calls)}
-        pending[calls[0].get("id") or "#0"]["message"] = first
-    out.extend(_flushed(pending))
-    return out
+        pending = [{"call": c} for c in calls]
+        pending[0]["message"] = {**m, "tool_calls": calls[:1]}
+    return out + _flushed(pending)
 
 
-def _flushed(pending: dict[str, dict]) -> list[dict]:
+def _of_call(entries: list[dict], call_id) -> dict | None:
+    return next((e for e in entries if call_id and e["call"].get("id") == call_id), None)
+
+
+def _flushed(pending: list[dict]) -> list[dict]:
     """The turns of a split multi-call message: each call, then its result where one came."""
     out = []
-    for entry in pending.values():
+    for entry in pending:
         out.append(entry.get("message") or {"role": "assistant", "content": "",
                                              "tool_calls": [entry["call"]]})  # fmt: skip
         if "result" in entry:
