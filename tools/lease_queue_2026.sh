@@ -27,9 +27,9 @@ log "start on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 MINFER_TEST_KERNELS=compiled run tests_new.txt 240 python3 -m pytest -v -p no:cacheprovider tests/test_codebooks.py tests/test_expert_kernels.py tests/test_kv8.py tests/test_attention_sinks.py tests/test_deltanet.py tests/test_gemma4.py tests/test_kernels.py -k 'not slow'
 written /tmp/q30.gguf; run tg_ours_q30.md 400 python3 scripts/bench.py -m /tmp/q30.gguf -p 512,4096 -n 128 -r 2 -o md
 written /tmp/goss.gguf; run tg_ours_goss.md 400 python3 scripts/bench.py -m /tmp/goss.gguf -p 512,4096 -n 128 -r 2 -o md
-built && run tg_llama_q30.md 240 $BIN/llama-bench -m /tmp/q30.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
 run profile_q30.txt 200 python3 tools/step_profile.py -m /tmp/q30.gguf
 run profile_goss.txt 200 python3 tools/step_profile.py -m /tmp/goss.gguf
+built && run tg_llama_q30.md 240 $BIN/llama-bench -m /tmp/q30.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
 built && run tg_llama_goss.md 240 $BIN/llama-bench -m /tmp/goss.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
 run batched_ours_q30.md 360 python3 scripts/bench.py -m /tmp/q30.gguf --batched -npp 512 -ntg 128 -npl 1,8,32 -o md
 built && run batched_llama_q30.txt 240 $BIN/llama-batched-bench -m /tmp/q30.gguf -c 24576 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,32 -ngl 99 -fa on
