@@ -22,6 +22,7 @@ import gguf
 import numpy as np
 
 import minfer_jax
+
 from minfer_bench.bench import kernel_timing as KB
 
 # first match wins: (kind, pattern on the kernel's name)
@@ -131,8 +132,10 @@ def main(argv=None) -> int:
         dur_b[n] += d / 1e3
     for _, d, n in short:
         dur_a[n] += d / 1e3
-    print(f"{args.model}: {model.config.n_layers} layers, prompt {args.prompt}, decode tokens "
-          f"{args.short} vs {args.long}; last traced call {wall:.2f} s wall")
+    print(
+        f"{args.model}: {model.config.n_layers} layers, prompt {args.prompt}, decode tokens "
+        f"{args.short} vs {args.long}; last traced call {wall:.2f} s wall"
+    )
     print("| kind | launches / token | device us / token | share |")
     print("| --- | ---: | ---: | ---: |")
     for r in rows:
@@ -140,9 +143,11 @@ def main(argv=None) -> int:
         print(f"| {r['kind']} | {r['launches']:.1f} | {r['us']:.1f} | {share:.1f} % |")
     launches = sum(r["launches"] for r in rows)
     print(f"| all | {launches:.1f} | {step_us:.1f} | 100 % |")
-    print(f"\nactive weights per token {active / 2**20:.1f} MiB of {total / 2**30:.2f} GiB; "
-          f"over the kernels' device time {active / step_us / 1e3:.0f} GB/s "
-          f"({1e6 / step_us:.0f} tokens/s if nothing but the kernels ran)")
+    print(
+        f"\nactive weights per token {active / 2**20:.1f} MiB of {total / 2**30:.2f} GiB; "
+        f"over the kernels' device time {active / step_us / 1e3:.0f} GB/s "
+        f"({1e6 / step_us:.0f} tokens/s if nothing but the kernels ran)"
+    )
     print(f"\nthe {args.top} costliest kernels per token:")
     top = sorted(dur_b, key=lambda n: -(dur_b[n] - dur_a[n]))[: args.top]
     for n in top:
