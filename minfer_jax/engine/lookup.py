@@ -56,6 +56,10 @@ class Speculation:
         validate.integer("ngram_max", self.ngram_max, 1, 64)
         validate.integer("ngram_min", self.ngram_min, 1, self.ngram_max)
 
+    def new_drafter(self) -> Drafter:
+        """One sequence's drafter (drafter.SpeculationSetting)."""
+        return Drafter(self)
+
 
 def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
     """generate()'s and the CLI's settings as a Speculation (None or "none": off); a llama.cpp
