@@ -1,4 +1,5 @@
-"""bench.py --spec: speculative decoding against plain decode, one sequence, same model, same run.
+"""bench.py --spec: speculative decoding against plain decode, one sequence, same model, same run
+(--spec lookup: prompt lookup; --spec draft -md M: the draft model M).
 
 Two named workloads, each generated greedily with and without speculation (tokens/s of the decode
 phase, accepted draft tokens per verification step, and whether the tokens are the same):
@@ -71,11 +72,11 @@ def workload_ids(model, name: str, seed: int) -> list[int]:
     return rng.integers(0, vocab, 20).tolist() + block + rng.integers(0, vocab, 10).tolist() + block
 
 
-def run_workload(model, name: str, n_gen: int, draft_max: int, reps: int, seed: int) -> dict:
-    """Plain and speculative greedy generation of n_gen tokens (best of reps, after a warm-up)."""
+def run_workload(model, name: str, n_gen: int, spec_kw: dict, reps: int, seed: int) -> dict:
+    """Plain and speculative greedy generation of n_gen tokens (best of reps, after a warm-up);
+    spec_kw: generate()'s speculation keywords."""
     prompt = workload_ids(model, name, seed)
     kw = dict(max_new_tokens=n_gen, ignore_eos=True)
-    spec_kw = dict(speculative="lookup", draft_max=draft_max)
 
     def best(extra):
         minfer_jax.generate(model, prompt, **kw, **extra)  # compiles, warms up
@@ -88,7 +89,8 @@ def run_workload(model, name: str, n_gen: int, draft_max: int, reps: int, seed: 
         "workload": name,
         "prompt_tokens": len(prompt),
         "n_gen": n_gen,
-        "draft_max": draft_max,
+        "drafter": spec_kw["speculative"],
+        "draft_max": spec_kw["draft_max"],
         "plain_tps": plain.decode_tps,
         "spec_tps": spec.decode_tps,
         "speedup": spec.decode_tps / plain.decode_tps,
@@ -133,17 +135,40 @@ def verify_costs(model, depth: int, draft_max: int, reps: int = 20) -> list[dict
     return out
 
 
-def run(model, label: str, *, n_gen: int, draft_max: int | None, reps: int, depth: int, seed: int,
+def draft_cost(draft, depth: int, draft_max: int, reps: int = 20) -> dict:
+    """ms per drafted token of the draft model (DraftModel) at `depth` tokens of context: drafts
+    of draft_max tokens at p_min 0 after the same sequence (its cache rolled back each time)."""
+    vocab = min(draft.model.config.vocab_size, 1000)
+    seq = np.random.default_rng(0).integers(0, vocab, depth + 1).tolist()
+    owner = _Owner()
+    draft.draft(owner, seq, draft_max, 0.0)  # prefills seq, compiles
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        draft.draft(owner, seq, draft_max, 0.0)
+    ms = (time.perf_counter() - t0) * 1e3 / reps
+    return {"draft_tokens": draft_max, "ms_per_draft": ms, "ms_per_token": ms / draft_max}
+
+
+class _Owner:
+    """The drafter a DraftModel slot is held for (any object with a weak reference)."""
+
+
+def run(model, label: str, *, spec: dict, n_gen: int, reps: int, depth: int, seed: int,
         out_files, log) -> None:  # fmt: skip
-    """Both tables for one model, printed as markdown (rows also as JSON lines to out_files)."""
-    draft_max = draft_max or DEFAULT_DRAFT_MAX
-    print(f"\nmodel: {label}\n")
+    """Both tables for one model, printed as markdown (rows also as JSON lines to out_files);
+    spec: generate()'s speculation keywords (speculative, draft_max, a draft model's)."""
+    spec = {**spec, "draft_max": spec.get("draft_max") or DEFAULT_DRAFT_MAX}
+    draft_max = spec["draft_max"]
+    drafter = spec["speculative"]
+    if "draft_model" in spec:
+        drafter += f" ({spec['draft_model'].model.source})"
+    print(f"\nmodel: {label}, drafter: {drafter}\n")
     print("| workload | prompt | n | plain t/s | spec t/s | speed-up | tokens/step | accepted "
           "| same tokens |\n|---|--:|--:|--:|--:|--:|--:|--:|---|")  # fmt: skip
     rows: list[dict] = []
     for name in WORKLOADS:
         log(f"spec workload {name}")
-        r = run_workload(model, name, n_gen, draft_max, reps, seed)
+        r = run_workload(model, name, n_gen, spec, reps, seed)
         rows.append(r)
         print(
             f"| {name} | {r['prompt_tokens']} | {n_gen} | {r['plain_tps']:.1f} | "
@@ -157,6 +182,12 @@ def run(model, label: str, *, n_gen: int, draft_max: int | None, reps: int, dept
     for c in verify_costs(model, depth, draft_max):
         rows.append({"verify": True, "depth": depth, **c})
         print(f"| {c['rows']} | {c['ms_per_step']:.3f} | {c['tps_all_accepted']:.1f} |", flush=True)
+    if "draft_model" in spec:
+        log("spec draft model cost")
+        c = draft_cost(spec["draft_model"], depth, draft_max)
+        rows.append({"draft": True, "depth": depth, **c})
+        print(f"\ndraft model: {c['ms_per_draft']:.3f} ms per draft of {draft_max} tokens "
+              f"({c['ms_per_token']:.3f} ms a token) at depth {depth}", flush=True)  # fmt: skip
     for f in out_files:
         for r in rows:
             f.write(json.dumps({"model": label, **r}) + "\n")

@@ -49,6 +49,7 @@ from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.model.cache import KVCache, cache_spec
 from minfer_jax.model.config import Config
 from minfer_jax.model.decoder import forward_decode
+from minfer_jax.model.gguf_model import GGUFModel
 from minfer_jax.model.weights import Params
 
 DRAFT_TYPES = ("draft", "draft-simple")  # ours, llama.cpp's --spec-type for a draft model
@@ -255,7 +256,8 @@ class DraftModel:
                 np.int32(n_max),
                 np.float32(p_min),
             )
-            out = np.asarray(tokens)[: int(n)].tolist()
+            tokens, n, fed = jax.device_get((tokens, n, fed))  # one wait, one transfer
+            out = tokens[: int(n)].tolist()
         except BaseException:
             self.cache = self.state = None  # donated buffers may be gone: start afresh
             self.held = [[] for _ in self.held]
@@ -308,11 +310,18 @@ class DraftModel:
             )
 
 
-def load_draft(target: Model, path: str | os.PathLike, slots: int = 1) -> DraftModel:
-    """The GGUF at path loaded as target's draft model: target's load options (its context, one
-    device: the target's first), its vocabulary checked."""
+def load_draft(
+    target: Model,
+    path: str | os.PathLike | None = None,
+    slots: int = 1,
+    *,
+    gguf_model: GGUFModel | None = None,
+) -> DraftModel:
+    """The GGUF at path (or a parsed gguf_model) loaded as target's draft model: target's load
+    options (its context, one device: the target's first), its vocabulary checked; slots: the
+    sequences it drafts for at once without taking each other's cache slot."""
     opts = dataclasses.replace(target.options, ctx_size=target.ctx_size, tensor_parallel=None)
-    draft = load(path, opts, device=execution_devices(target)[0])
+    draft = load(path, opts, device=execution_devices(target)[0], gguf_model=gguf_model)
     return DraftModel(draft, target, slots)
 
 
