@@ -135,18 +135,49 @@ def verify_costs(model, depth: int, draft_max: int, reps: int = 20) -> list[dict
     return out
 
 
-def draft_cost(draft, depth: int, draft_max: int, reps: int = 20) -> dict:
-    """ms per drafted token of the draft model (DraftModel) at `depth` tokens of context: drafts
-    of draft_max tokens at p_min 0 after the same sequence (its cache rolled back each time)."""
+def draft_costs(draft, depth: int, draft_max: int, reps: int = 20) -> dict[int, float]:
+    """ms per draft of k tokens (each bucket k <= draft_max) of the draft model (a DraftModel) at
+    `depth` tokens of context, host wait included: drafts at p_min 0 after the same sequence
+    (its cache rolled back each time)."""
     vocab = min(draft.model.config.vocab_size, 1000)
     seq = np.random.default_rng(0).integers(0, vocab, depth + 1).tolist()
     owner = _Owner()
-    draft.draft(owner, seq, draft_max, 0.0)  # prefills seq, compiles
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        draft.draft(owner, seq, draft_max, 0.0)
-    ms = (time.perf_counter() - t0) * 1e3 / reps
-    return {"draft_tokens": draft_max, "ms_per_draft": ms, "ms_per_token": ms / draft_max}
+    out = {}
+    for k in sorted({draft_bucket(n) for n in range(1, draft_max + 1)}):
+        draft.draft(owner, seq, k, 0.0)  # prefills seq once, compiles once
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            draft.draft(owner, seq, k, 0.0)
+        out[k] = (time.perf_counter() - t0) * 1e3 / reps
+    return out
+
+
+def projected_speedups(step_ms: float, verify_ms: dict, draft_ms: dict, rate: float) -> dict:
+    """Speed-up over plain decode per draft length k if each draft token is accepted with
+    probability `rate` (independently): expected tokens (1 - rate^(k+1)) / (1 - rate) per
+    verification plus draft of k tokens, against one plain step per token."""
+    return {
+        k: (1 - rate ** (k + 1)) / (1 - rate) * step_ms / (verify_ms[k] + draft_ms[k])
+        for k in draft_ms
+    }
+
+
+def _draft_table(draft, depth: int, draft_max: int, rows: list[dict]) -> None:
+    """The draft model's ms per draft of k tokens, and the speed-up a verification + draft of k
+    would give at a few acceptance rates (the costs measured above; rows: the verify table's)."""
+    step_ms = next(r["ms_per_step"] for r in rows if r.get("rows") == 1)
+    verify_ms = {r["rows"] - 1: r["ms_per_step"] for r in rows if r.get("rows", 1) > 1}
+    draft_ms = draft_costs(draft, depth, draft_max)
+    rates = (0.5, 0.6, 0.7, 0.8, 0.9)
+    print(f"\ndraft model at depth {depth}: ms per draft, speed-up at acceptance rate r\n")
+    print("| k | draft ms | verify ms | " + " | ".join(f"r={r}" for r in rates) + " |")
+    print("|--:|--:|--:|" + "--:|" * len(rates))
+    speedups = {r: projected_speedups(step_ms, verify_ms, draft_ms, r) for r in rates}
+    for k, ms in draft_ms.items():
+        rows.append({"draft": True, "depth": depth, "k": k, "ms_per_draft": ms,
+                     **{f"speedup_r{r}": speedups[r][k] for r in rates}})  # fmt: skip
+        cells = " | ".join(f"{speedups[r][k]:.2f}x" for r in rates)
+        print(f"| {k} | {ms:.3f} | {verify_ms[k]:.3f} | {cells} |", flush=True)
 
 
 class _Owner:
@@ -183,11 +214,8 @@ def run(model, label: str, *, spec: dict, n_gen: int, reps: int, depth: int, see
         rows.append({"verify": True, "depth": depth, **c})
         print(f"| {c['rows']} | {c['ms_per_step']:.3f} | {c['tps_all_accepted']:.1f} |", flush=True)
     if "draft_model" in spec:
-        log("spec draft model cost")
-        c = draft_cost(spec["draft_model"], depth, draft_max)
-        rows.append({"draft": True, "depth": depth, **c})
-        print(f"\ndraft model: {c['ms_per_draft']:.3f} ms per draft of {draft_max} tokens "
-              f"({c['ms_per_token']:.3f} ms a token) at depth {depth}", flush=True)  # fmt: skip
+        log("spec draft model costs")
+        _draft_table(spec["draft_model"], depth, draft_max, rows)
     for f in out_files:
         for r in rows:
             f.write(json.dumps({"model": label, **r}) + "\n")
