@@ -23,7 +23,12 @@ from minfer_jax.engine.draft_model import DraftModel, DraftSpeculation, Vocabula
 from minfer_jax.errors import InvalidArgumentError
 from tests.configs import tiny_config
 
-from minfer_bench.synthetic import placeholder_tokenizer, synthetic_model_from_config, write_gguf
+from minfer_bench.synthetic import (
+    SYNTHETIC_CONFIGS,
+    placeholder_tokenizer,
+    synthetic_model_from_config,
+    write_gguf,
+)
 
 TINY = tiny_config(n_layers=2, d_model=128, d_ff=256, context_length=1024)
 LOAD = dict(kernels="xla", weights="quantized", ctx_size=512, prefill_chunk=16)
@@ -136,6 +141,9 @@ def test_settings_that_make_no_sense_are_refused(target):
         )
     with pytest.raises(InvalidArgumentError, match="draft_model must be"):
         minfer_jax.generate(target, prompt, speculative="draft", draft_model=3)
+    hybrid = dataclasses.replace(target, config=SYNTHETIC_CONFIGS["qwen3.6-27b"])  # no weights
+    with pytest.raises(InvalidArgumentError, match="hybrid family 'qwen35'.*rolled back"):
+        DraftModel(hybrid, target)
 
 
 def test_cli_flags_take_llama_cpp_spellings_and_load_the_draft(tmp_path):
