@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import os
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -233,6 +234,21 @@ class DraftModel:
         """Whether a draft of n_max tokens after n_seq tokens fits the draft model's context."""
         return n_seq + n_max + FEED <= self.plan.ctx
 
+    def prepare(self, n_prompt: int) -> None:
+        """Compile (or load) what the first draft after a prompt of n_prompt tokens runs: its
+        prefill chunks and the drafting step (later ones: a larger attention span on the XLA
+        path compile when met)."""
+        if n_prompt < 1 or not self.fits(n_prompt + 1, 1):
+            return
+        for _, bucket, _ in self.plan.chunks(n_prompt + 1 - FEED, 0):
+            self.model.executable(self.plan.prefill_key(bucket, GREEDY_MODE))
+        self.model.executable(self._draft_key(n_prompt + 1 - FEED))
+
+    def _draft_key(self, tail: int) -> DraftKey:
+        """The drafting step feeding from position tail."""
+        p = self.plan
+        return DraftKey(FEED, p.n_slots, p.cache_len, p.span(tail + FEED + MAX_DRAFT))
+
     def draft(self, owner: object, seq: list[int], n_max: int, p_min: float) -> list[int]:
         """Up to n_max (1..MAX_DRAFT) greedy tokens after seq, for the drafter `owner`."""
         slot = self._slot_for(owner, seq)
@@ -244,9 +260,7 @@ class DraftModel:
                 self._prefill(slot, seq[start:tail], start)
             feed = np.zeros((FEED,), np.int32)
             feed[: len(seq) - tail] = seq[tail:]
-            p = self.plan
-            key = DraftKey(FEED, p.n_slots, p.cache_len, p.span(tail + FEED + MAX_DRAFT))
-            tokens, n, fed, self.cache = self.model.executable(key)[0](
+            tokens, n, fed, self.cache = self.model.executable(self._draft_key(tail))[0](
                 self.model.params,
                 self.cache,
                 np.int32(slot),
@@ -370,7 +384,9 @@ class DraftSpeculation:
         validate.integer("draft_min", self.draft_min, 0, self.draft_max)
         validate.number("draft_p_min", self.p_min, 0.0, 1.0)
 
-    def new_drafter(self) -> ModelDrafter:
+    def new_drafter(self, prompt: Sequence[int] = ()) -> ModelDrafter:
+        """One sequence's drafter; what its first draft after prompt runs is compiled now."""
+        self.draft.prepare(len(prompt))
         return ModelDrafter(self)
 
 

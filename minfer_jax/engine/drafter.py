@@ -2,7 +2,9 @@
 model drafters share.
 
 A request's speculation setting (lookup.Speculation, draft_model.DraftSpeculation) is a
-`SpeculationSetting`: its draft sizes and `new_drafter()`, one `Drafter` per sequence. Before each
+`SpeculationSetting`: its draft sizes and `new_drafter(prompt)`, one `Drafter` per sequence, made
+when the request is submitted (on the submitting thread: a drafter may compile what it needs
+there, not on the loop's). Before each
 step of a speculating row the scheduler asks its drafter for a draft (`propose(seq, room)`: the
 tokens to verify, [] to verify one token alone, None for a plain decode chunk), verifies it
 (verify.py) and tells the drafter the outcome (`record(n_draft, n_out)`); `wants_tokens` says
@@ -17,6 +19,7 @@ growing number of plain chunks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from minfer_jax.engine.lookup import EMA, HOT, MAX_PAUSE, PAYS, SpecStats
@@ -34,7 +37,7 @@ class SpeculationSetting(Protocol):
     @property
     def draft_min(self) -> int: ...
 
-    def new_drafter(self) -> Drafter: ...
+    def new_drafter(self, prompt: Sequence[int]) -> Drafter: ...  # at submit, off the loop
 
 
 class Drafter(Protocol):

@@ -13,6 +13,7 @@ accepted) the drafter pauses for a growing number of plain decode chunks.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from minfer_jax import validate
 from minfer_jax.engine.plan import MAX_DRAFT
@@ -56,8 +57,8 @@ class Speculation:
         validate.integer("ngram_max", self.ngram_max, 1, 64)
         validate.integer("ngram_min", self.ngram_min, 1, self.ngram_max)
 
-    def new_drafter(self) -> Drafter:
-        """One sequence's drafter (drafter.SpeculationSetting)."""
+    def new_drafter(self, prompt: Sequence[int] = ()) -> Drafter:
+        """One sequence's drafter (drafter.SpeculationSetting; the prompt is read as it drafts)."""
         return Drafter(self)
 
 

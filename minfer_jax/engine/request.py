@@ -56,7 +56,7 @@ class Request:
         self.id = next(_ids)
         # speculative decoding (drafter.py): this sequence's drafter, None when off
         self.drafter: Drafter | None = (
-            speculation.new_drafter() if speculation is not None else None
+            speculation.new_drafter(prompt_ids) if speculation is not None else None
         )
         # alternatives each token reports with its logprob (0..TOP_LOGPROBS; None: no logprobs)
         self.logprobs = logprobs
