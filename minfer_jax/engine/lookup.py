@@ -72,7 +72,7 @@ def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
     if kind in LLAMA_CPP_SPEC_TYPES and kind not in SPEC_TYPES:
         raise InvalidArgumentError(
             f"speculative decoding of type {kind!r} is not implemented: only prompt lookup "
-            f"({' / '.join(repr(t) for t in SPEC_TYPES)}), no draft model or MTP yet"
+            f"({' / '.join(repr(t) for t in SPEC_TYPES)}) and a draft model ('draft'), no MTP yet"
         )
     fields = {"draft_max": draft_max, "draft_min": draft_min}
     return Speculation(kind, **{k: v for k, v in fields.items() if v is not None})
