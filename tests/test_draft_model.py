@@ -20,6 +20,7 @@ import minfer_jax
 from minfer_jax.cli.arguments import build_parser
 from minfer_jax.cli.speculative import draft_speculation, speculation_from_args
 from minfer_jax.engine.draft_model import DraftModel, DraftSpeculation, VocabularyMismatchError
+from minfer_jax.engine.drafter import CostPacing, best_length
 from minfer_jax.errors import InvalidArgumentError
 from tests.configs import tiny_config
 
@@ -63,25 +64,38 @@ def _draft(target, prompt, draft_model, max_new_tokens=40, **kw):
     )  # fmt: skip
 
 
+def _free_drafts(target, prompt, draft, max_new_tokens=40, **kw):
+    """generate() with drafts that cost nothing (cost 0: every draft of draft_max tokens, not
+    the length the measured times would pick), through the scheduler as generate() runs."""
+    spec = DraftSpeculation(draft, target.config.vocab_size, cost=0.0, p_min=0.0)
+    sched = target.scheduler(1)
+    req = sched.submit(prompt, max_new_tokens=max_new_tokens, speculation=spec, **kw)
+    sched.run([req])
+    return req.result()
+
+
 def test_the_target_as_its_own_draft_is_always_accepted(target):
     draft = DraftModel(target, target)  # kept across prompts: its cache's prefixes carry over
     for prompt in PROMPTS.values():
         plain = minfer_jax.generate(target, prompt, max_new_tokens=40)
-        spec = _draft(target, prompt, draft)
-        assert spec.tokens == plain.tokens
+        spec = _draft(target, prompt, draft)  # a draft as dear as a step: one token at a time
         s = spec.speculation
-        assert s.drafted >= 20 and s.accepted == s.drafted  # the same model drafts its tokens
-        assert s.tokens_per_step > 4
+        assert spec.tokens == plain.tokens and s.accepted == s.drafted >= 15
+        free = _free_drafts(target, prompt, draft)  # 7 tokens a draft: the 8-row verification
+        s = free.speculation
+        assert free.tokens == plain.tokens and s.accepted == s.drafted >= 30
+        assert s.tokens_per_step > 6
 
 
 def test_another_draft_model_is_partly_accepted_and_changes_no_token(target, other_draft):
     accepted = rejected = 0
     for prompt in PROMPTS.values():
         plain = minfer_jax.generate(target, prompt, max_new_tokens=40)
-        spec = _draft(target, prompt, other_draft)
-        assert spec.tokens == plain.tokens
-        accepted += spec.speculation.accepted
-        rejected += spec.speculation.drafted - spec.speculation.accepted
+        runs = (_draft(target, prompt, other_draft), _free_drafts(target, prompt, other_draft))
+        for spec in runs:
+            assert spec.tokens == plain.tokens
+            accepted += spec.speculation.accepted
+            rejected += spec.speculation.drafted - spec.speculation.accepted
     assert accepted >= 10 and rejected >= 10
 
 
@@ -167,3 +181,20 @@ def test_cli_flags_take_llama_cpp_spellings_and_load_the_draft(tmp_path):
     assert isinstance(spec, DraftSpeculation) and spec.p_min == 0.5
     assert spec.draft.model.ctx_size == target.ctx_size
     assert draft_speculation(argparse.Namespace(model_draft=None), target) is None
+
+
+def test_the_draft_length_makes_the_most_tokens_per_unit_of_time():
+    """best_length at a drafted token's cost of 0.27 steps (the real 0.5B's decode over the 7B's
+    on the H200, docs/BENCHMARKS.md); CostPacing follows the acceptance rate and the times."""
+    assert [best_length(r, 0.27, 15) for r in (0.5, 0.7, 0.8, 0.9)] == [1, 2, 3, 5]
+    assert best_length(1.0, 1.0, 7) == 7 and best_length(0.9, 1.0, 7) == 1  # a draft as dear
+    pacing = CostPacing(7, 0.27)
+    assert pacing.k == 3  # the prior rate, 0.75
+    for _ in range(3):
+        pacing.record(pacing.k, pacing.k)
+    assert pacing.k == 7 and pacing.rate > 0.95
+    for _ in range(3):
+        pacing.record(pacing.k, 0)
+    assert pacing.k == 2 and 0.6 < pacing.rate < 0.7
+    pacing.observe(0.010, 0.002, 5)  # 1 ms a drafted token, 2 ms a verification: 0.5
+    assert 0.27 < pacing.cost < 0.5

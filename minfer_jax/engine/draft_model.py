@@ -14,7 +14,9 @@ gaps (the prompt, the tokens of plain chunks run during a pause) are prefilled i
 model's own prefill chunks first.
 
 `ModelDrafter` is one sequence's drafter (drafter.Drafter): a draft of up to the current length
-(drafter.Pacing: it adapts to what is accepted and pauses where drafting does not pay) is proposed
+(drafter.CostPacing: the length that makes the most tokens per unit of time at the running
+acceptance rate, given a drafted token's cost, the weights' size ratio; pauses where drafting does
+not pay) is proposed
 to the scheduler, which verifies it on the target (verify.py). The draft is deterministic given
 the sequence (greedy), so the verification's rule for one-hot drafts keeps sampled output exact in
 distribution too.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import ops, validate
-from minfer_jax.engine.drafter import Pacing
+from minfer_jax.engine.drafter import CostPacing
 from minfer_jax.engine.executables import execution_devices
 from minfer_jax.engine.lookup import DEFAULT_DRAFT_MAX, SpecStats, Speculation, speculation_of
 from minfer_jax.engine.plan import MAX_DRAFT
@@ -369,10 +372,12 @@ def draft_model_for(target: Model, ref: Any) -> DraftModel:
 class DraftSpeculation:
     """A request's speculative decoding by a draft model: drafts of draft_min..draft_max tokens,
     each token's draft probability at least p_min; vocab: the target's (a draft token past it,
-    a padding id of a larger draft vocabulary, ends the draft)."""
+    a padding id of a larger draft vocabulary, ends the draft); cost: a drafted token's time over
+    a target step's (decode reads the weights once a token: their sizes' ratio)."""
 
     draft: DraftModel
     vocab: int
+    cost: float = 1.0
     draft_max: int = DEFAULT_DRAFT_MAX
     draft_min: int = 1
     p_min: float = DEFAULT_P_MIN
@@ -383,6 +388,7 @@ class DraftSpeculation:
         validate.integer("draft_max", self.draft_max, 1, MAX_DRAFT)
         validate.integer("draft_min", self.draft_min, 0, self.draft_max)
         validate.number("draft_p_min", self.p_min, 0.0, 1.0)
+        validate.number("cost", self.cost, 0.0, 1e3)
 
     def new_drafter(self, prompt: Sequence[int] = ()) -> ModelDrafter:
         """One sequence's drafter; what its first draft after prompt runs is compiled now."""
@@ -395,8 +401,10 @@ class ModelDrafter:
 
     def __init__(self, spec: DraftSpeculation):
         self.spec = spec
-        self.pacing = Pacing(spec.draft_max)
+        self.pacing = CostPacing(spec.draft_max, spec.cost)
         self.stats = SpecStats()
+        self._drafted_at = 0.0  # when the last draft was made (perf_counter), and its seconds
+        self._draft_s = 0.0
 
     @property
     def wants_tokens(self) -> bool:
@@ -411,7 +419,10 @@ class ModelDrafter:
         k = min(self.pacing.k, room - 1)
         draft: list[int] = []
         if k >= 1 and self.spec.draft.fits(len(seq), k):
+            t0 = time.perf_counter()
             draft = self.spec.draft.draft(self, seq, k, self.spec.p_min)
+            self._drafted_at = time.perf_counter()
+            self._draft_s = self._drafted_at - t0
             cut = next((i for i, t in enumerate(draft) if t >= self.spec.vocab), len(draft))
             draft = draft[:cut]
         if len(draft) >= max(self.spec.draft_min, 1):
@@ -425,6 +436,8 @@ class ModelDrafter:
         self.stats.verify_steps += 1
         self.stats.drafted += n_draft
         self.stats.accepted += n_out - 1
+        if n_draft:  # read as soon as the verification ended (the scheduler waits for it)
+            self.pacing.observe(self._draft_s, time.perf_counter() - self._drafted_at, n_draft)
         self.pacing.record(n_draft, n_out - 1)
 
 
@@ -446,9 +459,11 @@ def speculation_for(
                 "DraftModel of the target's vocabulary)"
             )
         sizes: dict[str, Any] = {"draft_max": draft_max, "draft_min": draft_min, "p_min": p_min}
+        draft = draft_model_for(target, draft_model)
         return DraftSpeculation(
-            draft_model_for(target, draft_model),
+            draft,
             target.config.vocab_size,
+            draft.model.weight_nbytes / max(target.weight_nbytes, 1),
             kind=str(kind),
             **{k: v for k, v in sizes.items() if v is not None},
         )

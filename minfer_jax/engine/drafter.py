@@ -97,3 +97,58 @@ class Pacing:
             self.gain = HOT  # judged afresh after the pause
         else:
             self.backoff = 1
+
+
+def best_length(rate: float, cost: float, draft_max: int) -> int:
+    """The draft length k (1..draft_max) that makes the most tokens per unit of time when each
+    draft token is accepted with probability `rate` (after an accepted one) and drafting one
+    token costs `cost` verification steps (a verification of up to 8 rows costs about one plain
+    step): expected tokens (1 - rate^(k+1)) / (1 - rate) over 1 + k cost; the longest of equals."""
+    rate = min(max(rate, 0.0), 1.0)
+
+    def tokens_per_cost(k: int) -> float:
+        made = k + 1 if rate == 1.0 else (1 - rate ** (k + 1)) / (1 - rate)
+        return made / (1 + k * cost)
+
+    best = max(tokens_per_cost(k) for k in range(1, draft_max + 1))
+    return max(k for k in range(1, draft_max + 1) if tokens_per_cost(k) >= best * (1 - 1e-9))
+
+
+class CostPacing(Pacing):
+    """Pacing for a drafter whose drafts cost time (a draft model): the draft length is
+    best_length at the running per-token acceptance rate and the running cost of a drafted token
+    (from an estimate, then from the times observed); pauses as Pacing's."""
+
+    PRIOR = (3.0, 4.0)  # (accepted, tried) before any verification: a rate of 0.75
+
+    def __init__(self, draft_max: int, cost: float):
+        super().__init__(draft_max)
+        self.cost = cost  # one drafted token's time over one verification's
+        self.hits, self.tried = self.PRIOR
+        self.k = best_length(self.rate, cost, draft_max)
+
+    @property
+    def rate(self) -> float:
+        """The running per-token acceptance rate."""
+        return self.hits / self.tried
+
+    def record(self, n_draft: int, accepted: int) -> None:
+        paused = self.pause
+        super().record(n_draft, accepted)
+        if n_draft == 0:
+            return
+        # the tokens tried: those accepted and the first rejected one
+        rejected = 1 if accepted < n_draft else 0
+        self.hits = (1 - EMA) * self.hits + accepted
+        self.tried = (1 - EMA) * self.tried + accepted + rejected
+        if self.pause > paused:  # a pause began: judged afresh after it
+            self.hits, self.tried = self.PRIOR
+        self.k = best_length(self.rate, self.cost, self.draft_max)
+
+    def observe(self, draft_s: float, verify_s: float, n_draft: int) -> None:
+        """A draft of n_draft tokens took draft_s seconds, its verification verify_s: the cost
+        moves toward their ratio per token (bounded: a compile or a catch-up prefill is an
+        outlier, not the new cost)."""
+        if n_draft > 0 and verify_s > 0:
+            sample = min(max(draft_s / n_draft / verify_s, 0.25 * self.cost), 4.0 * self.cost)
+            self.cost += EMA * (sample - self.cost)
