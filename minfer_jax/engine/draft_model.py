@@ -224,6 +224,7 @@ class DraftModel:
         self.last_use = [0] * slots
         self._clock = 0
         self._checked: weakref.WeakSet[Model] = weakref.WeakSet([target])
+        self.prefilled = 0  # tokens the last draft prefilled before drafting (a catch-up)
         self._rows = RowSettings.of([GREEDY], [0], vocab=model.config.vocab_size)
         self._history = np.full((self.plan.history,), -1, np.int32)
 
@@ -257,6 +258,7 @@ class DraftModel:
         slot = self._slot_for(owner, seq)
         start = min(self._held_prefix(slot, seq), len(seq) - 1)  # the last token is always fed
         tail = max(start, len(seq) - FEED)
+        self.prefilled = tail - start
         try:
             self._ensure_cache()
             if tail > start:
@@ -422,7 +424,8 @@ class ModelDrafter:
             t0 = time.perf_counter()
             draft = self.spec.draft.draft(self, seq, k, self.spec.p_min)
             self._drafted_at = time.perf_counter()
-            self._draft_s = self._drafted_at - t0
+            # a catch-up prefill's time is no drafted token's: not observed
+            self._draft_s = 0.0 if self.spec.draft.prefilled else self._drafted_at - t0
             cut = next((i for i, t in enumerate(draft) if t >= self.spec.vocab), len(draft))
             draft = draft[:cut]
         if len(draft) >= max(self.spec.draft_min, 1):
@@ -436,7 +439,7 @@ class ModelDrafter:
         self.stats.verify_steps += 1
         self.stats.drafted += n_draft
         self.stats.accepted += n_out - 1
-        if n_draft:  # read as soon as the verification ended (the scheduler waits for it)
+        if n_draft and self._draft_s:  # read as the verification ended (the scheduler waits)
             self.pacing.observe(self._draft_s, time.perf_counter() - self._drafted_at, n_draft)
         self.pacing.record(n_draft, n_out - 1)
 
