@@ -168,6 +168,8 @@ def test_cli_flags_take_llama_cpp_spellings_and_load_the_draft(tmp_path):
         (["--spec-type", "ngram-simple", "-md", "d.gguf"], "pick one"),
         (["--spec-type", "draft-simple"], "needs a draft model"),
         (["-md", "d.gguf", "--draft-p-min", "2"], "p-min"),
+        (["-md", "d.gguf", "--draft-max", "16"], "--draft-max"),
+        (["-md", "d.gguf", "--draft-max", "3", "--draft-min", "4"], "--draft-min"),
     ):
         with pytest.raises(InvalidArgumentError, match=reason):
             speculation_from_args(parse(bad))

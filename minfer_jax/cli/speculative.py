@@ -92,7 +92,13 @@ def speculation_from_args(args: Any) -> Speculation | None:
         )
     if args.spec_type in DRAFT_TYPES and not drafts:
         raise InvalidArgumentError(f"--spec-type {args.spec_type} needs a draft model (-md)")
-    if args.spec_type == "none" or drafts:
+    if drafts:  # the sizes checked before any model loads
+        top = MAX_DRAFT if args.draft_max is None else args.draft_max
+        validate.integer("--draft-max", top, 1, MAX_DRAFT)
+        if args.draft_min is not None:
+            validate.integer("--draft-min", args.draft_min, 0, top)
+        return None
+    if args.spec_type == "none":
         return None  # llama.cpp ignores draft sizes without a type
     return speculation_of(args.spec_type, args.draft_max, args.draft_min)
 

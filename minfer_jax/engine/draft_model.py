@@ -44,7 +44,7 @@ from minfer_jax import ops, validate
 from minfer_jax.engine.drafter import CostPacing
 from minfer_jax.engine.executables import execution_devices
 from minfer_jax.engine.lookup import DEFAULT_DRAFT_MAX, SpecStats, Speculation, speculation_of
-from minfer_jax.engine.plan import MAX_DRAFT
+from minfer_jax.engine.plan import MAX_DRAFT, MAX_SEQS
 from minfer_jax.engine.runtime import Model, load
 from minfer_jax.engine.sampling import GREEDY, GREEDY_MODE, RowSettings
 from minfer_jax.engine.sharing import common_prefix
@@ -214,7 +214,7 @@ class DraftModel:
         if model.tp is not None:
             raise InvalidArgumentError("the draft model must be loaded on one device (no -tp)")
         check_vocabularies(target, model)
-        validate.integer("slots", slots, 1, 64)
+        validate.integer("slots", slots, 1, MAX_SEQS)
         self.model = model
         self.plan = model.plan(n_seqs=slots)
         self.cache: KVCache | None = None  # allocated on the first draft
