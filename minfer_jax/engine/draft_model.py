@@ -13,13 +13,13 @@ same decode path, until it holds n_max tokens or its top probability falls below
 gaps (the prompt, the tokens of plain chunks run during a pause) are prefilled in the draft
 model's own prefill chunks first.
 
-`ModelDrafter` is one sequence's drafter (drafter.Drafter): a draft of up to the current length
-(drafter.CostPacing: the length that makes the most tokens per unit of time at the running
-acceptance rate, given a drafted token's cost, the weights' size ratio; pauses where drafting does
-not pay) is proposed
-to the scheduler, which verifies it on the target (verify.py). The draft is deterministic given
-the sequence (greedy), so the verification's rule for one-hot drafts keeps sampled output exact in
-distribution too.
+`ModelDrafter` is one sequence's drafter (drafter.Drafter): it proposes a draft of up to the
+current length to the scheduler, which verifies it on the target (verify.py). The length is
+drafter.CostPacing's: the one that makes the most tokens per unit of time at the running
+acceptance rate, given a drafted token's cost in target steps (first the weights' size ratio,
+then the observed draft and verification times); drafting pauses where it does not pay. The draft
+is deterministic given the sequence (greedy), so the verification's rule for one-hot drafts keeps
+sampled output exact in distribution too.
 
 The vocabularies must agree (check_vocabularies, llama.cpp's common_speculative_are_compatible):
 sizes within VOCAB_SLACK (padding rows: Qwen2.5-0.5B has 151936, the 7B 152064), the same BOS /
@@ -375,7 +375,8 @@ class DraftSpeculation:
     """A request's speculative decoding by a draft model: drafts of draft_min..draft_max tokens,
     each token's draft probability at least p_min; vocab: the target's (a draft token past it,
     a padding id of a larger draft vocabulary, ends the draft); cost: a drafted token's time over
-    a target step's (decode reads the weights once a token: their sizes' ratio)."""
+    a target step's to start from (decode reads the weights once a token: their sizes' ratio;
+    the drafter then follows the times it observes; 0 keeps every draft at draft_max)."""
 
     draft: DraftModel
     vocab: int
