@@ -277,7 +277,7 @@ def test_cli_flags_take_llama_cpp_spellings():
     assert (spec.draft_max, spec.draft_min) == (5, 2)
     assert speculation_from_args(parse(["--draft-max", "3"])) is None
     with pytest.raises(InvalidArgumentError, match="not implemented"):
-        speculation_from_args(parse(["--spec-type", "draft-simple"]))
+        speculation_from_args(parse(["--spec-type", "draft-eagle3"]))
 
 
 def test_the_server_refuses_speculative_fields_with_a_reason():

@@ -12,6 +12,9 @@ verification bucket meets accepted and rejected tokens). It prints how many sequ
 from plain decoding and, for each that does, the plain run's top-2 logit margin at the first
 differing position (a near tie, or a bug). The deterministic mode must give 0 differences.
 The same check runs on the CPU with --kernels interpret (slow: a tiny model only).
+With -md (a GGUF path, synthetic:<spec>, or `self`: the target as its own draft) a fourth way
+drafts with that draft model (generate(speculative="draft"), --draft-p-min, default 0: always
+draft); `self` must accept ~every draft (the draft model's decode path is the target's).
 """
 
 from __future__ import annotations
@@ -51,7 +54,20 @@ def margin_at(model, prompt: list[int], tokens: list[int], other: list[int]) -> 
     return i, float(top[1] - top[0])
 
 
-def check(model, label: str, mode: str, prompts, n_gen: int, draft_max: int) -> list[dict]:
+def draft_for(model, ref: str | None):
+    """-md's DraftModel for model (None without -md)."""
+    if ref is None:
+        return None
+    if ref == "self":
+        return minfer_jax.DraftModel(model, model)
+    if ref.startswith("synthetic:"):
+        return minfer_jax.load_draft(model, gguf_model=synthetic_model(ref))
+    return minfer_jax.load_draft(model, resolve_model(ref))
+
+
+def check(
+    model, label: str, mode: str, prompts, n_gen: int, draft_max: int, draft=None, p_min=0.0
+) -> list[dict]:
     rows = []
     for p in prompts:
         plain = minfer_jax.generate(model, p, max_new_tokens=n_gen, ignore_eos=True)
@@ -60,7 +76,15 @@ def check(model, label: str, mode: str, prompts, n_gen: int, draft_max: int) -> 
             draft_max=draft_max,
         )  # fmt: skip
         replay = replayed(model, p, plain.tokens, draft_max=draft_max)
-        for kind, res in (("lookup", lookup), ("replay", replay)):
+        runs = [("lookup", lookup), ("replay", replay)]
+        if draft is not None:
+            runs.append(
+                ("draft", minfer_jax.generate(
+                    model, p, max_new_tokens=n_gen, ignore_eos=True, speculative="draft",
+                    draft_model=draft, draft_max=draft_max, draft_p_min=p_min,
+                ))
+            )  # fmt: skip
+        for kind, res in runs:
             same = res.tokens == plain.tokens
             where, gap = (None, None) if same else margin_at(model, p, plain.tokens, res.tokens)
             rows.append(
@@ -89,6 +113,8 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=64, help="tokens per sequence")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--draft-max", type=int, default=7)
+    ap.add_argument("-md", "--model-draft", default=None, help="path, synthetic:<spec> or self")
+    ap.add_argument("--draft-p-min", type=float, default=0.0)
     ap.add_argument("--out", default=None, help="also write the rows as JSON lines here")
     args = ap.parse_args(argv)
     sources = [(f"synthetic:{s}", synthetic_model(s, layers=args.layers)) for s in args.synthetic]
@@ -102,14 +128,20 @@ def main(argv=None) -> int:
                 minfer_jax.load(gguf_model=src, **kw)
             )  # fmt: skip
             got = check(
-                model, label, mode, prompt_ids(model, args.prompts, 0), args.n, args.draft_max
-            )
+                model, label, mode, prompt_ids(model, args.prompts, 0), args.n, args.draft_max,
+                draft_for(model, args.model_draft), args.draft_p_min,
+            )  # fmt: skip
             rows += got
             differ = [r for r in got if not r["same"]]
-            acc = sum(r["accepted"] for r in got) / max(sum(r["drafted"] for r in got), 1)
+            acc = {
+                kind: sum(r["accepted"] for r in got if r["drafter"] == kind)
+                / max(sum(r["drafted"] for r in got if r["drafter"] == kind), 1)
+                for kind in dict.fromkeys(r["drafter"] for r in got)
+            }
             print(
                 f"{label} {mode}: {len(differ)} of {len(got)} sequences differ from plain "
-                f"decoding (accepted {acc:.0%} of drafts)",
+                f"decoding (drafts accepted: "
+                f"{', '.join(f'{k} {a:.0%}' for k, a in acc.items())})",
                 flush=True,
             )
             for r in differ:

@@ -34,7 +34,7 @@ from minfer_jax.cli.arguments import (
 )
 from minfer_jax.cli.chat import _Session, _summary
 from minfer_jax.cli.constraints import constraint_keywords
-from minfer_jax.cli.speculative import speculation_from_args
+from minfer_jax.cli.speculative import draft_speculation, speculation_from_args
 from minfer_jax.engine import options
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
@@ -195,6 +195,7 @@ def _run(args, out, err) -> int:
     trained = gguf_model.config.context_length
     ctx = _choose_ctx(args.ctx_size, trained, err)
     model = load(options=dataclasses.replace(opts, ctx_size=ctx), gguf_model=gguf_model)
+    speculation = draft_speculation(args, model) or speculation
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
     model.constraint(**constrain)  # a bad schema or grammar fails now, before any prompt
     load_s = time.perf_counter() - t0

@@ -13,6 +13,7 @@ accepted) the drafter pauses for a growing number of plain decode chunks.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from minfer_jax import validate
 from minfer_jax.engine.plan import MAX_DRAFT
@@ -56,6 +57,10 @@ class Speculation:
         validate.integer("ngram_max", self.ngram_max, 1, 64)
         validate.integer("ngram_min", self.ngram_min, 1, self.ngram_max)
 
+    def new_drafter(self, prompt: Sequence[int] = ()) -> Drafter:
+        """One sequence's drafter (drafter.SpeculationSetting; the prompt is read as it drafts)."""
+        return Drafter(self)
+
 
 def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
     """generate()'s and the CLI's settings as a Speculation (None or "none": off); a llama.cpp
@@ -67,7 +72,7 @@ def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
     if kind in LLAMA_CPP_SPEC_TYPES and kind not in SPEC_TYPES:
         raise InvalidArgumentError(
             f"speculative decoding of type {kind!r} is not implemented: only prompt lookup "
-            f"({' / '.join(repr(t) for t in SPEC_TYPES)}), no draft model or MTP yet"
+            f"({' / '.join(repr(t) for t in SPEC_TYPES)}) and a draft model ('draft'), no MTP yet"
         )
     fields = {"draft_max": draft_max, "draft_min": draft_min}
     return Speculation(kind, **{k: v for k, v in fields.items() if v is not None})

@@ -13,7 +13,7 @@ import numpy as np
 
 from minfer_jax.engine import steps
 from minfer_jax.engine.constraint import TokenConstraint
-from minfer_jax.engine.lookup import Drafter, Speculation
+from minfer_jax.engine.drafter import Drafter, SpeculationSetting
 from minfer_jax.engine.sampling import Sampled, Sampler, TokenLogprobs
 from minfer_jax.engine.text_stream import TextStream
 
@@ -49,13 +49,15 @@ class Request:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
-        speculation: Speculation | None = None,
+        speculation: SpeculationSetting | None = None,
         logprobs: int | None = None,
         leader: Request | None = None,
     ):
         self.id = next(_ids)
-        # speculative decoding (lookup.py): this sequence's drafter, None when off
-        self.drafter = Drafter(speculation) if speculation is not None else None
+        # speculative decoding (drafter.py): this sequence's drafter, None when off
+        self.drafter: Drafter | None = (
+            speculation.new_drafter(prompt_ids) if speculation is not None else None
+        )
         # alternatives each token reports with its logprob (0..TOP_LOGPROBS; None: no logprobs)
         self.logprobs = logprobs
         self.token_logprobs: list[steps.TokenLogprob] = []  # one per token of stream.tokens

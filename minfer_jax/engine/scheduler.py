@@ -36,8 +36,9 @@ from minfer_jax import validate
 from minfer_jax.engine import sampling, steps
 from minfer_jax.engine.checkpoints import Checkpoints
 from minfer_jax.engine.constraint import BatchMasks, ConstraintError, TokenConstraint
+from minfer_jax.engine.drafter import SpeculationSetting
 from minfer_jax.engine.inflight import DecodeChunk, FirstToken, VerifyChunk
-from minfer_jax.engine.lookup import Speculation, check_speculation
+from minfer_jax.engine.lookup import check_speculation
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.request import (
     Request,
@@ -102,7 +103,7 @@ class Scheduler:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
-        speculation: Speculation | None = None,
+        speculation: SpeculationSetting | None = None,
         logprobs: int | None = None,
         leader: Request | None = None,
     ) -> Request:
@@ -308,7 +309,7 @@ class Scheduler:
         start: int = 0,
         one_step: bool = False,
         logprobs: bool = False,
-        speculation: Speculation | None = None,
+        speculation: SpeculationSetting | None = None,
     ) -> list:
         """The executables a request of n_prompt tokens will run first (for compile-ahead messages);
         start: prompt tokens a slot already holds (prefix reuse); one_step: it follows a grammar
