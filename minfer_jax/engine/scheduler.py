@@ -36,6 +36,7 @@ from minfer_jax import validate
 from minfer_jax.engine import sampling, steps
 from minfer_jax.engine.checkpoints import Checkpoints
 from minfer_jax.engine.constraint import BatchMasks, ConstraintError, TokenConstraint
+from minfer_jax.engine.exe_pool import ExecutablePool
 from minfer_jax.engine.inflight import DecodeChunk, FirstToken, VerifyChunk
 from minfer_jax.engine.lookup import Speculation, check_speculation
 from minfer_jax.engine.plan import Plan
@@ -60,10 +61,9 @@ class Scheduler:
 
     def __init__(self, model, plan: Plan, *, compile_in_loop: bool = True):
         self.model, self.plan = model, plan
-        # False (a server): never compile on this thread once something compiled covers the key
-        # (plan keys' `covers`); engine/warmup.py compiles the rest in the background
-        self.compile_in_loop = compile_in_loop
-        self.stand_ins = 0  # dispatches that ran on a covering executable instead of their own
+        # compile_in_loop False (a server): never compile on this thread once something compiled
+        # covers the key (exe_pool.py); engine/warmup.py compiles the rest in the background
+        self.exes = ExecutablePool(model, compile_in_loop)
         # allocated on first use, donated through every step
         self.cache: KVCache | None = None
         self.state: steps.SlotState | None = None
@@ -84,7 +84,6 @@ class Scheduler:
         )  # dispatched, not read
         self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._masks = BatchMasks(model.config.vocab_size)
-        self.compile_s = 0.0  # every compile this loop waited for
         self.tokens_out = 0  # tokens handed to requests (metrics)
         self._wake = threading.Event()
         # set by refuse_queued: from then on every request not yet started ends with this error
@@ -255,7 +254,7 @@ class Scheduler:
             assert req.leader and req.leader.slot is not None and self._copy_slot is not None
             self.cache = self._copy_slot(self.cache, req.leader.slot, req.slot)
             req.cached = shared
-        if self.compile_in_loop:
+        if self.exes.compile_in_loop:
             spec = None if req.drafter is None else req.drafter.spec
             follows, logprobs = follows_tokens(req), req.logprobs is not None
             needed = self.needed(
@@ -320,28 +319,17 @@ class Scheduler:
 
     def compile(self, keys) -> float:
         """Compile what is not compiled yet; returns the seconds spent."""
-        spent = sum(self.model.executable(k)[1] for k in keys)
-        self.compile_s += spent
-        return spent
+        return self.exes.compile(keys)
 
-    def _exe(self, key):
-        exe, dt = self.model.executable(key)
-        self.compile_s += dt
-        return exe
+    @property
+    def compile_s(self) -> float:
+        """Every compile this loop waited for (seconds)."""
+        return self.exes.compile_s
 
-    def _runnable(self, key, start: int = 0):
-        """The key to run for `key`: itself, or (compile_in_loop off) the cheapest compiled key that
-        covers it while its own is not compiled yet."""
-        if self.compile_in_loop or self.model.is_compiled(key):
-            return key
-        covering = [
-            k for k in self.model.compiled_keys() if type(k) is type(key) and k.covers(key, start)
-        ]
-        if not covering:
-            # nothing compiled serves it: compile here (a server compiles plan.ready_keys first)
-            return key
-        self.stand_ins += 1
-        return min(covering, key=lambda k: k.cost)
+    @property
+    def stand_ins(self) -> int:
+        """Dispatches that ran on a covering executable instead of their own."""
+        return self.exes.stand_ins
 
     # -- dispatch ------------------------------------------------------------------------------
     def _ensure_state(self) -> None:
@@ -366,14 +354,14 @@ class Scheduler:
     def _dispatch_prefill_chunk(self, req: Request) -> int:
         """Dispatch req's next prompt chunk; returns its bucket (tokens of prefill work)."""
         start, bucket, n_valid = req.chunks.pop(0)
-        key = self._runnable(self.plan.prefill_key(bucket, self._mode_of([req])), start)
+        key = self.exes.runnable(self.plan.prefill_key(bucket, self._mode_of([req])), start)
         tokens = np.zeros((key.bucket,), np.int32)
         tokens[:n_valid] = req.prompt[start : start + n_valid]
         width = self.plan.history
         history = np.full((width,), -1, np.int32)
         tail = req.prompt[max(0, start + n_valid - width) : start + n_valid] if width else []
         history[width - len(tail) :] = tail
-        exe = self._exe(key)
+        exe = self.exes.get(key)
         assert req.slot is not None  # prefilling requests hold a slot
         vocab = self.model.config.vocab_size
         # only the last chunk's token counts: the constraint's first mask goes to that one
@@ -408,13 +396,13 @@ class Scheduler:
         end = max(len(r.prompt) + r.produced - 1 for r in rows) + plan.decode_steps
         # a grammar row needs each token before its next mask: the whole batch steps once
         one_step = any(follows_tokens(r) for r in rows)
-        key = self._runnable(plan.decode_key(n, end, self._mode_of(rows), one_step))
+        key = self.exes.runnable(plan.decode_key(n, end, self._mode_of(rows), one_step))
         width = key.rows
         slots = np.full((width,), plan.scratch_slot, np.int32)
         positions = np.zeros((width,), np.int32)
         for i, r in enumerate(rows):
             slots[i], positions[i] = r.slot, len(r.prompt) + r.produced - 1
-        exe = self._exe(key)
+        exe = self.exes.get(key)
         settings = RowSettings.of(
             [r.sampler for r in rows],
             [r.seed for r in rows],
@@ -442,11 +430,11 @@ class Scheduler:
             return False
         position = len(seq) - 1  # the last token's: all of req's tokens were read (step)
         mode = self.mode([req.sampler])
-        key = self._runnable(self.plan.verify_key(len(draft), position + 1, mode))
+        key = self.exes.runnable(self.plan.verify_key(len(draft), position + 1, mode))
         drafts = np.zeros((key.drafts,), np.int32)
         drafts[: len(draft)] = draft
         vocab = self.model.config.vocab_size
-        tokens, n_out, self.state, self.cache = self._exe(key)(
+        tokens, n_out, self.state, self.cache = self.exes.get(key)(
             self.model.params,
             self.cache,
             self.state,
