@@ -47,7 +47,10 @@ class ExecutablePool:
         self.stand_ins += 1
         return min(covering, key=lambda k: k.cost)
 
-    def ready(self, key) -> bool:
-        """Whether key runs without compiling on the loop's thread: for optional work
-        (speculation) that a server skips until the background has compiled it."""
-        return self.compile_in_loop or self.model.is_compiled(key) or bool(self._covering(key))
+    def ready_key(self, key):
+        """The key to run for optional work (speculation), or None where that would compile on
+        the loop's thread: a server skips such work until its background has compiled a key for
+        it."""
+        if self.compile_in_loop or self.model.is_compiled(key) or self._covering(key):
+            return self.runnable(key)
+        return None
