@@ -16,6 +16,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from minfer_jax.cli.speculative import add_speculative_flags, speculation_from_args
 from minfer_jax.engine import options
 from minfer_jax.engine.flags import StrictParser, add_llama_noops, add_llama_refusals
 from minfer_jax.errors import MinferError
@@ -180,6 +181,7 @@ def _access_arguments(p) -> None:
 
 def _engine_arguments(p) -> None:
     options.add_arguments(p)
+    add_speculative_flags(p)
     p.add_argument(
         "--no-warmup",
         dest="warmup",
@@ -210,6 +212,7 @@ def settings_from(args):
         api_key=args.api_key,
         warmup=args.warmup,
         options=options.from_arguments(args),
+        speculation=speculation_from_args(args),
     )
 
 
