@@ -397,8 +397,10 @@ class Scheduler:
         not drafting) in a plain chunk."""
         rows = self._live()
         drafts = slot_spec.propose(rows, self.plan.spec_drafts(len(rows))) if drafting else {}
-        if drafts and slot_spec.batches(self.plan, rows) and self._dispatch_batch(rows, drafts):
-            return True
+        if drafts and slot_spec.batches(self.plan, rows):
+            if self._dispatch_batch(rows, drafts):
+                return True
+            drafts = {}  # not compiled yet (a server's background): a plain step
         verified = [r for r, d in drafts.items() if self._dispatch_verify(r, d)]
         rows = [r for r in rows if r not in verified]
         if not rows:
