@@ -101,3 +101,14 @@ def test_the_plan_has_verify_executables_only_when_it_speculates():
     assert all(k.drafts <= 3 and not k.mode.logprobs for k in keys)
     with pytest.raises(plan_mod.PlanError, match="draft_max"):
         plan_mod.Plan(ctx=256, draft_max=16)
+
+
+def test_a_paused_drafter_drafts_again_after_its_pause(tiny):
+    """Steps that do not draft count a paused drafter's pause down (they never read its row)."""
+    sched = Scheduler(tiny, tiny.plan(n_seqs=1, decode_steps=4))
+    req = sched.submit(workload()[0][0], max_new_tokens=40, speculation=Speculation())
+    assert req.drafter is not None
+    req.drafter.pause = 2
+    sched.run([req])
+    stats = req.result().speculation
+    assert stats.plain_chunks >= 2 and stats.verify_steps > 0

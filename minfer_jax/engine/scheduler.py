@@ -396,6 +396,8 @@ class Scheduler:
         or, where that does not apply, a verification per drafting row; the rest (all rows when
         not drafting) in a plain chunk."""
         rows = self._live()
+        if not drafting:
+            slot_spec.count_down(rows)
         drafts = slot_spec.propose(rows, self.plan.spec_drafts(len(rows))) if drafting else {}
         if drafts and slot_spec.batches(self.plan, rows):
             if self._dispatch_batch(rows, drafts):

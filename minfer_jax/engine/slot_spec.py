@@ -51,6 +51,14 @@ def propose(rows: Sequence[Request], cap: int) -> dict[Request, list[int]]:
     return drafts
 
 
+def count_down(rows: Sequence[Request]) -> None:
+    """A step that does not draft still counts down each paused drafter's pause (its propose
+    reads nothing then), so drafting resumes after the pause."""
+    for r in rows:
+        if r.drafter is not None and not r.drafter.wants_tokens:
+            r.drafter.propose([], 0)
+
+
 def batches(plan: Plan, rows: Sequence[Request]) -> bool:
     """Whether a drafting step of these rows runs as one batch verification: several rows, one
     token per plain step (decode_steps 1, the server's default: more would cost the plain rows
