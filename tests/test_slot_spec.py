@@ -105,8 +105,8 @@ def test_the_plan_has_verify_executables_only_when_it_speculates():
 
 def test_a_paused_drafter_drafts_again_after_its_pause(tiny):
     """Steps that do not draft count a paused drafter's pause down (they never read its row)."""
-    sched = Scheduler(tiny, tiny.plan(n_seqs=1, decode_steps=4))
-    req = sched.submit(workload()[0][0], max_new_tokens=40, speculation=Speculation())
+    sched = Scheduler(tiny, tiny.plan(n_seqs=4, decode_steps=1))  # the executables above
+    req = sched.submit(workload()[0][0], max_new_tokens=24, speculation=Speculation())
     assert req.drafter is not None
     req.drafter.pause = 2
     sched.run([req])
