@@ -1,7 +1,9 @@
 """`python scripts/serve.py` (also `python -m minfer_jax.server`): the OpenAI-compatible server.
 
 Flags follow llama-server's spelling: -m, --host, --port, -np/--parallel, -c/--ctx-size (the
-total context, divided among the -np slots), -n/--n-predict, -a/--alias, --api-key, --no-warmup.
+total context, divided among the -np slots), -n/--n-predict, -a/--alias, --api-key, --no-warmup,
+and the CLI's speculative-decoding flags (--spec-type, --spec-draft-n-max / --draft-max, ...:
+cli/speculative.py; per request: server/speculation.py).
 Request limits (limits.py: --max-body-bytes, --max-prompt-chars, --max-messages) and access
 checks (guards.py: --allowed-hosts, --any-content-type) have no llama-server spelling;
 --parse-special-in-content makes special-token text in chat messages control tokens again.
