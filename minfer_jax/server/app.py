@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minfer_jax import validate
 from minfer_jax.errors import MinferError
+from minfer_jax.files import harmony
 from minfer_jax.server import metrics
 from minfer_jax.server.anthropic import add_messages_routes
 from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSettings, ShuttingDown
@@ -413,7 +414,11 @@ def _add_generation_routes(
         """A chat body's prompt ids, tool-call format and thinking (as _generate takes them)."""
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
-        limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
+        chars = sum(len(m["content"]) + len(m.get("reasoning_content", "")) for m in messages)
+        limits.check_chars(chars, "messages")
+        tokenizer = backend.model.tokenizer
+        if tokenizer is not None and tokenizer.harmony:
+            messages = harmony.template_messages(messages)
         calls, tools = tool_setup(backend.model, body)
         ids = await run_in_threadpool(
             _chat_prompt_ids,

@@ -367,6 +367,8 @@ class ChatMessage(BaseModel):
     name: Text | None = None  # passed to the template (some render it)
     tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
     tool_call_id: Text | None = None  # a tool result's call
+    # an assistant's reasoning, as llama-server takes it back (templates that keep it render it)
+    reasoning_content: Text | None = None
 
     def as_template_message(self) -> dict[str, Any]:
         """The message as a chat template expects it: text content, calls with their arguments
@@ -382,6 +384,8 @@ class ChatMessage(BaseModel):
             message["tool_calls"] = [c.as_template_call() for c in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content:
+            message["reasoning_content"] = self.reasoning_content
         return message
 
 
