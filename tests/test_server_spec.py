@@ -57,12 +57,10 @@ def started(model, speculation):
 @pytest.fixture(scope="module")
 def spec_server(tiny):
     app, http = started(tiny, Speculation(draft_max=7))
-    yield (
-        app,
-        openai.OpenAI(
-            base_url="http://localhost/v1", api_key="unused", http_client=http, max_retries=0
-        ),
+    client = openai.OpenAI(
+        base_url="http://localhost/v1", api_key="unused", http_client=http, max_retries=0
     )
+    yield app, http, client
     http.__exit__(None, None, None)
 
 
@@ -78,7 +76,7 @@ def prompts(tokenizer):
 
 
 def test_concurrent_drafting_and_plain_requests_get_their_plain_text(tiny, spec_server):
-    app, client = spec_server
+    app, http, client = spec_server
     texts = prompts(tiny.tokenizer)
 
     def complete(i, text, speculate):
@@ -103,6 +101,12 @@ def test_concurrent_drafting_and_plain_requests_get_their_plain_text(tiny, spec_
     )
     keys = [k for k in tiny.compiled_keys() if isinstance(k, plan_mod.VerifyBatchKey)]
     assert keys  # rows verified together
+    scrape = {
+        line.split()[0]: float(line.split()[1])
+        for line in http.get("/metrics").text.splitlines()
+        if line.startswith("minfer_draft")
+    }
+    assert scrape["minfer_draft_tokens_total"] >= timings[0]["draft_n"] + timings[2]["draft_n"]
     plan = app.state.backend.scheduler.plan
     assert plan.draft_max == 7 and any(isinstance(k, VERIFY_KEYS) for k in plan.serving_keys())
 
@@ -118,7 +122,7 @@ def test_concurrent_drafting_and_plain_requests_get_their_plain_text(tiny, spec_
     ],
 )
 def test_bad_speculative_values_are_a_400_naming_the_field(spec_server, field, value):
-    _, client = spec_server
+    _, _, client = spec_server
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(
             model="tiny", prompt="hi", max_tokens=2, extra_body={field: value}
@@ -127,7 +131,7 @@ def test_bad_speculative_values_are_a_400_naming_the_field(spec_server, field, v
 
 
 def test_drafts_refused_where_the_request_or_server_cannot_speculate(tiny, spec_server):
-    _, client = spec_server
+    _, _, client = spec_server
     with pytest.raises(openai.BadRequestError, match="logprobs") as e:
         client.completions.create(
             model="tiny", prompt="hi", max_tokens=2, logprobs=1, extra_body={"speculative.n_max": 3}

@@ -253,6 +253,7 @@ class Backend:
         self.finish_reasons: collections.Counter[StopReason] = collections.Counter()
         self.prompt_tokens_total = 0
         self.prompt_tokens_cached = 0  # of those, reused from a slot (Request.cached)
+        self.drafted = self.accepted = 0  # speculative decoding's draft tokens (finished requests)
         self.throughput = Throughput()
         self.started = time.time()
 
@@ -435,4 +436,7 @@ class Backend:
                 req.stream.reason if req.stream is not None else StopReason.ERROR
             ] += 1
             self.prompt_tokens_cached += req.cached
+            if req.drafter is not None:
+                self.drafted += req.drafter.stats.drafted
+                self.accepted += req.drafter.stats.accepted
         self._progress()
