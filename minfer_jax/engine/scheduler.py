@@ -402,7 +402,7 @@ class Scheduler:
         if drafts and slot_spec.batches(self.plan, rows):
             if self._dispatch_batch(rows, drafts):
                 return True
-            drafts = {}  # not compiled yet (a server's background): a plain step
+            drafts = {}  # a plain step instead
         verified = [r for r, d in drafts.items() if self._dispatch_verify(r, d)]
         rows = [r for r in rows if r not in verified]
         if not rows:
@@ -436,10 +436,12 @@ class Scheduler:
         return True
 
     def _dispatch_batch(self, rows: list[Request], drafts: dict[Request, list[int]]) -> bool:
-        """One verification step for the whole batch (verify_batch.py); False where no
-        executable for it is ready (a server's background has not compiled one yet)."""
+        """One verification step for the whole batch (verify_batch.py); False where no row
+        drafts a token or no executable for it is ready (a server's background compiles it)."""
         end = max(slot_spec.position(r) for r in rows) + 1
         n = max(len(d) for d in drafts.values())
+        if n == 0:  # only one-token verifications: a plain step (one token a row) is the same
+            return False
         key = self.exes.ready_key(
             self.plan.verify_batch_key(len(rows), n, end, self._mode_of(rows))
         )
