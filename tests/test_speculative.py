@@ -283,10 +283,10 @@ def test_cli_flags_take_llama_cpp_spellings():
 def test_the_server_refuses_speculative_fields_with_a_reason():
     from minfer_jax.server import schemas
 
-    body = b'{"prompt": "hi", "speculative.n_max": 8}'
-    with pytest.raises(schemas.BadRequest, match="not in the server yet") as e:
+    body = b'{"prompt": "hi", "speculative.type": "draft-mtp"}'  # n_max etc.: test_server_spec
+    with pytest.raises(schemas.BadRequest, match="--spec-type") as e:
         schemas.parse(schemas.CompletionRequest, body)
-    assert e.value.param == "speculative.n_max"
+    assert e.value.param == "speculative.type"
 
 
 def test_right_partly_right_and_wrong_drafts_all_give_plain_tokens(tiny):

@@ -8,7 +8,9 @@ For each model and mode (load(deterministic=...)), each prompt (the natural prom
 tests/data/invariance_prompts.json where the model has a tokenizer, else random ids) is decoded
 greedily three ways: plain, with prompt lookup (generate(speculative="lookup")) and with drafts
 replayed from the plain output and spoiled on purpose (minfer_bench/spec_replay.py: every
-verification bucket meets accepted and rejected tokens). It prints how many sequences differ
+verification bucket meets accepted and rejected tokens), then all prompts decoded together with
+every other one drafting (one verification step for the batch, as the server runs it; its
+sequences against their lone plain tokens). It prints how many sequences differ
 from plain decoding and, for each that does, the plain run's top-2 logit margin at the first
 differing position (a near tie, or a bug). The deterministic mode must give 0 differences.
 The same check runs on the CPU with --kernels interpret (slow: a tiny model only).
@@ -26,6 +28,8 @@ import sys
 import numpy as np
 
 import minfer_jax
+from minfer_jax.engine.lookup import Speculation
+from minfer_jax.engine.scheduler import Scheduler
 from minfer_jax.files.model_source import resolve_model
 from minfer_jax.files.prompts import encode_chat
 
@@ -103,6 +107,44 @@ def check(
     return rows
 
 
+def batch_check(model, label: str, mode: str, prompts, n_gen: int, draft_max: int) -> list[dict]:
+    """The prompts decoded together as the server does (one slot each, one token per step),
+    every other one drafting by prompt lookup, so steps verify drafting and plain rows in one
+    executable (engine/verify_batch.py): each sequence against its lone plain tokens."""
+    sched = Scheduler(model, model.plan(len(prompts), decode_steps=1))
+    reqs = [
+        sched.submit(
+            p,
+            max_new_tokens=n_gen,
+            constraint=model.constraint(ignore_eos=True),
+            speculation=Speculation(draft_max=draft_max) if i % 2 == 0 else None,
+        )  # fmt: skip
+        for i, p in enumerate(prompts)
+    ]
+    sched.run(reqs)
+    rows = []
+    for p, req in zip(prompts, reqs):
+        res = req.result()
+        plain = minfer_jax.generate(model, p, max_new_tokens=n_gen, ignore_eos=True)
+        same = res.tokens == plain.tokens
+        where, gap = (None, None) if same else margin_at(model, p, plain.tokens, res.tokens)
+        stats = res.speculation
+        rows.append(
+            {
+                "model": label,
+                "mode": mode,
+                "drafter": "batch-plain" if stats is None else "batch-lookup",
+                "prompt_tokens": len(p),
+                "same": same,
+                "first_diff": where,
+                "top2_gap": gap,
+                "accepted": 0 if stats is None else stats.accepted,
+                "drafted": 0 if stats is None else stats.drafted,
+            }  # fmt: skip
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("-m", "--model", action="append", default=[], help="a GGUF path or default")
@@ -127,10 +169,12 @@ def main(argv=None) -> int:
                 minfer_jax.load(src, **kw) if isinstance(src, str) else
                 minfer_jax.load(gguf_model=src, **kw)
             )  # fmt: skip
+            prompts = prompt_ids(model, args.prompts, 0)
             got = check(
-                model, label, mode, prompt_ids(model, args.prompts, 0), args.n, args.draft_max,
+                model, label, mode, prompts, args.n, args.draft_max,
                 draft_for(model, args.model_draft), args.draft_p_min,
             )  # fmt: skip
+            got += batch_check(model, label, mode, prompts, args.n, args.draft_max)
             rows += got
             differ = [r for r in got if not r["same"]]
             acc = {

@@ -47,6 +47,7 @@ from minfer_jax.server.schemas import (
     CompletionRequest,
     parse,
 )
+from minfer_jax.server.speculation import request_speculation, timings
 from minfer_jax.server.streaming import choices_usage, stream_choices
 from minfer_jax.server.tools import CallFormat, tool_grammar, tool_setup
 
@@ -265,7 +266,11 @@ async def _generate(
             text, result.stop_reason, 0, 0, 0, made, reasoning, index=index, logprobs=lp
         )
         choices += whole["choices"]
-    return JSONResponse({**whole, "choices": choices, "usage": usage(*choices_usage(results))})
+    reply_body = {**whole, "choices": choices, "usage": usage(*choices_usage(results))}
+    spec_timings = timings(results)
+    if spec_timings is not None:  # llama-server's draft counts
+        reply_body["timings"] = spec_timings
+    return JSONResponse(reply_body)
 
 
 async def _submit_choices(
@@ -303,6 +308,9 @@ async def _submit(
 
     constraint = await run_in_threadpool(_constraint, backend.model, body, calls)
     ctx, vocab = backend.scheduler.plan.ctx, backend.model.config.vocab_size
+    speculation = request_speculation(
+        backend.settings.speculation, body, backend.model.config, constraint, body.top_alternatives
+    )
     # extreme counts are clamped (validate.clamped_count), as generate() and the CLI do
     wanted = backend.settings.n_predict if body.max_tokens is None else body.max_tokens
     max_tokens = validate.clamped_count("max_tokens", wanted, ctx, all_of="the context")
@@ -327,6 +335,7 @@ async def _submit(
             constraint=constraint,
             logprobs=body.top_alternatives,
             leader=leader,
+            speculation=speculation,
         )
     except ServerBusy:
         raise

@@ -41,6 +41,8 @@ def _counts(backend) -> dict:
             prompt_total=backend.prompt_tokens_total,
             cached_total=backend.prompt_tokens_cached,
             finished=dict(backend.finish_reasons),
+            drafted=backend.drafted,
+            accepted=backend.accepted,
         )
         live = backend.live
     if sched is None:
@@ -98,6 +100,18 @@ def render(backend) -> str:
         "counter",
         "Prompt tokens whose K/V a slot still held from an earlier request (not prefilled again).",
         [({}, c["cached_total"])],
+    )
+    lines += _family(
+        "draft_tokens_total",
+        "counter",
+        "Tokens drafted by speculative decoding (--spec-type) for finished requests.",
+        [({}, c["drafted"])],
+    )
+    lines += _family(
+        "draft_tokens_accepted_total",
+        "counter",
+        "Of those, tokens the model accepted.",
+        [({}, c["accepted"])],
     )
     lines += _family(
         "requests_total",
