@@ -18,9 +18,9 @@ import pytest
 
 import minfer_jax
 from minfer_jax.cli.arguments import build_parser
-from minfer_jax.cli.speculative import draft_speculation, speculation_from_args
 from minfer_jax.engine.draft_model import DraftModel, DraftSpeculation, VocabularyMismatchError
 from minfer_jax.engine.drafter import CostPacing, best_length
+from minfer_jax.engine.spec_flags import draft_speculation, speculation_from_args
 from minfer_jax.errors import InvalidArgumentError
 from tests.configs import tiny_config
 

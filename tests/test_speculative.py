@@ -19,10 +19,10 @@ from scipy import stats
 
 import minfer_jax
 from minfer_jax.cli.arguments import build_parser
-from minfer_jax.cli.speculative import speculation_from_args
 from minfer_jax.engine import plan as plan_mod
 from minfer_jax.engine.lookup import Drafter, Speculation, check_speculation, speculation_of
 from minfer_jax.engine.sampling import GREEDY_MODE, SAMPLED_MODE, RowSettings, Sampler
+from minfer_jax.engine.spec_flags import speculation_from_args
 from minfer_jax.engine.steps import init_slot_state, prefill_chunk
 from minfer_jax.engine.verify import verify_chunk
 from minfer_jax.errors import InvalidArgumentError

@@ -34,12 +34,12 @@ from minfer_jax.cli.arguments import (
 )
 from minfer_jax.cli.chat import _Session, _summary
 from minfer_jax.cli.constraints import constraint_keywords
-from minfer_jax.cli.speculative import draft_speculation, speculation_from_args
 from minfer_jax.engine import options
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
 # module attributes: tests substitute an already loaded model
 from minfer_jax.engine.runtime import load
+from minfer_jax.engine.spec_flags import draft_speculation, speculation_from_args
 from minfer_jax.errors import ContextOverflowError, MinferError
 from minfer_jax.files.harmony import HarmonyStream
 from minfer_jax.files.model_source import resolve_model

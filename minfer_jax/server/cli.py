@@ -3,7 +3,7 @@
 Flags follow llama-server's spelling: -m, --host, --port, -np/--parallel, -c/--ctx-size (the
 total context, divided among the -np slots), -n/--n-predict, -a/--alias, --api-key, --no-warmup,
 and the CLI's speculative-decoding flags (--spec-type, --spec-draft-n-max / --draft-max, ...:
-cli/speculative.py; per request: server/speculation.py).
+engine/spec_flags.py; per request: server/speculation.py).
 Request limits (limits.py: --max-body-bytes, --max-prompt-chars, --max-messages) and access
 checks (guards.py: --allowed-hosts, --any-content-type) have no llama-server spelling;
 --parse-special-in-content makes special-token text in chat messages control tokens again.
@@ -18,9 +18,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from minfer_jax.cli.speculative import add_speculative_flags, speculation_from_args
 from minfer_jax.engine import options
 from minfer_jax.engine.flags import StrictParser, add_llama_noops, add_llama_refusals
+from minfer_jax.engine.spec_flags import add_speculative_flags, speculation_from_args
 from minfer_jax.errors import MinferError
 from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
 from minfer_jax.server.limits import DEFAULT_MAX_MESSAGES
