@@ -13,6 +13,7 @@ import functools
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -28,7 +29,9 @@ DATA = Path(__file__).parent / "data" / "llama_cpp"
 # Measured 4e-3 (dense) and 2e-3 (MoE) of the logit std: llama.cpp computes GELU through an f16
 # table (HYBRID_NOTES), we exactly; the issue's bar is 0.05. Slips (SWA off by one, rope_freqs
 # ignored, V normed with k_norm, no soft-cap) give 0.1 and more.
-TOLERANCE = 0.02
+# the CPU's f32 path; the GPU's (f16 KV, TF32 dots) gets the issue's bar for Gemma 4 (llama.cpp's
+# GELU is an f16 table): 2026-12-07 on an H100 the MoE file measured 0.027
+TOLERANCE = 0.02 if jax.default_backend() == "cpu" else 0.05
 
 
 @functools.cache
@@ -163,7 +166,6 @@ def test_kernel_path_matches_the_xla_path_with_a_512_wide_head():
     full with K = V, then a sliding one reading layer 0's cache) with the real files' 512-wide
     full head and 256-wide sliding head: a 32-token prefill chunk, then 3 decode steps past the
     32-token window."""
-    import jax
 
     from minfer_jax import ops
     from minfer_jax.model import decoder
@@ -204,7 +206,8 @@ def test_kernel_path_matches_the_xla_path_with_a_512_wide_head():
             rows.append(logits)
         return np.concatenate([np.asarray(r) for r in rows])
 
-    want, got = run(ops.Impl(kernels="xla")), run(ops.Impl(kernels=KERNELS))
+    with jax.default_matmul_precision("highest"):  # a GPU's default f32 dot is TF32
+        want, got = run(ops.Impl(kernels="xla")), run(ops.Impl(kernels=KERNELS))
     assert want.shape == (35, cfg.vocab_size)
     assert np.abs(got - want).max() < 1e-3 * want.std()
 
