@@ -17,7 +17,8 @@ as GGUF files:
   its tensor types and shapes without the weights.
 - `write_gguf(model, path)`: the same model as a GGUF file (round-trips through `load_gguf`).
 
-The model carries no tokenizer vocabulary (only the special token ids): benchmarks feed token ids.
+The model carries no tokenizer vocabulary (only the special token ids): benchmarks feed token ids;
+a written file gets the family's placeholder tokenizer (synthetic_vocab).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from gguf import GGML_QUANT_SIZES, LlamaFileType
 
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.files.gguf import FLOAT_TYPES, SUPPORTED_TYPES, RawTensor
-from minfer_jax.files.vocabulary import TOKEN_CONTROL, TOKEN_NORMAL, bytes_to_unicode
 from minfer_jax.model.config import Config
 from minfer_jax.model.from_gguf import expected_shapes
 from minfer_jax.model.gguf_model import GGUFModel
@@ -54,6 +54,9 @@ from minfer_bench.quant_mix import (
     tensor_types,
 )
 from minfer_bench.qwen35_configs import QWEN35_CONFIGS
+from minfer_bench.synthetic_vocab import placeholder_tokenizer as placeholder_tokenizer
+from minfer_bench.synthetic_vocab import placeholder_vocab as placeholder_vocab
+from minfer_bench.synthetic_vocab import special_tokens_metadata
 
 # --------------------------------------------------------------------------------------------
 # Configurations
@@ -223,8 +226,6 @@ def llama3_rope_factors(
 
 
 # Qwen2.5 special token ids (tokenizer.ggml.* of the real files).
-_BOS_ID, _EOS_ID, _PAD_ID = 151643, 151645, 151643
-_SPECIAL_TOKENS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
 
 # --------------------------------------------------------------------------------------------
 # Random tensors
@@ -421,7 +422,7 @@ def _metadata(cfg: Config, name: str, file_type: int) -> dict:
     }
     meta.update(_family_metadata(cfg))
     meta.update(_moe_metadata(cfg))
-    meta.update(_special_tokens_metadata(cfg.vocab_size))
+    meta.update(special_tokens_metadata(cfg.vocab_size, cfg.family))
     return meta
 
 
@@ -480,18 +481,6 @@ def _hybrid_metadata(cfg: Config) -> dict:
             0,
         ],
         f"{a}.nextn_predict_layers": cfg.mtp_layers,
-    }
-
-
-def _special_tokens_metadata(vocab: int) -> dict:
-    """tokenizer.ggml bos / eos / padding ids of a synthetic model (Qwen2.5's where the vocab
-    holds them, else its last id), and no BOS added."""
-    bos, eos, pad = (_BOS_ID, _EOS_ID, _PAD_ID) if vocab > _EOS_ID else (vocab - 1,) * 3
-    return {
-        "tokenizer.ggml.bos_token_id": bos,
-        "tokenizer.ggml.eos_token_id": eos,
-        "tokenizer.ggml.padding_token_id": pad,
-        "tokenizer.ggml.add_bos_token": False,
     }
 
 
@@ -658,46 +647,6 @@ def synthetic_shapes(spec: str, layers: int | None = None) -> tuple[dict, dict, 
 # --------------------------------------------------------------------------------------------
 
 
-def placeholder_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
-    """(tokens, token types, merges) of a placeholder byte-level BPE vocabulary of `vocab_size`.
-
-    Ids 0..255: the byte-level alphabet, id b being byte b's character (so every byte, '\\n'
-    included, has a token); then 'ĠĠ' (the one merge 'Ġ Ġ'); Qwen2.5's <|endoftext|> /
-    <|im_start|> / <|im_end|> at their real ids (CONTROL); every other id a unique
-    '<|synthetic_N|>' NORMAL token.
-    """
-    byte_chars = bytes_to_unicode()
-    alphabet = [byte_chars[b] for b in range(256)]
-    tokens = [f"<|synthetic_{i}|>" for i in range(vocab_size)]
-    types = [TOKEN_NORMAL] * vocab_size
-    tokens[: min(256, vocab_size)] = alphabet[:vocab_size]
-    merges = []
-    if vocab_size > 256:
-        tokens[256] = "ĠĠ"
-        merges = ["Ġ Ġ"]
-    for i, text in _SPECIAL_TOKENS.items():
-        if i < vocab_size:
-            tokens[i], types[i] = text, TOKEN_CONTROL
-    if vocab_size <= _EOS_ID:  # tiny configs: the last id is the (control) end token
-        tokens[-1], types[-1] = "<|endoftext|>", TOKEN_CONTROL
-    return tokens, types, merges
-
-
-def placeholder_tokenizer(vocab_size: int) -> dict:
-    """The tokenizer.* metadata of placeholder_vocab: a byte-level BPE ('gpt2', pre 'qwen2') with
-    the special ids of a synthetic model and no BOS added."""
-    tokens, token_types, merges = placeholder_vocab(vocab_size)
-    meta = {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "qwen2",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": token_types,
-        "tokenizer.ggml.merges": merges,
-    }
-    meta.update(_special_tokens_metadata(vocab_size))
-    return meta
-
-
 def write_gguf(
     model: GGUFModel, path: str | os.PathLike, progress: bool = True, tokenizer: dict | None = None
 ) -> None:
@@ -708,9 +657,9 @@ def write_gguf(
     of the placeholder vocab.
 
     Metadata: general.architecture/name/file_type/quantization_version, the family's
-    hyper-parameters (`<architecture>.*`) from model.config, and a placeholder tokenizer section
-    (tokenizer.ggml.model 'gpt2', pre 'qwen2', `placeholder_vocab` tokens/token_type/merges,
-    bos/eos/padding ids, add_bos_token false). Tensor bytes are written as they are (quantized
+    hyper-parameters (`<architecture>.*`) from model.config, and the family's placeholder tokenizer
+    (minfer_bench.synthetic_vocab: its real files' tokenizer kind and pre-tokenizer, a vocabulary
+    that spells any text, bos/eos/padding ids). Tensor bytes are written as they are (quantized
     blocks through raw_dtype; byte-shaped uint8 rows are turned back into element shapes by
     gguf-py).
 
@@ -752,7 +701,9 @@ def write_gguf(
     w.add_file_type(int(meta.get("general.file_type", LlamaFileType.GUESSED)))
     w.add_quantization_version(int(meta.get("general.quantization_version", 2)))
 
-    _write_tokenizer(w, placeholder_tokenizer(cfg.vocab_size) if tokenizer is None else tokenizer)
+    _write_tokenizer(
+        w, placeholder_tokenizer(cfg.vocab_size, cfg.family) if tokenizer is None else tokenizer
+    )
 
     for name, t in model.tensors.items():
         data = np.ascontiguousarray(t.data)
@@ -771,7 +722,8 @@ def write_gguf(
 def _write_tokenizer(w, meta: dict) -> None:
     """tokenizer.* metadata (a real model's, or the placeholder vocab) into a GGUFWriter."""
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    if "tokenizer.ggml.pre" in meta:  # gemma4's files have none
+        w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     w.add_token_list(meta["tokenizer.ggml.tokens"])
     w.add_token_types(meta["tokenizer.ggml.token_type"])
     if meta.get("tokenizer.ggml.merges"):

@@ -12,6 +12,7 @@ own needs (SlotState / init_slot_state, RowSettings, SamplerMode and its modes, 
 init_cache, Params, Config, Impl) are exported here; README.md, "Your own jitted loop".
 """
 
+from minfer_jax.engine.draft_model import DraftModel, load_draft
 from minfer_jax.engine.generation import generate, generate_batch
 from minfer_jax.engine.options import Options
 from minfer_jax.engine.plan import Plan
@@ -59,6 +60,7 @@ __all__ = [
     "__version__",
     "Config",
     "ContextOverflowError",
+    "DraftModel",
     "FULL_MODE",
     "GGUFError",
     "GREEDY",
@@ -93,6 +95,7 @@ __all__ = [
     "init_cache",
     "init_slot_state",
     "load",
+    "load_draft",
     "prefill_chunk",
     "prompt_logits",
 ]

@@ -393,6 +393,8 @@ def test_model_type_names_of_the_families(cfg_name, want):
         ([], "give -m MODEL or --synthetic"),
         (["--matmuls"], "--matmuls needs"),
         (["--bogus-flag"], "unrecognized"),
+        (TINY + ["--spec", "draft"], "takes a draft model (-md)"),
+        (TINY + ["--spec", "lookup", "-md", "d.gguf"], "-md only --spec draft"),
         (["-m", "/tmp/x.gguf", "--layers", "2"], "--layers"),
         (
             [

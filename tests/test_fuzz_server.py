@@ -224,7 +224,7 @@ def test_null_is_the_default():
     required."""
 
     def nulls(kind) -> dict:  # every optional field of the body and every unsupported setting
-        optional = [name for name, field in kind.model_fields.items() if not field.is_required()]
+        optional = [f.alias or name for name, f in kind.model_fields.items() if not f.is_required()]
         return dict.fromkeys([*optional, *UNSUPPORTED])
 
     text = parse(

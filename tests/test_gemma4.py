@@ -13,6 +13,7 @@ import functools
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -28,7 +29,9 @@ DATA = Path(__file__).parent / "data" / "llama_cpp"
 # Measured 4e-3 (dense) and 2e-3 (MoE) of the logit std: llama.cpp computes GELU through an f16
 # table (HYBRID_NOTES), we exactly; the issue's bar is 0.05. Slips (SWA off by one, rope_freqs
 # ignored, V normed with k_norm, no soft-cap) give 0.1 and more.
-TOLERANCE = 0.02
+# the CPU's f32 path; the GPU's (f16 KV, TF32 dots) gets the issue's bar for Gemma 4 (llama.cpp's
+# GELU is an f16 table): 2026-12-07 on an H100 the MoE file measured 0.027
+TOLERANCE = 0.02 if jax.default_backend() == "cpu" else 0.05
 
 
 @functools.cache
@@ -139,11 +142,10 @@ def test_batched_and_after_a_shared_prefix_as_llama_cpp(files):
     """The scheduler runs the 170-token prompt (three prefill chunks) beside the 24-token one
     (rows of one decode batch, through the shared-KV layers): each gets llama.cpp's greedy
     continuation. Then the 170 tokens + the first 4 of that continuation reuse the slot's cached
-    prefix and get the next 4 (greedy is deterministic: llama.cpp's tokens 5-8, its 9th the
-    synthetic vocabulary's end-of-sequence token)."""
+    prefix and get the next 4 (greedy is deterministic: llama.cpp's tokens 5-8)."""
     name = "gemma4-tiny"
     model = _model(files(name))
-    eos = model.config.vocab_size - 1  # the synthetic vocabulary's
+    eos = model.tokenizer.eos_id  # the synthetic vocabulary's <eos> (id 1, as Gemma 4's)
     long, short = _expected_prompts(name)
     sched = model.scheduler(2)
     reqs = [sched.submit(p["ids"], max_new_tokens=len(p["greedy"])) for p in (long, short)]
@@ -164,7 +166,6 @@ def test_kernel_path_matches_the_xla_path_with_a_512_wide_head():
     full with K = V, then a sliding one reading layer 0's cache) with the real files' 512-wide
     full head and 256-wide sliding head: a 32-token prefill chunk, then 3 decode steps past the
     32-token window."""
-    import jax
 
     from minfer_jax import ops
     from minfer_jax.model import decoder
@@ -205,6 +206,34 @@ def test_kernel_path_matches_the_xla_path_with_a_512_wide_head():
             rows.append(logits)
         return np.concatenate([np.asarray(r) for r in rows])
 
-    want, got = run(ops.Impl(kernels="xla")), run(ops.Impl(kernels=KERNELS))
+    with jax.default_matmul_precision("highest"):  # a GPU's default f32 dot is TF32
+        want, got = run(ops.Impl(kernels="xla")), run(ops.Impl(kernels=KERNELS))
     assert want.shape == (35, cfg.vocab_size)
     assert np.abs(got - want).max() < 1e-3 * want.std()
+
+
+@pytest.mark.parametrize("mode", ["int8", "dense"])
+def test_the_per_layer_embedding_table_stays_packed(mode):
+    """per_layer_token_embd (vocab x L n_pl; 11 GB as f32 on E4B) is only gathered from: it stays
+    in its file format in every weight mode (the CPU's int8 and the dense one too) and only the
+    gathered rows are decoded, bit for bit as the file's dequantization."""
+    import gguf
+    import jax.numpy as jnp
+
+    from minfer_jax.files.gguf import QType, RawTensor
+    from minfer_jax.model.weights import LoadOptions, load_params
+    from minfer_jax.quant.matrix import QWeight, embed_rows
+    from minfer_jax.quant.planes import dequantize
+
+    gm = gemma4_model("gemma4-tiny")
+    name = "per_layer_token_embd.weight"
+    table = gm.tensors[name]
+    packed = gguf.quants.quantize(np.asarray(table.data), gguf.GGMLQuantizationType.Q8_0)
+    gm.tensors[name] = RawTensor(name, QType.Q8_0, table.shape, packed)
+    w = load_params(gm, LoadOptions(mode)).per_layer_embed
+    assert isinstance(w, QWeight) and w.qtype == QType.Q8_0 and w.shape == table.shape
+    padded_rows = next(iter(w.planes.values())).shape[0]  # planes pad rows for the kernels
+    assert w.nbytes / padded_rows <= 1.1 * packed.nbytes / table.shape[0]  # f32: 3.8x
+    ids = jnp.array([[0, 7], [319, 7]], jnp.int32)
+    want = np.asarray(dequantize(packed, QType.Q8_0, table.shape))[np.asarray(ids)]
+    np.testing.assert_array_equal(np.asarray(embed_rows(w, ids)), want)

@@ -211,3 +211,151 @@ def test_harmony_calls_through_the_server_and_the_openai_client(gptoss):
             model="m", messages=history, tools=tools, max_tokens=4
         )
         assert again.usage.prompt_tokens > full.usage.prompt_tokens + 20  # the call and result
+
+
+# -- the Anthropic Messages API on harmony -------------------------------------------------------
+ANALYSIS_AND_FINAL = (
+    "<|channel|>analysis<|message|>Think it over.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Sunny, 21 C."
+)
+
+
+def _split(show_thinking: bool, calls=True):
+    from minfer_jax.server.anthropic_reply import BlockSplit
+
+    return BlockSplit(HarmonyCalls() if calls else None, None, True, show_thinking)
+
+
+@pytest.mark.parametrize("show", [True, False])
+@pytest.mark.parametrize(
+    "text, reason, thinking, answer, call, stop",
+    [
+        (ANALYSIS_AND_FINAL, StopReason.EOS, "Think it over.", "Sunny, 21 C.", None, "end_turn"),
+        (CALL_TEXT, StopReason.EOS, "Need the weather.", "", {"city": "Paris", "unit": "c"},
+         "tool_use"),
+        (CALL_TEXT[:-8], StopReason.LENGTH, "Need the weather.", "", None, "max_tokens"),
+        (ANALYSIS_AND_FINAL[:-6], StopReason.LENGTH, "Think it over.", "Sunny,", None,
+         "max_tokens"),
+    ],
+)  # fmt: skip
+def test_messages_blocks_of_harmony_text(text, reason, thinking, answer, call, stop, show):
+    """Whole: thinking (only where the request enables it), text, tool_use; a call cut off by
+    max_tokens is none. Streamed in pieces of every size: the official client's accumulator
+    rebuilds the same message from the events."""
+    from anthropic.lib.streaming._messages import accumulate_event
+
+    from minfer_jax.server.anthropic_reply import EventStream, stop_reason, whole_content
+
+    blocks, uses = whole_content(_split(show), text)
+    want = [{"type": "thinking", "thinking": thinking, "signature": ""}] if show else []
+    want += [{"type": "text", "text": answer}] if answer else []
+    assert [{k: v for k, v in b.items() if k not in ("id", "input")} for b in blocks] == [
+        *want, *([{"type": "tool_use", "name": "get_weather"}] if call else [])
+    ]  # fmt: skip
+    assert [u[1] for u in uses] == ([call] if call else []) and stop_reason(reason, uses) == stop
+    for size in (1, 5, 1000):
+        events = EventStream(_split(show), {"id": "msg_1", "type": "message",
+                                           "role": "assistant", "model": "m"})  # fmt: skip
+        sse = events.start(40)
+        for i in range(0, len(text), size):
+            sse += events.piece(text[i : i + size])
+        sse += events.end(text, reason, 40, 9, 30)
+        message = None
+        for event in sse:
+            data = json.loads(event.split("data: ", 1)[1])
+            message = accumulate_event(event=data, current_snapshot=message, json_bufs={})
+        assert message is not None and message.stop_reason == stop
+        got = [b.model_dump(exclude_none=True) for b in message.content]
+        assert [{k: v for k, v in b.items() if k not in ("id", "citations")} for b in got] == [
+            *want, *([{"type": "tool_use", "name": "get_weather", "input": call}] if call else [])
+        ], size  # fmt: skip
+        assert (message.usage.input_tokens, message.usage.cache_read_input_tokens) == (10, 30)
+
+
+def test_anthropic_history_renders_through_the_harmony_template():
+    """System prompt as the developer message, tools as harmony's declarations, an assistant's
+    thinking before its call, each call of a parallel turn followed by its own result."""
+    from minfer_jax.files.harmony import template_messages
+    from minfer_jax.server.anthropic import MessagesRequest, to_chat
+
+    tool = {"name": "get_weather", "description": "The weather in a city",
+            "input_schema": WEATHER["parameters"]}  # fmt: skip
+    uses = [{"type": "tool_use", "id": f"t{i}", "name": "get_weather", "input": {"city": c}}
+            for i, c in enumerate(["Paris", "Oslo"])]  # fmt: skip
+    body = MessagesRequest.model_validate(
+        {"model": "m", "max_tokens": 8, "system": "You are terse.", "tools": [tool],
+         "messages": [
+             {"role": "user", "content": "Weather in Paris and Oslo?"},
+             {"role": "assistant", "content": [
+                 {"type": "thinking", "thinking": "Two cities.", "signature": ""}, *uses]},
+             {"role": "user", "content": [
+                 {"type": "tool_result", "tool_use_id": "t1", "content": "5 C"},
+                 {"type": "tool_result", "tool_use_id": "t0", "content": [
+                     {"type": "text", "text": "21 C"}]}]},
+         ]}
+    )  # fmt: skip
+    chat = to_chat(body)
+    messages = template_messages([m.as_template_message() for m in chat.messages])
+    tools = [t.model_dump(exclude_none=True) for t in chat.tools or []]
+    text = render_chat_template(TEMPLATE, messages, add_generation_prompt=True, tools=tools)
+    assert "<|start|>developer<|message|># Instructions\n\nYou are terse.\n\n# Tools" in text
+    assert "type get_weather = (_: {" in text and "// The weather in a city" in text
+    call = "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+    result = "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+    assert (
+        "<|start|>assistant<|channel|>analysis<|message|>Two cities.<|end|>"
+        f'{call}{{"city": "Paris"}}<|call|>{result}"21 C"<|end|>'
+        f'{call}{{"city": "Oslo"}}<|call|>{result}"5 C"<|end|><|start|>assistant'
+    ) in text, text
+
+
+def test_anthropic_messages_on_gpt_oss_with_the_official_client(gptoss):
+    """The anthropic client against the server on gpt-oss-tiny (harmony): a forced tool call whole
+    and streamed (tool_use blocks whose input validates, stop_reason tool_use, no harmony framing
+    in any text), its result fed back (the prompt grows by the call and the result), and a free
+    reply cut at max_tokens."""
+    import anthropic
+    from starlette.testclient import TestClient
+
+    from minfer_jax.files.harmony import MARKERS
+    from minfer_jax.server.app import create_app
+    from minfer_jax.server.backend import ServerSettings
+
+    app = create_app(ServerSettings(warmup=False), loader=lambda *args, **kwargs: gptoss)
+    tool = {"name": "get_weather", "description": "The weather in a city",
+            "input_schema": WEATHER["parameters"]}  # fmt: skip
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    with TestClient(app, base_url="http://localhost") as http:
+        client = anthropic.Anthropic(base_url="http://localhost", api_key="x", http_client=http)
+        forced = client.messages.create(
+            model="m", system="You are terse.", messages=messages, tools=[tool], max_tokens=160,
+            tool_choice={"type": "tool", "name": "get_weather"},
+        )  # fmt: skip
+        assert forced.stop_reason == "tool_use", forced
+        (use,) = forced.content
+        assert use.type == "tool_use" and use.name == "get_weather"
+        _valid(json.dumps(use.input))
+        assert forced.usage.input_tokens > 50 and forced.usage.output_tokens > 5
+
+        with client.messages.stream(
+            model="m", messages=messages, tools=[tool], max_tokens=160,
+            tool_choice={"type": "any"}, thinking={"type": "enabled", "budget_tokens": 1024},
+        ) as stream:  # fmt: skip
+            kinds = [event.type for event in stream]
+            final = stream.get_final_message()
+        assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+        assert final.stop_reason == "tool_use" and [b.type for b in final.content] == ["tool_use"]
+        _valid(json.dumps(final.content[0].input))
+
+        history = messages + [
+            {"role": "assistant", "content": [use.model_dump()]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "21 C"}]},
+        ]  # fmt: skip
+        count = client.messages.count_tokens(model="m", messages=history, tools=[tool])
+        assert count.input_tokens > forced.usage.input_tokens + 15  # the call and its result
+        free = client.messages.create(model="m", messages=history, tools=[tool], max_tokens=3)
+        assert free.stop_reason == "max_tokens" and free.usage.output_tokens == 3, free
+        texts = [b.text for b in free.content if b.type == "text"]
+        assert not any(m in t for t in texts for m in MARKERS), texts
+        assert all(b.type == "text" for b in free.content)  # no thinking: not enabled

@@ -16,11 +16,21 @@ import pytest
 
 import minfer_jax
 from minfer_jax.cli.arguments import build_parser
-from minfer_jax.cli.speculative import speculation_from_args
-from minfer_jax.engine.lookup import DEFAULT_MTP_DRAFT, Speculation
+from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine import slot_spec
+from minfer_jax.engine.lookup import (
+    DEFAULT_MTP_DRAFT,
+    Drafter,
+    MtpDrafter,
+    Speculation,
+    speculation_of,
+)
+from minfer_jax.engine.scheduler import Scheduler
+from minfer_jax.engine.spec_flags import speculation_from_args
 from minfer_jax.errors import InvalidArgumentError, UnsupportedError
 from minfer_jax.files.gguf import QType, RawTensor
 from minfer_jax.model.mtp import has_mtp, mtp_forward
+from minfer_jax.server import cli as server_cli
 
 from minfer_bench.synthetic_qwen35 import qwen35_model
 
@@ -136,6 +146,32 @@ def test_mtp_speculation_gives_plain_tokens_and_keeps_its_cache_in_step():
         assert err < 1e-3 * np.abs(want[:, : fed - 1]).max()
 
 
+def test_a_hybrid_batch_verifies_each_drafting_row_alone():
+    """Batched verification (verify_batch.py) rolls no recurrent state back and drafts nothing
+    with the MTP block: a hybrid's plan keeps it off (no batch keys, slot_spec.batches False), so
+    each MTP row of a batch verifies alone (its drafts made in the step) beside the plain row's
+    chunk; every row gets its plain tokens."""
+    model = _model(predictable=True)
+    plan = model.plan(3, decode_steps=1)
+    spec_plan = dataclasses.replace(plan, draft_max=3)
+    assert not plan.batch_verify
+    assert not any(isinstance(k, plan_mod.VerifyBatchKey) for k in spec_plan.speculation_keys())
+    rng = np.random.default_rng(6)
+    prompts = [[int(t) for t in rng.integers(0, 320, n)] for n in (30, 21, 17)]
+    mtp = speculation_of("draft-mtp")
+    sched = Scheduler(model, plan)
+    reqs = [
+        sched.submit(p, max_new_tokens=24, speculation=mtp if i < 2 else None)
+        for i, p in enumerate(prompts)
+    ]
+    assert not slot_spec.batches(plan, reqs)
+    sched.run(reqs)
+    for p, req in zip(prompts, reqs):
+        assert req.result().tokens == minfer_jax.generate(model, p, max_new_tokens=24).tokens
+    stats = [r.result().speculation for r in reqs[:2]]
+    assert all(s.accepted > 5 and s.drafted > s.accepted for s in stats)
+
+
 def test_mtp_needs_the_block_loaded_and_in_the_file():
     plain_load = minfer_jax.load(gguf_model=qwen35_model(NAME), kernels="xla", ctx_size=64)
     with pytest.raises(InvalidArgumentError, match="mtp=True"):
@@ -151,3 +187,15 @@ def test_cli_takes_llama_cpps_draft_mtp():
     spec = speculation_from_args(parse(["--spec-type", "mtp", "--spec-draft-n-max", "1"]))
     assert spec.on_device and spec.draft_max == 1
     assert not speculation_from_args(parse(["--spec-type", "lookup"])).on_device
+    assert isinstance(spec.new_drafter([1, 2]), MtpDrafter)  # drafter.SpeculationSetting's maker
+    lookup = Speculation()
+    assert type(lookup.new_drafter()) is Drafter and not lookup.on_device
+
+
+def test_the_server_refuses_draft_mtp_at_start():
+    """Its background-compiled verification keys run without the block (lone rows only)."""
+    args = server_cli.build_parser().parse_args(["-m", "x.gguf", "--spec-type", "draft-mtp"])
+    with pytest.raises(server_cli._UsageError, match="draft-mtp .*not served"):
+        server_cli.settings_from(args)
+    args = server_cli.build_parser().parse_args(["-m", "x.gguf", "--spec-type", "lookup"])
+    assert server_cli.settings_from(args).speculation == Speculation(kind="lookup")

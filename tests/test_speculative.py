@@ -19,10 +19,10 @@ from scipy import stats
 
 import minfer_jax
 from minfer_jax.cli.arguments import build_parser
-from minfer_jax.cli.speculative import speculation_from_args
 from minfer_jax.engine import plan as plan_mod
 from minfer_jax.engine.lookup import Drafter, Speculation, check_speculation, speculation_of
 from minfer_jax.engine.sampling import GREEDY_MODE, SAMPLED_MODE, RowSettings, Sampler
+from minfer_jax.engine.spec_flags import speculation_from_args
 from minfer_jax.engine.steps import init_slot_state, prefill_chunk
 from minfer_jax.engine.verify import verify_chunk
 from minfer_jax.errors import InvalidArgumentError
@@ -276,16 +276,16 @@ def test_cli_flags_take_llama_cpp_spellings():
     assert (spec.draft_max, spec.draft_min) == (5, 2)
     assert speculation_from_args(parse(["--draft-max", "3"])) is None
     with pytest.raises(InvalidArgumentError, match="not implemented"):
-        speculation_from_args(parse(["--spec-type", "draft-simple"]))
+        speculation_from_args(parse(["--spec-type", "draft-eagle3"]))
 
 
 def test_the_server_refuses_speculative_fields_with_a_reason():
     from minfer_jax.server import schemas
 
-    body = b'{"prompt": "hi", "speculative.n_max": 8}'
-    with pytest.raises(schemas.BadRequest, match="not in the server yet") as e:
+    body = b'{"prompt": "hi", "speculative.type": "draft-mtp"}'  # n_max etc.: test_server_spec
+    with pytest.raises(schemas.BadRequest, match="--spec-type") as e:
         schemas.parse(schemas.CompletionRequest, body)
-    assert e.value.param == "speculative.n_max"
+    assert e.value.param == "speculative.type"
 
 
 def test_right_partly_right_and_wrong_drafts_all_give_plain_tokens(tiny):

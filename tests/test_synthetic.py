@@ -340,3 +340,72 @@ def test_bad_layers_and_type_table():
     types["blk.0.attn_norm.weight"] = QType.Q8_0
     with pytest.raises(UnsupportedError):
         synthetic_model_from_config(tiny(), types)
+
+
+# ------------------------------------------------------------------- the families' tokenizers
+
+# text with code, non-ASCII, a lower-upper pair and a decomposed accent (placeholder_vocab's
+# merges show how the pre-tokenizer split them)
+TOKENIZER_TEXTS = [
+    "def f(x):\n    return x ** 2  # squares\n",
+    "Grüße, Ωμέγα! 日本語 café 🙂",
+    "helloWorld\t\tcafe\u0301 123456",
+]
+
+
+def _family_files(tmp_path):
+    from minfer_bench.synthetic_gemma4 import gemma4_model
+    from minfer_bench.synthetic_qwen35 import qwen35_model
+
+    models = {
+        "qwen35": qwen35_model("qwen35-tiny"),
+        "qwen35moe": qwen35_model("qwen35moe-tiny"),
+        "gpt-oss": synthetic_model("gpt-oss-tiny:f32"),
+        "gemma4": gemma4_model("gemma4-tiny"),
+    }
+    for family, model in models.items():
+        write_gguf(model, tmp_path / f"{family}.gguf", progress=False)
+        yield family, str(tmp_path / f"{family}.gguf")
+
+
+def test_synthetic_files_tokenize_as_their_family_and_as_llama_cpp(tmp_path):
+    """Each family's file names its real files' tokenizer (qwen35 as ggml-vocab-qwen35, gemma4's
+    own model and no pre-tokenizer as ggml-vocab-gemma-4, gpt-oss's gpt-4o), splits text as that
+    pre-tokenizer does, and llama.cpp (llama-cpp-python on the written file) gives our ids."""
+    import llama_cpp
+
+    from minfer_jax.files.tokenizer import Tokenizer
+    from tests.cut_vocab import cut_vocab_meta
+
+    real = {}  # (tokenizer model, pre-tokenizer) of llama.cpp's vocabulary files
+    for name in ("qwen35", "gemma-4"):
+        meta = cut_vocab_meta(f"ggml-vocab-{name}")
+        real[name] = (meta["tokenizer.ggml.model"], meta.get("tokenizer.ggml.pre"))
+    kinds = {
+        "qwen35": real["qwen35"], "qwen35moe": real["qwen35"], "gemma4": real["gemma-4"],
+        "gpt-oss": ("gpt2", "gpt-4o"),
+    }  # fmt: skip
+    # whether "oW" and "e" + U+0301 stay in one piece: qwen35 keeps both, gpt-4o (llama.cpp's
+    # rewrite of its regex) splits both, qwen2 (the old placeholder's) would split the accent off
+    merged = {"gpt-oss": (False, False), "qwen35": (True, True)}
+    merged["qwen35moe"] = merged["qwen35"]
+    for family, path in _family_files(tmp_path):
+        meta = load_gguf(path).metadata
+        got = (meta["tokenizer.ggml.model"], meta.get("tokenizer.ggml.pre"))
+        assert got == kinds[family], family
+        tok = Tokenizer.from_model(load_gguf(path))
+        llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+        for text in TOKENIZER_TEXTS:
+            ours = tok.encode(text, add_special=False)
+            assert ours == llm.tokenize(text.encode(), add_bos=False, special=True), (family, text)
+            assert tok.decode(ours) == text
+        spelled = [tok.id_to_token(i) for i in tok.encode(TOKENIZER_TEXTS[2], add_special=False)]
+        if family == "gemma4":  # '▁' for a space, byte fallback, BOS always
+            assert spelled[:3] == ["h", "e", "l"] and "▁" in spelled, spelled
+            assert [tok.id_to_token(i) for i in tok.encode("Ω", add_special=False)] == [
+                "<0xCE>", "<0xA9>",
+            ]  # fmt: skip
+            assert tok.encode("a")[0] == meta["tokenizer.ggml.bos_token_id"]
+            continue
+        accent = "e" + tok.id_to_token("\u0301".encode()[0])  # id b: byte b's character
+        assert ("oW" in spelled, accent in spelled) == merged[family], (family, spelled)

@@ -10,6 +10,11 @@ once with -ctk / -ctv: per position KL(P_float || P_8bit) in nats (llama-perplex
 --kl-divergence measure), their mean and maximum over every position of every prompt, and how
 often the top token agrees. --gen N > 0: each prompt's N greedy tokens with either cache (batched,
 generate_batch), the prompts whose answers differ and where. Prints one JSON object.
+
+--needle N: the long-context check instead: a secret sentence hidden at each --depths fraction of
+an N-token haystack of the prompts' natural text, then a chat question about it; each cache's
+greedy answer, and whether it names the secret (a CPU run of N = 32000 on the built-in model takes
+tens of minutes: every prompt prefills N tokens twice).
 """
 
 from __future__ import annotations
@@ -84,6 +89,55 @@ def compare(path, cache_types: tuple[str, str], texts, n_new: int = 0, **load) -
     return out
 
 
+SECRET = "violet-harbor-7319"
+NEEDLE = f" The passphrase of the old archive is {SECRET}. Remember it. "
+QUESTION = "What is the passphrase of the old archive? Answer with the passphrase only."
+
+
+def haystack(tokenizer, texts, n_tokens: int, depth: float) -> list[dict]:
+    """Chat messages: about n_tokens of the texts repeated, the needle at `depth` of them, then
+    the question."""
+    filler = " ".join(texts)
+    per_copy = max(1, len(tokenizer.encode(filler)))
+    body = " ".join([filler] * (n_tokens // per_copy + 1))
+    ids = tokenizer.encode(body)[:n_tokens]
+    cut = int(len(ids) * depth)
+    text = tokenizer.decode(ids[:cut]) + NEEDLE + tokenizer.decode(ids[cut:])
+    return [{"role": "user", "content": text + "\n\n" + QUESTION}]
+
+
+def needle(path, cache_types, texts, n_tokens: int, depths, **load) -> dict:
+    """Each depth's greedy answer with the float cache and with cache_types."""
+    ctx = n_tokens + 512
+    models = {
+        "base": minfer_jax.load(path, ctx_size=ctx, **load),
+        "test": minfer_jax.load(
+            path, ctx_size=ctx, cache_type_k=cache_types[0], cache_type_v=cache_types[1], **load
+        ),
+    }
+    rows = []
+    for depth in depths:
+        messages = haystack(models["base"].tokenizer, texts, n_tokens, depth)
+        row = {"depth": depth}
+        for name, model in models.items():
+            out = minfer_jax.generate(model, messages, chat=True, max_new_tokens=24)
+            row[name] = {
+                "answer": out.text,
+                "found": SECRET in out.text,
+                "prompt_tokens": len(out.prompt_tokens),
+            }
+            print(f"depth {depth} {name}: {out.text!r}", file=sys.stderr, flush=True)
+        row["same"] = row["base"]["answer"] == row["test"]["answer"]
+        rows.append(row)
+    base = models["base"]
+    return {
+        "model": os.path.basename(base.source),
+        "needle_tokens": n_tokens,
+        "cache": {"base": str(base.cache_dtype), "k": cache_types[0], "v": cache_types[1]},
+        "rows": rows,
+    }
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", default=None, help="GGUF path (default: the built-in model)")
@@ -94,9 +148,18 @@ def main(argv=None) -> int:
     p.add_argument("--gen", type=int, default=16, help="greedy tokens per prompt (0: skip)")
     p.add_argument("--kernels", default=None, help="pallas | interpret | xla (default: platform's)")
     p.add_argument("-c", "--ctx-size", type=int, default=1024)
+    p.add_argument("--needle", type=int, default=0, help="haystack tokens (0: the KL check)")
+    p.add_argument("--depths", default="0.5", help="needle positions, fractions (e.g. 0.1,0.9)")
     a = p.parse_args(argv)
     with open(a.prompts) as f:
         texts = json.load(f)["prompts"]
+    if a.needle:
+        depths = [float(d) for d in a.depths.split(",")]
+        caches = (a.cache_type_k, a.cache_type_v)
+        result = needle(a.model, caches, texts, a.needle, depths, kernels=a.kernels)
+        json.dump(result, sys.stdout, indent=1)
+        print()
+        return 0
     texts = texts[: a.limit] if a.limit else texts
     result = compare(
         a.model,

@@ -20,16 +20,20 @@ write() { python3 scripts/bench.py --synthetic "$1" --write-gguf "$2" > $R/write
 written() { until grep -q "$1 written" $P; do sleep 3; done; }
 log "start on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 [ -d .peer ] && bash .peer/build.sh >> $R/llama_build.txt 2>&1
+# the disk holds 64 GiB: q30 + goss + q36 + q7 (~53 GiB) first, g26 and q27 once q30 and goss are gone
 (write qwen3-30b-a3b:q4_k_m /tmp/q30.gguf; write gpt-oss-20b:mxfp4_moe /tmp/goss.gguf
  write qwen3.6-35b-a3b:q4_k_m /tmp/q36.gguf; write qwen2.5-7b:q4_k_m /tmp/q7.gguf
- write gemma-4-26b-a4b:q4_k_m /tmp/g26.gguf; write qwen3.6-27b:q4_k_m /tmp/q27.gguf) &
-MINFER_TEST_KERNELS=compiled run tests_new.txt 300 python3 -m pytest -q -p no:cacheprovider tests/test_codebooks.py tests/test_expert_kernels.py tests/test_kv8.py tests/test_attention_sinks.py tests/test_deltanet.py tests/test_gemma4.py tests/test_kernels.py -k 'not slow'
+ until grep -q "q30 goss removed" $P; do sleep 5; done; write gemma-4-26b-a4b:q4_k_m /tmp/g26.gguf; write qwen3.6-27b:q4_k_m /tmp/q27.gguf) &
+MINFER_TEST_KERNELS=compiled run tests_new.txt 240 python3 -m pytest -v -p no:cacheprovider tests/test_codebooks.py tests/test_expert_kernels.py tests/test_kv8.py tests/test_attention_sinks.py tests/test_deltanet.py tests/test_gemma4.py tests/test_kernels.py -k 'not slow'
 written /tmp/q30.gguf; run tg_ours_q30.md 400 python3 scripts/bench.py -m /tmp/q30.gguf -p 512,4096 -n 128 -r 2 -o md
 written /tmp/goss.gguf; run tg_ours_goss.md 400 python3 scripts/bench.py -m /tmp/goss.gguf -p 512,4096 -n 128 -r 2 -o md
+run profile_q30.txt 200 python3 tools/step_profile.py -m /tmp/q30.gguf
+run profile_goss.txt 200 python3 tools/step_profile.py -m /tmp/goss.gguf
 built && run tg_llama_q30.md 240 $BIN/llama-bench -m /tmp/q30.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
 built && run tg_llama_goss.md 240 $BIN/llama-bench -m /tmp/goss.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
 run batched_ours_q30.md 360 python3 scripts/bench.py -m /tmp/q30.gguf --batched -npp 512 -ntg 128 -npl 1,8,32 -o md
 built && run batched_llama_q30.txt 240 $BIN/llama-batched-bench -m /tmp/q30.gguf -c 24576 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,32 -ngl 99 -fa on
+rm -f /tmp/q30.gguf /tmp/goss.gguf; log "q30 goss removed"
 written /tmp/q36.gguf; run tg_ours_q36.md 420 python3 scripts/bench.py -m /tmp/q36.gguf -p 512,4096 -n 128 -r 2 -o md
 built && run tg_llama_q36.md 240 $BIN/llama-bench -m /tmp/q36.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
 run expert_bench_q30.txt 150 python3 tools/expert_bench.py --model qwen3-30b-a3b --nt 1,2,4,8,16,32,64,256,512 --paths gemv,ragged,pallas --reps 10

@@ -8,7 +8,9 @@ For each model and mode (load(deterministic=...)), each prompt (the natural prom
 tests/data/invariance_prompts.json where the model has a tokenizer, else random ids) is decoded
 greedily three ways: plain, with prompt lookup (generate(speculative="lookup")) and with drafts
 replayed from the plain output and spoiled on purpose (minfer_bench/spec_replay.py: every
-verification bucket meets accepted and rejected tokens). It prints how many sequences differ
+verification bucket meets accepted and rejected tokens), then all prompts decoded together with
+every other one drafting (one verification step for the batch, as the server runs it; its
+sequences against their lone plain tokens). It prints how many sequences differ
 from plain decoding and, for each that does, the plain run's top-2 logit margin at the first
 differing position (a near tie, or a bug). The deterministic mode must give 0 differences.
 The same check runs on the CPU with --kernels interpret (slow: a tiny model only).
@@ -17,6 +19,10 @@ qwen35-tiny-v3-mtp, with an MTP block); --mtp loads the MTP block and adds its d
 (generate(speculative="draft-mtp")):
 
     PYTHONPATH=. python tools/spec_check.py --qwen35 qwen35-tiny-v3-mtp --mtp -n 32 --prompts 4
+
+With -md (a GGUF path, synthetic:<spec>, or `self`: the target as its own draft) one more way
+drafts with that draft model (generate(speculative="draft"), --draft-p-min, default 0: always
+draft); `self` must accept ~every draft (the draft model's decode path is the target's).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import sys
 import numpy as np
 
 import minfer_jax
+from minfer_jax.engine.lookup import Speculation
+from minfer_jax.engine.scheduler import Scheduler
 from minfer_jax.files.model_source import resolve_model
 from minfer_jax.files.prompts import encode_chat
 
@@ -57,7 +65,20 @@ def margin_at(model, prompt: list[int], tokens: list[int], other: list[int]) -> 
     return i, float(top[1] - top[0])
 
 
-def check(model, label: str, mode: str, prompts, n_gen: int, draft_max: int) -> list[dict]:
+def draft_for(model, ref: str | None):
+    """-md's DraftModel for model (None without -md)."""
+    if ref is None:
+        return None
+    if ref == "self":
+        return minfer_jax.DraftModel(model, model)
+    if ref.startswith("synthetic:"):
+        return minfer_jax.load_draft(model, gguf_model=synthetic_model(ref))
+    return minfer_jax.load_draft(model, resolve_model(ref))
+
+
+def check(
+    model, label: str, mode: str, prompts, n_gen: int, draft_max: int, draft=None, p_min=0.0
+) -> list[dict]:
     rows = []
     for p in prompts:
         plain = minfer_jax.generate(model, p, max_new_tokens=n_gen, ignore_eos=True)
@@ -70,6 +91,13 @@ def check(model, label: str, mode: str, prompts, n_gen: int, draft_max: int) -> 
             for kind, spec in runs
         ]  # fmt: skip
         results.append(("replay", replayed(model, p, plain.tokens, draft_max=draft_max)))
+        if draft is not None:
+            results.append(
+                ("draft", minfer_jax.generate(
+                    model, p, max_new_tokens=n_gen, ignore_eos=True, speculative="draft",
+                    draft_model=draft, draft_max=draft_max, draft_p_min=p_min,
+                ))
+            )  # fmt: skip
         for kind, res in results:
             same = res.tokens == plain.tokens
             where, gap = (None, None) if same else margin_at(model, p, plain.tokens, res.tokens)
@@ -89,6 +117,44 @@ def check(model, label: str, mode: str, prompts, n_gen: int, draft_max: int) -> 
     return rows
 
 
+def batch_check(model, label: str, mode: str, prompts, n_gen: int, draft_max: int) -> list[dict]:
+    """The prompts decoded together as the server does (one slot each, one token per step),
+    every other one drafting by prompt lookup, so steps verify drafting and plain rows in one
+    executable (engine/verify_batch.py): each sequence against its lone plain tokens."""
+    sched = Scheduler(model, model.plan(len(prompts), decode_steps=1))
+    reqs = [
+        sched.submit(
+            p,
+            max_new_tokens=n_gen,
+            constraint=model.constraint(ignore_eos=True),
+            speculation=Speculation(draft_max=draft_max) if i % 2 == 0 else None,
+        )  # fmt: skip
+        for i, p in enumerate(prompts)
+    ]
+    sched.run(reqs)
+    rows = []
+    for p, req in zip(prompts, reqs):
+        res = req.result()
+        plain = minfer_jax.generate(model, p, max_new_tokens=n_gen, ignore_eos=True)
+        same = res.tokens == plain.tokens
+        where, gap = (None, None) if same else margin_at(model, p, plain.tokens, res.tokens)
+        stats = res.speculation
+        rows.append(
+            {
+                "model": label,
+                "mode": mode,
+                "drafter": "batch-plain" if stats is None else "batch-lookup",
+                "prompt_tokens": len(p),
+                "same": same,
+                "first_diff": where,
+                "top2_gap": gap,
+                "accepted": 0 if stats is None else stats.accepted,
+                "drafted": 0 if stats is None else stats.drafted,
+            }  # fmt: skip
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("-m", "--model", action="append", default=[], help="a GGUF path or default")
@@ -101,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=64, help="tokens per sequence")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--draft-max", type=int, default=7)
+    ap.add_argument("-md", "--model-draft", default=None, help="path, synthetic:<spec> or self")
+    ap.add_argument("--draft-p-min", type=float, default=0.0)
     ap.add_argument("--out", default=None, help="also write the rows as JSON lines here")
     args = ap.parse_args(argv)
     sources = [(f"synthetic:{s}", synthetic_model(s, layers=args.layers)) for s in args.synthetic]
@@ -117,15 +185,23 @@ def main(argv=None) -> int:
                 minfer_jax.load(src, **kw) if isinstance(src, str) else
                 minfer_jax.load(gguf_model=src, **kw)
             )  # fmt: skip
+            prompts = prompt_ids(model, args.prompts, 0)
             got = check(
-                model, label, mode, prompt_ids(model, args.prompts, 0), args.n, args.draft_max
-            )
+                model, label, mode, prompts, args.n, args.draft_max,
+                draft_for(model, args.model_draft), args.draft_p_min,
+            )  # fmt: skip
+            got += batch_check(model, label, mode, prompts, args.n, args.draft_max)
             rows += got
             differ = [r for r in got if not r["same"]]
-            acc = sum(r["accepted"] for r in got) / max(sum(r["drafted"] for r in got), 1)
+            acc = {
+                kind: sum(r["accepted"] for r in got if r["drafter"] == kind)
+                / max(sum(r["drafted"] for r in got if r["drafter"] == kind), 1)
+                for kind in dict.fromkeys(r["drafter"] for r in got)
+            }
             print(
                 f"{label} {mode}: {len(differ)} of {len(got)} sequences differ from plain "
-                f"decoding (accepted {acc:.0%} of drafts)",
+                f"decoding (drafts accepted: "
+                f"{', '.join(f'{k} {a:.0%}' for k, a in acc.items())})",
                 flush=True,
             )
             for r in differ:

@@ -238,10 +238,28 @@ def _spec_args(g) -> None:
     g.add_argument(
         "--spec",
         metavar="TYPE",
-        choices=["ngram-simple", "lookup"],
-        help="speculative decoding (prompt lookup) against plain decode on the named workloads "
-        "code-edit and text (greedy, -n tokens, best of -r), then the verification step's cost "
-        "per draft bucket at depth -d",
+        choices=["ngram-simple", "lookup", "draft", "draft-simple"],
+        help="speculative decoding (prompt lookup, or a draft model with -md) against plain "
+        "decode on the named workloads code-edit and text (greedy, -n tokens, best of -r), then "
+        "the verification step's cost per draft bucket at depth -d",
+    )
+    g.add_argument(
+        "-md",
+        "--model-draft",
+        dest="model_draft",
+        default=None,
+        metavar="FNAME",
+        help="--spec draft: the draft model, a GGUF path or a synthetic spec "
+        "(synthetic:qwen2.5-0.5b:q8_0), loaded with the target's options",
+    )
+    g.add_argument(
+        "--spec-draft-p-min",
+        "--draft-p-min",
+        dest="draft_p_min",
+        type=float,
+        default=None,
+        metavar="P",
+        help="--spec draft: stop a draft before a token of draft probability < P (default 0.75)",
     )
     g.add_argument(
         "--spec-draft-n-max",

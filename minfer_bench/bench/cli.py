@@ -434,21 +434,37 @@ def _run_spec(args, req: _Request, log: Callable[[str], None]) -> int:
 
     n_gen = _int_lists(args.n_gen, [256], "-n")[0]
     depth = _int_lists(args.n_depth, [0], "-d")[0]
+    drafts = args.spec in ("draft", "draft-simple")
+    if drafts != (args.model_draft is not None):
+        raise BenchError("--spec draft takes a draft model (-md), and -md only --spec draft")
     files = [open(f, "w") for f in args.out]
     try:
         for src in _sources(args, req):
             ctx = min(src.gguf.config.context_length, max(4096, depth + 128))
             opts = options.from_arguments(args, ctx_size=ctx, progress=args.progress)
             model = load(options=opts, gguf_model=src.gguf)
+            spec = {"speculative": args.spec, "draft_max": args.draft_max}
+            if drafts:
+                spec.update(draft_model=_draft_model(args, model), draft_p_min=args.draft_p_min)
             speculative.run(
-                model, src.label, n_gen=n_gen, draft_max=args.draft_max,
-                reps=args.repetitions or 3, depth=depth, seed=args.seed, out_files=files, log=log,
+                model, src.label, spec=spec, n_gen=n_gen, reps=args.repetitions or 3,
+                depth=depth, seed=args.seed, out_files=files, log=log,
             )  # fmt: skip
             del model
     finally:
         for f in files:
             f.close()
     return 0
+
+
+def _draft_model(args, target):
+    """-md's DraftModel beside target: a GGUF path or a synthetic spec, the target's options."""
+    from minfer_jax.engine.draft_model import load_draft
+
+    ref = args.model_draft
+    kind = "synthetic" if ref.lower().startswith("synthetic:") else "model"
+    source = _load_source(kind, ref, None, args.seed, args.progress)
+    return load_draft(target, gguf_model=source.gguf)
 
 
 def _run_tests(mb: ModelBench, tests: list[TestSpec], out: Outputs) -> int:

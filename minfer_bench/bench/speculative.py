@@ -1,4 +1,5 @@
-"""bench.py --spec: speculative decoding against plain decode, one sequence, same model, same run.
+"""bench.py --spec: speculative decoding against plain decode, one sequence, same model, same run
+(--spec lookup: prompt lookup; --spec draft -md M: the draft model M).
 
 Two named workloads, each generated greedily with and without speculation (tokens/s of the decode
 phase, accepted draft tokens per verification step, and whether the tokens are the same):
@@ -71,11 +72,11 @@ def workload_ids(model, name: str, seed: int) -> list[int]:
     return rng.integers(0, vocab, 20).tolist() + block + rng.integers(0, vocab, 10).tolist() + block
 
 
-def run_workload(model, name: str, n_gen: int, draft_max: int, reps: int, seed: int) -> dict:
-    """Plain and speculative greedy generation of n_gen tokens (best of reps, after a warm-up)."""
+def run_workload(model, name: str, n_gen: int, spec_kw: dict, reps: int, seed: int) -> dict:
+    """Plain and speculative greedy generation of n_gen tokens (best of reps, after a warm-up);
+    spec_kw: generate()'s speculation keywords."""
     prompt = workload_ids(model, name, seed)
     kw = dict(max_new_tokens=n_gen, ignore_eos=True)
-    spec_kw = dict(speculative="lookup", draft_max=draft_max)
 
     def best(extra):
         minfer_jax.generate(model, prompt, **kw, **extra)  # compiles, warms up
@@ -88,7 +89,8 @@ def run_workload(model, name: str, n_gen: int, draft_max: int, reps: int, seed: 
         "workload": name,
         "prompt_tokens": len(prompt),
         "n_gen": n_gen,
-        "draft_max": draft_max,
+        "drafter": spec_kw["speculative"],
+        "draft_max": spec_kw["draft_max"],
         "plain_tps": plain.decode_tps,
         "spec_tps": spec.decode_tps,
         "speedup": spec.decode_tps / plain.decode_tps,
@@ -133,17 +135,71 @@ def verify_costs(model, depth: int, draft_max: int, reps: int = 20) -> list[dict
     return out
 
 
-def run(model, label: str, *, n_gen: int, draft_max: int | None, reps: int, depth: int, seed: int,
+def draft_costs(draft, depth: int, draft_max: int, reps: int = 20) -> dict[int, float]:
+    """ms per draft of k tokens (each bucket k <= draft_max) of the draft model (a DraftModel) at
+    `depth` tokens of context, host wait included: drafts at p_min 0 after the same sequence
+    (its cache rolled back each time)."""
+    vocab = min(draft.model.config.vocab_size, 1000)
+    seq = np.random.default_rng(0).integers(0, vocab, depth + 1).tolist()
+    owner = _Owner()
+    out = {}
+    for k in sorted({draft_bucket(n) for n in range(1, draft_max + 1)}):
+        draft.draft(owner, seq, k, 0.0)  # prefills seq once, compiles once
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            draft.draft(owner, seq, k, 0.0)
+        out[k] = (time.perf_counter() - t0) * 1e3 / reps
+    return out
+
+
+def projected_speedups(step_ms: float, verify_ms: dict, draft_ms: dict, rate: float) -> dict:
+    """Speed-up over plain decode per draft length k if each draft token is accepted with
+    probability `rate` (independently): expected tokens (1 - rate^(k+1)) / (1 - rate) per
+    verification plus draft of k tokens, against one plain step per token."""
+    return {
+        k: (1 - rate ** (k + 1)) / (1 - rate) * step_ms / (verify_ms[k] + draft_ms[k])
+        for k in draft_ms
+    }
+
+
+def _draft_table(draft, depth: int, draft_max: int, rows: list[dict]) -> None:
+    """The draft model's ms per draft of k tokens, and the speed-up a verification + draft of k
+    would give at a few acceptance rates (the costs measured above; rows: the verify table's)."""
+    step_ms = next(r["ms_per_step"] for r in rows if r.get("rows") == 1)
+    verify_ms = {r["rows"] - 1: r["ms_per_step"] for r in rows if r.get("rows", 1) > 1}
+    draft_ms = draft_costs(draft, depth, draft_max)
+    rates = (0.5, 0.6, 0.7, 0.8, 0.9)
+    print(f"\ndraft model at depth {depth}: ms per draft, speed-up at acceptance rate r\n")
+    print("| k | draft ms | verify ms | " + " | ".join(f"r={r}" for r in rates) + " |")
+    print("|--:|--:|--:|" + "--:|" * len(rates))
+    speedups = {r: projected_speedups(step_ms, verify_ms, draft_ms, r) for r in rates}
+    for k, ms in draft_ms.items():
+        rows.append({"draft": True, "depth": depth, "k": k, "ms_per_draft": ms,
+                     **{f"speedup_r{r}": speedups[r][k] for r in rates}})  # fmt: skip
+        cells = " | ".join(f"{speedups[r][k]:.2f}x" for r in rates)
+        print(f"| {k} | {ms:.3f} | {verify_ms[k]:.3f} | {cells} |", flush=True)
+
+
+class _Owner:
+    """The drafter a DraftModel slot is held for (any object with a weak reference)."""
+
+
+def run(model, label: str, *, spec: dict, n_gen: int, reps: int, depth: int, seed: int,
         out_files, log) -> None:  # fmt: skip
-    """Both tables for one model, printed as markdown (rows also as JSON lines to out_files)."""
-    draft_max = draft_max or DEFAULT_DRAFT_MAX
-    print(f"\nmodel: {label}\n")
+    """Both tables for one model, printed as markdown (rows also as JSON lines to out_files);
+    spec: generate()'s speculation keywords (speculative, draft_max, a draft model's)."""
+    spec = {**spec, "draft_max": spec.get("draft_max") or DEFAULT_DRAFT_MAX}
+    draft_max = spec["draft_max"]
+    drafter = spec["speculative"]
+    if "draft_model" in spec:
+        drafter += f" ({spec['draft_model'].model.source})"
+    print(f"\nmodel: {label}, drafter: {drafter}\n")
     print("| workload | prompt | n | plain t/s | spec t/s | speed-up | tokens/step | accepted "
           "| same tokens |\n|---|--:|--:|--:|--:|--:|--:|--:|---|")  # fmt: skip
     rows: list[dict] = []
     for name in WORKLOADS:
         log(f"spec workload {name}")
-        r = run_workload(model, name, n_gen, draft_max, reps, seed)
+        r = run_workload(model, name, n_gen, spec, reps, seed)
         rows.append(r)
         print(
             f"| {name} | {r['prompt_tokens']} | {n_gen} | {r['plain_tps']:.1f} | "
@@ -157,6 +213,9 @@ def run(model, label: str, *, n_gen: int, draft_max: int | None, reps: int, dept
     for c in verify_costs(model, depth, draft_max):
         rows.append({"verify": True, "depth": depth, **c})
         print(f"| {c['rows']} | {c['ms_per_step']:.3f} | {c['tps_all_accepted']:.1f} |", flush=True)
+    if "draft_model" in spec:
+        log("spec draft model costs")
+        _draft_table(spec["draft_model"], depth, draft_max, rows)
     for f in out_files:
         for r in rows:
             f.write(json.dumps({"model": label, **r}) + "\n")

@@ -10,9 +10,9 @@ import sys
 
 from minfer_jax import validate
 from minfer_jax.cli.constraints import add_constraint_flags
-from minfer_jax.cli.speculative import add_speculative_flags
 from minfer_jax.engine import options
 from minfer_jax.engine.flags import StrictParser, add_llama_noops
+from minfer_jax.engine.spec_flags import add_speculative_flags
 from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.version import __version__
 

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from minfer_jax.engine.lookup import Speculation
+from minfer_jax.engine.drafter import SpeculationSetting
 from minfer_jax.engine.phases import format_executable, process_age
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.files.harmony import CONTENT, HarmonyStream, split_channels
@@ -67,7 +67,7 @@ class _Session:
     err: object
     verbose: bool
     constrain: dict = dataclasses.field(default_factory=dict)  # Model.constraint's keywords
-    speculation: Speculation | None = None  # --spec-type and its draft sizes
+    speculation: SpeculationSetting | None = None  # --spec-type or -md, and the draft sizes
     totals: _Totals = dataclasses.field(default_factory=_Totals)
     last: _Totals | None = None
     partial: list = dataclasses.field(default_factory=list)  # text streamed by the current reply

@@ -34,12 +34,12 @@ from minfer_jax.cli.arguments import (
 )
 from minfer_jax.cli.chat import _Session, _summary
 from minfer_jax.cli.constraints import constraint_keywords
-from minfer_jax.cli.speculative import speculation_from_args
 from minfer_jax.engine import options
 from minfer_jax.engine.phases import PhaseTimer, format_phase, process_age
 
 # module attributes: tests substitute an already loaded model
 from minfer_jax.engine.runtime import load
+from minfer_jax.engine.spec_flags import draft_speculation, speculation_from_args
 from minfer_jax.errors import ContextOverflowError, MinferError
 from minfer_jax.files.harmony import HarmonyStream
 from minfer_jax.files.model_source import resolve_model
@@ -196,6 +196,7 @@ def _run(args, out, err) -> int:
     ctx = _choose_ctx(args.ctx_size, trained, err)
     mtp = speculation is not None and speculation.on_device  # draft-mtp: load the MTP block
     model = load(options=dataclasses.replace(opts, ctx_size=ctx, mtp=mtp), gguf_model=gguf_model)
+    speculation = draft_speculation(args, model) or speculation
     sampler = _make_sampler(args, ctx, model.config.vocab_size)
     model.constraint(**constrain)  # a bad schema or grammar fails now, before any prompt
     load_s = time.perf_counter() - t0

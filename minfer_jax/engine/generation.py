@@ -15,7 +15,7 @@ from typing import Any, TypeGuard, Unpack
 
 from minfer_jax import validate
 from minfer_jax.engine import plan as plan_mod
-from minfer_jax.engine.lookup import speculation_of
+from minfer_jax.engine.draft_model import speculation_for
 from minfer_jax.engine.options import unknown_keyword
 from minfer_jax.engine.runtime import Model
 from minfer_jax.engine.sampling import Sampler, SamplerKeywords, sampler_of, within_context
@@ -112,6 +112,8 @@ def generate(
     speculative: str | None = None,
     draft_max: int | None = None,
     draft_min: int | None = None,
+    draft_model: Any = None,
+    draft_p_min: float | None = None,
     logprobs: int | None = None,
     **settings: Unpack[SamplerKeywords],
 ) -> GenerationResult:
@@ -127,9 +129,14 @@ def generate(
     end-of-sequence token. speculative="lookup" (llama.cpp's "ngram-simple") drafts tokens from
     the prompt and output so far and verifies up to draft_max (1..15, default 7) of them in one
     step, skipping drafts shorter than draft_min: the same tokens as without it (greedy), the same
-    distribution (sampled); result.speculation counts what it did. speculative="draft-mtp"
-    (alias "mtp"; a model loaded with mtp=True) drafts draft_max (default 3) tokens a step with
-    the file's MTP block. logprobs (0..20): the result's
+    distribution (sampled); result.speculation counts what it did. speculative="draft" (llama.cpp's
+    "draft-simple") drafts with draft_model instead, a smaller model of the same vocabulary (a
+    GGUF path, loaded once with this model's options; a loaded Model; or a DraftModel from
+    load_draft, which keeps its KV cache between calls), each drafted token's probability at least
+    draft_p_min (default 0.75). speculative="draft-mtp" (alias "mtp"; a model loaded with
+    mtp=True) drafts draft_max (default 3) tokens a step with the file's MTP block. The hybrids
+    (qwen35, qwen35moe) speculate too (their recurrent state rolls back per token). logprobs
+    (0..20): the result's
     `logprobs` holds each token's log-probability under the model's distribution (raw logits:
     before the temperature and the filters) and this many most likely alternatives. An unknown
     keyword is an
@@ -140,7 +147,9 @@ def generate(
         max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat, on_text=on_text
     )
     sampler = _sampler(model, sampler, settings)
-    speculation = speculation_of(speculative, draft_max, draft_min)
+    speculation = speculation_for(
+        model, speculative, draft_max, draft_min, draft_model=draft_model, p_min=draft_p_min
+    )
     if speculation is not None and speculation.on_device and not model.has_mtp:
         raise InvalidArgumentError(
             f"speculative={speculative!r} drafts with the file's MTP block: load the model with "

@@ -25,13 +25,3 @@ class DecodeChunk:
 
     rows: list[tuple[Request, int]]  # (request, valid tokens) per row, in row order
     tokens: jax.Array | Sampled  # [decode_steps, rows] int32 (LOGPROBS_MODE: with logprobs)
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyChunk:
-    """In flight: one verification of a speculating sequence's draft (verify.py)."""
-
-    req: Request
-    n_draft: int
-    tokens: jax.Array  # [1 + K] int32: accepted drafts, then the model's own token
-    n_out: jax.Array  # [] int32: how many of them count

@@ -13,13 +13,14 @@ accepted) the drafter pauses for a growing number of plain decode chunks.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from minfer_jax import validate
 from minfer_jax.engine.plan import MAX_DRAFT
 from minfer_jax.errors import InvalidArgumentError
 
 # llama.cpp's --spec-type names (common/speculative); "lookup" is ours for ngram-simple, "mtp"
-# for draft-mtp (the file's MTP block drafts: engine/mtp_draft.py)
+# for draft-mtp (the file's MTP block drafts in the verification step: MtpDrafter)
 MTP_TYPES = ("draft-mtp", "mtp")
 SPEC_TYPES = ("ngram-simple", "lookup", *MTP_TYPES)
 LLAMA_CPP_SPEC_TYPES = (
@@ -61,8 +62,12 @@ class Speculation:
 
     @property
     def on_device(self) -> bool:
-        """The verification step drafts (MTP, engine/mtp_draft.py), not the host."""
+        """The verification step drafts (MTP: model/mtp.py), not the host."""
         return self.kind in MTP_TYPES
+
+    def new_drafter(self, prompt: Sequence[int] = ()) -> Drafter:
+        """One sequence's drafter (drafter.SpeculationSetting; the prompt is read as it drafts)."""
+        return MtpDrafter(self) if self.on_device else Drafter(self)
 
 
 def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
@@ -75,7 +80,7 @@ def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
     if kind in LLAMA_CPP_SPEC_TYPES and kind not in SPEC_TYPES:
         raise InvalidArgumentError(
             f"speculative decoding of type {kind!r} is not implemented: only prompt lookup "
-            f"and MTP ({' / '.join(repr(t) for t in SPEC_TYPES)}), no draft model yet"
+            f"and MTP ({' / '.join(repr(t) for t in SPEC_TYPES)}) and a draft model ('draft')"
         )
     if kind in MTP_TYPES and draft_max is None:
         draft_max = DEFAULT_MTP_DRAFT
@@ -186,6 +191,21 @@ class Drafter:
             if end is not None:
                 return end
         return None
+
+
+class MtpDrafter(Drafter):
+    """A sequence's MTP speculation on the host: how many tokens the device drafts next (the
+    draft length adapting as lookup's does); the tokens themselves never come here (verify.py
+    drafts them with the file's MTP block). It never pauses: a plain decode chunk would leave the
+    block's cache behind the sequence."""
+
+    def propose(self, seq: list[int], room: int) -> list[int]:
+        """Placeholders for min(k, room - 1) drafts."""
+        return [0] * min(self.k, room - 1)
+
+    def record(self, n_draft: int, n_out: int) -> None:
+        super().record(n_draft, n_out)
+        self.pause, self.backoff = 0, min(self.backoff, MAX_PAUSE)
 
 
 def check_speculation(cfg, constraint, logprobs: int | None = None) -> None:

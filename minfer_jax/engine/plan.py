@@ -16,10 +16,11 @@ from typing import cast
 import jax
 import jax.numpy as jnp
 
-from minfer_jax.engine import steps, verify
+from minfer_jax.engine import steps, verify, verify_batch
 from minfer_jax.engine.sampling import (
     GREEDY_MODE,
     LOGPROBS_MODE,
+    MODES,
     SERVING_MODES,
     RowSettings,
     SamplerMode,
@@ -39,6 +40,10 @@ DEFAULT_CHUNK = {
 DECODE_STEPS = 16  # tokens per decode executable: the host sees tokens once per chunk
 MAX_DRAFT = 15  # drafted tokens one verification takes at most (16 rows)
 MAX_DECODE_STEPS = 4096  # more only delays streaming and stop checks (bench tgN runs N in one)
+# Forward rows (batch rows x (1 + drafts)) a speculating step of a batch may take: within it the
+# few-token GEMV / smallest GEMM tiles cost about one plain step, beyond it drafting stops paying
+# (a guess to measure: docs/ARCHITECTURE.md "Speculation per slot"); a power of two
+SPEC_ROWS_BUDGET = 16  # = 1 + MAX_DRAFT: a lone sequence drafts up to MAX_DRAFT
 
 
 class PlanError(InvalidArgumentError):
@@ -53,6 +58,12 @@ class Plan:
     decode_steps: int = DECODE_STEPS
     # decode attends over a power-of-two prefix (XLA path; kernels read [0, len))
     spans: bool = True
+    # most tokens a sequence drafts per step (0: no speculation): the verification executables
+    # serving_keys() adds (a server started with --spec-type)
+    draft_max: int = 0
+    # several sequences verify in one step (verify_batch.py); off for recurrent layers, whose
+    # per-row state rollback only the one-sequence verification does (verify.py)
+    batch_verify: bool = True
 
     def __post_init__(self):
         for name, lo, hi in (
@@ -60,6 +71,7 @@ class Plan:
             ("n_seqs", 1, MAX_SEQS),
             ("decode_steps", 1, MAX_DECODE_STEPS),
             ("chunk", MIN_BUCKET, 1 << 16),
+            ("draft_max", 0, MAX_DRAFT),
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -152,8 +164,46 @@ class Plan:
             dict.fromkeys(
                 [self.prefill_key(b, m) for m in modes for b in buckets]
                 + [self.decode_key(r, self.decode_steps + 1, m) for m in modes for r in rows]
+                + self.speculation_keys()
             )
         )
+
+    def spec_drafts(self, n_active: int) -> int:
+        """The largest draft bucket a step of n_active decoding sequences verifies (0: that step
+        does not speculate): the one place that decides where drafting stops paying."""
+        # budget and rows are powers of two: 1 + K is one, so K is a draft bucket
+        return max(SPEC_ROWS_BUDGET // self.rows(n_active) - 1, 0)
+
+    def verify_batch_key(
+        self, n_active: int, n_draft: int, end: int, mode: SamplerMode
+    ) -> VerifyBatchKey:
+        """A batch's verification step (verify_batch.py): rows(n_active) rows of 1 + K, K =
+        draft_bucket(n_draft) for its longest draft; end: past the last position a row feeds."""
+        k = draft_bucket(n_draft)
+        return VerifyBatchKey(
+            self.rows(n_active), k, self.n_slots, self.cache_len, self.history, mode,
+            self.span(end + k),
+        )  # fmt: skip
+
+    def speculation_keys(self) -> list:
+        """The verification executables a server with speculation (draft_max > 0) compiles in the
+        background, over the whole cache (they serve every position): a lone sequence's (VerifyKey)
+        and (batch_verify) a batch's at each row count and draft bucket spec_drafts allows, in the
+        sampler modes (no logprobs). Until one is compiled its steps decode plainly."""
+        if not self.draft_max:
+            return []
+        keys: list[VerifyKey | VerifyBatchKey] = []
+        for mode in MODES:
+            keys += self.verify_keys(self.draft_max, self.cache_len - MAX_DRAFT, mode)
+            r = 2
+            while self.batch_verify and r <= self.rows(self.n_seqs):
+                top = min(self.spec_drafts(r), self.draft_max)
+                keys += [
+                    self.verify_batch_key(r, n, self.cache_len - MAX_DRAFT, mode)
+                    for n in range(1, top + 1)
+                ]
+                r *= 2
+        return list(dict.fromkeys(keys))
 
     def ready_keys(self) -> list:
         """The executables that serve every request on their own (the largest prefill bucket and
@@ -186,8 +236,7 @@ class Plan:
             )
         )
         if max_new > 1 and speculation is not None:
-            on_device = speculation.on_device
-            keys += self.verify_keys(speculation.draft_max, n_prompt, mode, on_device)
+            keys += self.verify_keys(speculation.draft_max, n_prompt, mode, speculation.on_device)
         if max_new > 1:
             rows, batch_mode = batch
             keys.append(self.decode_key(rows, n_prompt + self.decode_steps, batch_mode, one_step))
@@ -198,7 +247,7 @@ class Plan:
     ) -> VerifyKey:
         """Speculative decoding's verification of n_draft drafted tokens (verify.py): 1 + K rows
         of one sequence, K = draft_bucket(n_draft); end: past the last position it writes;
-        on_device: the MTP block drafts them in the step (engine/mtp_draft.py)."""
+        on_device: the MTP block drafts them in the step (model/mtp.py)."""
         k = draft_bucket(n_draft)
         span = self.span(end + k)
         return VerifyKey(k, self.n_slots, self.cache_len, self.history, mode, span, on_device)
@@ -327,7 +376,7 @@ class VerifyKey:
     history: int
     mode: SamplerMode
     span: int | None
-    on_device: bool = False  # MTP: the step drafts on the device (engine/mtp_draft.py)
+    on_device: bool = False  # MTP: the step drafts on the device (model/mtp.py)
 
     @property
     def label(self) -> str:
@@ -361,6 +410,52 @@ class VerifyKey:
             jax.ShapeDtypeStruct((self.drafts,), jnp.int32),
             i32,
             RowSettings.spec(1, model.config.vocab_size),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyBatchKey:
+    rows: int  # batch rows, each verifying up to `drafts` drafted tokens in 1 + drafts rows
+    drafts: int
+    n_slots: int
+    cache_len: int
+    history: int
+    mode: SamplerMode
+    span: int | None
+
+    @property
+    def label(self) -> str:
+        return f"verify [{self.rows} rows x 1+{self.drafts}] {self.mode.label}"
+
+    @property
+    def cost(self) -> tuple:
+        return (self.rows * (1 + self.drafts), self.mode, self.span or 0)
+
+    def covers(self, other, start: int = 0) -> bool:
+        """This executable can run `other`'s step (rows and drafts padded to these)."""
+        if not isinstance(other, VerifyBatchKey):
+            return False
+        return (
+            self.mode.covers(other.mode)
+            and self.rows >= other.rows
+            and self.drafts >= other.drafts
+            and _span_covers(self.span, other.span)
+            and (self.n_slots, self.cache_len, self.history)
+            == (other.n_slots, other.cache_len, other.history)
+        )
+
+    def lower(self, model):
+        vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
+        fn = _verify_batch_jit(model.config, model.impl, self.mode, self.span, model.tp)
+        return fn.lower(
+            model.params,
+            _cache(model, self),
+            _state(self),
+            vec,
+            vec,
+            jax.ShapeDtypeStruct((self.rows, self.drafts), jnp.int32),
+            vec,
+            RowSettings.spec(self.rows, model.config.vocab_size),
         )
 
 
@@ -439,6 +534,14 @@ def _verify_jit(cfg, impl, mode, span, tp=None, on_device=False):
         verify.verify_chunk, "verify", cfg, tp, impl=impl, mode=mode, span=span, mtp=on_device
     )
     return jax.jit(step, donate_argnums=(1, 2))
+
+
+@functools.cache
+def _verify_batch_jit(cfg, impl, mode, span, tp=None):
+    return jax.jit(
+        _step(verify_batch.verify_batch, "verify", cfg, tp, impl=impl, mode=mode, span=span),
+        donate_argnums=(1, 2),
+    )
 
 
 @functools.cache

@@ -12,9 +12,8 @@ import jax
 import numpy as np
 
 from minfer_jax.engine import steps
-from minfer_jax.engine.constraint import TokenConstraint
-from minfer_jax.engine.lookup import Speculation
-from minfer_jax.engine.mtp_draft import drafter_for
+from minfer_jax.engine.constraint import ConstraintError, TokenConstraint
+from minfer_jax.engine.drafter import Drafter, SpeculationSetting
 from minfer_jax.engine.sampling import Sampled, Sampler, TokenLogprobs
 from minfer_jax.engine.text_stream import TextStream
 
@@ -50,13 +49,15 @@ class Request:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
-        speculation: Speculation | None = None,
+        speculation: SpeculationSetting | None = None,
         logprobs: int | None = None,
         leader: Request | None = None,
     ):
         self.id = next(_ids)
-        # speculative decoding (lookup.py): this sequence's drafter, None when off
-        self.drafter = drafter_for(speculation) if speculation is not None else None
+        # speculative decoding (drafter.py): this sequence's drafter, None when off
+        self.drafter: Drafter | None = (
+            speculation.new_drafter(prompt_ids) if speculation is not None else None
+        )
         # alternatives each token reports with its logprob (0..TOP_LOGPROBS; None: no logprobs)
         self.logprobs = logprobs
         self.token_logprobs: list[steps.TokenLogprob] = []  # one per token of stream.tokens
@@ -144,7 +145,24 @@ def follows_tokens(req: Request) -> bool:
     return req.constraint is not None and req.constraint.dynamic
 
 
-def reads_first(req: Request) -> bool:
-    """req needs its last token read before its next dispatch: a grammar's next mask, or a
-    draft (a drafter that is not paused)."""
-    return follows_tokens(req) or (req.drafter is not None and req.drafter.wants_tokens)
+def deliver(req: Request, tokens: list[int], lps=None) -> steps.StopReason | None:
+    """Hand tokens to req's stream (its constraint advanced, its logprobs kept; lps: their
+    TokenLogprobs, host arrays, a row a token) and its new text to on_text; returns why req ends
+    now (None: it goes on). A token its constraint refuses ends it with the error."""
+    stream = req.stream
+    assert stream is not None  # tokens reach started requests only
+    for i, t in enumerate(tokens):
+        if req.constraint is not None and stream.reason is None:
+            try:
+                req.constraint.advance(t)
+            except ConstraintError as e:
+                req.error = e
+                return steps.StopReason.ERROR
+        kept = len(stream.tokens)
+        stream.push(t)
+        if lps is not None and req.logprobs is not None and len(stream.tokens) > kept:
+            req.token_logprobs.append(token_logprob(t, lps, i, req.logprobs))
+    piece = stream.take()
+    if piece and req.on_text is not None:
+        req.on_text(piece)
+    return stream.reason

@@ -187,6 +187,7 @@ class Model:
             decode_steps=decode_steps,
             # deterministic: every row over the whole slot, whatever the batch's longest row
             spans=self.impl.kernels == "xla" and not self.impl.deterministic,
+            batch_verify=not self.config.recurrent_layer_ids,  # recurrent rollback: one at a time
         )
 
     def executable(self, key) -> tuple[Callable, float]:

@@ -14,8 +14,8 @@ it. Each `step()`:
   4. only then reads the tokens of the previous chunk: JAX dispatches asynchronously, so the
      device runs chunk k while the host detokenizes chunk k - 1 and checks its stops. A stop
      found late discards the extra tokens of chunk k (their K/V lie past the sequence's end).
-A speculating sequence (lookup.py) instead runs one verification of its drafted tokens per step
-(verify.py) whenever its drafter proposes one, read at once: the next draft needs its tokens.
+Speculating sequences (lookup.py) draft where slot_spec.py says a step drafts: then the whole
+batch runs one verification step (verify_batch.py; a lone row: verify.py), read at once.
 Every per-sequence choice a batch may differ in (sampler, seed, position) is a traced array;
 only shapes (plan.py) pick an executable.
 """
@@ -33,19 +33,20 @@ import jax
 import numpy as np
 
 from minfer_jax import validate
-from minfer_jax.engine import sampling, steps
+from minfer_jax.engine import sampling, slot_spec, steps
 from minfer_jax.engine.checkpoints import Checkpoints
-from minfer_jax.engine.constraint import BatchMasks, ConstraintError, TokenConstraint
-from minfer_jax.engine.inflight import DecodeChunk, FirstToken, VerifyChunk
-from minfer_jax.engine.lookup import Speculation, check_speculation
+from minfer_jax.engine.constraint import BatchMasks, TokenConstraint
+from minfer_jax.engine.drafter import SpeculationSetting
+from minfer_jax.engine.exe_pool import ExecutablePool
+from minfer_jax.engine.inflight import DecodeChunk, FirstToken
+from minfer_jax.engine.lookup import check_speculation
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.request import (
     Request,
+    deliver,
     follows_tokens,
     kept_tokens,
     on_host,
-    reads_first,
-    token_logprob,
 )
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 from minfer_jax.engine.sharing import common_prefix, shared_prefix, slot_copier, waits_for_leader
@@ -60,10 +61,9 @@ class Scheduler:
 
     def __init__(self, model, plan: Plan, *, compile_in_loop: bool = True):
         self.model, self.plan = model, plan
-        # False (a server): never compile on this thread once something compiled covers the key
-        # (plan keys' `covers`); engine/warmup.py compiles the rest in the background
-        self.compile_in_loop = compile_in_loop
-        self.stand_ins = 0  # dispatches that ran on a covering executable instead of their own
+        # compile_in_loop False (a server): never compile on this thread once something compiled
+        # covers the key (exe_pool.py); engine/warmup.py compiles the rest in the background
+        self.exes = ExecutablePool(model, compile_in_loop)
         # allocated on first use, donated through every step
         self.cache: KVCache | None = None
         self.state: steps.SlotState | None = None
@@ -79,12 +79,12 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
-        self.inflight: collections.deque[FirstToken | DecodeChunk | VerifyChunk] = (
+        # dispatched, not read
+        self.inflight: collections.deque[FirstToken | DecodeChunk | slot_spec.VerifyBatch] = (
             collections.deque()
-        )  # dispatched, not read
+        )
         self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._masks = BatchMasks(model.config.vocab_size)
-        self.compile_s = 0.0  # every compile this loop waited for
         self.tokens_out = 0  # tokens handed to requests (metrics)
         self._wake = threading.Event()
         # set by refuse_queued: from then on every request not yet started ends with this error
@@ -102,7 +102,7 @@ class Scheduler:
         on_text: Callable[[str], None] | None = None,
         on_done: Callable[[Request], None] | None = None,
         constraint: TokenConstraint | None = None,
-        speculation: Speculation | None = None,
+        speculation: SpeculationSetting | None = None,
         logprobs: int | None = None,
         leader: Request | None = None,
     ) -> Request:
@@ -179,10 +179,11 @@ class Scheduler:
         try:
             self._admit()
             dispatched = self._dispatch_prefill()
-            if any(reads_first(r) for r in self.decoding):  # a grammar's mask, a draft
+            drafting = slot_spec.speculates(self.plan, self._live())
+            if drafting or any(follows_tokens(r) for r in self.decoding):  # a draft, a mask
                 while self.inflight:
                     self._read(self.inflight.popleft())
-            dispatched = self._dispatch_decode() or dispatched
+            dispatched = self._dispatch_decode(drafting) or dispatched
             keep = (
                 1
                 if dispatched and self.inflight and isinstance(self.inflight[-1], DecodeChunk)
@@ -255,7 +256,7 @@ class Scheduler:
             assert req.leader and req.leader.slot is not None and self._copy_slot is not None
             self.cache = self._copy_slot(self.cache, req.leader.slot, req.slot)
             req.cached = shared
-        if self.compile_in_loop:
+        if self.exes.compile_in_loop:
             spec = None if req.drafter is None else req.drafter.spec
             follows, logprobs = follows_tokens(req), req.logprobs is not None
             needed = self.needed(
@@ -308,7 +309,7 @@ class Scheduler:
         start: int = 0,
         one_step: bool = False,
         logprobs: bool = False,
-        speculation: Speculation | None = None,
+        speculation: SpeculationSetting | None = None,
     ) -> list:
         """The executables a request of n_prompt tokens will run first (for compile-ahead messages);
         start: prompt tokens a slot already holds (prefix reuse); one_step: it follows a grammar
@@ -320,28 +321,17 @@ class Scheduler:
 
     def compile(self, keys) -> float:
         """Compile what is not compiled yet; returns the seconds spent."""
-        spent = sum(self.model.executable(k)[1] for k in keys)
-        self.compile_s += spent
-        return spent
+        return self.exes.compile(keys)
 
-    def _exe(self, key):
-        exe, dt = self.model.executable(key)
-        self.compile_s += dt
-        return exe
+    @property
+    def compile_s(self) -> float:
+        """Every compile this loop waited for (seconds)."""
+        return self.exes.compile_s
 
-    def _runnable(self, key, start: int = 0):
-        """The key to run for `key`: itself, or (compile_in_loop off) the cheapest compiled key that
-        covers it while its own is not compiled yet."""
-        if self.compile_in_loop or self.model.is_compiled(key):
-            return key
-        covering = [
-            k for k in self.model.compiled_keys() if type(k) is type(key) and k.covers(key, start)
-        ]
-        if not covering:
-            # nothing compiled serves it: compile here (a server compiles plan.ready_keys first)
-            return key
-        self.stand_ins += 1
-        return min(covering, key=lambda k: k.cost)
+    @property
+    def stand_ins(self) -> int:
+        """Dispatches that ran on a covering executable instead of their own."""
+        return self.exes.stand_ins
 
     # -- dispatch ------------------------------------------------------------------------------
     def _ensure_state(self) -> None:
@@ -366,14 +356,14 @@ class Scheduler:
     def _dispatch_prefill_chunk(self, req: Request) -> int:
         """Dispatch req's next prompt chunk; returns its bucket (tokens of prefill work)."""
         start, bucket, n_valid = req.chunks.pop(0)
-        key = self._runnable(self.plan.prefill_key(bucket, self._mode_of([req])), start)
+        key = self.exes.runnable(self.plan.prefill_key(bucket, self._mode_of([req])), start)
         tokens = np.zeros((key.bucket,), np.int32)
         tokens[:n_valid] = req.prompt[start : start + n_valid]
         width = self.plan.history
         history = np.full((width,), -1, np.int32)
         tail = req.prompt[max(0, start + n_valid - width) : start + n_valid] if width else []
         history[width - len(tail) :] = tail
-        exe = self._exe(key)
+        exe = self.exes.get(key)
         assert req.slot is not None  # prefilling requests hold a slot
         vocab = self.model.config.vocab_size
         # only the last chunk's token counts: the constraint's first mask goes to that one
@@ -398,9 +388,23 @@ class Scheduler:
             self.inflight.append(FirstToken(req, token))
         return bucket
 
-    def _dispatch_decode(self) -> bool:
-        rows = [r for r in self.decoding if not r.finished and r.produced < r.limit]
-        verified = [r for r in rows if r.drafter is not None and self._dispatch_verify(r)]
+    def _live(self) -> list[Request]:
+        """The decoding sequences a decode step advances."""
+        return [r for r in self.decoding if not r.finished and r.produced < r.limit]
+
+    def _dispatch_decode(self, drafting: bool) -> bool:
+        """One decode step for every live row: drafting (slot_spec.py), one batch verification
+        or, where that does not apply, a verification per drafting row; the rest (all rows when
+        not drafting) in a plain chunk."""
+        rows = self._live()
+        if not drafting:
+            slot_spec.count_down(rows)
+        drafts = slot_spec.propose(rows, self.plan.spec_drafts(len(rows))) if drafting else {}
+        if drafts and slot_spec.batches(self.plan, rows):
+            if self._dispatch_batch(rows, drafts):
+                return True
+            drafts = {}  # a plain step instead
+        verified = [r for r, d in drafts.items() if self._dispatch_verify(r, d)]
         rows = [r for r in rows if r not in verified]
         if not rows:
             return bool(verified)
@@ -408,13 +412,13 @@ class Scheduler:
         end = max(len(r.prompt) + r.produced - 1 for r in rows) + plan.decode_steps
         # a grammar row needs each token before its next mask: the whole batch steps once
         one_step = any(follows_tokens(r) for r in rows)
-        key = self._runnable(plan.decode_key(n, end, self._mode_of(rows), one_step))
+        key = self.exes.runnable(plan.decode_key(n, end, self._mode_of(rows), one_step))
         width = key.rows
         slots = np.full((width,), plan.scratch_slot, np.int32)
         positions = np.zeros((width,), np.int32)
         for i, r in enumerate(rows):
             slots[i], positions[i] = r.slot, len(r.prompt) + r.produced - 1
-        exe = self._exe(key)
+        exe = self.exes.get(key)
         settings = RowSettings.of(
             [r.sampler for r in rows],
             [r.seed for r in rows],
@@ -432,38 +436,59 @@ class Scheduler:
         self.inflight.append(DecodeChunk(list(zip(rows, valid)), out))
         return True
 
-    def _dispatch_verify(self, req: Request) -> bool:
-        """Dispatch a verification of req's next draft, if its drafter proposes one (else req
-        takes the plain decode chunk)."""
-        assert req.drafter is not None and req.stream is not None and req.slot is not None
-        seq = req.prompt + list(req.stream.tokens)
-        draft = req.drafter.propose(seq, req.limit - req.produced)
-        if draft is None:
+    def _dispatch_batch(self, rows: list[Request], drafts: dict[Request, list[int]]) -> bool:
+        """One verification step for the whole batch (verify_batch.py); False where no row
+        drafts a token or no executable for it is ready (a server's background compiles it)."""
+        end = max(slot_spec.position(r) for r in rows) + 1
+        n = max(len(d) for d in drafts.values())
+        if n == 0:  # only one-token verifications: a plain step (one token a row) is the same
             return False
-        position = len(seq) - 1  # the last token's: all of req's tokens were read (step)
-        mode = self.mode([req.sampler])
-        on_device = req.drafter.spec.on_device  # MTP: drafted on the device (mtp_draft.py)
-        key = self._runnable(self.plan.verify_key(len(draft), position + 1, mode, on_device))
-        drafts = np.zeros((key.drafts,), np.int32)
-        drafts[: len(draft)] = draft
-        vocab = self.model.config.vocab_size
-        tokens, n_out, self.state, self.cache = self._exe(key)(
-            self.model.params,
-            self.cache,
-            self.state,
-            np.int32(req.slot),
-            np.int32(position),
-            drafts,
-            np.int32(len(draft)),
-            RowSettings.of(
-                [req.sampler], [req.seed], vocab=vocab, mask=self._masks([req.constraint], 1)
-            ),
+        key = self.exes.ready_key(
+            self.plan.verify_batch_key(len(rows), n, end, self._mode_of(rows))
         )
-        self.inflight.append(VerifyChunk(req, len(draft), tokens, n_out))
+        if key is None:
+            return False
+        inputs = slot_spec.batch_inputs(self.plan, rows, drafts, key.rows, key.drafts)
+        settings = RowSettings.of(
+            [r.sampler for r in rows],
+            [r.seed for r in rows],
+            key.rows,
+            vocab=self.model.config.vocab_size,
+            mask=self._masks([r.constraint for r in rows], key.rows),
+        )
+        tokens, n_out, self.state, self.cache = self.exes.get(key)(
+            self.model.params, self.cache, self.state, *inputs, settings
+        )
+        row_drafts = [(r, len(drafts[r]) if r in drafts else None) for r in rows]
+        self.inflight.append(slot_spec.VerifyBatch(row_drafts, tokens, n_out))
+        return True
+
+    def _dispatch_verify(self, req: Request, draft: list[int]) -> bool:
+        """Dispatch a verification of req's draft alone; False where no executable for it is
+        ready (req then takes the plain decode chunk)."""
+        assert req.slot is not None and req.drafter is not None
+        position, mode = slot_spec.position(req), self.mode([req.sampler])  # all tokens read
+        on_device = req.drafter.spec.on_device  # MTP: the step drafts (verify.py)
+        key = self.exes.ready_key(self.plan.verify_key(len(draft), position + 1, mode, on_device))
+        if key is None:
+            return False
+        drafts = np.array(draft + [0] * (key.drafts - len(draft)), np.int32)
+        vocab, mask = self.model.config.vocab_size, self._masks([req.constraint], 1)
+        settings = RowSettings.of([req.sampler], [req.seed], vocab=vocab, mask=mask)
+        tokens, n_out, self.state, self.cache = self.exes.get(key)(
+            self.model.params, self.cache, self.state, np.int32(req.slot), np.int32(position),
+            drafts, np.int32(len(draft)), settings,
+        )  # fmt: skip
+        self.inflight.append(slot_spec.VerifyBatch([(req, len(draft))], tokens, n_out))
         return True
 
     # -- reading results -----------------------------------------------------------------------
-    def _read(self, item: FirstToken | DecodeChunk | VerifyChunk) -> None:
+    def _read(self, item: FirstToken | DecodeChunk | slot_spec.VerifyBatch) -> None:
+        if isinstance(item, slot_spec.VerifyBatch):  # waits for the step (no logprobs)
+            for req, tokens in slot_spec.verified(item):
+                if not req.done.is_set():
+                    self._deliver(req, tokens)
+            return
         if isinstance(item, FirstToken):
             req = item.req
             token, lps = on_host(item.token, req.logprobs is not None)  # waits for the prefill
@@ -476,15 +501,6 @@ class Scheduler:
             t.compile_at_first = self.compile_s
             self._deliver(req, [int(token)], jax.tree.map(lambda a: a[None], lps))
             return
-        if isinstance(item, VerifyChunk):  # speculation reports no logprobs (check refuses)
-            req, n_out = item.req, int(item.n_out)  # waits for the verification
-            assert req.drafter is not None
-            req.drafter.record(item.n_draft, n_out)
-            valid = min(n_out, req.limit - req.produced)
-            req.produced += n_out
-            if not req.done.is_set():
-                self._deliver(req, np.asarray(item.tokens)[:valid].tolist())
-            return
         # waits for this chunk (the next one is already queued)
         out, lps = on_host(item.tokens, any(r.logprobs is not None for r, _ in item.rows))
         for i, (req, valid) in enumerate(item.rows):
@@ -493,27 +509,11 @@ class Scheduler:
                 self._deliver(req, out[:valid, i].tolist(), row)
 
     def _deliver(self, req: Request, tokens: list[int], lps=None) -> None:
-        """Hand tokens to req's stream; lps: their TokenLogprobs (host arrays, a row a token)."""
-        stream = req.stream
-        assert stream is not None  # tokens reach started requests only
-        for i, t in enumerate(tokens):
-            if req.constraint is not None and stream.reason is None:
-                try:
-                    req.constraint.advance(t)
-                except ConstraintError as e:
-                    req.error = e
-                    self._finish(req, StopReason.ERROR)
-                    return
-            kept = len(stream.tokens)
-            stream.push(t)
-            if lps is not None and req.logprobs is not None and len(stream.tokens) > kept:
-                req.token_logprobs.append(token_logprob(t, lps, i, req.logprobs))
+        """Hand tokens to req (request.deliver); lps: their TokenLogprobs (host arrays)."""
+        reason = deliver(req, tokens, lps)
         self.tokens_out += len(tokens)
-        piece = stream.take()
-        if piece and req.on_text is not None:
-            req.on_text(piece)
-        if stream.reason is not None:  # req.finished
-            self._finish(req, stream.reason)
+        if reason is not None:
+            self._finish(req, reason)
 
     def _finish(self, req: Request, reason: StopReason) -> None:
         if req.stream is None:

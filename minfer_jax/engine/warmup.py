@@ -16,18 +16,21 @@ import threading
 import time
 from collections.abc import Callable
 
-from minfer_jax.engine.plan import DecodeKey, Plan
+from minfer_jax.engine.plan import DecodeKey, Plan, VerifyBatchKey, VerifyKey
 
 
 def background_order(plan: Plan) -> list:
     """serving_keys() minus ready_keys(), the likeliest first: lower sampler modes, decode before
-    prefill, fewer rows and smaller buckets first."""
+    prefill, fewer rows and smaller buckets first; speculation's verification keys last (steps
+    decode plainly until theirs is ready)."""
     ready = set(plan.ready_keys())
     rest = [k for k in plan.serving_keys() if k not in ready]
 
     def likeliest(k):
+        if isinstance(k, (VerifyKey, VerifyBatchKey)):
+            return (1, k.mode, 0, getattr(k, "rows", 1) * (1 + k.drafts))
         decode = isinstance(k, DecodeKey)
-        return (k.mode, not decode, k.rows if decode else k.bucket)
+        return (0, k.mode, not decode, k.rows if decode else k.bucket)
 
     return sorted(rest, key=likeliest)
 

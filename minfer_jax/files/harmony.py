@@ -105,3 +105,48 @@ def split_channels(text: str) -> dict[str, str]:
     for field, piece in [*stream.feed(text), *stream.finish()]:
         fields[field] = fields.get(field, "") + piece
     return fields
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI-style chat messages as the harmony template takes them: an assistant's
+    `reasoning_content` as its `thinking` (the analysis message the template renders before a
+    call), joined with its text where it has calls too (the template holds one analysis message
+    there), and an assistant turn of several calls split into one turn per call, each followed by
+    its result (the template names a result after the latest call)."""
+    out: list[dict] = []
+    pending: list[dict] = []  # the split turn's calls, each with its result once that comes
+    for m in messages:
+        waiting = [e for e in pending if "result" not in e]
+        if m.get("role") == "tool" and (entry := _of_call(waiting, m.get("tool_call_id"))):
+            entry["result"] = m
+            continue
+        out.extend(_flushed(pending))
+        m = dict(m)
+        thinking = m.pop("reasoning_content", None)
+        calls = m.get("tool_calls") or []
+        if thinking and calls and m.get("content"):
+            thinking, m["content"] = f"{thinking}\n\n{m['content']}", ""
+        if thinking:
+            m["thinking"] = thinking
+        if m.get("role") != "assistant" or len(calls) < 2:
+            out.append(m)
+            continue
+        pending = [{"call": c} for c in calls]
+        pending[0]["message"] = {**m, "tool_calls": calls[:1]}
+    return out + _flushed(pending)
+
+
+def _of_call(entries: list[dict], call_id) -> dict | None:
+    return next((e for e in entries if call_id and e["call"].get("id") == call_id), None)
+
+
+def _flushed(pending: list[dict]) -> list[dict]:
+    """The turns of a split multi-call message: each call, then its result where one came."""
+    out = []
+    for entry in pending:
+        out.append(entry.get("message") or {"role": "assistant", "content": "",
+                                             "tool_calls": [entry["call"]]})  # fmt: skip
+        if "result" in entry:
+            out.append(entry["result"])
+    pending.clear()
+    return out

@@ -1,6 +1,6 @@
 """The MTP (multi-token prediction, "nextn") block that Qwen3.5 / 3.6 files append after the trunk,
-run as a drafter for speculative decoding (engine/verify.py runs it; engine/mtp_draft.py is the
-host's side).
+run as a drafter for speculative decoding (engine/verify.py runs it; engine/lookup.py's MtpDrafter
+is the host's side).
 
 Its math, as llama.cpp's `llama_model_qwen35::graph_mtp` constructor (src/models/qwen35.cpp of
 ggml-org/llama.cpp at 06e514f: the LLM_GRAPH_TYPE_DECODER_MTP graph, after `graph::build_layer_ffn`;

@@ -187,6 +187,14 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
 EMBEDDING_TABLES = ("token_embd.weight", "per_layer_token_embd.weight")  # stored [vocab, d]
 
 
+def _packed_table(t: RawTensor, device) -> QWeight:
+    """A table only ever gathered from (gemma4's per_layer_token_embd: vocab x L n_pl, 262144 x
+    10752 on E4B) kept in its file format in every mode: only the gathered rows are decoded
+    (embed_rows), where a dense f32 copy would be 11 GB."""
+    planes = {n: jax.device_put(v, device) for n, v in repack(t.data, t.qtype, t.shape).items()}
+    return QWeight(planes, QType(t.qtype), (t.shape[0], t.shape[1]))
+
+
 def expert_halves(t: RawTensor) -> tuple[RawTensor, RawTensor]:
     """A fused ffn_gate_up_exps [E, 2 ff, k] as its gate and up halves (each expert's rows
     [gate | up]; a quantized row is whole blocks of its own, so the halves are byte slices)."""
@@ -404,7 +412,11 @@ def load_params(
             out_norm=vec("output_norm.weight"),
             output=None if output is None else output.result(),
             rope_freqs=optional_vec("rope_freqs.weight"),
-            per_layer_embed=optional_matrix("per_layer_token_embd.weight"),
+            per_layer_embed=(
+                _packed_table(t["per_layer_token_embd.weight"], device)
+                if "per_layer_token_embd.weight" in t
+                else None
+            ),
             per_layer_proj=optional_matrix("per_layer_model_proj.weight"),
             per_layer_norm=optional_vec("per_layer_proj_norm.weight"),
         )

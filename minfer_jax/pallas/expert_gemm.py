@@ -167,7 +167,10 @@ def expert_matmul_sorted_reference(
 
     def pair(row, e):
         w = decode(qtype, {n: p[e] for n, p in planes.items()}, dtype)[:n_out]
-        return jnp.dot(w, row.astype(dtype), preferred_element_type=jnp.float32)
+        # in f32 at full precision: exact products, so only the summation order differs from
+        # the kernels (a bf16 GEMV on the GPU may round its products, TF32 its inputs)
+        w, row = w.astype(jnp.float32), row.astype(dtype).astype(jnp.float32)
+        return jnp.dot(w, row, precision=jax.lax.Precision.HIGHEST)
 
     ys = jax.vmap(pair)(pair_rows(x, ids), ids.reshape(-1))
     return ys.reshape(t, k, n_out)

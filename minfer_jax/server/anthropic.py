@@ -1,11 +1,11 @@
 """Anthropic's Messages API over the same engine: POST /v1/messages and
 /v1/messages/count_tokens (what Claude Code and the `anthropic` client call).
 
-A Messages body becomes a chat body (system prompt, text / tool_use / tool_result blocks as
-messages, tools, tool_choice, stop_sequences, thinking as the template's enable_thinking) and runs
-through the chat path (template, tool-call format, constraint, scheduler); the reply comes back as
-content blocks (thinking, text, tool_use), streamed with Anthropic's events: message_start,
-content_block_start / _delta / _stop per block, message_delta (stop_reason, usage), message_stop.
+A Messages body becomes a chat body (system prompt, text / thinking / tool_use / tool_result blocks
+as messages, tools, tool_choice, stop_sequences, thinking as the template's enable_thinking) and
+runs through the chat path (template, tool-call format, constraint, scheduler; gpt-oss's harmony
+template included); the reply comes back as content blocks (thinking, text, tool_use), whole or
+streamed with Anthropic's events (anthropic_reply.py).
 Errors are Anthropic's {"type": "error", "error": {"type", "message"}}.
 """
 
@@ -20,19 +20,17 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from minfer_jax.engine.steps import StopReason
 from minfer_jax.errors import MinferError
-from minfer_jax.server.reasoning import ReasoningStream, split_reasoning
+from minfer_jax.server.anthropic_reply import (
+    BlockSplit,
+    EventStream,
+    error_event,
+    stop_reason,
+    usage,
+    whole_content,
+)
 from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, StopString, Text, parse
-from minfer_jax.server.tools import CallStream
 
-STOP_REASONS = {
-    StopReason.EOS: "end_turn",
-    StopReason.STOP: "stop_sequence",
-    StopReason.LENGTH: "max_tokens",
-    StopReason.CONTEXT: "max_tokens",
-    StopReason.CANCELLED: "end_turn",
-}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error"}  # fmt: skip
@@ -124,6 +122,11 @@ class MessagesRequest(_Strict):
     # settings accepted only at their no-op values (schemas.parse)
     unsupported: ClassVar[dict[str, tuple]] = {"speed": (None, "standard")}
 
+    @property
+    def thinks(self) -> bool:
+        """The reply may hold thinking blocks (the request enables thinking)."""
+        return self.thinking is not None and self.thinking.type == "enabled"
+
 
 class CountTokensRequest(MessagesRequest):
     max_tokens: int = Field(1, ge=1)
@@ -150,9 +153,11 @@ def _messages(req: MessagesRequest) -> list[dict]:
                  "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                 for b in blocks if isinstance(b, ToolUseBlock)
             ]  # fmt: skip
+            thought = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
             out.append(
-                {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
-            )
+                {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {}),
+                 **({"reasoning_content": thought} if thought else {})}
+            )  # fmt: skip
             continue
         for b in blocks:
             if isinstance(b, ToolResultBlock):
@@ -203,95 +208,23 @@ def error(status: int, message: str) -> JSONResponse:
     )
 
 
-def _blocks(text: str, reasoning: str | None, calls) -> list[dict]:
-    blocks: list[dict] = []
-    if reasoning is not None:
-        blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-    if text:
-        blocks.append({"type": "text", "text": text})
-    for c in calls:
-        blocks.append(
-            {"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)}
-        )
-    return blocks
-
-
-def _event(kind: str, data: dict) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
-
-
-class _Events:
-    """Anthropic's stream for one reply: blocks opened as their kind of text arrives."""
-
-    def __init__(self):
-        self.index, self.open = -1, None
-
-    def block(self, kind: str, piece: str):
-        if self.open != kind:
-            yield from self.close()
-            self.index, self.open = self.index + 1, kind
-            yield _event(
-                "content_block_start",
-                {"index": self.index, "content_block": {"type": kind, kind: ""}},
-            )
-        delta = {"type": f"{kind}_delta", kind: piece}
-        yield _event("content_block_delta", {"index": self.index, "delta": delta})
-
-    def close(self):
-        if self.open is not None:
-            yield _event("content_block_stop", {"index": self.index})
-            self.open = None
-
-    def tool_use(self, call):
-        yield from self.close()
-        self.index += 1
-        start = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
-        yield _event("content_block_start", {"index": self.index, "content_block": start})
-        delta = {"type": "input_json_delta", "partial_json": call.arguments}
-        yield _event("content_block_delta", {"index": self.index, "delta": delta})
-        yield _event("content_block_stop", {"index": self.index})
-
-
-async def _stream(handle, head: dict, n_prompt: int, calls, think):
+async def _stream(handle, events: EventStream, n_prompt: int):
     """Anthropic's events for one request; leaving early (client gone) cancels it."""
-    events = _Events()
-    held = None if calls is None else CallStream(calls)
-    thought = None if think is None else ReasoningStream(think)
     try:
-        message = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": n_prompt, "output_tokens": 0}}  # fmt: skip
-        yield _event("message_start", {"message": message})
-
-        def pieces(reasoning: str, text: str):
-            if reasoning:
-                yield from events.block("thinking", reasoning)
-            text = held.feed(text) if held is not None and text else text
-            if text:
-                yield from events.block("text", text)
-
-        async for piece in handle.pieces():
-            reasoning, text = thought.feed(piece) if thought is not None else ("", piece)
-            for e in pieces(reasoning, text):
-                yield e
-        for e in pieces(*(thought.finish() if thought is not None else ("", ""))):
+        for e in events.start(n_prompt):
             yield e
+        async for piece in handle.pieces():
+            for e in events.piece(piece):
+                yield e
         req = handle.req
         if req.error is not None:
-            yield _event("error", {"error": {"type": "api_error", "message": str(req.error)}})
+            yield error_event(str(req.error))
             return
         result = req.result()
-        rest, made = held.finish() if held is not None else ("", [])
-        for e in events.block("text", rest) if rest else ():
+        for e in events.end(
+            result.text, result.stop_reason, n_prompt, len(result.tokens), result.cached_tokens
+        ):
             yield e
-        for e in events.close():
-            yield e
-        for call in made:
-            for e in events.tool_use(call):
-                yield e
-        stop = "tool_use" if made else STOP_REASONS.get(result.stop_reason, "end_turn")
-        yield _event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None},
-                                       "usage": {"output_tokens": len(result.tokens)}})  # fmt: skip
-        yield _event("message_stop", {})
     finally:
         handle.cancel()
 
@@ -323,7 +256,7 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
         body = await run_in_threadpool(parse, kind, raw, check)
         chat = to_chat(body)
         ids, calls, think = await prepare_chat(chat, limits)
-        return chat, ids, calls, think
+        return body, chat, ids, calls, think
 
     async def answered(request: Request, handler):
         try:
@@ -339,35 +272,31 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
             raise
 
     async def messages(request: Request):
-        chat, ids, calls, think = await chat_of(request, MessagesRequest)
+        body, chat, ids, calls, think = await chat_of(request, MessagesRequest)
+        tokenizer = backend.model.tokenizer
+        harmony = tokenizer is not None and tokenizer.harmony
+        split = BlockSplit(calls, think, harmony, show_thinking=body.thinks)
         handle = await submit("chat", chat, ids, calls)
         head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
                 "model": backend.model_id}  # fmt: skip
         if chat.stream:
             return StreamingResponse(
-                _stream(handle, head, len(ids), calls, think), media_type="text/event-stream"
+                _stream(handle, EventStream(split, head), len(ids)), media_type="text/event-stream"
             )
         if not await wait(request, handle):
             return error(499, "the client went away")
         result = handle.req.result()
-        reasoning, text = (
-            (None, result.text) if think is None else split_reasoning(result.text, think)
-        )
-        text, made = calls.parse(text) if calls is not None else (text, [])
-        stop = "tool_use" if made else STOP_REASONS.get(result.stop_reason, "end_turn")
-        usage = {"input_tokens": len(ids), "output_tokens": len(result.tokens),
-                 "cache_read_input_tokens": result.cached_tokens}  # fmt: skip
-        content = _blocks(text, reasoning, made)
+        content, uses = whole_content(split, result.text)
         return {
             **head,
             "content": content,
-            "stop_reason": stop,
+            "stop_reason": stop_reason(result.stop_reason, uses),
             "stop_sequence": None,
-            "usage": usage,
+            "usage": usage(len(ids), len(result.tokens), result.cached_tokens),
         }
 
     async def count_tokens(request: Request):
-        _, ids, _, _ = await chat_of(request, CountTokensRequest)
+        _, _, ids, _, _ = await chat_of(request, CountTokensRequest)
         return {"input_tokens": len(ids)}
 
     @app.post("/v1/messages")

@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minfer_jax import validate
 from minfer_jax.errors import MinferError
+from minfer_jax.files import harmony
 from minfer_jax.server import metrics
 from minfer_jax.server.anthropic import add_messages_routes
 from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSettings, ShuttingDown
@@ -46,6 +47,7 @@ from minfer_jax.server.schemas import (
     CompletionRequest,
     parse,
 )
+from minfer_jax.server.speculation import request_speculation, timings
 from minfer_jax.server.streaming import choices_usage, stream_choices
 from minfer_jax.server.tools import CallFormat, tool_grammar, tool_setup
 
@@ -264,7 +266,11 @@ async def _generate(
             text, result.stop_reason, 0, 0, 0, made, reasoning, index=index, logprobs=lp
         )
         choices += whole["choices"]
-    return JSONResponse({**whole, "choices": choices, "usage": usage(*choices_usage(results))})
+    reply_body = {**whole, "choices": choices, "usage": usage(*choices_usage(results))}
+    spec_timings = timings(results)
+    if spec_timings is not None:  # llama-server's draft counts
+        reply_body["timings"] = spec_timings
+    return JSONResponse(reply_body)
 
 
 async def _submit_choices(
@@ -302,6 +308,9 @@ async def _submit(
 
     constraint = await run_in_threadpool(_constraint, backend.model, body, calls)
     ctx, vocab = backend.scheduler.plan.ctx, backend.model.config.vocab_size
+    speculation = request_speculation(
+        backend.settings.speculation, body, backend.model.config, constraint, body.top_alternatives
+    )
     # extreme counts are clamped (validate.clamped_count), as generate() and the CLI do
     wanted = backend.settings.n_predict if body.max_tokens is None else body.max_tokens
     max_tokens = validate.clamped_count("max_tokens", wanted, ctx, all_of="the context")
@@ -326,6 +335,7 @@ async def _submit(
             constraint=constraint,
             logprobs=body.top_alternatives,
             leader=leader,
+            speculation=speculation,
         )
     except ServerBusy:
         raise
@@ -404,7 +414,11 @@ def _add_generation_routes(
         """A chat body's prompt ids, tool-call format and thinking (as _generate takes them)."""
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
-        limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
+        chars = sum(len(m["content"]) + len(m.get("reasoning_content", "")) for m in messages)
+        limits.check_chars(chars, "messages")
+        tokenizer = backend.model.tokenizer
+        if tokenizer is not None and tokenizer.harmony:
+            messages = harmony.template_messages(messages)
         calls, tools = tool_setup(backend.model, body)
         ids = await run_in_threadpool(
             _chat_prompt_ids,

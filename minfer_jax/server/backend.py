@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from minfer_jax.engine.grammar import SERVING_COMPILE_NICE
+from minfer_jax.engine.lookup import Speculation
 from minfer_jax.engine.options import Options
 from minfer_jax.engine.phases import process_age
 from minfer_jax.engine.plan import MAX_DECODE_STEPS
@@ -67,6 +68,8 @@ class ServerSettings:
     warmup: bool = True  # compile the first executables before /health says ok
     # how the model loads and runs (kernels, deterministic, precise, ...); ctx_size is the slots'
     options: Options = Options()
+    # --spec-type and its draft sizes: every request's default, and the most one may draft
+    speculation: Speculation | None = None
 
     def __post_init__(self):
         from minfer_jax.engine.plan import MAX_SEQS
@@ -250,6 +253,7 @@ class Backend:
         self.finish_reasons: collections.Counter[StopReason] = collections.Counter()
         self.prompt_tokens_total = 0
         self.prompt_tokens_cached = 0  # of those, reused from a slot (Request.cached)
+        self.drafted = self.accepted = 0  # speculative decoding's draft tokens (finished requests)
         self.throughput = Throughput()
         self.started = time.time()
 
@@ -283,6 +287,8 @@ class Backend:
                     model.ctx_size,
                 )
             plan = model.plan(s.n_parallel, model.ctx_size, s.decode_steps)
+            if s.speculation is not None:  # its verification executables compile in the background
+                plan = dataclasses.replace(plan, draft_max=s.speculation.draft_max)
             sched = Scheduler(model, plan, compile_in_loop=not s.warmup)
             warm = self.warmup = Warmup(model, plan, log=_log.info)
             if s.warmup:
@@ -378,10 +384,11 @@ class Backend:
         constraint=None,
         logprobs: int | None = None,
         leader: Handle | None = None,
+        speculation: Speculation | None = None,
     ) -> Handle:
         """Queue one generation; ServerBusy when the queue is full, MinferError for a bad
         request. logprobs: alternatives per token (None: no logprobs); leader: the choice whose
-        prefill this one shares (n > 1)."""
+        prefill this one shares (n > 1); speculation: its drafts (server/speculation.py)."""
         sched, s = self.scheduler, self.settings
         limit = s.n_parallel + s.queue_limit
         if self.closing.is_set():
@@ -407,6 +414,7 @@ class Backend:
                 constraint=constraint,
                 logprobs=logprobs,
                 leader=None if leader is None else leader.req,
+                speculation=speculation,
             )
         except BaseException:
             with self.lock:
@@ -428,4 +436,7 @@ class Backend:
                 req.stream.reason if req.stream is not None else StopReason.ERROR
             ] += 1
             self.prompt_tokens_cached += req.cached
+            if req.drafter is not None:
+                self.drafted += req.drafter.stats.drafted
+                self.accepted += req.drafter.stats.accepted
         self._progress()

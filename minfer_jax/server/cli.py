@@ -1,7 +1,9 @@
 """`python scripts/serve.py` (also `python -m minfer_jax.server`): the OpenAI-compatible server.
 
 Flags follow llama-server's spelling: -m, --host, --port, -np/--parallel, -c/--ctx-size (the
-total context, divided among the -np slots), -n/--n-predict, -a/--alias, --api-key, --no-warmup.
+total context, divided among the -np slots), -n/--n-predict, -a/--alias, --api-key, --no-warmup,
+and the CLI's speculative-decoding flags (--spec-type, --spec-draft-n-max / --draft-max, ...:
+engine/spec_flags.py; per request: server/speculation.py).
 Request limits (limits.py: --max-body-bytes, --max-prompt-chars, --max-messages) and access
 checks (guards.py: --allowed-hosts, --any-content-type) have no llama-server spelling;
 --parse-special-in-content makes special-token text in chat messages control tokens again.
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from minfer_jax.engine import options
 from minfer_jax.engine.flags import StrictParser, add_llama_noops, add_llama_refusals
+from minfer_jax.engine.spec_flags import add_speculative_flags, speculation_from_args
 from minfer_jax.errors import MinferError
 from minfer_jax.server.backend import DEFAULT_DECODE_STEPS, DEFAULT_SLOT_CTX
 from minfer_jax.server.limits import DEFAULT_MAX_MESSAGES
@@ -180,6 +183,7 @@ def _access_arguments(p) -> None:
 
 def _engine_arguments(p) -> None:
     options.add_arguments(p)
+    add_speculative_flags(p)
     p.add_argument(
         "--no-warmup",
         dest="warmup",
@@ -199,6 +203,12 @@ def settings_from(args):
 
     if not 0 <= args.port <= 65535:
         raise _UsageError(f"--port must be in 0..65535, got {args.port}")
+    speculation = speculation_from_args(args)
+    if speculation is not None and speculation.on_device:  # its step drafts one sequence alone
+        raise _UsageError(
+            f"--spec-type {args.spec_type} (the MTP drafter) is not served yet: the server "
+            "speculates with ngram-simple; the CLI and generate() take draft-mtp"
+        )
     return ServerSettings(
         model=args.model,
         n_parallel=args.parallel,
@@ -210,6 +220,7 @@ def settings_from(args):
         api_key=args.api_key,
         warmup=args.warmup,
         options=options.from_arguments(args),
+        speculation=speculation,
     )
 
 

@@ -41,6 +41,8 @@ def _counts(backend) -> dict:
             prompt_total=backend.prompt_tokens_total,
             cached_total=backend.prompt_tokens_cached,
             finished=dict(backend.finish_reasons),
+            drafted=backend.drafted,
+            accepted=backend.accepted,
         )
         live = backend.live
     if sched is None:
@@ -64,6 +66,79 @@ def _counts(backend) -> dict:
     )
 
 
+# counters and gauges of one unlabelled sample: (name, type, help, key of _counts)
+SIMPLE = [
+    (
+        "tokens_generated_total",
+        "counter",
+        "Tokens generated (sampled and delivered) since start.",
+        "tokens_out",
+    ),
+    (
+        "prompt_tokens_total",
+        "counter",
+        "Prompt tokens of accepted requests since start.",
+        "prompt_total",
+    ),
+    (
+        "prompt_tokens_cached_total",
+        "counter",
+        "Prompt tokens whose K/V a slot still held from an earlier request (not prefilled again).",
+        "cached_total",
+    ),
+    (
+        "draft_tokens_total",
+        "counter",
+        "Tokens drafted by speculative decoding (--spec-type) for finished requests.",
+        "drafted",
+    ),
+    ("draft_tokens_accepted_total", "counter", "Of those, tokens the model accepted.", "accepted"),
+    (
+        "requests_total",
+        "counter",
+        "Requests accepted (queued for generation) since start.",
+        "requests_total",
+    ),
+]
+LOAD = [
+    (
+        "requests_running",
+        "gauge",
+        "Requests holding a KV slot (prefilling or decoding).",
+        "running",
+    ),
+    ("requests_queued", "gauge", "Requests accepted and waiting for a KV slot.", "queued"),
+    ("kv_slots_used", "gauge", "KV cache slots in use.", "used"),
+]
+EXECUTABLES = [
+    (
+        "executables_compiled",
+        "gauge",
+        "Executables compiled or loaded (the rest compile in the background after start).",
+        "compiled",
+    ),
+    (
+        "executables_planned",
+        "gauge",
+        "Executables a server compiles in all (plan.serving_keys).",
+        "planned",
+    ),
+    (
+        "stand_in_dispatches_total",
+        "counter",
+        "Steps run on a larger compiled executable while their own was still compiling.",
+        "stand_ins",
+    ),
+]
+
+
+def _simple(table, c) -> list[str]:
+    lines = []
+    for name, kind, text, key in table:
+        lines += _family(name, kind, text, [({}, c[key])])
+    return lines
+
+
 def render(backend) -> str:
     """The exposition text for one Backend (zeros before the model has loaded)."""
     s, c = backend.settings, _counts(backend)
@@ -81,68 +156,16 @@ def render(backend) -> str:
         f"Tokens generated per second over the last {backend.throughput.window:g} s, all requests.",
         [({}, backend.throughput.rate(c["tokens_out"]))],
     )
-    lines += _family(
-        "tokens_generated_total",
-        "counter",
-        "Tokens generated (sampled and delivered) since start.",
-        [({}, c["tokens_out"])],
-    )
-    lines += _family(
-        "prompt_tokens_total",
-        "counter",
-        "Prompt tokens of accepted requests since start.",
-        [({}, c["prompt_total"])],
-    )
-    lines += _family(
-        "prompt_tokens_cached_total",
-        "counter",
-        "Prompt tokens whose K/V a slot still held from an earlier request (not prefilled again).",
-        [({}, c["cached_total"])],
-    )
-    lines += _family(
-        "requests_total",
-        "counter",
-        "Requests accepted (queued for generation) since start.",
-        [({}, c["requests_total"])],
-    )
+    lines += _simple(SIMPLE, c)
     lines += _family(
         "requests_finished_total",
         "counter",
         "Requests finished, by stop reason.",
         [({"reason": r}, finished.get(r, 0)) for r in sorted(set(STOP_REASONS) | set(finished))],
     )
-    lines += _family(
-        "requests_running",
-        "gauge",
-        "Requests holding a KV slot (prefilling or decoding).",
-        [({}, c["running"])],
-    )
-    lines += _family(
-        "requests_queued",
-        "gauge",
-        "Requests accepted and waiting for a KV slot.",
-        [({}, c["queued"])],
-    )
-    lines += _family("kv_slots_used", "gauge", "KV cache slots in use.", [({}, c["used"])])
+    lines += _simple(LOAD, c)
     lines += _family(
         "kv_slots_capacity", "gauge", "KV cache slots in all (-np).", [({}, s.n_parallel)]
     )
-    lines += _family(
-        "executables_compiled",
-        "gauge",
-        "Executables compiled or loaded (the rest compile in the background after start).",
-        [({}, c["compiled"])],
-    )
-    lines += _family(
-        "executables_planned",
-        "gauge",
-        "Executables a server compiles in all (plan.serving_keys).",
-        [({}, c["planned"])],
-    )
-    lines += _family(
-        "stand_in_dispatches_total",
-        "counter",
-        "Steps run on a larger compiled executable while their own was still compiling.",
-        [({}, c["stand_ins"])],
-    )
+    lines += _simple(EXECUTABLES, c)
     return "\n".join(lines) + "\n"

@@ -177,13 +177,13 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
     # a body kind may declare its own (anthropic.py's Messages): else the OpenAI bodies' lists
     caller = getattr(kind, "caller_fields", CALLER_FIELDS)
     unsupported = getattr(kind, "unsupported", UNSUPPORTED)
-    known = set(kind.model_fields) | set(unsupported) | set(caller)
+    fields = {field.alias or name for name, field in kind.model_fields.items()}
+    known = fields | set(unsupported) | set(caller)
     for key in data:
-        if isinstance(key, str) and key.startswith("speculative"):  # llama-server's speculative.*
+        if isinstance(key, str) and key.startswith("speculative.") and key not in known:
             raise BadRequest(
-                f"{key}: speculative decoding is not in the server yet (neither per request nor "
-                "per slot); it runs in generate(speculative='lookup') and the CLI's --spec-type "
-                "ngram-simple",
+                f"{key}: not implemented (a request takes speculative.n_max, speculative.n_min "
+                "and speculative.p_min; the drafter is the server's --spec-type)",
                 key,
             )
         if key not in known:
@@ -234,7 +234,8 @@ def _is_field(part: str | int) -> bool:
     """A field name or list index of an error's location, not the tag of a union's alternative
     ("str", "list[int]", "function-after[...]")."""
     return isinstance(part, int) or (
-        part.isidentifier() and part not in ("str", "int", "float", "bool")
+        all(p.isidentifier() for p in part.split("."))  # llama-server's speculative.n_max
+        and part not in ("str", "int", "float", "bool")
     )
 
 
@@ -275,6 +276,10 @@ class _Generation(BaseModel):
     # llama-server's constrained output: a JSON Schema, or a GBNF grammar
     json_schema: dict[str, Any] | bool | None = None
     grammar: Text | None = None
+    # llama-server's speculative decoding per request (server/speculation.py)
+    spec_n_max: int | None = Field(None, ge=0, alias="speculative.n_max")
+    spec_n_min: int | None = Field(None, ge=0, alias="speculative.n_min")
+    spec_p_min: float | None = Field(None, ge=0.0, le=1.0, alias="speculative.p_min")
 
     @model_validator(mode="after")
     def _llama_server_fields(self):
@@ -362,6 +367,8 @@ class ChatMessage(BaseModel):
     name: Text | None = None  # passed to the template (some render it)
     tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
     tool_call_id: Text | None = None  # a tool result's call
+    # an assistant's reasoning, as llama-server takes it back (templates that keep it render it)
+    reasoning_content: Text | None = None
 
     def as_template_message(self) -> dict[str, Any]:
         """The message as a chat template expects it: text content, calls with their arguments
@@ -377,6 +384,8 @@ class ChatMessage(BaseModel):
             message["tool_calls"] = [c.as_template_call() for c in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content:
+            message["reasoning_content"] = self.reasoning_content
         return message
 
 

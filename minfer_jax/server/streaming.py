@@ -12,6 +12,7 @@ from typing import Any
 from minfer_jax.server.backend import Handle
 from minfer_jax.server.openai_format import LogprobFormat, Reply, error_body, sse
 from minfer_jax.server.reasoning import ReasoningStream
+from minfer_jax.server.speculation import timings
 from minfer_jax.server.tools import CallFormat, CallStream, HarmonyCalls
 
 
@@ -153,7 +154,12 @@ async def stream_choices(
                 return
             yield event(item)
         if include_usage:
-            yield sse(reply.usage_chunk(*choices_usage([h.req.result() for h in handles])))
+            results = [h.req.result() for h in handles]
+            last = reply.usage_chunk(*choices_usage(results))
+            spec_timings = timings(results)
+            if spec_timings is not None:  # llama-server's draft counts
+                last["timings"] = spec_timings
+            yield sse(last)
         yield sse("[DONE]")
     finally:
         for handle in handles:
