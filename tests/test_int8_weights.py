@@ -98,9 +98,14 @@ def test_one_row_dot_through_k_slices_matches_the_dense_values():
     assert ops.route(both, 3, impl).kind == "dense" and ops.route(w, 3, impl).kind == "int8"
     one = jax.jit(lambda x, w: ops.matmul(x, w, impl) + 1.0)(x[:1], both)
     np.testing.assert_allclose(np.asarray(one), want[:1] + 1.0, rtol=1e-5, atol=1e-3)
-    for weight in (both, w):
+    for weight in (both, w):  # the dense copy; without one, one fused dot per row
         many = np.asarray(jax.jit(lambda x, w: ops.matmul(x, w, impl))(x, weight))
         np.testing.assert_allclose(many, want, rtol=1e-5, atol=1e-3)
+    many = np.tile(x, (int8_dot.ONE_ROW_MAX_NT, 1))  # past it: the decoded matrix's dot
+    got = np.asarray(jax.jit(lambda x, w: ops.matmul(x, w, impl))(many, w))
+    np.testing.assert_allclose(
+        got, np.tile(want, (int8_dot.ONE_ROW_MAX_NT, 1)), rtol=1e-5, atol=1e-3
+    )
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,10 @@ import jax.numpy as jnp
 from minfer_jax.quant.matrix import DenseWeight, Int8Weight
 
 FUSED_VECTOR_BYTES = 16 * 1024  # XLA CPU fuses into a matrix-vector dot below this vector size
+# Without a dense copy (the vocabulary), up to this many rows run as one fused dot each: XLA
+# writes the decoded matrix out for a many-row dot (the 0.5B's head 530-600 ms at 2-32 rows
+# against 23 / 96 / 364 ms row by row at 2 / 8 / 32 rows, loaded machine)
+ONE_ROW_MAX_NT = 32
 
 
 def chunks_for(k: int, group: int) -> int:
@@ -53,7 +57,8 @@ def computed_once(x: jax.Array) -> jax.Array:
 
 def int8_matmul(x: jax.Array, w: Int8Weight) -> jax.Array:
     """x [nt, K] . w's values^T -> [nt, N] f32: the dense copy for more than one row where w
-    keeps one, else the decode fused into the dot, one dot per K slice. The barrier on the
+    keeps one, else the decode fused into the dot, one dot per K slice (and per row up to
+    ONE_ROW_MAX_NT rows). The barrier on the
     inputs ties the weight to x (which changes every step), keeping the decode inside a decode
     loop's body: loop-invariant code motion hoisted it, writing every int8 matrix out as f32 at
     each call. The one on the output keeps a following add (q/k/v's bias) from fusing the dot
@@ -63,6 +68,8 @@ def int8_matmul(x: jax.Array, w: Int8Weight) -> jax.Array:
     nt = x.shape[0]
     if nt > 1 and w.dense is not None:
         return dense_matmul(x, w.dense)
+    if 1 < nt <= ONE_ROW_MAX_NT:
+        return jnp.concatenate([int8_matmul(x[i : i + 1], w) for i in range(nt)])
     x, w = jax.lax.optimization_barrier((x.astype(jnp.float32), Int8Weight(w.q, w.a, w.b)))
     x = computed_once(x)
     c, n, kc = w.q.shape
