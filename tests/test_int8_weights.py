@@ -113,7 +113,7 @@ def q8_model():
     return synthetic_model_from_config(tiny_config(n_layers=2, context_length=256), "q8_0", seed=3)
 
 
-def test_cpu_default_holds_the_vocabulary_in_int8_and_matches_dense(q8_model):
+def test_cpu_default_holds_int8_matrices_and_matches_dense(q8_model):
     m = minfer_jax.load(gguf_model=q8_model, ctx_size=128)
     assert m.weight_mode == "int8"
     head = m.params.head
