@@ -12,7 +12,8 @@ which unfuses its decode: 5.3 ms). A slice taken from an [n, k] matrix at trace 
 fused either: the slices are stored apart (Int8Weight.q [chunks, n, k / chunks]).
 At many rows XLA decodes int8 into f32 far slower than it reads f32 (2-4x the f32 GEMM's time at
 64-256 rows), so the layer matrices keep a dense f32 copy for prefill (Int8Weight.dense).
-Measurements: docs/BENCHMARKS.md, "The int8 CPU weight form".
+Measurements: docs/BENCHMARKS.md, "The int8 CPU weight form" and "Int8 layer matrices for
+one-row dots".
 """
 
 from __future__ import annotations
@@ -58,13 +59,12 @@ def computed_once(x: jax.Array) -> jax.Array:
 def int8_matmul(x: jax.Array, w: Int8Weight) -> jax.Array:
     """x [nt, K] . w's values^T -> [nt, N] f32: the dense copy for more than one row where w
     keeps one, else the decode fused into the dot, one dot per K slice (and per row up to
-    ONE_ROW_MAX_NT rows). The barrier on the
-    inputs ties the weight to x (which changes every step), keeping the decode inside a decode
-    loop's body: loop-invariant code motion hoisted it, writing every int8 matrix out as f32 at
-    each call. The one on the output keeps a following add (q/k/v's bias) from fusing the dot
-    as its output fusion, which writes the decoded matrix out first (3.4 vs 0.05 ms for q/k/v).
-    Neither keeps x's producers out of the fusion (barriers are expanded before fusion):
-    `computed_once` does."""
+    ONE_ROW_MAX_NT rows). The barrier on the inputs ties the weight to x (which changes every
+    step), keeping the decode inside a decode loop's body: loop-invariant code motion hoisted
+    it, writing every int8 matrix out as f32 at each call. The one on the output keeps a
+    following add (q/k/v's bias) from fusing the dot as its output fusion, which writes the
+    decoded matrix out first (3.4 vs 0.05 ms for q/k/v). Neither keeps x's producers out of the
+    fusion (barriers are expanded before fusion): `computed_once` does."""
     nt = x.shape[0]
     if nt > 1 and w.dense is not None:
         return dense_matmul(x, w.dense)
