@@ -6,6 +6,7 @@ per shape bucket and compiled into that bucket's executable. Its kinds (Route.ki
 
     "dense"       dense weight (CPU "dense" mode)   -> XLA dot
     "int8"        Int8Weight (the CPU's default)    -> XLA dot with q * a (+ b) decoded inside it
+                  (one row; more rows read its dense copy where it has one: quant/int8_dot.py)
     "xla"         QWeight, impl.kernels == "xla"    -> reference: whole-matrix decode + XLA dot
     "gemv"        block format, nt <= GEMV_MAX_NT   -> integer Pallas GEMV (pallas/gemv.py)
     "gemv-float"  float format, nt <= GEMV_MAX_NT   -> float Pallas GEMV (pallas/gemv.py)
@@ -63,6 +64,7 @@ from minfer_jax.pallas import (
     gemv_tuning,
     tiles,
 )
+from minfer_jax.quant.int8_dot import dense_matmul, int8_matmul
 from minfer_jax.quant.matrix import DenseWeight, Int8Weight, QWeight, Weight
 from minfer_jax.quant.planes import QType, get_format
 from minfer_jax.validate import Choices
@@ -188,8 +190,8 @@ def route(
     (Route.fold_norm); sumsq: the norm input's sums of squares are given."""
     if isinstance(w, DenseWeight):
         return Route("dense")
-    if isinstance(w, Int8Weight):
-        return Route("int8")
+    if isinstance(w, Int8Weight):  # the dense copy for many rows (quant/int8_dot.py)
+        return Route("dense" if nt > 1 and w.dense is not None else "int8")
     r = _quantized_route(w.qtype, nt, impl)
     if after_norm and impl.fused_decode and r.kind == "gemv":
         return dataclasses.replace(r, fold_norm=_fold_mode(w.qtype, *w.shape, nt, r, sumsq))
@@ -297,24 +299,12 @@ def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
     x2 = x.reshape(nt, k)
     r = route(w, nt, impl)
     if isinstance(w, DenseWeight):  # r.kind == "dense"
-        wm = w.w if w.transposed else w.w.T  # [K, N]
-        y = jnp.dot(x2.astype(wm.dtype), wm, preferred_element_type=jnp.float32)
-    elif isinstance(w, Int8Weight):  # r.kind == "int8"
-        y = int8_dot(x2, w)
+        y = dense_matmul(x2, w)
+    elif isinstance(w, Int8Weight):  # "int8", or "dense" from its dense copy
+        y = int8_matmul(x2, w)
     else:
         y = by_rows(route_call(r, w.qtype, w.shape[0], impl), r.row_chunk, x2, w.planes)
     return y.reshape(*lead, y.shape[-1])
-
-
-def int8_dot(x: jax.Array, w: Int8Weight) -> jax.Array:
-    """x [nt, K] . w's values^T -> [nt, N] f32, the decode fused into XLA's dot. The barrier ties
-    the weight to x (which changes every step), keeping the decode inside a decode loop's body:
-    loop-invariant code motion hoisted it, writing every int8 matrix out as f32 at each call
-    (the 0.5B with int8 layers: 2.1 -> 7.8 tokens/s with it). (It does not keep x's producers
-    out of the fusion: XLA CPU still recomputes the final RMSNorm for every head row,
-    docs/ARCHITECTURE.md.)"""
-    x, w = jax.lax.optimization_barrier((x.astype(jnp.float32), w))
-    return jnp.dot(x, w.values().T)
 
 
 EXPERT_ROUTE_KINDS = ("gather", "tiles", "expert-gemv", "expert-gemm")

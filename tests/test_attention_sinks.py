@@ -129,8 +129,23 @@ def test_xla_path_sinks(window):
         _check_xla_path_sinks(window)
 
 
-def _check_xla_path_sinks(window):
-    cfg = Config(
+def test_xla_chunk_attention_reads_the_span_holding_its_end():
+    """The XLA path's chunk reads keys [0, span) for the smallest span of chunk_spans that holds
+    its last position: the reference's output at every start (span 8, 16, 32 and 64)."""
+    assert model_attention.chunk_spans(64, 1280) == [64, 128, 256, 512, 1024, 1280]
+    assert model_attention.chunk_spans(16, 8) == [8]
+    with jax.default_matmul_precision("highest"):
+        cfg, impl = _xla_config(), type("Impl", (), {"kernels": "xla"})()
+        k, v = filled_cache(jax.random.PRNGKey(7), 2, 64, 16, {1: 64})
+        q = jax.random.normal(jax.random.PRNGKey(8), (8, 4, 16))
+        for start in (0, 8, 20, 56):
+            got = model_attention.chunk_attention(q, k, v, 1, jnp.int32(start), cfg, impl)
+            ref = attention.chunk_attention_reference(q, k, v, 1, start)
+            chex.assert_trees_all_close(got, ref.reshape(8, 64), atol=1e-5, rtol=0)
+
+
+def _xla_config() -> Config:
+    return Config(
         n_layers=1,
         d_model=64,
         n_heads=4,
@@ -143,6 +158,10 @@ def _check_xla_path_sinks(window):
         tied_output=True,
         head_dim=16,
     )
+
+
+def _check_xla_path_sinks(window):
+    cfg = _xla_config()
     key = jax.random.PRNGKey(window)
     k, v = filled_cache(key, 2, 64, 16, {1: 20})
     sinks = head_sinks(jax.random.fold_in(key, 2), 4)

@@ -25,6 +25,7 @@ from minfer_jax.engine.sampling import (
     RowSettings,
     Sampler,
     SamplerMode,
+    first_max_index,
     keep_mask,
     row_keys,
     sample_rows,
@@ -186,3 +187,18 @@ def test_the_token_mask_limits_each_row_in_every_mode():
                 sample_rows(logits, pos, free, history, mode).tolist()
                 == sample_rows(logits, pos, masked_free, history, mode).tolist()
             )
+
+
+def test_first_max_index_is_argmax_with_ties_infinities_and_nan():
+    """The greedy pick's two-reduction argmax: the first maximum, -inf rows give 0, and a NaN
+    counts as the maximum, as jnp.argmax."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 1000)).astype(np.float32)
+    x[1, [7, 500]] = 9.0  # a tie: the first
+    x[2] = -np.inf
+    x[3, [3, 900]] = np.nan
+    x[4, 999] = np.inf
+    x[5, [10, 20]] = [np.inf, np.nan]
+    got = np.asarray(jax.jit(first_max_index)(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
+    assert got.tolist()[1:] == [7, 0, 3, 999, 20] and got.dtype == np.int32

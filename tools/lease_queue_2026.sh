@@ -3,10 +3,12 @@
 # formats, the 8-bit KV cache, speculative decoding), most important first, in the background:
 #
 #   call 1 (carry .whl and .peer):  setsid nohup bash tools/lease_queue_2026.sh > /tmp/queue.log 2>&1 < /dev/null &
-#   later calls:                    cat /tmp/res/progress.txt; cp -r /tmp/res/. $OUT/
+#   later calls:                    cat /tmp/res/progress.txt; tar czf $OUT/res.tgz -C /tmp/res .
+#   (one tarball: at most 8 files come back from $OUT)
 #
 # llama.cpp builds meanwhile (.peer/build.sh, ~9 min); its rows wait for the build. Synthetic GGUFs
-# are written by the CPU while the GPU runs the compiled tests. Every command lands in
+# are written by the CPU while the GPU runs the compiled tests (on an H100 2026-12-07: q30 and goss
+# written in 18 s, the compiled tests 170 s). Every command lands in
 # /tmp/res/commands.txt, its output in /tmp/res/<name>.
 set -u
 rm -rf /tmp/tree; cp -r "$PWD" /tmp/tree; cd /tmp/tree  # later device calls may replace the tree
@@ -31,12 +33,12 @@ run profile_q30.txt 200 python3 tools/step_profile.py -m /tmp/q30.gguf
 run profile_goss.txt 200 python3 tools/step_profile.py -m /tmp/goss.gguf
 built && run tg_llama_q30.md 240 $BIN/llama-bench -m /tmp/q30.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
 built && run tg_llama_goss.md 240 $BIN/llama-bench -m /tmp/goss.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
+run expert_bench_q30.txt 150 python3 tools/expert_bench.py --model qwen3-30b-a3b --nt 1,2,4,8,16,32,64,256,512 --paths gemv,ragged,pallas --reps 10
 run batched_ours_q30.md 360 python3 scripts/bench.py -m /tmp/q30.gguf --batched -npp 512 -ntg 128 -npl 1,8,32 -o md
 built && run batched_llama_q30.txt 240 $BIN/llama-batched-bench -m /tmp/q30.gguf -c 24576 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,32 -ngl 99 -fa on
 rm -f /tmp/q30.gguf /tmp/goss.gguf; log "q30 goss removed"
 written /tmp/q36.gguf; run tg_ours_q36.md 420 python3 scripts/bench.py -m /tmp/q36.gguf -p 512,4096 -n 128 -r 2 -o md
 built && run tg_llama_q36.md 240 $BIN/llama-bench -m /tmp/q36.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
-run expert_bench_q30.txt 150 python3 tools/expert_bench.py --model qwen3-30b-a3b --nt 1,2,4,8,16,32,64,256,512 --paths gemv,ragged,pallas --reps 10
 run expert_bench_goss.txt 150 python3 tools/expert_bench.py --model gpt-oss-20b --nt 1,8,64,512 --paths gemv,ragged,pallas --reps 10
 run bench_formats.txt 200 python3 scripts/bench.py --matmuls --shapes q4_0:4096x14336,iq4_nl:4096x14336,mxfp4:4096x14336,q4_k:4096x14336,iq4_xs:4096x14336 --nt 1,2,8,16,512
 written /tmp/q7.gguf
@@ -44,6 +46,8 @@ run kv_f16_q7.md 300 python3 scripts/bench.py -m /tmp/q7.gguf -p 512 -n 128 -d 1
 run kv_q8_q7.md 300 python3 scripts/bench.py -m /tmp/q7.gguf -p 512 -n 128 -d 16384 -ctk q8_0 -ctv q8_0 -r 2 -o md
 built && run kv_q8_llama_q7.md 200 $BIN/llama-bench -m /tmp/q7.gguf -p 512 -n 128 -d 16384 -ctk q8_0 -ctv q8_0 -fa 1 -r 2 -o md
 run spec_q7.txt 300 python3 scripts/bench.py -m /tmp/q7.gguf --spec ngram-simple -n 256 -r 2 -d 1024
+run spec_check_draft.txt 300 python3 tools/spec_check.py --synthetic qwen2.5-7b:q4_k_m -md synthetic:qwen2.5-0.5b:q8_0 -n 64 --prompts 4 --modes default,deterministic
+run spec_draft_q7.txt 300 python3 scripts/bench.py -m /tmp/q7.gguf --spec draft -md synthetic:qwen2.5-0.5b:q8_0 -n 128 -r 2 -d 1024
 written /tmp/g26.gguf; run tg_ours_g26.md 400 python3 scripts/bench.py -m /tmp/g26.gguf -p 512 -n 128 -r 2 -o md
 built && run tg_llama_g26.md 240 $BIN/llama-bench -m /tmp/g26.gguf -p 512 -n 128 -fa 1 -r 2 -o md
 written /tmp/q27.gguf; run tg_ours_q27.md 400 python3 scripts/bench.py -m /tmp/q27.gguf -p 512 -n 128 -r 2 -o md

@@ -325,6 +325,20 @@ def allowed_bits(mask: jax.Array, ids: jax.Array | None = None, vocab: int = 0) 
     return jnp.take(flat, jnp.minimum(ids, flat.shape[1] - 1), axis=1) & (ids < flat.shape[1])
 
 
+def first_max_index(x: jax.Array) -> jax.Array:
+    """jnp.argmax(x, axis=-1) as int32 (the first maximum; a NaN counts as the maximum) in
+    vectorized reductions: XLA CPU's (value, index) reduce takes 614-661 us over a 151936-word row
+    against 116 here (2026-12-07, this 2-core CPU, loaded), 3 % of a 0.5B decode step. Other
+    backends keep jnp.argmax: one reduction, and nothing measured there says otherwise."""
+    if jax.default_backend() != "cpu":
+        return jnp.argmax(x, axis=-1).astype(jnp.int32)
+    nan = jnp.isnan(x)  # XLA CPU's max skips NaN (fast min / max)
+    top = jnp.max(x, axis=-1, keepdims=True)
+    hit = jnp.where(jnp.any(nan, axis=-1, keepdims=True), nan, x == top)
+    ids = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(hit, ids, x.shape[-1]), axis=-1).astype(jnp.int32)
+
+
 def sample_rows(
     logits: jax.Array,
     positions: jax.Array,
@@ -342,7 +356,7 @@ def sample_rows(
         logits = jax.vmap(apply_repeat_penalty)(
             logits, jnp.where(recent, history, -1), rows.repeat_penalty
         )
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = first_max_index(logits)
     if not mode.sampled:
         return greedy
     keys = row_keys(rows, positions)

@@ -1,5 +1,5 @@
-"""The weights cache: the device layout of a GGUF's weights (dense f32 layers and int8 vocabulary
-matrices on a CPU, repacked planes on a GPU) kept on disk, so a restart maps them instead of
+"""The weights cache: the device layout of a GGUF's weights (int8 matrices and the layers' dense
+f32 copies on a CPU, repacked planes on a GPU) kept on disk, so a restart maps them instead of
 dequantizing or repacking again.
 
 Measured on the 2-core CPU: dequantizing the built-in 0.5B to 2 GB of f32 takes 5-10 s and

@@ -76,14 +76,34 @@ def chunk_attention(
             **_kernel_options(cfg, window, sinks),
         )
         return out.reshape(t, -1)
-    k = kv_cache.read(k_cache, (slot,))  # [Hkv, S, hd] f32 (dequantized)
-    v = kv_cache.read(v_cache, (slot,))
-    qg = q.astype(jnp.float32).reshape(t, k.shape[0], -1, q.shape[-1])  # the layer's own shapes
-    scores = jnp.einsum("tgrd,gsd->grts", qg, k) * cfg.softmax_scale  # [Hkv, rep, T, S]
     positions = start + jnp.arange(t, dtype=jnp.int32)
-    visible = _visible(jnp.arange(k.shape[1])[None, :], positions[:, None], window)  # [T, S]
-    probs = _softmax(scores, visible[None, None], sinks)
-    return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, -1)
+
+    def attend(span: int) -> jax.Array:  # over cache positions [0, span) only
+        k = kv_cache.read(k_cache, (slot, slice(None), slice(0, span)))  # [Hkv, span, hd] f32
+        v = kv_cache.read(v_cache, (slot, slice(None), slice(0, span)))
+        qg = q.astype(jnp.float32).reshape(t, k.shape[0], -1, q.shape[-1])  # the layer's shapes
+        scores = jnp.einsum("tgrd,gsd->grts", qg, k) * cfg.softmax_scale  # [Hkv, rep, T, span]
+        visible = _visible(jnp.arange(span)[None, :], positions[:, None], window)  # [T, span]
+        probs = _softmax(scores, visible[None, None], sinks)
+        return jnp.einsum("grts,gsd->tgrd", probs, v).reshape(t, -1)
+
+    spans = chunk_spans(t, k_cache.shape[2])
+    if len(spans) == 1:
+        return attend(spans[0])
+    # the smallest span holding the chunk's last position: keys past it are all masked
+    which = jnp.sum(jnp.asarray(spans[:-1]) < start + t)
+    return jax.lax.switch(which, [lambda s=s: attend(s) for s in spans])
+
+
+def chunk_spans(t: int, max_len: int) -> list[int]:
+    """The key spans a chunk of t queries on the XLA path may attend over (chunk_attention picks
+    the smallest that holds its last position): t, 2t, 4t, ... up to the cache's length. Reading
+    the whole cache cost a 64-token chunk of the 0.5B 382 vs 281 ms at a 1024-key cache
+    (docs/BENCHMARKS.md, "Int8 layer matrices for one-row dots")."""
+    spans = [min(t, max_len)]
+    while spans[-1] < max_len:
+        spans.append(min(2 * spans[-1], max_len))
+    return spans
 
 
 def _visible(keys: jax.Array, positions: jax.Array, window: int) -> jax.Array:

@@ -3,9 +3,10 @@
 Three storage modes, chosen per platform by `minfer_jax.load`:
 - "quantized": every matrix stays in its GGUF format, repacked once into planes
   (quant.planes); the Pallas kernels read the planes directly. Device memory ~= file size.
-- "int8" (the CPU's default): the vocabulary matrices as int8 integers with a scale (and offset)
+- "int8" (the CPU's default): block-format matrices as int8 integers with a scale (and offset)
   per group (about 1.1-1.25 bytes per weight), bit-exact values that XLA's CPU dot decodes inside
-  the dot; everything else dense f32 as below (quant/int8_form.py decides, and says why).
+  a one-row dot; the layer matrices also keep the dense f32 copy below for prefill (quant/
+  int8_form.py decides, and says why).
 - "dense": matrices are dequantized once at load (bit-exact f32, planes.dequantize). On a 2-core CPU
   XLA's dense dot beats any per-call dequantization by far, and its speed depends on dtype and
   orientation (docs/ARCHITECTURE.md has the table): square and narrowing matrices are stored
@@ -28,7 +29,7 @@ import numpy as np
 
 from minfer_jax.files.gguf import QType, RawTensor
 from minfer_jax.model.gguf_model import GGUFModel
-from minfer_jax.quant.int8_form import int8_weight, takes_int8
+from minfer_jax.quant.int8_form import int8_weight, keeps_dense, takes_int8
 from minfer_jax.quant.matrix import DenseWeight, QWeight, Weight
 from minfer_jax.quant.planes import dequantize, repack
 
@@ -166,22 +167,27 @@ def _matrix(tensors: list[RawTensor], opts: LoadOptions, device) -> Weight:
     t = tensors[0]
     rows = sum(x.shape[0] for x in tensors)
     shape = (rows, t.shape[1])
-    if opts.mode == "int8" and len(tensors) == 1 and takes_int8(t.name, t.qtype):
-        return int8_weight(t.data, t.qtype, t.shape, device)
-    if opts.mode != "quantized":  # "dense", and in "int8" all but the vocabulary matrices
-        w = jnp.concatenate(
-            [dequantize(x.data, x.qtype, x.shape) for x in tensors]
-        )  # [n, k] f32, bit-exact
-        if t.name in EMBEDDING_TABLES or rows >= 2 * t.shape[1]:
-            return DenseWeight(
-                jax.device_put(w.astype(jnp.dtype(opts.wide_dtype)), device), transposed=False
-            )
-        return DenseWeight(
-            jax.device_put(w.T.astype(jnp.dtype(opts.dense_dtype)), device), transposed=True
-        )
+    if opts.mode == "int8" and all(takes_int8(x.name, x.qtype) for x in tensors):
+        dense = _dense(tensors, opts, device) if keeps_dense(t.name) else None
+        return int8_weight(tensors, device, dense)
+    if opts.mode != "quantized":  # "dense", and in "int8" the matrices int8_form leaves dense
+        return _dense(tensors, opts, device)
     raw = np.concatenate([np.asarray(x.data) for x in tensors]) if len(tensors) > 1 else t.data
     planes = repack(raw, t.qtype, shape)
     return QWeight({n: jax.device_put(v, device) for n, v in planes.items()}, QType(t.qtype), shape)
+
+
+def _dense(tensors: list[RawTensor], opts: LoadOptions, device) -> DenseWeight:
+    """Tensors stacked along the rows, dequantized (bit-exact f32), in opts' dtype and layout."""
+    t = tensors[0]
+    w = jnp.concatenate([dequantize(x.data, x.qtype, x.shape) for x in tensors])  # [n, k] f32
+    if t.name in EMBEDDING_TABLES or w.shape[0] >= 2 * t.shape[1]:
+        return DenseWeight(
+            jax.device_put(w.astype(jnp.dtype(opts.wide_dtype)), device), transposed=False
+        )
+    return DenseWeight(
+        jax.device_put(w.T.astype(jnp.dtype(opts.dense_dtype)), device), transposed=True
+    )
 
 
 EMBEDDING_TABLES = ("token_embd.weight", "per_layer_token_embd.weight")  # stored [vocab, d]

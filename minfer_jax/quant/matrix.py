@@ -64,42 +64,72 @@ class DenseWeight:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Int8Weight:
-    """A block-format [n, k] matrix as value = q * a (+ b): q int8 [n, k], a (and b) f32
-    [n, k / group] per group of consecutive weights along k, bit-exact with the GGUF's
-    dequantization (the format's integer form, planes.Format.ints). XLA's CPU dot reads it with
-    the decode fused in: about a quarter of the f32 bytes (docs/ARCHITECTURE.md, "CPU: int8
-    weights")."""
+    """A block-format [n, k] matrix as value = q * a (+ b), bit-exact with the GGUF's
+    dequantization (the format's integer form, planes.Format.ints), stored in `chunks` slices
+    along k, each contiguous: q int8 [chunks, n, k / chunks], a (and b) f32 [chunks, n,
+    k / chunks / group] per group of consecutive weights along k. XLA's CPU fuses the decode
+    into a one-row dot only while that row's slice of x stays under 16 KiB (quant/int8_dot.py),
+    hence the chunks. dense: the same values as a DenseWeight for matmuls of many rows (prefill),
+    where XLA decodes int8 far slower than it reads f32; None where only one row at a time reads
+    the matrix (the vocabulary). (docs/ARCHITECTURE.md, "CPU: int8 weights")"""
 
     q: jax.Array
     a: jax.Array
     b: jax.Array | None
+    dense: DenseWeight | None = None
+
+    @classmethod
+    def from_parts(cls, q, a, b, chunks: int = 1, dense: DenseWeight | None = None):
+        """From q [n, k], a / b [n, k / group] (numpy or jax), cut into `chunks` slices along k."""
+
+        def cut(v):
+            n, k = v.shape
+            return v.reshape(n, chunks, k // chunks).transpose(1, 0, 2)
+
+        return cls(cut(q), cut(a), None if b is None else cut(b), dense)
 
     @property
     def experts(self) -> int:
         return 0  # expert tensors stay dense (model/weights.py)
 
     @property
+    def chunks(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
     def shape(self) -> tuple[int, int]:
-        return (int(self.q.shape[0]), int(self.q.shape[1]))
+        c, n, kc = self.q.shape
+        return (int(n), int(c * kc))
 
     @property
     def nbytes(self) -> int:
         parts = (self.q, self.a, self.b)
-        return int(sum(x.size * x.dtype.itemsize for x in parts if x is not None))
+        own = int(sum(x.size * x.dtype.itemsize for x in parts if x is not None))
+        return own + (0 if self.dense is None else self.dense.nbytes)
+
+    def chunk_values(self, c: int) -> jax.Array:
+        """The f32 values [n, k / chunks] of slice c."""
+        return _int8_values(self.q[c], self.a[c], None if self.b is None else self.b[c])
 
     def values(self) -> jax.Array:
         """The f32 values [n, k]."""
-        n, k = self.q.shape
-        g = k // self.a.shape[1]
-        v = self.q.reshape(n, k // g, g).astype(jnp.float32) * self.a[:, :, None]
-        v = v if self.b is None else v + self.b[:, :, None]
-        return v.reshape(n, k)
+        return jnp.concatenate([self.chunk_values(c) for c in range(self.chunks)], axis=-1)
 
     def rows(self, ids: jax.Array) -> jax.Array:
         """Values of rows ids [...] -> [..., k] f32 (an embedding lookup)."""
         flat = ids.reshape(-1)
-        b = None if self.b is None else self.b[flat]
-        return Int8Weight(self.q[flat], self.a[flat], b).values().reshape(*ids.shape, -1)
+        b = None if self.b is None else self.b[:, flat]
+        picked = Int8Weight(self.q[:, flat], self.a[:, flat], b)
+        return picked.values().reshape(*ids.shape, -1)
+
+
+def _int8_values(q: jax.Array, a: jax.Array, b: jax.Array | None) -> jax.Array:
+    """q int8 [n, k], a / b [n, k / g] -> f32 [n, k] = q * a (+ b) per group of g."""
+    n, k = q.shape
+    g = k // a.shape[1]
+    v = q.reshape(n, k // g, g).astype(jnp.float32) * a[:, :, None]
+    v = v if b is None else v + b[:, :, None]
+    return v.reshape(n, k)
 
 
 Weight = QWeight | DenseWeight | Int8Weight
