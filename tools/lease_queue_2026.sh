@@ -48,6 +48,8 @@ built && run kv_q8_llama_q7.md 200 $BIN/llama-bench -m /tmp/q7.gguf -p 512 -n 12
 run spec_q7.txt 300 python3 scripts/bench.py -m /tmp/q7.gguf --spec ngram-simple -n 256 -r 2 -d 1024
 run spec_check_draft.txt 300 python3 tools/spec_check.py --synthetic qwen2.5-7b:q4_k_m -md synthetic:qwen2.5-0.5b:q8_0 -n 64 --prompts 4 --modes default,deterministic
 run spec_draft_q7.txt 300 python3 scripts/bench.py -m /tmp/q7.gguf --spec draft -md synthetic:qwen2.5-0.5b:q8_0 -n 128 -r 2 -d 1024
+run spec_check_hybrid.txt 300 python3 tools/spec_check.py --synthetic qwen3.6-35b-a3b:q4_k_m --layers 8 --modes default,deterministic -n 64 --prompts 4
+run spec_check_mtp.txt 200 python3 tools/spec_check.py --qwen35 qwen35-tiny-v3-mtp --qwen35 qwen35moe-tiny --mtp -n 32 --prompts 4 --draft-max 3
 written /tmp/g26.gguf; run tg_ours_g26.md 400 python3 scripts/bench.py -m /tmp/g26.gguf -p 512 -n 128 -r 2 -o md
 built && run tg_llama_g26.md 240 $BIN/llama-bench -m /tmp/g26.gguf -p 512 -n 128 -fa 1 -r 2 -o md
 written /tmp/q27.gguf; run tg_ours_q27.md 400 python3 scripts/bench.py -m /tmp/q27.gguf -p 512 -n 128 -r 2 -o md
