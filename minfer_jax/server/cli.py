@@ -15,6 +15,7 @@ SIGINT (Ctrl-C) shuts down gracefully and exits with 130.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -284,8 +285,11 @@ def main(argv: Sequence[str] | None = None, loader: Callable | None = None) -> i
     app = create_app(settings, loader=loader, on_fatal=on_fatal, **http)
 
     class Server(uvicorn.Server):
+        interrupted = False
+
         def handle_exit(self, sig, frame) -> None:
             # the first signal: queued requests end now (503), running ones get the grace period
+            self.interrupted = self.interrupted or sig == signal.SIGINT
             app.state.backend.begin_shutdown()
             super().handle_exit(sig, frame)
 
@@ -301,5 +305,7 @@ def main(argv: Sequence[str] | None = None, loader: Callable | None = None) -> i
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled once it has shut down
+        return EXIT_INTERRUPTED
+    if server.interrupted:  # not re-raised (seen when the grace period cut a stream): still 130
         return EXIT_INTERRUPTED
     return EXIT_LOAD_FAILED if app.state.backend.error is not None else 0
