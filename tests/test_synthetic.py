@@ -2,7 +2,9 @@
 
 import dataclasses
 import itertools
+import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -344,13 +346,9 @@ def test_bad_layers_and_type_table():
 
 # ------------------------------------------------------------------- the families' tokenizers
 
-# text with code, non-ASCII, a lower-upper pair and a decomposed accent (placeholder_vocab's
-# merges show how the pre-tokenizer split them)
-TOKENIZER_TEXTS = [
-    "def f(x):\n    return x ** 2  # squares\n",
-    "Grüße, Ωμέγα! 日本語 café 🙂",
-    "helloWorld\t\tcafe\u0301 123456",
-]
+# llama.cpp's ids (llama-cpp-python, vocab_only) of code, non-ASCII, a lower-upper pair and a
+# decomposed accent for each family's synthetic file (tools/llama_cpp_reference.py families)
+FAMILY_IDS = Path(__file__).parent / "data" / "llama_cpp" / "synthetic-families-tokenizer.json"
 
 
 def _family_files(tmp_path):
@@ -371,9 +369,7 @@ def _family_files(tmp_path):
 def test_synthetic_files_tokenize_as_their_family_and_as_llama_cpp(tmp_path):
     """Each family's file names its real files' tokenizer (qwen35 as ggml-vocab-qwen35, gemma4's
     own model and no pre-tokenizer as ggml-vocab-gemma-4, gpt-oss's gpt-4o), splits text as that
-    pre-tokenizer does, and llama.cpp (llama-cpp-python on the written file) gives our ids."""
-    import llama_cpp
-
+    pre-tokenizer does, and llama.cpp (llama-cpp-python on the same file, stored) gives our ids."""
     from minfer_jax.files.tokenizer import Tokenizer
     from tests.cut_vocab import cut_vocab_meta
 
@@ -389,17 +385,19 @@ def test_synthetic_files_tokenize_as_their_family_and_as_llama_cpp(tmp_path):
     # rewrite of its regex) splits both, qwen2 (the old placeholder's) would split the accent off
     merged = {"gpt-oss": (False, False), "qwen35": (True, True)}
     merged["qwen35moe"] = merged["qwen35"]
+    expected = json.loads(FAMILY_IDS.read_text())["families"]
     for family, path in _family_files(tmp_path):
         meta = load_gguf(path).metadata
         got = (meta["tokenizer.ggml.model"], meta.get("tokenizer.ggml.pre"))
         assert got == kinds[family], family
+        assert len(meta["tokenizer.ggml.tokens"]) == expected[family]["n_tokens"], family
         tok = Tokenizer.from_model(load_gguf(path))
-        llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
-        for text in TOKENIZER_TEXTS:
-            ours = tok.encode(text, add_special=False)
-            assert ours == llm.tokenize(text.encode(), add_bos=False, special=True), (family, text)
-            assert tok.decode(ours) == text
-        spelled = [tok.id_to_token(i) for i in tok.encode(TOKENIZER_TEXTS[2], add_special=False)]
+        cases = expected[family]["cases"]
+        for case in cases:
+            ours = tok.encode(case["text"], add_special=False)
+            assert ours == case["ids"], (family, case["text"])
+            assert tok.decode(ours) == case["text"]
+        spelled = [tok.id_to_token(i) for i in tok.encode(cases[2]["text"], add_special=False)]
         if family == "gemma4":  # '▁' for a space, byte fallback, BOS always
             assert spelled[:3] == ["h", "e", "l"] and "▁" in spelled, spelled
             assert [tok.id_to_token(i) for i in tok.encode("Ω", add_special=False)] == [

@@ -27,6 +27,9 @@ vocab: llama.cpp's ids for a cut test vocabulary of tests/data/tokenizer with an
 (`vocab ggml-vocab-llama-bpe --pre gpt-4o --out tests/data/llama_cpp/gpt-4o-tokenizer.json`).
 tokenize: llama.cpp's ids of natural text and code for a whole vocabulary file
 (`tokenize DIR/ggml-vocab-qwen35.gguf --out tests/data/llama_cpp/qwen35-tokenizer.json`).
+families: llama.cpp's ids of FAMILY_TEXTS for the synthetic qwen35, qwen35moe, gpt-oss and gemma4
+files, whose vocabularies minfer_bench/synthetic_vocab.py writes
+(`families --out tests/data/llama_cpp/synthetic-families-tokenizer.json`).
 synthetic: the spec's model written as a GGUF (minfer_bench.synthetic, deterministic in the
 seed), random prompts of token ids (one longer than Gemma's 512-token window), llama.cpp's argmax at
 every position, its top-2 margin there and its distance from the float64 forward. --greedy N
@@ -406,6 +409,50 @@ def tokenize(args) -> dict:
     }
 
 
+# code, non-ASCII, a lower-upper pair and a decomposed accent (tests/test_synthetic.py checks how
+# each family's pre-tokenizer split them)
+FAMILY_TEXTS = [
+    "def f(x):\n    return x ** 2  # squares\n",
+    "Grüße, Ωμέγα! 日本語 café 🙂",
+    "helloWorld\t\tcafe\u0301 123456",
+]
+
+
+def family_files(directory: str):
+    """(family, path) of the synthetic files whose tokenizers the `families` mode records."""
+    from minfer_bench.synthetic import synthetic_model, write_gguf
+    from minfer_bench.synthetic_gemma4 import gemma4_model
+    from minfer_bench.synthetic_qwen35 import qwen35_model
+
+    models = {
+        "qwen35": lambda: qwen35_model("qwen35-tiny"),
+        "qwen35moe": lambda: qwen35_model("qwen35moe-tiny"),
+        "gpt-oss": lambda: synthetic_model("gpt-oss-tiny:f32"),
+        "gemma4": lambda: gemma4_model("gemma4-tiny"),
+    }
+    for family, build in models.items():
+        path = os.path.join(directory, f"{family}.gguf")
+        write_gguf(build(), path, progress=False)
+        yield family, path
+
+
+def families(args) -> dict:
+    """llama.cpp's ids (vocab_only, special tokens parsed, no BOS) of FAMILY_TEXTS for each
+    synthetic family file, with the number of tokens its vocabulary holds."""
+    from minfer_jax.model.from_gguf import load_gguf
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, path in family_files(tmp):
+            meta = load_gguf(path).metadata
+            ids = _llama_ids(args.llama_python, path, FAMILY_TEXTS, tmp)
+            out[family] = {
+                "n_tokens": len(meta["tokenizer.ggml.tokens"]),
+                "cases": [{"text": t, "ids": i} for t, i in zip(FAMILY_TEXTS, ids, strict=True)],
+            }
+    return {"families": out}
+
+
 def logits(args) -> dict:
     """llama.cpp's logits at every position of random prompts + its greedy continuation
     (--greedy tokens), for a synthetic spec; written beside --out as an .npz (float16: far below
@@ -598,6 +645,7 @@ def main(argv=None):
     v.add_argument("--pre", required=True, help="the tokenizer.ggml.pre to write, e.g. gpt-4o")
     tk = sub.add_parser("tokenize", help="llama.cpp's ids of NATURAL_TEXTS for a vocab file")
     tk.add_argument("vocab", help="a whole vocabulary, e.g. llama.cpp's ggml-vocab-qwen35.gguf")
+    sub.add_parser("families", help="llama.cpp's ids for the synthetic families' vocabularies")
     h = sub.add_parser(
         "hybrid",
         help="a synthetic qwen35 or gemma4 variant (synthetic_qwen35.QWEN35_TINY, "
@@ -611,6 +659,7 @@ def main(argv=None):
     modes = {"real": real, "synthetic": synthetic, "vocab": vocab, "logits": logits}
     modes["tokenize"] = tokenize
     modes["hybrid"] = hybrid
+    modes["families"] = families
     result = modes[args.kind](args)
     result["llama_cpp_python"] = llama_cpp_version(args.llama_python)
     result["tool"] = "tools/llama_cpp_reference.py"
