@@ -18,7 +18,7 @@ import pytest
 
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax import ops
-from minfer_jax.pallas import expert_gemm, expert_gemv
+from minfer_jax.pallas import expert_gemm, expert_gemv, expert_tuning
 from minfer_jax.quant.matrix import QWeight
 from minfer_jax.quant.planes import FORMATS, QType
 
@@ -146,19 +146,53 @@ def test_expert_down_sum_matches_reference(qtype):
     check(got, ref)
 
 
-# per format both variants run the dense kernels' decode (tests/test_kernels.py): one case per
-# body kind here (32-weight blocks, K-quant super-blocks, 16-weight groups, float, a codebook)
-SORTED_FORMATS = [QType.Q4_K, QType.Q6_K, QType.F16, *[q for q in NEW_FORMATS if q.name == "MXFP4"]]
+# the down launch's other variants, one format of each family: int8 words (K-quant super-blocks,
+# 32-weight blocks), a codebook, float (the body per format is the fused launch's, above)
+@pytest.mark.parametrize(
+    "variant,qtype",
+    [
+        ("pairs", QType.Q4_K),
+        ("split", QType.Q6_K),
+        ("pairs", QType.F16),
+        ("split", QType.F16),
+        *[("pairs", q) for q in NEW_FORMATS if q.name == "MXFP4"],
+        *[("split", q) for q in NEW_FORMATS if q.name == "IQ4_NL"],
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_expert_down_sum_variants_match_reference(variant, qtype):
+    """ "pairs" (one slot per program) and "split" (two), their partials added by XLA; k = 4
+    slots, so "split" has two programs per token and row block."""
+    w = stacked_planes(qtype, N, K, seed=4)
+    ids, weights = route(2, 4, seed=7)
+    h = jax.random.normal(jax.random.PRNGKey(8), (2, 4, K), jnp.float32)
+    b = jax.random.normal(jax.random.PRNGKey(9), (E, N)) if qtype == QType.F16 else None
+    kw = dict(qtype=qtype, n_out=N, bias=b)
+    got = expert_gemv.expert_down_sum(
+        h, w, ids, weights, variant=variant, interpret=INTERPRET, **kw
+    )
+    check(got, expert_gemv.expert_down_sum_reference(h, w, ids, weights, **kw))
 
 
+def test_down_slots():
+    assert [expert_gemv.down_slots(v, 8) for v in expert_gemv.DOWN_VARIANTS] == [8, 2, 1]
+    assert expert_gemv.down_slots("split", 3) == 1  # SPLIT_SLOTS must divide k
+    with pytest.raises(ValueError, match="not one of"):
+        expert_gemv.down_slots("fast", 8)
+
+
+# every format the experts use on "ragged" and "pallas"; "dequant" runs pallas/dequant.py's
+# decode (tests/test_kernels.py, per format) then the float blocks of "pallas": an f16 and a bf16
+# (MXFP4) case
 @pytest.mark.parametrize(
     "qtype,variant",
-    [(q, "pallas") for q in SORTED_FORMATS] + [(QType.Q8_0, "pallas"), (QType.Q4_K, "ragged")],
+    [(q, v) for q in EXPERT_FORMATS for v in ("pallas", "ragged")]
+    + [(q, "dequant") for q in (QType.Q4_K, *[q for q in NEW_FORMATS if q.name == "MXFP4"])],
     ids=lambda v: getattr(v, "name", str(v)),
 )
 def test_expert_matmul_sorted_matches_reference(qtype, variant):
     """Prefill: 12 tokens x 2 slots sorted by expert, one expert never chosen (its blocks empty,
-    the Pallas variant's trailing blocks skipped), both grouped-GEMM variants."""
+    the blocked variants' trailing blocks skipped), each grouped-GEMM variant."""
     w = stacked_planes(qtype, N, K, seed=5)
     ids = jax.random.randint(jax.random.PRNGKey(11), (12, 2), 0, E - 1)
     x = jax.random.normal(jax.random.PRNGKey(12), (12, K), jnp.float32)
@@ -178,16 +212,25 @@ def test_block_layout():
     assert list(np.asarray(tile_expert)) == [0, 2, 2, 3, -1, -1]
 
 
-@pytest.mark.parametrize("t", [2, 12])  # the grouped GEMV's route, then the sorted GEMM's
-def test_ops_expert_routes_match_the_reference_route(t):
+# the grouped GEMV's route, then the sorted GEMM's, by the default table; then another table's
+# (ops reads expert_tuning.EXPERT_PATHS at trace time: the down launch's "split" variant)
+OTHER_PATHS = ((4, "gemv-split"), (None, "pallas"))
+
+
+@pytest.mark.parametrize("t,table", [(2, None), (12, None), (2, OTHER_PATHS)])
+def test_ops_expert_routes_match_the_reference_route(t, table, monkeypatch):
     """ops.expert_glu / expert_down_sum on the kernels (fused launches up to
     ops.EXPERT_GEMV_MAX_NT tokens, the grouped GEMM beyond) give the XLA reference route's
     products within the int8 activations' rounding; biases as gpt-oss has them."""
+    if table:
+        monkeypatch.setattr(expert_tuning, "EXPERT_PATHS", table)
+        assert expert_tuning.down_variant(t) == "split"
     qtype = QType.Q8_0
     gate, up = (QWeight(stacked_planes(qtype, N, K, s), qtype, (N, K), E) for s in (6, 7))
     down = QWeight(stacked_planes(qtype, K, N * 2, 8), qtype, (K, N * 2), E)
+    gemv_path = ops.expert_kernel_path(t) in expert_tuning.GEMV_PATHS
     assert ops.expert_route(gate, t, ops.Impl(kernels=KERNELS)) == (
-        "expert-gemv" if t <= ops.EXPERT_GEMV_MAX_NT else "expert-gemm"
+        "expert-gemv" if gemv_path else "expert-gemm"
     )
     ids, weights = route(t, 2, seed=t)
     x = jax.random.normal(jax.random.PRNGKey(13), (t, K), jnp.float32)
@@ -205,3 +248,24 @@ def test_ops_expert_routes_match_the_reference_route(t):
     for got, want in zip(*outs):
         chex.assert_equal_shape([got, want])
         chex.assert_trees_all_close(got, want, atol=2e-2 * float(jnp.max(jnp.abs(want))), rtol=0)
+
+
+def test_expert_path_table():
+    """The table's lookup and its checks: each nt range's path, the deterministic mode's one
+    down variant, and tables that ops could not follow refused."""
+    table = ((1, "gemv-pairs"), (8, "gemv"), (64, "pallas"), (None, "dequant"))
+    expert_tuning.check_table(table)
+    got = [expert_tuning.path(nt, table) for nt in (1, 2, 8, 9, 64, 65, 4096)]
+    assert got == ["gemv-pairs", "gemv", "gemv", "pallas", "pallas", "dequant", "dequant"]
+    assert expert_tuning.gemv_max_nt(table) == 8
+    assert expert_tuning.down_variant(8, table=table) == "fused"
+    assert expert_tuning.down_variant(8, deterministic=True, table=table) == "pairs"
+    assert expert_tuning.down_variant(40, deterministic=True, table=table) == "pairs"
+    for bad in (
+        ((8, "gemv"),),  # no None bound
+        ((8, "gemv"), (4, "gemv-pairs"), (None, "ragged")),  # bounds decrease
+        ((8, "gemv-fast"), (None, "ragged")),  # unknown path
+        ((8, "ragged"), (None, "gemv")),  # a GEMM row before a GEMV row
+    ):
+        with pytest.raises(ValueError):
+            expert_tuning.check_table(bad)
