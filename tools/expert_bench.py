@@ -16,7 +16,8 @@ formats (Q6_K, Q4_K) as its layers do. The time is the device span of the kernel
 Per row: us per call, the active weights (the distinct chosen experts' gate + up + down bytes,
 plus the router's) and those bytes per second, the useful TFLOP/s (2 x tokens x (k x the three
 expert matmuls + the router)), and the parity: rel err of the output (less the residual) against
-the XLA reference route up to REFERENCE_MAX_NT tokens, against the first path's output beyond.
+the XLA reference route at REFERENCE_NTS tokens, against the first path's output elsewhere. A
+case that fails (a lowering error, out of memory) is printed and skipped.
 
 --suite: Qwen3-30B-A3B, the decode paths at 1, 2, 4, 8 tokens, the GEMM variants (and two GEMV
 paths at 16 and 32, to place the switch) from 16 to 4096 tokens, most important first, no case
@@ -48,7 +49,10 @@ from minfer_jax.sizes import round_up
 from minfer_bench.bench import kernel_timing as KB
 
 HOST_CLOCK_MIN_NT = 256  # from here a call takes milliseconds: the host clock's overhead is noise
-REFERENCE_MAX_NT = 512  # the XLA reference route's parity up to here (it decodes per pair/tile)
+# token counts checked against the XLA reference route (each its own compile; it decodes per pair
+# or tile): the decode counts and one prefill count anchor every path; the others are checked
+# against the first path timed at their count
+REFERENCE_NTS = frozenset({1, 2, 4, 8, 64})
 RAGGED_MAX_NT = 512  # "ragged"'s masked dense expansion: [E, nt x k, d] f16, 2 GB at 512 tokens
 SUITE_DECODE = (1, 2, 4, 8)
 SUITE_GEMV_PATHS = ("gemv", "gemv-split", "gemv-pairs")
@@ -233,7 +237,7 @@ def build(name: str, a) -> Model:
 
 def calls_for(m: Model, nt: int) -> list:
     """The activations of each call at nt tokens (fewer calls for long prefill), their active
-    bytes and the parity target (the XLA route up to REFERENCE_MAX_NT), made once per nt."""
+    bytes and the parity target (the XLA route at REFERENCE_NTS), made once per nt."""
     if nt not in m.inputs:
         reps = m.reps if nt < HOST_CLOCK_MIN_NT else max(2, min(m.reps, 2048 // nt))
         keys = jax.random.split(jax.random.PRNGKey(nt), reps)
@@ -243,7 +247,7 @@ def calls_for(m: Model, nt: int) -> list:
         m.nbytes[nt] = np.mean(
             [active_bytes(np.asarray(route(x, w)), w) for x, w in zip(m.inputs[nt], per_call)]
         )
-        if nt <= REFERENCE_MAX_NT:
+        if nt in REFERENCE_NTS:
             ref = jax.jit(moe_ffn(ops.Impl(), m.cfg))(m.inputs[nt][0], m.layers[0])
             m.want[nt] = (ref - m.inputs[nt][0], "xla")
     return m.inputs[nt]
@@ -300,8 +304,17 @@ def proposed_table(rows: list[dict], max_err: float = 0.05) -> tuple:
             table.append((nt, path))
     if table:
         table[-1] = (None, table[-1][1])
-    expert_tuning.check_table(tuple(table))  # what ops can follow (ValueError otherwise)
     return tuple(table)
+
+
+def proposal(rows: list[dict]) -> str:
+    """proposed_table as a line to paste, or why ops could not follow it."""
+    table = proposed_table(rows)
+    try:
+        expert_tuning.check_table(table)
+    except ValueError as e:
+        return f"none valid from these rows ({e})"
+    return f"EXPERT_PATHS = {table!r}"
 
 
 def write_table(rows: list[dict], skipped: list[str], out: str, argv: str) -> None:
@@ -319,11 +332,10 @@ def write_table(rows: list[dict], skipped: list[str], out: str, argv: str) -> No
             f"| {r['model']} | {r['nt']} | {r['path']} | {r['us']:.1f} | {r['active_mb']:.1f} | "
             f"{r['gbps']:.1f} | {r['tflops']:.2f} | {r['rel_err']:.1e} | {r['against']} |"
         )
-    lines += ["", f"not started (budget): {', '.join(skipped) or 'none'}", ""]
-    lines += [f"proposed EXPERT_PATHS: {proposed_table(rows)!r}", ""]
+    lines += ["", f"not run (budget or failure): {', '.join(skipped) or 'none'}", ""]
+    lines += [f"proposed: {proposal(rows)}", ""]
     with open(out, "w") as f:
         f.write("\n".join(lines))
-    print(f"table written to {out}; proposed EXPERT_PATHS = {proposed_table(rows)!r}")
 
 
 def parse_args():
@@ -364,14 +376,17 @@ def main():
                 print(f"T={nt} {path}: not started (--budget-s {a.budget_s:.0f} spent)", flush=True)
                 skipped.append(f"{path}@{nt}")
                 continue
-            rows.append(run_case(m, nt, path))
+            try:
+                rows.append(run_case(m, nt, path))
+            except Exception as e:  # one path's failure must not cost the others' numbers
+                print(f"T={nt} {path}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+                skipped.append(f"{path}@{nt} (failed)")
+            if a.out:  # after every case: a timeout keeps what was measured
+                write_table(rows, skipped, a.out, " ".join(sys.argv[1:]))
     if a.jsonl:
         with open(a.jsonl, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-    if a.out:
-        write_table(rows, skipped, a.out, " ".join(sys.argv[1:]))
-    else:
-        print(f"proposed EXPERT_PATHS = {proposed_table(rows)!r}")
+    print(f"proposed: {proposal(rows)}")
 
 
 if __name__ == "__main__":
