@@ -23,8 +23,8 @@ written() { until grep -q "$1 written" $P; do sleep 3; done; }
 log "start on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 # first, on a quiet CPU (before the llama.cpp build and the GGUF writers): every expert path of a
 # Qwen3-30B-A3B MoE layer at 1..4096 tokens, and the EXPERT_PATHS table the fastest give
-# (pallas/expert_tuning.py); no case started after 75 s
-run expert_suite_q30.txt 150 python3 tools/expert_bench.py --suite --budget-s 75 --out $R/expert_suite_q30.md --jsonl $R/expert_suite_q30.jsonl
+# (pallas/expert_tuning.py); no case started after 70 s (~90 s in all)
+run expert_suite_q30.txt 130 python3 tools/expert_bench.py --suite --budget-s 70 --out $R/expert_suite_q30.md --jsonl $R/expert_suite_q30.jsonl
 [ -d .peer ] && bash .peer/build.sh >> $R/llama_build.txt 2>&1
 # the disk holds 64 GiB: q30 + goss + q36 + q7 (~53 GiB) first, g26 and q27 once q30 and goss are gone
 (write qwen3-30b-a3b:q4_k_m /tmp/q30.gguf; write gpt-oss-20b:mxfp4_moe /tmp/goss.gguf
