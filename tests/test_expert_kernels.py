@@ -21,6 +21,7 @@ from minfer_jax import ops
 from minfer_jax.pallas import expert_gemm, expert_gemv, expert_tuning
 from minfer_jax.quant.matrix import QWeight
 from minfer_jax.quant.planes import FORMATS, QType
+from test_attention import lower_for_gpu
 
 from minfer_bench.bench.kernel_timing import random_planes
 
@@ -160,6 +161,34 @@ def test_expert_down_sum_matches_reference(qtype, variant):
         h, w, ids, weights, variant=variant, interpret=INTERPRET, **kw
     )
     check(got, expert_gemv.expert_down_sum_reference(h, w, ids, weights, **kw))
+
+
+@pytest.mark.parametrize("qtype", _named("Q4_K", "MXFP4", "F16"), ids=lambda q: q.name)
+def test_new_variants_lower_to_triton(qtype):
+    """The down launch's "split" / "pairs" and the "dequant" / "pallas" grouped GEMMs through the
+    Pallas Triton lowering rules (which interpret mode skips) at Qwen3-30B-A3B's shapes."""
+    e, d, ff, k = 128, 2048, 768, 8
+    one = jax.eval_shape(lambda: random_planes(jax.random.PRNGKey(0), qtype, d, ff))
+    w = {m: jax.ShapeDtypeStruct((e, *a.shape), a.dtype) for m, a in one.items()}
+    f32, i32 = jnp.float32, jnp.int32
+    ids, rw = jax.ShapeDtypeStruct((1, k), i32), jax.ShapeDtypeStruct((1, k), f32)
+    for variant in ("split", "pairs"):
+        text = lower_for_gpu(
+            lambda h, w, ids, rw, v=variant: expert_gemv.expert_down_sum(
+                h, w, ids, rw, qtype=qtype, n_out=d, variant=v
+            ),
+            jax.ShapeDtypeStruct((1, k, ff), f32), w, ids, rw,
+        )  # fmt: skip
+        assert f"expert_down_sum_{qtype.name.lower()}_{variant}" in text
+    ids = jax.ShapeDtypeStruct((64, k), i32)
+    for variant in ("pallas", "dequant"):
+        text = lower_for_gpu(
+            lambda x, w, ids, v=variant: expert_gemm.expert_matmul_sorted(
+                x, w, ids, qtype=qtype, n_out=d, variant=v
+            ),
+            jax.ShapeDtypeStruct((64, ff), f32), w, ids,
+        )  # fmt: skip
+        assert "expert_gemm_" in text
 
 
 def test_down_slots():
