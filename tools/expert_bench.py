@@ -4,7 +4,7 @@ expert path (pallas/expert_tuning.py), and print the path table the fastest ones
 usage: python tools/expert_bench.py --suite [--out F.md] [--budget-s 75]
        python tools/expert_bench.py [--model qwen3-30b-a3b|gpt-oss-20b|tiny] [--nt 1,2,8,512]
            [--paths auto|gemv,gemv-split,gemv-pairs,ragged,pallas,dequant] [--reps 8]
-           [--layers 4] [--qtype Q4_K] [--jsonl F] [--out F.md] [--interpret]
+           [--layers 4] [--qtype Q4_K] [--jsonl F] [--out F.md] [--max-bm 128] [--interpret]
 
 Each case is one executable of `reps` calls of the layer's whole MoE feed-forward as the model
 runs it (ops.matmul for the router, model.moe.route_tokens, ops.expert_glu, ops.expert_down_sum,
@@ -41,7 +41,7 @@ import numpy as np
 from minfer_jax import ops
 from minfer_jax.model.config import Config
 from minfer_jax.model.moe import route_tokens
-from minfer_jax.pallas import expert_tuning
+from minfer_jax.pallas import expert_gemm, expert_tuning
 from minfer_jax.quant.matrix import QWeight
 from minfer_jax.quant.planes import FORMATS, QType
 from minfer_jax.sizes import round_up
@@ -220,6 +220,7 @@ class Model:
     inputs: dict = dataclasses.field(default_factory=dict)  # nt -> [x] per call
     nbytes: dict = dataclasses.field(default_factory=dict)  # nt -> mean active bytes per call
     want: dict = dataclasses.field(default_factory=dict)  # nt -> (parity target, its label)
+    x_scale: float = 1.0  # activations' scale (build)
 
 
 def build(name: str, a) -> Model:
@@ -232,7 +233,14 @@ def build(name: str, a) -> Model:
     downs = [QType[s.down_qtypes[i % len(s.down_qtypes)]] for i in range(a.layers)]
     layers = [layer(kk, s, QType[names[0]], dq) for kk, dq in zip(keys, downs)]
     impl = ops.Impl(kernels="interpret" if a.interpret else "pallas")
-    return Model(name, s, config(s), layers, impl, a.reps)
+    m = Model(name, s, config(s), layers, impl, a.reps)
+    # activations scaled so that the gate products are O(1), as in a model: random weights give
+    # products in the thousands, whose GLU overflows the grouped GEMMs' f16 rows
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, s.d), jnp.float32)
+    ids = router(x, layers[0], ops.Impl(), m.cfg)[0]
+    gate = ops.expert_matmul(x, layers[0]["gate"], ids, ops.Impl())
+    m.x_scale = 4.0 / float(jnp.max(jnp.abs(gate)))
+    return m
 
 
 def calls_for(m: Model, nt: int) -> list:
@@ -241,7 +249,7 @@ def calls_for(m: Model, nt: int) -> list:
     if nt not in m.inputs:
         reps = m.reps if nt < HOST_CLOCK_MIN_NT else max(2, min(m.reps, 2048 // nt))
         keys = jax.random.split(jax.random.PRNGKey(nt), reps)
-        m.inputs[nt] = [jax.random.normal(kk, (nt, m.s.d), jnp.float32) for kk in keys]
+        m.inputs[nt] = [jax.random.normal(kk, (nt, m.s.d)) * m.x_scale for kk in keys]
         route = jax.jit(lambda x, w: router(x, w, ops.Impl(), m.cfg)[0])
         per_call = [m.layers[r % len(m.layers)] for r in range(reps)]
         m.nbytes[nt] = np.mean(
@@ -352,11 +360,14 @@ def parse_args():
     add("--jsonl", default=None)
     add("--out", default=None, help="the markdown table (and proposed EXPERT_PATHS)")
     add("--interpret", action="store_true", help="Pallas' interpreter (CPU smoke run)")
+    add("--max-bm", type=int, default=None, help="expert_gemm.MAX_BM: token-block rows' cap")
     return ap.parse_args()
 
 
 def main():
     a = parse_args()
+    if a.max_bm:  # the blocked variants' token-block cap, read at trace time
+        expert_gemm.MAX_BM = a.max_bm
     if a.suite:
         models, plan = ["qwen3-30b-a3b"], suite_plan()
     else:
