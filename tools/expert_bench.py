@@ -397,6 +397,8 @@ def main():
     if a.jsonl:
         with open(a.jsonl, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+    if a.out:
+        write_table(rows, skipped, a.out, " ".join(sys.argv[1:]))
     print(f"proposed: {proposal(rows)}")
 
 
