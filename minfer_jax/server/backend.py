@@ -310,7 +310,7 @@ class Backend:
             loop.start()
             self.ready.set()
             if s.warmup:
-                self.threads.append(warm.start_background(self.stop))
+                self.threads.append(warm.start_background(self.stop, sched.exes.wanted_keys))
         except BaseException as e:  # any failure to load ends the server (llama-server exits too)
             self.error = e
             if self.on_fatal is not None:
