@@ -7,7 +7,8 @@ Starts `python -m minfer_bench.serve` with an empty executable store (a fresh
 MINFER_COMPILATION_CACHE in a temporary directory: every executable compiles), waits for
 /health, then at once runs `--clients` streaming clients that send requests back to back, and one
 small probe request (`--probe-tokens` tokens, not streamed) every `--probe-every` seconds, until
-/metrics says every planned executable is compiled (plus `--tail` seconds). Prints, as JSON:
+/metrics says every planned executable is compiled (plus `--tail` seconds; `--duration S`: at
+most S seconds). Prints, as JSON:
 seconds from the server's spawn to /health ok (`ready_s`) and to the last background compile
 (`settled_s`), the gaps between text events of the streams while compiles ran (p50, p99, max:
 `itl_ms_*`), the probes' latencies, the tokens per second.
@@ -90,10 +91,13 @@ async def measure(url: str, args, t_spawn: float, ready_s: float) -> dict:
         )
         try:
             settled_s = await asyncio.wait_for(
-                _compiles_done(client, url, t_spawn, stop_poll), args.timeout
+                _compiles_done(client, url, t_spawn, stop_poll), args.duration or args.timeout
             )
-        except TimeoutError:
+        except TimeoutError:  # --duration: measured while compiles ran, not until they ended
+            stop_poll.set()
             settled_s = float("nan")
+        text = (await client.get(f"{url}/metrics")).text
+        compiled = [load_bench._metric(text, f"executables_{k}") for k in ("compiled", "planned")]
         settled_at = time.perf_counter()
         await asyncio.sleep(args.tail)
         stop_load.set()
@@ -111,6 +115,7 @@ async def measure(url: str, args, t_spawn: float, ready_s: float) -> dict:
     return {
         "ready_s": ready_s,
         "settled_s": settled_s,
+        "compiled_of_planned": compiled,
         "compiling_itl_ms_p50": pct(during, 50),
         "compiling_itl_ms_p99": pct(during, 99),
         "compiling_itl_ms_max": max(during, default=0.0) * 1e3,
@@ -139,6 +144,12 @@ def build_parser():
     p.add_argument("--tail", type=float, default=3.0, help="seconds of load after the compiles")
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after this many seconds of load even if compiles still run (default: wait)",
+    )
     p.add_argument("--server-log", default=None, help="the server's output (default: discarded)")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("server_args", nargs="*", help="more server flags (after --)")
