@@ -17,10 +17,10 @@ workers, `compile_threads()` at a time.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from minfer_jax.engine.plan import MIN_BUCKET, DecodeKey, Plan, VerifyBatchKey, VerifyKey
 from minfer_jax.errors import InvalidArgumentError
@@ -84,6 +84,41 @@ def _lower_priority(nice: int) -> None:
         pass
 
 
+class NicedWorker:
+    """One daemon thread at a nice value that runs what `run(fn)` hands it (the caller waits); a
+    daemon, so that a compile in flight never holds up the process's exit."""
+
+    def __init__(self, nice: int):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(
+            target=self._serve, args=(nice,), name="minfer-xla", daemon=True
+        )
+        self.thread.start()
+
+    def _serve(self, nice: int) -> None:
+        _lower_priority(nice)
+        while (job := self.jobs.get()) is not None:
+            fn, box, done = job
+            try:
+                box.append((True, fn()))
+            except BaseException as e:  # handed back to the caller
+                box.append((False, e))
+            done.set()
+
+    def run(self, fn: Callable):
+        box: list = []
+        done = threading.Event()
+        self.jobs.put((fn, box, done))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        self.jobs.put(None)
+
+
 class Warmup:
     """Compiles a model's executables for one plan: `ready()` in the caller's thread, then the rest
     with `start_background()`. `log(message)` receives a line per executable."""
@@ -136,34 +171,33 @@ class Warmup:
                         return key, len(picked)
             return None, 0
 
-        def drive(xla: ThreadPoolExecutor) -> None:
-            compile_on = lambda fn: xla.submit(fn).result()  # noqa: E731
+        def drive() -> None:
+            xla = NicedWorker(nice)
             try:
                 while not stop.is_set() and self.error is None:
                     key, i = pick()
                     if key is None:
                         return
-                    self._one(key, f"background {i}/{len(order)}", compile_on)
+                    self._one(key, f"background {i}/{len(order)}", xla.run)
             except BaseException as e:  # the stand-ins keep serving; report it, don't kill it
                 self.error = e
                 self.log(
                     f"background compile failed: {e!r}; requests keep running on the ready set"
                 )
+            finally:
+                xla.close()
 
         def run():
             t0 = time.perf_counter()
             try:
-                with ThreadPoolExecutor(
-                    n_threads, "minfer-xla", initializer=_lower_priority, initargs=(nice,)
-                ) as xla:
-                    drivers = [
-                        threading.Thread(target=drive, args=(xla,), name=f"minfer-lower-{i}")
-                        for i in range(n_threads)
-                    ]
-                    for d in drivers:
-                        d.start()
-                    for d in drivers:
-                        d.join()
+                drivers = [
+                    threading.Thread(target=drive, name=f"minfer-lower-{i}", daemon=True)
+                    for i in range(n_threads)
+                ]
+                for d in drivers:
+                    d.start()
+                for d in drivers:
+                    d.join()
                 if not stop.is_set() and self.error is None:
                     self.log(
                         f"background: all {len(order)} executables ready in "
