@@ -5,7 +5,7 @@ thread. Without it (a server, whose engine/warmup.py compiles the plan's keys in
 a key runs on the cheapest compiled key that covers it (plan keys' `covers`: more rows, a larger
 bucket, a wider mode) until its own is ready; only a key nothing compiled covers compiles here.
 The keys that ran on a stand-in are kept (`wanted`, the latest last): the background compiles
-what running requests need first (on a CPU a stand-in costs up to ~16x its own key).
+what running requests need first (on a CPU a stand-in can cost several times its own key).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ their own (the largest prefill bucket and decode at every row in the FULL sample
 then says it is ready. The rest of `plan.serving_keys()` compile on background threads while it
 serves; until a request's own executable is ready, the scheduler (compile_in_loop=False) runs it
 on a compiled one that covers it (more rows, a larger bucket, a wider mode), so no stream waits
-for a compile. A stand-in costs more than the key it stands for (on a 2-core CPU a 16-token
-prompt on the 256-token bucket ~16x, decode in the FULL mode with logprobs ~5x greedy), so the
+for a compile. A stand-in costs more than the key it stands for (on a 2-core CPU a short prompt
+pays for the whole 256-token bucket, decode in the FULL mode with logprobs ~5x greedy), so the
 keys that running requests wait for compile first (ExecutablePool.wanted_keys), then the
 likeliest (greedy, then the default sampled mode; small buckets and few rows first). Tracing and
 lowering run at the normal priority (they hold the GIL: a niced holder starved of CPU would
