@@ -4,6 +4,8 @@ With `compile_in_loop` (the library, the CLI) a key that is not compiled yet com
 thread. Without it (a server, whose engine/warmup.py compiles the plan's keys in the background)
 a key runs on the cheapest compiled key that covers it (plan keys' `covers`: more rows, a larger
 bucket, a wider mode) until its own is ready; only a key nothing compiled covers compiles here.
+The keys that ran on a stand-in are kept (`wanted`, the latest last): the background compiles
+what running requests need first (on a CPU a stand-in can cost several times its own key).
 """
 
 from __future__ import annotations
@@ -17,6 +19,16 @@ class ExecutablePool:
         self.model, self.compile_in_loop = model, compile_in_loop
         self.compile_s = 0.0
         self.stand_ins = 0
+        # keys that ran on a stand-in or skipped their work, not compiled yet: the latest last
+        self.wanted: dict = {}
+
+    def _want(self, key) -> None:
+        self.wanted.pop(key, None)
+        self.wanted[key] = None
+
+    def wanted_keys(self) -> list:
+        """The keys running requests waited for, the latest first (safe from another thread)."""
+        return [k for k in reversed(tuple(self.wanted)) if not self.model.is_compiled(k)]
 
     def compile(self, keys) -> float:
         """Compile what is not compiled yet; returns the seconds spent."""
@@ -45,6 +57,7 @@ class ExecutablePool:
             # nothing compiled serves it: compile here (a server compiles plan.ready_keys first)
             return key
         self.stand_ins += 1
+        self._want(key)
         return min(covering, key=lambda k: k.cost)
 
     def ready_key(self, key):
@@ -53,4 +66,5 @@ class ExecutablePool:
         it."""
         if self.compile_in_loop or self.model.is_compiled(key) or self._covering(key):
             return self.runnable(key)
+        self._want(key)
         return None

@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -278,9 +279,37 @@ class ExecutableStore:
             total -= size
 
 
-def obtain(model, key, store: ExecutableStore | None):
-    """The executable for a plan key: from the store, else lowered + compiled (and saved).
-    Returns (exe, ExecutableRecord)."""
+@dataclasses.dataclass
+class Lowered:
+    """A key traced and lowered (Python: holds the GIL), not yet compiled; `compile()` (XLA:
+    releases the GIL) may run on another thread, e.g. a niced one (engine/warmup.py)."""
+
+    label: str
+    lowered: Any
+    store: ExecutableStore | None
+    digest: str | None
+    load_s: float
+    lower_s: float
+
+    def compile(self):
+        """XLA's compile (then the store's save): (exe, ExecutableRecord)."""
+        hits = getattr(_hits, "n", 0)
+        t1 = time.perf_counter()
+        exe = self.lowered.compile()
+        t2 = time.perf_counter()
+        source = "jax-cache" if getattr(_hits, "n", 0) > hits else "compiled"
+        if self.store is not None and self.digest is not None and source == "compiled":
+            self.store.put(self.digest, exe, self.label)
+        t3 = time.perf_counter()
+        return exe, ExecutableRecord(
+            self.label, source, lower_s=self.lower_s, compile_s=t2 - t1, load_s=self.load_s,
+            save_s=t3 - t2,
+        )  # fmt: skip
+
+
+def prepare(model, key, store: ExecutableStore | None):
+    """A plan key's executable from the store as (exe, ExecutableRecord), else the key lowered
+    (`Lowered`, compiled by its caller)."""
     label = getattr(key, "label", repr(key))
     digest = load_s = None
     if store is not None:
@@ -297,14 +326,11 @@ def obtain(model, key, store: ExecutableStore | None):
     _watch_jax_cache_hits()
     t0 = time.perf_counter()
     lowered = key.lower(model)
-    t1 = time.perf_counter()
-    hits = getattr(_hits, "n", 0)
-    exe = lowered.compile()
-    t2 = time.perf_counter()
-    source = "jax-cache" if getattr(_hits, "n", 0) > hits else "compiled"
-    if store is not None and digest is not None and source == "compiled":
-        store.put(digest, exe, label)
-    t3 = time.perf_counter()
-    return exe, ExecutableRecord(
-        label, source, lower_s=t1 - t0, compile_s=t2 - t1, load_s=load_s or 0.0, save_s=t3 - t2
-    )
+    return Lowered(label, lowered, store, digest, load_s or 0.0, time.perf_counter() - t0)
+
+
+def obtain(model, key, store: ExecutableStore | None):
+    """The executable for a plan key: from the store, else lowered + compiled (and saved).
+    Returns (exe, ExecutableRecord)."""
+    got = prepare(model, key, store)
+    return got.compile() if isinstance(got, Lowered) else got

@@ -190,14 +190,18 @@ class Model:
             batch_verify=not self.config.recurrent_layer_ids,  # recurrent rollback: one at a time
         )
 
-    def executable(self, key) -> tuple[Callable, float]:
+    def executable(self, key, compile_on: Callable | None = None) -> tuple[Callable, float]:
         """The executable for a plan key (plan.py): from memory, else the store, else lowered and
-        compiled (then stored): (exe, seconds spent now)."""
+        compiled (then stored): (exe, seconds spent now). compile_on(fn) runs XLA's compile
+        elsewhere and returns fn's result (engine/warmup.py: on a niced thread)."""
         exe = self._compiled.get(key)
         if exe is not None:
             return exe, 0.0
         t0 = time.perf_counter()
-        exe, self._records[key] = executables.obtain(self, key, self.store)
+        got = executables.prepare(self, key, self.store)
+        if isinstance(got, executables.Lowered):
+            got = got.compile() if compile_on is None else compile_on(got.compile)
+        exe, self._records[key] = got
         self._compiled[key] = exe
         dt = self._compile_seconds[key] = time.perf_counter() - t0
         return exe, dt

@@ -310,7 +310,7 @@ class Backend:
             loop.start()
             self.ready.set()
             if s.warmup:
-                self.threads.append(warm.start_background(self.stop))
+                self.threads.append(warm.start_background(self.stop, sched.exes.wanted_keys))
         except BaseException as e:  # any failure to load ends the server (llama-server exits too)
             self.error = e
             if self.on_fatal is not None:
@@ -333,6 +333,7 @@ class Backend:
         )
         sched.run([req])
         req.result()
+        sched.exes.wanted.clear()  # its stand-ins served no client: not what the background favours
 
     def begin_shutdown(self) -> None:
         """The server is going down (its first SIGINT / SIGTERM): new requests are refused and
