@@ -1105,7 +1105,10 @@ def test_a_stream_keeps_its_pace_while_hostile_grammars_compile(server):
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 arrivals.append(time.perf_counter())
+            if len(window) == 2 and arrivals[-1] > window[1]:
+                break  # the compiles are over: the rest of the stream would measure nothing
     attacker.join()
+    wait_idle(server.url)  # the hung-up stream ends before the module's next test counts slots
     gaps = [(b, b - a) for a, b in zip(arrivals, arrivals[1:])]
     before = sorted(g for t, g in gaps[5:] if t < window[0])  # the first few: the prefill
     during = sorted(g for t, g in gaps if window[0] <= t <= window[1])
