@@ -114,8 +114,9 @@ def test_deterministic_generate_batch_equals_alone_on_the_real_model(real_model)
     (5 .. 481 tokens), greedy, each alone and in one batch of 32; every fourth prompt (7 .. 275
     tokens; the 275 beside a 42 at B = 2, so the pair's spans part from the lone ones) also in
     batches of 2 and of 8. The property holds row by row: the smaller batches need not repeat all
-    32 prefills (which took half the test's time). Four tokens each: the row-by-row decode reads the 2 GB of f32 weights
-    once per row and step (~0.2 s here); the logits test above is the bitwise one."""
+    32 prefills (which took half the test's time). Four tokens each: the row-by-row decode reads
+    the 2 GB of f32 weights once per row and step (~0.2 s here); the logits test above is the
+    bitwise one."""
     with open(PROMPTS) as f:
         texts = json.load(f)["prompts"]
     m = _load(real_model, "xla", ctx=640)
