@@ -1071,7 +1071,8 @@ def test_a_stream_keeps_its_pace_while_hostile_grammars_compile(server):
     largest before by STALL_S (a compile the stream waited for would, once per slow request).
     On a shared 2-core CPU, gaps of 0.2-1 s come and go with or without compiles (the machine's
     other work): the printed figures on a quiet machine are the 100 ms check
-    (pytest -s -k keeps_its_pace tests/test_server.py)."""
+    (pytest -s -k keeps_its_pace tests/test_server.py). The client hangs up at the first token
+    after the compiles: the stream's length only has to outlast them."""
     from tests.hostile_grammars import CASES
 
     says = {c.name: c.says for c in CASES}
@@ -1105,7 +1106,10 @@ def test_a_stream_keeps_its_pace_while_hostile_grammars_compile(server):
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 arrivals.append(time.perf_counter())
+            if len(window) == 2 and arrivals[-1] > window[1]:
+                break  # the compiles are over: the rest of the stream would measure nothing
     attacker.join()
+    wait_idle(server.url, 120)  # the hung-up stream ends before the next test counts slots
     gaps = [(b, b - a) for a, b in zip(arrivals, arrivals[1:])]
     before = sorted(g for t, g in gaps[5:] if t < window[0])  # the first few: the prefill
     during = sorted(g for t, g in gaps if window[0] <= t <= window[1])
