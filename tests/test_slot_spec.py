@@ -108,7 +108,7 @@ def test_a_paused_drafter_drafts_again_after_its_pause(tiny):
     sched = Scheduler(tiny, tiny.plan(n_seqs=4, decode_steps=1))  # the executables above
     req = sched.submit(workload()[0][0], max_new_tokens=24, speculation=Speculation())
     assert req.drafter is not None
-    req.drafter.pause = 2
+    req.drafter.pacing.pause = 2
     sched.run([req])
     stats = req.result().speculation
     assert stats.plain_chunks >= 2 and stats.verify_steps > 0

@@ -205,21 +205,22 @@ def test_lookup_drafts_the_longest_latest_match_and_continues_periodically():
 def test_draft_length_adapts_and_drafting_pauses_where_it_does_not_pay():
     d = Drafter(Speculation(draft_max=7))
     d.record(7, 1)  # nothing accepted
-    assert d.k == 3
+    assert d.pacing.k == 3
     for _ in range(4):
         d.record(3, 1)
-    assert d.pause > 0  # the running mean fell below PAYS: plain chunks for a while
-    pause = d.pause
+    assert d.pacing.pause > 0  # the running mean fell below PAYS: plain chunks for a while
+    pause = d.pacing.pause
     assert all(d.propose([1, 2, 1, 2], room=50) is None for _ in range(pause))
     d.record(1, 2)
-    assert d.k == 3  # a whole draft accepted: the next bucket up
+    assert d.pacing.k == 3  # a whole draft accepted: the next bucket up
     assert d.stats.verify_steps == 6 and d.stats.accepted == 1 and d.stats.plain_chunks == pause
     misses = Drafter(Speculation(ngram_min=2))  # nothing repeats: every lookup misses
     waits = []
     for i in range(4):
-        assert misses.propose(list(range(10 + i)), room=50) is None and misses.pause == 2**i - 1
+        assert misses.propose(list(range(10 + i)), room=50) is None
+        assert misses.pacing.pause == 2**i - 1
         waits.append(misses.wants_tokens)
-        while misses.pause:
+        while misses.pacing.pause:
             misses.propose([], room=50)  # paused: plain chunks without reading the sequence
     assert waits == [True, False, False, False]
 
