@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import cast
 
 import jax
 import jax.numpy as jnp
 
 from minfer_jax.engine import steps, verify, verify_batch
+from minfer_jax.engine.keys import StepKey, cache_of, state_of, step_of
 from minfer_jax.engine.sampling import (
     GREEDY_MODE,
     LOGPROBS_MODE,
@@ -26,7 +26,6 @@ from minfer_jax.engine.sampling import (
     SamplerMode,
 )
 from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
-from minfer_jax.model.cache import cache_spec
 from minfer_jax.sizes import pow2_at_least, round_up
 
 MIN_BUCKET = 16  # smallest padded prompt chunk
@@ -90,6 +89,11 @@ class Plan:
         return self.ctx
 
     @property
+    def _slots(self) -> tuple[int, int, int]:
+        """A step key's cache and state (keys.StepKey): n_slots, cache_len, history."""
+        return self.n_slots, self.cache_len, self.history
+
+    @property
     def scratch_slot(self) -> int:
         return self.n_slots - 1
 
@@ -136,15 +140,9 @@ class Plan:
     ) -> DecodeKey:
         """one_step: a batch with a grammar row, whose every token needs the host (a plan of
         decode_steps 1, the server's default, has no other executable for it)."""
-        return DecodeKey(
-            self.rows(n_active),
-            1 if one_step else self.decode_steps,
-            self.n_slots,
-            self.cache_len,
-            self.history,
-            mode,
-            self.span(end),
-        )
+        n_steps = 1 if one_step else self.decode_steps
+        rows = self.rows(n_active)
+        return DecodeKey(*self._slots, mode, self.span(end), rows=rows, n_steps=n_steps)
 
     def serving_keys(self, modes=SERVING_MODES) -> list:
         """Every executable a long-running server meets (for these sampler modes; by default the
@@ -180,10 +178,8 @@ class Plan:
         """A batch's verification step (verify_batch.py): rows(n_active) rows of 1 + K, K =
         draft_bucket(n_draft) for its longest draft; end: past the last position a row feeds."""
         k = draft_bucket(n_draft)
-        return VerifyBatchKey(
-            self.rows(n_active), k, self.n_slots, self.cache_len, self.history, mode,
-            self.span(end + k),
-        )  # fmt: skip
+        rows = self.rows(n_active)
+        return VerifyBatchKey(*self._slots, mode, self.span(end + k), rows=rows, drafts=k)
 
     def speculation_keys(self) -> list:
         """The verification executables a server with speculation (draft_max > 0) compiles in the
@@ -249,8 +245,7 @@ class Plan:
         of one sequence, K = draft_bucket(n_draft); end: past the last position it writes;
         on_device: the MTP block drafts them in the step (model/mtp.py)."""
         k = draft_bucket(n_draft)
-        span = self.span(end + k)
-        return VerifyKey(k, self.n_slots, self.cache_len, self.history, mode, span, on_device)
+        return VerifyKey(*self._slots, mode, self.span(end + k), drafts=k, on_device=on_device)
 
     def verify_keys(
         self, draft_max: int, end: int, mode: SamplerMode, on_device: bool = False
@@ -307,8 +302,8 @@ class PrefillKey:
         fn = _prefill_jit(model.config, model.impl, self.mode, model.tp)
         return fn.lower(
             model.params,
-            _cache(model, self),
-            _state(self),
+            cache_of(model, self),
+            state_of(self),
             jax.ShapeDtypeStruct((self.bucket,), jnp.int32),
             i32,
             i32,
@@ -319,14 +314,9 @@ class PrefillKey:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeKey:
+class DecodeKey(StepKey):
     rows: int
     n_steps: int
-    n_slots: int
-    cache_len: int
-    history: int
-    mode: SamplerMode
-    span: int | None
 
     @property
     def label(self) -> str:
@@ -335,15 +325,7 @@ class DecodeKey:
 
     def covers(self, other, start: int = 0) -> bool:
         """This executable can run `other`'s batch (padded to these rows)."""
-        if not isinstance(other, DecodeKey):
-            return False
-        return (
-            self.mode.covers(other.mode)
-            and self.rows >= other.rows
-            and _span_covers(self.span, other.span)
-            and (self.n_steps, self.n_slots, self.cache_len, self.history)
-            == (other.n_steps, other.n_slots, other.cache_len, other.history)
-        )
+        return self.serves(other) and self.rows >= other.rows and self.n_steps == other.n_steps
 
     @property
     def cost(self) -> tuple:
@@ -354,28 +336,17 @@ class DecodeKey:
         fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span, model.tp)
         return fn.lower(
             model.params,
-            _cache(model, self),
-            _state(self),
+            cache_of(model, self),
+            state_of(self),
             vec,
             vec,
             RowSettings.spec(self.rows, model.config.vocab_size),
         )
 
 
-def _span_covers(mine: int | None, theirs: int | None) -> bool:
-    """An executable reading keys [0, mine) serves one that reads [0, theirs) (None: the whole
-    cache, which only a whole-cache executable serves)."""
-    return theirs is None if mine is None else theirs is not None and mine >= theirs
-
-
 @dataclasses.dataclass(frozen=True)
-class VerifyKey:
+class VerifyKey(StepKey):
     drafts: int  # K: the executable verifies up to K drafted tokens in 1 + K rows
-    n_slots: int
-    cache_len: int
-    history: int
-    mode: SamplerMode
-    span: int | None
     on_device: bool = False  # MTP: the step drafts on the device (model/mtp.py)
 
     @property
@@ -388,14 +359,8 @@ class VerifyKey:
 
     def covers(self, other, start: int = 0) -> bool:
         """This executable can run `other`'s verification (its drafts padded to these)."""
-        if not isinstance(other, VerifyKey):
-            return False
         return (
-            self.mode.covers(other.mode)
-            and self.drafts >= other.drafts
-            and _span_covers(self.span, other.span)
-            and (self.n_slots, self.cache_len, self.history, self.on_device)
-            == (other.n_slots, other.cache_len, other.history, other.on_device)
+            self.serves(other) and self.drafts >= other.drafts and self.on_device == other.on_device
         )
 
     def lower(self, model):
@@ -403,8 +368,8 @@ class VerifyKey:
         fn = _verify_jit(model.config, model.impl, self.mode, self.span, model.tp, self.on_device)
         return fn.lower(
             model.params,
-            _cache(model, self),
-            _state(self),
+            cache_of(model, self),
+            state_of(self),
             i32,
             i32,
             jax.ShapeDtypeStruct((self.drafts,), jnp.int32),
@@ -414,14 +379,9 @@ class VerifyKey:
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifyBatchKey:
+class VerifyBatchKey(StepKey):
     rows: int  # batch rows, each verifying up to `drafts` drafted tokens in 1 + drafts rows
     drafts: int
-    n_slots: int
-    cache_len: int
-    history: int
-    mode: SamplerMode
-    span: int | None
 
     @property
     def label(self) -> str:
@@ -433,24 +393,15 @@ class VerifyBatchKey:
 
     def covers(self, other, start: int = 0) -> bool:
         """This executable can run `other`'s step (rows and drafts padded to these)."""
-        if not isinstance(other, VerifyBatchKey):
-            return False
-        return (
-            self.mode.covers(other.mode)
-            and self.rows >= other.rows
-            and self.drafts >= other.drafts
-            and _span_covers(self.span, other.span)
-            and (self.n_slots, self.cache_len, self.history)
-            == (other.n_slots, other.cache_len, other.history)
-        )
+        return self.serves(other) and self.rows >= other.rows and self.drafts >= other.drafts
 
     def lower(self, model):
         vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
         fn = _verify_batch_jit(model.config, model.impl, self.mode, self.span, model.tp)
         return fn.lower(
             model.params,
-            _cache(model, self),
-            _state(self),
+            cache_of(model, self),
+            state_of(self),
             vec,
             vec,
             jax.ShapeDtypeStruct((self.rows, self.drafts), jnp.int32),
@@ -473,55 +424,23 @@ class LogitsKey:
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
         return _logits_jit(model.config, model.impl, model.tp).lower(
             model.params,
-            _cache(model, self),
+            cache_of(model, self),
             jax.ShapeDtypeStruct((self.bucket,), jnp.int32),
             i32,
             i32,
         )
 
 
-def _cache(model, key):
-    if model.tp is not None:
-        return model.tp.cache_spec(key.n_slots, key.cache_len, model.cache_dtype)
-    return cache_spec(
-        model.config,
-        key.n_slots,
-        key.cache_len,
-        model.cache_dtype,
-        model.kv_types,
-        model.kv_rotation,
-        model.has_mtp,
-    )
-
-
-def _state(key):
-    # abstract values (what the executable is lowered for), typed as the arrays they stand for
-    return steps.SlotState(
-        last_token=cast(jax.Array, jax.ShapeDtypeStruct((key.n_slots,), jnp.int32)),
-        history=cast(jax.Array, jax.ShapeDtypeStruct((key.n_slots, key.history), jnp.int32)),
-    )
-
-
-# Jitted step functions, built once per static configuration (never per call); cache and state
-# donated. tp (sharding.TensorParallel): the step runs per shard inside shard_map, with the shard's
-# Config.
-def _step(fn, kind, cfg, tp, **static):
-    if tp is None:
-        return functools.partial(fn, cfg=cfg, **static)
-    return tp.shard_step(functools.partial(fn, cfg=tp.local, **static), kind)
-
-
 @functools.cache
 def _prefill_jit(cfg, impl, mode, tp=None):
-    return jax.jit(
-        _step(steps.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode), donate_argnums=(1, 2)
-    )
+    step = step_of(steps.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode)
+    return jax.jit(step, donate_argnums=(1, 2))
 
 
 @functools.cache
 def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
     return jax.jit(
-        _step(
+        step_of(
             steps.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span
         ),
         donate_argnums=(1, 2),
@@ -530,7 +449,7 @@ def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
 
 @functools.cache
 def _verify_jit(cfg, impl, mode, span, tp=None, on_device=False):
-    step = _step(
+    step = step_of(
         verify.verify_chunk, "verify", cfg, tp, impl=impl, mode=mode, span=span, mtp=on_device
     )
     return jax.jit(step, donate_argnums=(1, 2))
@@ -539,11 +458,11 @@ def _verify_jit(cfg, impl, mode, span, tp=None, on_device=False):
 @functools.cache
 def _verify_batch_jit(cfg, impl, mode, span, tp=None):
     return jax.jit(
-        _step(verify_batch.verify_batch, "verify", cfg, tp, impl=impl, mode=mode, span=span),
+        step_of(verify_batch.verify_batch, "verify", cfg, tp, impl=impl, mode=mode, span=span),
         donate_argnums=(1, 2),
     )
 
 
 @functools.cache
 def _logits_jit(cfg, impl, tp=None):
-    return jax.jit(_step(steps.prompt_logits, "logits", cfg, tp, impl=impl), donate_argnums=(1,))
+    return jax.jit(step_of(steps.prompt_logits, "logits", cfg, tp, impl=impl), donate_argnums=(1,))
