@@ -20,6 +20,7 @@ from scipy import stats
 import minfer_jax
 from minfer_jax.cli.arguments import build_parser
 from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine import spec_plan
 from minfer_jax.engine.lookup import Drafter, Speculation, check_speculation, speculation_of
 from minfer_jax.engine.sampling import GREEDY_MODE, SAMPLED_MODE, RowSettings, Sampler
 from minfer_jax.engine.spec_flags import speculation_from_args
@@ -226,7 +227,7 @@ def test_draft_length_adapts_and_drafting_pauses_where_it_does_not_pay():
 
 
 def test_verify_buckets_are_bounded_and_compiled_with_the_request(tiny):
-    assert [plan_mod.draft_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 15)] == [
+    assert [spec_plan.draft_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 15)] == [
         1,
         1,
         3,
@@ -237,10 +238,10 @@ def test_verify_buckets_are_bounded_and_compiled_with_the_request(tiny):
         15,
     ]
     with pytest.raises(plan_mod.PlanError):
-        plan_mod.draft_bucket(16)
+        spec_plan.draft_bucket(16)
     sched = tiny.scheduler(1)
     keys = sched.needed(20, 10, Sampler(temperature=0.0), speculation=Speculation(draft_max=3))
-    assert sorted(k.drafts for k in keys if isinstance(k, plan_mod.VerifyKey)) == [1, 3]
+    assert sorted(k.drafts for k in keys if isinstance(k, spec_plan.VerifyKey)) == [1, 3]
 
 
 def test_refusals_say_what_is_missing():

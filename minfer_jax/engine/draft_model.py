@@ -44,10 +44,11 @@ from minfer_jax import ops, validate
 from minfer_jax.engine.drafter import CostPacing, SpecStats
 from minfer_jax.engine.executables import execution_devices
 from minfer_jax.engine.lookup import DEFAULT_DRAFT_MAX, Speculation, speculation_of
-from minfer_jax.engine.plan import MAX_DRAFT, MAX_SEQS
+from minfer_jax.engine.plan import MAX_SEQS
 from minfer_jax.engine.runtime import Model, load
 from minfer_jax.engine.sampling import GREEDY, GREEDY_MODE, RowSettings
 from minfer_jax.engine.sharing import common_prefix
+from minfer_jax.engine.spec_plan import MAX_DRAFT
 from minfer_jax.engine.steps import SlotState, init_slot_state
 from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.model.cache import KVCache, cache_spec

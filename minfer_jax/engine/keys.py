@@ -13,7 +13,12 @@ import jax.numpy as jnp
 
 from minfer_jax.engine import steps
 from minfer_jax.engine.sampling import SamplerMode
+from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.model.cache import cache_spec
+
+
+class PlanError(InvalidArgumentError):
+    """A plan setting (chunk, sequences, context, draft) outside what the engine supports."""
 
 
 @dataclasses.dataclass(frozen=True)

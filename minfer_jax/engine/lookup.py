@@ -6,7 +6,7 @@ earlier occurrence of the sequence's last n tokens (prompt and output so far; n 
 down to ngram_min, longest first), preferring the place its last accepted draft came from (code
 re-emitted from the prompt keeps copying from the same place, where a short n-gram also occurs
 elsewhere). The draft length adapts to what is accepted (draft buckets 1, 3, 7, 15: a verify step
-of 1 + k rows, plan.draft_bucket), and where drafts stop paying (misses in a row, or few
+of 1 + k rows, spec_plan.draft_bucket), and where drafts stop paying (misses in a row, or few
 accepted) the drafter pauses for a growing number of plain decode chunks: drafter.Pacing's rule.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from minfer_jax import validate
 from minfer_jax.engine.drafter import Pacing, SpecStats
-from minfer_jax.engine.plan import MAX_DRAFT
+from minfer_jax.engine.spec_plan import MAX_DRAFT
 from minfer_jax.errors import InvalidArgumentError
 
 # llama.cpp's --spec-type names (common/speculative); "lookup" is ours for ngram-simple, "mtp"

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from minfer_jax import validate
-from minfer_jax.engine import sampling, slot_spec, steps
+from minfer_jax.engine import sampling, slot_spec, spec_plan, steps
 from minfer_jax.engine.checkpoints import Checkpoints
 from minfer_jax.engine.constraint import BatchMasks, TokenConstraint
 from minfer_jax.engine.drafter import SpeculationSetting
@@ -399,7 +399,9 @@ class Scheduler:
         rows = self._live()
         if not drafting:
             slot_spec.count_down(rows)
-        drafts = slot_spec.propose(rows, self.plan.spec_drafts(len(rows))) if drafting else {}
+        drafts = (
+            slot_spec.propose(rows, spec_plan.spec_drafts(self.plan, len(rows))) if drafting else {}
+        )
         if drafts and slot_spec.batches(self.plan, rows):
             if self._dispatch_batch(rows, drafts):
                 return True
@@ -444,7 +446,7 @@ class Scheduler:
         if n == 0:  # only one-token verifications: a plain step (one token a row) is the same
             return False
         key = self.exes.ready_key(
-            self.plan.verify_batch_key(len(rows), n, end, self._mode_of(rows))
+            spec_plan.verify_batch_key(self.plan, len(rows), n, end, self._mode_of(rows))
         )
         if key is None:
             return False
@@ -469,7 +471,9 @@ class Scheduler:
         assert req.slot is not None and req.drafter is not None
         position, mode = slot_spec.position(req), self.mode([req.sampler])  # all tokens read
         on_device = req.drafter.spec.on_device  # MTP: the step drafts (verify.py)
-        key = self.exes.ready_key(self.plan.verify_key(len(draft), position + 1, mode, on_device))
+        key = self.exes.ready_key(
+            spec_plan.verify_key(self.plan, len(draft), position + 1, mode, on_device)
+        )
         if key is None:
             return False
         drafts = np.array(draft + [0] * (key.drafts - len(draft)), np.int32)

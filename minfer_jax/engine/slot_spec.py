@@ -1,12 +1,12 @@
 """Speculation per slot in the host loop (scheduler.py): whether a decode step drafts, each row's
 draft, the inputs of a batch's verification step (verify_batch.py) and what each row takes from it.
 
-A step drafts where the plan says drafting pays for its row count (plan.spec_drafts: a batch of
-many rows is compute-bound, and padding every row to 1 + K tokens would cost more than drafts
-gain) and some row's drafter wants tokens; only such a step reads every row's tokens before it
-dispatches (a draft needs them), so large batches keep their asynchronous pipeline. Then every
-decoding row runs in one executable: rows with a draft verify it, the others (no drafter, a
-paused one, no match) decode their one token on padding.
+A step drafts where the plan says drafting pays for its row count (spec_plan.spec_drafts: a
+batch of many rows is compute-bound, and padding every row to 1 + K tokens would cost more than
+drafts gain) and some row's drafter wants tokens; only such a step reads every row's tokens
+before it dispatches (a draft needs them), so large batches keep their asynchronous pipeline.
+Then every decoding row runs in one executable: rows with a draft verify it, the others (no
+drafter, a paused one, no match) decode their one token on padding.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.request import Request, follows_tokens
+from minfer_jax.engine.spec_plan import spec_drafts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,7 @@ class VerifyBatch:
 def speculates(plan: Plan, rows: Sequence[Request]) -> bool:
     """Whether this decode step drafts (rows: the sequences it decodes)."""
     wants = any(r.drafter is not None and r.drafter.wants_tokens for r in rows)
-    return wants and plan.spec_drafts(len(rows)) > 0
+    return wants and spec_drafts(plan, len(rows)) > 0
 
 
 def propose(rows: Sequence[Request], cap: int) -> dict[Request, list[int]]:

@@ -26,7 +26,7 @@ from minfer_jax.engine.lookup import (
     Speculation,
     speculation_of,
 )
-from minfer_jax.engine.plan import MAX_DRAFT
+from minfer_jax.engine.spec_plan import MAX_DRAFT
 from minfer_jax.errors import InvalidArgumentError
 
 

@@ -16,7 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from minfer_jax.engine.plan import DecodeKey, Plan, VerifyBatchKey, VerifyKey
+from minfer_jax.engine.plan import DecodeKey, Plan
+from minfer_jax.engine.spec_plan import VerifyBatchKey, VerifyKey
 
 
 def background_order(plan: Plan) -> list:
