@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from minfer_jax.engine.plan import Plan
-from minfer_jax.engine.request import Request, follows_tokens
+from minfer_jax.engine.request import Request, follows_tokens, row_places
 from minfer_jax.engine.spec_plan import spec_drafts
 
 
@@ -74,23 +74,15 @@ def batches(plan: Plan, rows: Sequence[Request]) -> bool:
     )
 
 
-def position(req: Request) -> int:
-    """Where req's last token goes (all its tokens dispatched so far were fed back)."""
-    return len(req.prompt) + req.produced - 1
-
-
 def batch_inputs(
     plan: Plan, rows: Sequence[Request], drafts: dict[Request, list[int]], width: int, k: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """verify_batch's slots, positions [width], drafts [width, k] and n_draft [width]: padded
     rows in the scratch slot at position 0 with no draft."""
-    slots = np.full((width,), plan.scratch_slot, np.int32)
-    positions = np.zeros((width,), np.int32)
+    slots, positions = row_places(rows, width, plan.scratch_slot)
     tokens = np.zeros((width, k), np.int32)
     n_draft = np.zeros((width,), np.int32)
     for i, r in enumerate(rows):
-        assert r.slot is not None
-        slots[i], positions[i] = r.slot, position(r)
         draft = drafts.get(r, [])
         tokens[i, : len(draft)], n_draft[i] = draft, len(draft)
     return slots, positions, tokens, n_draft
