@@ -75,10 +75,23 @@ def state_of(key):
     )
 
 
-def step_of(fn, kind, cfg, tp, **static):
-    """fn with its static arguments bound; tp (sharding.TensorParallel): run per shard inside
-    shard_map, with the shard's Config. The plan's jitted steps are built once per static
-    configuration (never per call), cache and state donated."""
+def i32(*shape: int) -> jax.ShapeDtypeStruct:
+    """An int32 argument of this shape, as an executable is lowered for it."""
+    return jax.ShapeDtypeStruct(shape, jnp.int32)
+
+
+def lower_step(fn, model, key, *inputs):
+    """The jitted step fn lowered for the model's params, key's cache and state and these
+    abstract inputs (the step's order: params, cache, state, inputs)."""
+    return fn.lower(model.params, cache_of(model, key), state_of(key), *inputs)
+
+
+def jit_step(fn, kind, cfg, tp, donate=(1, 2), **static):
+    """fn jitted with its static arguments bound, its cache and state (by default) donated; tp
+    (sharding.TensorParallel): run per shard inside shard_map, with the shard's Config. The
+    plan's keys build theirs once per static configuration (functools.cache), never per call."""
     if tp is None:
-        return functools.partial(fn, cfg=cfg, **static)
-    return tp.shard_step(functools.partial(fn, cfg=tp.local, **static), kind)
+        step = functools.partial(fn, cfg=cfg, **static)
+    else:
+        step = tp.shard_step(functools.partial(fn, cfg=tp.local, **static), kind)
+    return jax.jit(step, donate_argnums=donate)

@@ -13,11 +13,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
-import jax.numpy as jnp
-
 from minfer_jax.engine import steps
-from minfer_jax.engine.keys import PlanError, StepKey, cache_of, state_of, step_of
+from minfer_jax.engine.keys import PlanError, StepKey, cache_of, i32, jit_step, lower_step
 from minfer_jax.engine.sampling import (
     GREEDY_MODE,
     LOGPROBS_MODE,
@@ -228,18 +225,10 @@ class PrefillKey:
         )
 
     def lower(self, model):
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
         fn = _prefill_jit(model.config, model.impl, self.mode, model.tp)
-        return fn.lower(
-            model.params,
-            cache_of(model, self),
-            state_of(self),
-            jax.ShapeDtypeStruct((self.bucket,), jnp.int32),
-            i32,
-            i32,
-            i32,
-            jax.ShapeDtypeStruct((self.history,), jnp.int32),
-            RowSettings.spec(1, model.config.vocab_size),
+        rows = RowSettings.spec(1, model.config.vocab_size)
+        return lower_step(
+            fn, model, self, i32(self.bucket), i32(), i32(), i32(), i32(self.history), rows
         )
 
 
@@ -262,16 +251,9 @@ class DecodeKey(StepKey):
         return (self.rows, self.mode, self.span or 0)
 
     def lower(self, model):
-        vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
         fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span, model.tp)
-        return fn.lower(
-            model.params,
-            cache_of(model, self),
-            state_of(self),
-            vec,
-            vec,
-            RowSettings.spec(self.rows, model.config.vocab_size),
-        )
+        vec, rows = i32(self.rows), RowSettings.spec(self.rows, model.config.vocab_size)
+        return lower_step(fn, model, self, vec, vec, rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,32 +267,21 @@ class LogitsKey:
         return f"logits [{self.bucket}]"
 
     def lower(self, model):
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        return _logits_jit(model.config, model.impl, model.tp).lower(
-            model.params,
-            cache_of(model, self),
-            jax.ShapeDtypeStruct((self.bucket,), jnp.int32),
-            i32,
-            i32,
-        )
+        fn = _logits_jit(model.config, model.impl, model.tp)
+        return fn.lower(model.params, cache_of(model, self), i32(self.bucket), i32(), i32())
 
 
 @functools.cache
 def _prefill_jit(cfg, impl, mode, tp=None):
-    step = step_of(steps.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode)
-    return jax.jit(step, donate_argnums=(1, 2))
+    return jit_step(steps.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode)
 
 
 @functools.cache
 def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
-    return jax.jit(
-        step_of(
-            steps.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span
-        ),
-        donate_argnums=(1, 2),
-    )
+    static = {"impl": impl, "mode": mode, "n_steps": n_steps, "span": span}
+    return jit_step(steps.decode_chunk, "decode", cfg, tp, **static)
 
 
 @functools.cache
 def _logits_jit(cfg, impl, tp=None):
-    return jax.jit(step_of(steps.prompt_logits, "logits", cfg, tp, impl=impl), donate_argnums=(1,))
+    return jit_step(steps.prompt_logits, "logits", cfg, tp, donate=(1,), impl=impl)

@@ -14,11 +14,8 @@ import dataclasses
 import functools
 from typing import Protocol
 
-import jax
-import jax.numpy as jnp
-
 from minfer_jax.engine import verify, verify_batch
-from minfer_jax.engine.keys import PlanError, StepKey, cache_of, state_of, step_of
+from minfer_jax.engine.keys import PlanError, StepKey, i32, jit_step, lower_step
 from minfer_jax.engine.sampling import MODES, RowSettings, SamplerMode
 from minfer_jax.sizes import pow2_at_least
 
@@ -133,18 +130,9 @@ class VerifyKey(StepKey):
         )
 
     def lower(self, model):
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
         fn = _verify_jit(model.config, model.impl, self.mode, self.span, model.tp, self.on_device)
-        return fn.lower(
-            model.params,
-            cache_of(model, self),
-            state_of(self),
-            i32,
-            i32,
-            jax.ShapeDtypeStruct((self.drafts,), jnp.int32),
-            i32,
-            RowSettings.spec(1, model.config.vocab_size),
-        )
+        rows = RowSettings.spec(1, model.config.vocab_size)
+        return lower_step(fn, model, self, i32(), i32(), i32(self.drafts), i32(), rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,31 +153,18 @@ class VerifyBatchKey(StepKey):
         return self.serves(other) and self.rows >= other.rows and self.drafts >= other.drafts
 
     def lower(self, model):
-        vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
         fn = _verify_batch_jit(model.config, model.impl, self.mode, self.span, model.tp)
-        return fn.lower(
-            model.params,
-            cache_of(model, self),
-            state_of(self),
-            vec,
-            vec,
-            jax.ShapeDtypeStruct((self.rows, self.drafts), jnp.int32),
-            vec,
-            RowSettings.spec(self.rows, model.config.vocab_size),
-        )
+        vec, rows = i32(self.rows), RowSettings.spec(self.rows, model.config.vocab_size)
+        return lower_step(fn, model, self, vec, vec, i32(self.rows, self.drafts), vec, rows)
 
 
 @functools.cache
 def _verify_jit(cfg, impl, mode, span, tp=None, on_device=False):
-    step = step_of(
-        verify.verify_chunk, "verify", cfg, tp, impl=impl, mode=mode, span=span, mtp=on_device
-    )
-    return jax.jit(step, donate_argnums=(1, 2))
+    static = {"impl": impl, "mode": mode, "span": span, "mtp": on_device}
+    return jit_step(verify.verify_chunk, "verify", cfg, tp, **static)
 
 
 @functools.cache
 def _verify_batch_jit(cfg, impl, mode, span, tp=None):
-    return jax.jit(
-        step_of(verify_batch.verify_batch, "verify", cfg, tp, impl=impl, mode=mode, span=span),
-        donate_argnums=(1, 2),
-    )
+    static = {"impl": impl, "mode": mode, "span": span}
+    return jit_step(verify_batch.verify_batch, "verify", cfg, tp, **static)
