@@ -351,30 +351,30 @@ class Scheduler:
         start, bucket, n_valid = req.chunks.pop(0)
         key = self.exes.runnable(self.plan.prefill_key(bucket, self._mode_of([req])), start)
         tokens, history = chunk_inputs(req.prompt, start, n_valid, key.bucket, self.plan.history)
-        exe = self.exes.get(key)
         assert req.slot is not None  # prefilling requests hold a slot
         vocab = self.model.config.vocab_size
         # only the last chunk's token counts: the constraint's first mask goes to that one
         mask = self._masks([None if req.chunks else req.constraint], 1)
-        token, self.state, self.cache = exe(
-            self.model.params,
-            self.cache,
-            self.state,
-            tokens,
-            np.int32(req.slot),
-            np.int32(start),
-            np.int32(n_valid),
-            history,
-            RowSettings.of([req.sampler], [req.seed], vocab=vocab, mask=mask),
+        settings = RowSettings.of([req.sampler], [req.seed], vocab=vocab, mask=mask)
+        (token,) = self._run(
+            key, tokens, np.int32(req.slot), np.int32(start), np.int32(n_valid), history, settings
         )
         if not req.chunks:
-            if self.checkpoints is not None:
+            if self.checkpoints is not None and self.cache is not None:
                 self.checkpoints.take(self.cache, req.slot, req.prompt)
             self.prefilling.popleft()
             req.produced = 1
             self.decoding.append(req)
             self.inflight.append(FirstToken(req, token))
         return bucket
+
+    def _run(self, key, *inputs) -> list:
+        """key's executable on the params, the cache and the slots' state (donated: replaced by
+        the ones it returns) and inputs; returns its other outputs."""
+        *out, self.state, self.cache = self.exes.get(key)(
+            self.model.params, self.cache, self.state, *inputs
+        )
+        return out
 
     def _settings(self, rows: Sequence[Request], width: int) -> RowSettings:
         """The rows' sampler settings and constraint masks, padded to width rows."""
@@ -415,9 +415,7 @@ class Scheduler:
         key = self.exes.runnable(plan.decode_key(n, end, self._mode_of(rows), one_step))
         width = key.rows
         slots, positions = row_places(rows, width, plan.scratch_slot)
-        out, self.state, self.cache = self.exes.get(key)(
-            self.model.params, self.cache, self.state, slots, positions, self._settings(rows, width)
-        )
+        (out,) = self._run(key, slots, positions, self._settings(rows, width))
         valid = []
         for r in rows:
             valid.append(min(key.n_steps, r.limit - r.produced))
@@ -438,9 +436,7 @@ class Scheduler:
         if key is None:
             return False
         inputs = slot_spec.batch_inputs(self.plan, rows, drafts, key.rows, key.drafts)
-        tokens, n_out, self.state, self.cache = self.exes.get(key)(
-            self.model.params, self.cache, self.state, *inputs, self._settings(rows, key.rows)
-        )
+        tokens, n_out = self._run(key, *inputs, self._settings(rows, key.rows))
         row_drafts = [(r, len(drafts[r]) if r in drafts else None) for r in rows]
         self.inflight.append(slot_spec.VerifyBatch(row_drafts, tokens, n_out))
         return True
@@ -457,9 +453,9 @@ class Scheduler:
         if key is None:
             return False
         drafts = np.array(draft + [0] * (key.drafts - len(draft)), np.int32)
-        tokens, n_out, self.state, self.cache = self.exes.get(key)(
-            self.model.params, self.cache, self.state, np.int32(req.slot), np.int32(at),
-            drafts, np.int32(len(draft)), self._settings([req], 1),
+        tokens, n_out = self._run(
+            key, np.int32(req.slot), np.int32(at), drafts, np.int32(len(draft)),
+            self._settings([req], 1),
         )  # fmt: skip
         self.inflight.append(slot_spec.VerifyBatch([(req, len(draft))], tokens, n_out))
         return True
