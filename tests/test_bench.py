@@ -415,6 +415,23 @@ def test_errors(argv, needle):
     assert len(lines) == 1 and lines[0].startswith("bench.py: error: ") and needle in lines[0], err
 
 
+def test_bench_spells_the_draft_flags_as_the_engine_does():
+    """-md and the draft sizes are declared once (engine/spec_flags.py): bench.py and the CLI take
+    the same spellings, types and defaults."""
+    from minfer_jax.cli.arguments import build_parser as cli_parser
+    from minfer_jax.engine.spec_flags import SPEC_FLAGS
+
+    from minfer_bench.bench.arguments import build_parser as bench_parser
+
+    bench = {a.dest: a for a in bench_parser()._actions}
+    engine = {a.dest: a for a in cli_parser()._actions}
+    for dest, flag in SPEC_FLAGS.items():
+        assert bench[dest].option_strings == engine[dest].option_strings == list(flag.names)
+        assert bench[dest].type is engine[dest].type and bench[dest].default is None
+    args = bench_parser().parse_args(["--spec", "lookup", "--draft-n", "3", "--draft-min", "2"])
+    assert (args.draft_max, args.draft_min) == (3, 2)
+
+
 def test_kernel_impl_pallas_only_on_a_gpu():
     import jax
 

@@ -18,14 +18,14 @@ import openai
 import pytest
 
 import minfer_jax
-from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine import spec_plan
 from minfer_jax.engine.lookup import Speculation
 from minfer_jax.server import schemas
 from minfer_jax.server.speculation import request_speculation
 from tests.test_server import write_tiny_gguf
 
 pytestmark = pytest.mark.real_model
-VERIFY_KEYS = (plan_mod.VerifyKey, plan_mod.VerifyBatchKey)
+VERIFY_KEYS = (spec_plan.VerifyKey, spec_plan.VerifyBatchKey)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_concurrent_drafting_and_plain_requests_get_their_plain_text(tiny, spec_
     assert (
         timings[0]["draft_n"] > 0 and 0 <= timings[0]["draft_n_accepted"] <= timings[0]["draft_n"]
     )
-    keys = [k for k in tiny.compiled_keys() if isinstance(k, plan_mod.VerifyBatchKey)]
+    keys = [k for k in tiny.compiled_keys() if isinstance(k, spec_plan.VerifyBatchKey)]
     assert keys  # rows verified together
     scrape = {
         line.split()[0]: float(line.split()[1])

@@ -14,6 +14,7 @@ import pytest
 
 import minfer_jax
 from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine import spec_plan
 from minfer_jax.engine.lookup import Speculation
 from minfer_jax.engine.sampling import Sampler
 from minfer_jax.engine.scheduler import Scheduler
@@ -77,21 +78,30 @@ def test_a_batch_mixing_drafting_and_plain_rows_gives_each_row_its_plain_tokens(
     stats = [r.speculation for r in spec if r.speculation is not None]
     accepted = sum(s.accepted for s in stats)
     assert accepted > 10 and sum(s.drafted for s in stats) > accepted  # accepted and rejected
-    batched = [k for k in tiny.compiled_keys() if isinstance(k, plan_mod.VerifyBatchKey)]
+    batched = [k for k in tiny.compiled_keys() if isinstance(k, spec_plan.VerifyBatchKey)]
     assert {k.rows for k in batched} >= {4}  # the 4-row steps verified in one executable
     assert all(r.speculation is None for r in spec[3:5])
 
 
 def test_large_batches_do_not_draft_and_the_cap_is_one_place():
     plan = plan_mod.Plan(ctx=256, n_seqs=64, decode_steps=1, draft_max=15)
-    assert [plan.spec_drafts(n) for n in (1, 2, 3, 4, 8, 9, 16, 64)] == [15, 7, 3, 3, 1, 0, 0, 0]
-    batch_keys = [k for k in plan.serving_keys() if isinstance(k, plan_mod.VerifyBatchKey)]
-    assert max(k.rows * (1 + k.drafts) for k in batch_keys) == plan_mod.SPEC_ROWS_BUDGET
+    assert [spec_plan.spec_drafts(plan, n) for n in (1, 2, 3, 4, 8, 9, 16, 64)] == [
+        15,
+        7,
+        3,
+        3,
+        1,
+        0,
+        0,
+        0,
+    ]
+    batch_keys = [k for k in plan.serving_keys() if isinstance(k, spec_plan.VerifyBatchKey)]
+    assert max(k.rows * (1 + k.drafts) for k in batch_keys) == spec_plan.SPEC_ROWS_BUDGET
     assert {k.rows for k in batch_keys} == {2, 4, 8}
 
 
 def test_the_plan_has_verify_executables_only_when_it_speculates():
-    kinds = (plan_mod.VerifyKey, plan_mod.VerifyBatchKey)
+    kinds = (spec_plan.VerifyKey, spec_plan.VerifyBatchKey)
     off = plan_mod.Plan(ctx=256, n_seqs=4, decode_steps=1)
     on = plan_mod.Plan(ctx=256, n_seqs=4, decode_steps=1, draft_max=3)
     assert not [k for k in off.serving_keys() if isinstance(k, kinds)]
@@ -108,7 +118,7 @@ def test_a_paused_drafter_drafts_again_after_its_pause(tiny):
     sched = Scheduler(tiny, tiny.plan(n_seqs=4, decode_steps=1))  # the executables above
     req = sched.submit(workload()[0][0], max_new_tokens=24, speculation=Speculation())
     assert req.drafter is not None
-    req.drafter.pause = 2
+    req.drafter.pacing.pause = 2
     sched.run([req])
     stats = req.result().speculation
     assert stats.plain_chunks >= 2 and stats.verify_steps > 0

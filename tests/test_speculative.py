@@ -20,6 +20,7 @@ from scipy import stats
 import minfer_jax
 from minfer_jax.cli.arguments import build_parser
 from minfer_jax.engine import plan as plan_mod
+from minfer_jax.engine import spec_plan
 from minfer_jax.engine.lookup import Drafter, Speculation, check_speculation, speculation_of
 from minfer_jax.engine.sampling import GREEDY_MODE, SAMPLED_MODE, RowSettings, Sampler
 from minfer_jax.engine.spec_flags import speculation_from_args
@@ -205,27 +206,28 @@ def test_lookup_drafts_the_longest_latest_match_and_continues_periodically():
 def test_draft_length_adapts_and_drafting_pauses_where_it_does_not_pay():
     d = Drafter(Speculation(draft_max=7))
     d.record(7, 1)  # nothing accepted
-    assert d.k == 3
+    assert d.pacing.k == 3
     for _ in range(4):
         d.record(3, 1)
-    assert d.pause > 0  # the running mean fell below PAYS: plain chunks for a while
-    pause = d.pause
+    assert d.pacing.pause > 0  # the running mean fell below PAYS: plain chunks for a while
+    pause = d.pacing.pause
     assert all(d.propose([1, 2, 1, 2], room=50) is None for _ in range(pause))
     d.record(1, 2)
-    assert d.k == 3  # a whole draft accepted: the next bucket up
+    assert d.pacing.k == 3  # a whole draft accepted: the next bucket up
     assert d.stats.verify_steps == 6 and d.stats.accepted == 1 and d.stats.plain_chunks == pause
     misses = Drafter(Speculation(ngram_min=2))  # nothing repeats: every lookup misses
     waits = []
     for i in range(4):
-        assert misses.propose(list(range(10 + i)), room=50) is None and misses.pause == 2**i - 1
+        assert misses.propose(list(range(10 + i)), room=50) is None
+        assert misses.pacing.pause == 2**i - 1
         waits.append(misses.wants_tokens)
-        while misses.pause:
+        while misses.pacing.pause:
             misses.propose([], room=50)  # paused: plain chunks without reading the sequence
     assert waits == [True, False, False, False]
 
 
 def test_verify_buckets_are_bounded_and_compiled_with_the_request(tiny):
-    assert [plan_mod.draft_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 15)] == [
+    assert [spec_plan.draft_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 15)] == [
         1,
         1,
         3,
@@ -236,10 +238,10 @@ def test_verify_buckets_are_bounded_and_compiled_with_the_request(tiny):
         15,
     ]
     with pytest.raises(plan_mod.PlanError):
-        plan_mod.draft_bucket(16)
+        spec_plan.draft_bucket(16)
     sched = tiny.scheduler(1)
     keys = sched.needed(20, 10, Sampler(temperature=0.0), speculation=Speculation(draft_max=3))
-    assert sorted(k.drafts for k in keys if isinstance(k, plan_mod.VerifyKey)) == [1, 3]
+    assert sorted(k.drafts for k in keys if isinstance(k, spec_plan.VerifyKey)) == [1, 3]
 
 
 def test_refusals_say_what_is_missing():

@@ -283,8 +283,13 @@ def test_store_stays_within_its_bound(tmp_path):
     for i, size in enumerate((400, 400, 400)):
         (tmp_path / f"{i}.exe").write_bytes(b"x" * size)
         os.utime(tmp_path / f"{i}.exe", (i, i))  # 0 is the least recently used
+    stale, fresh = tmp_path / ".tmp-dead.exe", tmp_path / ".tmp-writing.exe"
+    for p in (stale, fresh):
+        p.write_bytes(b"x")
+    os.utime(stale, (0, 0))  # a writer that died long ago (engine/file_store.py)
     store.prune()
     assert sorted(p.name for p in store.entries()) == ["1.exe", "2.exe"]
+    assert fresh.exists() and not stale.exists()
 
 
 # -- the weights cache ---------------------------------------------------------------------------

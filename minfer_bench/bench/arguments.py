@@ -7,6 +7,7 @@ import argparse
 
 from minfer_jax.engine import options
 from minfer_jax.engine.flags import StrictParser, add_llama_noops, add_llama_refusals
+from minfer_jax.engine.spec_flags import SPEC_FLAGS, add_spec_flag
 
 from minfer_bench.bench.fields import OUTPUT_FORMATS
 from minfer_bench.bench.parsing import BenchError
@@ -243,33 +244,16 @@ def _spec_args(g) -> None:
         "decode on the named workloads code-edit and text (greedy, -n tokens, best of -r), then "
         "the verification step's cost per draft bucket at depth -d",
     )
-    g.add_argument(
-        "-md",
-        "--model-draft",
-        dest="model_draft",
-        default=None,
-        metavar="FNAME",
-        help="--spec draft: the draft model, a GGUF path or a synthetic spec "
+    meaning = {dest: flag.meaning for dest, flag in SPEC_FLAGS.items()}
+    add_spec_flag(
+        g,
+        "model_draft",
+        "--spec draft: the draft model, a GGUF path or a synthetic spec "
         "(synthetic:qwen2.5-0.5b:q8_0), loaded with the target's options",
     )
-    g.add_argument(
-        "--spec-draft-p-min",
-        "--draft-p-min",
-        dest="draft_p_min",
-        type=float,
-        default=None,
-        metavar="P",
-        help="--spec draft: stop a draft before a token of draft probability < P (default 0.75)",
-    )
-    g.add_argument(
-        "--spec-draft-n-max",
-        "--draft-max",
-        dest="draft_max",
-        type=int,
-        default=None,
-        metavar="N",
-        help="--spec: most tokens drafted per step (default 7)",
-    )
+    add_spec_flag(g, "draft_p_min", "--spec draft: " + meaning["draft_p_min"])
+    add_spec_flag(g, "draft_max", "--spec: " + meaning["draft_max"])
+    add_spec_flag(g, "draft_min", "--spec: " + meaning["draft_min"])
 
 
 def _startup_args(g) -> None:

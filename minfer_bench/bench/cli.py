@@ -444,6 +444,8 @@ def _run_spec(args, req: _Request, log: Callable[[str], None]) -> int:
             opts = options.from_arguments(args, ctx_size=ctx, progress=args.progress)
             model = load(options=opts, gguf_model=src.gguf)
             spec = {"speculative": args.spec, "draft_max": args.draft_max}
+            if args.draft_min is not None:
+                spec["draft_min"] = args.draft_min
             if drafts:
                 spec.update(draft_model=_draft_model(args, model), draft_p_min=args.draft_p_min)
             speculative.run(

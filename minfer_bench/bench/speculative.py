@@ -25,8 +25,8 @@ import numpy as np
 import minfer_jax
 from minfer_jax.engine import steps
 from minfer_jax.engine.lookup import DEFAULT_DRAFT_MAX
-from minfer_jax.engine.plan import draft_bucket
 from minfer_jax.engine.sampling import GREEDY, GREEDY_MODE, RowSettings
+from minfer_jax.engine.spec_plan import draft_bucket, verify_key
 from minfer_jax.files.prompts import encode_chat
 
 CODE = '''def summarize(orders, tax_rate=0.2, currency="EUR"):
@@ -121,7 +121,7 @@ def verify_costs(model, depth: int, draft_max: int, reps: int = 20) -> list[dict
     out.append({"rows": 1, "ms_per_step": step_ms, "tps_all_accepted": 1e3 / step_ms})
     buckets = sorted({draft_bucket(n) for n in range(1, draft_max + 1)})
     for k in buckets:
-        exe = model.executable(plan.verify_key(k, depth + 1, GREEDY_MODE))[0]
+        exe = model.executable(verify_key(plan, k, depth + 1, GREEDY_MODE))[0]
         drafts = np.zeros((k,), np.int32)
         args = (np.int32(0), np.int32(depth), drafts, np.int32(k), rows)
         toks, n, state, cache = exe(model.params, cache, state, *args)  # warm

@@ -41,13 +41,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from minfer_jax import ops, validate
-from minfer_jax.engine.drafter import CostPacing
+from minfer_jax.engine.drafter import CostPacing, SpecStats
 from minfer_jax.engine.executables import execution_devices
-from minfer_jax.engine.lookup import DEFAULT_DRAFT_MAX, SpecStats, Speculation, speculation_of
-from minfer_jax.engine.plan import MAX_DRAFT, MAX_SEQS
+from minfer_jax.engine.lookup import DEFAULT_DRAFT_MAX, Speculation, speculation_of
+from minfer_jax.engine.plan import MAX_SEQS
 from minfer_jax.engine.runtime import Model, load
 from minfer_jax.engine.sampling import GREEDY, GREEDY_MODE, RowSettings
 from minfer_jax.engine.sharing import common_prefix
+from minfer_jax.engine.spec_plan import MAX_DRAFT
 from minfer_jax.engine.steps import SlotState, init_slot_state
 from minfer_jax.errors import InvalidArgumentError
 from minfer_jax.model.cache import KVCache, cache_spec
@@ -442,9 +443,7 @@ class ModelDrafter:
         return None
 
     def record(self, n_draft: int, n_out: int) -> None:
-        self.stats.verify_steps += 1
-        self.stats.drafted += n_draft
-        self.stats.accepted += n_out - 1
+        self.stats.record(n_draft, n_out)
         if n_draft and self._draft_s:  # read as the verification ended (the scheduler waits)
             self.pacing.observe(self._draft_s, time.perf_counter() - self._drafted_at, n_draft)
         self.pacing.record(n_draft, n_out - 1)

@@ -11,18 +11,44 @@ tokens to verify, [] to verify one token alone, None for a plain decode chunk), 
 whether the next proposal reads the sequence (a paused drafter does not, so its row's tokens may be
 read late, as any plain row's). `stats` is what result.speculation reports.
 
-`Pacing` is lookup.py's rule for the draft length and the pauses, for drafters that draft by other
-means (a draft model): the length moves between the verification buckets with what is accepted,
-and where drafts stop paying (few accepted per step, or misses in a row) the drafter pauses for a
-growing number of plain chunks.
+`Pacing` is the one rule for the draft length and the pauses, which every host drafter holds (prompt
+lookup, MTP, a draft model): the length moves between the verification buckets with what is
+accepted, and where drafts stop paying (few accepted per step, or misses in a row) the drafter
+pauses for a growing number of plain chunks. `CostPacing` is a draft model's: it weighs the
+drafts' cost too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
-from minfer_jax.engine.lookup import EMA, HOT, MAX_PAUSE, PAYS, SpecStats
+PAYS = 0.25  # accepted drafts per verify step (running mean) below which drafting pauses
+HOT = 1.0  # ... above which a miss still verifies one token instead of a plain chunk
+MAX_PAUSE = 16  # plain chunks a pause lasts at most
+EMA = 0.3  # weight of the latest step in the running mean
+
+
+@dataclasses.dataclass
+class SpecStats:
+    """What speculation did for one sequence."""
+
+    verify_steps: int = 0  # verification steps run
+    drafted: int = 0  # draft tokens proposed to them
+    accepted: int = 0  # ... of which accepted
+    plain_chunks: int = 0  # plain decode chunks run instead (no draft, or a pause)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a verification step produced, on average (accepted + the model's own)."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+    def record(self, n_draft: int, n_out: int) -> None:
+        """A verify step's outcome: n_draft drafts proposed, n_out tokens produced."""
+        self.verify_steps += 1
+        self.drafted += n_draft
+        self.accepted += n_out - 1
 
 
 class SpeculationSetting(Protocol):
@@ -61,7 +87,7 @@ class Drafter(Protocol):
 
 
 class Pacing:
-    """The draft length k and the pauses of one drafter (lookup.Drafter's rule, its constants)."""
+    """The draft length k and the pauses of one drafter (the module docstring)."""
 
     def __init__(self, draft_max: int):
         self.draft_max = draft_max

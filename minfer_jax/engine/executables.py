@@ -22,14 +22,12 @@ tests/test_startup.py checks that this path stays safe). So on a CPU the store r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import logging
 import os
 import pickle
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ from typing import Any
 
 import jax
 
+from minfer_jax.engine.file_store import FileStore
 from minfer_jax.sizes import gib_from_env
 
 _log = logging.getLogger(__name__)
@@ -152,20 +151,19 @@ def limit_bytes() -> int:
     return gib_from_env(STORE_LIMIT_ENV, DEFAULT_LIMIT_GB)
 
 
-class ExecutableStore:
-    """Serialized executables in one directory, one file per fingerprint."""
+class ExecutableStore(FileStore):
+    """Serialized executables in one directory, one file per fingerprint (file_store.py)."""
 
     def __init__(self, directory: str | os.PathLike, max_bytes: int | None = None):
-        self.directory = Path(directory)
-        self.max_bytes = limit_bytes() if max_bytes is None else max_bytes
+        limit = limit_bytes() if max_bytes is None else max_bytes
+        super().__init__(
+            directory, limit, suffix=_SUFFIX, name="executable store", instead="compiling", log=_log
+        )
 
     @classmethod
     def in_cache_dir(cls, cache_dir: str | os.PathLike | None) -> ExecutableStore | None:
         """The store beside JAX's persistent cache (None when the cache is off)."""
         return None if cache_dir is None else cls(Path(cache_dir) / STORE_SUBDIR)
-
-    def path(self, digest: str) -> Path:
-        return self.directory / f"{digest}{_SUFFIX}"
 
     def holds(self, model, key) -> bool:
         try:
@@ -175,16 +173,12 @@ class ExecutableStore:
 
     def get(self, digest: str, devices):
         """The deserialized executable, or None (absent, unreadable or not loadable here)."""
-        path = self.path(digest)
-        try:
-            blob = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            _log.warning("executable store: cannot read %s (%s); compiling instead", path, e)
+        f = self.open(digest)
+        if f is None:
             return None
         try:
-            entry = pickle.loads(blob)
+            with f:
+                entry = pickle.loads(f.read())
             if entry.get("format") != FORMAT:
                 raise ValueError(f"entry format {entry.get('format')!r}, expected {FORMAT}")
             from jax.experimental import serialize_executable
@@ -197,20 +191,14 @@ class ExecutableStore:
                 execution_devices=devices,
             )
         except Exception as e:  # noqa: BLE001  corrupt, truncated, or a backend that cannot load: a miss
-            _log.warning(
-                "executable store: %s is unusable (%s: %s); compiling and overwriting it",
-                path.name,
-                type(e).__name__,
-                e,
-            )
+            self.unusable(digest, e)
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # least-recently-used order for pruning
+        self.used(digest)
         return exe
 
     def put(self, digest: str, compiled, label: str) -> bool:
-        """Serialize and write atomically (tmp + rename); False when this backend cannot
-        serialize."""
+        """Serialize and write atomically; False when this backend cannot serialize, or the
+        entry does not fit."""
         if self.max_bytes <= 0:
             return False
         try:
@@ -231,52 +219,10 @@ class ExecutableStore:
                 e,
             )
             return False
-        if len(blob) > self.max_bytes:
-            return False
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=_SUFFIX)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    os.fchmod(
-                        f.fileno(), 0o644
-                    )  # mkstemp's 0600 would hide entries from a shared cache
-                    f.write(blob)
-                os.replace(tmp, self.path(digest))
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except OSError as e:  # a full or read-only disk: run without the store
-            _log.warning("executable store: cannot write %s (%s)", self.directory, e)
+        if len(blob) > self.max_bytes or not self.write(digest, lambda f: f.write(blob)):
             return False
         self.prune()
         return True
-
-    def entries(self) -> list[Path]:
-        try:
-            return [
-                p
-                for p in self.directory.iterdir()
-                if p.suffix == _SUFFIX and not p.name.startswith(".")
-            ]
-        except OSError:
-            return []
-
-    def prune(self) -> None:
-        """Drop least recently used entries until the store fits in max_bytes."""
-        stats = []
-        for p in self.entries():
-            with contextlib.suppress(OSError):
-                st = p.stat()
-                stats.append((st.st_mtime, st.st_size, p))
-        total = sum(size for _, size, _ in stats)
-        for _, size, p in sorted(stats, key=lambda s: s[0]):
-            if total <= self.max_bytes:
-                break
-            with contextlib.suppress(OSError):
-                p.unlink()
-            total -= size
 
 
 @dataclasses.dataclass

@@ -6,8 +6,8 @@ earlier occurrence of the sequence's last n tokens (prompt and output so far; n 
 down to ngram_min, longest first), preferring the place its last accepted draft came from (code
 re-emitted from the prompt keeps copying from the same place, where a short n-gram also occurs
 elsewhere). The draft length adapts to what is accepted (draft buckets 1, 3, 7, 15: a verify step
-of 1 + k rows, plan.draft_bucket), and where drafts stop paying (misses in a row, or few
-accepted) the drafter pauses for a growing number of plain decode chunks.
+of 1 + k rows, spec_plan.draft_bucket), and where drafts stop paying (misses in a row, or few
+accepted) the drafter pauses for a growing number of plain decode chunks: drafter.Pacing's rule.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from minfer_jax import validate
-from minfer_jax.engine.plan import MAX_DRAFT
+from minfer_jax.engine.drafter import Pacing, SpecStats
+from minfer_jax.engine.spec_plan import MAX_DRAFT
 from minfer_jax.errors import InvalidArgumentError
 
 # llama.cpp's --spec-type names (common/speculative); "lookup" is ours for ngram-simple, "mtp"
@@ -36,10 +37,6 @@ LLAMA_CPP_SPEC_TYPES = (
 )
 DEFAULT_DRAFT_MAX = 7  # 1 + 7 = 8 rows: the GEMV's largest, about one decode step's cost
 DEFAULT_MTP_DRAFT = 3  # chained MTP drafts: the block is trained for one, acceptance falls after
-PAYS = 0.25  # accepted drafts per verify step (running mean) below which drafting pauses
-HOT = 1.0  # ... above which a lookup miss still verifies one token instead of a plain chunk
-MAX_PAUSE = 16  # plain chunks a pause lasts at most
-EMA = 0.3  # weight of the latest step in the running mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,21 +85,6 @@ def speculation_of(kind, draft_max=None, draft_min=None) -> Speculation | None:
     return Speculation(kind, **{k: v for k, v in fields.items() if v is not None})
 
 
-@dataclasses.dataclass
-class SpecStats:
-    """What speculation did for one sequence."""
-
-    verify_steps: int = 0  # verification steps run
-    drafted: int = 0  # draft tokens proposed to them
-    accepted: int = 0  # ... of which accepted
-    plain_chunks: int = 0  # plain decode chunks run instead (no draft, or a pause)
-
-    @property
-    def tokens_per_step(self) -> float:
-        """Tokens a verification step produced, on average (accepted + the model's own)."""
-        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
-
-
 class Drafter:
     """One sequence's prompt-lookup state (the module docstring)."""
 
@@ -111,10 +93,7 @@ class Drafter:
         self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(spec.ngram_max + 1)]
         self.indexed = 0  # n-grams ending before this position are in the index
         self.offset: int | None = None  # where the last accepted draft came from, minus seq length
-        self.k = spec.draft_max  # current draft length
-        self.gain = 1.0  # running mean of accepted drafts per verify step
-        self.pause = 0  # plain chunks to run before drafting again
-        self.backoff = 1
+        self.pacing = Pacing(spec.draft_max)  # the draft length and the pauses
         self.stats = SpecStats()
         self._pending: int | None = None  # source position of the draft in flight
 
@@ -122,52 +101,36 @@ class Drafter:
     def wants_tokens(self) -> bool:
         """Whether the next propose() reads the sequence (else, paused, the row decodes plain
         chunks and its tokens may be read late, as any plain row's)."""
-        return self.pause == 0
+        return self.pacing.pause == 0
 
     def propose(self, seq: list[int], room: int) -> list[int] | None:
         """The draft to verify after seq (at most room - 1 tokens: room is what the sequence may
         still produce); [] verifies one token without a draft; None runs a plain chunk."""
-        if self.pause > 0:
-            self.pause -= 1
+        if self.pacing.paused():
             self.stats.plain_chunks += 1
             return None
         self._extend_index(seq)
-        k = min(self.k, room - 1)
+        k = min(self.pacing.k, room - 1)
         source = self._source(seq) if k > 0 else None
         draft = _continuation(seq, source, k) if source is not None else []
         if len(draft) < max(self.spec.draft_min, 1):
-            self.gain *= 1 - EMA  # a miss: a step that accepts nothing
-            if self.gain >= HOT and room > 1:
+            if self.pacing.missed(room):
                 self._pending = None
                 return []
-            # a plain chunk now and, after misses in a row, more before looking again
             self.stats.plain_chunks += 1
-            self.pause, self.backoff = self.backoff - 1, min(2 * self.backoff, MAX_PAUSE)
             return None
         self._pending = (source or 0) - len(seq)
         return draft
 
     def record(self, n_draft: int, n_out: int) -> None:
         """A verify step's outcome: n_draft drafts proposed, n_out tokens produced."""
-        accepted = n_out - 1
-        self.stats.verify_steps += 1
-        self.stats.drafted += n_draft
-        self.stats.accepted += accepted
+        self.stats.record(n_draft, n_out)
         if n_draft == 0:
             return
         # the source stays aligned where the draft was accepted whole (the model's own token
         # may continue it too; the next lookup checks)
-        self.offset = self._pending if accepted == n_draft else None
-        self.gain += EMA * (accepted - self.gain)
-        if accepted == n_draft:
-            self.k = min(2 * self.k + 1, self.spec.draft_max)
-        elif 2 * accepted < n_draft:
-            self.k = max(1, (self.k - 1) // 2)
-        if self.gain < PAYS:
-            self.pause, self.backoff = self.backoff, min(2 * self.backoff, MAX_PAUSE)
-            self.gain = HOT  # judged afresh after the pause
-        else:
-            self.backoff = 1
+        self.offset = self._pending if n_out - 1 == n_draft else None
+        self.pacing.record(n_draft, n_out - 1)
 
     def _extend_index(self, seq: list[int]) -> None:
         """Index the n-grams ending at positions indexed .. len(seq) - 1 (not the sequence's own
@@ -201,11 +164,11 @@ class MtpDrafter(Drafter):
 
     def propose(self, seq: list[int], room: int) -> list[int]:
         """Placeholders for min(k, room - 1) drafts."""
-        return [0] * min(self.k, room - 1)
+        return [0] * min(self.pacing.k, room - 1)
 
     def record(self, n_draft: int, n_out: int) -> None:
         super().record(n_draft, n_out)
-        self.pause, self.backoff = 0, min(self.backoff, MAX_PAUSE)
+        self.pacing.pause = 0
 
 
 def check_speculation(cfg, constraint, logprobs: int | None = None) -> None:

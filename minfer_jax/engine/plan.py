@@ -4,29 +4,26 @@ A process compiles a handful of executables whatever the prompt lengths: prompts
 `chunk` tokens (the last padded to a power of two >= 16), decode runs `decode_steps` tokens per
 executable for a power-of-two number of rows, and (XLA path only) decode attends over a
 power-of-two prefix of the cache. Each key below names one executable; `Model.executable(key)`
-compiles it once per process (and JAX's persistent cache across processes).
+compiles it once per process (and JAX's persistent cache across processes). Speculative
+decoding's verification keys are spec_plan.py's; what the keys share, keys.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import cast
 
-import jax
-import jax.numpy as jnp
-
-from minfer_jax.engine import steps, verify, verify_batch
+from minfer_jax.engine import steps
+from minfer_jax.engine.keys import PlanError, StepKey, cache_of, i32, jit_step, lower_step
 from minfer_jax.engine.sampling import (
     GREEDY_MODE,
     LOGPROBS_MODE,
-    MODES,
     SERVING_MODES,
     RowSettings,
     SamplerMode,
 )
-from minfer_jax.errors import ContextOverflowError, InvalidArgumentError
-from minfer_jax.model.cache import cache_spec
+from minfer_jax.engine.spec_plan import MAX_DRAFT, VerifyKey, speculation_keys, verify_keys
+from minfer_jax.errors import ContextOverflowError
 from minfer_jax.sizes import pow2_at_least, round_up
 
 MIN_BUCKET = 16  # smallest padded prompt chunk
@@ -38,16 +35,7 @@ DEFAULT_CHUNK = {
     "cpu": 256,
 }  # prefill chunk per platform (docs/BENCHMARKS.md, "Prefill chunk")
 DECODE_STEPS = 16  # tokens per decode executable: the host sees tokens once per chunk
-MAX_DRAFT = 15  # drafted tokens one verification takes at most (16 rows)
 MAX_DECODE_STEPS = 4096  # more only delays streaming and stop checks (bench tgN runs N in one)
-# Forward rows (batch rows x (1 + drafts)) a speculating step of a batch may take: within it the
-# few-token GEMV / smallest GEMM tiles cost about one plain step, beyond it drafting stops paying
-# (a guess to measure: docs/ARCHITECTURE.md "Speculation per slot"); a power of two
-SPEC_ROWS_BUDGET = 16  # = 1 + MAX_DRAFT: a lone sequence drafts up to MAX_DRAFT
-
-
-class PlanError(InvalidArgumentError):
-    """A plan setting (chunk, sequences, context) outside what the engine supports."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +47,7 @@ class Plan:
     # decode attends over a power-of-two prefix (XLA path; kernels read [0, len))
     spans: bool = True
     # most tokens a sequence drafts per step (0: no speculation): the verification executables
-    # serving_keys() adds (a server started with --spec-type)
+    # serving_keys() adds (a server started with --spec-type; spec_plan.py)
     draft_max: int = 0
     # several sequences verify in one step (verify_batch.py); off for recurrent layers, whose
     # per-row state rollback only the one-sequence verification does (verify.py)
@@ -88,6 +76,11 @@ class Plan:
         """Repeat-penalty history kept per slot on the device: the whole context, so any
         repeat_last_n a request may ask for runs in the same executables."""
         return self.ctx
+
+    @property
+    def cache_shape(self) -> tuple[int, int, int]:
+        """A step key's cache and state (keys.StepKey): n_slots, cache_len, history."""
+        return self.n_slots, self.cache_len, self.history
 
     @property
     def scratch_slot(self) -> int:
@@ -136,15 +129,9 @@ class Plan:
     ) -> DecodeKey:
         """one_step: a batch with a grammar row, whose every token needs the host (a plan of
         decode_steps 1, the server's default, has no other executable for it)."""
-        return DecodeKey(
-            self.rows(n_active),
-            1 if one_step else self.decode_steps,
-            self.n_slots,
-            self.cache_len,
-            self.history,
-            mode,
-            self.span(end),
-        )
+        n_steps = 1 if one_step else self.decode_steps
+        rows = self.rows(n_active)
+        return DecodeKey(*self.cache_shape, mode, self.span(end), rows=rows, n_steps=n_steps)
 
     def serving_keys(self, modes=SERVING_MODES) -> list:
         """Every executable a long-running server meets (for these sampler modes; by default the
@@ -160,49 +147,9 @@ class Plan:
         while r <= self.rows(self.n_seqs):
             rows.append(r)
             r *= 2
-        return list(
-            dict.fromkeys(
-                [self.prefill_key(b, m) for m in modes for b in buckets]
-                + [self.decode_key(r, self.decode_steps + 1, m) for m in modes for r in rows]
-                + self.speculation_keys()
-            )
-        )
-
-    def spec_drafts(self, n_active: int) -> int:
-        """The largest draft bucket a step of n_active decoding sequences verifies (0: that step
-        does not speculate): the one place that decides where drafting stops paying."""
-        # budget and rows are powers of two: 1 + K is one, so K is a draft bucket
-        return max(SPEC_ROWS_BUDGET // self.rows(n_active) - 1, 0)
-
-    def verify_batch_key(
-        self, n_active: int, n_draft: int, end: int, mode: SamplerMode
-    ) -> VerifyBatchKey:
-        """A batch's verification step (verify_batch.py): rows(n_active) rows of 1 + K, K =
-        draft_bucket(n_draft) for its longest draft; end: past the last position a row feeds."""
-        k = draft_bucket(n_draft)
-        return VerifyBatchKey(
-            self.rows(n_active), k, self.n_slots, self.cache_len, self.history, mode,
-            self.span(end + k),
-        )  # fmt: skip
-
-    def speculation_keys(self) -> list:
-        """The verification executables a server with speculation (draft_max > 0) compiles in the
-        background, over the whole cache (they serve every position): a lone sequence's (VerifyKey)
-        and (batch_verify) a batch's at each row count and draft bucket spec_drafts allows, in the
-        sampler modes (no logprobs). Until one is compiled its steps decode plainly."""
-        if not self.draft_max:
-            return []
-        keys: list[VerifyKey | VerifyBatchKey] = []
-        for mode in MODES:
-            keys += self.verify_keys(self.draft_max, self.cache_len - MAX_DRAFT, mode)
-            r = 2
-            while self.batch_verify and r <= self.rows(self.n_seqs):
-                top = min(self.spec_drafts(r), self.draft_max)
-                keys += [
-                    self.verify_batch_key(r, n, self.cache_len - MAX_DRAFT, mode)
-                    for n in range(1, top + 1)
-                ]
-                r *= 2
+        keys: list[PrefillKey | StepKey] = [self.prefill_key(b, m) for m in modes for b in buckets]
+        keys += [self.decode_key(r, self.decode_steps + 1, m) for m in modes for r in rows]
+        keys += speculation_keys(self)
         return list(dict.fromkeys(keys))
 
     def ready_keys(self) -> list:
@@ -236,36 +183,11 @@ class Plan:
             )
         )
         if max_new > 1 and speculation is not None:
-            keys += self.verify_keys(speculation.draft_max, n_prompt, mode, speculation.on_device)
+            keys += verify_keys(self, speculation.draft_max, n_prompt, mode, speculation.on_device)
         if max_new > 1:
             rows, batch_mode = batch
             keys.append(self.decode_key(rows, n_prompt + self.decode_steps, batch_mode, one_step))
         return keys
-
-    def verify_key(
-        self, n_draft: int, end: int, mode: SamplerMode, on_device: bool = False
-    ) -> VerifyKey:
-        """Speculative decoding's verification of n_draft drafted tokens (verify.py): 1 + K rows
-        of one sequence, K = draft_bucket(n_draft); end: past the last position it writes;
-        on_device: the MTP block drafts them in the step (model/mtp.py)."""
-        k = draft_bucket(n_draft)
-        span = self.span(end + k)
-        return VerifyKey(k, self.n_slots, self.cache_len, self.history, mode, span, on_device)
-
-    def verify_keys(
-        self, draft_max: int, end: int, mode: SamplerMode, on_device: bool = False
-    ) -> list[VerifyKey]:
-        """Every verification bucket a sequence drafting up to draft_max tokens meets."""
-        keys = (self.verify_key(n, end, mode, on_device) for n in range(draft_max + 1))
-        return list(dict.fromkeys(keys))
-
-
-def draft_bucket(n_draft: int) -> int:
-    """Drafted tokens a verification executable takes for n_draft (0 verifies one token): 1, 3,
-    7 or 15, so that 1 + K rows are a power of two (the GEMV takes up to 8, verify.py)."""
-    if not 0 <= n_draft <= MAX_DRAFT:
-        raise PlanError(f"a draft is 0..{MAX_DRAFT} tokens, got {n_draft}")
-    return pow2_at_least(n_draft + 1, 2) - 1
 
 
 def prefill_mode(mode: SamplerMode) -> SamplerMode:
@@ -303,30 +225,17 @@ class PrefillKey:
         )
 
     def lower(self, model):
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
         fn = _prefill_jit(model.config, model.impl, self.mode, model.tp)
-        return fn.lower(
-            model.params,
-            _cache(model, self),
-            _state(self),
-            jax.ShapeDtypeStruct((self.bucket,), jnp.int32),
-            i32,
-            i32,
-            i32,
-            jax.ShapeDtypeStruct((self.history,), jnp.int32),
-            RowSettings.spec(1, model.config.vocab_size),
+        rows = RowSettings.spec(1, model.config.vocab_size)
+        return lower_step(
+            fn, model, self, i32(self.bucket), i32(), i32(), i32(), i32(self.history), rows
         )
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeKey:
+class DecodeKey(StepKey):
     rows: int
     n_steps: int
-    n_slots: int
-    cache_len: int
-    history: int
-    mode: SamplerMode
-    span: int | None
 
     @property
     def label(self) -> str:
@@ -335,128 +244,16 @@ class DecodeKey:
 
     def covers(self, other, start: int = 0) -> bool:
         """This executable can run `other`'s batch (padded to these rows)."""
-        if not isinstance(other, DecodeKey):
-            return False
-        return (
-            self.mode.covers(other.mode)
-            and self.rows >= other.rows
-            and _span_covers(self.span, other.span)
-            and (self.n_steps, self.n_slots, self.cache_len, self.history)
-            == (other.n_steps, other.n_slots, other.cache_len, other.history)
-        )
+        return self.serves(other) and self.rows >= other.rows and self.n_steps == other.n_steps
 
     @property
     def cost(self) -> tuple:
         return (self.rows, self.mode, self.span or 0)
 
     def lower(self, model):
-        vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
         fn = _decode_jit(model.config, model.impl, self.mode, self.n_steps, self.span, model.tp)
-        return fn.lower(
-            model.params,
-            _cache(model, self),
-            _state(self),
-            vec,
-            vec,
-            RowSettings.spec(self.rows, model.config.vocab_size),
-        )
-
-
-def _span_covers(mine: int | None, theirs: int | None) -> bool:
-    """An executable reading keys [0, mine) serves one that reads [0, theirs) (None: the whole
-    cache, which only a whole-cache executable serves)."""
-    return theirs is None if mine is None else theirs is not None and mine >= theirs
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyKey:
-    drafts: int  # K: the executable verifies up to K drafted tokens in 1 + K rows
-    n_slots: int
-    cache_len: int
-    history: int
-    mode: SamplerMode
-    span: int | None
-    on_device: bool = False  # MTP: the step drafts on the device (model/mtp.py)
-
-    @property
-    def label(self) -> str:
-        return f"verify [1+{self.drafts}]{' mtp' if self.on_device else ''} {self.mode.label}"
-
-    @property
-    def cost(self) -> tuple:
-        return (self.drafts, self.mode, self.span or 0)
-
-    def covers(self, other, start: int = 0) -> bool:
-        """This executable can run `other`'s verification (its drafts padded to these)."""
-        if not isinstance(other, VerifyKey):
-            return False
-        return (
-            self.mode.covers(other.mode)
-            and self.drafts >= other.drafts
-            and _span_covers(self.span, other.span)
-            and (self.n_slots, self.cache_len, self.history, self.on_device)
-            == (other.n_slots, other.cache_len, other.history, other.on_device)
-        )
-
-    def lower(self, model):
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        fn = _verify_jit(model.config, model.impl, self.mode, self.span, model.tp, self.on_device)
-        return fn.lower(
-            model.params,
-            _cache(model, self),
-            _state(self),
-            i32,
-            i32,
-            jax.ShapeDtypeStruct((self.drafts,), jnp.int32),
-            i32,
-            RowSettings.spec(1, model.config.vocab_size),
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyBatchKey:
-    rows: int  # batch rows, each verifying up to `drafts` drafted tokens in 1 + drafts rows
-    drafts: int
-    n_slots: int
-    cache_len: int
-    history: int
-    mode: SamplerMode
-    span: int | None
-
-    @property
-    def label(self) -> str:
-        return f"verify [{self.rows} rows x 1+{self.drafts}] {self.mode.label}"
-
-    @property
-    def cost(self) -> tuple:
-        return (self.rows * (1 + self.drafts), self.mode, self.span or 0)
-
-    def covers(self, other, start: int = 0) -> bool:
-        """This executable can run `other`'s step (rows and drafts padded to these)."""
-        if not isinstance(other, VerifyBatchKey):
-            return False
-        return (
-            self.mode.covers(other.mode)
-            and self.rows >= other.rows
-            and self.drafts >= other.drafts
-            and _span_covers(self.span, other.span)
-            and (self.n_slots, self.cache_len, self.history)
-            == (other.n_slots, other.cache_len, other.history)
-        )
-
-    def lower(self, model):
-        vec = jax.ShapeDtypeStruct((self.rows,), jnp.int32)
-        fn = _verify_batch_jit(model.config, model.impl, self.mode, self.span, model.tp)
-        return fn.lower(
-            model.params,
-            _cache(model, self),
-            _state(self),
-            vec,
-            vec,
-            jax.ShapeDtypeStruct((self.rows, self.drafts), jnp.int32),
-            vec,
-            RowSettings.spec(self.rows, model.config.vocab_size),
-        )
+        vec, rows = i32(self.rows), RowSettings.spec(self.rows, model.config.vocab_size)
+        return lower_step(fn, model, self, vec, vec, rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,80 +267,21 @@ class LogitsKey:
         return f"logits [{self.bucket}]"
 
     def lower(self, model):
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        return _logits_jit(model.config, model.impl, model.tp).lower(
-            model.params,
-            _cache(model, self),
-            jax.ShapeDtypeStruct((self.bucket,), jnp.int32),
-            i32,
-            i32,
-        )
-
-
-def _cache(model, key):
-    if model.tp is not None:
-        return model.tp.cache_spec(key.n_slots, key.cache_len, model.cache_dtype)
-    return cache_spec(
-        model.config,
-        key.n_slots,
-        key.cache_len,
-        model.cache_dtype,
-        model.kv_types,
-        model.kv_rotation,
-        model.has_mtp,
-    )
-
-
-def _state(key):
-    # abstract values (what the executable is lowered for), typed as the arrays they stand for
-    return steps.SlotState(
-        last_token=cast(jax.Array, jax.ShapeDtypeStruct((key.n_slots,), jnp.int32)),
-        history=cast(jax.Array, jax.ShapeDtypeStruct((key.n_slots, key.history), jnp.int32)),
-    )
-
-
-# Jitted step functions, built once per static configuration (never per call); cache and state
-# donated. tp (sharding.TensorParallel): the step runs per shard inside shard_map, with the shard's
-# Config.
-def _step(fn, kind, cfg, tp, **static):
-    if tp is None:
-        return functools.partial(fn, cfg=cfg, **static)
-    return tp.shard_step(functools.partial(fn, cfg=tp.local, **static), kind)
+        fn = _logits_jit(model.config, model.impl, model.tp)
+        return fn.lower(model.params, cache_of(model, self), i32(self.bucket), i32(), i32())
 
 
 @functools.cache
 def _prefill_jit(cfg, impl, mode, tp=None):
-    return jax.jit(
-        _step(steps.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode), donate_argnums=(1, 2)
-    )
+    return jit_step(steps.prefill_chunk, "prefill", cfg, tp, impl=impl, mode=mode)
 
 
 @functools.cache
 def _decode_jit(cfg, impl, mode, n_steps, span, tp=None):
-    return jax.jit(
-        _step(
-            steps.decode_chunk, "decode", cfg, tp, impl=impl, mode=mode, n_steps=n_steps, span=span
-        ),
-        donate_argnums=(1, 2),
-    )
-
-
-@functools.cache
-def _verify_jit(cfg, impl, mode, span, tp=None, on_device=False):
-    step = _step(
-        verify.verify_chunk, "verify", cfg, tp, impl=impl, mode=mode, span=span, mtp=on_device
-    )
-    return jax.jit(step, donate_argnums=(1, 2))
-
-
-@functools.cache
-def _verify_batch_jit(cfg, impl, mode, span, tp=None):
-    return jax.jit(
-        _step(verify_batch.verify_batch, "verify", cfg, tp, impl=impl, mode=mode, span=span),
-        donate_argnums=(1, 2),
-    )
+    static = {"impl": impl, "mode": mode, "n_steps": n_steps, "span": span}
+    return jit_step(steps.decode_chunk, "decode", cfg, tp, **static)
 
 
 @functools.cache
 def _logits_jit(cfg, impl, tp=None):
-    return jax.jit(_step(steps.prompt_logits, "logits", cfg, tp, impl=impl), donate_argnums=(1,))
+    return jit_step(steps.prompt_logits, "logits", cfg, tp, donate=(1,), impl=impl)

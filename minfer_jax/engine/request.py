@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import jax
@@ -33,6 +34,25 @@ class Timing:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     compile_s: float = 0.0
+
+    def started(self, compile_s: float) -> None:
+        """Its prefill is dispatched (compile_s: the loop's compile seconds so far)."""
+        self.start, self.compile_at_start = time.perf_counter(), compile_s
+
+    def first_read(self, compile_s: float) -> None:
+        """Its first token is read: the prefill's seconds, less the compiles since it started."""
+        self.first = time.perf_counter()
+        assert self.start is not None  # set when its prefill was dispatched
+        self.prefill_s = self.first - self.start - (compile_s - self.compile_at_start)
+        self.compile_at_first = compile_s
+
+    def finished(self, compile_s: float) -> None:
+        """It ends: the decode's seconds less the compiles since the first token, and the
+        compiles it waited for."""
+        if self.first is not None:
+            self.decode_s = time.perf_counter() - self.first - (compile_s - self.compile_at_first)
+        if self.start is not None:
+            self.compile_s += compile_s - self.compile_at_start
 
 
 class Request:
@@ -138,6 +158,37 @@ def kept_tokens(req: Request) -> list[int]:
     if written == len(req.prompt) and req.stream is not None:
         kept += list(req.stream.tokens)[:-1]
     return kept
+
+
+def chunk_inputs(
+    prompt: list[int], start: int, n_valid: int, bucket: int, width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A prefill chunk's tokens [bucket] (prompt[start:start + n_valid], then padding) and the
+    repeat-penalty history [width] after it (the prompt's last width tokens so far; -1: none)."""
+    tokens = np.zeros((bucket,), np.int32)
+    tokens[:n_valid] = prompt[start : start + n_valid]
+    history = np.full((width,), -1, np.int32)
+    tail = prompt[max(0, start + n_valid - width) : start + n_valid] if width else []
+    history[width - len(tail) :] = tail
+    return tokens, history
+
+
+def position(req: Request) -> int:
+    """Where req's last token goes (all its tokens dispatched so far were fed back)."""
+    return len(req.prompt) + req.produced - 1
+
+
+def row_places(
+    rows: Sequence[Request], width: int, scratch_slot: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A batch step's slots and positions [width] (each row's last token): padded rows in the
+    scratch slot at position 0."""
+    slots = np.full((width,), scratch_slot, np.int32)
+    positions = np.zeros((width,), np.int32)
+    for i, r in enumerate(rows):
+        assert r.slot is not None  # a decoding row holds a slot
+        slots[i], positions[i] = r.slot, position(r)
+    return slots, positions
 
 
 def follows_tokens(req: Request) -> bool:

@@ -26,14 +26,12 @@ import collections
 import itertools
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 
-import jax
 import numpy as np
 
 from minfer_jax import validate
-from minfer_jax.engine import sampling, slot_spec, steps
+from minfer_jax.engine import inflight, sampling, slot_spec, spec_plan, steps
 from minfer_jax.engine.checkpoints import Checkpoints
 from minfer_jax.engine.constraint import BatchMasks, TokenConstraint
 from minfer_jax.engine.drafter import SpeculationSetting
@@ -43,10 +41,12 @@ from minfer_jax.engine.lookup import check_speculation
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.request import (
     Request,
+    chunk_inputs,
     deliver,
     follows_tokens,
     kept_tokens,
-    on_host,
+    position,
+    row_places,
 )
 from minfer_jax.engine.sampling import RowSettings, Sampler, SamplerMode
 from minfer_jax.engine.sharing import common_prefix, shared_prefix, slot_copier, waits_for_leader
@@ -80,9 +80,7 @@ class Scheduler:
         self.prefilling: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
         # dispatched, not read
-        self.inflight: collections.deque[FirstToken | DecodeChunk | slot_spec.VerifyBatch] = (
-            collections.deque()
-        )
+        self.inflight: collections.deque[inflight.Item] = collections.deque()
         self.incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._masks = BatchMasks(model.config.vocab_size)
         self.tokens_out = 0  # tokens handed to requests (metrics)
@@ -149,13 +147,8 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(
-            self.waiting
-            or self.prefilling
-            or self.decoding
-            or self.inflight
-            or not self.incoming.empty()
-        )
+        live = self.waiting or self.prefilling or self.decoding or self.inflight
+        return bool(live) or not self.incoming.empty()
 
     def run(self, requests: Sequence[Request] = ()) -> None:
         """Step until these requests (or, with none given, all) are done."""
@@ -264,7 +257,7 @@ class Scheduler:
             )
             req.timing.compile_s = self.compile(needed)
         req.chunks = plan.chunks(n - req.cached, req.cached)
-        req.timing.start, req.timing.compile_at_start = time.perf_counter(), self.compile_s
+        req.timing.started(self.compile_s)
         self.prefilling.append(req)
 
     def _take_slot(self, prompt: list[int]) -> tuple[int, int]:
@@ -357,36 +350,41 @@ class Scheduler:
         """Dispatch req's next prompt chunk; returns its bucket (tokens of prefill work)."""
         start, bucket, n_valid = req.chunks.pop(0)
         key = self.exes.runnable(self.plan.prefill_key(bucket, self._mode_of([req])), start)
-        tokens = np.zeros((key.bucket,), np.int32)
-        tokens[:n_valid] = req.prompt[start : start + n_valid]
-        width = self.plan.history
-        history = np.full((width,), -1, np.int32)
-        tail = req.prompt[max(0, start + n_valid - width) : start + n_valid] if width else []
-        history[width - len(tail) :] = tail
-        exe = self.exes.get(key)
+        tokens, history = chunk_inputs(req.prompt, start, n_valid, key.bucket, self.plan.history)
         assert req.slot is not None  # prefilling requests hold a slot
         vocab = self.model.config.vocab_size
         # only the last chunk's token counts: the constraint's first mask goes to that one
         mask = self._masks([None if req.chunks else req.constraint], 1)
-        token, self.state, self.cache = exe(
-            self.model.params,
-            self.cache,
-            self.state,
-            tokens,
-            np.int32(req.slot),
-            np.int32(start),
-            np.int32(n_valid),
-            history,
-            RowSettings.of([req.sampler], [req.seed], vocab=vocab, mask=mask),
+        settings = RowSettings.of([req.sampler], [req.seed], vocab=vocab, mask=mask)
+        (token,) = self._run(
+            key, tokens, np.int32(req.slot), np.int32(start), np.int32(n_valid), history, settings
         )
         if not req.chunks:
-            if self.checkpoints is not None:
+            if self.checkpoints is not None and self.cache is not None:
                 self.checkpoints.take(self.cache, req.slot, req.prompt)
             self.prefilling.popleft()
             req.produced = 1
             self.decoding.append(req)
             self.inflight.append(FirstToken(req, token))
         return bucket
+
+    def _run(self, key, *inputs) -> list:
+        """key's executable on the params, the cache and the slots' state (donated: replaced by
+        the ones it returns) and inputs; returns its other outputs."""
+        *out, self.state, self.cache = self.exes.get(key)(
+            self.model.params, self.cache, self.state, *inputs
+        )
+        return out
+
+    def _settings(self, rows: Sequence[Request], width: int) -> RowSettings:
+        """The rows' sampler settings and constraint masks, padded to width rows."""
+        return RowSettings.of(
+            [r.sampler for r in rows],
+            [r.seed for r in rows],
+            width,
+            vocab=self.model.config.vocab_size,
+            mask=self._masks([r.constraint for r in rows], width),
+        )
 
     def _live(self) -> list[Request]:
         """The decoding sequences a decode step advances."""
@@ -399,7 +397,9 @@ class Scheduler:
         rows = self._live()
         if not drafting:
             slot_spec.count_down(rows)
-        drafts = slot_spec.propose(rows, self.plan.spec_drafts(len(rows))) if drafting else {}
+        drafts = (
+            slot_spec.propose(rows, spec_plan.spec_drafts(self.plan, len(rows))) if drafting else {}
+        )
         if drafts and slot_spec.batches(self.plan, rows):
             if self._dispatch_batch(rows, drafts):
                 return True
@@ -414,21 +414,8 @@ class Scheduler:
         one_step = any(follows_tokens(r) for r in rows)
         key = self.exes.runnable(plan.decode_key(n, end, self._mode_of(rows), one_step))
         width = key.rows
-        slots = np.full((width,), plan.scratch_slot, np.int32)
-        positions = np.zeros((width,), np.int32)
-        for i, r in enumerate(rows):
-            slots[i], positions[i] = r.slot, len(r.prompt) + r.produced - 1
-        exe = self.exes.get(key)
-        settings = RowSettings.of(
-            [r.sampler for r in rows],
-            [r.seed for r in rows],
-            width,
-            vocab=self.model.config.vocab_size,
-            mask=self._masks([r.constraint for r in rows], width),
-        )
-        out, self.state, self.cache = exe(
-            self.model.params, self.cache, self.state, slots, positions, settings
-        )
+        slots, positions = row_places(rows, width, plan.scratch_slot)
+        (out,) = self._run(key, slots, positions, self._settings(rows, width))
         valid = []
         for r in rows:
             valid.append(min(key.n_steps, r.limit - r.produced))
@@ -439,26 +426,17 @@ class Scheduler:
     def _dispatch_batch(self, rows: list[Request], drafts: dict[Request, list[int]]) -> bool:
         """One verification step for the whole batch (verify_batch.py); False where no row
         drafts a token or no executable for it is ready (a server's background compiles it)."""
-        end = max(slot_spec.position(r) for r in rows) + 1
+        end = max(position(r) for r in rows) + 1
         n = max(len(d) for d in drafts.values())
         if n == 0:  # only one-token verifications: a plain step (one token a row) is the same
             return False
         key = self.exes.ready_key(
-            self.plan.verify_batch_key(len(rows), n, end, self._mode_of(rows))
+            spec_plan.verify_batch_key(self.plan, len(rows), n, end, self._mode_of(rows))
         )
         if key is None:
             return False
         inputs = slot_spec.batch_inputs(self.plan, rows, drafts, key.rows, key.drafts)
-        settings = RowSettings.of(
-            [r.sampler for r in rows],
-            [r.seed for r in rows],
-            key.rows,
-            vocab=self.model.config.vocab_size,
-            mask=self._masks([r.constraint for r in rows], key.rows),
-        )
-        tokens, n_out, self.state, self.cache = self.exes.get(key)(
-            self.model.params, self.cache, self.state, *inputs, settings
-        )
+        tokens, n_out = self._run(key, *inputs, self._settings(rows, key.rows))
         row_drafts = [(r, len(drafts[r]) if r in drafts else None) for r in rows]
         self.inflight.append(slot_spec.VerifyBatch(row_drafts, tokens, n_out))
         return True
@@ -467,46 +445,25 @@ class Scheduler:
         """Dispatch a verification of req's draft alone; False where no executable for it is
         ready (req then takes the plain decode chunk)."""
         assert req.slot is not None and req.drafter is not None
-        position, mode = slot_spec.position(req), self.mode([req.sampler])  # all tokens read
+        at, mode = position(req), self.mode([req.sampler])  # all tokens read
         on_device = req.drafter.spec.on_device  # MTP: the step drafts (verify.py)
-        key = self.exes.ready_key(self.plan.verify_key(len(draft), position + 1, mode, on_device))
+        key = self.exes.ready_key(
+            spec_plan.verify_key(self.plan, len(draft), at + 1, mode, on_device)
+        )
         if key is None:
             return False
         drafts = np.array(draft + [0] * (key.drafts - len(draft)), np.int32)
-        vocab, mask = self.model.config.vocab_size, self._masks([req.constraint], 1)
-        settings = RowSettings.of([req.sampler], [req.seed], vocab=vocab, mask=mask)
-        tokens, n_out, self.state, self.cache = self.exes.get(key)(
-            self.model.params, self.cache, self.state, np.int32(req.slot), np.int32(position),
-            drafts, np.int32(len(draft)), settings,
+        tokens, n_out = self._run(
+            key, np.int32(req.slot), np.int32(at), drafts, np.int32(len(draft)),
+            self._settings([req], 1),
         )  # fmt: skip
         self.inflight.append(slot_spec.VerifyBatch([(req, len(draft))], tokens, n_out))
         return True
 
     # -- reading results -----------------------------------------------------------------------
-    def _read(self, item: FirstToken | DecodeChunk | slot_spec.VerifyBatch) -> None:
-        if isinstance(item, slot_spec.VerifyBatch):  # waits for the step (no logprobs)
-            for req, tokens in slot_spec.verified(item):
-                if not req.done.is_set():
-                    self._deliver(req, tokens)
-            return
-        if isinstance(item, FirstToken):
-            req = item.req
-            token, lps = on_host(item.token, req.logprobs is not None)  # waits for the prefill
-            if req.done.is_set():
-                return
-            t = req.timing
-            t.first = time.perf_counter()
-            assert t.start is not None  # set when its prefill was dispatched
-            t.prefill_s = t.first - t.start - (self.compile_s - t.compile_at_start)
-            t.compile_at_first = self.compile_s
-            self._deliver(req, [int(token)], jax.tree.map(lambda a: a[None], lps))
-            return
-        # waits for this chunk (the next one is already queued)
-        out, lps = on_host(item.tokens, any(r.logprobs is not None for r, _ in item.rows))
-        for i, (req, valid) in enumerate(item.rows):
-            if not req.done.is_set():
-                row = jax.tree.map(lambda a: a[:valid, i], lps)  # noqa: B023  used at once
-                self._deliver(req, out[:valid, i].tolist(), row)
+    def _read(self, item: inflight.Item) -> None:
+        for req, tokens, lps in inflight.read(item, self.compile_s):
+            self._deliver(req, tokens, lps)
 
     def _deliver(self, req: Request, tokens: list[int], lps=None) -> None:
         """Hand tokens to req (request.deliver); lps: their TokenLogprobs (host arrays)."""
@@ -531,11 +488,7 @@ class Scheduler:
                 self.slot_tokens[req.slot] = kept_tokens(req)
             self.free_slots.append(req.slot)
             req.slot = None
-        t = req.timing
-        if t.first is not None:
-            t.decode_s = time.perf_counter() - t.first - (self.compile_s - t.compile_at_first)
-        if t.start is not None:
-            t.compile_s += self.compile_s - t.compile_at_start
+        req.timing.finished(self.compile_s)
         req.done.set()
         if req.on_done is not None:
             req.on_done(req)

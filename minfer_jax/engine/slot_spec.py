@@ -1,12 +1,12 @@
 """Speculation per slot in the host loop (scheduler.py): whether a decode step drafts, each row's
 draft, the inputs of a batch's verification step (verify_batch.py) and what each row takes from it.
 
-A step drafts where the plan says drafting pays for its row count (plan.spec_drafts: a batch of
-many rows is compute-bound, and padding every row to 1 + K tokens would cost more than drafts
-gain) and some row's drafter wants tokens; only such a step reads every row's tokens before it
-dispatches (a draft needs them), so large batches keep their asynchronous pipeline. Then every
-decoding row runs in one executable: rows with a draft verify it, the others (no drafter, a
-paused one, no match) decode their one token on padding.
+A step drafts where the plan says drafting pays for its row count (spec_plan.spec_drafts: a
+batch of many rows is compute-bound, and padding every row to 1 + K tokens would cost more than
+drafts gain) and some row's drafter wants tokens; only such a step reads every row's tokens
+before it dispatches (a draft needs them), so large batches keep their asynchronous pipeline.
+Then every decoding row runs in one executable: rows with a draft verify it, the others (no
+drafter, a paused one, no match) decode their one token on padding.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import jax
 import numpy as np
 
 from minfer_jax.engine.plan import Plan
-from minfer_jax.engine.request import Request, follows_tokens
+from minfer_jax.engine.request import Request, follows_tokens, row_places
+from minfer_jax.engine.spec_plan import spec_drafts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,7 @@ class VerifyBatch:
 def speculates(plan: Plan, rows: Sequence[Request]) -> bool:
     """Whether this decode step drafts (rows: the sequences it decodes)."""
     wants = any(r.drafter is not None and r.drafter.wants_tokens for r in rows)
-    return wants and plan.spec_drafts(len(rows)) > 0
+    return wants and spec_drafts(plan, len(rows)) > 0
 
 
 def propose(rows: Sequence[Request], cap: int) -> dict[Request, list[int]]:
@@ -73,23 +74,15 @@ def batches(plan: Plan, rows: Sequence[Request]) -> bool:
     )
 
 
-def position(req: Request) -> int:
-    """Where req's last token goes (all its tokens dispatched so far were fed back)."""
-    return len(req.prompt) + req.produced - 1
-
-
 def batch_inputs(
     plan: Plan, rows: Sequence[Request], drafts: dict[Request, list[int]], width: int, k: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """verify_batch's slots, positions [width], drafts [width, k] and n_draft [width]: padded
     rows in the scratch slot at position 0 with no draft."""
-    slots = np.full((width,), plan.scratch_slot, np.int32)
-    positions = np.zeros((width,), np.int32)
+    slots, positions = row_places(rows, width, plan.scratch_slot)
     tokens = np.zeros((width, k), np.int32)
     n_draft = np.zeros((width,), np.int32)
     for i, r in enumerate(rows):
-        assert r.slot is not None
-        slots[i], positions[i] = r.slot, position(r)
         draft = drafts.get(r, [])
         tokens[i, : len(draft)], n_draft[i] = draft, len(draft)
     return slots, positions, tokens, n_draft

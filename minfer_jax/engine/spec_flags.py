@@ -7,6 +7,8 @@ or once the target is loaded a draft_model.DraftSpeculation."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from minfer_jax import validate
@@ -24,8 +26,65 @@ from minfer_jax.engine.lookup import (
     Speculation,
     speculation_of,
 )
-from minfer_jax.engine.plan import MAX_DRAFT
+from minfer_jax.engine.spec_plan import MAX_DRAFT
 from minfer_jax.errors import InvalidArgumentError
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecFlag:
+    """One draft flag: its spellings (llama.cpp's first, then its older ones), value type,
+    metavar and what it means (its default said)."""
+
+    names: tuple[str, ...]
+    type: Callable[[str], Any] | None
+    metavar: str
+    meaning: str
+
+
+# the one place these flags are spelled (the CLIs here, the server and minfer_bench's bench.py)
+SPEC_FLAGS = {
+    "draft_max": SpecFlag(
+        ("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"),
+        int,
+        "N",
+        f"most tokens drafted per step, 1..{MAX_DRAFT} (default {DEFAULT_DRAFT_MAX}: 8 rows, the "
+        "few-token GEMV's largest)",
+    ),
+    "draft_min": SpecFlag(
+        ("--spec-draft-n-min", "--draft-min", "--draft-n-min"),
+        int,
+        "N",
+        "fewest drafted tokens worth a verification step (default 1)",
+    ),
+    "model_draft": SpecFlag(
+        ("-md", "--model-draft"),
+        None,
+        "FNAME",
+        "draft model for speculative decoding (a smaller GGUF of the same vocabulary, loaded "
+        "with this model's options; implies --spec-type draft-simple)",
+    ),
+    "draft_p_min": SpecFlag(
+        ("--spec-draft-p-min", "--draft-p-min"),
+        float,
+        "P",
+        "the draft stops before a token the draft model gives less than P, 0..1 (default "
+        f"{DEFAULT_P_MIN})",
+    ),
+}
+
+
+def add_spec_flag(group: Any, dest: str, help: str | None = None) -> None:
+    """SPEC_FLAGS[dest] on group (default None: the setting's own default applies); help: the
+    caller's words for it, else its meaning."""
+    flag = SPEC_FLAGS[dest]
+    group.add_argument(
+        *flag.names,
+        dest=dest,
+        type=flag.type,
+        default=None,
+        metavar=flag.metavar,
+        help=flag.meaning if help is None else help,
+    )
 
 
 def add_speculative_flags(group: Any) -> None:
@@ -39,47 +98,9 @@ def add_speculative_flags(group: Any) -> None:
         "(with -md), draft-mtp (alias mtp: a Qwen3.5 / 3.6 file's MTP block drafts, default 3 "
         "a step) or none (default); llama.cpp's EAGLE type is not implemented",
     )
-    group.add_argument(
-        "--spec-draft-n-max",
-        "--draft-max",
-        "--draft-n",
-        "--draft",
-        dest="draft_max",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"most tokens drafted per step, 1..{MAX_DRAFT} (default {DEFAULT_DRAFT_MAX}: 8 rows, "
-        "the few-token GEMV's largest)",
-    )
-    group.add_argument(
-        "--spec-draft-n-min",
-        "--draft-min",
-        "--draft-n-min",
-        dest="draft_min",
-        type=int,
-        default=None,
-        metavar="N",
-        help="fewest drafted tokens worth a verification step (default 1)",
-    )
-    group.add_argument(
-        "-md",
-        "--model-draft",
-        dest="model_draft",
-        default=None,
-        metavar="FNAME",
-        help="draft model for speculative decoding (a smaller GGUF of the same vocabulary, "
-        "loaded with this model's options; implies --spec-type draft-simple)",
-    )
-    group.add_argument(
-        "--spec-draft-p-min",
-        "--draft-p-min",
-        dest="draft_p_min",
-        type=float,
-        default=None,
-        metavar="P",
-        help=f"-md: the draft stops before a token the draft model gives less than P, 0..1 "
-        f"(default {DEFAULT_P_MIN})",
-    )
+    for dest in ("draft_max", "draft_min", "model_draft"):
+        add_spec_flag(group, dest)
+    add_spec_flag(group, "draft_p_min", "-md: " + SPEC_FLAGS["draft_p_min"].meaning)
 
 
 def speculation_from_args(args: Any) -> Speculation | None:

@@ -231,7 +231,7 @@ class GenerationResult:
     compile_s: float
     # prompt tokens whose K/V a previous request left in the slot (not prefilled again)
     cached_tokens: int = 0
-    # speculative decoding's counts (lookup.SpecStats), None when it was off
+    # speculative decoding's counts (drafter.SpecStats), None when it was off
     speculation: Any = None
     # one per token of `tokens` when the request asked for logprobs (None: it did not)
     logprobs: list[TokenLogprob] | None = None

@@ -16,6 +16,7 @@ greedy row that is greedy acceptance; for a sampled row it is the standard rejec
 deterministic (one-hot) draft: d is accepted with probability p(d), and on a rejection the token
 drawn is distributed as p with d removed, renormalised. The output distribution is unchanged
 (and, with the same seed, so are the tokens wherever the batch's logits are the plain step's).
+`accept_drafts` is that rule for a batch of such rows, this step's and verify_batch.py's.
 
 Rejected drafts leave K/V at positions past the accepted ones; the next step writes those positions
 before any query can see them (keys are masked by position), so nothing needs undoing. Recurrent
@@ -68,32 +69,65 @@ def verify_chunk(
         drafts, cache = mtp_draft(
             params, cache, state.last_token[slot], slot, position, drafts.shape[0], cfg, impl
         )
-    n_rows = drafts.shape[0] + 1
-    offsets = jnp.arange(n_rows, dtype=jnp.int32)
-    tokens = jnp.concatenate([state.last_token[slot][None], drafts.astype(jnp.int32)])
-    positions = position + offsets
+    drafts = drafts.astype(jnp.int32)
+    tokens = jnp.concatenate([state.last_token[slot][None], drafts])
     logits, hidden, cache, snapshots = forward_rows(
         params, tokens, slot, position, cache, cfg, impl, span, par
     )
-    every_row = jax.tree.map(lambda a: jnp.repeat(a, n_rows, axis=0), rows)
-    width = state.history.shape[1] if mode.penalty else 0
-    base = state.history[slot] if mode.penalty else jnp.zeros((0,), jnp.int32)
-    # row i's penalty window: the slot's history with drafts 1..i appended
-    window = jnp.concatenate([base, drafts.astype(jnp.int32)])
-    history = jax.vmap(lambda i: jax.lax.dynamic_slice_in_dim(window, i, width))(offsets)
-    drawn = _sample(par, logits, positions + 1, every_row, history, mode)  # [K + 1]
-    match = (drawn[:-1] == drafts) & (offsets[:-1] < n_draft)
-    n_accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32)))
-    n_out = n_accepted + 1
+    one = (1,)  # the sequence as a batch of one row
+    drawn, n_out, state = accept_drafts(
+        par, logits, state, jnp.reshape(slot, one), jnp.reshape(position, one), drafts[None],
+        jnp.reshape(n_draft, one), rows, mode,
+    )  # fmt: skip
+    n_accepted = n_out[0] - 1
     cache = keep_snapshot(cache, snapshots, slot, n_accepted)  # the state after the last fed row
     if mtp:
         cache = catch_up(params, cache, drafts, hidden, slot, position, n_accepted, cfg, impl)
+    return drawn[0], n_out[0], state, cache
+
+
+def accept_drafts(
+    par,
+    logits: jax.Array,
+    state: SlotState,
+    slots: jax.Array,
+    positions: jax.Array,
+    drafts: jax.Array,
+    n_draft: jax.Array,
+    rows: RowSettings,
+    mode: SamplerMode,
+) -> tuple[jax.Array, jax.Array, SlotState]:
+    """The sampling and acceptance of a verification (the module docstring): batch row b fed
+    slots[b]'s last token and drafts[b] [K] int32 (n_draft[b] real) at positions[b] + 0..K, which
+    gave logits [B * (1 + K), V]; rows: each batch row's sampler settings ([B] each).
+
+    Returns (tokens [B, K + 1] int32, n_out [B] int32, state): tokens[b, :n_out[b]] are row b's
+    accepted drafts followed by the model's own next token; each slot's last token and
+    repeat-penalty history advance by its n_out tokens.
+    """
+    n_rows, k = drafts.shape
+    per_row = k + 1
+    offsets = jnp.arange(per_row, dtype=jnp.int32)
+    at = positions[:, None] + offsets
+    every_row = jax.tree.map(lambda a: jnp.repeat(a, per_row, axis=0), rows)
+    width = state.history.shape[1] if mode.penalty else 0
+    base = state.history[slots] if mode.penalty else jnp.zeros((n_rows, 0), jnp.int32)
+    # forward row (b, i)'s penalty window: b's history with its drafts 1..i appended
+    window = jnp.concatenate([base, drafts], axis=1)
+    history = jax.vmap(
+        lambda w: jax.vmap(lambda i: jax.lax.dynamic_slice_in_dim(w, i, width))(offsets)
+    )(window).reshape(n_rows * per_row, width)
+    drawn = _sample(par, logits, at.reshape(-1) + 1, every_row, history, mode)
+    drawn = drawn.reshape(n_rows, per_row)
+    match = (drawn[:, :-1] == drafts) & (offsets[None, :-1] < n_draft[:, None])
+    n_accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)
+    n_out = n_accepted + 1
+    last = jnp.take_along_axis(drawn, n_accepted[:, None], axis=1)[:, 0]
     if mode.penalty:
-        grown = jnp.concatenate([base, drawn])
-        new_history = state.history.at[slot].set(jax.lax.dynamic_slice_in_dim(grown, n_out, width))
+        grown = jnp.concatenate([base, drawn], axis=1)
+        kept = jax.vmap(lambda g, n: jax.lax.dynamic_slice_in_dim(g, n, width))(grown, n_out)
+        new_history = state.history.at[slots].set(kept)
     else:
         new_history = state.history
-    state = SlotState(
-        last_token=state.last_token.at[slot].set(drawn[n_accepted]), history=new_history
-    )
-    return drawn, n_out.astype(jnp.int32), state, cache
+    state = SlotState(last_token=state.last_token.at[slots].set(last), history=new_history)
+    return drawn, n_out.astype(jnp.int32), state

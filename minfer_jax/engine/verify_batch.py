@@ -21,7 +21,8 @@ import jax.numpy as jnp
 
 from minfer_jax import ops
 from minfer_jax.engine.sampling import RowSettings, SamplerMode
-from minfer_jax.engine.steps import SlotState, _sample
+from minfer_jax.engine.steps import SlotState
+from minfer_jax.engine.verify import accept_drafts
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
 from minfer_jax.model.decoder import forward_decode
@@ -47,16 +48,12 @@ def verify_batch(
     """Rows [B] (slot slots[b], its last token at positions[b]) verify drafts [B, K] (n_draft [B]
     real each); rows: each row's sampler settings ([B] each).
 
-    Returns (tokens [B, K + 1] int32, n_out [B] int32, state, cache): tokens[b, :n_out[b]] are row
-    b's accepted drafts followed by the model's own next token; each slot's last token and
-    repeat-penalty history advance by its n_out tokens.
+    Returns (tokens [B, K + 1] int32, n_out [B] int32, state, cache): verify.accept_drafts's.
     """
-    n_rows, k = drafts.shape
-    per_row = k + 1
-    offsets = jnp.arange(per_row, dtype=jnp.int32)
+    per_row = drafts.shape[1] + 1
     drafts = drafts.astype(jnp.int32)
     tokens = jnp.concatenate([state.last_token[slots][:, None], drafts], axis=1)  # [B, 1 + K]
-    at = positions[:, None] + offsets
+    at = positions[:, None] + jnp.arange(per_row, dtype=jnp.int32)
     logits, cache = forward_decode(
         params,
         tokens.reshape(-1),
@@ -68,25 +65,7 @@ def verify_batch(
         span,
         par,
     )
-    every_row = jax.tree.map(lambda a: jnp.repeat(a, per_row, axis=0), rows)
-    width = state.history.shape[1] if mode.penalty else 0
-    base = state.history[slots] if mode.penalty else jnp.zeros((n_rows, 0), jnp.int32)
-    # forward row (b, i)'s penalty window: b's history with its drafts 1..i appended
-    window = jnp.concatenate([base, drafts], axis=1)
-    history = jax.vmap(
-        lambda w: jax.vmap(lambda i: jax.lax.dynamic_slice_in_dim(w, i, width))(offsets)
-    )(window).reshape(n_rows * per_row, width)
-    drawn = _sample(par, logits, at.reshape(-1) + 1, every_row, history, mode)
-    drawn = drawn.reshape(n_rows, per_row)
-    match = (drawn[:, :-1] == drafts) & (offsets[None, :-1] < n_draft[:, None])
-    n_accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)
-    n_out = n_accepted + 1
-    last = jnp.take_along_axis(drawn, n_accepted[:, None], axis=1)[:, 0]
-    if mode.penalty:
-        grown = jnp.concatenate([base, drawn], axis=1)
-        kept = jax.vmap(lambda g, n: jax.lax.dynamic_slice_in_dim(g, n, width))(grown, n_out)
-        new_history = state.history.at[slots].set(kept)
-    else:
-        new_history = state.history
-    state = SlotState(last_token=state.last_token.at[slots].set(last), history=new_history)
-    return drawn, n_out.astype(jnp.int32), state, cache
+    drawn, n_out, state = accept_drafts(
+        par, logits, state, slots, positions, drafts, n_draft, rows, mode
+    )
+    return drawn, n_out, state, cache

@@ -22,7 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from minfer_jax.engine.plan import MIN_BUCKET, DecodeKey, Plan, VerifyBatchKey, VerifyKey
+from minfer_jax.engine.plan import MIN_BUCKET, DecodeKey, Plan
+from minfer_jax.engine.spec_plan import VerifyBatchKey, VerifyKey
 from minfer_jax.errors import InvalidArgumentError
 
 

@@ -22,7 +22,6 @@ recently used entries, and never writes an entry that alone exceeds it. Models w
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import logging
@@ -31,15 +30,14 @@ import os
 import pickle
 import shutil
 import struct
-import tempfile
 import threading
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minfer_jax.engine.file_store import FileStore
 from minfer_jax.sizes import gib_from_env
 
 _log = logging.getLogger(__name__)
@@ -53,7 +51,6 @@ _ALIGN = 4096  # leaf data offsets: page aligned, so every leaf maps without a c
 _PREFIX = len(_MAGIC) + 8  # magic + the header's length
 _PROBE = 1 << 20  # bytes of the GGUF's head and tail hashed into the key
 _SUFFIX = ".weights"
-_STALE_TMP_S = 3600.0  # a temporary entry this old belongs to a writer that died
 # The modules whose code decides the bytes of the weights (a change there misses the cache).
 _PRODUCERS = (
     "model/weights.py",
@@ -121,24 +118,25 @@ def cache_key(path: str, opts) -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-class WeightsCache:
-    def __init__(self, directory: str | os.PathLike, max_bytes: int | None = None):
-        self.directory = Path(directory)
-        self.max_bytes = limit_bytes() if max_bytes is None else max_bytes
+class WeightsCache(FileStore):
+    """Params on disk, one file per cache_key (file_store.py; the layout: the module docstring)."""
 
-    def path(self, digest: str) -> Path:
-        return self.directory / f"{digest}{_SUFFIX}"
+    def __init__(self, directory: str | os.PathLike, max_bytes: int | None = None):
+        limit = limit_bytes() if max_bytes is None else max_bytes
+        super().__init__(
+            directory,
+            limit,
+            suffix=_SUFFIX,
+            name="weights cache",
+            instead="rebuilding the weights",
+            log=_log,
+        )
 
     def get(self, digest: str, device):
         """The params of an entry on `device` (mapped, not read, where the backend allows), or
         None."""
-        path = self.path(digest)
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            _log.warning("weights cache: cannot open %s (%s); rebuilding the weights", path, e)
+        f = self.open(digest)
+        if f is None:
             return None
         try:
             with f:
@@ -166,15 +164,9 @@ class WeightsCache:
             leaves = jax.device_put(host, device)
             params = jax.tree_util.tree_unflatten(header["treedef"], leaves)
         except Exception as e:  # noqa: BLE001  corrupt or foreign: a miss, rebuilt and overwritten
-            _log.warning(
-                "weights cache: %s is unusable (%s: %s); rebuilding the weights",
-                path.name,
-                type(e).__name__,
-                e,
-            )
+            self.unusable(digest, e)
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # least-recently-used order for pruning
+        self.used(digest)
         return params
 
     def put(self, digest: str, params) -> bool:
@@ -207,50 +199,22 @@ class WeightsCache:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.prune(keep_free=total)
-            if shutil.disk_usage(self.directory).free < total + (1 << 30):  # leave the disk a GiB
-                _log.info(
-                    "weights cache: not enough free disk for %.1f GB; not cached", total / 1e9
-                )
-                return False
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=_SUFFIX)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    os.fchmod(f.fileno(), 0o644)
-                    f.write(_MAGIC + struct.pack("<Q", len(blob)) + blob)
-                    for (off, _, _), x in zip(layout, leaves):
-                        f.seek(start + off)
-                        f.write(np.ascontiguousarray(np.asarray(x)).data.cast("B"))
-                    f.truncate(total)
-                os.replace(tmp, self.path(digest))
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            free = shutil.disk_usage(self.directory).free
         except OSError as e:
             _log.warning("weights cache: cannot write %s (%s)", self.directory, e)
             return False
-        return True
+        if free < total + (1 << 30):  # leave the disk a GiB
+            _log.info("weights cache: not enough free disk for %.1f GB; not cached", total / 1e9)
+            return False
 
-    def prune(self, keep_free: int = 0) -> None:
-        """Drop least recently used entries until the others plus `keep_free` bytes fit."""
-        stats, now = [], time.time()
-        with contextlib.suppress(OSError):
-            for p in self.directory.iterdir():
-                if p.suffix != _SUFFIX:
-                    continue
-                with contextlib.suppress(OSError):
-                    st = p.stat()
-                    if not p.name.startswith("."):
-                        stats.append((st.st_mtime, st.st_size, p))
-                    elif now - st.st_mtime > _STALE_TMP_S:  # a writer that was killed
-                        p.unlink()
-        total = sum(size for _, size, _ in stats) + keep_free
-        for _, size, p in sorted(stats, key=lambda s: s[0]):
-            if total <= self.max_bytes:
-                break
-            with contextlib.suppress(OSError):
-                p.unlink()  # a process that mapped it keeps its pages
-            total -= size
+        def write(f) -> None:
+            f.write(_MAGIC + struct.pack("<Q", len(blob)) + blob)
+            for (off, _, _), x in zip(layout, leaves):
+                f.seek(start + off)
+                f.write(np.ascontiguousarray(np.asarray(x)).data.cast("B"))
+            f.truncate(total)
+
+        return self.write(digest, write)
 
 
 class Entry:
