@@ -112,6 +112,7 @@ class Choice:
     calls: list = dataclasses.field(default_factory=list)  # [name, arguments text]
     finish: str | None = None
     logprobs: list | None = None  # chat: content entries; completions: token_logprobs
+    stop_sequence: str | None = None  # Anthropic's: the stop sequence that ended the reply
 
 
 @dataclasses.dataclass
@@ -578,9 +579,10 @@ def check_anthropic(case: Case, out: Outcome) -> list[str]:
             errs.append(f"tool_use blocks with stop_reason {c.finish}")
         if c.finish == "tool_use" and not c.calls:
             errs.append("stop_reason tool_use without a tool_use block")
-        for s in case.body.get("stop_sequences") or []:
-            if s in c.text:
-                errs.append(f"text holds stop sequence {s!r}")
+        stops = case.body.get("stop_sequences") or []
+        errs += [f"text holds stop sequence {s!r}" for s in stops if s in c.text]
+        if (c.finish == "stop_sequence") != (c.stop_sequence in stops):
+            errs.append(f"stop_reason {c.finish} with stop_sequence {c.stop_sequence!r}")
         errs += _call_errors(c.calls, choice)
     return errs
 

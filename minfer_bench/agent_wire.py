@@ -172,6 +172,7 @@ def anthropic_whole(data: dict) -> Outcome:
     if data.get("type") != "message" or data.get("role") != "assistant":
         out.problems.append(f"type {data.get('type')!r} role {data.get('role')!r}")
     out.choices = [_blocks_choice(data.get("content") or [], data.get("stop_reason"), out.problems)]
+    out.choices[0].stop_sequence = data.get("stop_sequence")
     out.problems += _usage_problems(out.usage, "input_tokens", "output_tokens")
     return out
 
@@ -188,7 +189,7 @@ def anthropic_stream(events: list[str]) -> Outcome:
         out.problems.append(f"{kinds.count('message_delta')} message_delta events")
     blocks: list[dict] = []
     partial: dict[int, str] = {}
-    open_index, stop = None, None
+    open_index, stop, sequence = None, None, None
     for e in parsed:
         kind = e.get("type")
         if kind == "error":
@@ -214,13 +215,15 @@ def anthropic_stream(events: list[str]) -> Outcome:
                 out.problems.append(f"stop of block {e['index']}, {open_index} open")
             open_index = None
         elif kind == "message_delta":
-            stop, out.usage = e["delta"].get("stop_reason"), e.get("usage")
+            stop, sequence = e["delta"].get("stop_reason"), e["delta"].get("stop_sequence")
+            out.usage = e.get("usage")
     for i, text in partial.items():
         try:
             blocks[i]["input"] = json.loads(text)
         except ValueError:
             out.problems.append(f"tool_use {i} input is not JSON: {text!r}")
     out.choices = [_blocks_choice(blocks, stop, out.problems)]
+    out.choices[0].stop_sequence = sequence
     if out.usage is None or not isinstance(out.usage.get("output_tokens"), int):
         out.problems.append(f"message_delta usage {out.usage}")
     return out

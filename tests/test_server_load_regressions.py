@@ -23,3 +23,27 @@ def test_a_turn_cut_at_max_tokens_finishes_length_even_with_calls(reason, want):
     assert whole["choices"][0]["finish_reason"] == want
     last = Reply("chat", "m").chunk(reason=reason, called=True)
     assert last["choices"][0]["finish_reason"] == want
+
+
+@pytest.mark.real_model
+def test_the_stop_sequence_that_ended_a_reply_is_named(real_model):
+    """Anthropic's stop_sequence names the custom stop sequence behind stop_reason
+    "stop_sequence" (it was always null): the text stream keeps which stop string ended it (the
+    earliest of those found), and the Messages reply, whole or streamed, reports it."""
+    import json
+
+    from minfer_jax.engine.text_stream import TextStream
+    from minfer_jax.files.tokenizer import Tokenizer
+    from minfer_jax.server.anthropic_reply import BlockSplit, EventStream, matched
+
+    tok = Tokenizer.from_model(real_model)
+    ids = tok.encode("def fibonacci(n):\n    if n <= 1:\n        return n", add_special=False)
+    stream = TextStream(tok, max_new_tokens=100, limit=100, stop=["return", "<= 1", "if"])
+    for t in ids:
+        stream.push(t)
+    assert stream.reason == StopReason.STOP and stream.stop_string == "if"
+    assert matched("stop_sequence", "if") == "if" and matched("tool_use", "if") is None
+    split = BlockSplit(None, None, False, show_thinking=False)
+    events = EventStream(split, {"id": "msg_1"}).end(stream.text, stream.reason, 4, 9, 0, "if")
+    (delta,) = [json.loads(e.split("data: ")[1]) for e in events if "message_delta" in e]
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "if"}

@@ -25,6 +25,7 @@ from minfer_jax.server.anthropic_reply import (
     BlockSplit,
     EventStream,
     error_event,
+    matched,
     stop_reason,
     usage,
     whole_content,
@@ -222,7 +223,12 @@ async def _stream(handle, events: EventStream, n_prompt: int):
             return
         result = req.result()
         for e in events.end(
-            result.text, result.stop_reason, n_prompt, len(result.tokens), result.cached_tokens
+            result.text,
+            result.stop_reason,
+            n_prompt,
+            len(result.tokens),
+            result.cached_tokens,
+            result.stop_string,
         ):
             yield e
     finally:
@@ -287,11 +293,12 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
             return error(499, "the client went away")
         result = handle.req.result()
         content, uses = whole_content(split, result.text)
+        said = stop_reason(result.stop_reason, uses)
         return {
             **head,
             "content": content,
-            "stop_reason": stop_reason(result.stop_reason, uses),
-            "stop_sequence": None,
+            "stop_reason": said,
+            "stop_sequence": matched(said, result.stop_string),
             "usage": usage(len(ids), len(result.tokens), result.cached_tokens),
         }
 
