@@ -494,8 +494,9 @@ def check_n(case: Case, out: Outcome) -> list[str]:
 def check_logprobs(case: Case, out: Outcome) -> list[str]:
     errs = []
     for i, c in enumerate(out.choices):
-        if c.logprobs is None:
-            errs.append(f"choice {i} has no logprobs")
+        if c.logprobs is None:  # a reply of no tokens may stream none
+            if (out.usage or {}).get("completion_tokens") != 0:
+                errs.append(f"choice {i} has no logprobs")
             continue
         if (
             out.usage
@@ -518,8 +519,7 @@ def check_schema(case: Case, out: Outcome) -> list[str]:
     fmt = case.body["response_format"]
     errs = []
     for i, c in enumerate(out.choices):
-        if c.finish == "length":
-            errs.append(f"choice {i} cut at max_tokens: {c.text!r}")
+        if c.finish == "length":  # a JSON value cut short: counted as "cut", not checked
             continue
         try:
             value = json.loads(c.text)
@@ -562,7 +562,8 @@ def check_tools(case: Case, out: Outcome) -> list[str]:
             errs.append(f"calls with finish_reason {c.finish}")
         if not case.body["parallel_tool_calls"] and len(c.calls) > 1:
             errs.append(f"{len(c.calls)} calls with parallel_tool_calls false")
-        errs += _call_errors(c.calls, choice)
+        if c.finish != "length":  # a cut-off call's arguments may be cut short too
+            errs += _call_errors(c.calls, choice)
     return errs
 
 

@@ -90,6 +90,8 @@ def _judge(case: cases.Case, out: cases.Outcome, refs: dict, report: Report) -> 
         report.fail(case.kind, f"{out.status} (expected {sorted(case.expect)}): {head} -> "
                     f"{out.body[:300]}")  # fmt: skip
         return
+    if any(c.finish in ("length", "max_tokens") for c in out.choices):
+        report.note(case.kind, "cut")  # cut at max_tokens: a schema or call may be unfinished
     problems = list(out.problems)
     if out.status == 200 and case.cancel_after is None and case.check is not None:
         problems += case.check(case, out)
