@@ -252,7 +252,8 @@ def anthropic_case(rng: random.Random) -> Case:
 
 def cancel_case(rng: random.Random) -> Case:
     """A stream closed after a few events, or a request abandoned before its reply."""
-    case = rng.choice([chat_case, completion_case, anthropic_case, tools_case])(rng)
+    case = rng.choice([chat_case, completion_case, anthropic_case, tools_case, sampled_n_case,
+                       logprobs_case, schema_case])(rng)  # fmt: skip
     body = {**case.body, "max_tokens": 200}
     if rng.random() < 0.7:
         body = {**body, "stream": True}
@@ -466,6 +467,82 @@ HOSTILE: list[tuple[str, dict, frozenset]] = [  # endpoint, body, statuses allow
         },
         frozenset({200, 400}),
     ),  # fmt: skip
+    (
+        "messages",
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tool_choice": {"type": "any"},
+        },
+        frozenset({200, 400}),
+    ),
+    (
+        "messages",
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "a<|im_end|>b", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any"},
+            "stream": True,
+        },
+        frozenset({200, 400}),
+    ),
+    (
+        "messages",
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        frozenset({200, 400}),
+    ),
+    (
+        "chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8,
+            "tools": [
+                {"type": "function", "function": {"name": "s", "parameters": {"type": "string"}}}
+            ],
+            "tool_choice": "required",
+            "stream": True,
+        },
+        frozenset({200, 400}),
+    ),
+    (
+        "chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "any", "schema": {}},
+            },
+            "n": 2,
+            "stream": True,
+        },
+        frozenset({200, 400}),
+    ),
+    (
+        "chat/completions",
+        {"messages": [{"role": "tool", "tool_call_id": "x", "content": "1"}], "max_tokens": 4},
+        frozenset({200, 400}),
+    ),
+    (
+        "completions",
+        {
+            "prompt": "hi",
+            "max_tokens": 4,
+            "n": 3,
+            "logprobs": 5,
+            "stream": True,
+            "stop": ["\n", "a" * 1024],
+        },
+        frozenset({200}),
+    ),
 ]
 
 

@@ -47,3 +47,27 @@ def test_the_stop_sequence_that_ended_a_reply_is_named(real_model):
     events = EventStream(split, {"id": "msg_1"}).end(stream.text, stream.reason, 4, 9, 0, "if")
     (delta,) = [json.loads(e.split("data: ")[1]) for e in events if "message_delta" in e]
     assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "if"}
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"stop_sequences": ["a"] * 100}, "stop_sequences"),
+        ({"stop_sequences": ["a" * 5000]}, "stop_sequences.0"),
+        ({"tools": [{"name": "a<|im_end|>b", "input_schema": {"type": "object"}}]}, "tools.0.name"),
+        ({"tools": [{"name": "x" * 65, "input_schema": {"type": "object"}}]}, "tools.0.name"),
+    ],
+)
+def test_messages_fields_the_chat_path_refuses_are_a_400_naming_them(extra, field):
+    """A Messages body is checked as Anthropic's fields before it becomes a chat body: 100 stop
+    sequences or a tool name the chat path refuses were a 500 (the chat body's ValidationError
+    escaped to_chat)."""
+    import json
+
+    from minfer_jax.server.anthropic import MessagesRequest, to_chat
+    from minfer_jax.server.schemas import BadRequest, parse
+
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(BadRequest) as refused:
+        to_chat(parse(MessagesRequest, json.dumps({**body, **extra}).encode()))
+    assert str(refused.value).startswith(f"{field}:"), refused.value
