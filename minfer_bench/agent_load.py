@@ -36,9 +36,24 @@ from minfer_jax.engine.flags import StrictParser
 
 from minfer_bench import agent_cases as cases
 from minfer_bench import agent_wire as wire
+from minfer_bench.agent_hostile import hostile_case
 from minfer_bench.load_test import LOOPBACK, LoadTestError
 
 MAX_CLIENTS, MAX_REQUESTS = 256, 100_000
+KINDS = {
+    "chat": cases.chat_case,
+    "completion": cases.completion_case,
+    "n>1": cases.sampled_n_case,
+    "logprobs": cases.logprobs_case,
+    "schema": cases.schema_case,
+    "tools": cases.tools_case,
+    "anthropic": cases.anthropic_case,
+    "cancel": cases.cancel_case,
+    "hostile": hostile_case,
+}
+# relative shares of the mix: the agent kinds most
+WEIGHTS = {"chat": 3, "completion": 2, "n>1": 1, "logprobs": 1, "schema": 3, "tools": 3,
+           "anthropic": 3, "cancel": 1.5, "hostile": 1.5}  # fmt: skip
 IDLE_TIMEOUT_S = 180.0
 
 
@@ -189,8 +204,8 @@ def _log_tracebacks(path: str | None, start: int, report: Report) -> None:
 def plan(kinds: list[str], requests: int, seed: int) -> list[cases.Case]:
     """The seeded mix: `requests` cases of the given kinds by their weights."""
     rng = random.Random(seed)
-    weights = [cases.WEIGHTS[k] for k in kinds]
-    return [cases.KINDS[rng.choices(kinds, weights)[0]](rng) for _ in range(requests)]
+    weights = [WEIGHTS[k] for k in kinds]
+    return [KINDS[rng.choices(kinds, weights)[0]](rng) for _ in range(requests)]
 
 
 async def run(
@@ -208,7 +223,7 @@ async def run(
     import httpx
 
     url = url.rstrip("/")
-    kinds = kinds or list(cases.KINDS)
+    kinds = kinds or list(KINDS)
     _check(url, clients, requests, kinds)
     report = Report()
     todo = plan(kinds, requests, seed)
@@ -249,9 +264,9 @@ def _check(url: str, clients: int, requests: int, kinds: list[str]) -> None:
         raise LoadTestError(f"--url must point at this machine ({', '.join(sorted(LOOPBACK))})")
     if not 1 <= clients <= MAX_CLIENTS or not 1 <= requests <= MAX_REQUESTS:
         raise LoadTestError(f"--clients 1..{MAX_CLIENTS}, --requests 1..{MAX_REQUESTS}")
-    unknown = sorted(set(kinds) - set(cases.KINDS))
+    unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
-        raise LoadTestError(f"--kinds: unknown {unknown}; known: {', '.join(cases.KINDS)}")
+        raise LoadTestError(f"--kinds: unknown {unknown}; known: {', '.join(KINDS)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -262,8 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=300, help="requests in all (default 300)")
     p.add_argument(
         "--kinds",
-        default=",".join(cases.KINDS),
-        help=f"kinds of the mix, comma-separated (default: {','.join(cases.KINDS)})",
+        default=",".join(KINDS),
+        help=f"kinds of the mix, comma-separated (default: {','.join(KINDS)})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the mix")
     p.add_argument("--reference-url", default=None,
