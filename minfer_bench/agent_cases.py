@@ -127,8 +127,9 @@ class Outcome:
     body: str = ""  # an error reply's text
 
     def signature(self) -> list:
-        """What a greedy reply must repeat: each choice's text and calls."""
-        return [(c.text, c.reasoning, c.calls) for c in self.choices]
+        """What a greedy reply must repeat: each choice's text and calls (as JSON reads them back,
+        so that a kept reference compares equal)."""
+        return json.loads(json.dumps([[c.text, c.reasoning, c.calls] for c in self.choices]))
 
 
 @dataclasses.dataclass

@@ -216,6 +216,7 @@ async def run(
     kinds: list[str] | None = None,
     seed: int = 0,
     reference_url: str | None = None,
+    references: str | None = None,
     log: str | None = None,
     request_timeout: float = 600.0,
 ) -> dict:
@@ -231,7 +232,10 @@ async def run(
     limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(request_timeout)) as client:
         t0 = time.monotonic()
-        refs = await _references(client, (reference_url or url).rstrip("/"), todo, report)
+        refs = _load_references(references)
+        more = [c for c in todo if c.greedy_key not in refs]
+        refs |= await _references(client, (reference_url or url).rstrip("/"), more, report)
+        _save_references(references, refs)
         ref_s = time.monotonic() - t0
         before = _metrics((await client.get(f"{url}/metrics")).text)
         queue = collections.deque(todo)
@@ -250,6 +254,21 @@ async def run(
                      for k in sorted(set(report.statuses) | set(report.failed))},
         "failures": dict(report.failures),
     }  # fmt: skip
+
+
+def _load_references(path: str | None) -> dict:
+    """Greedy references kept by an earlier run on the same server and model (--references)."""
+    try:
+        with open(path or "") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def _save_references(path: str | None, refs: dict) -> None:
+    if path is not None:
+        with open(path, "w") as f:
+            json.dump(refs, f)
 
 
 def _size(path: str) -> int:
@@ -284,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-url", default=None,
                    help="server for the references alone (default: --url with "
                    "speculative.n_max 0)")  # fmt: skip
+    p.add_argument("--references", metavar="FILE", default=None,
+                   help="keep the references alone in FILE and reuse them in later runs (same "
+                   "server flags and model only)")  # fmt: skip
     p.add_argument("--log", default=None, help="the server's log: tracebacks in it fail the run")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds after which a request counts as hung (default 600)")  # fmt: skip
@@ -304,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 kinds=[k for k in args.kinds.split(",") if k],
                 seed=args.seed,
                 reference_url=args.reference_url,
+                references=args.references,
                 log=args.log,
                 request_timeout=args.request_timeout,
             )  # fmt: skip
