@@ -64,6 +64,7 @@ class Report:
         self.statuses: dict = collections.defaultdict(collections.Counter)
         self.failures: dict = collections.defaultdict(list)
         self.failed: collections.Counter = collections.Counter()
+        self.cut: collections.Counter = collections.Counter()  # replies cut at max_tokens
         self.drafts = {"draft_n": 0, "draft_n_accepted": 0}
 
     def note(self, kind: str, status) -> None:
@@ -106,7 +107,7 @@ def _judge(case: cases.Case, out: cases.Outcome, refs: dict, report: Report) -> 
                     f"{out.body[:300]}")  # fmt: skip
         return
     if any(c.finish in ("length", "max_tokens") for c in out.choices):
-        report.note(case.kind, "cut")  # cut at max_tokens: a schema or call may be unfinished
+        report.cut[case.kind] += 1  # cut at max_tokens: a schema or call may be unfinished
     problems = list(out.problems)
     if out.status == 200 and case.cancel_after is None and case.check is not None:
         problems += case.check(case, out)
@@ -250,7 +251,8 @@ async def run(
         "url": url, "clients": clients, "requests": requests, "seed": seed,
         "references": len(refs), "references_s": round(ref_s, 1), "wall_s": round(wall, 1),
         "metrics": counts, "reply_timings": report.drafts,
-        "per_kind": {k: {"statuses": dict(report.statuses[k]), "failed": report.failed[k]}
+        "per_kind": {k: {"statuses": dict(report.statuses[k]), "cut": report.cut[k],
+                         "failed": report.failed[k]}
                      for k in sorted(set(report.statuses) | set(report.failed))},
         "failures": dict(report.failures),
     }  # fmt: skip
