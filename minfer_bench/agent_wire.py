@@ -43,7 +43,8 @@ async def send(client, url: str, case: Case) -> Outcome:
                     return Outcome(200)  # leaving the block closes the connection mid-stream
     if case.endpoint == "messages":
         return anthropic_stream(events)
-    return openai_stream(events, case.endpoint)
+    usage = bool((case.body.get("stream_options") or {}).get("include_usage"))
+    return openai_stream(events, case.endpoint, usage)
 
 
 def _usage_problems(usage, prompt="prompt_tokens", output="completion_tokens") -> list[str]:
@@ -99,8 +100,9 @@ def _apply_delta(choice: Choice, calls: dict, delta: dict, problems: list[str]) 
         calls[i][1] += fn.get("arguments") or ""
 
 
-def openai_stream(events: list[str], endpoint: str) -> Outcome:
-    """OpenAI's chunks: one id, choices by index each finishing once, then usage, then [DONE]."""
+def openai_stream(events: list[str], endpoint: str, usage: bool = True) -> Outcome:
+    """OpenAI's chunks: one id, choices by index each finishing once, then usage (where asked),
+    then [DONE]."""
     chat = endpoint.startswith("chat")
     out = Outcome(200)
     if not events or events[-1] != "[DONE]":
@@ -146,7 +148,7 @@ def openai_stream(events: list[str], endpoint: str) -> Outcome:
         choice.calls = [calls[i][k] for k in sorted(calls.get(i, {}))]
         if choice.finish is None:
             out.problems.append(f"choice {i} never finished")
-    out.problems += _usage_problems(out.usage)
+    out.problems += _usage_problems(out.usage) if usage else []
     return out
 
 
