@@ -37,6 +37,7 @@ from minfer_jax.engine.flags import StrictParser
 from minfer_bench import agent_cases as cases
 from minfer_bench import agent_wire as wire
 from minfer_bench.agent_hostile import hostile_case
+from minfer_bench.load_bench import _wait_settled
 from minfer_bench.load_test import LOOPBACK, LoadTestError
 
 MAX_CLIENTS, MAX_REQUESTS = 256, 100_000
@@ -311,6 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", default=None, help="the server's log: tracebacks in it fail the run")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds after which a request counts as hung (default 600)")  # fmt: skip
+    p.add_argument("--settle-timeout", type=float, default=1800.0,
+                   help="first wait up to this many seconds for the server's background compiles "
+                   "(its verification steps among them: until then nothing drafts); 0: do not "
+                   "wait")  # fmt: skip
     p.add_argument("--json", metavar="FILE", default=None, help="also write the report as JSON")
     return p
 
@@ -320,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        if args.settle_timeout > 0:
+            _wait_settled(args.url.rstrip("/"), args.settle_timeout)
         summary = asyncio.run(
             run(
                 args.url,
