@@ -37,7 +37,7 @@ from minfer_jax.engine.flags import StrictParser
 from minfer_bench import agent_cases as cases
 from minfer_bench import agent_wire as wire
 from minfer_bench.agent_hostile import hostile_case
-from minfer_bench.load_bench import _wait_settled
+from minfer_bench.load_bench import wait_settled
 from minfer_bench.load_test import LOOPBACK, LoadTestError
 
 MAX_CLIENTS, MAX_REQUESTS = 256, 100_000
@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.settle_timeout > 0:
-            _wait_settled(args.url.rstrip("/"), args.settle_timeout)
+            wait_settled(args.url.rstrip("/"), args.settle_timeout)
         summary = asyncio.run(
             run(
                 args.url,

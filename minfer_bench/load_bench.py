@@ -59,7 +59,7 @@ def _metric(text: str, name: str) -> float | None:
     return None
 
 
-def _wait_settled(url: str, timeout: float) -> float | None:
+def wait_settled(url: str, timeout: float) -> float | None:
     """Seconds until every planned executable is compiled (None: the server does not say)."""
     import httpx
 
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ready_s = _wait_healthy(url, proc, args.ready_timeout)
         print(f"server ready after {ready_s:.1f} s: {' '.join(cmd[1:])}", file=sys.stderr)
-        settled_s = _wait_settled(url, args.ready_timeout) if args.settle else None
+        settled_s = wait_settled(url, args.ready_timeout) if args.settle else None
         if settled_s is not None:
             print(f"background compiles done {settled_s:.1f} s after that", file=sys.stderr)
         for n in clients:
