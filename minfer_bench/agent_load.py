@@ -26,8 +26,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import random
+import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -37,7 +40,7 @@ from minfer_jax.engine.flags import StrictParser
 from minfer_bench import agent_cases as cases
 from minfer_bench import agent_wire as wire
 from minfer_bench.agent_hostile import hostile_case
-from minfer_bench.load_bench import wait_settled
+from minfer_bench.load_bench import free_port, stop_server, wait_healthy, wait_settled
 from minfer_bench.load_test import LOOPBACK, LoadTestError
 
 MAX_CLIENTS, MAX_REQUESTS = 256, 100_000
@@ -56,6 +59,7 @@ KINDS = {
 WEIGHTS = {"chat": 3, "completion": 2, "n>1": 1, "logprobs": 1, "schema": 3, "tools": 3,
            "anthropic": 3, "cancel": 1.5, "hostile": 1.5}  # fmt: skip
 IDLE_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = 1800.0  # --serve: the model loads and its first executables compile
 
 
 class Report:
@@ -291,10 +295,31 @@ def _check(url: str, clients: int, requests: int, kinds: list[str]) -> None:
         raise LoadTestError(f"--kinds: unknown {unknown}; known: {', '.join(KINDS)}")
 
 
+@contextlib.contextmanager
+def served(server_args: str, log_path: str, ready_timeout: float):
+    """`python -m minfer_bench.serve SERVER_ARGS` on a free loopback port, its output in
+    log_path; yields its URL once /health says ok, stops it after."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "minfer_bench.serve", "--port", str(port), "--log-level", "info",
+           *shlex.split(server_args)]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc, ready_timeout)
+        yield url
+    finally:
+        stop_server(proc)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = StrictParser(prog="python -m minfer_bench.agent_load",
                      description=__doc__.split("\n")[0], allow_abbrev=False)  # fmt: skip
     p.add_argument("--url", default="http://127.0.0.1:8080", help="the server (loopback only)")
+    p.add_argument("--serve", metavar="ARGS", default=None,
+                   help="start the server itself (python -m minfer_bench.serve ARGS, on a free "
+                   "port, its log in --log or agent_load_server.log) and stop it after; --url "
+                   "is then ignored")  # fmt: skip
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
     p.add_argument("--requests", type=int, default=300, help="requests in all (default 300)")
     p.add_argument(
@@ -325,32 +350,46 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        if args.settle_timeout > 0:
-            wait_settled(args.url.rstrip("/"), args.settle_timeout)
-        summary = asyncio.run(
-            run(
-                args.url,
-                clients=args.clients,
-                requests=args.requests,
-                kinds=[k for k in args.kinds.split(",") if k],
-                seed=args.seed,
-                reference_url=args.reference_url,
-                references=args.references,
-                log=args.log,
-                request_timeout=args.request_timeout,
-            )  # fmt: skip
-        )
+        with contextlib.ExitStack() as stack:
+            if args.serve is not None:
+                args.log = args.log or "agent_load_server.log"
+                args.url = stack.enter_context(served(args.serve, args.log, READY_TIMEOUT_S))
+            summary = _run_settled(args)
     except (LoadTestError, OSError, httpx.HTTPError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    return _report(summary, args.json)
+
+
+def _run_settled(args) -> dict:
+    if args.settle_timeout > 0:
+        wait_settled(args.url.rstrip("/"), args.settle_timeout)
+    return asyncio.run(
+        run(
+            args.url,
+            clients=args.clients,
+            requests=args.requests,
+            kinds=[k for k in args.kinds.split(",") if k],
+            seed=args.seed,
+            reference_url=args.reference_url,
+            references=args.references,
+            log=args.log,
+            request_timeout=args.request_timeout,
+        )  # fmt: skip
+    )
+
+
+def _report(summary: dict, json_path: str | None) -> int:
+    """Print the report (JSON, then one line per kind on stderr); the exit status."""
     text = json.dumps(summary, indent=2)
     print(text)
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             f.write(text + "\n")
-    for kind, n in sorted((k, v["failed"]) for k, v in summary["per_kind"].items()):
-        print(f"{kind:>12}: {sum(summary['per_kind'][kind]['statuses'].values())} sent, "
-              f"{n} failed", file=sys.stderr)  # fmt: skip
+    for kind, v in sorted(summary["per_kind"].items()):
+        sent = sum(v["statuses"].values())
+        print(f"{kind:>12}: {sent} sent, {v['cut']} cut at max_tokens, {v['failed']} failed",
+              file=sys.stderr)  # fmt: skip
     return 1 if summary["failures"] else 0
 
 
