@@ -61,7 +61,11 @@ FUNCTIONS = {
     },
     "add": {
         "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        # bounded, so that a random-weight model's forced call ends before max_tokens
+        "properties": {
+            "a": {"type": "integer", "minimum": -999, "maximum": 999},
+            "b": {"type": "integer", "minimum": -999, "maximum": 999},
+        },
         "required": ["a", "b"],
     },
 }
