@@ -69,6 +69,9 @@ FUNCTIONS = {
         "required": ["a", "b"],
     },
 }
+# room for a whole call where every character is a token (gpt-oss's harmony header on a
+# synthetic byte vocabulary takes ~50)
+CALL_TOKENS = 96
 TOOL_PROMPTS = ["What is the weather in Paris?", "Add 2 and 40 with the tool.", "Hello!"]
 
 
@@ -228,7 +231,7 @@ def tools_case(rng: random.Random) -> Case:
     if choice == "named":
         choice = {"type": "function", "function": {"name": rng.choice(sorted(FUNCTIONS))}}
     parallel = rng.random() < 0.5
-    body = {"messages": [{"role": "user", "content": TOOL_PROMPTS[i]}], "max_tokens": 48,
+    body = {"messages": [{"role": "user", "content": TOOL_PROMPTS[i]}], "max_tokens": CALL_TOKENS,
             "temperature": 0, "tools": tools_of(sorted(FUNCTIONS)), "tool_choice": choice,
             "parallel_tool_calls": parallel}  # fmt: skip
     key = f"tools/{i}/{json.dumps(choice)}/{parallel}"
@@ -238,7 +241,8 @@ def tools_case(rng: random.Random) -> Case:
 
 def anthropic_case(rng: random.Random) -> Case:
     i = rng.randrange(len(TOOL_PROMPTS))
-    body: dict = {"model": "any", "max_tokens": 40, "temperature": 0, "system": "Be brief.",
+    body: dict = {"model": "any", "max_tokens": CALL_TOKENS, "temperature": 0,
+                  "system": "Be brief.",
                   "messages": [{"role": "user", "content": TOOL_PROMPTS[i]}]}  # fmt: skip
     choice: Any = None
     if rng.random() < 0.6:
