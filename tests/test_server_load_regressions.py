@@ -71,3 +71,42 @@ def test_messages_fields_the_chat_path_refuses_are_a_400_naming_them(extra, fiel
     with pytest.raises(BadRequest) as refused:
         to_chat(parse(MessagesRequest, json.dumps({**body, **extra}).encode()))
     assert str(refused.value).startswith(f"{field}:"), refused.value
+
+
+def test_a_template_render_starved_of_the_gil_is_not_refused(monkeypatch):
+    """Under 16 concurrent chat requests on 2 busy cores, gpt-oss's template (a few ms of work)
+    was refused as "ran longer than 1 s": its wall clock was mostly waiting for the GIL. The
+    budget is the render's own CPU time (wall clock only as a 10 s backstop)."""
+    import sys
+    import threading
+    from pathlib import Path
+
+    from minfer_jax.files import template_budget
+    from minfer_jax.files.chat_template import render_chat_template
+
+    template = (Path(__file__).parent / "data" / "gpt-oss-chat-template.jinja").read_text("utf-8")
+    fn = {"name": "f", "description": "d",
+          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}  # fmt: skip
+    tools = [{"type": "function", "function": {**fn, "name": f"f{i}"}} for i in range(600)]
+    messages = [{"role": "user", "content": "hi"}]
+    render_chat_template(template, messages, tools=tools[:1])  # compiled before the clock runs
+    monkeypatch.setattr(template_budget, "MAX_SECONDS", 0.25)
+    done = threading.Event()
+
+    def hog():  # pure Python: holds the GIL for whole switch intervals
+        while not done.is_set():
+            sum(range(10_000))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.02)
+    hogs = [threading.Thread(target=hog) for _ in range(6)]
+    try:
+        for t in hogs:
+            t.start()
+        out = render_chat_template(template, messages, tools=tools)
+    finally:
+        done.set()
+        for t in hogs:
+            t.join()
+        sys.setswitchinterval(interval)
+    assert out.count("type f") == len(tools)
