@@ -28,13 +28,13 @@ from minfer_jax.engine.flags import StrictParser
 from minfer_bench import load_test
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> float:
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> float:
     import httpx
 
     t0 = time.monotonic()
@@ -59,7 +59,7 @@ def _metric(text: str, name: str) -> float | None:
     return None
 
 
-def _wait_settled(url: str, timeout: float) -> float | None:
+def wait_settled(url: str, timeout: float) -> float | None:
     """Seconds until every planned executable is compiled (None: the server does not say)."""
     import httpx
 
@@ -77,7 +77,7 @@ def _wait_settled(url: str, timeout: float) -> float | None:
     )
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_server(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(30)
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     clients = [int(c) for c in args.clients.split(",") if c]
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     ctx = args.ctx_size or 1024 * args.parallel
     cmd = [
@@ -159,9 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     proc = subprocess.Popen(cmd)
     runs = []
     try:
-        ready_s = _wait_healthy(url, proc, args.ready_timeout)
+        ready_s = wait_healthy(url, proc, args.ready_timeout)
         print(f"server ready after {ready_s:.1f} s: {' '.join(cmd[1:])}", file=sys.stderr)
-        settled_s = _wait_settled(url, args.ready_timeout) if args.settle else None
+        settled_s = wait_settled(url, args.ready_timeout) if args.settle else None
         if settled_s is not None:
             print(f"background compiles done {settled_s:.1f} s after that", file=sys.stderr)
         for n in clients:
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(load_test.markdown(runs[-1]), file=sys.stderr)
     finally:
-        _stop(proc)
+        stop_server(proc)
     table = load_test.markdown(runs[0]).split("\n")[:2] + [
         load_test.markdown(r).split("\n")[2] for r in runs
     ]

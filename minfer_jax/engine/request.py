@@ -131,6 +131,7 @@ class Request:
             cached_tokens=self.cached,
             speculation=None if self.drafter is None else self.drafter.stats,
             logprobs=None if self.logprobs is None else list(self.token_logprobs),
+            stop_string=s.stop_string,
         )
 
 

@@ -235,6 +235,8 @@ class GenerationResult:
     speculation: Any = None
     # one per token of `tokens` when the request asked for logprobs (None: it did not)
     logprobs: list[TokenLogprob] | None = None
+    # the stop string that ended the text (stop_reason STOP), None otherwise
+    stop_string: str | None = None
 
     @property
     def n_prompt(self) -> int:

@@ -26,6 +26,7 @@ class TextStream:
         self.text = ""
         self.emitted = 0
         self.reason: StopReason | None = None
+        self.stop_string: str | None = None  # the stop string that ended the text, if one did
 
     def push(self, token: int) -> None:
         """Take one sampled token (ignored once the sequence has ended)."""
@@ -37,9 +38,9 @@ class TextStream:
             self.tokens.append(token)
             if self.decoder is not None:
                 self.text += self.decoder.step(token)
-            cut = self._earliest_stop()
+            cut, which = self._earliest_stop()
             if cut >= 0:
-                self.text, self.reason = self.text[:cut], StopReason.STOP
+                self.text, self.reason, self.stop_string = self.text[:cut], StopReason.STOP, which
             elif len(self.tokens) >= self.limit:  # no cache position left to feed this token
                 self.reason = StopReason.CONTEXT
             elif len(self.tokens) >= self.max_new:
@@ -47,11 +48,12 @@ class TextStream:
         if self.reason is not None and self.reason != StopReason.STOP and self.decoder is not None:
             self.text += self.decoder.finish()
 
-    def _earliest_stop(self) -> int:
+    def _earliest_stop(self) -> tuple[int, str | None]:
+        """(where the earliest stop string starts, which one); (-1, None) where none does."""
         # Text before emitted - hold was searched when it arrived: a stop cannot start there now.
         frm = max(0, self.emitted - self.hold)
-        hits = [h for h in (self.text.find(s, frm) for s in self.stop) if h >= 0]
-        return min(hits) if hits else -1
+        hits = [(h, s) for s in self.stop if (h := self.text.find(s, frm)) >= 0]
+        return min(hits, key=lambda hit: hit[0]) if hits else (-1, None)
 
     def take(self) -> str:
         """Text that is final now (all of it once the sequence has ended)."""

@@ -14,7 +14,8 @@ hostile:
   `tojson` separators and indent, `translate` tables, `wordwrap` strings), namespace stores;
   filters whose cost grows per item in Python (`urlize`, `wordwrap`, `striptags`, `sort`, ...)
   take a bounded input, and `striptags` runs in linear time whatever markupsafe is installed;
-  a step budget and a wall-clock limit (1 s: a chat request waits for it) are checked on
+  a step budget and a time limit (1 s of the render's own CPU time, so that a loaded server's
+  GIL and cores do not fail real templates; 10 s of wall clock at most) are checked on
   every call, operator, range item and loop iteration (the parsed template is rewritten so each
   `{% for %}` and `~` passes through a guard), every value printed is size-checked, and the items
   built over the whole render are summed and capped (a memory bound). The source itself is

@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from minfer_jax.errors import MinferError
@@ -25,11 +25,20 @@ from minfer_jax.server.anthropic_reply import (
     BlockSplit,
     EventStream,
     error_event,
+    matched,
     stop_reason,
     usage,
     whole_content,
 )
-from minfer_jax.server.schemas import BadRequest, ChatCompletionRequest, StopString, Text, parse
+from minfer_jax.server.schemas import (
+    BadRequest,
+    ChatCompletionRequest,
+    FunctionName,
+    StopStrings,
+    Text,
+    parse,
+    refusal,
+)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -79,7 +88,7 @@ class Message(_Strict):
 
 
 class Tool(_Strict):
-    name: Text
+    name: FunctionName
     description: Text | None = None
     input_schema: dict[str, Any]
     cache_control: dict[str, Any] | None = None
@@ -101,7 +110,7 @@ class MessagesRequest(_Strict):
     max_tokens: int = Field(ge=1)
     messages: Annotated[list[Message], Field(min_length=1)]
     system: Text | list[TextBlock] | None = None
-    stop_sequences: list[StopString] | None = None
+    stop_sequences: StopStrings | None = None
     temperature: float = Field(1.0, ge=0.0, le=1.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
@@ -198,7 +207,12 @@ def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
             body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
     if req.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type == "enabled"}
-    return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    try:
+        return ChatCompletionRequest.model_validate(
+            {k: v for k, v in body.items() if v is not None}
+        )
+    except ValidationError as e:  # a check of the chat path's that the Messages fields lack
+        raise refusal(e) from None
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -222,7 +236,12 @@ async def _stream(handle, events: EventStream, n_prompt: int):
             return
         result = req.result()
         for e in events.end(
-            result.text, result.stop_reason, n_prompt, len(result.tokens), result.cached_tokens
+            result.text,
+            result.stop_reason,
+            n_prompt,
+            len(result.tokens),
+            result.cached_tokens,
+            result.stop_string,
         ):
             yield e
     finally:
@@ -287,11 +306,12 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
             return error(499, "the client went away")
         result = handle.req.result()
         content, uses = whole_content(split, result.text)
+        said = stop_reason(result.stop_reason, uses)
         return {
             **head,
             "content": content,
-            "stop_reason": stop_reason(result.stop_reason, uses),
-            "stop_sequence": None,
+            "stop_reason": said,
+            "stop_sequence": matched(said, result.stop_string),
             "usage": usage(len(ids), len(result.tokens), result.cached_tokens),
         }
 

@@ -94,6 +94,11 @@ def stop_reason(reason: StopReason, uses: list) -> str:
     return "tool_use" if uses else STOP_REASONS.get(reason, "end_turn")
 
 
+def matched(said: str, stop_sequence: str | None) -> str | None:
+    """The reply's stop_sequence: the stop string that ended it, where its stop_reason says so."""
+    return stop_sequence if said == "stop_sequence" else None
+
+
 def usage(n_prompt: int, n_output: int, cached: int) -> dict:
     """Anthropic's usage: input_tokens are the prompt tokens not read from the cache."""
     return {"input_tokens": n_prompt - cached, "output_tokens": n_output,
@@ -133,14 +138,24 @@ class EventStream:
     def piece(self, text: str) -> list[str]:
         return [e for kind, t in self.split.feed(text) for e in self._block(kind, t)]
 
-    def end(self, text: str, reason: StopReason, n_prompt: int, n_output: int, cached: int):
-        """The last events, once the whole text and the stop reason are known."""
+    def end(
+        self,
+        text: str,
+        reason: StopReason,
+        n_prompt: int,
+        n_output: int,
+        cached: int,
+        stop_sequence: str | None = None,
+    ):
+        """The last events, once the whole text and the stop reason are known (stop_sequence:
+        the stop string that ended it, if one did)."""
         pieces, uses = self.split.finish(text)
         events = [e for kind, t in pieces for e in self._block(kind, t)]
         events += self._close()
         for call, value in uses:
             events += self._tool_use(call, value)
-        delta = {"stop_reason": stop_reason(reason, uses), "stop_sequence": None}
+        said = stop_reason(reason, uses)
+        delta = {"stop_reason": said, "stop_sequence": matched(said, stop_sequence)}
         events.append(
             _event("message_delta", {"delta": delta, "usage": usage(n_prompt, n_output, cached)})
         )

@@ -21,6 +21,16 @@ FINISH_REASON = {
     StopReason.CONTEXT: "length",
     StopReason.CANCELLED: "stop",
 }
+CUT = (StopReason.LENGTH, StopReason.CONTEXT)  # llama-server: "length" wins over "tool_calls"
+
+
+def finish_reason(reason: StopReason, called: bool) -> str:
+    """OpenAI's finish_reason: "tool_calls" where the reply made calls and ended by itself; a
+    reply cut at max_tokens or the context is "length", calls or not (llama-server's rule, and
+    the Messages API's max_tokens), so an agent does not run the calls of a cut-off turn."""
+    if called and reason not in CUT:
+        return "tool_calls"
+    return FINISH_REASON.get(reason, "stop")
 
 
 def new_id(kind: str) -> str:
@@ -89,7 +99,7 @@ class Reply:
         """The non-streamed response; tool_calls: ToolCall (server/tools.py) parsed from it;
         reasoning: a thinking model's think block (server/reasoning.py); index: the choice's;
         logprobs: its tokens' (LogprobFormat)."""
-        finish = "tool_calls" if tool_calls else FINISH_REASON.get(reason, "stop")
+        finish = finish_reason(reason, bool(tool_calls))
         if self.kind == "chat":
             message: dict = {"role": "assistant"}
             if self.channels is not None:  # gpt-oss: content and reasoning_content by channel
@@ -135,9 +145,7 @@ class Reply:
         chat's reasoning_content), the opening role (chat), one tool call (`call`, at
         `call_index`), or the final finish_reason ("tool_calls" once `called`); logprobs: of the
         tokens since the last chunk (LogprobFormat)."""
-        finish = None if reason is None else FINISH_REASON.get(reason, "stop")
-        if called and reason is not None:
-            finish = "tool_calls"
+        finish = None if reason is None else finish_reason(reason, called)
         if self.kind == "chat":
             delta = (
                 {"role": "assistant", "content": ""}

@@ -53,6 +53,8 @@ def _unicode(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_unicode)]
 StopString = Annotated[Text, Field(max_length=validate.MAX_STOP_CHARS)]
+StopStrings = Annotated[list[StopString], Field(max_length=validate.MAX_STOP_STRINGS)]
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]  # OpenAI's rule
 
 # OpenAI settings the engine does not implement: accepted only at their no-op values.
 UNSUPPORTED = {
@@ -207,17 +209,18 @@ def parse(kind: type[Body], raw: bytes, check: Callable[[dict], None] | None = N
     except RecursionError:
         raise BadRequest("the request body is nested too deeply to validate") from None
     except ValidationError as e:
-        errs = e.errors()
-        # of a union's alternatives: the deepest, then one that matched the type, then the last
-        err = max(reversed(errs), key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
-        where = ".".join(str(p) for p in err["loc"] if _is_field(p)) or None
-        if err["type"] == "extra_forbidden":
-            raise BadRequest(
-                f"{where}: unknown field, not implemented by minfer_jax", where
-            ) from None
-        raise BadRequest(
-            f"{where or 'body'}: {err['msg']} (got {_shown(err.get('input'))})", where
-        ) from None
+        raise refusal(e) from None
+
+
+def refusal(e: ValidationError) -> BadRequest:
+    """The one BadRequest of a body's validation errors, naming the field."""
+    errs = e.errors()
+    # of a union's alternatives: the deepest, then one that matched the type, then the last
+    err = max(reversed(errs), key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
+    where = ".".join(str(p) for p in err["loc"] if _is_field(p)) or None
+    if err["type"] == "extra_forbidden":
+        return BadRequest(f"{where}: unknown field, not implemented by minfer_jax", where)
+    return BadRequest(f"{where or 'body'}: {err['msg']} (got {_shown(err.get('input'))})", where)
 
 
 def _shown(value: Any) -> str:
@@ -266,9 +269,7 @@ class _Generation(BaseModel):
     seed: int | None = Field(
         None, ge=-1, le=SEED_MAX
     )  # None or -1: a random seed; passed on whole (64 bits)
-    stop: (
-        StopString | Annotated[list[StopString], Field(max_length=validate.MAX_STOP_STRINGS)] | None
-    ) = None
+    stop: StopString | StopStrings | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # llama-server's: end-of-sequence tokens are never sampled
@@ -391,7 +392,7 @@ class ChatMessage(BaseModel):
 
 class FunctionDef(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    name: FunctionName
     description: Text | None = None
     parameters: dict[str, Any] | None = None  # a JSON Schema
     strict: bool | None = None  # the arguments are always held to it when a call is forced
