@@ -111,6 +111,10 @@ def test_the_plan_has_verify_executables_only_when_it_speculates():
     assert all(k.drafts <= 3 and not k.mode.logprobs for k in keys)
     with pytest.raises(plan_mod.PlanError, match="draft_max"):
         plan_mod.Plan(ctx=256, draft_max=16)
+    # several tokens per plain step: no batch ever verifies, so none is compiled
+    chunked = plan_mod.Plan(ctx=256, n_seqs=4, decode_steps=4, draft_max=3)
+    assert not [k for k in chunked.serving_keys() if isinstance(k, spec_plan.VerifyBatchKey)]
+    assert [k for k in chunked.serving_keys() if isinstance(k, spec_plan.VerifyKey)]
 
 
 def test_a_paused_drafter_drafts_again_after_its_pause(tiny):

@@ -19,7 +19,7 @@ import numpy as np
 
 from minfer_jax.engine.plan import Plan
 from minfer_jax.engine.request import Request, follows_tokens, row_places
-from minfer_jax.engine.spec_plan import spec_drafts
+from minfer_jax.engine.spec_plan import spec_drafts, verifies_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,15 +61,13 @@ def count_down(rows: Sequence[Request]) -> None:
 
 
 def batches(plan: Plan, rows: Sequence[Request]) -> bool:
-    """Whether a drafting step of these rows runs as one batch verification: several rows, one
-    token per plain step (decode_steps 1, the server's default: more would cost the plain rows
-    their chunk), no row that needs each token before its next mask or wants logprobs (those
-    rows' speculating neighbours verify one by one instead, verify.py), and not where the plan
-    keeps batches off (recurrent layers roll back per sequence only, verify.py)."""
+    """Whether a drafting step of these rows runs as one batch verification: where the plan
+    verifies batches (verifies_batches), several rows, none that needs each token before its
+    next mask or wants logprobs (those rows' speculating neighbours verify one by one instead,
+    verify.py)."""
     return (
-        plan.batch_verify
+        verifies_batches(plan)
         and len(rows) > 1
-        and plan.decode_steps == 1
         and not any(follows_tokens(r) or r.logprobs is not None for r in rows)
     )
 

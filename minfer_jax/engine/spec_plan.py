@@ -33,7 +33,10 @@ class PlanShape(Protocol):
     def draft_max(self) -> int: ...  # most tokens a sequence drafts per step (0: none)
 
     @property
-    def batch_verify(self) -> bool: ...  # several sequences verify in one step
+    def batch_verify(self) -> bool: ...  # several sequences may verify in one step
+
+    @property
+    def decode_steps(self) -> int: ...
 
     @property
     def n_seqs(self) -> int: ...
@@ -55,6 +58,12 @@ def draft_bucket(n_draft: int) -> int:
     if not 0 <= n_draft <= MAX_DRAFT:
         raise PlanError(f"a draft is 0..{MAX_DRAFT} tokens, got {n_draft}")
     return pow2_at_least(n_draft + 1, 2) - 1
+
+
+def verifies_batches(plan: PlanShape) -> bool:
+    """Whether several sequences' drafts verify in one step: where the plan allows it and a plain
+    step decodes one token (more would cost the plain rows their chunk)."""
+    return plan.batch_verify and plan.decode_steps == 1
 
 
 def spec_drafts(plan: PlanShape, n_active: int) -> int:
@@ -94,7 +103,7 @@ def verify_batch_key(
 def speculation_keys(plan: PlanShape) -> list[VerifyKey | VerifyBatchKey]:
     """The verification executables a server with speculation (draft_max > 0) compiles in the
     background, over the whole cache (they serve every position): a lone sequence's (VerifyKey)
-    and (batch_verify) a batch's at each row count and draft bucket spec_drafts allows, in the
+    and (verifies_batches) a batch's at each row count and draft bucket spec_drafts allows, in the
     sampler modes (no logprobs). Until one is compiled its steps decode plainly."""
     if not plan.draft_max:
         return []
@@ -103,7 +112,7 @@ def speculation_keys(plan: PlanShape) -> list[VerifyKey | VerifyBatchKey]:
     for mode in MODES:
         keys += verify_keys(plan, plan.draft_max, end, mode)
         r = 2
-        while plan.batch_verify and r <= plan.rows(plan.n_seqs):
+        while verifies_batches(plan) and r <= plan.rows(plan.n_seqs):
             top = min(spec_drafts(plan, r), plan.draft_max)
             keys += [verify_batch_key(plan, r, n, end, mode) for n in range(1, top + 1)]
             r *= 2
