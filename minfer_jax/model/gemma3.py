@@ -74,7 +74,8 @@ def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> r
         layers.rope_neox(q, pos, theta, scale=scale),
         layers.rope_neox(k, pos, theta, scale=scale),
     )
-    # each product is normed before its add: no add epilogue (its gated activation takes one)
+    # q / k normed per head: XLA's q / k / v (Attend.neox has no norm); each product is normed
+    # before its add: no add epilogue (its gated activation takes one)
     att = residual.row_product(x, call.attend(q, k, v), layer.wo, "attn_out", call.impl)
     x = x + ops.rms_norm(att, layer.post_attn_norm, eps)
     return x + ops.rms_norm(

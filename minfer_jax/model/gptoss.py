@@ -85,7 +85,8 @@ def attention(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall):
 
 
 def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
-    # the o bias joins after the product and the MoE's norm runs in XLA: no add epilogue to take
+    # sinks and YaRN: XLA's q / k / v; the o bias joins after the product and the MoE's norm is
+    # XLA's: no add epilogue to take
     att = residual.row_product(x, attention(x, layer, i, call), layer.wo, "attn_out", call.impl)
     h = x + att + layer.wo_bias
     return h + moe.moe_ffn(h, layer, call, norm=layer.post_attn_norm)

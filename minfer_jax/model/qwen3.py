@@ -38,6 +38,7 @@ def attention(x: residual.Stream, layer: Layer, call: layers.LayerCall):
     """q / k / v of attn_norm(x), q and k normed per head, NeoX-rotated, through the cache ->
     [T, H * hd] (Qwen3-MoE's attention too)."""
     cfg, pos = call.cfg, call.positions
+    # q and k normed per head before RoPE: the q / k / v epilogue kernel (Attend.neox) has no norm
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
     q, k = (
         ops.rms_norm(q, layer.q_norm, cfg.rms_eps),

@@ -176,7 +176,7 @@ def _rope_partial(x: jax.Array, positions: jax.Array, cfg: Config) -> jax.Array:
 
 def _gated_attention(x: residual.Stream, layer: Layer, call: layers.LayerCall) -> jax.Array:
     """rms(x) . attn_norm through q (+ gate), k, v -> attention * sigmoid(gate) [T, H hd]."""
-    cfg, eps = call.cfg, call.cfg.rms_eps
+    cfg, eps = call.cfg, call.cfg.rms_eps  # q / k norms, gate, partial RoPE: XLA's q / k / v
     t, qd, kv, hd = x.rows.shape[0], cfg.q_dim, cfg.kv_dim, cfg.head_dim
     out = jnp.concatenate(
         residual.norm_matmuls(x, layer.attn_norm, eps, layer.qkv, call.impl), axis=-1
