@@ -1,7 +1,9 @@
 """Each family's decode step launches the Pallas kernels it launched when the table was recorded
 (tests/data/decode_launches.json, `PYTHONPATH=. python -m minfer_bench.launches --json`): the
-fused-decode choices (ops / model/attention.py) may move, the launches on the GPU may not. The
-step is traced with kernels="pallas" (jax.make_jaxpr: nothing is lowered or run)."""
+fused-decode choices (minfer_jax/residual.py, model/attention.py) may move, the launches on the
+GPU may not. The step is traced with kernels="pallas" (jax.make_jaxpr: nothing is lowered or run).
+Recorded on main a752f56; changed since: gemma4 / gemma4moe's dense GeGLU takes glu_partials (one
+launch more per layer, 2026-12-07)."""
 
 import json
 from pathlib import Path
