@@ -4,13 +4,15 @@ so it runs on a CPU): the proof that moving a fusion choice changed no kernel la
 `decode_launches(spec)` traces model/decoder.forward_decode of a tiny synthetic model with
 kernels="pallas" and impl.fused_decode on and returns the pallas_call names in program order;
 `python -m minfer_bench.launches` prints them for every family (FAMILY_SPECS), fused decode on
-and off; `--json` as the table tests/data/decode_launches.json holds.
+and off; `--json` as the table tests/data/decode_launches.json holds; `--hashes` a digest of each
+step's whole jaxpr, to compare two trees (PYTHONPATH=<tree> for each).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 
 import jax
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 from minfer_jax import ops
 from minfer_jax.model.cache import init_cache
 from minfer_jax.model.config import Config
-from minfer_jax.model.decoder import forward_decode
+from minfer_jax.model.decoder import forward_chunk, forward_decode
 from minfer_jax.model.gguf_model import GGUFModel
 from minfer_jax.model.weights import load_params
 
@@ -88,11 +90,35 @@ def decode_launches(gm: GGUFModel, fused: bool = True, rows: int = 2) -> list[st
     return _pallas_names(closed.jaxpr)
 
 
+def jaxpr_hashes(gm: GGUFModel) -> dict[str, str]:
+    """A digest of the whole jaxpr of a decode step (kernels "pallas" fused and not, "xla") and of
+    a 16-token chunk (both kernel modes): two trees' digests equal means the same traced program."""
+    cfg, params = gm.config, load_params(gm)
+    cache = init_cache(cfg, n_slots=4, max_len=128, dtype=jnp.float16)
+    rows, chunk = jnp.arange(2, dtype=jnp.int32), jnp.arange(16, dtype=jnp.int32)
+    out = {}
+    for kernels, fused in (("pallas", True), ("pallas", False), ("xla", True)):
+        impl = ops.Impl(kernels=kernels, fused_decode=fused)
+        step = functools.partial(forward_decode, cfg=cfg, impl=impl)
+        closed = jax.make_jaxpr(step)(params, rows, rows, rows + 3, cache)
+        out[f"decode {kernels}{'' if fused else ' unfused'}"] = closed
+    for kernels in ("pallas", "xla"):
+        step = functools.partial(forward_chunk, cfg=cfg, impl=ops.Impl(kernels=kernels))
+        out[f"chunk {kernels}"] = jax.make_jaxpr(step)(params, chunk, 0, 0, cache)
+    return {k: hashlib.sha1(str(v).encode()).hexdigest()[:12] for k, v in out.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(FAMILY_SPECS))
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
+    parser.add_argument("--hashes", action="store_true", help="whole-jaxpr digests (jaxpr_hashes)")
     args = parser.parse_args(argv)
+    if args.hashes:
+        for name in args.families.split(","):
+            for mode, digest in jaxpr_hashes(family_model(FAMILY_SPECS[name])).items():
+                print(f"{name} {mode} {digest}")
+        return
     table = {}
     for name in args.families.split(","):
         gm = family_model(FAMILY_SPECS[name])

@@ -119,4 +119,5 @@ def gated_act(
             interpret=impl.kernels == "interpret",
         )
     both = jnp.concatenate(norm_matmuls(x, norm, eps, gate_up, impl), axis=-1)  # [T, 2ff]
-    return ACTIVATIONS[act](both[:, :d_ff]) * both[:, d_ff:]
+    gate, up = both[:, :d_ff], both[:, d_ff:]
+    return ACTIVATIONS[act](gate) * up
