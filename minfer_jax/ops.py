@@ -58,6 +58,7 @@ from minfer_jax.pallas import (
     dequant,
     expert_gemm,
     expert_gemv,
+    expert_tuning,
     gemm,
     gemm_int8,
     gemv,
@@ -70,11 +71,9 @@ from minfer_jax.quant.planes import QType, get_format
 from minfer_jax.validate import Choices
 
 GEMV_MAX_NT = gemv.MAX_NT  # nt = 1 .. 8 -> GEMV: weights read once for all tokens
-# quantized experts on the kernels: the grouped expert GEMV up to this many tokens, the sorted
-# grouped GEMM of EXPERT_GEMM_VARIANT beyond (llama.cpp's MMVQ limit; neither measured yet:
-# PYTHONPATH=. python tools/expert_bench.py --nt 8,16,32,64 --paths gemv,ragged,pallas)
-EXPERT_GEMV_MAX_NT = 8
-EXPERT_GEMM_VARIANT = "ragged"  # one of expert_gemm.VARIANTS
+# quantized experts on the kernels: the grouped expert GEMV up to this many tokens, a sorted
+# grouped GEMM beyond; both and their variants per token count from expert_tuning.EXPERT_PATHS
+EXPERT_GEMV_MAX_NT = expert_tuning.gemv_max_nt()
 # impl.deterministic: matmuls of up to this many rows compute each row as alone (plan.MAX_SEQS,
 # the largest decode batch; prefill chunks this short take the same path)
 DETERMINISTIC_MAX_NT = 64
@@ -288,8 +287,9 @@ def kernel_case(qtype: QType, n: int, nt: int, impl: Impl):
 
 
 def expert_kernel_path(nt: int) -> str:
-    """The expert kernels' path for nt tokens: "gemv" or an expert_gemm variant."""
-    return "gemv" if nt <= EXPERT_GEMV_MAX_NT else EXPERT_GEMM_VARIANT
+    """The expert kernels' path for nt tokens (expert_tuning.PATHS): a grouped-GEMV path or an
+    expert_gemm variant."""
+    return expert_tuning.path(nt)
 
 
 def matmul(x: jax.Array, w: Weight, impl: Impl) -> jax.Array:
@@ -319,7 +319,8 @@ def expert_route(w: Weight, nt: int, impl: Impl) -> str:
     DETERMINISTIC_MAX_NT) and "tiles" (experts.tiled_matmul) beyond."""
     alone = impl.deterministic and nt <= DETERMINISTIC_MAX_NT
     if isinstance(w, QWeight) and impl.kernels != "xla":
-        return "expert-gemv" if alone or expert_kernel_path(nt) == "gemv" else "expert-gemm"
+        gemv_path = expert_kernel_path(nt) in expert_tuning.GEMV_PATHS
+        return "expert-gemv" if alone or gemv_path else "expert-gemm"
     return "gather" if nt <= GEMV_MAX_NT or alone else "tiles"
 
 
@@ -351,8 +352,8 @@ def expert_matmul(x: jax.Array, w: Weight, ids: jax.Array, impl: Impl) -> jax.Ar
     if kind == "expert-gemm":
         assert isinstance(w, QWeight)
         return expert_gemm.expert_matmul_sorted(
-            x, w.planes, ids, qtype=w.qtype, n_out=w.shape[0], variant=EXPERT_GEMM_VARIANT,
-            interpret=impl.kernels == "interpret",
+            x, w.planes, ids, qtype=w.qtype, n_out=w.shape[0],
+            variant=expert_kernel_path(ids.shape[0]), interpret=impl.kernels == "interpret",
         )  # fmt: skip
     return EXPERT_CALLS[kind](x, w, ids)
 
@@ -395,12 +396,15 @@ def expert_down_sum(
 ) -> jax.Array:
     """sum_j weights[t, j] * (h[t, j] . down[ids[t, j]] (+ bias[ids[t, j]])): h [T, k, F], ids
     and routing weights [T, k] -> [T, N] f32, the k products added in slot order (llama.cpp's).
-    On the "expert-gemv" route one launch computes the products, weights and sum."""
-    if expert_route(w_down, ids.shape[0], impl) == "expert-gemv":
+    On the "expert-gemv" route the down+sum launch of expert_tuning's variant computes the
+    products and weights, and the sum (or per-slot partials that XLA adds in slot order)."""
+    t = ids.shape[0]
+    if expert_route(w_down, t, impl) == "expert-gemv":
         assert isinstance(w_down, QWeight)
         return expert_gemv.expert_down_sum(
             h.astype(jnp.float32), w_down.planes, ids, weights, qtype=w_down.qtype,
-            n_out=w_down.shape[0], bias=bias, **_expert_gemv_kw(impl),
+            n_out=w_down.shape[0], bias=bias,
+            variant=expert_tuning.down_variant(t, impl.deterministic), **_expert_gemv_kw(impl),
         )  # fmt: skip
     y = experts.add_bias(expert_matmul(h, w_down, ids, impl), bias, ids)
     return experts.weighted_sum(y, weights.astype(jnp.float32))

@@ -18,9 +18,10 @@ import pytest
 
 from kernel_mode import INTERPRET, KERNELS
 from minfer_jax import ops
-from minfer_jax.pallas import expert_gemm, expert_gemv
+from minfer_jax.pallas import expert_gemm, expert_gemv, expert_tuning
 from minfer_jax.quant.matrix import QWeight
 from minfer_jax.quant.planes import FORMATS, QType
+from test_attention import lower_for_gpu
 
 from minfer_bench.bench.kernel_timing import random_planes
 
@@ -131,34 +132,84 @@ def test_glu_activations():
     chex.assert_trees_all_close(swiglu_oai(g, u), want, rtol=1e-6)
 
 
-@pytest.mark.parametrize("qtype", EXPERT_FORMATS, ids=lambda q: q.name)
-def test_expert_down_sum_matches_reference(qtype):
+def _named(*names):
+    return [q for q in EXPERT_FORMATS if q.name in names]
+
+
+# the down launch's variants are one kernel (expert_gemv._down_kernel, its slots per program a
+# parameter) on the format's body: every format once, each variant on every family (int8 words:
+# K-quant super-blocks or 32-weight blocks; a codebook; float), F16 with gpt-oss's down bias
+DOWN_CASES = [
+    *[(q, "fused") for q in _named("Q4_K", "MXFP4", "F16")],
+    *[(q, "split") for q in _named("Q6_K", "IQ4_NL", "F16")],
+    *[(q, "pairs") for q in _named("Q8_0", "IQ4_XS", "F16")],
+]
+
+
+@pytest.mark.parametrize("qtype,variant", DOWN_CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_expert_down_sum_matches_reference(qtype, variant):
+    """k = 4 slots: "fused" one program per token and row block, "split" two (their partials
+    added by XLA), "pairs" four."""
     bias = qtype in (QType.F16, *NEW_FORMATS)  # gpt-oss's down bias
     w = stacked_planes(qtype, N, K, seed=4)
-    t, k = 2, 3
+    t, k = 2, 4
     ids, weights = route(t, k, seed=7)
     h = jax.random.normal(jax.random.PRNGKey(8), (t, k, K), jnp.float32)
     b = jax.random.normal(jax.random.PRNGKey(9), (E, N)) if bias else None
+    kw = dict(qtype=qtype, n_out=N, bias=b)
     got = expert_gemv.expert_down_sum(
-        h, w, ids, weights, qtype=qtype, n_out=N, bias=b, interpret=INTERPRET
+        h, w, ids, weights, variant=variant, interpret=INTERPRET, **kw
     )
-    ref = expert_gemv.expert_down_sum_reference(h, w, ids, weights, qtype=qtype, n_out=N, bias=b)
-    check(got, ref)
+    check(got, expert_gemv.expert_down_sum_reference(h, w, ids, weights, **kw))
 
 
-# per format both variants run the dense kernels' decode (tests/test_kernels.py): one case per
-# body kind here (32-weight blocks, K-quant super-blocks, 16-weight groups, float, a codebook)
-SORTED_FORMATS = [QType.Q4_K, QType.Q6_K, QType.F16, *[q for q in NEW_FORMATS if q.name == "MXFP4"]]
+@pytest.mark.parametrize("qtype", _named("Q4_K", "MXFP4"), ids=lambda q: q.name)
+def test_new_variants_lower_to_triton(qtype):
+    """The down launch's "split" / "pairs" and the "dequant" / "pallas" grouped GEMMs through the
+    Pallas Triton lowering rules (which interpret mode skips) at Qwen3-30B-A3B's shapes."""
+    e, d, ff, k = 128, 2048, 768, 8
+    one = jax.eval_shape(lambda: random_planes(jax.random.PRNGKey(0), qtype, d, ff))
+    w = {m: jax.ShapeDtypeStruct((e, *a.shape), a.dtype) for m, a in one.items()}
+    f32, i32 = jnp.float32, jnp.int32
+    ids, rw = jax.ShapeDtypeStruct((1, k), i32), jax.ShapeDtypeStruct((1, k), f32)
+    for variant in ("split", "pairs"):
+        text = lower_for_gpu(
+            lambda h, w, ids, rw, v=variant: expert_gemv.expert_down_sum(
+                h, w, ids, rw, qtype=qtype, n_out=d, variant=v
+            ),
+            jax.ShapeDtypeStruct((1, k, ff), f32), w, ids, rw,
+        )  # fmt: skip
+        assert f"expert_down_sum_{qtype.name.lower()}_{variant}" in text
+    ids = jax.ShapeDtypeStruct((64, k), i32)
+    for variant in ("pallas", "dequant"):
+        text = lower_for_gpu(
+            lambda x, w, ids, v=variant: expert_gemm.expert_matmul_sorted(
+                x, w, ids, qtype=qtype, n_out=d, variant=v
+            ),
+            jax.ShapeDtypeStruct((64, ff), f32), w, ids,
+        )  # fmt: skip
+        assert "expert_gemm_" in text
 
 
+def test_down_slots():
+    assert [expert_gemv.down_slots(v, 8) for v in expert_gemv.DOWN_VARIANTS] == [8, 2, 1]
+    assert expert_gemv.down_slots("split", 3) == 1  # SPLIT_SLOTS must divide k
+    with pytest.raises(ValueError, match="not one of"):
+        expert_gemv.down_slots("fast", 8)
+
+
+# every format the experts use on "ragged" and "pallas"; "dequant" runs pallas/dequant.py's
+# decode (tests/test_kernels.py, per format) then the float blocks of "pallas" (F16's case): the
+# bf16 one (MXFP4)
 @pytest.mark.parametrize(
     "qtype,variant",
-    [(q, "pallas") for q in SORTED_FORMATS] + [(QType.Q8_0, "pallas"), (QType.Q4_K, "ragged")],
+    [(q, v) for q in EXPERT_FORMATS for v in ("pallas", "ragged")]
+    + [(q, "dequant") for q in NEW_FORMATS if q.name == "MXFP4"],
     ids=lambda v: getattr(v, "name", str(v)),
 )
 def test_expert_matmul_sorted_matches_reference(qtype, variant):
     """Prefill: 12 tokens x 2 slots sorted by expert, one expert never chosen (its blocks empty,
-    the Pallas variant's trailing blocks skipped), both grouped-GEMM variants."""
+    the blocked variants' trailing blocks skipped), each grouped-GEMM variant."""
     w = stacked_planes(qtype, N, K, seed=5)
     ids = jax.random.randint(jax.random.PRNGKey(11), (12, 2), 0, E - 1)
     x = jax.random.normal(jax.random.PRNGKey(12), (12, K), jnp.float32)
@@ -178,16 +229,27 @@ def test_block_layout():
     assert list(np.asarray(tile_expert)) == [0, 2, 2, 3, -1, -1]
 
 
-@pytest.mark.parametrize("t", [2, 12])  # the grouped GEMV's route, then the sorted GEMM's
-def test_ops_expert_routes_match_the_reference_route(t):
+# the grouped GEMV's route with another table than the default (ops reads
+# expert_tuning.EXPERT_PATHS at trace time: the down launch's "split" variant; the default's
+# fused launch runs in tests/test_moe_engine.py's and test_gptoss.py's kernel paths), then the
+# sorted GEMM's by the default table
+OTHER_PATHS = ((4, "gemv-split"), (None, "pallas"))
+
+
+@pytest.mark.parametrize("t,table", [(2, OTHER_PATHS), (12, None)])
+def test_ops_expert_routes_match_the_reference_route(t, table, monkeypatch):
     """ops.expert_glu / expert_down_sum on the kernels (fused launches up to
     ops.EXPERT_GEMV_MAX_NT tokens, the grouped GEMM beyond) give the XLA reference route's
     products within the int8 activations' rounding; biases as gpt-oss has them."""
+    if table:
+        monkeypatch.setattr(expert_tuning, "EXPERT_PATHS", table)
+        assert expert_tuning.down_variant(t) == "split"
     qtype = QType.Q8_0
     gate, up = (QWeight(stacked_planes(qtype, N, K, s), qtype, (N, K), E) for s in (6, 7))
     down = QWeight(stacked_planes(qtype, K, N * 2, 8), qtype, (K, N * 2), E)
+    gemv_path = ops.expert_kernel_path(t) in expert_tuning.GEMV_PATHS
     assert ops.expert_route(gate, t, ops.Impl(kernels=KERNELS)) == (
-        "expert-gemv" if t <= ops.EXPERT_GEMV_MAX_NT else "expert-gemm"
+        "expert-gemv" if gemv_path else "expert-gemm"
     )
     ids, weights = route(t, 2, seed=t)
     x = jax.random.normal(jax.random.PRNGKey(13), (t, K), jnp.float32)
@@ -205,3 +267,24 @@ def test_ops_expert_routes_match_the_reference_route(t):
     for got, want in zip(*outs):
         chex.assert_equal_shape([got, want])
         chex.assert_trees_all_close(got, want, atol=2e-2 * float(jnp.max(jnp.abs(want))), rtol=0)
+
+
+def test_expert_path_table():
+    """The table's lookup and its checks: each nt range's path, the deterministic mode's one
+    down variant, and tables that ops could not follow refused."""
+    table = ((1, "gemv-pairs"), (8, "gemv"), (64, "pallas"), (None, "dequant"))
+    expert_tuning.check_table(table)
+    got = [expert_tuning.path(nt, table) for nt in (1, 2, 8, 9, 64, 65, 4096)]
+    assert got == ["gemv-pairs", "gemv", "gemv", "pallas", "pallas", "dequant", "dequant"]
+    assert expert_tuning.gemv_max_nt(table) == 8
+    assert expert_tuning.down_variant(8, table=table) == "fused"
+    assert expert_tuning.down_variant(8, deterministic=True, table=table) == "pairs"
+    assert expert_tuning.down_variant(40, deterministic=True, table=table) == "pairs"
+    for bad in (
+        ((8, "gemv"),),  # no None bound
+        ((8, "gemv"), (4, "gemv-pairs"), (None, "ragged")),  # bounds decrease
+        ((8, "gemv-fast"), (None, "ragged")),  # unknown path
+        ((8, "ragged"), (None, "gemv")),  # a GEMM row before a GEMV row
+    ):
+        with pytest.raises(ValueError):
+            expert_tuning.check_table(bad)

@@ -21,6 +21,10 @@ built() { until grep -q "Built target llama-server" /tmp/peer/build.log 2>/dev/n
 write() { python3 scripts/bench.py --synthetic "$1" --write-gguf "$2" > $R/write_$(basename $2).txt 2>&1; log "$2 written rc=$?"; }
 written() { until grep -q "$1 written" $P; do sleep 3; done; }
 log "start on $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+# first, on a quiet CPU (before the llama.cpp build and the GGUF writers): every expert path of a
+# Qwen3-30B-A3B MoE layer at 1..4096 tokens, and the EXPERT_PATHS table the fastest give
+# (pallas/expert_tuning.py); no case started after 70 s (~90 s in all)
+run expert_suite_q30.txt 130 python3 tools/expert_bench.py --suite --budget-s 70 --out $R/expert_suite_q30.md --jsonl $R/expert_suite_q30.jsonl
 [ -d .peer ] && bash .peer/build.sh >> $R/llama_build.txt 2>&1
 # the disk holds 64 GiB: q30 + goss + q36 + q7 (~53 GiB) first, g26 and q27 once q30 and goss are gone
 (write qwen3-30b-a3b:q4_k_m /tmp/q30.gguf; write gpt-oss-20b:mxfp4_moe /tmp/goss.gguf
@@ -33,13 +37,15 @@ run profile_q30.txt 200 python3 tools/step_profile.py -m /tmp/q30.gguf
 run profile_goss.txt 200 python3 tools/step_profile.py -m /tmp/goss.gguf
 built && run tg_llama_q30.md 240 $BIN/llama-bench -m /tmp/q30.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
 built && run tg_llama_goss.md 240 $BIN/llama-bench -m /tmp/goss.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
-run expert_bench_q30.txt 150 python3 tools/expert_bench.py --model qwen3-30b-a3b --nt 1,2,4,8,16,32,64,256,512 --paths gemv,ragged,pallas --reps 10
+# "ragged" through cuDNN's grouped GEMM instead of XLA's dense expansion (fails at once where this
+# XLA does not know the flag)
+XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true run expert_ragged_cudnn_q30.txt 120 python3 tools/expert_bench.py --nt 64,512 --paths ragged,pallas --reps 4
 run batched_ours_q30.md 360 python3 scripts/bench.py -m /tmp/q30.gguf --batched -npp 512 -ntg 128 -npl 1,8,32 -o md
 built && run batched_llama_q30.txt 240 $BIN/llama-batched-bench -m /tmp/q30.gguf -c 24576 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,32 -ngl 99 -fa on
 rm -f /tmp/q30.gguf /tmp/goss.gguf; log "q30 goss removed"
 written /tmp/q36.gguf; run tg_ours_q36.md 420 python3 scripts/bench.py -m /tmp/q36.gguf -p 512,4096 -n 128 -r 2 -o md
 built && run tg_llama_q36.md 240 $BIN/llama-bench -m /tmp/q36.gguf -p 512,4096 -n 128 -fa 1 -r 2 -o md
-run expert_bench_goss.txt 150 python3 tools/expert_bench.py --model gpt-oss-20b --nt 1,8,64,512 --paths gemv,ragged,pallas --reps 10
+run expert_bench_goss.txt 150 python3 tools/expert_bench.py --model gpt-oss-20b --nt 1,8,512 --paths gemv,gemv-pairs,pallas,dequant --out $R/expert_bench_goss.md
 run bench_formats.txt 200 python3 scripts/bench.py --matmuls --shapes q4_0:4096x14336,iq4_nl:4096x14336,mxfp4:4096x14336,q4_k:4096x14336,iq4_xs:4096x14336 --nt 1,2,8,16,512
 written /tmp/q7.gguf
 run kv_f16_q7.md 300 python3 scripts/bench.py -m /tmp/q7.gguf -p 512 -n 128 -d 16384 -r 2 -o md

@@ -1,18 +1,27 @@
 """Expert products for prefill and large batches: the (token, slot) pairs sorted by expert on the
 device, then one grouped GEMM (llama.cpp's expert-sorted MMQ, mmid.cu), with static shapes only.
 
-Two variants of `expert_matmul_sorted` (x [T, K] or [T, k, K], stacked planes [E, Npad, cols],
-ids [T, k] -> [T, k, N] f32), picked by the caller (ops):
+Three variants of `expert_matmul_sorted` (x [T, K] or [T, k, K], stacked planes [E, Npad, cols],
+ids [T, k] -> [T, k, N] f32), picked by the caller (ops' expert path table):
 - "ragged": every expert's weight dequantized into a transient f16 [E, Npad, K]
   (pallas/dequant.py on the flattened planes), then `jax.lax.ragged_dot_general` over the sorted
-  rows and the per-expert group sizes;
+  rows and the per-expert group sizes. On NVIDIA GPUs XLA has no grouped GEMM for it: its
+  RaggedDotRewriter (xla/hlo/transforms/expanders/ragged_dot_rewriter.cc) turns it into one
+  dense dot over an [E, P, K] masked copy of the rows, E times the FLOPs (128x for Qwen3-30B),
+  unless the experimental cuDNN fusion (XLA flag xla_gpu_experimental_use_ragged_dot_fusion)
+  takes it;
 - "pallas": the rows placed in token blocks of bm rows that each belong to one expert (each
   expert's rows padded to a multiple of bm), and the f16 GEMM (gemm._kernel with expert_npad)
   run on a static grid of the most blocks any routing can need, each block reading its expert
   from a device array and decoding that expert's weight tiles in-kernel; blocks past the used
-  ones are skipped (their expert is -1).
-Both read each expert's weight once per call (the ragged variant also writes and rereads its f16
-copy), whichever tokens chose it; the GEMV (expert_gemv.py) reads it once per pair.
+  ones are skipped (their expert is -1);
+- "dequant": as "pallas", on every expert's weight dequantized first into a transient f16
+  [E * Npad, K] (the dense prefill's dequantize-then-GEMM, ops "dq+gemm"): a plain tile load
+  per block where "pallas" decodes each expert's tiles once per token block of it.
+"pallas" reads each expert's weight once per token block of it; "ragged" and "dequant" read it
+once and write and reread its f16 copy, whichever tokens chose it; the GEMV (expert_gemv.py)
+reads it once per pair. The blocked variants gather their token blocks straight from x and
+their outputs straight into pair order (one gather each; no sorted copy, no scatter of rows).
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ from minfer_jax.pallas import dequant, gemm, tiles
 from minfer_jax.quant.planes import QType, decode, fields_per_word, get_format
 from minfer_jax.sizes import pow2_at_least
 
-VARIANTS = ("ragged", "pallas")
+VARIANTS = ("ragged", "pallas", "dequant")
+_FLOAT_QTYPE = {jnp.dtype(jnp.float16): QType.F16, jnp.dtype(jnp.bfloat16): QType.BF16}
 MIN_BM, MAX_BM = 16, 64  # token-block rows of the Pallas variant: ~ pairs per expert, clamped
 
 
@@ -65,23 +75,32 @@ def expert_matmul_sorted(
     t, k = ids.shape
     n_experts = next(iter(planes.values())).shape[0]
     order, sizes = sort_pairs(ids, n_experts)
-    rows = pair_rows(x, ids)[order]  # [P, K] in expert order
     if variant == "ragged":
-        y_sorted = _ragged(rows, planes, sizes, qtype, interpret)
-    elif variant == "pallas":
-        y_sorted = _blocked(rows, planes, sizes, qtype, n_out, config, interpret)
+        y_sorted = _ragged(pair_rows(x, ids)[order], planes, sizes, qtype, interpret)
+        y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)  # back to pair order
+    elif variant in ("pallas", "dequant"):
+        x2 = x.reshape(t * k if x.ndim == 3 else t, x.shape[-1])
+        src_of_pair = jnp.arange(t * k, dtype=jnp.int32) // (1 if x.ndim == 3 else k)
+        if variant == "dequant" and get_format(qtype).ints is not None:
+            w = _dequantized(planes, qtype, interpret)  # f16 (bf16 for MXFP4)
+            planes, qtype = {"w": w}, _FLOAT_QTYPE[jnp.dtype(w.dtype)]
+        y = _blocked(x2, src_of_pair, order, sizes, planes, qtype, n_out, config, interpret)
     else:
         raise ValueError(f"expert GEMM variant {variant!r} is not one of {VARIANTS}")
-    y = jnp.zeros_like(y_sorted).at[order].set(y_sorted)  # back to pair order
     return y[:, :n_out].reshape(t, k, n_out)
+
+
+def _dequantized(planes, qtype: QType, interpret: bool) -> jax.Array:
+    """Every expert's weight decoded into f16 [E, Npad, K] (pallas/dequant.py, transient)."""
+    e, npad = next(iter(planes.values())).shape[:2]
+    flat = {name: p.reshape(e * npad, *p.shape[2:]) for name, p in planes.items()}
+    w = dequant.dequantize(flat, qtype=qtype, interpret=interpret)  # [E * Npad, K]
+    return w.reshape(e, npad, w.shape[-1])
 
 
 def _ragged(rows, planes, sizes, qtype: QType, interpret: bool) -> jax.Array:
     """ragged_dot over every expert's dequantized f16 weight -> [P, Npad] f32."""
-    e, npad = next(iter(planes.values())).shape[:2]
-    flat = {name: p.reshape(e * npad, *p.shape[2:]) for name, p in planes.items()}
-    w = dequant.dequantize(flat, qtype=qtype, interpret=interpret)  # [E * Npad, K]
-    w = w.reshape(e, npad, w.shape[-1])
+    w = _dequantized(planes, qtype, interpret)
     dims = jax.lax.RaggedDotDimensionNumbers(
         dot_dimension_numbers=(((1,), (2,)), ((), ())),
         lhs_ragged_dimensions=[0],
@@ -118,20 +137,20 @@ def block_layout(sizes: jax.Array, n_pairs: int, bm: int):
     return dest, tile_expert, n_blocks
 
 
-def _blocked(rows, planes, sizes, qtype: QType, n_out: int, config, interpret: bool):
-    """The Pallas grouped GEMM on token blocks of one expert each -> [P, Npad] f32."""
+def _blocked(x2, src_of_pair, order, sizes, planes, qtype: QType, n_out: int, config, interpret):
+    """The Pallas grouped GEMM on token blocks of one expert each -> [P, Npad] f32 in pair order:
+    x2 [R, K] the input rows, src_of_pair [P] each pair's row of x2, order / sizes sort_pairs'."""
     fmt = get_format(qtype)
-    n_pairs, k = rows.shape
+    n_pairs, k = order.shape[0], x2.shape[1]
     e, npad = next(iter(planes.values())).shape[:2]
-    bm = block_rows(n_pairs, e)
     cfg = config or gemm.choose_config(qtype, gemm.FEW_TOKEN_MAX_NT + 1, n_out, k)
-    bm = config.bm if config else bm
+    bm = config.bm if config else block_rows(n_pairs, e)
     dest, tile_expert, n_blocks = block_layout(sizes, n_pairs, bm)
-    xp = (
-        jnp.zeros((n_blocks * bm, k), fmt.compute_dtype)
-        .at[dest]
-        .set(rows.astype(fmt.compute_dtype))
-    )
+    # each block row's x row (past the pairs: x2's row count, which the gather fills with 0)
+    row_of_block_row = jnp.full((n_blocks * bm,), x2.shape[0], jnp.int32)
+    row_of_block_row = row_of_block_row.at[dest].set(src_of_pair[order])
+    xp = jnp.take(x2, row_of_block_row, axis=0, mode="fill", fill_value=0)
+    xp = xp.astype(fmt.compute_dtype)
     if cfg.field_major:
         xp = gemm.permute_field_major(xp, cfg.bk, fields_per_word(qtype))
     arrays = [planes[p.name].reshape(e * npad, planes[p.name].shape[-1]) for p in fmt.planes]
@@ -153,7 +172,8 @@ def _blocked(rows, planes, sizes, qtype: QType, n_out: int, config, interpret: b
         interpret=interpret,
         name=f"expert_gemm_{fmt.name.lower()}",
     )(tile_expert, xp, *arrays)
-    return out[dest]
+    block_row_of_pair = jnp.zeros((n_pairs,), jnp.int32).at[order].set(dest)
+    return out[block_row_of_pair]
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out"))

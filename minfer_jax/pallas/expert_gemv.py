@@ -8,7 +8,12 @@ Three launches, each with its jnp reference beside it:
   clamped SWIGLU_OAI; optional per-expert biases) -> [T, k, F]: one program computes the same rows
   of both weights, so the activation needs no second pass;
 - `expert_down_sum`: down of each slot's row h [T, k, F], times the routing weight, summed over the
-  k slots (optional per-expert bias) -> [T, N]: one program walks the k slots of its token.
+  k slots (optional per-expert bias) -> [T, N]. Its DOWN_VARIANTS: "fused" (one program walks
+  the k slots of its token: T x Npad / bn programs, 128 for one Qwen3-30B token, too few bytes in
+  flight: 0.40 TB/s on the H100, docs/BENCHMARKS.md), "split" (SPLIT_SLOTS slots per program,
+  k / SPLIT_SLOTS times the programs) and "pairs" (one slot per program, as expert_gemv); the
+  last two write [T, groups, Npad] weighted partials that XLA adds in slot order (one elementwise
+  fusion, with the residual add where the caller has one).
 
 Grid (pairs or tokens, Npad / bn); each program reads its expert id(s) and streams that expert's
 rows [e * Npad + i * bn, + bn) of the stacked planes (expert_kernels). Nothing is split along K,
@@ -36,6 +41,10 @@ DECODED_ROWS = 32
 MIN_ROWS = 16
 MIN_PROGRAMS = 264  # 2 per SM on the H200's 132
 NUM_WARPS = 4
+# expert_down_sum's launches: slots per program "fused" k, "split" SPLIT_SLOTS, "pairs" 1
+# (ops' expert path table picks one per token count; not measured on a GPU yet)
+DOWN_VARIANTS = ("fused", "split", "pairs")
+SPLIT_SLOTS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +191,19 @@ def expert_glu(
     return out[:, :n_out].reshape(t, k, n_out)
 
 
-@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "config", "precise", "interpret"))
+def down_slots(variant: str, k: int) -> int:
+    """Slots each program of expert_down_sum's `variant` walks, for k slots per token (a divisor
+    of k: "split" takes one slot per program where SPLIT_SLOTS does not divide k)."""
+    if variant not in DOWN_VARIANTS:
+        raise ValueError(f"expert down variant {variant!r} is not one of {DOWN_VARIANTS}")
+    if variant == "fused":
+        return k
+    return SPLIT_SLOTS if variant == "split" and k % SPLIT_SLOTS == 0 else 1
+
+
+@functools.partial(
+    jax.jit, static_argnames=("qtype", "n_out", "variant", "config", "precise", "interpret")
+)
 def expert_down_sum(
     h: jax.Array,
     planes: dict,
@@ -192,27 +213,32 @@ def expert_down_sum(
     qtype: QType,
     n_out: int,
     bias: jax.Array | None = None,
+    variant: str = "fused",
     config: ExpertConfig | None = None,
     precise: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """sum_j weights[t, j] * (h[t, j] . W[ids[t, j]]^T (+ bias[ids[t, j]])): h [T, k, F] ->
-    [T, n_out] f32 (bias [E, n_out])."""
+    [T, n_out] f32 (bias [E, n_out]); variant: DOWN_VARIANTS (the same sums, grouped by launch)."""
     t, k = ids.shape
+    slots = down_slots(variant, k)
+    groups = k // slots  # programs per token and row block; XLA adds their partials
     _, npad = _planes_npad(planes)
-    cfg = config or choose_config((qtype,), t, npad)
+    cfg = config or choose_config((qtype,), t * groups, npad)
     body = rows_body(qtype, cfg.bn, h.shape[-1], interpret, _x_terms(precise))
     flat_ids = ids.reshape(t * k).astype(jnp.int32)
     flat_w = weights.reshape(t * k).astype(jnp.float32)
-    xl, x_spec = _x_operand(body, h.reshape(t * k, h.shape[-1]), k, lambda p: p)
+    xl, x_spec = _x_operand(body, h.reshape(t * k, h.shape[-1]), slots, lambda p: p)
     arrays = expert_kernels.kernel_planes(body, planes)
     biases = _bias_operand(bias, npad)
     operands = [flat_ids, flat_w, xl, *arrays, *biases]
     specs = [_whole(flat_ids), _whole(flat_w), x_spec, *map(_whole, [*arrays, *biases])]
-    kernel = _down_kernel(body, k, npad, cfg.bn, bias is not None)
-    name = f"expert_down_sum_{qtype.name.lower()}"
-    out = _call(kernel, operands, specs, (t, npad // cfg.bn), t, npad, cfg, interpret, name)
-    return out[:, :n_out]
+    kernel = _down_kernel(body, slots, npad, cfg.bn, bias is not None)
+    name = f"expert_down_sum_{qtype.name.lower()}" + ("" if groups == 1 else f"_{variant}")
+    grid = (t * groups, npad // cfg.bn)
+    out = _call(kernel, operands, specs, grid, t * groups, npad, cfg, interpret, name)
+    parts = out.reshape(t, groups, npad)[:, :, :n_out]
+    return functools.reduce(jnp.add, [parts[:, g] for g in range(groups)])  # in slot order
 
 
 # One kernel closure per configuration (jax#40847: a shared function object can reuse a trace).
@@ -253,18 +279,18 @@ def _glu_kernel(
 
 
 @functools.cache
-def _down_kernel(body: RowsBody, k: int, npad: int, bn: int, has_bias: bool):
+def _down_kernel(body: RowsBody, slots: int, npad: int, bn: int, has_bias: bool):
     def kernel(ids_ref, w_ref, x_ref, *refs):
         *in_refs, o_ref = refs
         plane_refs, bias_refs = in_refs[: body.n_refs], in_refs[body.n_refs :]
-        t, i = pl.program_id(0), pl.program_id(1)
+        p, i = pl.program_id(0), pl.program_id(1)
         acc = jnp.zeros((bn,), jnp.float32)
-        for j in range(k):  # the token's k slots, each its own expert's rows
-            row0 = ids_ref[t * k + j] * npad + i * bn
+        for j in range(slots):  # the program's slots (pairs p * slots + j), each its own expert
+            row0 = ids_ref[p * slots + j] * npad + i * bn
             y = body.rows(x_ref, j, plane_refs, row0)
             if has_bias:
                 y = y + bias_refs[0][pl.ds(row0, bn)]
-            acc = acc + w_ref[t * k + j] * y
+            acc = acc + w_ref[p * slots + j] * y
         o_ref[...] = acc
 
     return kernel
