@@ -25,6 +25,7 @@ LAYERS = {
     "minfer_jax.pallas": 3,
     "minfer_jax.ops": 4,
     "minfer_jax.experts": 4,  # the expert matmul routes ops.expert_* call
+    "minfer_jax.residual": 4,  # the residual stream's adds: the decode epilogues (ops, split_sums)
     "minfer_jax.model": 5,
     "minfer_jax.engine": 6,
     "minfer_jax.cli": 7,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kernel_mode import INTERPRET
-from minfer_jax.model import layers
+from minfer_jax import residual
 from minfer_jax.pallas import split_sums
 
 
@@ -59,7 +59,7 @@ def test_glu_partials_matches_the_model_activation(act, widths, splits):
     both = jnp.concatenate(
         [p.sum(0)[:batch, :w] for p, w in zip(parts, widths)], axis=-1
     )  # order-free sums: the activations are compared, not the additions
-    xla = layers.ACTIVATIONS[act](both[:, :d_ff]) * both[:, d_ff:]
+    xla = residual.ACTIVATIONS[act](both[:, :d_ff]) * both[:, d_ff:]
     chex.assert_trees_all_close(got, xla, atol=1e-4, rtol=1e-5)
 
 

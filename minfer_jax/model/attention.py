@@ -7,15 +7,25 @@ Two shapes of query, both reading one layer's cache `[n_slots, Hkv, S, hd]` in p
   (pallas/decode_attention.py: split over the key axis, reads [0, len) only).
 On the "xla" path (CPU) both are einsums with a position mask: a chunk attends over the whole
 slot, decode over a static power-of-two `span` of it (shape buckets chosen by plan.Plan).
+A layer reaches its cache through an `Attend` (the decoder's, one per layer and step); a decode
+step with the epilogue kernels (residual.Join) hands a NeoX layer's q / k / v partials to one
+epilogue kernel (pallas/decode_qkv.py) where `takes_projected` allows: the one place that choice
+is made.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
+from minfer_jax import residual
 from minfer_jax.model import cache as kv_cache
-from minfer_jax.model.cache import Layer
+from minfer_jax.model import layers
+from minfer_jax.model.cache import KVCache, Layer
 from minfer_jax.model.config import Config
 from minfer_jax.pallas import attention, decode_qkv
 from minfer_jax.pallas import decode_attention as dec
@@ -204,3 +214,49 @@ def decode_attention_projected(
         **_kernel_options(cfg, window),
     )
     return k_cache, v_cache, out.reshape(b, cfg.q_dim)
+
+
+def takes_projected(cfg: Config, join: residual.Join, cache: KVCache) -> bool:
+    """Whether a step's NeoX layers without q / k norms (Attend.neox) hand their q / k / v GEMVs'
+    partials to decode_attention_projected: a decode step with the epilogue kernels, head_dim / 2
+    a power of two (the epilogue kernel's tiles), and no rotated 8-bit layer (quant/kv.py: rotated
+    in XLA, outside the epilogue kernel)."""
+    half = cfg.head_dim // 2
+    rotated = any(kv_cache.rotated(layer) for layer in (*cache.k, *cache.v))
+    return join.epilogues and half & (half - 1) == 0 and not rotated
+
+
+@dataclasses.dataclass(frozen=True)
+class Attend:
+    """One layer's attention through its cache in one step (a trace-time container; the decoder
+    makes it): attend(q [T, H, hd], k, v [T, Hkv, hd], sinks=None) -> [T, H * hd], the cache
+    write and the attention (sinks [H]: gpt-oss's per-head sink logits; k = v = None: a shared-KV
+    layer reading its source layer's cache); `neox` a whole NeoX layer's attention from x."""
+
+    qkv: Callable  # (q, k, v, sinks) -> [T, H * hd]
+    positions: jax.Array  # [T] int32
+    cfg: Config
+    impl: Any  # ops.Impl
+    # where takes_projected: (parts, widths, bias, inv_freq) -> [T, H * hd] through
+    # decode_attention_projected
+    projected: Callable | None = None
+
+    def __call__(self, q, k, v, sinks=None) -> jax.Array:
+        return self.qkv(q, k, v, sinks)
+
+    def neox(self, x: residual.Stream, layer) -> jax.Array:
+        """Attention of a layer with NeoX RoPE (the file's base, unscaled) and no q / k norms
+        (Qwen2's): q / k / v of attn_norm(x) (+ biases), rotated, through the cache; or the
+        projections' split-K partials to the epilogue kernel that does all that (projected)."""
+        cfg = self.cfg
+        if self.projected is not None:
+            parts = residual.norm_matmul_parts(
+                x, layer.attn_norm, cfg.rms_eps, layer.qkv, self.impl
+            )
+            widths = tuple(w.shape[0] for w in layer.qkv)
+            inv_freq = layers.rope_inv_freq(cfg.head_dim, cfg.rope_theta, None, 1.0)
+            return self.projected(parts, widths, layer.qkv_bias, inv_freq)
+        q, k, v = layers.project_qkv(x, layer, cfg, self.impl)
+        q = layers.rope_neox(q, self.positions, cfg.rope_theta)
+        k = layers.rope_neox(k, self.positions, cfg.rope_theta)
+        return self(q, k, v)

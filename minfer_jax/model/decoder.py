@@ -18,8 +18,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from minfer_jax import ops
-from minfer_jax.model import attention, deltanet, layers
+from minfer_jax import ops, residual
+from minfer_jax.model import attention, deltanet
 from minfer_jax.model import cache as kv_cache
 from minfer_jax.model.cache import KVCache
 from minfer_jax.model.config import Config
@@ -38,20 +38,23 @@ def _layers(
     attend: Callable,
     par=None,
     attend_projected: Callable | None = None,
-    epilogues: bool = False,
     recur: Callable | None = None,
-) -> tuple[layers.Hidden, KVCache]:
+) -> tuple[residual.Stream, KVCache]:
     """Embed, run every layer (unrolled) with `attend(q, k, v, k_cache, v_cache, window, sinks)`
-    (or, where the family's layer takes it, `attend_projected(parts, widths, bias, inv_freq,
-    k_cache, v_cache, window)`: LayerCall) -> the last layer's output, not normed (with epilogues a
-    layers.Residual: LayerCall.epilogues). A DeltaNet layer (hybrid models) calls
+    -> the last layer's output, not normed. attend_projected (a decode step's; None: a chunk's):
+    `attend_projected(parts, widths, bias, inv_freq, k_cache, v_cache, window)`, which a layer's
+    attention.Attend takes where attention.takes_projected; with it the stream takes the decode
+    epilogues where residual.start decides. A DeltaNet layer (hybrid models) calls
     `recur(proj, weights, conv_state, delta_state) -> (out, conv_state, delta_state)` on its own
     entries of cache.conv / cache.delta. par: None on one device; inside shard_map the shard's
     hooks (sharding.TensorParallel)."""
     fam = family(cfg)
-    x = fam.embed(params, tokens, cfg)  # [T, d]
+    rows = fam.embed(params, tokens, cfg)  # [T, d]
     per_layer = getattr(fam, "per_layer_inputs", None)  # gemma4: [L, T, n_pl] or None
-    layer_inputs = None if per_layer is None else per_layer(params, tokens, x, cfg, impl)
+    layer_inputs = None if per_layer is None else per_layer(params, tokens, rows, cfg, impl)
+    x = residual.start(rows, impl, par, decode=attend_projected is not None)
+    if not attention.takes_projected(cfg, x.join, cache):
+        attend_projected = None
     ks, vs = list(cache.k), list(cache.v)
     convs, deltas = list(cache.conv), list(cache.delta)
     kv_index = {layer: j for j, layer in enumerate(cfg.attention_layers)}
@@ -79,15 +82,13 @@ def _layers(
             out, convs[r], deltas[r] = recur(proj, weights, convs[r], deltas[r])
             return out
 
+        projected = None if attend_projected is None else layer_attend_projected
         call = LayerCall(
             positions=positions,
-            attend=layer_attend,
+            attend=attention.Attend(layer_attend, positions, cfg, impl, projected),
             cfg=cfg,
             impl=impl,
-            par=par,
             rope_freqs=params.rope_freqs,
-            attend_projected=None if attend_projected is None else layer_attend_projected,
-            epilogues=epilogues,
             recur=layer_recur,
             layer_input=None if layer_inputs is None else layer_inputs[i],
         )
@@ -139,7 +140,7 @@ def forward_chunk(
         )
 
     x, cache = _layers(params, tokens, positions, cache, cfg, impl, attend, par, recur=recur)
-    return ops.rms_norm(x, params.out_norm, cfg.rms_eps), cache
+    return ops.rms_norm(x.rows, params.out_norm, cfg.rms_eps), cache
 
 
 def forward_decode(
@@ -165,9 +166,9 @@ def forward_decode(
     XLA compiles a one-row step's fusions differently from a many-row step's, and rounds
     differently there, while every step of two or more rows gives a row the same bits
     (docs/BENCHMARKS.md, "Batch invariance").
-    impl.fused_decode on the kernels (one device, head_dim / 2 a power of two): a family layer that
-    takes LayerCall.attend_projected (Qwen2's) hands its q / k / v GEMVs' partials to
-    attention.decode_attention_projected (decode_qkv's epilogue kernel, then the attention).
+    impl.fused_decode on the kernels, one device: the layers' products join the residual stream
+    through the split-K epilogue kernels (residual.start decides), and a NeoX layer's q / k / v
+    partials go to attention.decode_attention_projected where attention.takes_projected.
     recur: a DeltaNet layer's step (_layers' `recur`) in place of one mix_step per row and slot
     (model/speculative.py: the rows of one sequence, in order).
     """
@@ -230,11 +231,6 @@ def forward_decode_hidden(
             parts, widths, bias, inv_freq, k_cache, v_cache, slots, positions, cfg, impl, window
         )
 
-    epilogues = impl.fused_decode and impl.kernels != "xla" and par is None
-    half = cfg.head_dim // 2  # the q/k/v epilogue kernel's tiles: a power of two
-    # a rotated 8-bit layer (quant/kv.py) rotates q / k / v in XLA, outside the epilogue kernel
-    rotated = any(kv_cache.rotated(layer) for layer in (*cache.k, *cache.v))
-    projected = epilogues and half & (half - 1) == 0 and not rotated
     x, cache = _layers(
         params,
         tokens,
@@ -244,14 +240,12 @@ def forward_decode_hidden(
         impl,
         attend,
         par,
-        attend_projected if projected else None,
-        epilogues,
+        attend_projected,
         recur_rows if recur is None else recur,
     )
-    rows, sumsq = layers.hidden(x)
-    normed = ops.rms_norm(rows, params.out_norm, cfg.rms_eps)
-    if epilogues:  # the final norm applied by the head's GEMV, from the sums of squares
-        [logits] = ops.norm_matmuls(rows, params.out_norm, cfg.rms_eps, [params.head], impl, sumsq)
+    normed = ops.rms_norm(x.rows, params.out_norm, cfg.rms_eps)
+    if x.join.epilogues:  # the final norm applied by the head's GEMV, from the sums of squares
+        [logits] = residual.norm_matmuls(x, params.out_norm, cfg.rms_eps, [params.head], impl)
         return soft_cap(logits, cfg), normed, cache
     return logits_from_hidden(params, normed, impl, cfg), normed, cache
 

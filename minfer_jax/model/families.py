@@ -7,7 +7,8 @@ holds what differs between families:
   config_from_metadata(md) -> Config  its hyper-parameters from the file's `{arch}.*` keys
   tensor_shapes(cfg)                  every tensor it needs: (name, numpy shape), lazily
   embed(params, tokens, cfg)          tokens -> the residual stream's first rows
-  block(x, layer, i, call)            one decoder layer (layers.LayerCall: positions, attend, ...)
+  block(x, layer, i, call)            one decoder layer on the residual stream x (residual.Stream;
+                                      layers.LayerCall: positions, attend, cfg, impl, ...)
 The engine (model/decoder.py, engine/steps.py) reaches a family only through `family(cfg)`; the
 kernels, plan, scheduler and server never see which family runs.
 """

@@ -17,7 +17,7 @@ import math
 
 import jax
 
-from minfer_jax import ops
+from minfer_jax import ops, residual
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.model import layers, schema
 from minfer_jax.model.config import Config
@@ -65,7 +65,7 @@ def embed(params: Params, tokens: jax.Array, cfg: Config) -> jax.Array:
     return layers.embed(params, tokens, cfg) * math.sqrt(cfg.d_model)
 
 
-def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
     cfg, pos, eps = call.cfg, call.positions, call.cfg.rms_eps
     theta, scale = cfg.layer_rope_theta(i), cfg.layer_rope_scale(i)
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
@@ -74,7 +74,9 @@ def block(x: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Arr
         layers.rope_neox(q, pos, theta, scale=scale),
         layers.rope_neox(k, pos, theta, scale=scale),
     )
-    att = layers.row_matmul(call.par, "attn_out", call.attend(q, k, v), layer.wo, call.impl)
+    # q / k normed per head: XLA's q / k / v (Attend.neox has no norm); each product is normed
+    # before its add: no add epilogue (its gated activation takes one)
+    att = residual.row_product(x, call.attend(q, k, v), layer.wo, "attn_out", call.impl)
     x = x + ops.rms_norm(att, layer.post_attn_norm, eps)
     return x + ops.rms_norm(
         layers.gated_ffn(x, layer, call, act="gelu_tanh"), layer.post_ffn_norm, eps

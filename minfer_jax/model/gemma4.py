@@ -21,13 +21,12 @@ separate mmproj file, which is not read (and no input of those kinds is supporte
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
-from minfer_jax import ops
+from minfer_jax import ops, residual
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.model import layers, moe, schema
 from minfer_jax.model.config import Config
@@ -240,12 +239,12 @@ def _rope(x: jax.Array, i: int, call: layers.LayerCall) -> jax.Array:
     )
 
 
-def attention(rows: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
-    """The layer's attention of rms(rows) . attn_norm -> [T, H hd]; a shared-KV layer hands the
+def attention(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
+    """The layer's attention of rms(x) . attn_norm -> [T, H hd]; a shared-KV layer hands the
     decoder q only (its source layer's cache holds K / V)."""
     cfg, eps = call.cfg, call.cfg.rms_eps
-    t, hd, n_kv = rows.shape[0], cfg.layer_head_dim(i), cfg.layer_kv_heads(i)
-    out = jnp.concatenate(ops.norm_matmuls(rows, layer.attn_norm, eps, layer.qkv, call.impl), -1)
+    t, hd, n_kv = x.rows.shape[0], cfg.layer_head_dim(i), cfg.layer_kv_heads(i)
+    out = jnp.concatenate(residual.norm_matmuls(x, layer.attn_norm, eps, layer.qkv, call.impl), -1)
     qd = cfg.n_heads * hd
     q = _rope(ops.rms_norm(out[:, :qd].reshape(t, cfg.n_heads, hd), layer.q_norm, eps), i, call)
     if cfg.kv_source(i) != i:
@@ -256,13 +255,10 @@ def attention(rows: jax.Array, layer: Layer, i: int, call: layers.LayerCall) -> 
     return call.attend(q, k, ops.rms_norm(v, jnp.float32(1.0), eps))
 
 
-def geglu(x: jax.Array, norm: jax.Array, layer: Layer, call: layers.LayerCall) -> jax.Array:
-    """down(gelu_tanh(gate h) * up h), h = rms(x) . norm: the dense MLP of any width [T, d]."""
-    gate_up = jnp.concatenate(
-        ops.norm_matmuls(x, norm, call.cfg.rms_eps, layer.gate_up, call.impl), axis=-1
-    )
-    half = gate_up.shape[-1] // 2
-    act = layers.gelu_tanh(gate_up[:, :half]) * gate_up[:, half:]
+def geglu(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
+    """down(gelu_tanh(gate h) * up h), h = rms(x) . ffn_norm: the dense MLP of the layer's width
+    [T, d]."""
+    act = layers.gated_act(x, layer, call, "gelu_tanh", d_ff=call.cfg.layer_ff(i))
     return ops.matmul(act, layer.w_down, call.impl)
 
 
@@ -278,14 +274,14 @@ def experts(x: jax.Array, layer: Layer, call: layers.LayerCall) -> jax.Array:
     return ops.expert_down_sum(act, ex.down, ids, weights * ex.down_scale[ids], impl)
 
 
-def ffn(x: jax.Array, layer: Layer, call: layers.LayerCall) -> jax.Array:
+def ffn(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
     """The FFN's output before post_ffw_norm: the dense MLP, or it and the experts, each normed."""
     assert layer.ffn_norm is not None
-    mlp = geglu(x, layer.ffn_norm, layer, call)
+    mlp = geglu(x, layer, i, call)
     if layer.moe is None:
         return mlp
     eps, (_, post_mlp, post_experts) = call.cfg.rms_eps, layer.moe_norms
-    mixed = ops.rms_norm(experts(x, layer, call), post_experts, eps)
+    mixed = ops.rms_norm(experts(x.rows, layer, call), post_experts, eps)
     return ops.rms_norm(mlp, post_mlp, eps) + mixed
 
 
@@ -297,13 +293,12 @@ def per_layer_embedding(x: jax.Array, layer: Layer, call: layers.LayerCall) -> j
     return ops.rms_norm(ops.matmul(gated, ple.proj, call.impl), ple.post_norm, call.cfg.rms_eps)
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> jax.Array:
-    # no split-K epilogues: every product is normed before the residual add
-    call = dataclasses.replace(call, epilogues=False)
-    eps, (rows, _) = call.cfg.rms_eps, layers.hidden(x)
-    att = ops.matmul(attention(rows, layer, i, call), layer.wo, call.impl)
-    h = rows + ops.rms_norm(att, layer.post_attn_norm, eps)
-    h = h + ops.rms_norm(ffn(h, layer, call), layer.post_ffn_norm, eps)
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
+    # each product is normed before its add: no add epilogue (its gated activation takes one)
+    eps = call.cfg.rms_eps
+    att = ops.matmul(attention(x, layer, i, call), layer.wo, call.impl)
+    h = x + ops.rms_norm(att, layer.post_attn_norm, eps)
+    h = h + ops.rms_norm(ffn(h, layer, i, call), layer.post_ffn_norm, eps)
     if layer.per_layer is not None:
-        h = h + per_layer_embedding(h, layer, call)
+        h = h + per_layer_embedding(h.rows, layer, call)
     return h if layer.out_scale is None else h * layer.out_scale

@@ -13,6 +13,7 @@ plus 1). The head is a separate output.weight.
 
 from __future__ import annotations
 
+from minfer_jax import residual
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.model import layers, moe, schema
 from minfer_jax.model.config import Config
@@ -72,7 +73,7 @@ def tensor_shapes(cfg: Config):
         yield from shapes.items()
 
 
-def attention(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall):
+def attention(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall):
     """q / k / v (+ biases) of attn_norm(x), NeoX + YaRN rotated with the layer's base, through the
     cache with the layer's window and sinks -> [T, H * hd]."""
     cfg, pos = call.cfg, call.positions
@@ -83,8 +84,9 @@ def attention(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall):
     return call.attend(q, k, v, sinks=layer.sinks)
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
-    rows, _ = layers.hidden(x)
-    att = layers.row_matmul(call.par, "attn_out", attention(x, layer, i, call), layer.wo, call.impl)
-    h = rows + att + layer.wo_bias
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
+    # sinks and YaRN: XLA's q / k / v; the o bias joins after the product and the MoE's norm is
+    # XLA's: no add epilogue to take
+    att = residual.row_product(x, attention(x, layer, i, call), layer.wo, "attn_out", call.impl)
+    h = x + att + layer.wo_bias
     return h + moe.moe_ffn(h, layer, call, norm=layer.post_attn_norm)

@@ -12,6 +12,7 @@ softmax, top expert_used_count, weights renormalised, SwiGLU experts of width fe
 
 from __future__ import annotations
 
+from minfer_jax import residual
 from minfer_jax.model import layers, moe, schema
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import Layer
@@ -45,10 +46,11 @@ def tensor_shapes(cfg: Config):
         yield from schema.layer_shapes(cfg, i).items()
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
     cfg, pos = call.cfg, call.positions
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
     q = layers.rope_normal(q, pos, cfg.rope_theta, call.rope_freqs, cfg.rope_scale)
     k = layers.rope_normal(k, pos, cfg.rope_theta, call.rope_freqs, cfg.rope_scale)
-    x = layers.add_product(x, call.attend(q, k, v), layer.wo, "attn_out", call)
+    # normal (adjacent-pair) RoPE: the q / k / v epilogue kernel rotates NeoX pairs only
+    x = residual.add_product(x, call.attend(q, k, v), layer.wo, "attn_out", call.impl)
     return moe.ffn(x, layer, call)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from minfer_jax import ops
+from minfer_jax import ops, residual
 from minfer_jax.model import layers
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import Experts, Layer
@@ -50,7 +50,7 @@ def shared_expert(h: jax.Array, ex: Experts, impl: ops.Impl) -> jax.Array:
 
 
 def moe_ffn(
-    x: layers.Hidden, layer: Layer, call: layers.LayerCall, norm: jax.Array | None = None
+    x: residual.Stream, layer: Layer, call: layers.LayerCall, norm: jax.Array | None = None
 ) -> jax.Array:
     """The layer's mixture-of-experts FFN on norm(x) (norm: the pre-FFN RMSNorm's weight, default
     ffn_norm; gpt-oss's is post_attention_norm) -> [T, d], added to the residual by the caller.
@@ -59,8 +59,7 @@ def moe_ffn(
     (engine/sharding.py): one all-reduce adds the shards' partial outputs."""
     cfg, impl, ex = call.cfg, call.impl, layer.moe
     assert ex is not None
-    rows, _ = layers.hidden(x)
-    h = ops.rms_norm(rows, layer.ffn_norm if norm is None else norm, cfg.rms_eps)
+    h = ops.rms_norm(x.rows, layer.ffn_norm if norm is None else norm, cfg.rms_eps)
     logits = ops.matmul(h, ex.router, impl)
     if ex.router_bias is not None:
         logits = logits + ex.router_bias
@@ -71,13 +70,13 @@ def moe_ffn(
     out = ops.expert_down_sum(act, ex.down, ids, weights, impl, ex.down_bias)  # [T, d]
     if ex.shared_down is not None:
         out = out + shared_expert(h, ex, impl)
-    return out if call.par is None else call.par.all_reduce(out)
+    return residual.total(x, out)
 
 
-def ffn(x: layers.Hidden, layer: Layer, call: layers.LayerCall) -> layers.Hidden:
+def ffn(x: residual.Stream, layer: Layer, call: layers.LayerCall) -> residual.Stream:
     """x + the layer's FFN: the mixture of experts where the layer has one, else the dense gated
     FFN (SwiGLU)."""
     if layer.moe is None:
         act = layers.gated_act(x, layer, call)
-        return layers.add_product(x, act, layer.w_down, "ffn_out", call)
-    return layers.hidden(x)[0] + moe_ffn(x, layer, call)
+        return residual.add_product(x, act, layer.w_down, "ffn_out", call.impl)
+    return x + moe_ffn(x, layer, call)

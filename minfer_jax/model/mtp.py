@@ -40,7 +40,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from minfer_jax import ops
+from minfer_jax import ops, residual
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.model import attention, layers
 from minfer_jax.model import cache as kv_cache
@@ -148,10 +148,15 @@ def mtp_forward(
         v_cache = kv_cache.write_rows(v_cache, v, slots, positions)
         return attention.decode_attention(q, k_cache, v_cache, slots, positions, mcfg, impl)
 
-    call = layers.LayerCall(positions=positions, attend=attend, cfg=mcfg, impl=impl)
-    x = family(cfg).block(x, mtp.layer, 0, call)
+    call = layers.LayerCall(
+        positions=positions,
+        attend=attention.Attend(attend, positions, mcfg, impl),
+        cfg=mcfg,
+        impl=impl,
+    )
+    stream = family(cfg).block(residual.start(x, impl), mtp.layer, 0, call)
     head_norm = params.out_norm if mtp.head_norm is None else mtp.head_norm
-    out = ops.rms_norm(layers.hidden(x)[0], head_norm, eps)
+    out = ops.rms_norm(stream.rows, head_norm, eps)
     logits = ops.matmul(out, mtp.head or params.head, impl)
     return logits, out, (k_cache, v_cache)
 

@@ -9,6 +9,7 @@ The layer loop, cache writes and head are model/decoder.py's, shared by every fa
 
 from __future__ import annotations
 
+from minfer_jax import residual
 from minfer_jax.model import layers, schema
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import Layer
@@ -29,6 +30,7 @@ def tensor_shapes(cfg: Config):
         yield from schema.layer_shapes(cfg, i, bias=True).items()
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
-    x = layers.add_product(x, layers.attend_neox(x, layer, call), layer.wo, "attn_out", call)
-    return layers.add_product(x, layers.gated_act(x, layer, call), layer.w_down, "ffn_out", call)
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
+    x = residual.add_product(x, call.attend.neox(x, layer), layer.wo, "attn_out", call.impl)
+    ffn_in = layers.gated_act(x, layer, call)
+    return residual.add_product(x, ffn_in, layer.w_down, "ffn_out", call.impl)

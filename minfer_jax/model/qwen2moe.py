@@ -11,6 +11,7 @@ is untied (llama.cpp requires output.weight).
 
 from __future__ import annotations
 
+from minfer_jax import residual
 from minfer_jax.errors import GGUFError
 from minfer_jax.model import layers, moe, schema
 from minfer_jax.model.config import Config
@@ -42,6 +43,6 @@ def tensor_shapes(cfg: Config):
         yield from schema.layer_shapes(cfg, i, bias=True).items()
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
-    x = layers.add_product(x, layers.attend_neox(x, layer, call), layer.wo, "attn_out", call)
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
+    x = residual.add_product(x, call.attend.neox(x, layer), layer.wo, "attn_out", call.impl)
     return moe.ffn(x, layer, call)

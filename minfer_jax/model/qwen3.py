@@ -6,7 +6,7 @@ half-split form); head_dim is the file's attention.key_length (128), not d_model
 
 from __future__ import annotations
 
-from minfer_jax import ops
+from minfer_jax import ops, residual
 from minfer_jax.model import layers, schema
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import Layer
@@ -34,10 +34,11 @@ def tensor_shapes(cfg: Config):
         yield from schema.layer_shapes(cfg, i, qk_norm=True).items()
 
 
-def attention(x: layers.Hidden, layer: Layer, call: layers.LayerCall):
+def attention(x: residual.Stream, layer: Layer, call: layers.LayerCall):
     """q / k / v of attn_norm(x), q and k normed per head, NeoX-rotated, through the cache ->
     [T, H * hd] (Qwen3-MoE's attention too)."""
     cfg, pos = call.cfg, call.positions
+    # q and k normed per head before RoPE: the q / k / v epilogue kernel (Attend.neox) has no norm
     q, k, v = layers.project_qkv(x, layer, cfg, call.impl)
     q, k = (
         ops.rms_norm(q, layer.q_norm, cfg.rms_eps),
@@ -48,6 +49,7 @@ def attention(x: layers.Hidden, layer: Layer, call: layers.LayerCall):
     return call.attend(q, k, v)
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
-    x = layers.add_product(x, attention(x, layer, call), layer.wo, "attn_out", call)
-    return layers.add_product(x, layers.gated_act(x, layer, call), layer.w_down, "ffn_out", call)
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
+    x = residual.add_product(x, attention(x, layer, call), layer.wo, "attn_out", call.impl)
+    ffn_in = layers.gated_act(x, layer, call)
+    return residual.add_product(x, ffn_in, layer.w_down, "ffn_out", call.impl)

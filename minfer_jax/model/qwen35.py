@@ -18,7 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from minfer_jax import ops
+from minfer_jax import ops, residual
 from minfer_jax.errors import UnsupportedError
 from minfer_jax.model import layers, schema
 from minfer_jax.model.config import Config
@@ -174,13 +174,12 @@ def _rope_partial(x: jax.Array, positions: jax.Array, cfg: Config) -> jax.Array:
     return jnp.concatenate([rotated, x[..., n:]], axis=-1)
 
 
-def _gated_attention(x: layers.Hidden, layer: Layer, call: layers.LayerCall) -> jax.Array:
+def _gated_attention(x: residual.Stream, layer: Layer, call: layers.LayerCall) -> jax.Array:
     """rms(x) . attn_norm through q (+ gate), k, v -> attention * sigmoid(gate) [T, H hd]."""
-    cfg, eps = call.cfg, call.cfg.rms_eps
-    rows, sumsq = layers.hidden(x)
-    t, qd, kv, hd = rows.shape[0], cfg.q_dim, cfg.kv_dim, cfg.head_dim
+    cfg, eps = call.cfg, call.cfg.rms_eps  # q / k norms, gate, partial RoPE: XLA's q / k / v
+    t, qd, kv, hd = x.rows.shape[0], cfg.q_dim, cfg.kv_dim, cfg.head_dim
     out = jnp.concatenate(
-        ops.norm_matmuls(rows, layer.attn_norm, eps, layer.qkv, call.impl, sumsq), axis=-1
+        residual.norm_matmuls(x, layer.attn_norm, eps, layer.qkv, call.impl), axis=-1
     )
     q_gate = out[:, : 2 * qd].reshape(t, cfg.n_heads, 2 * hd)
     q, gate = q_gate[..., :hd], q_gate[..., hd:].reshape(t, qd)
@@ -191,20 +190,20 @@ def _gated_attention(x: layers.Hidden, layer: Layer, call: layers.LayerCall) -> 
     return call.attend(q, k, v) * jax.nn.sigmoid(gate)
 
 
-def add_mixer(x: layers.Hidden, layer: Layer, call: layers.LayerCall) -> layers.Hidden:
+def add_mixer(x: residual.Stream, layer: Layer, call: layers.LayerCall) -> residual.Stream:
     """x + the layer's mixer of rms(x) . attn_norm: Gated DeltaNet (its state through the
     decoder's call.recur) or gated attention. qwen35moe's layers are this, then their MoE FFN."""
     cfg, mixer = call.cfg, layer.mixer
     if mixer is None:
-        return layers.add_product(x, _gated_attention(x, layer, call), layer.wo, "attn_out", call)
-    rows, sumsq = layers.hidden(x)
+        att = _gated_attention(x, layer, call)
+        return residual.add_product(x, att, layer.wo, "attn_out", call.impl)
     proj = jnp.concatenate(
-        ops.norm_matmuls(rows, layer.attn_norm, cfg.rms_eps, mixer.proj, call.impl, sumsq), axis=-1
+        residual.norm_matmuls(x, layer.attn_norm, cfg.rms_eps, mixer.proj, call.impl), axis=-1
     )
-    return layers.add_product(x, call.recur(proj, mixer), mixer.out, "attn_out", call)
+    return residual.add_product(x, call.recur(proj, mixer), mixer.out, "attn_out", call.impl)
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
     x = add_mixer(x, layer, call)
     ffn_in = layers.gated_act(x, layer, call, norm=layer.post_attn_norm)  # the pre-FFN norm
-    return layers.add_product(x, ffn_in, layer.w_down, "ffn_out", call)
+    return residual.add_product(x, ffn_in, layer.w_down, "ffn_out", call.impl)

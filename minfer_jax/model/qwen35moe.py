@@ -12,6 +12,7 @@ missing), gated per token by sigmoid(ffn_gate_inp_shexp . h). llama.cpp requires
 
 from __future__ import annotations
 
+from minfer_jax import residual
 from minfer_jax.errors import GGUFError
 from minfer_jax.model import layers, moe, qwen35, schema
 from minfer_jax.model.config import Config
@@ -42,7 +43,7 @@ def config_from_metadata(md) -> Config:
     )
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
     x = qwen35.add_mixer(x, layer, call)
     # the pre-FFN norm is post_attention_norm, as qwen35's
-    return layers.hidden(x)[0] + moe.moe_ffn(x, layer, call, norm=layer.post_attn_norm)
+    return x + moe.moe_ffn(x, layer, call, norm=layer.post_attn_norm)

@@ -10,6 +10,7 @@ llama.cpp), no shared expert. The head may be tied to the embedding.
 
 from __future__ import annotations
 
+from minfer_jax import residual
 from minfer_jax.model import layers, moe, qwen3, schema
 from minfer_jax.model.config import Config
 from minfer_jax.model.weights import Layer
@@ -43,6 +44,6 @@ def tensor_shapes(cfg: Config):
         yield from schema.layer_shapes(cfg, i, qk_norm=True).items()
 
 
-def block(x: layers.Hidden, layer: Layer, i: int, call: layers.LayerCall) -> layers.Hidden:
-    x = layers.add_product(x, qwen3.attention(x, layer, call), layer.wo, "attn_out", call)
+def block(x: residual.Stream, layer: Layer, i: int, call: layers.LayerCall) -> residual.Stream:
+    x = residual.add_product(x, qwen3.attention(x, layer, call), layer.wo, "attn_out", call.impl)
     return moe.ffn(x, layer, call)
