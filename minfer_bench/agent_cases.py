@@ -81,8 +81,10 @@ def schema_errors(value: Any, schema: dict, path: str = "$") -> list[str]:
     errs: list[str] = []
     if "enum" in schema and value not in schema["enum"]:
         return [f"{path}: {value!r} not in enum"]
-    kinds = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
-             "object": dict, "array": list}  # fmt: skip
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "string": str, "integer": int, "number": (int, float), "boolean": bool,
+        "object": dict, "array": list,
+    }  # fmt: skip
     want = schema.get("type")
     if want is not None:
         ok = isinstance(value, kinds[want]) and not (want != "boolean" and isinstance(value, bool))

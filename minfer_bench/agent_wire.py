@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from minfer_bench.agent_cases import Case, Choice, Outcome
 
@@ -50,7 +51,7 @@ async def send(client, url: str, case: Case) -> Outcome:
 def _usage_problems(usage, prompt="prompt_tokens", output="completion_tokens") -> list[str]:
     if not isinstance(usage, dict):
         return [f"usage {usage!r}"]
-    counts = [usage.get(prompt), usage.get(output)]
+    counts: list[Any] = [usage.get(prompt), usage.get(output)]
     if not all(isinstance(v, int) and v >= 0 for v in counts):
         return [f"usage counts {usage}"]
     if "total_tokens" in usage and usage["total_tokens"] != sum(counts):

@@ -37,8 +37,8 @@ async def _compiles_done(client, url: str, t_spawn: float, stop: asyncio.Event) 
     """Seconds from spawn until /metrics' executables_compiled reaches executables_planned."""
     while not stop.is_set():
         text = (await client.get(f"{url}/metrics")).text
-        done = load_bench._metric(text, "executables_compiled")
-        planned = load_bench._metric(text, "executables_planned")
+        done = load_bench.metric(text, "executables_compiled")
+        planned = load_bench.metric(text, "executables_planned")
         if done is not None and planned is not None and done >= planned:
             return time.monotonic() - t_spawn
         await asyncio.sleep(0.25)
@@ -97,7 +97,7 @@ async def measure(url: str, args, t_spawn: float, ready_s: float) -> dict:
             stop_poll.set()
             settled_s = float("nan")
         text = (await client.get(f"{url}/metrics")).text
-        compiled = [load_bench._metric(text, f"executables_{k}") for k in ("compiled", "planned")]
+        compiled = [load_bench.metric(text, f"executables_{k}") for k in ("compiled", "planned")]
         settled_at = time.perf_counter()
         await asyncio.sleep(args.tail)
         stop_load.set()
@@ -158,7 +158,7 @@ def build_parser():
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    port = load_bench._free_port()
+    port = load_bench.free_port()
     url = f"http://127.0.0.1:{port}"
     ctx = args.ctx_size or 1024 * args.parallel
     cmd = [
@@ -174,11 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         t_spawn = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            load_bench._wait_healthy(url, proc, args.ready_timeout)
+            load_bench.wait_healthy(url, proc, args.ready_timeout)
             ready_s = time.monotonic() - t_spawn
             result = asyncio.run(measure(url, args, t_spawn, ready_s))
         finally:
-            load_bench._stop(proc)
+            load_bench.stop_server(proc)
             log.close()
     result = {"command": cmd[1:], **result}
     text = json.dumps(result, indent=2)

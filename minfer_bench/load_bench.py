@@ -52,7 +52,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> float:
     raise load_test.LoadTestError(f"the server was not ready after {timeout:g} s")
 
 
-def _metric(text: str, name: str) -> float | None:
+def metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(f"minfer_{name} "):
             return float(line.split()[1])
@@ -66,7 +66,7 @@ def wait_settled(url: str, timeout: float) -> float | None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         text = httpx.get(f"{url}/metrics", timeout=5).text
-        done, planned = _metric(text, "executables_compiled"), _metric(text, "executables_planned")
+        done, planned = metric(text, "executables_compiled"), metric(text, "executables_planned")
         if done is None or planned is None:
             return None
         if done >= planned:

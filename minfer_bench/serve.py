@@ -28,7 +28,8 @@ def load_model(ref: str | None, options: Options) -> Model:
             )
         extra[key] = int(value)
     gm = synthetic.synthetic_model(":".join(parts), **extra)
-    gm.metadata.update(synthetic.placeholder_tokenizer(gm.config.vocab_size, gm.config.family))
+    tokenizer = synthetic.placeholder_tokenizer(gm.config.vocab_size, gm.config.family)
+    gm.metadata = {**gm.metadata, **tokenizer}
     return load(options=options, gguf_model=gm)
 
 

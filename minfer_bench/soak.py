@@ -191,7 +191,7 @@ async def _references(client, url: str) -> list[str]:
     out = []
     for endpoint, body in REFERENCES:
         status, text = await _text_of(client, url, endpoint, body, stream=False)
-        if status != 200:
+        if status != 200 or text is None:
             raise SoakError(f"reference request {endpoint} {body} answered {status}")
         out.append(text)
     return out
