@@ -42,7 +42,7 @@ from minfer_bench import agent_cases as cases
 from minfer_bench import agent_wire as wire
 from minfer_bench.agent_hostile import hostile_case
 from minfer_bench.load_bench import free_port, stop_server, wait_healthy, wait_settled
-from minfer_bench.load_test import LOOPBACK, LoadTestError
+from minfer_bench.load_test import LOOPBACK, LoadTestError, server_metrics, wait_idle
 
 MAX_CLIENTS, MAX_REQUESTS = 256, 100_000
 KINDS = {
@@ -159,26 +159,6 @@ async def _worker(client, url, queue: collections.deque, refs, report, timeout: 
         _judge(case, out, refs, report)
 
 
-def _metrics(text: str) -> dict[str, float]:
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
-
-
-async def _idle(client, url: str) -> dict[str, float]:
-    deadline = time.monotonic() + IDLE_TIMEOUT_S
-    while True:
-        m = _metrics((await client.get(f"{url}/metrics")).text)
-        busy = m["minfer_kv_slots_used"] + m["minfer_requests_running"]
-        if busy + m["minfer_requests_queued"] == 0:
-            return m
-        if time.monotonic() > deadline:
-            raise LoadTestError(f"still busy {IDLE_TIMEOUT_S:g} s after the run: {m}")
-        await asyncio.sleep(0.5)
-
-
 def _metric_checks(before: dict, after: dict, report: Report) -> dict:
     delta = {k: after[k] - before.get(k, 0) for k in after}
     finished = sum(v for k, v in delta.items() if k.startswith("minfer_requests_finished"))
@@ -246,14 +226,15 @@ async def run(
         refs |= await _references(client, (reference_url or url).rstrip("/"), more, report)
         _save_references(references, refs)
         ref_s = time.monotonic() - t0
-        before = _metrics((await client.get(f"{url}/metrics")).text)
+        before = server_metrics((await client.get(f"{url}/metrics")).text)
         queue = collections.deque(todo)
         t0 = time.monotonic()
         await asyncio.gather(
             *(_worker(client, url, queue, refs, report, request_timeout) for _ in range(clients))
         )
         wall = time.monotonic() - t0
-        counts = _metric_checks(before, await _idle(client, url), report)
+        after = await wait_idle(client, url, IDLE_TIMEOUT_S, "the run")
+        counts = _metric_checks(before, after, report)
     _log_tracebacks(log, log_start, report)
     return {
         "url": url, "clients": clients, "requests": requests, "seed": seed,

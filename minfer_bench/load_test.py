@@ -154,6 +154,31 @@ def _bodies(
     return out
 
 
+def server_metrics(text: str) -> dict[str, float]:
+    """The server's /metrics text as {series (with its labels): value}."""
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+async def wait_idle(
+    client, url: str, timeout: float, after: str, error: type[LoadTestError] = LoadTestError
+) -> dict[str, float]:
+    """The server's metrics once no slot, running or queued request is left; error (naming what
+    it is `after`) if it is still busy after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = server_metrics((await client.get(f"{url}/metrics")).text)
+        busy = m["minfer_kv_slots_used"] + m["minfer_requests_running"]
+        if busy + m["minfer_requests_queued"] == 0:
+            return m
+        if time.monotonic() > deadline:
+            raise error(f"the server is still busy {timeout:g} s after {after}: {m}")
+        await asyncio.sleep(0.5)
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 from minfer_jax.engine.flags import StrictParser
 
-from minfer_bench.load_test import LOOPBACK, LoadTestError
+from minfer_bench.load_test import LOOPBACK, LoadTestError, server_metrics, wait_idle
 
 MAX_CLIENTS = 256
 MAX_MINUTES = 60.0
@@ -336,7 +336,7 @@ def _watch(url: str, pid: int | None, stop: threading.Event, tally: Tally) -> No
                     tally.fail(f"/health answered {r.status_code}")
                 if time.monotonic() >= next_metrics:
                     next_metrics = time.monotonic() + METRICS_EVERY_S
-                    m = _metrics(c.get(f"{url}/metrics").text)
+                    m = server_metrics(c.get(f"{url}/metrics").text)
                     tally.slots_seen = max(tally.slots_seen, int(m["minfer_kv_slots_used"]))
                     if m["minfer_kv_slots_used"] > m["minfer_kv_slots_capacity"]:
                         tally.fail(f"more slots used than exist: {m}")
@@ -344,30 +344,6 @@ def _watch(url: str, pid: int | None, stop: threading.Event, tally: Tally) -> No
                 tally.fail(f"/health or /metrics: {type(e).__name__}: {e}")
             tally.rss_peak_mb = max(tally.rss_peak_mb, _rss_mb(pid) or 0.0)
             stop.wait(HEALTH_EVERY_S)
-
-
-def _metrics(text: str) -> dict[str, float]:
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
-
-
-async def _idle(client, url: str) -> dict[str, float]:
-    deadline = time.monotonic() + IDLE_TIMEOUT_S
-    while True:
-        m = _metrics((await client.get(f"{url}/metrics")).text)
-        if (
-            m["minfer_kv_slots_used"]
-            == m["minfer_requests_running"]
-            == m["minfer_requests_queued"]
-            == 0
-        ):
-            return m
-        if time.monotonic() > deadline:
-            raise SoakError(f"the server is still busy {IDLE_TIMEOUT_S:g} s after the soak: {m}")
-        await asyncio.sleep(0.5)
 
 
 async def run(
@@ -387,7 +363,7 @@ async def run(
         meta = r.json()["data"][0]["meta"]
         refs = await _references(client, url)
         rss_before = _rss_mb(pid)
-        before = _metrics((await client.get(f"{url}/metrics")).text)
+        before = server_metrics((await client.get(f"{url}/metrics")).text)
         stop = threading.Event()
         watcher = asyncio.create_task(asyncio.to_thread(_watch, url, pid, stop, tally))
         t0 = time.monotonic()
@@ -399,7 +375,7 @@ async def run(
             )
         )
         wall = time.monotonic() - t0
-        idle = await _idle(client, url)
+        idle = await wait_idle(client, url, IDLE_TIMEOUT_S, "the soak", SoakError)
         stop.set()
         await watcher
         again = await _references(client, url)
