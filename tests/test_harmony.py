@@ -73,6 +73,27 @@ def test_split_channels():
     assert split_channels(tool) == {"content": ""}  # a call: parsed by server/tools.py
 
 
+@pytest.mark.parametrize(
+    "text, fields",
+    [
+        ("ab<|constrain|>", {"content": "ab"}),  # what a random gpt-oss-tiny wrote, cut off
+        ("ab<|channel|>analysis<|message|>cd", {"content": "ab", "reasoning_content": "cd"}),
+        ("<|channel|>final<|message|>ab<|start|>assistant<|channel|>final<|message|>cd",
+         {"content": "abcd"}),
+        ("ab<|message|>cd", {"content": "abcd"}),
+    ],
+)  # fmt: skip
+def test_a_header_marker_inside_a_body_opens_a_header(text, fields):
+    """A model that skips <|end|> still never shows a marker: the marker ends the body."""
+    assert split_channels(text) == fields
+    for size in (1, 2, 3):
+        stream = HarmonyStream()
+        pieces = [p for i in range(0, len(text), size) for p in stream.feed(text[i : i + size])]
+        pieces += stream.finish()
+        assert all("<|" not in piece for _, piece in pieces), pieces
+        assert "".join(p for f, p in pieces if f == "content") == fields["content"]
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 11, 1000])
 def test_stream_in_any_pieces(size):
     stream = HarmonyStream()

@@ -8,7 +8,9 @@ which end the turn and are not in the text. The `analysis` channel holds the mod
 header: a tool call, which server/tools.py's HarmonyCalls parses from the whole text) is not
 shown; anything else (commentary preambles) is kept in the content as it is. The framing tokens
 reach the text because llama.cpp's overrides render them (files/vocabulary.py,
-HARMONY_RENDERED). Text that does not start with a channel header is content.
+HARMONY_RENDERED). Text that does not start with a channel header is content. A header marker
+inside a body (a model that skipped `<|end|>`) ends the body there and opens a header, so no
+marker ever reaches the text.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ CHANNEL = "<|channel|>"
 MESSAGE = "<|message|>"
 START = "<|start|>"
 BODY_ENDS = ("<|end|>", "<|return|>", "<|call|>")
-MARKERS = (CHANNEL, MESSAGE, START, "<|constrain|>", *BODY_ENDS)
+HEADER_MARKERS = (START, CHANNEL, "<|constrain|>", MESSAGE)  # one of these in a body opens a header
+MARKERS = (*HEADER_MARKERS, *BODY_ENDS)
 REASONING, CONTENT = "reasoning_content", "content"  # the OpenAI chat fields they go to
 CALL = "tool_call"  # a message to a function: dropped from the fields
 RECIPIENT = " to="  # a header may open with the recipient, before its channel
@@ -84,11 +87,12 @@ class HarmonyStream:
                 self._buf = self._buf[i + len(MESSAGE) :]
                 continue
             self._started = True
-            ends = [(i, m) for m in BODY_ENDS if (i := self._buf.find(m)) >= 0]
+            ends = [(i, m) for m in MARKERS if (i := self._buf.find(m)) >= 0]
             if ends:
                 i, marker = min(ends)
                 out.append((self._field, self._buf[:i]))
-                self._buf, self._in_body = self._buf[i + len(marker) :], False
+                skip = len(marker) if marker in BODY_ENDS else 0  # a header marker opens the header
+                self._buf, self._in_body = self._buf[i + skip :], False
                 continue
             keep = 0 if final else _held_back(self._buf)
             out.append((self._field, self._buf[: len(self._buf) - keep]))
