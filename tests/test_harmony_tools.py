@@ -146,6 +146,32 @@ def gptoss():
     return minfer_jax.load(gguf_model=gm, kernels="xla", ctx_size=1024, progress=False)
 
 
+SERVER_SEED = 11  # the servers' -s/--seed: every request without a seed samples reproducibly
+
+
+def test_the_server_seed_is_the_seed_of_requests_that_give_none(gptoss):
+    """-s/--seed (llama-server's): a request without a seed draws what one with seed=-s draws;
+    an explicit seed still wins."""
+    import openai
+    from starlette.testclient import TestClient
+
+    from minfer_jax.server.app import create_app
+    from minfer_jax.server.backend import ServerSettings
+
+    app = create_app(ServerSettings(warmup=False, seed=3), loader=lambda *args, **kwargs: gptoss)
+    with TestClient(app, base_url="http://localhost") as http:
+        client = openai.OpenAI(base_url="http://localhost/v1", api_key="x", http_client=http)
+        ask = dict(model="m", prompt="Once upon", max_tokens=8, temperature=1.5)
+
+        def text(**extra) -> str:
+            body = {"top_k": 0, **extra}  # the whole vocabulary: two seeds' draws part at once
+            return client.completions.create(**ask, extra_body=body).choices[0].text
+
+        unseeded, three, four = text(), text(seed=3), text(seed=4)
+        assert unseeded == three != four, (unseeded, three, four)
+        assert text(seed=-1) == three  # -1 is "none given", as in llama-server
+
+
 def test_a_forced_call_compiles_and_its_arguments_validate(gptoss):
     import minfer_jax
 
@@ -170,7 +196,9 @@ def test_harmony_calls_through_the_server_and_the_openai_client(gptoss):
     from minfer_jax.server.app import create_app
     from minfer_jax.server.backend import ServerSettings
 
-    app = create_app(ServerSettings(warmup=False), loader=lambda *args, **kwargs: gptoss)
+    # -s: a fixed sample for the requests that give no seed (a random one each made this a lottery)
+    settings = ServerSettings(warmup=False, seed=SERVER_SEED)
+    app = create_app(settings, loader=lambda *args, **kwargs: gptoss)
     with TestClient(app, base_url="http://localhost") as http:
         client = openai.OpenAI(base_url="http://localhost/v1", api_key="x", http_client=http)
         messages = [{"role": "user", "content": "Weather in Paris?"}]
@@ -321,7 +349,9 @@ def test_anthropic_messages_on_gpt_oss_with_the_official_client(gptoss):
     from minfer_jax.server.app import create_app
     from minfer_jax.server.backend import ServerSettings
 
-    app = create_app(ServerSettings(warmup=False), loader=lambda *args, **kwargs: gptoss)
+    # the Anthropic API has no seed field: the server's -s makes its sampled replies one fixed draw
+    settings = ServerSettings(warmup=False, seed=SERVER_SEED)
+    app = create_app(settings, loader=lambda *args, **kwargs: gptoss)
     tool = {"name": "get_weather", "description": "The weather in a city",
             "input_schema": WEATHER["parameters"]}  # fmt: skip
     messages = [{"role": "user", "content": "Weather in Paris?"}]

@@ -122,3 +122,12 @@ def test_every_noop_is_declared_once_per_parser():
         strings = [s for a in parser._actions for s in a.option_strings]
         assert len(strings) == len(set(strings))
     assert set(NOOPS) == {"threads", "gpu_layers", "flash_attn", "jinja"}
+
+
+def test_serve_takes_llama_servers_seed():
+    """-s/--seed: the seed of requests that give none (-1: a random one each), as the CLI's."""
+    assert serve_cli.settings_from(_parse("serve", "-s", "42")).seed == 42
+    assert serve_cli.settings_from(_parse("serve", "--seed", "-1")).seed == -1
+    assert serve_cli.settings_from(_parse("serve")).seed == -1
+    with pytest.raises(ValueError, match="-s/--seed"):
+        serve_cli.settings_from(_parse("serve", "-s", str(2**32)))

@@ -285,7 +285,7 @@ async def _submit_choices(
             f"({s.n_parallel} slots + {s.queue_limit} queued)",
             "n",
         )
-    seed = body.seed if body.seed is not None and body.seed >= 0 else secrets.randbits(32)
+    seed = s.seed_of(body.seed)
     handles: list[Handle] = []
     try:
         for index in range(body.n):

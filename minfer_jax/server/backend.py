@@ -70,6 +70,7 @@ class ServerSettings:
     options: Options = Options()
     # --spec-type and its draft sizes: every request's default, and the most one may draft
     speculation: Speculation | None = None
+    seed: int = -1  # -s: the seed of a request that gives none (-1: a random one each)
 
     def __post_init__(self):
         from minfer_jax.engine.plan import MAX_SEQS
@@ -91,6 +92,17 @@ class ServerSettings:
             raise ServerSettingsError(
                 f"--decode-steps must be in 1..{MAX_DECODE_STEPS}, got {self.decode_steps}"
             )
+        if not -1 <= self.seed < 2**32:
+            raise ServerSettingsError(
+                f"-s/--seed must be -1 (random) or in 0..{2**32 - 1}, got {self.seed}"
+            )
+
+    def seed_of(self, requested: int | None) -> int:
+        """A request's seed: its own, else -s/--seed, else a random one (llama-server's rule;
+        the Anthropic API has no seed field, so -s is its only way to reproduce a sample)."""
+        if requested is not None and requested >= 0:
+            return requested
+        return self.seed if self.seed >= 0 else secrets.randbits(32)
 
     @property
     def slot_ctx(self) -> int | None:
@@ -408,7 +420,7 @@ class Backend:
                 prompt_ids,
                 max_new_tokens=sched.plan.ctx if n < 0 else n,
                 sampler=sampler,
-                seed=secrets.randbits(32) if seed is None or seed < 0 else seed,
+                seed=s.seed_of(seed),
                 stop=stop,
                 on_text=handle.on_text,
                 on_done=handle.on_done,

@@ -115,6 +115,15 @@ def _serving_arguments(p) -> None:
         help="default max_tokens of a request (default -1: until the slot's context is full)",
     )
     p.add_argument(
+        "-s",
+        "--seed",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="seed of the requests that give none, 0..2^32-1: replies reproducible (default -1: a "
+        "random seed each)",
+    )
+    p.add_argument(
         "--max-queued",
         type=int,
         default=None,
@@ -222,6 +231,7 @@ def settings_from(args):
         warmup=args.warmup,
         options=options.from_arguments(args),
         speculation=speculation,
+        seed=args.seed,
     )
 
 
