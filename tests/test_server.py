@@ -63,34 +63,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_SEED = 1  # -s: requests that give no seed draw one fixed sample, not a new one each run
+PORT_TAKEN = "address already in use"  # uvicorn's bind error (errno 98), logged at error level
+
+
 class ServerProcess:
-    """scripts/serve.py on 127.0.0.1 and a free port, its output in a log file."""
+    """scripts/serve.py on 127.0.0.1 and a free port, its output in a log file; -s SERVER_SEED
+    (args may override it)."""
 
     def __init__(self, model: Path, log: Path, xla_cache: str, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
-        env = {**os.environ, "PYTHONPATH": str(REPO), "MINFER_COMPILATION_CACHE": xla_cache}
-        cmd = [
-            sys.executable,
-            str(REPO / "scripts" / "serve.py"),
-            "-m",
-            str(model),
-            "--port",
-            str(self.port),
-            "--log-level",
-            "warning",
-            *args,
-        ]
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "MINFER_COMPILATION_CACHE": xla_cache}
+        self.args = ["-m", str(model), "--log-level", "warning", "-s", str(SERVER_SEED), *args]
         self.health_seen: list[
             tuple[int, dict]
         ] = []  # (status, body) of each /health answer until ready
+        self._start()
 
-    def wait_ready(self, timeout: float = 240.0) -> None:
+    def _start(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, str(REPO / "scripts" / "serve.py"), "--port", str(self.port)]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [*cmd, *self.args], stdout=self.log, stderr=subprocess.STDOUT, env=self.env
+        )
+
+    def wait_ready(self, timeout: float = 240.0, tries: int = 3) -> None:
+        """Until /health says ok. free_port's port is free only when asked: a connection of
+        the other test worker may take it before the server binds it, then the server starts
+        again on another (at most `tries` times)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None and tries > 1 and PORT_TAKEN in self.log_tail():
+                self.log.close()
+                tries -= 1
+                self._start()
             assert self.proc.poll() is None, (
                 f"server exited with {self.proc.returncode}:\n{self.log_tail()}"
             )
@@ -722,7 +730,7 @@ def test_serve_script_errors(tmp_path):
             "-m",
             str(tmp_path / "nope.gguf"),
             "--port",
-            str(free_port()),
+            "0",  # any free port: this run fails at the load
             "--log-level",
             "critical",
         ],
