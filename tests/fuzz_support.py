@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import os
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from hypothesis import HealthCheck, settings
 
 from minfer_jax.model.config import Config
 from minfer_jax.model.qwen2 import ARCHITECTURE
+from tests.clock import Stopwatch
 from tests.configs import tiny_config
 
 from minfer_bench.synthetic import placeholder_vocab, synthetic_model_from_config
@@ -54,7 +54,8 @@ def fuzz_settings(ci_examples: int, deadline_ms: int | None = 5000) -> settings:
 
 
 def bounded(fn, *, seconds: float = 5.0, megabytes: float | None = 64.0, rss: bool = False):
-    """fn() with its wall time and memory peak bounded.
+    """fn() with its time (tests/clock.py: the wall clock or this process' CPU time, whichever is
+    less) and memory peak bounded.
 
     Memory is the Python-heap peak from tracemalloc (numpy buffers included), or with rss=True the
     growth of the resident set sampled every 2 ms by a thread (tracemalloc makes pure-Python work
@@ -63,18 +64,18 @@ def bounded(fn, *, seconds: float = 5.0, megabytes: float | None = 64.0, rss: bo
     sampler = _RssPeak() if rss and megabytes is not None else None
     if megabytes is not None and sampler is None:
         tracemalloc.start()
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     try:
         return fn()
     finally:
-        elapsed = time.perf_counter() - t0
+        elapsed = clock.seconds()
         peak = 0
         if sampler is not None:
             peak = sampler.stop()
         elif megabytes is not None:
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
-        assert elapsed <= seconds, f"took {elapsed:.2f} s (bound {seconds} s)"
+        assert elapsed <= seconds, f"took {clock} (bound {seconds} s)"
         assert megabytes is None or peak <= megabytes * 2**20, (
             f"allocated {peak / 2**20:.1f} MiB at peak (bound {megabytes} MiB)"
         )

@@ -6,16 +6,17 @@ metadata handling (errors, BOS, DeepSeek-style specials, other pre-tokenizer nam
 
 from __future__ import annotations
 
-import time
 import unicodedata
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from fuzz_support import fuzz_settings
 from minfer_jax.errors import GGUFError, UnsupportedError
 from minfer_jax.files.tokenizer import Tokenizer
+from tests.clock import Stopwatch
 from tests.cut_vocab import cut_vocab_meta, vocab_vectors
 
 DATA = Path(__file__).parent / "data" / "tokenizer"
@@ -91,12 +92,9 @@ def tok(real_model) -> Tokenizer:
 
 def test_build_time_of_real_tokenizer(real_model):
     """151,936 tokens + 151,387 merges must not stall model loading."""
-    elapsed = []
-    for _ in range(2):  # best of two: a busy CI core should not fail the test
-        start = time.perf_counter()
-        Tokenizer.from_metadata(real_model.metadata)
-        elapsed.append(time.perf_counter() - start)
-    assert min(elapsed) < 2.0, f"building the tokenizer took {min(elapsed):.2f} s"
+    clock = Stopwatch()  # the CPU time too: a busy CI core stretches the wall clock only
+    Tokenizer.from_metadata(real_model.metadata)
+    assert clock.seconds() < 2.0, f"building the tokenizer took {clock}"
 
 
 @pytest.mark.parametrize(("text", "expected"), VECTORS, ids=[repr(t)[:40] for t, _ in VECTORS])
@@ -227,14 +225,14 @@ def test_stream_skip_special(tok):
     assert text == "hi"
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz_settings(300, deadline_ms=None)  # derandomized: CI's cases are the same each run
 @given(st.text(max_size=60))
 def test_roundtrip_property(tok, text):
     ids = tok.encode(text)
     assert tok.decode(ids) == unicodedata.normalize("NFC", text)
 
 
-@settings(max_examples=200, deadline=None)
+@fuzz_settings(200, deadline_ms=None)
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
 def test_stream_pieces_are_whole_characters(tok, text):
     text = unicodedata.normalize("NFC", text)
@@ -245,7 +243,7 @@ def test_stream_pieces_are_whole_characters(tok, text):
     assert all("\ufffd" not in p for p in pieces) or "\ufffd" in text
 
 
-@settings(max_examples=200, deadline=None)
+@fuzz_settings(200, deadline_ms=None)
 @given(st.lists(st.integers(0, 151935), max_size=20))
 def test_stream_equals_decode_for_any_ids(tok, ids):
     """Even for garbage (cut characters, specials mid-character) streaming == decode."""
