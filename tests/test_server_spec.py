@@ -43,7 +43,8 @@ def started(model, speculation):
     from minfer_jax.server.app import create_app
     from minfer_jax.server.backend import ServerSettings
 
-    settings = ServerSettings(n_parallel=4, warmup=False, speculation=speculation)
+    # seed: a request that gives none samples the same each run (plain's logprobs, the 400s)
+    settings = ServerSettings(n_parallel=4, warmup=False, speculation=speculation, seed=0)
     app = create_app(settings, loader=lambda *args, **kwargs: model)
     http = TestClient(app, base_url="http://localhost")
     http.__enter__()
