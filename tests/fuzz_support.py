@@ -34,14 +34,16 @@ TINY = tiny_config(
 KEEP = object()
 
 
-def fuzz_settings(ci_examples: int, deadline_ms: int | None = 5000) -> settings:
-    """CI: `ci_examples` derandomized cases; $MINFER_FUZZ_EXAMPLES overrides the count
-    (random seeds then)."""
+def fuzz_settings(ci_examples: int, deadline_ms: int | None = 5000):
+    """Decorator above @given. CI: `ci_examples` derandomized cases; $MINFER_FUZZ_EXAMPLES
+    overrides the count (random seeds then). deadline_ms bounds each example on tests/clock.py's
+    min(wall, CPU) instead of hypothesis' wall-clock deadline, which a loaded or swapping CI
+    machine can exceed by itself (one slow example fails the test as Flaky)."""
     long_run = os.environ.get(FUZZ_EXAMPLES_ENV)
-    return settings(
+    chosen = settings(
         max_examples=int(long_run) if long_run else ci_examples,
         derandomize=not long_run,
-        deadline=deadline_ms,
+        deadline=None,
         database=None,
         print_blob=True,
         suppress_health_check=[
@@ -51,6 +53,25 @@ def fuzz_settings(ci_examples: int, deadline_ms: int | None = 5000) -> settings:
             HealthCheck.filter_too_much,
         ],
     )
+
+    def apply(test):
+        test = chosen(test)
+        if deadline_ms is not None:  # hypothesis.inner_test: its hook for wrapping each example
+            test.hypothesis.inner_test = _within(test.hypothesis.inner_test, deadline_ms / 1000)
+        return test
+
+    return apply
+
+
+def _within(example, seconds: float):
+    @functools.wraps(example)
+    def timed(*args, **kwargs):
+        clock = Stopwatch()
+        result = example(*args, **kwargs)
+        assert clock.seconds() <= seconds, f"one example took {clock} (bound {seconds} s)"
+        return result
+
+    return timed
 
 
 def bounded(fn, *, seconds: float = 5.0, megabytes: float | None = 64.0, rss: bool = False):
