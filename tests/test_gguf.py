@@ -16,11 +16,11 @@ from gguf.quants import quant_shape_to_byte_shape, quantize
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzz_support import fuzz_settings
 from minfer_jax.errors import GGUFError, UnsupportedError
 from minfer_jax.model.from_gguf import expected_shapes, load_gguf
 from minfer_jax.model.gguf_model import GGUFModel
 from tests.clock import Stopwatch
+from tests.fuzz_support import fuzz_settings
 
 # Tiny Qwen2: 2 layers, d_model 64, 4 heads (head_dim 16), 2 KV heads, ff 128, vocab 256.
 N_LAYERS, D, N_HEADS, N_KV, FF, VOCAB = 2, 64, 4, 2, 128, 256

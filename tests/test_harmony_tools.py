@@ -152,6 +152,7 @@ SERVER_SEED = 11  # the servers' -s/--seed: every request without a seed samples
 def test_the_server_seed_is_the_seed_of_requests_that_give_none(gptoss):
     """-s/--seed (llama-server's): a request without a seed draws what one with seed=-s draws;
     an explicit seed still wins."""
+    import anthropic
     import openai
     from starlette.testclient import TestClient
 
@@ -170,6 +171,20 @@ def test_the_server_seed_is_the_seed_of_requests_that_give_none(gptoss):
         unseeded, three, four = text(), text(seed=3), text(seed=4)
         assert unseeded == three != four, (unseeded, three, four)
         assert text(seed=-1) == three  # -1 is "none given", as in llama-server
+
+        # the Anthropic API has no seed field: -s is what makes its samples repeat (with a random
+        # seed each these two 8-token replies at temperature 1 differ)
+        claude = anthropic.Anthropic(base_url="http://localhost", api_key="x", http_client=http)
+
+        def reply() -> list:
+            out = claude.messages.create(
+                model="m", messages=[{"role": "user", "content": "Once upon"}], max_tokens=8,
+                extra_body={"temperature": 1.0}, thinking={"type": "enabled", "budget_tokens": 64},
+            )  # fmt: skip
+            return [b.model_dump(exclude_none=True) for b in out.content]
+
+        first = reply()
+        assert first and reply() == first
 
 
 def test_a_forced_call_compiles_and_its_arguments_validate(gptoss):

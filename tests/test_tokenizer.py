@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzz_support import fuzz_settings
 from minfer_jax.errors import GGUFError, UnsupportedError
 from minfer_jax.files.tokenizer import Tokenizer
 from tests.clock import Stopwatch
 from tests.cut_vocab import cut_vocab_meta, vocab_vectors
+from tests.fuzz_support import fuzz_settings
 
 DATA = Path(__file__).parent / "data" / "tokenizer"
 IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
