@@ -41,6 +41,7 @@ FORMATS = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": tools.DeepSeekCalls(),
     "google-gemma-3-it": None,
     "google-gemma-4-31B-it": tools.Gemma4Calls(),
+    "google-gemma-4-31B-it-interleaved": tools.Gemma4Calls(),
     "meta-llama-Llama-3.1-8B-Instruct": tools.Llama3JsonCalls(),
     "meta-llama-Llama-3.2-3B-Instruct": tools.Llama3JsonCalls(),
     "meta-llama-Llama-3.3-70B-Instruct": tools.Llama3JsonCalls(),
@@ -50,20 +51,44 @@ FORMATS = {
     "openai-gpt-oss-120b": tools.HarmonyCalls(),
 }
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Wetter für eine Stadt <b>",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city"],
-            },
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Wetter für eine Stadt <b>",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
         },
-    }
-]
+    },
+}
+SEARCH = {  # a nested schema: enums, arrays of objects, nullable
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "",  # the server fills in what a request leaves out, as llama-server
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "what to find"},
+                "mode": {"type": "string", "enum": ["fast", "deep"]},
+                "filters": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"field": {"type": "string"}, "value": {"type": "number"}},
+                        "required": ["field"],
+                    },
+                },
+                "limit": {"type": "integer", "nullable": True, "default": 10},
+                "options": {"type": "object", "properties": {"safe": {"type": "boolean"}}},
+            },
+            "required": ["query", "mode"],
+        },
+    },
+}
+TOOLS = [WEATHER, SEARCH]
 USER = {"role": "user", "content": "What is the weather in Köln?"}
 SYSTEM = {"role": "system", "content": "You are terse."}
 ANSWER = {"role": "assistant", "content": "Sunny."}
@@ -237,7 +262,7 @@ def test_mistral_ids_are_the_nine_characters_its_templates_take_back():
     assert '[TOOL_CALLS]f[ARGS]{"a": 1}' in text
 
 
-FUNCTIONS = [TOOLS[0]["function"], {**TOOLS[0]["function"], "name": "clock"}]
+FUNCTIONS = [WEATHER["function"], SEARCH["function"]]
 
 
 @pytest.mark.parametrize("parallel", [False, True])
@@ -255,7 +280,7 @@ FUNCTIONS = [TOOLS[0]["function"], {**TOOLS[0]["function"], "name": "clock"}]
 def test_forced_call_grammars_compile(fmt, parallel):
     grammar = tools.forced_grammar(fmt, FUNCTIONS, parallel)
     assert llguidance.LLMatcher.validate_grammar(grammar) == ""
-    assert "get_weather" in grammar and "clock" in grammar
+    assert "get_weather" in grammar and "search" in grammar
     if getattr(
         fmt, "marks", tools.Markers()
     ).control:  # a control token is matched as that token, never spelt out
@@ -266,7 +291,9 @@ def _tool_request(template: str):
     tokenizer = SimpleNamespace(
         chat_template=template, token_to_id=lambda text: None, is_control=lambda i: False
     )
-    tool = SimpleNamespace(model_dump=lambda **kwargs: TOOLS[0])
+    tool = SimpleNamespace(
+        model_dump=lambda **kwargs: {"type": "function", "function": {"name": "f"}}
+    )
     body = SimpleNamespace(tools=[tool], tool_choice="auto")
     return SimpleNamespace(tokenizer=tokenizer), body
 
@@ -280,4 +307,11 @@ def test_tools_for_a_template_we_cannot_parse_are_refused_by_name():
         tools.tool_setup(model, body)
     model, body = _tool_request(_source("mistralai-Mistral-Nemo-Instruct-2407"))
     fmt, extra = tools.tool_setup(model, body)
-    assert fmt == tools.MistralCalls("json") and extra == {"tools": TOOLS}
+    assert fmt == tools.MistralCalls("json")
+    assert extra == {
+        "tools": [
+            {"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}
+        ]
+    }
+    text = _render("openai-gpt-oss-120b", [USER], True, **extra)  # it needs the description
+    assert "type f = () => any;" in text

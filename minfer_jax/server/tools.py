@@ -508,7 +508,20 @@ def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
         raise BadRequest(unsupported_tools_message(template), "tools")
     if isinstance(fmt, MistralCalls | DeepSeekCalls):
         fmt = dataclasses.replace(fmt, marks=_markers(fmt.marker_texts, model.tokenizer))
-    return fmt, {"tools": [t.model_dump(exclude_none=True) for t in body.tools]}
+    return fmt, {"tools": [template_tool(t.model_dump(exclude_none=True)) for t in body.tools]}
+
+
+def template_tool(tool: dict) -> dict:
+    """A tool as templates read it, llama-server's shape: description and parameters always
+    there ('' and {} when the request left them out: gpt-oss's template adds "// " to the
+    description and fails on a missing one)."""
+    fn = tool["function"]
+    function = {
+        "name": fn["name"],
+        "description": fn.get("description", ""),
+        "parameters": fn.get("parameters", {}),
+    }
+    return {"type": "function", "function": function}
 
 
 def unsupported_tools_message(template: str) -> str:
