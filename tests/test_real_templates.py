@@ -315,3 +315,18 @@ def test_tools_for_a_template_we_cannot_parse_are_refused_by_name():
     }
     text = _render("openai-gpt-oss-120b", [USER], True, **extra)  # it needs the description
     assert "type f = () => any;" in text
+
+
+# the Jinja the real templates use (and a little more), each against the reference renderer
+DIALECT = json.loads((DATA / "templates" / "dialect_cases.json").read_text("utf-8"))
+FEATURE_MESSAGES = [{"role": "user", "content": "  Hi /think\n", "meta": {"b": 2, "a": [1, "x"]}}]
+
+
+@pytest.mark.parametrize("source", DIALECT)
+def test_dialect_features_render_as_the_reference(source):
+    specials = {"bos_token": "<s>", "eos_token": "</s>"}
+    context = {**specials, "messages": FEATURE_MESSAGES, "add_generation_prompt": True}
+    expected = _reference(source).render(**context)
+    assert render_chat_template(source, FEATURE_MESSAGES, True, **specials) == expected
+    with pytest.raises(TemplateError, match="nope"):
+        render_chat_template(source + "{{ raise_exception('nope') }}", FEATURE_MESSAGES)
