@@ -273,6 +273,7 @@ FUNCTIONS = [WEATHER["function"], SEARCH["function"]]
         tools.MistralCalls("call_id"),
         tools.MistralCalls("args", tools.Markers((("[TOOL_CALLS]", 9), ("[ARGS]", 32)))),
         tools.Gemma4Calls(),
+        tools.Gemma4Calls(tools.Markers((("<|tool_call>", 9), ('<|"|>', 32)))),
         tools.DeepSeekCalls(),
     ],
     ids=repr,
@@ -284,7 +285,8 @@ def test_forced_call_grammars_compile(fmt, parallel):
     if getattr(
         fmt, "marks", tools.Markers()
     ).control:  # a control token is matched as that token, never spelt out
-        assert "<[9]>" in grammar and "<[32]>" in grammar and '"[ARGS]"' not in grammar
+        assert "<[9]>" in grammar and "<[32]>" in grammar
+        assert '"[ARGS]"' not in grammar and '"<|\\"|>"' not in grammar
 
 
 def _tool_request(template: str):
