@@ -22,6 +22,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from minfer_jax.errors import TemplateError
 from minfer_jax.files.chat_template import render_chat_template
 from minfer_jax.server import tools
+from minfer_jax.server.reasoning import (
+    ReasoningStream,
+    prompt_opens_think,
+    split_reasoning,
+    thinks,
+)
 from minfer_jax.server.schemas import BadRequest
 
 DATA = Path(__file__).parent / "data"
@@ -332,3 +338,41 @@ def test_dialect_features_render_as_the_reference(source):
     assert render_chat_template(source, FEATURE_MESSAGES, True, **specials) == expected
     with pytest.raises(TemplateError, match="nope"):
         render_chat_template(source + "{{ raise_exception('nope') }}", FEATURE_MESSAGES)
+
+
+# llama.cpp's Gemma 4 replies: the thought channel is reasoning, as <think> is
+GEMMA_THOUGHTS = [
+    ("<|channel>thought\nI'm\nthinking<channel|>Hello, world!\nWhat's up?", "I'm\nthinking"),
+    ("<|channel>thought<channel|>Hello, world!\nWhat's up?", ""),
+    ("Hello, world!\nWhat's up?", None),
+]
+
+
+@pytest.mark.parametrize("reply, reasoning", GEMMA_THOUGHTS)
+def test_gemma4_thought_channel_is_reasoning(reply, reasoning):
+    template = _source("google-gemma-4-31B-it")
+    assert thinks(template)
+    for thinking in (False, True):
+        prompt = _render("google-gemma-4-31B-it", [USER], True, enable_thinking=thinking)
+        assert not prompt_opens_think(prompt[-40:])  # the reply opens the channel itself
+    assert split_reasoning(reply, False) == (reasoning, "Hello, world!\nWhat's up?")
+    for size in (1, 3, 7):
+        stream, parts = ReasoningStream(False), []
+        parts += [stream.feed(reply[i : i + size]) for i in range(0, len(reply), size)]
+        parts.append(stream.finish())
+        assert "".join(c for _, c in parts) == "Hello, world!\nWhat's up?"
+        assert "".join(r for r, _ in parts).strip() == (reasoning or "")
+
+
+def test_gemma4_reasoning_then_a_call():
+    reply = (
+        "<|channel>thought\nweather first<channel|>"
+        '<|tool_call>call:get_weather{city:<|"|>Köln<|"|>}<tool_call|>'
+    )
+    reasoning, content = split_reasoning(reply, False)
+    assert reasoning == "weather first"
+    text, calls = tools.Gemma4Calls().parse(content)
+    assert text == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Köln"})
+    ]
+    assert not thinks(_source("google-gemma-3-it")) and not thinks(_source("openai-gpt-oss-120b"))
