@@ -376,3 +376,28 @@ def test_gemma4_reasoning_then_a_call():
         ("get_weather", {"city": "Köln"})
     ]
     assert not thinks(_source("google-gemma-3-it")) and not thinks(_source("openai-gpt-oss-120b"))
+
+
+def test_qwen3_coder_string_parameters_stay_text():
+    """A string parameter whose text reads as JSON (a file's content, "123") stays a string;
+    the server learns which are strings from the request's tools (llama.cpp reads the schema)."""
+    write = {
+        "name": "write",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": ["string", "null"]}},
+        },
+    }
+    model, body = _tool_request(_source("Qwen3-Coder"))
+    body.tools = [
+        SimpleNamespace(model_dump=lambda **kwargs: {"type": "function", "function": write})
+    ]
+    fmt, _ = tools.tool_setup(model, body)
+    reply = (
+        "<tool_call>\n<function=write>\n<parameter=path>\n123\n</parameter>\n"
+        '<parameter=content>\n{"name": "pkg", "private": true}\n</parameter>\n'
+        "<parameter=mode>\n644\n</parameter>\n</function>\n</tool_call>"
+    )
+    args = json.loads(fmt.parse(reply)[1][0].arguments)
+    assert args == {"path": "123", "content": '{"name": "pkg", "private": true}', "mode": 644}
+    assert json.loads(tools.XmlCalls().parse(reply)[1][0].arguments)["path"] == 123  # no schema

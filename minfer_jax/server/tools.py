@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Iterable
 
 from minfer_jax.engine.constraint import ConstraintError
 from minfer_jax.server.schemas import BadRequest, NamedToolChoice
@@ -85,7 +86,11 @@ class QwenJsonCalls:
         return f'start: call{more}\ncall: <tool_call> "\\n" {call} "\\n" </tool_call>'
 
 
+@dataclasses.dataclass(frozen=True)
 class XmlCalls:
+    # (function, parameter) whose schema type is string: its text stays text (a file's content
+    # that happens to read as JSON, "123" or "true"); the others are JSON where they parse
+    text_params: frozenset[tuple[str, str]] = frozenset()
     opener = "<tool_call>"
     _fn = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
     _param = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
@@ -98,7 +103,7 @@ class XmlCalls:
         for name, body in self._fn.findall(text[start:]):
             args = {}
             for key, raw in self._param.findall(body):
-                value = _loaded(raw)
+                value = None if (name.strip(), key.strip()) in self.text_params else _loaded(raw)
                 args[key.strip()] = raw if value is None else value
             calls.append(ToolCall(name.strip(), json.dumps(args, ensure_ascii=False)))
         if not calls:
@@ -283,7 +288,21 @@ def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
         raise BadRequest(unsupported_tools_message(template), "tools")
     if isinstance(fmt, MistralCalls | Gemma4Calls | DeepSeekCalls):
         fmt = dataclasses.replace(fmt, marks=markers(fmt.marker_texts, model.tokenizer))
-    return fmt, {"tools": [template_tool(t.model_dump(exclude_none=True)) for t in body.tools]}
+    offered = [template_tool(t.model_dump(exclude_none=True)) for t in body.tools]
+    if isinstance(fmt, XmlCalls):
+        fmt = XmlCalls(text_params(t["function"] for t in offered))
+    return fmt, {"tools": offered}
+
+
+def text_params(functions: Iterable[dict]) -> frozenset[tuple[str, str]]:
+    """(function, parameter) pairs whose JSON Schema type is (or allows) a string."""
+    pairs = set()
+    for fn in functions:
+        for key, schema in ((fn.get("parameters") or {}).get("properties") or {}).items():
+            kind = schema.get("type") if isinstance(schema, dict) else None
+            if kind == "string" or (isinstance(kind, list) and "string" in kind):
+                pairs.add((fn["name"], key))
+    return frozenset(pairs)
 
 
 def template_tool(tool: dict) -> dict:
