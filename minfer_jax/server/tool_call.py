@@ -47,3 +47,9 @@ def loaded(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return None
+
+
+def arguments_text(value: Any) -> str:
+    """A call's arguments as OpenAI's JSON text; a model that wrote them as a JSON string
+    (`"arguments": "{...}"`) has them taken as that text, not encoded twice."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

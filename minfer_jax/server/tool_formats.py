@@ -13,7 +13,7 @@ import re
 import uuid
 from typing import Any
 
-from minfer_jax.server.tool_call import ToolCall, call_schema, loaded
+from minfer_jax.server.tool_call import ToolCall, arguments_text, call_schema, loaded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +82,9 @@ class MistralCalls:
             except ValueError:
                 return []
             items = [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-            return [
-                ToolCall(v["name"], _arguments(v.get("arguments", {})), _mistral_id(v.get("id")))
-                for v in items
-                if isinstance(v.get("name"), str)
-            ]
+            named = [v for v in items if isinstance(v.get("name"), str)]
+            args = [arguments_text(v.get("arguments", {})) for v in named]
+            return [ToolCall(v["name"], a, _mistral_id(v.get("id"))) for v, a in zip(named, args)]
         head = self._head.match(part)
         if head is None:
             return []
@@ -94,7 +92,7 @@ class MistralCalls:
             args = decoder.raw_decode(part[head.end() :])[0]
         except ValueError:
             return []
-        return [ToolCall(head.group(1), _arguments(args), _mistral_id(head.group(2)))]
+        return [ToolCall(head.group(1), arguments_text(args), _mistral_id(head.group(2)))]
 
     def grammar(self, functions: list[dict], parallel: bool) -> str:
         opener = self.marks(self.opener)
@@ -118,10 +116,6 @@ class MistralCalls:
         ]
         alternatives = " | ".join(f"f{i}" for i in range(len(functions)))
         return "\n".join([f"start: call{'+' if parallel else ''}", f"call: {alternatives}", *rules])
-
-
-def _arguments(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 from minfer_jax.engine.constraint import ConstraintError
 from minfer_jax.server.schemas import BadRequest, NamedToolChoice
-from minfer_jax.server.tool_call import ToolCall
+from minfer_jax.server.tool_call import ToolCall, arguments_text
 from minfer_jax.server.tool_call import call_schema as _call_schema
 from minfer_jax.server.tool_call import json_call as _json_call
 from minfer_jax.server.tool_call import loaded as _loaded
@@ -74,7 +74,7 @@ class QwenJsonCalls:
             value = _loaded(body)
             if isinstance(value, dict) and isinstance(value.get("name"), str):
                 args = value.get(self.args_key, value.get("parameters", {}))
-                calls.append(ToolCall(value["name"], json.dumps(args, ensure_ascii=False)))
+                calls.append(ToolCall(value["name"], arguments_text(args)))
         if not calls:
             return text, []
         return text[:start], calls
@@ -148,7 +148,7 @@ class Llama3JsonCalls:
         if isinstance(value, dict) and isinstance(value.get("name"), str):
             args = value.get("parameters", value.get("arguments", {}))
             prefix = text.split(self.opener, 1)[0] if self.opener in text else ""
-            return prefix, [ToolCall(value["name"], json.dumps(args, ensure_ascii=False))]
+            return prefix, [ToolCall(value["name"], arguments_text(args))]
         return text, []
 
     def grammar(self, functions: list[dict], parallel: bool) -> str:
