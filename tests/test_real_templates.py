@@ -401,3 +401,18 @@ def test_qwen3_coder_string_parameters_stay_text():
     args = json.loads(fmt.parse(reply)[1][0].arguments)
     assert args == {"path": "123", "content": '{"name": "pkg", "private": true}', "mode": 644}
     assert json.loads(tools.XmlCalls().parse(reply)[1][0].arguments)["path"] == 123  # no schema
+
+
+def test_qwen35_a_call_inside_the_reasoning_is_no_call():
+    """llama.cpp's case: with thinking on (the prompt opens <think>), a call written while
+    reasoning stays reasoning; the one after </think> is the call."""
+    prompt = _render("Qwen3.5-4B", [USER], True, tools=TOOLS)
+    assert prompt_opens_think(prompt[-20:])
+    call = (
+        "<tool_call>\n<function=python>\n<parameter=code>\nprint({})\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
+    reply = f"Let's call a tool: {call.format(0)}\n</think>\n\n{call.format(1)}"
+    reasoning, content = split_reasoning(reply, True)
+    assert reasoning == f"Let's call a tool: {call.format(0)}"
+    assert tools.XmlCalls().parse(content)[1][0].arguments == '{"code": "print(1)"}'
