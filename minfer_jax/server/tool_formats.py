@@ -171,9 +171,13 @@ class Gemma4Calls:
 
     @staticmethod
     def _value(schema: dict, quote: str) -> str:
-        """A parameter's value: a string's enum or maxLength kept, other simple types by type."""
+        """A parameter's value: numbers, booleans and null are written as JSON writes them, so
+        JSON's grammar holds them to their schema (bounds too); a string keeps its enum and
+        maxLength; anything nested is any value of Gemma's notation."""
+        if schema.get("type") in ("integer", "number", "boolean", "null"):
+            return _json_value(schema)
         if schema.get("type") != "string":
-            return _GEMMA_TYPES.get(schema.get("type"), "gvalue")
+            return "gvalue"
         if isinstance(schema.get("enum"), list) and schema["enum"]:
             words = " | ".join(json.dumps(str(word)) for word in schema["enum"])
             return f"{quote} ({words}) {quote}"
@@ -181,13 +185,7 @@ class Gemma4Calls:
         return f"{quote} /[^<]{{0,{most}}}/ {quote}" if isinstance(most, int) else "gstring"
 
 
-_GEMMA_TYPES = {
-    "integer": "gint",
-    "number": "gnumber",
-    "boolean": "gbool",
-}
 _GEMMA_VALUE_RULES = (
-    "gint: /-?(0|[1-9][0-9]{0,17})/",
     "gnumber: /-?(0|[1-9][0-9]{0,17})(\\.[0-9]{1,17})?([eE][-+]?[0-9]{1,3})?/",
     'gbool: "true" | "false"',
     'gvalue: gstring | gnumber | gbool | "null" | "[" (gvalue ("," gvalue)*)? "]" '
