@@ -183,13 +183,23 @@ def test_each_call_format_parses_its_calls_and_streams_content_around_them(fmt_n
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("fmt_name", ["QwenJsonCalls", "XmlCalls", "Llama3JsonCalls"])
+@pytest.mark.parametrize(
+    "fmt_name",
+    [
+        "QwenJsonCalls",
+        "XmlCalls",
+        "Llama3JsonCalls",
+        "MistralCalls",
+        "Gemma4Calls",
+        "DeepSeekCalls",
+    ],
+)
 def test_forced_call_grammars_compile_and_constrain(tiny, fmt_name):
     from minfer_jax.server import tools
 
     fmt = getattr(tools, fmt_name)()
     grammar = tools.forced_grammar(fmt, TOOLS[:1], parallel=False)
-    out = minfer_jax.generate(tiny, "call", grammar=grammar, max_new_tokens=60, temperature=0)
+    out = minfer_jax.generate(tiny, "call", grammar=grammar, max_new_tokens=160, temperature=0)
     _, calls = fmt.parse(out.text)
     assert out.stop_reason == "eos" and [c.name for c in calls] == ["get_weather"], out.text
     args = json.loads(calls[0].arguments)

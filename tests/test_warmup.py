@@ -19,6 +19,7 @@ from minfer_jax.engine.warmup import (
     compile_threads,
 )
 from minfer_jax.errors import InvalidArgumentError
+from minfer_jax.server.backend import Backend
 from tests.configs import tiny_config
 
 from minfer_bench.synthetic import synthetic_model_from_config
@@ -58,11 +59,14 @@ def test_what_requests_wait_for_compiles_first_lowered_at_normal_priority(monkey
     stop = threading.Event()
     warm = Warmup(m, plan, log=lines.append)
     warm.ready()
+    Backend._trial_run(m, sched)  # a server's run before /health: it counts for no client
+    assert (sched.tokens_out, sched.stand_ins, sched.exes.wanted) == (0, 0, {})
     ids = np.random.default_rng(0).integers(0, TINY.vocab_size, 9).tolist()
     sampler = Sampler(temperature=0.9, top_k=40, top_p=0.95)
     req = sched.submit(ids, max_new_tokens=3, sampler=sampler, seed=1)
     sched.run([req])
     assert req.result().stop_reason == "length" and sched.stand_ins > 0
+    assert sched.tokens_out == 3  # minfer_tokens_generated_total: the client's tokens only
     wanted = sched.exes.wanted_keys()
     order = background_order(plan)
     assert len(wanted) == 2 and wanted != order[:2], (wanted, order[:2])

@@ -326,6 +326,13 @@ class Scheduler:
         """Dispatches that ran on a covering executable instead of their own."""
         return self.exes.stand_ins
 
+    def forget_trial(self) -> None:
+        """Counts and wishes of a trial run (a server's before /health says ok) dropped: its
+        tokens served no client, its stand-ins are not what the background should favour."""
+        self.tokens_out = 0
+        self.exes.stand_ins = 0
+        self.exes.wanted.clear()
+
     # -- dispatch ------------------------------------------------------------------------------
     def _ensure_state(self) -> None:
         if self.cache is None:

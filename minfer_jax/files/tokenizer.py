@@ -60,6 +60,9 @@ class Tokenizer:
             else vocabulary.token_bytes(tokens, types)
         )
         self._control_ids = frozenset(i for i, k in enumerate(types) if k == TOKEN_CONTROL)
+        markers = set(vocabulary.FORMAT_MARKERS)
+        # what skip_special drops: control tokens, less the markers a reply is parsed by
+        self._skipped_ids = frozenset(i for i in self._control_ids if tokens[i] not in markers)
         # text a prefix's last characters could still turn into (count_at_least): an added token,
         # plus lookahead
         self._unsettled_chars = (
@@ -227,7 +230,7 @@ class Tokenizer:
         """Raw bytes of `ids` (a single token can be part of a UTF-8 character)."""
         table = self._bytes
         return b"".join(
-            table[self._check_id(i)] for i in ids if not (skip_special and i in self._control_ids)
+            table[self._check_id(i)] for i in ids if not (skip_special and i in self._skipped_ids)
         )
 
     def decode_stream(self, skip_special: bool = False) -> DecodeStream:

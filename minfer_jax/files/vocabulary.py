@@ -33,6 +33,30 @@ END_OF_TURN_TOKENS = (
 # has <|return|> and <|call|>, <|end|> ends a message, not the turn: not an end token there.
 HARMONY_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 HARMONY_END = "<|end|>"
+# Markers of chat formats the server reads back from a reply (tool calls, think blocks, Gemma 4's
+# thought channel), decoded even where control tokens are skipped: llama.cpp's preserved_tokens.
+# Real files type some of them CONTROL (Mistral's [TOOL_CALLS], Gemma 4's <|tool_call>), whose
+# calls would otherwise reach the client as bare text.
+FORMAT_MARKERS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[CALL_ID]",
+    "<|tool_call>",
+    "<tool_call|>",
+    '<|"|>',
+    "<|channel>",
+    "<channel|>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
+)
 
 
 SPM_SPACE = "\u2581"  # SentencePiece's visible space '▁'

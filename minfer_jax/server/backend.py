@@ -345,7 +345,7 @@ class Backend:
         )
         sched.run([req])
         req.result()
-        sched.exes.wanted.clear()  # its stand-ins served no client: not what the background favours
+        sched.forget_trial()
 
     def begin_shutdown(self) -> None:
         """The server is going down (its first SIGINT / SIGTERM): new requests are refused and

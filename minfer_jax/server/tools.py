@@ -9,6 +9,13 @@ function).
     HarmonyCalls    gpt-oss: a harmony message addressed to a function, <|channel|>commentary
                     to=functions.f <|constrain|>json<|message|>{...}<|call|> (the recipient may
                     also stand before the channel); one call per turn, <|call|> ends it
+    MistralCalls    Mistral Nemo: [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}];
+                    Mistral Small 3.2 / Devstral: [TOOL_CALLS]f[CALL_ID]id[ARGS]{...} (no
+                    [CALL_ID] in Devstral); ids of 9 letters and digits, as the templates demand
+    Gemma4Calls     Gemma 4: <|tool_call>call:f{key:value,...}<tool_call|>, strings between
+                    <|"|> marks, keys bare
+    DeepSeekCalls   DeepSeek R1 (and its distills): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>
+                    function<｜tool▁sep｜>f\n```json\n{...}\n```<｜tool▁call▁end｜>...
 """
 
 from __future__ import annotations
@@ -16,52 +23,41 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import uuid
-from typing import Any
+from collections.abc import Iterable
 
 from minfer_jax.engine.constraint import ConstraintError
 from minfer_jax.server.schemas import BadRequest, NamedToolChoice
+from minfer_jax.server.tool_call import ToolCall, arguments_text
+from minfer_jax.server.tool_call import call_schema as _call_schema
+from minfer_jax.server.tool_call import json_call as _json_call
+from minfer_jax.server.tool_call import loaded as _loaded
+from minfer_jax.server.tool_formats import (
+    DeepSeekCalls,
+    Gemma4Calls,
+    Markers,
+    MistralCalls,
+    markers,
+)
 
-
-@dataclasses.dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-    id: str = dataclasses.field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
-
-    def openai(self, index: int | None = None) -> dict:
-        call = {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-        return call if index is None else {"index": index, **call}
-
-
-def _call_schema(fn: dict, args_key: str) -> dict:
-    params = fn.get("parameters") or {"type": "object"}
-    if params.get("type") == "object":  # as OpenAI's strict mode: the declared properties only
-        params = {"additionalProperties": False, **params}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": fn["name"]}, args_key: params},
-        "required": ["name", args_key],
-        "additionalProperties": False,
-    }
-
-
-def _json_call(fn_schemas: list[dict]) -> str:
-    schema = fn_schemas[0] if len(fn_schemas) == 1 else {"anyOf": fn_schemas}
-    # compact JSON: no whitespace the model could run on in
-    schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
-    return "%json " + json.dumps(schema)
-
-
-def _loaded(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
+__all__ = [
+    "CallFormat",
+    "CallStream",
+    "DeepSeekCalls",
+    "Gemma4Calls",
+    "HarmonyCalls",
+    "Llama3JsonCalls",
+    "Markers",
+    "MistralCalls",
+    "QwenJsonCalls",
+    "ToolCall",
+    "XmlCalls",
+    "call_format",
+    "forced_grammar",
+    "template_tool",
+    "tool_grammar",
+    "tool_setup",
+    "unsupported_tools_message",
+]
 
 
 class QwenJsonCalls:
@@ -78,7 +74,7 @@ class QwenJsonCalls:
             value = _loaded(body)
             if isinstance(value, dict) and isinstance(value.get("name"), str):
                 args = value.get(self.args_key, value.get("parameters", {}))
-                calls.append(ToolCall(value["name"], json.dumps(args, ensure_ascii=False)))
+                calls.append(ToolCall(value["name"], arguments_text(args)))
         if not calls:
             return text, []
         return text[:start], calls
@@ -90,7 +86,11 @@ class QwenJsonCalls:
         return f'start: call{more}\ncall: <tool_call> "\\n" {call} "\\n" </tool_call>'
 
 
+@dataclasses.dataclass(frozen=True)
 class XmlCalls:
+    # (function, parameter) whose schema type is string: its text stays text (a file's content
+    # that happens to read as JSON, "123" or "true"); the others are JSON where they parse
+    text_params: frozenset[tuple[str, str]] = frozenset()
     opener = "<tool_call>"
     _fn = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
     _param = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
@@ -103,7 +103,7 @@ class XmlCalls:
         for name, body in self._fn.findall(text[start:]):
             args = {}
             for key, raw in self._param.findall(body):
-                value = _loaded(raw)
+                value = None if (name.strip(), key.strip()) in self.text_params else _loaded(raw)
                 args[key.strip()] = raw if value is None else value
             calls.append(ToolCall(name.strip(), json.dumps(args, ensure_ascii=False)))
         if not calls:
@@ -148,7 +148,7 @@ class Llama3JsonCalls:
         if isinstance(value, dict) and isinstance(value.get("name"), str):
             args = value.get("parameters", value.get("arguments", {}))
             prefix = text.split(self.opener, 1)[0] if self.opener in text else ""
-            return prefix, [ToolCall(value["name"], json.dumps(args, ensure_ascii=False))]
+            return prefix, [ToolCall(value["name"], arguments_text(args))]
         return text, []
 
     def grammar(self, functions: list[dict], parallel: bool) -> str:
@@ -204,13 +204,28 @@ class HarmonyCalls:
         return "\n".join([f"start: {' | '.join(names)}", *rules])
 
 
-CallFormat = QwenJsonCalls | XmlCalls | Llama3JsonCalls | HarmonyCalls
+CallFormat = (
+    QwenJsonCalls
+    | XmlCalls
+    | Llama3JsonCalls
+    | HarmonyCalls
+    | MistralCalls
+    | Gemma4Calls
+    | DeepSeekCalls
+)
 
 
 def call_format(template: str) -> CallFormat | None:
     """The tool-call format a chat template teaches its model (None: it knows no tools)."""
     if "to=functions." in template or "<|call|>" in template:  # harmony's (gpt-oss)
         return HarmonyCalls()
+    if "[TOOL_CALLS]" in template:  # Mistral's; the template shows which variant
+        style = "call_id" if "[CALL_ID]" in template else "args" if "[ARGS]" in template else "json"
+        return MistralCalls(style)
+    if "<|tool_call>" in template:
+        return Gemma4Calls()
+    if "tool▁call▁begin" in template:
+        return DeepSeekCalls()
     if "<function=" in template:
         return XmlCalls()
     if "<tool_call>" in template:
@@ -267,10 +282,52 @@ def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
     tool_choice none); a 400 when the model's template knows no tool calls."""
     if not getattr(body, "tools", None) or body.tool_choice == "none":
         return None, {}
-    fmt = None if model.tokenizer is None else call_format(model.tokenizer.chat_template)
+    template = "" if model.tokenizer is None else model.tokenizer.chat_template
+    fmt = call_format(template)
     if fmt is None:
-        raise BadRequest("this model's chat template has no tool-call format", "tools")
-    return fmt, {"tools": [t.model_dump(exclude_none=True) for t in body.tools]}
+        raise BadRequest(unsupported_tools_message(template), "tools")
+    if isinstance(fmt, MistralCalls | Gemma4Calls | DeepSeekCalls):
+        fmt = dataclasses.replace(fmt, marks=markers(fmt.marker_texts, model.tokenizer))
+    offered = [template_tool(t.model_dump(exclude_none=True)) for t in body.tools]
+    if isinstance(fmt, XmlCalls):
+        fmt = XmlCalls(text_params(t["function"] for t in offered))
+    return fmt, {"tools": offered}
+
+
+def text_params(functions: Iterable[dict]) -> frozenset[tuple[str, str]]:
+    """(function, parameter) pairs whose JSON Schema type is (or allows) a string."""
+    pairs = set()
+    for fn in functions:
+        for key, schema in ((fn.get("parameters") or {}).get("properties") or {}).items():
+            kind = schema.get("type") if isinstance(schema, dict) else None
+            if kind == "string" or (isinstance(kind, list) and "string" in kind):
+                pairs.add((fn["name"], key))
+    return frozenset(pairs)
+
+
+def template_tool(tool: dict) -> dict:
+    """A tool as templates read it, llama-server's shape: description and parameters always
+    there ('' and {} when the request left them out: gpt-oss's template adds "// " to the
+    description and fails on a missing one)."""
+    fn = tool["function"]
+    function = {
+        "name": fn["name"],
+        "description": fn.get("description", ""),
+        "parameters": fn.get("parameters", {}),
+    }
+    return {"type": "function", "function": function}
+
+
+def unsupported_tools_message(template: str) -> str:
+    """Why tools are refused: a template that knows no tools, or one whose call format this
+    server cannot read (its calls would come back as plain text, so none are offered)."""
+    if "tool" not in template:
+        return "this model's chat template has no tool-call format (it renders no tools)"
+    return (
+        "this model's chat template renders tools, but its tool-call format is not one this "
+        "server parses (Qwen/Hermes <tool_call>, Qwen3-Coder <function=...>, Llama 3.x JSON, "
+        "Mistral [TOOL_CALLS], Gemma 4 <|tool_call>, DeepSeek R1, gpt-oss harmony)"
+    )
 
 
 def tool_grammar(fmt: CallFormat | None, body) -> str | None:

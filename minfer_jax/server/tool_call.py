@@ -1,0 +1,55 @@
+"""A tool call as the server returns it, and the JSON pieces every call format shares."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str = dataclasses.field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def openai(self, index: int | None = None) -> dict:
+        call = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        return call if index is None else {"index": index, **call}
+
+
+def call_schema(fn: dict, args_key: str) -> dict:
+    params = fn.get("parameters") or {"type": "object"}
+    if params.get("type") == "object":  # as OpenAI's strict mode: the declared properties only
+        params = {"additionalProperties": False, **params}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, args_key: params},
+        "required": ["name", args_key],
+        "additionalProperties": False,
+    }
+
+
+def json_call(fn_schemas: list[dict]) -> str:
+    schema = fn_schemas[0] if len(fn_schemas) == 1 else {"anyOf": fn_schemas}
+    # compact JSON: no whitespace the model could run on in
+    schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
+    return "%json " + json.dumps(schema)
+
+
+def loaded(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def arguments_text(value: Any) -> str:
+    """A call's arguments as OpenAI's JSON text; a model that wrote them as a JSON string
+    (`"arguments": "{...}"`) has them taken as that text, not encoded twice."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
