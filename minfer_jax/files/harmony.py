@@ -78,8 +78,9 @@ class HarmonyStream:
                     continue
                 i = self._buf.find(MESSAGE)
                 if i < 0:  # the header is not complete yet (at the end: an unfinished header)
-                    if final:
-                        out.append((CONTENT, "" if self._started else self._buf))
+                    if final:  # shown only where it is no header: text shorter than a marker
+                        opened = any(self._buf.startswith(m) for m in (*MARKERS, RECIPIENT))
+                        out.append((CONTENT, "" if self._started or opened else self._buf))
                         self._buf = ""
                     break
                 self._started, self._in_body = True, True
