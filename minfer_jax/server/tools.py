@@ -270,7 +270,11 @@ def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
     fmt = None if model.tokenizer is None else call_format(model.tokenizer.chat_template)
     if fmt is None:
         raise BadRequest("this model's chat template has no tool-call format", "tools")
-    return fmt, {"tools": [t.model_dump(exclude_none=True) for t in body.tools]}
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    if isinstance(fmt, HarmonyCalls):  # its template writes "// " + description, given or not
+        for tool in tools:
+            tool["function"].setdefault("description", "")
+    return fmt, {"tools": tools}
 
 
 def tool_grammar(fmt: CallFormat | None, body) -> str | None:
