@@ -199,12 +199,12 @@ def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
     }
     if req.tools:
         body["tools"] = [_function(t) for t in req.tools]
-        choice = req.tool_choice
-        if choice is not None:
-            body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(
-                choice.type, {"type": "function", "function": {"name": choice.name or ""}}
-            )
-            body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+    choice = req.tool_choice
+    if choice is not None:  # any or tool without tools: the chat body's 400
+        body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(
+            choice.type, {"type": "function", "function": {"name": choice.name or ""}}
+        )
+        body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
     if req.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type == "enabled"}
     try:

@@ -463,6 +463,13 @@ class ChatCompletionRequest(_Generation):
     logprobs: bool = False  # each content token's logprob
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)  # and this many alternatives
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _calls_need_tools(cls, value, info):
+        if value not in (None, "auto", "none") and not info.data.get("tools"):
+            raise ValueError("it asks for a call, but no tools are given")
+        return value
+
     @field_validator("top_logprobs")
     @classmethod
     def _needs_logprobs(cls, value, info):
