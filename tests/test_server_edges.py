@@ -52,3 +52,19 @@ def test_an_anthropic_forced_call_without_tools_is_a_400(choice):
     assert _messages({"tool_choice": {"type": "auto"}}).tool_choice == "auto"
     tool = {"name": "f", "input_schema": {"type": "object"}}
     assert _messages({"tools": [tool], "tool_choice": choice}).tool_choice is not None
+
+
+def test_a_tool_result_with_is_error_tells_the_model():
+    """is_error was accepted and dropped: the model saw a failed call's message as its result."""
+    use = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+    results = [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "no such file", "is_error": True},
+        {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "ok"}],
+         "is_error": False},
+    ]  # fmt: skip
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    history = [*USER, {"role": "assistant", "content": [use, {**use, "id": "t2"}]},
+               {"role": "user", "content": results}]  # fmt: skip
+    chat = _messages({"messages": history, "tools": [tool]})
+    told = [m.as_template_message() for m in chat.messages if m.role == "tool"]
+    assert [m["content"] for m in told] == ["Error: no such file", "ok"]

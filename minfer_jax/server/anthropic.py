@@ -40,6 +40,7 @@ from minfer_jax.server.schemas import (
     refusal,
 )
 
+TOOL_ERROR = "Error: "  # before the content of a tool_result with is_error
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error"}  # fmt: skip
@@ -170,9 +171,9 @@ def _messages(req: MessagesRequest) -> list[dict]:
             continue
         for b in blocks:
             if isinstance(b, ToolResultBlock):
-                out.append(
-                    {"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)}
-                )
+                # a failed call says so in the text: a chat template has no field for it
+                result = f"{TOOL_ERROR}{_text(b.content)}" if b.is_error else _text(b.content)
+                out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": result})
         if text or not any(isinstance(b, ToolResultBlock) for b in blocks):
             out.append({"role": "user", "content": text})
     return out
