@@ -68,3 +68,52 @@ def test_a_tool_result_with_is_error_tells_the_model():
     chat = _messages({"messages": history, "tools": [tool]})
     told = [m.as_template_message() for m in chat.messages if m.role == "tool"]
     assert [m["content"] for m in told] == ["Error: no such file", "ok"]
+
+
+def _metrics(http) -> dict[str, float]:
+    from minfer_bench.load_test import server_metrics
+
+    return server_metrics(http.get("/metrics").text)
+
+
+def test_a_request_being_prepared_keeps_the_server_from_looking_idle(monkeypatch):
+    """A request whose grammar compiles (or whose prompt tokenizes) was in no gauge: /metrics
+    showed an idle server, so a load run's baseline could be read with it unqueued, and it then
+    counted as finished but never accepted (a gpt-oss load run: 129 accepted, 130 finished)."""
+    import concurrent.futures
+    import threading
+    import time
+
+    from starlette.testclient import TestClient
+
+    from minfer_jax.engine.options import Options
+    from minfer_jax.server import app as app_module
+    from minfer_jax.server.backend import ServerSettings
+
+    from minfer_bench.serve import load_model
+
+    entered, release = threading.Event(), threading.Event()
+    compile_constraint = app_module._constraint
+
+    def held(*args):
+        entered.set()
+        release.wait(60)
+        return compile_constraint(*args)
+
+    monkeypatch.setattr(app_module, "_constraint", held)
+    model = load_model("synthetic:llama-tiny:q8_0", Options(ctx_size=64, kernels="xla"))
+    app = app_module.create_app(ServerSettings(warmup=False), loader=lambda *a, **k: model)
+    body = {"prompt": [1, 2, 3], "max_tokens": 0}  # ends before its prefill: nothing compiles
+    with TestClient(app, base_url="http://localhost") as http:
+        while app.state.backend.status == "loading":
+            time.sleep(0.01)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(http.post, "/v1/completions", json=body)
+            assert entered.wait(60)
+            busy = _metrics(http)
+            release.set()
+            assert reply.result().status_code == 200
+        idle = _metrics(http)
+    assert busy["minfer_requests_preparing"] == 1 and busy["minfer_requests_total"] == 0, busy
+    finished = sum(v for k, v in idle.items() if k.startswith("minfer_requests_finished"))
+    assert idle["minfer_requests_preparing"] == 0 and idle["minfer_requests_total"] == finished == 1

@@ -292,11 +292,12 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
             raise
 
     async def messages(request: Request):
-        body, chat, ids, calls, think = await chat_of(request, MessagesRequest)
+        with backend.preparing_request():
+            body, chat, ids, calls, think = await chat_of(request, MessagesRequest)
+            handle = await submit("chat", chat, ids, calls)
         tokenizer = backend.model.tokenizer
         harmony = tokenizer is not None and tokenizer.harmony
         split = BlockSplit(calls, think, harmony, show_thinking=body.thinks)
-        handle = await submit("chat", chat, ids, calls)
         head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
                 "model": backend.model_id}  # fmt: skip
         if chat.stream:

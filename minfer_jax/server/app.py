@@ -222,18 +222,17 @@ def _constraint(model, body, fmt: CallFormat | None = None):
         raise BadRequest(str(e), field) from None
 
 
-async def _generate(
+async def _reply(
     backend: Backend,
     request: Request,
     kind: str,
     body,
-    ids: list[int],
+    handles: list[Handle],
     calls: CallFormat | None = None,
     think: bool | None = None,
 ):
-    """Submit one validated request (its n choices); its SSE stream, or its JSON once done (calls,
-    think: as _stream takes them)."""
-    handles = await _submit_choices(backend, kind, body, ids, calls)
+    """A submitted request's (its n choices') SSE stream, or its JSON once done (calls, think: as
+    stream_choices takes them)."""
     tokenizer = backend.model.tokenizer
     reply = Reply(kind, backend.model_id, harmony=tokenizer is not None and tokenizer.harmony)
     logprobs = None
@@ -388,30 +387,34 @@ def _add_generation_routes(
     async def completions(request: Request):
         limits = await admission.limits_for(request)
         ctx = backend.scheduler.plan.ctx
-        raw = await limits.read_body(request)
-        body = await run_in_threadpool(
-            parse, CompletionRequest, raw, lambda data: limits.check_json(data, ctx)
-        )
-        del raw  # the largest copy of the prompt: not kept while the request runs
-        ids = await run_in_threadpool(_text_prompt_ids, backend.model, body.prompt, ctx - 1)
-        body.prompt = ids
-        return await _generate(backend, request, "text", body, ids)
+        with backend.preparing_request():
+            raw = await limits.read_body(request)
+            body = await run_in_threadpool(
+                parse, CompletionRequest, raw, lambda data: limits.check_json(data, ctx)
+            )
+            del raw  # the largest copy of the prompt: not kept while the request runs
+            ids = await run_in_threadpool(_text_prompt_ids, backend.model, body.prompt, ctx - 1)
+            body.prompt = ids
+            handles = await _submit_choices(backend, "text", body, ids)
+        return await _reply(backend, request, "text", body, handles)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(request: Request):
         limits = await admission.limits_for(request)
         ctx = backend.scheduler.plan.ctx
-        raw = await limits.read_body(request)
-        body = await run_in_threadpool(
-            parse, ChatCompletionRequest, raw, lambda data: limits.check_json(data, ctx)
-        )
-        del raw
-        ids, calls, think = await prepare_chat(body, limits)
-        return await _generate(backend, request, "chat", body, ids, calls, think)
+        with backend.preparing_request():
+            raw = await limits.read_body(request)
+            body = await run_in_threadpool(
+                parse, ChatCompletionRequest, raw, lambda data: limits.check_json(data, ctx)
+            )
+            del raw
+            ids, calls, think = await prepare_chat(body, limits)
+            handles = await _submit_choices(backend, "chat", body, ids, calls)
+        return await _reply(backend, request, "chat", body, handles, calls, think)
 
     async def prepare_chat(body: ChatCompletionRequest, limits: RequestLimits):
-        """A chat body's prompt ids, tool-call format and thinking (as _generate takes them)."""
+        """A chat body's prompt ids, tool-call format and thinking (as _reply takes them)."""
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
         chars = sum(len(m["content"]) + len(m.get("reasoning_content", "")) for m in messages)
