@@ -246,7 +246,7 @@ def test_messages_blocks_of_harmony_text(text, reason, thinking, answer, call, s
 
     from minfer_jax.server.anthropic_reply import EventStream, stop_reason, whole_content
 
-    blocks, uses = whole_content(_split(show), text)
+    blocks, uses = whole_content(_split(show), text, reason)
     want = [{"type": "thinking", "thinking": thinking, "signature": ""}] if show else []
     want += [{"type": "text", "text": answer}] if answer else []
     assert [{k: v for k, v in b.items() if k not in ("id", "input")} for b in blocks] == [

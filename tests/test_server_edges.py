@@ -117,3 +117,50 @@ def test_a_request_being_prepared_keeps_the_server_from_looking_idle(monkeypatch
     assert busy["minfer_requests_preparing"] == 1 and busy["minfer_requests_total"] == 0, busy
     finished = sum(v for k, v in idle.items() if k.startswith("minfer_requests_finished"))
     assert idle["minfer_requests_preparing"] == 0 and idle["minfer_requests_total"] == finished == 1
+
+
+CUT_CALLS = [
+    ("QwenJsonCalls", 'Let me look.<tool_call>\n{"name": "run", "arguments": {"cmd'),
+    ("XmlCalls", "Let me look.<tool_call>\n<function=run>\n<parameter=cmd>\nl"),
+    ("Llama3JsonCalls", 'Let me look.<|python_tag|>{"name": "run", "parameters": {"c'),
+]
+
+
+@pytest.mark.parametrize("fmt, text", CUT_CALLS)
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_a_call_cut_by_max_tokens_is_no_content(fmt, text, size):
+    """A reply cut inside a call (a forced call at a small max_tokens) showed the call's framing,
+    '<tool_call>\\n{"name": ...', as its content; a malformed call the model ended itself stays
+    content, as llama-server shows it."""
+    from minfer_jax.server import tools
+
+    call_format = getattr(tools, fmt)()
+    for cut, content in ((True, "Let me look."), (False, text)):
+        assert tools.parse_reply(call_format, text, cut) == (content, [])
+        stream = tools.CallStream(call_format)
+        shown = "".join(stream.feed(text[i : i + size]) for i in range(0, len(text), size))
+        assert shown + stream.finish(cut)[0] == content
+    whole = text + ('": "ls"}}\n</tool_call>' if fmt == "QwenJsonCalls" else "")
+    if whole != text:  # a finished call parses, cut or not
+        assert [c.name for c in tools.parse_reply(call_format, whole, True)[1]] == ["run"]
+
+
+def test_an_anthropic_reply_cut_inside_a_call_has_no_text_block_of_it():
+    from anthropic.lib.streaming._messages import accumulate_event
+
+    from minfer_jax.engine.steps import StopReason
+    from minfer_jax.server.anthropic_reply import BlockSplit, EventStream, whole_content
+    from minfer_jax.server.tools import QwenJsonCalls
+
+    text = CUT_CALLS[0][1]
+    for reason, shown in ((StopReason.LENGTH, "Let me look."), (StopReason.EOS, text)):
+        blocks, uses = whole_content(BlockSplit(QwenJsonCalls(), None, False, False), text, reason)
+        assert blocks == [{"type": "text", "text": shown}] and uses == []
+        head = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m"}
+        events = EventStream(BlockSplit(QwenJsonCalls(), None, False, False), head)
+        sse = [*events.start(9), *events.piece(text), *events.end(text, reason, 9, 12, 0)]
+        message = None
+        for event in sse:
+            data = json.loads(event.split("data: ", 1)[1])
+            message = accumulate_event(event=data, current_snapshot=message, json_bufs={})
+        assert message is not None and [b.text for b in message.content] == [shown]

@@ -307,7 +307,7 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
         if not await wait(request, handle):
             return error(499, "the client went away")
         result = handle.req.result()
-        content, uses = whole_content(split, result.text)
+        content, uses = whole_content(split, result.text, result.stop_reason)
         said = stop_reason(result.stop_reason, uses)
         return {
             **head,

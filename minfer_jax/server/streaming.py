@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minfer_jax.server.backend import Handle
-from minfer_jax.server.openai_format import LogprobFormat, Reply, error_body, sse
+from minfer_jax.server.openai_format import CUT, LogprobFormat, Reply, error_body, sse
 from minfer_jax.server.reasoning import ReasoningStream
 from minfer_jax.server.speculation import timings
 from minfer_jax.server.tools import CallFormat, CallStream, HarmonyCalls
@@ -77,7 +77,7 @@ async def choice_chunks(
         yield ChoiceFailed(req.error)
         return
     result = req.result()
-    rest, made = held.finish() if held is not None else ("", [])
+    rest, made = held.finish(result.stop_reason in CUT) if held is not None else ("", [])
     if whole:
         made = calls.parse(result.text)[1]
     if rest:

@@ -235,6 +235,7 @@ class CallStream:
 
     def __init__(self, fmt: CallFormat):
         self.fmt, self.text, self.sent, self.holding = fmt, "", 0, False
+        self.call_at = 0  # where the held call began
 
     def feed(self, piece: str) -> str:
         self.text += piece
@@ -244,7 +245,7 @@ class CallStream:
         bare_json = isinstance(self.fmt, Llama3JsonCalls) and self.text.lstrip().startswith("{")
         if at >= 0 or bare_json:
             self.holding = True
-            end = 0 if bare_json else at
+            end = self.call_at = 0 if bare_json else at
         else:  # a tail that could still become the opener stays
             end = len(self.text)
             for k in range(min(len(self.fmt.opener) - 1, len(self.text)), 0, -1):
@@ -254,12 +255,25 @@ class CallStream:
         out, self.sent = self.text[self.sent : max(end, self.sent)], max(end, self.sent)
         return out
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content not sent yet, calls)."""
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        """(content not sent yet, calls); cut: the reply ended at max_tokens or the context, so a
+        call it was in is unfinished: its framing is no content (a model's own malformed call,
+        ended by itself, stays content, as llama-server shows it)."""
         content, calls = self.fmt.parse(self.text)
         if not calls:
-            return self.text[self.sent :], []
+            end = self.call_at if cut and self.holding else len(self.text)
+            return self.text[self.sent : end], []
         return content[self.sent :], calls
+
+
+def parse_reply(fmt: CallFormat, text: str, cut: bool) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a whole reply, as its stream gives them (cut: as CallStream.finish)."""
+    if isinstance(fmt, HarmonyCalls):  # its calls are messages: the channels drop a cut one
+        return fmt.parse(text)
+    stream = CallStream(fmt)
+    shown = stream.feed(text)
+    rest, calls = stream.finish(cut)
+    return shown + rest, calls
 
 
 def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
