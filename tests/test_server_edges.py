@@ -164,3 +164,28 @@ def test_an_anthropic_reply_cut_inside_a_call_has_no_text_block_of_it():
             data = json.loads(event.split("data: ", 1)[1])
             message = accumulate_event(event=data, current_snapshot=message, json_bufs={})
         assert message is not None and [b.text for b in message.content] == [shown]
+
+
+@pytest.mark.parametrize("parallel, names", [(True, ["run", "f"]), (False, ["run"])])
+def test_parallel_tool_calls_false_keeps_one_call_of_a_free_reply(parallel, names):
+    """With tool_choice auto the model is free and may call twice: parallel_tool_calls false
+    (Anthropic's disable_parallel_tool_use) returned both calls."""
+    import types
+
+    from minfer_jax.server import tools
+
+    model = types.SimpleNamespace(tokenizer=types.SimpleNamespace(chat_template="<tool_call>"))
+    two = ('<tool_call>\n{"name": "run", "arguments": {}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')  # fmt: skip
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    bodies = [
+        _chat({"messages": USER, "tools": [TOOL], "parallel_tool_calls": parallel}),
+        _messages({"tools": [tool], "tool_choice": {"type": "auto",
+                                                    "disable_parallel_tool_use": not parallel}}),
+    ]  # fmt: skip
+    for body in bodies:
+        fmt, _ = tools.tool_setup(model, body)
+        assert fmt is not None
+        assert [c.name for c in tools.parse_reply(fmt, two, False)[1]] == names
+        stream = tools.CallStream(fmt)
+        assert stream.feed(two) == "" and [c.name for c in stream.finish()[1]] == names

@@ -20,7 +20,7 @@ from typing import Any
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.files.harmony import CONTENT, REASONING, HarmonyStream
 from minfer_jax.server.reasoning import ReasoningStream
-from minfer_jax.server.tools import CallFormat, CallStream, HarmonyCalls, ToolCall
+from minfer_jax.server.tools import CallFormat, CallStream, ToolCall, parse_reply
 
 STOP_REASONS = {
     StopReason.EOS: "end_turn",
@@ -62,7 +62,7 @@ class BlockSplit:
         if self.channels is not None:
             kinds = {REASONING: THINKING, CONTENT: TEXT}
             pieces = [(kinds[f], t) for f, t in self.channels.finish()]
-            made = HarmonyCalls().parse(text)[1] if self.calls is not None else []
+            made = parse_reply(self.calls, text, cut)[1] if self.calls is not None else []
             return self._shown(pieces), _inputs(made)
         reasoning, rest = self.thought.finish() if self.thought is not None else ("", "")
         pieces = [(THINKING, reasoning), (TEXT, self._held(rest))]

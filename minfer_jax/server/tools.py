@@ -64,7 +64,11 @@ def _loaded(text: str) -> Any:
         return None
 
 
-class QwenJsonCalls:
+class _Calls:
+    most_calls: int | None = None  # 1: parallel_tool_calls false (the first call is kept)
+
+
+class QwenJsonCalls(_Calls):
     opener = "<tool_call>"
     args_key = "arguments"
     _call = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -90,7 +94,7 @@ class QwenJsonCalls:
         return f'start: call{more}\ncall: <tool_call> "\\n" {call} "\\n" </tool_call>'
 
 
-class XmlCalls:
+class XmlCalls(_Calls):
     opener = "<tool_call>"
     _fn = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
     _param = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
@@ -138,7 +142,7 @@ def _xml_value(schema: dict) -> str:
     return "/[^<]*/" if not isinstance(most, int) else f"/[^<]{{0,{most}}}/"
 
 
-class Llama3JsonCalls:
+class Llama3JsonCalls(_Calls):
     opener = "<|python_tag|>"
     args_key = "parameters"
 
@@ -155,7 +159,7 @@ class Llama3JsonCalls:
         return "start: " + _json_call([_call_schema(f, self.args_key) for f in functions])
 
 
-class HarmonyCalls:
+class HarmonyCalls(_Calls):
     """gpt-oss's calls: whole harmony messages of the raw text (files/harmony.py keeps them out of
     the content), so the app parses the finished text rather than holding streamed content."""
 
@@ -263,13 +267,14 @@ class CallStream:
         if not calls:
             end = self.call_at if cut and self.holding else len(self.text)
             return self.text[self.sent : end], []
-        return content[self.sent :], calls
+        return content[self.sent :], calls[: self.fmt.most_calls]
 
 
 def parse_reply(fmt: CallFormat, text: str, cut: bool) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a whole reply, as its stream gives them (cut: as CallStream.finish)."""
     if isinstance(fmt, HarmonyCalls):  # its calls are messages: the channels drop a cut one
-        return fmt.parse(text)
+        content, calls = fmt.parse(text)
+        return content, calls[: fmt.most_calls]
     stream = CallStream(fmt)
     shown = stream.feed(text)
     rest, calls = stream.finish(cut)
@@ -284,6 +289,8 @@ def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
     fmt = None if model.tokenizer is None else call_format(model.tokenizer.chat_template)
     if fmt is None:
         raise BadRequest("this model's chat template has no tool-call format", "tools")
+    if not body.parallel_tool_calls:  # a model that calls twice anyway: its first call only
+        fmt.most_calls = 1
     tools = [t.model_dump(exclude_none=True) for t in body.tools]
     if isinstance(fmt, HarmonyCalls):  # its template writes "// " + description, given or not
         for tool in tools:
