@@ -129,20 +129,23 @@ CUT_CALLS = [
 @pytest.mark.parametrize("fmt, text", CUT_CALLS)
 @pytest.mark.parametrize("size", [1, 4, 1000])
 def test_a_call_cut_by_max_tokens_is_no_content(fmt, text, size):
-    """A reply cut inside a call (a forced call at a small max_tokens) showed the call's framing,
-    '<tool_call>\\n{"name": ...', as its content; a malformed call the model ended itself stays
-    content, as llama-server shows it."""
+    """A reply cut inside a call (a forced call at a small max_tokens, or a stop string inside
+    it) showed the call's framing, '<tool_call>\\n{"name": ...', as its content; a malformed call
+    the model ended itself stays content, as llama-server shows it."""
+    from minfer_jax.engine.steps import StopReason
     from minfer_jax.server import tools
 
     call_format = getattr(tools, fmt)()
-    for cut, content in ((True, "Let me look."), (False, text)):
-        assert tools.parse_reply(call_format, text, cut) == (content, [])
+    for reason in StopReason:
+        content = "Let me look." if reason in tools.ENDED_EARLY else text
+        assert tools.parse_reply(call_format, text, reason) == (content, [])
         stream = tools.CallStream(call_format)
         shown = "".join(stream.feed(text[i : i + size]) for i in range(0, len(text), size))
-        assert shown + stream.finish(cut)[0] == content
+        assert shown + stream.finish(reason)[0] == content
     whole = text + ('": "ls"}}\n</tool_call>' if fmt == "QwenJsonCalls" else "")
     if whole != text:  # a finished call parses, cut or not
-        assert [c.name for c in tools.parse_reply(call_format, whole, True)[1]] == ["run"]
+        made = tools.parse_reply(call_format, whole, StopReason.LENGTH)[1]
+        assert [c.name for c in made] == ["run"]
 
 
 def test_an_anthropic_reply_cut_inside_a_call_has_no_text_block_of_it():
@@ -153,7 +156,11 @@ def test_an_anthropic_reply_cut_inside_a_call_has_no_text_block_of_it():
     from minfer_jax.server.tools import QwenJsonCalls
 
     text = CUT_CALLS[0][1]
-    for reason, shown in ((StopReason.LENGTH, "Let me look."), (StopReason.EOS, text)):
+    for reason, shown in (
+        (StopReason.LENGTH, "Let me look."),
+        (StopReason.STOP, "Let me look."),
+        (StopReason.EOS, text),
+    ):
         blocks, uses = whole_content(BlockSplit(QwenJsonCalls(), None, False, False), text, reason)
         assert blocks == [{"type": "text", "text": shown}] and uses == []
         head = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m"}
@@ -172,6 +179,7 @@ def test_parallel_tool_calls_false_keeps_one_call_of_a_free_reply(parallel, name
     (Anthropic's disable_parallel_tool_use) returned both calls."""
     import types
 
+    from minfer_jax.engine.steps import StopReason
     from minfer_jax.server import tools
 
     model = types.SimpleNamespace(tokenizer=types.SimpleNamespace(chat_template="<tool_call>"))
@@ -186,6 +194,6 @@ def test_parallel_tool_calls_false_keeps_one_call_of_a_free_reply(parallel, name
     for body in bodies:
         fmt, _ = tools.tool_setup(model, body)
         assert fmt is not None
-        assert [c.name for c in tools.parse_reply(fmt, two, False)[1]] == names
+        assert [c.name for c in tools.parse_reply(fmt, two, StopReason.EOS)[1]] == names
         stream = tools.CallStream(fmt)
         assert stream.feed(two) == "" and [c.name for c in stream.finish()[1]] == names

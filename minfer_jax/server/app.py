@@ -38,7 +38,7 @@ from minfer_jax.server.anthropic import add_messages_routes
 from minfer_jax.server.backend import Backend, Handle, ServerBusy, ServerSettings, ShuttingDown
 from minfer_jax.server.guards import AccessGuard, AccessPolicy
 from minfer_jax.server.limits import ClientGone, RequestLimits, client_gone, longest_token_chars
-from minfer_jax.server.openai_format import CUT, LogprobFormat, Reply, error_body, usage
+from minfer_jax.server.openai_format import LogprobFormat, Reply, error_body, usage
 from minfer_jax.server.reasoning import reply_thinks, split_reasoning
 from minfer_jax.server.schemas import (
     SEED_MAX,
@@ -259,8 +259,8 @@ async def _reply(
         reasoning, text = (
             (None, result.text) if think is None else split_reasoning(result.text, think)
         )
-        cut = result.stop_reason in CUT
-        text, made = parse_reply(calls, text, cut) if calls is not None else (text, [])
+        reason = result.stop_reason
+        text, made = parse_reply(calls, text, reason) if calls is not None else (text, [])
         lp = None if logprobs is None else logprobs()(result.logprobs or [])
         whole = choice_reply.full(
             text, result.stop_reason, 0, 0, 0, made, reasoning, index=index, logprobs=lp

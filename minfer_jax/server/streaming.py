@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minfer_jax.server.backend import Handle
-from minfer_jax.server.openai_format import CUT, LogprobFormat, Reply, error_body, sse
+from minfer_jax.server.openai_format import LogprobFormat, Reply, error_body, sse
 from minfer_jax.server.reasoning import ReasoningStream
 from minfer_jax.server.speculation import timings
 from minfer_jax.server.tools import CallFormat, CallStream, HarmonyCalls, parse_reply
@@ -77,10 +77,9 @@ async def choice_chunks(
         yield ChoiceFailed(req.error)
         return
     result = req.result()
-    cut = result.stop_reason in CUT
-    rest, made = held.finish(cut) if held is not None else ("", [])
+    rest, made = held.finish(result.stop_reason) if held is not None else ("", [])
     if whole:
-        made = parse_reply(calls, result.text, cut)[1]
+        made = parse_reply(calls, result.text, result.stop_reason)[1]
     if rest:
         yield chunk(rest)
     for call_index, call in enumerate(made):

@@ -20,7 +20,11 @@ import uuid
 from typing import Any
 
 from minfer_jax.engine.constraint import ConstraintError
+from minfer_jax.engine.steps import StopReason
 from minfer_jax.server.schemas import BadRequest, NamedToolChoice
+
+# a reply ended before the model ended it: a call it was in is unfinished
+ENDED_EARLY = (StopReason.LENGTH, StopReason.CONTEXT, StopReason.STOP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,25 +263,25 @@ class CallStream:
         out, self.sent = self.text[self.sent : max(end, self.sent)], max(end, self.sent)
         return out
 
-    def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
-        """(content not sent yet, calls); cut: the reply ended at max_tokens or the context, so a
-        call it was in is unfinished: its framing is no content (a model's own malformed call,
-        ended by itself, stays content, as llama-server shows it)."""
+    def finish(self, reason: StopReason | None = None) -> tuple[str, list[ToolCall]]:
+        """(content not sent yet, calls); reason: how the reply ended. A call that max_tokens,
+        the context or a stop string cut off is unfinished: its framing is no content (a model's
+        own malformed call, ended by itself, stays content, as llama-server shows it)."""
         content, calls = self.fmt.parse(self.text)
         if not calls:
-            end = self.call_at if cut and self.holding else len(self.text)
+            end = self.call_at if reason in ENDED_EARLY and self.holding else len(self.text)
             return self.text[self.sent : end], []
         return content[self.sent :], calls[: self.fmt.most_calls]
 
 
-def parse_reply(fmt: CallFormat, text: str, cut: bool) -> tuple[str, list[ToolCall]]:
-    """(content, calls) of a whole reply, as its stream gives them (cut: as CallStream.finish)."""
+def parse_reply(fmt: CallFormat, text: str, reason: StopReason) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a whole reply, as its stream gives them (reason: how it ended)."""
     if isinstance(fmt, HarmonyCalls):  # its calls are messages: the channels drop a cut one
         content, calls = fmt.parse(text)
         return content, calls[: fmt.most_calls]
     stream = CallStream(fmt)
     shown = stream.feed(text)
-    rest, calls = stream.finish(cut)
+    rest, calls = stream.finish(reason)
     return shown + rest, calls
 
 
