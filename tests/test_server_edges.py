@@ -197,3 +197,14 @@ def test_parallel_tool_calls_false_keeps_one_call_of_a_free_reply(parallel, name
         assert [c.name for c in tools.parse_reply(fmt, two, StopReason.EOS)[1]] == names
         stream = tools.CallStream(fmt)
         assert stream.feed(two) == "" and [c.name for c in stream.finish()[1]] == names
+
+
+def test_an_anthropic_tool_of_type_custom_is_a_tool():
+    """The client's ToolParam may say type "custom" (a tool the client runs: every tool here);
+    it was a 400 'unknown field'. Another type (a server tool: web search) is a 400 naming it."""
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    chat = _messages({"tools": [{**tool, "type": "custom"}], "tool_choice": {"type": "any"}})
+    assert chat.tools is not None and chat.tools[0].function.name == "f"
+    with pytest.raises(schemas.BadRequest) as e:
+        _messages({"tools": [{**tool, "type": "web_search_20250305"}]})
+    assert e.value.param == "tools.0.type"

@@ -89,6 +89,7 @@ class Message(_Strict):
 
 
 class Tool(_Strict):
+    type: Literal["custom"] | None = None  # a client-run tool, as every tool here is
     name: FunctionName
     description: Text | None = None
     input_schema: dict[str, Any]
