@@ -208,3 +208,36 @@ def test_an_anthropic_tool_of_type_custom_is_a_tool():
     with pytest.raises(schemas.BadRequest) as e:
         _messages({"tools": [{**tool, "type": "web_search_20250305"}]})
     assert e.value.param == "tools.0.type"
+
+
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:"}}]}]},
+         "messages.0.content.1"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}]}]},
+         "messages.0.content.0"),
+    ],
+)  # fmt: skip
+def test_an_image_or_audio_part_is_a_400_saying_text_only(body, param):
+    """It was 'messages.0.content.1.image_url: unknown field': true, but not what is wrong."""
+    with pytest.raises(schemas.BadRequest) as e:
+        _chat(body)
+    assert e.value.param == param and "text-only" in str(e.value)
+
+
+def test_an_image_in_a_tool_result_or_the_system_is_a_400_saying_text_only():
+    """It was '...tool_result.content.0.source: unknown field'."""
+    result = {"type": "tool_result", "tool_use_id": "t", "content": [IMAGE]}
+    for extra, param in (
+        ({"messages": [{"role": "user", "content": [result]}]}, "content.0"),
+        ({"system": [IMAGE]}, "system.0"),
+    ):
+        with pytest.raises(schemas.BadRequest) as e:
+            _messages(extra)
+        assert (e.value.param or "").endswith(param) and "text-only" in str(e.value)

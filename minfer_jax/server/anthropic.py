@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from minfer_jax.errors import MinferError
@@ -38,6 +38,7 @@ from minfer_jax.server.schemas import (
     Text,
     parse,
     refusal,
+    text_only,
 )
 
 TOOL_ERROR = "Error: "  # before the content of a tool_result with is_error
@@ -54,6 +55,8 @@ class TextBlock(_Strict):
     type: Literal["text"]
     text: Text
     cache_control: dict[str, Any] | None = None  # a caching hint: prefix reuse is always on
+
+    _text_only = model_validator(mode="before")(text_only)
 
 
 class ThinkingBlock(_Strict):
