@@ -241,3 +241,16 @@ def test_an_image_in_a_tool_result_or_the_system_is_a_400_saying_text_only():
         with pytest.raises(schemas.BadRequest) as e:
             _messages(extra)
         assert (e.value.param or "").endswith(param) and "text-only" in str(e.value)
+
+
+def test_a_llama_json_answer_with_a_name_field_is_no_call():
+    """Llama 3's calls are bare JSON: any JSON object with a "name" was read as a call (a JSON
+    answer {"name": "Bob", "age": 3}, with tools offered, came back as a call to "Bob")."""
+    from minfer_jax.engine.steps import StopReason
+    from minfer_jax.server.tools import Llama3JsonCalls, parse_reply
+
+    answer = '{"name": "Bob", "age": 3}'
+    assert parse_reply(Llama3JsonCalls(), answer, StopReason.EOS) == (answer, [])
+    call = '{"name": "run", "parameters": {"cmd": "ls"}}'
+    (made,) = parse_reply(Llama3JsonCalls(), call, StopReason.EOS)[1]
+    assert (made.name, json.loads(made.arguments)) == ("run", {"cmd": "ls"})

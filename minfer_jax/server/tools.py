@@ -153,8 +153,11 @@ class Llama3JsonCalls(_Calls):
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         body = text.split(self.opener, 1)[1] if self.opener in text else text
         value = _loaded(body.strip())
-        if isinstance(value, dict) and isinstance(value.get("name"), str):
-            args = value.get("parameters", value.get("arguments", {}))
+        # a call names its arguments: a bare JSON answer with a "name" field is no call
+        if not isinstance(value, dict):
+            return text, []
+        args = value.get("parameters", value.get("arguments"))
+        if isinstance(value.get("name"), str) and isinstance(args, dict):
             prefix = text.split(self.opener, 1)[0] if self.opener in text else ""
             return prefix, [ToolCall(value["name"], json.dumps(args, ensure_ascii=False))]
         return text, []
