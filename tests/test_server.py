@@ -1316,3 +1316,19 @@ def test_a_forced_call_cut_by_max_tokens_shows_none_of_its_framing(server, clien
     assert whole.stop_reason == "max_tokens" and whole.content == [], whole
     with messages_client.messages.stream(**ask) as stream:
         assert stream.get_final_message().content == []
+
+
+def test_an_assistant_message_last_is_a_prefill_the_reply_continues(client, tokenizer):
+    """As llama-server and Anthropic's API take it: the prompt ends with the template's generation
+    prompt and the message's text, not with that message closed and a new turn opened."""
+    messages = [{"role": "user", "content": "Name a colour."}]
+    prefill = "The colour is"
+    opened = tokenizer.apply_chat_template(messages)
+    want = len(tokenizer.encode(opened, add_special=False)) + len(
+        tokenizer.encode(prefill, add_special=False, parse_special=False)
+    )
+    reply = client.chat.completions.create(
+        model="tiny", messages=[*messages, {"role": "assistant", "content": prefill}],
+        max_tokens=1, temperature=0,
+    )  # fmt: skip
+    assert reply.usage.prompt_tokens == want

@@ -132,8 +132,22 @@ def _text_prompt_ids(model, prompt: str | list[int], limit: int) -> list[int]:
 def _chat_prompt_ids(
     model, messages: list[dict], limit: int, literal: bool, template_kwargs: dict | None = None
 ) -> list[int]:
-    """Messages rendered with the chat template and tokenized (at most `limit` tokens)."""
-    from minfer_jax.files.prompts import encode_chat
+    """Messages rendered with the chat template and tokenized (at most `limit` tokens). A last
+    assistant message without calls is a prefill, as llama-server and Anthropic take it: the
+    reply continues its text (rendered after the template's generation prompt)."""
+    from minfer_jax.files.prompts import encode_chat, encode_within
+
+    prefill = None
+    if (
+        len(messages) > 1
+        and messages[-1]["role"] == "assistant"
+        and "tool_calls" not in messages[-1]
+    ):
+        *messages, last = messages
+        prefill = last["content"]
+        if model.tokenizer is not None and model.tokenizer.harmony:  # it would need a channel
+            raise BadRequest("an assistant message last (a prefill) is not supported for "
+                             "gpt-oss (harmony)", "messages")  # fmt: skip
 
     if model.tokenizer is None:
         raise BadRequest(
@@ -142,9 +156,13 @@ def _chat_prompt_ids(
             "messages",
         )
     try:
-        return encode_chat(
+        ids = encode_chat(
             model.tokenizer, messages, limit, literal=literal, template_kwargs=template_kwargs
         )
+        if prefill:
+            ids += encode_within(model.tokenizer, prefill, limit - len(ids), add_special=False,
+                                 parse_special=not literal)  # fmt: skip
+        return ids
     except MinferError as e:  # the template refused or failed, more tokens than the context holds
         raise BadRequest(str(e), "messages") from None
 
