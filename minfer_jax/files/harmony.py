@@ -9,7 +9,8 @@ header: a tool call, which server/tools.py's HarmonyCalls parses from the whole 
 shown; anything else (commentary preambles) is kept in the content as it is. The framing tokens
 reach the text because llama.cpp's overrides render them (files/vocabulary.py,
 HARMONY_RENDERED). Text that does not start with a channel header is content. A header marker
-inside a body (a model that skipped `<|end|>`) ends the body there and opens a header, so no
+inside a body (a model that skipped `<|end|>`) ends the body there and opens a header, and a
+header never finished (no `<|message|>`: cut off, or a model's stray marker) is dropped, so no
 marker ever reaches the text.
 """
 
