@@ -76,21 +76,42 @@ def _metrics(http) -> dict[str, float]:
     return server_metrics(http.get("/metrics").text)
 
 
-def test_a_request_being_prepared_keeps_the_server_from_looking_idle(monkeypatch):
+@pytest.fixture(scope="module")
+def llama_tiny():
+    """A 2-layer random llama (a placeholder vocabulary, ChatML), which the tests here never
+    decode with: their requests end before or at admission, so nothing compiles."""
+    from minfer_jax.engine.options import Options
+
+    from minfer_bench.serve import load_model
+
+    return load_model("synthetic:llama-tiny:q8_0", Options(ctx_size=256, kernels="xla"))
+
+
+def _served(model, **settings):
+    from starlette.testclient import TestClient
+
+    from minfer_jax.server.app import create_app
+    from minfer_jax.server.backend import ServerSettings
+
+    app = create_app(ServerSettings(warmup=False, **settings), loader=lambda *a, **k: model)
+    return app, TestClient(app, base_url="http://localhost")
+
+
+def _loaded(app) -> None:
+    import time
+
+    while app.state.backend.status == "loading":
+        time.sleep(0.01)
+
+
+def test_a_request_being_prepared_keeps_the_server_from_looking_idle(monkeypatch, llama_tiny):
     """A request whose grammar compiles (or whose prompt tokenizes) was in no gauge: /metrics
     showed an idle server, so a load run's baseline could be read with it unqueued, and it then
     counted as finished but never accepted (a gpt-oss load run: 129 accepted, 130 finished)."""
     import concurrent.futures
     import threading
-    import time
 
-    from starlette.testclient import TestClient
-
-    from minfer_jax.engine.options import Options
     from minfer_jax.server import app as app_module
-    from minfer_jax.server.backend import ServerSettings
-
-    from minfer_bench.serve import load_model
 
     entered, release = threading.Event(), threading.Event()
     compile_constraint = app_module._constraint
@@ -101,12 +122,10 @@ def test_a_request_being_prepared_keeps_the_server_from_looking_idle(monkeypatch
         return compile_constraint(*args)
 
     monkeypatch.setattr(app_module, "_constraint", held)
-    model = load_model("synthetic:llama-tiny:q8_0", Options(ctx_size=64, kernels="xla"))
-    app = app_module.create_app(ServerSettings(warmup=False), loader=lambda *a, **k: model)
+    app, client = _served(llama_tiny)
     body = {"prompt": [1, 2, 3], "max_tokens": 0}  # ends before its prefill: nothing compiles
-    with TestClient(app, base_url="http://localhost") as http:
-        while app.state.backend.status == "loading":
-            time.sleep(0.01)
+    with client as http:
+        _loaded(app)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             reply = pool.submit(http.post, "/v1/completions", json=body)
             assert entered.wait(60)
@@ -254,3 +273,31 @@ def test_a_llama_json_answer_with_a_name_field_is_no_call():
     call = '{"name": "run", "parameters": {"cmd": "ls"}}'
     (made,) = parse_reply(Llama3JsonCalls(), call, StopReason.EOS)[1]
     assert (made.name, json.loads(made.arguments)) == ("run", {"cmd": "ls"})
+
+
+def test_a_messages_request_ended_by_shutdown_is_a_503_in_anthropics_shape(llama_tiny):
+    """A non-streamed Messages request that the shutdown ended (queued when the server went
+    down) answered 400 invalid_request_error; the chat path says 503, so does this now."""
+    import concurrent.futures
+    import time
+
+    from minfer_jax.server.backend import ShuttingDown
+
+    app, client = _served(llama_tiny)
+    body = {"model": "m", "max_tokens": 4, "messages": USER}
+    with client as http:
+        _loaded(app)
+        backend = app.state.backend
+        backend.stop.set()  # the loop stops: the request stays queued, as behind a busy slot
+        for thread in backend.threads:
+            thread.join(10)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(http.post, "/v1/messages", json=body)
+            deadline = time.monotonic() + 60
+            while backend.live == 0:  # until it is queued
+                assert time.monotonic() < deadline and not reply.done(), reply.result().text
+                time.sleep(0.01)
+            backend.scheduler.fail_pending(ShuttingDown())  # what Backend.close does
+            r = reply.result(60)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["type"] == "overloaded_error" and "shutting down" in r.text

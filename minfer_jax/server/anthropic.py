@@ -264,9 +264,12 @@ def _drop_null_block_fields(data: dict) -> None:
                     del block[key]
 
 
-def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, wait) -> None:
-    """POST /v1/messages and /v1/messages/count_tokens; prepare_chat, submit, wait: the chat
-    path's steps (app.py), passed in so that this module does not import the app."""
+def add_messages_routes(
+    app: FastAPI, backend, admission, prepare_chat, submit, wait, failed
+) -> None:
+    """POST /v1/messages and /v1/messages/count_tokens; prepare_chat, submit, wait, failed (the
+    error a request that ended with one answers): the chat path's steps (app.py), passed in so
+    that this module does not import the app."""
 
     async def chat_of(request: Request, kind: type[MessagesRequest]):
         limits = await admission.limits_for(request)
@@ -310,6 +313,8 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
             )
         if not await wait(request, handle):
             return error(499, "the client went away")
+        if handle.req.error is not None:  # 503 for a server going down, as the chat path says
+            raise failed(handle.req.error)
         result = handle.req.result()
         content, uses = whole_content(split, result.text, result.stop_reason)
         said = stop_reason(result.stop_reason, uses)

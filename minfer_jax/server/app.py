@@ -453,7 +453,7 @@ def _add_generation_routes(
         return ids, calls, reply_thinks(backend.model, ids)
 
     add_messages_routes(
-        app, backend, admission, prepare_chat, functools.partial(_submit, backend), _wait
+        app, backend, admission, prepare_chat, functools.partial(_submit, backend), _wait, _failed
     )
 
 
