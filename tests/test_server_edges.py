@@ -301,3 +301,17 @@ def test_a_messages_request_ended_by_shutdown_is_a_503_in_anthropics_shape(llama
             r = reply.result(60)
     assert r.status_code == 503, r.text
     assert r.json()["error"]["type"] == "overloaded_error" and "shutting down" in r.text
+
+
+def test_count_tokens_counts_a_prompt_past_the_context(llama_tiny):
+    """count_tokens said 400 'the prompt is at least N tokens but the context holds 256': an
+    agent that counts to decide what to trim learnt no count. The Messages call stays a 400."""
+    app, client = _served(llama_tiny)
+    long = {"model": "m", "messages": [{"role": "user", "content": "word " * 300}]}
+    with client as http:
+        _loaded(app)
+        counted = http.post("/v1/messages/count_tokens", json=long)
+        assert counted.status_code == 200, counted.text
+        assert counted.json()["input_tokens"] > app.state.backend.scheduler.plan.ctx
+        refused = http.post("/v1/messages", json={**long, "max_tokens": 4})
+    assert refused.status_code == 400 and "context" in refused.text

@@ -282,7 +282,7 @@ def add_messages_routes(
 
         body = await run_in_threadpool(parse, kind, raw, check)
         chat = to_chat(body)
-        ids, calls, think = await prepare_chat(chat, limits)
+        ids, calls, think = await prepare_chat(chat, limits, kind is CountTokensRequest)
         return body, chat, ids, calls, think
 
     async def answered(request: Request, handler):

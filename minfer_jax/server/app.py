@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import secrets
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -432,8 +433,9 @@ def _add_generation_routes(
             handles = await _submit_choices(backend, "chat", body, ids, calls)
         return await _reply(backend, request, "chat", body, handles, calls, think)
 
-    async def prepare_chat(body: ChatCompletionRequest, limits: RequestLimits):
-        """A chat body's prompt ids, tool-call format and thinking (as _reply takes them)."""
+    async def prepare_chat(body: ChatCompletionRequest, limits: RequestLimits, count=False):
+        """A chat body's prompt ids, tool-call format and thinking (as _reply takes them); count:
+        only counted (count_tokens), so not held to the context (its characters are bounded)."""
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
         chars = sum(len(m["content"]) + len(m.get("reasoning_content", "")) for m in messages)
@@ -446,7 +448,7 @@ def _add_generation_routes(
             _chat_prompt_ids,
             backend.model,
             messages,
-            backend.scheduler.plan.ctx - 1,
+            sys.maxsize if count else backend.scheduler.plan.ctx - 1,
             literal_content,
             {**(body.chat_template_kwargs or {}), **tools},
         )
