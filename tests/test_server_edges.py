@@ -262,6 +262,16 @@ def test_an_image_in_a_tool_result_or_the_system_is_a_400_saying_text_only():
         assert (e.value.param or "").endswith(param) and "text-only" in str(e.value)
 
 
+def test_a_cut_bare_json_reply_of_llama_stays_content():
+    """Llama 3's bare-JSON calls have no framing: a reply that opens with '{' may be an answer,
+    so cut at max_tokens it stays content."""
+    from minfer_jax.engine.steps import StopReason
+    from minfer_jax.server.tools import Llama3JsonCalls, parse_reply
+
+    text = '{"answer": "a long JSON ans'
+    assert parse_reply(Llama3JsonCalls(), text, StopReason.LENGTH) == (text, [])
+
+
 def test_a_llama_json_answer_with_a_name_field_is_no_call():
     """Llama 3's calls are bare JSON: any JSON object with a "name" was read as a call (a JSON
     answer {"name": "Bob", "age": 3}, with tools offered, came back as a call to "Bob")."""

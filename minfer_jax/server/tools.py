@@ -246,7 +246,7 @@ class CallStream:
 
     def __init__(self, fmt: CallFormat):
         self.fmt, self.text, self.sent, self.holding = fmt, "", 0, False
-        self.call_at = 0  # where the held call began
+        self.call_at: int | None = None  # where the opener of the held call stands
 
     def feed(self, piece: str) -> str:
         self.text += piece
@@ -256,7 +256,8 @@ class CallStream:
         bare_json = isinstance(self.fmt, Llama3JsonCalls) and self.text.lstrip().startswith("{")
         if at >= 0 or bare_json:
             self.holding = True
-            end = self.call_at = 0 if bare_json else at
+            end = 0 if bare_json else at
+            self.call_at = None if bare_json else at  # bare JSON may be an answer, no framing
         else:  # a tail that could still become the opener stays
             end = len(self.text)
             for k in range(min(len(self.fmt.opener) - 1, len(self.text)), 0, -1):
@@ -272,7 +273,8 @@ class CallStream:
         own malformed call, ended by itself, stays content, as llama-server shows it)."""
         content, calls = self.fmt.parse(self.text)
         if not calls:
-            end = self.call_at if reason in ENDED_EARLY and self.holding else len(self.text)
+            cut_call = self.call_at if reason in ENDED_EARLY else None
+            end = len(self.text) if cut_call is None else cut_call
             return self.text[self.sent : end], []
         return content[self.sent :], calls[: self.fmt.most_calls]
 
