@@ -42,7 +42,7 @@ from minfer_bench import agent_cases as cases
 from minfer_bench import agent_wire as wire
 from minfer_bench.agent_hostile import hostile_case
 from minfer_bench.load_bench import free_port, stop_server, wait_healthy, wait_settled
-from minfer_bench.load_test import LOOPBACK, LoadTestError, server_metrics, wait_idle
+from minfer_bench.load_test import LOOPBACK, LoadTestError, wait_idle
 
 MAX_CLIENTS, MAX_REQUESTS = 256, 100_000
 KINDS = {
@@ -226,7 +226,9 @@ async def run(
         refs |= await _references(client, (reference_url or url).rstrip("/"), more, report)
         _save_references(references, refs)
         ref_s = time.monotonic() - t0
-        before = server_metrics((await client.get(f"{url}/metrics")).text)
+        # from idle: a request still running then (an earlier run's abandoned one, still being
+        # prepared when that run's last look found the server idle) would count as finished only
+        before = await wait_idle(client, url, IDLE_TIMEOUT_S, "the references")
         queue = collections.deque(todo)
         t0 = time.monotonic()
         await asyncio.gather(

@@ -172,7 +172,8 @@ async def wait_idle(
     while True:
         m = server_metrics((await client.get(f"{url}/metrics")).text)
         busy = m["minfer_kv_slots_used"] + m["minfer_requests_running"]
-        if busy + m["minfer_requests_queued"] == 0:
+        waiting = m["minfer_requests_queued"] + m.get("minfer_requests_preparing", 0)
+        if busy + waiting == 0:
             return m
         if time.monotonic() > deadline:
             raise error(f"the server is still busy {timeout:g} s after {after}: {m}")

@@ -363,7 +363,8 @@ async def run(
         meta = r.json()["data"][0]["meta"]
         refs = await _references(client, url)
         rss_before = _rss_mb(pid)
-        before = server_metrics((await client.get(f"{url}/metrics")).text)
+        # from idle: a request still running then would count as finished but not accepted
+        before = await wait_idle(client, url, IDLE_TIMEOUT_S, "the references", SoakError)
         stop = threading.Event()
         watcher = asyncio.create_task(asyncio.to_thread(_watch, url, pid, stop, tally))
         t0 = time.monotonic()

@@ -64,6 +64,7 @@ def test_split_channels():
         "reasoning_content": "The user asks 2+2. Easy.",
     }
     assert split_channels("plain text, no header") == {"content": "plain text, no header"}
+    assert split_channels("<|") == {"content": "<|"}  # too short for a marker: text
     assert split_channels("<|channel|>final<|message|>only") == {"content": "only"}
     assert split_channels("<|channel|>analysis<|message|>cut off") == {
         "content": "",
@@ -81,6 +82,11 @@ def test_split_channels():
         ("<|channel|>final<|message|>ab<|start|>assistant<|channel|>final<|message|>cd",
          {"content": "abcd"}),
         ("ab<|message|>cd", {"content": "abcd"}),
+        # a reply that opens a header it never finishes (cut off, or a random gpt-oss-tiny's
+        # '<|constrain|>' first: an unseeded CI reply showed it)
+        ("<|constrain|>\x02ab", {"content": ""}),
+        ("<|channel|>final", {"content": ""}),
+        ("<|end|>ab", {"content": ""}),
     ],
 )  # fmt: skip
 def test_a_header_marker_inside_a_body_opens_a_header(text, fields):

@@ -289,7 +289,7 @@ def test_messages_blocks_of_harmony_text(text, reason, thinking, answer, call, s
 
     from minfer_jax.server.anthropic_reply import EventStream, stop_reason, whole_content
 
-    blocks, uses = whole_content(_split(show), text)
+    blocks, uses = whole_content(_split(show), text, reason)
     want = [{"type": "thinking", "thinking": thinking, "signature": ""}] if show else []
     want += [{"type": "text", "text": answer}] if answer else []
     assert [{k: v for k, v in b.items() if k not in ("id", "input")} for b in blocks] == [
@@ -404,3 +404,29 @@ def test_anthropic_messages_on_gpt_oss_with_the_official_client(gptoss):
         texts = [b.text for b in free.content if b.type == "text"]
         assert not any(m in t for t in texts for m in MARKERS), texts
         assert all(b.type == "text" for b in free.content)  # no thinking: not enabled
+
+
+def test_tools_without_a_description_on_gpt_oss(gptoss):
+    """A description is optional in both APIs, but the gpt-oss template writes "// " +
+    description unguarded: a tool without one was a 400 "chat template failed"."""
+    import anthropic
+    import openai
+    from starlette.testclient import TestClient
+
+    from minfer_jax.server.app import create_app
+    from minfer_jax.server.backend import ServerSettings
+
+    app = create_app(ServerSettings(warmup=False), loader=lambda *args, **kwargs: gptoss)
+    bare = {k: v for k, v in WEATHER.items() if k != "description"}
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    with TestClient(app, base_url="http://localhost") as http:
+        client = anthropic.Anthropic(base_url="http://localhost", api_key="x", http_client=http)
+        tool = {"name": bare["name"], "input_schema": bare["parameters"]}
+        count = client.messages.count_tokens(model="m", messages=messages, tools=[tool])
+        assert count.input_tokens > 40
+        chat = openai.OpenAI(base_url="http://localhost/v1", api_key="x", http_client=http)
+        reply = chat.chat.completions.create(
+            model="m", messages=messages, tools=[{"type": "function", "function": bare}],
+            max_tokens=1, temperature=0,
+        )  # fmt: skip
+        assert reply.usage.prompt_tokens == count.input_tokens

@@ -1306,3 +1306,43 @@ def test_anthropic_messages_api_with_a_system_prompt_tools_and_its_stream(server
     r = httpx.post(f"{server.url}/v1/messages", json={"model": "tiny", "messages": messages})
     assert r.status_code == 400 and r.json()["type"] == "error", r.text
     assert r.json()["error"]["type"] == "invalid_request_error" and "max_tokens" in r.text
+
+
+@pytest.mark.real_model
+def test_a_forced_call_cut_by_max_tokens_shows_none_of_its_framing(server, client):
+    """A forced call cut at max_tokens 5 showed '<tool_call>\\n{"name":' as the reply's content,
+    whole and streamed, and as an Anthropic text block."""
+    import anthropic
+
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    ask = dict(model="tiny", messages=messages, tools=[WEATHER], tool_choice="required",
+               max_tokens=5, temperature=0)  # fmt: skip
+    full = client.chat.completions.create(**ask).choices[0]
+    assert full.finish_reason == "length" and not full.message.tool_calls, full
+    assert not full.message.content, full
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+    messages_client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    ask = dict(model="tiny", messages=messages, tools=[tool], tool_choice={"type": "any"},
+               max_tokens=5, extra_body={"temperature": 0})  # fmt: skip
+    whole = messages_client.messages.create(**ask)
+    assert whole.stop_reason == "max_tokens" and whole.content == [], whole
+    with messages_client.messages.stream(**ask) as stream:
+        assert stream.get_final_message().content == []
+
+
+def test_an_assistant_message_last_is_a_prefill_the_reply_continues(client, tokenizer):
+    """As llama-server and Anthropic's API take it: the prompt ends with the template's generation
+    prompt and the message's text, not with that message closed and a new turn opened."""
+    messages = [{"role": "user", "content": "Name a colour."}]
+    prefill = "The colour is"
+    opened = tokenizer.apply_chat_template(messages)
+    want = len(tokenizer.encode(opened, add_special=False)) + len(
+        tokenizer.encode(prefill, add_special=False, parse_special=False)
+    )
+    reply = client.chat.completions.create(
+        model="tiny", messages=[*messages, {"role": "assistant", "content": prefill}],
+        max_tokens=1, temperature=0,
+    )  # fmt: skip
+    assert reply.usage.prompt_tokens == want

@@ -9,7 +9,8 @@ header: a tool call, which server/tools.py's HarmonyCalls parses from the whole 
 shown; anything else (commentary preambles) is kept in the content as it is. The framing tokens
 reach the text because llama.cpp's overrides render them (files/vocabulary.py,
 HARMONY_RENDERED). Text that does not start with a channel header is content. A header marker
-inside a body (a model that skipped `<|end|>`) ends the body there and opens a header, so no
+inside a body (a model that skipped `<|end|>`) ends the body there and opens a header, and a
+header never finished (no `<|message|>`: cut off, or a model's stray marker) is dropped, so no
 marker ever reaches the text.
 """
 
@@ -78,8 +79,9 @@ class HarmonyStream:
                     continue
                 i = self._buf.find(MESSAGE)
                 if i < 0:  # the header is not complete yet (at the end: an unfinished header)
-                    if final:
-                        out.append((CONTENT, "" if self._started else self._buf))
+                    if final:  # shown only where it is no header: text shorter than a marker
+                        opened = any(self._buf.startswith(m) for m in (*MARKERS, RECIPIENT))
+                        out.append((CONTENT, "" if self._started or opened else self._buf))
                         self._buf = ""
                     break
                 self._started, self._in_body = True, True

@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from minfer_jax.errors import MinferError
@@ -38,8 +38,10 @@ from minfer_jax.server.schemas import (
     Text,
     parse,
     refusal,
+    text_only,
 )
 
+TOOL_ERROR = "Error: "  # before the content of a tool_result with is_error
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error"}  # fmt: skip
@@ -53,6 +55,8 @@ class TextBlock(_Strict):
     type: Literal["text"]
     text: Text
     cache_control: dict[str, Any] | None = None  # a caching hint: prefix reuse is always on
+
+    _text_only = model_validator(mode="before")(text_only)
 
 
 class ThinkingBlock(_Strict):
@@ -88,6 +92,7 @@ class Message(_Strict):
 
 
 class Tool(_Strict):
+    type: Literal["custom"] | None = None  # a client-run tool, as every tool here is
     name: FunctionName
     description: Text | None = None
     input_schema: dict[str, Any]
@@ -170,9 +175,9 @@ def _messages(req: MessagesRequest) -> list[dict]:
             continue
         for b in blocks:
             if isinstance(b, ToolResultBlock):
-                out.append(
-                    {"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)}
-                )
+                # a failed call says so in the text: a chat template has no field for it
+                result = f"{TOOL_ERROR}{_text(b.content)}" if b.is_error else _text(b.content)
+                out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": result})
         if text or not any(isinstance(b, ToolResultBlock) for b in blocks):
             out.append({"role": "user", "content": text})
     return out
@@ -199,12 +204,12 @@ def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
     }
     if req.tools:
         body["tools"] = [_function(t) for t in req.tools]
-        choice = req.tool_choice
-        if choice is not None:
-            body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(
-                choice.type, {"type": "function", "function": {"name": choice.name or ""}}
-            )
-            body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+    choice = req.tool_choice
+    if choice is not None:  # any or tool without tools: the chat body's 400
+        body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(
+            choice.type, {"type": "function", "function": {"name": choice.name or ""}}
+        )
+        body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
     if req.thinking is not None:
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type == "enabled"}
     try:
@@ -259,9 +264,12 @@ def _drop_null_block_fields(data: dict) -> None:
                     del block[key]
 
 
-def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, wait) -> None:
-    """POST /v1/messages and /v1/messages/count_tokens; prepare_chat, submit, wait: the chat
-    path's steps (app.py), passed in so that this module does not import the app."""
+def add_messages_routes(
+    app: FastAPI, backend, admission, prepare_chat, submit, wait, failed
+) -> None:
+    """POST /v1/messages and /v1/messages/count_tokens; prepare_chat, submit, wait, failed (the
+    error a request that ended with one answers): the chat path's steps (app.py), passed in so
+    that this module does not import the app."""
 
     async def chat_of(request: Request, kind: type[MessagesRequest]):
         limits = await admission.limits_for(request)
@@ -274,7 +282,7 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
 
         body = await run_in_threadpool(parse, kind, raw, check)
         chat = to_chat(body)
-        ids, calls, think = await prepare_chat(chat, limits)
+        ids, calls, think = await prepare_chat(chat, limits, kind is CountTokensRequest)
         return body, chat, ids, calls, think
 
     async def answered(request: Request, handler):
@@ -291,11 +299,12 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
             raise
 
     async def messages(request: Request):
-        body, chat, ids, calls, think = await chat_of(request, MessagesRequest)
+        with backend.preparing_request():
+            body, chat, ids, calls, think = await chat_of(request, MessagesRequest)
+            handle = await submit("chat", chat, ids, calls)
         tokenizer = backend.model.tokenizer
         harmony = tokenizer is not None and tokenizer.harmony
         split = BlockSplit(calls, think, harmony, show_thinking=body.thinks)
-        handle = await submit("chat", chat, ids, calls)
         head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
                 "model": backend.model_id}  # fmt: skip
         if chat.stream:
@@ -304,8 +313,10 @@ def add_messages_routes(app: FastAPI, backend, admission, prepare_chat, submit, 
             )
         if not await wait(request, handle):
             return error(499, "the client went away")
+        if handle.req.error is not None:  # 503 for a server going down, as the chat path says
+            raise failed(handle.req.error)
         result = handle.req.result()
-        content, uses = whole_content(split, result.text)
+        content, uses = whole_content(split, result.text, result.stop_reason)
         said = stop_reason(result.stop_reason, uses)
         return {
             **head,

@@ -20,7 +20,7 @@ from typing import Any
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.files.harmony import CONTENT, REASONING, HarmonyStream
 from minfer_jax.server.reasoning import ReasoningStream
-from minfer_jax.server.tools import CallFormat, CallStream, HarmonyCalls, ToolCall
+from minfer_jax.server.tools import CallFormat, CallStream, ToolCall, parse_reply
 
 STOP_REASONS = {
     StopReason.EOS: "end_turn",
@@ -54,17 +54,19 @@ class BlockSplit:
         reasoning, text = self.thought.feed(piece) if self.thought is not None else ("", piece)
         return self._shown([(THINKING, reasoning), (TEXT, self._held(text))])
 
-    def finish(self, text: str) -> tuple[list[tuple[str, str]], list[tuple[ToolCall, dict]]]:
+    def finish(
+        self, text: str, reason: StopReason
+    ) -> tuple[list[tuple[str, str]], list[tuple[ToolCall, dict]]]:
         """(the pieces held back, the calls whose arguments are a JSON object) of the whole
-        generated text."""
+        generated text; reason: how it ended (CallStream.finish)."""
         if self.channels is not None:
             kinds = {REASONING: THINKING, CONTENT: TEXT}
             pieces = [(kinds[f], t) for f, t in self.channels.finish()]
-            made = HarmonyCalls().parse(text)[1] if self.calls is not None else []
+            made = parse_reply(self.calls, text, reason)[1] if self.calls is not None else []
             return self._shown(pieces), _inputs(made)
         reasoning, rest = self.thought.finish() if self.thought is not None else ("", "")
         pieces = [(THINKING, reasoning), (TEXT, self._held(rest))]
-        tail, made = self.held.finish() if self.held is not None else ("", [])
+        tail, made = self.held.finish(reason) if self.held is not None else ("", [])
         return self._shown([*pieces, (TEXT, tail)]), _inputs(made)
 
     def _held(self, text: str) -> str:
@@ -105,10 +107,10 @@ def usage(n_prompt: int, n_output: int, cached: int) -> dict:
             "cache_read_input_tokens": cached}  # fmt: skip
 
 
-def whole_content(split: BlockSplit, text: str) -> tuple[list[dict], list]:
+def whole_content(split: BlockSplit, text: str, reason: StopReason) -> tuple[list[dict], list]:
     """(content blocks, tool uses) of a finished reply: thinking, text, then the tool_use blocks."""
     pieces = split.feed(text)
-    rest, uses = split.finish(text)
+    rest, uses = split.finish(text, reason)
     joined = {kind: "".join(t for k, t in [*pieces, *rest] if k == kind) for kind in KINDS}
     blocks: list[dict] = []
     if joined[THINKING].strip():
@@ -149,7 +151,7 @@ class EventStream:
     ):
         """The last events, once the whole text and the stop reason are known (stop_sequence:
         the stop string that ended it, if one did)."""
-        pieces, uses = self.split.finish(text)
+        pieces, uses = self.split.finish(text, reason)
         events = [e for kind, t in pieces for e in self._block(kind, t)]
         events += self._close()
         for call, value in uses:

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import secrets
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -49,7 +50,7 @@ from minfer_jax.server.schemas import (
 )
 from minfer_jax.server.speculation import request_speculation, timings
 from minfer_jax.server.streaming import choices_usage, stream_choices
-from minfer_jax.server.tools import CallFormat, tool_grammar, tool_setup
+from minfer_jax.server.tools import CallFormat, parse_reply, tool_grammar, tool_setup
 
 # a non-streamed request checks this often whether its client is still there
 DISCONNECT_POLL_S = 0.5
@@ -132,8 +133,22 @@ def _text_prompt_ids(model, prompt: str | list[int], limit: int) -> list[int]:
 def _chat_prompt_ids(
     model, messages: list[dict], limit: int, literal: bool, template_kwargs: dict | None = None
 ) -> list[int]:
-    """Messages rendered with the chat template and tokenized (at most `limit` tokens)."""
-    from minfer_jax.files.prompts import encode_chat
+    """Messages rendered with the chat template and tokenized (at most `limit` tokens). A last
+    assistant message without calls is a prefill, as llama-server and Anthropic take it: the
+    reply continues its text (rendered after the template's generation prompt)."""
+    from minfer_jax.files.prompts import encode_chat, encode_within
+
+    prefill = None
+    if (
+        len(messages) > 1
+        and messages[-1]["role"] == "assistant"
+        and "tool_calls" not in messages[-1]
+    ):
+        *messages, last = messages
+        prefill = last["content"]
+        if model.tokenizer is not None and model.tokenizer.harmony:  # it would need a channel
+            raise BadRequest("an assistant message last (a prefill) is not supported for "
+                             "gpt-oss (harmony)", "messages")  # fmt: skip
 
     if model.tokenizer is None:
         raise BadRequest(
@@ -142,9 +157,13 @@ def _chat_prompt_ids(
             "messages",
         )
     try:
-        return encode_chat(
+        ids = encode_chat(
             model.tokenizer, messages, limit, literal=literal, template_kwargs=template_kwargs
         )
+        if prefill:
+            ids += encode_within(model.tokenizer, prefill, limit - len(ids), add_special=False,
+                                 parse_special=not literal)  # fmt: skip
+        return ids
     except MinferError as e:  # the template refused or failed, more tokens than the context holds
         raise BadRequest(str(e), "messages") from None
 
@@ -222,18 +241,17 @@ def _constraint(model, body, fmt: CallFormat | None = None):
         raise BadRequest(str(e), field) from None
 
 
-async def _generate(
+async def _reply(
     backend: Backend,
     request: Request,
     kind: str,
     body,
-    ids: list[int],
+    handles: list[Handle],
     calls: CallFormat | None = None,
     think: bool | None = None,
 ):
-    """Submit one validated request (its n choices); its SSE stream, or its JSON once done (calls,
-    think: as _stream takes them)."""
-    handles = await _submit_choices(backend, kind, body, ids, calls)
+    """A submitted request's (its n choices') SSE stream, or its JSON once done (calls, think: as
+    stream_choices takes them)."""
     tokenizer = backend.model.tokenizer
     reply = Reply(kind, backend.model_id, harmony=tokenizer is not None and tokenizer.harmony)
     logprobs = None
@@ -260,7 +278,8 @@ async def _generate(
         reasoning, text = (
             (None, result.text) if think is None else split_reasoning(result.text, think)
         )
-        text, made = calls.parse(text) if calls is not None else (text, [])
+        reason = result.stop_reason
+        text, made = parse_reply(calls, text, reason) if calls is not None else (text, [])
         lp = None if logprobs is None else logprobs()(result.logprobs or [])
         whole = choice_reply.full(
             text, result.stop_reason, 0, 0, 0, made, reasoning, index=index, logprobs=lp
@@ -388,30 +407,35 @@ def _add_generation_routes(
     async def completions(request: Request):
         limits = await admission.limits_for(request)
         ctx = backend.scheduler.plan.ctx
-        raw = await limits.read_body(request)
-        body = await run_in_threadpool(
-            parse, CompletionRequest, raw, lambda data: limits.check_json(data, ctx)
-        )
-        del raw  # the largest copy of the prompt: not kept while the request runs
-        ids = await run_in_threadpool(_text_prompt_ids, backend.model, body.prompt, ctx - 1)
-        body.prompt = ids
-        return await _generate(backend, request, "text", body, ids)
+        with backend.preparing_request():
+            raw = await limits.read_body(request)
+            body = await run_in_threadpool(
+                parse, CompletionRequest, raw, lambda data: limits.check_json(data, ctx)
+            )
+            del raw  # the largest copy of the prompt: not kept while the request runs
+            ids = await run_in_threadpool(_text_prompt_ids, backend.model, body.prompt, ctx - 1)
+            body.prompt = ids
+            handles = await _submit_choices(backend, "text", body, ids)
+        return await _reply(backend, request, "text", body, handles)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(request: Request):
         limits = await admission.limits_for(request)
         ctx = backend.scheduler.plan.ctx
-        raw = await limits.read_body(request)
-        body = await run_in_threadpool(
-            parse, ChatCompletionRequest, raw, lambda data: limits.check_json(data, ctx)
-        )
-        del raw
-        ids, calls, think = await prepare_chat(body, limits)
-        return await _generate(backend, request, "chat", body, ids, calls, think)
+        with backend.preparing_request():
+            raw = await limits.read_body(request)
+            body = await run_in_threadpool(
+                parse, ChatCompletionRequest, raw, lambda data: limits.check_json(data, ctx)
+            )
+            del raw
+            ids, calls, think = await prepare_chat(body, limits)
+            handles = await _submit_choices(backend, "chat", body, ids, calls)
+        return await _reply(backend, request, "chat", body, handles, calls, think)
 
-    async def prepare_chat(body: ChatCompletionRequest, limits: RequestLimits):
-        """A chat body's prompt ids, tool-call format and thinking (as _generate takes them)."""
+    async def prepare_chat(body: ChatCompletionRequest, limits: RequestLimits, count=False):
+        """A chat body's prompt ids, tool-call format and thinking (as _reply takes them); count:
+        only counted (count_tokens), so not held to the context (its characters are bounded)."""
         messages = [m.as_template_message() for m in body.messages]
         body.messages = []
         chars = sum(len(m["content"]) + len(m.get("reasoning_content", "")) for m in messages)
@@ -424,14 +448,14 @@ def _add_generation_routes(
             _chat_prompt_ids,
             backend.model,
             messages,
-            backend.scheduler.plan.ctx - 1,
+            sys.maxsize if count else backend.scheduler.plan.ctx - 1,
             literal_content,
             {**(body.chat_template_kwargs or {}), **tools},
         )
         return ids, calls, reply_thinks(backend.model, ids)
 
     add_messages_routes(
-        app, backend, admission, prepare_chat, functools.partial(_submit, backend), _wait
+        app, backend, admission, prepare_chat, functools.partial(_submit, backend), _wait, _failed
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import secrets
@@ -261,6 +262,7 @@ class Backend:
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.live = 0  # submitted, not yet done
+        self.preparing = 0  # read, not yet submitted: parsed, tokenized, its grammar compiled
         self.requests_total = 0
         self.finish_reasons: collections.Counter[StopReason] = collections.Counter()
         self.prompt_tokens_total = 0
@@ -385,6 +387,18 @@ class Backend:
         return os.path.basename(self.settings.model or "default")
 
     # -- requests --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def preparing_request(self):
+        """A request between its body and its last choice queued: counted in /metrics, so that a
+        server compiling a request's grammar never looks idle."""
+        with self.lock:
+            self.preparing += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.preparing -= 1
+
     def submit(
         self,
         prompt_ids: Sequence[int],

@@ -43,6 +43,7 @@ def _counts(backend) -> dict:
             finished=dict(backend.finish_reasons),
             drafted=backend.drafted,
             accepted=backend.accepted,
+            preparing=backend.preparing,
         )
         live = backend.live
     if sched is None:
@@ -108,6 +109,13 @@ LOAD = [
         "running",
     ),
     ("requests_queued", "gauge", "Requests accepted and waiting for a KV slot.", "queued"),
+    (
+        "requests_preparing",
+        "gauge",
+        "Requests read but not queued yet: being parsed, tokenized or their grammar compiled "
+        "(a request of n choices until its last is queued).",
+        "preparing",
+    ),
     ("kv_slots_used", "gauge", "KV cache slots in use.", "used"),
 ]
 EXECUTABLES = [

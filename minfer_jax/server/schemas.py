@@ -331,10 +331,23 @@ class CompletionRequest(_Generation):
         return self.logprobs
 
 
+def text_only(data: Any) -> Any:
+    """A content part or block of another type (an image, audio, a file) refused by its type,
+    not by the fields it carries."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    if isinstance(kind, str) and kind != "text":
+        raise ValueError(
+            f"content of type {_shown(kind)} is not supported: minfer_jax serves text-only models"
+        )
+    return data
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     type: Literal["text"]
     text: Text
+
+    _text_only = model_validator(mode="before")(text_only)
 
 
 class FunctionCall(BaseModel):
@@ -462,6 +475,13 @@ class ChatCompletionRequest(_Generation):
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool = False  # each content token's logprob
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)  # and this many alternatives
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _calls_need_tools(cls, value, info):
+        if value not in (None, "auto", "none") and not info.data.get("tools"):
+            raise ValueError("it asks for a call, but no tools are given")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod

@@ -13,7 +13,7 @@ from minfer_jax.server.backend import Handle
 from minfer_jax.server.openai_format import LogprobFormat, Reply, error_body, sse
 from minfer_jax.server.reasoning import ReasoningStream
 from minfer_jax.server.speculation import timings
-from minfer_jax.server.tools import CallFormat, CallStream, HarmonyCalls
+from minfer_jax.server.tools import CallFormat, CallStream, HarmonyCalls, parse_reply
 
 
 class ChoiceFailed:
@@ -77,9 +77,9 @@ async def choice_chunks(
         yield ChoiceFailed(req.error)
         return
     result = req.result()
-    rest, made = held.finish() if held is not None else ("", [])
+    rest, made = held.finish(result.stop_reason) if held is not None else ("", [])
     if whole:
-        made = calls.parse(result.text)[1]
+        made = parse_reply(calls, result.text, result.stop_reason)[1]
     if rest:
         yield chunk(rest)
     for call_index, call in enumerate(made):

@@ -9,6 +9,14 @@ from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
+class CallsBase:
+    """What every tool-call format holds beside its own parsing: how many calls a reply keeps."""
+
+    # 1: parallel_tool_calls false (a model that calls twice anyway: its first call is kept)
+    most_calls: int | None = dataclasses.field(default=None, kw_only=True)
+
+
+@dataclasses.dataclass(frozen=True)
 class ToolCall:
     name: str
     arguments: str  # JSON text, as OpenAI sends it

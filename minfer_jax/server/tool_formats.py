@@ -13,7 +13,7 @@ import re
 import uuid
 from typing import Any
 
-from minfer_jax.server.tool_call import ToolCall, arguments_text, call_schema, loaded
+from minfer_jax.server.tool_call import CallsBase, ToolCall, arguments_text, call_schema, loaded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ def _mistral_id(value: Any) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class MistralCalls:
+class MistralCalls(CallsBase):
     """Mistral's [TOOL_CALLS] calls; `style` is what the template renders (and the grammar
     forces): "json" (Nemo's list), "call_id" (Small 3.2) or "args" (Devstral)."""
 
@@ -119,7 +119,7 @@ class MistralCalls:
 
 
 @dataclasses.dataclass(frozen=True)
-class Gemma4Calls:
+class Gemma4Calls(CallsBase):
     """Gemma 4's calls: `call:f{...}` between <|tool_call> and <tool_call|>, the arguments in
     Gemma's own notation (bare keys, strings between <|"|> marks), turned into JSON here."""
 
@@ -194,7 +194,7 @@ _GEMMA_VALUE_RULES = (
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepSeekCalls:
+class DeepSeekCalls(CallsBase):
     """DeepSeek R1's calls (its distills' templates render them; V3.1 drops `function` and the
     fence: <｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>)."""
 

@@ -26,8 +26,9 @@ import re
 from collections.abc import Iterable
 
 from minfer_jax.engine.constraint import ConstraintError
+from minfer_jax.engine.steps import StopReason
 from minfer_jax.server.schemas import BadRequest, NamedToolChoice
-from minfer_jax.server.tool_call import ToolCall, arguments_text
+from minfer_jax.server.tool_call import CallsBase, ToolCall, arguments_text
 from minfer_jax.server.tool_call import call_schema as _call_schema
 from minfer_jax.server.tool_call import json_call as _json_call
 from minfer_jax.server.tool_call import loaded as _loaded
@@ -59,8 +60,12 @@ __all__ = [
     "unsupported_tools_message",
 ]
 
+# a reply ended before the model ended it: a call it was in is unfinished
+ENDED_EARLY = (StopReason.LENGTH, StopReason.CONTEXT, StopReason.STOP)
 
-class QwenJsonCalls:
+
+@dataclasses.dataclass(frozen=True)
+class QwenJsonCalls(CallsBase):
     opener = "<tool_call>"
     args_key = "arguments"
     _call = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -87,7 +92,7 @@ class QwenJsonCalls:
 
 
 @dataclasses.dataclass(frozen=True)
-class XmlCalls:
+class XmlCalls(CallsBase):
     # (function, parameter) whose schema type is string: its text stays text (a file's content
     # that happens to read as JSON, "123" or "true"); the others are JSON where they parse
     text_params: frozenset[tuple[str, str]] = frozenset()
@@ -138,15 +143,19 @@ def _xml_value(schema: dict) -> str:
     return "/[^<]*/" if not isinstance(most, int) else f"/[^<]{{0,{most}}}/"
 
 
-class Llama3JsonCalls:
+@dataclasses.dataclass(frozen=True)
+class Llama3JsonCalls(CallsBase):
     opener = "<|python_tag|>"
     args_key = "parameters"
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         body = text.split(self.opener, 1)[1] if self.opener in text else text
         value = _loaded(body.strip())
-        if isinstance(value, dict) and isinstance(value.get("name"), str):
-            args = value.get("parameters", value.get("arguments", {}))
+        # a call names its arguments: a bare JSON answer with a "name" field is no call
+        if not isinstance(value, dict):
+            return text, []
+        args = value.get("parameters", value.get("arguments"))
+        if isinstance(value.get("name"), str) and isinstance(args, dict):
             prefix = text.split(self.opener, 1)[0] if self.opener in text else ""
             return prefix, [ToolCall(value["name"], arguments_text(args))]
         return text, []
@@ -155,7 +164,8 @@ class Llama3JsonCalls:
         return "start: " + _json_call([_call_schema(f, self.args_key) for f in functions])
 
 
-class HarmonyCalls:
+@dataclasses.dataclass(frozen=True)
+class HarmonyCalls(CallsBase):
     """gpt-oss's calls: whole harmony messages of the raw text (files/harmony.py keeps them out of
     the content), so the app parses the finished text rather than holding streamed content."""
 
@@ -250,6 +260,7 @@ class CallStream:
 
     def __init__(self, fmt: CallFormat):
         self.fmt, self.text, self.sent, self.holding = fmt, "", 0, False
+        self.call_at: int | None = None  # where the opener of the held call stands
 
     def feed(self, piece: str) -> str:
         self.text += piece
@@ -260,6 +271,7 @@ class CallStream:
         if at >= 0 or bare_json:
             self.holding = True
             end = 0 if bare_json else at
+            self.call_at = None if bare_json else at  # bare JSON may be an answer, no framing
         else:  # a tail that could still become the opener stays
             end = len(self.text)
             for k in range(min(len(self.fmt.opener) - 1, len(self.text)), 0, -1):
@@ -269,12 +281,27 @@ class CallStream:
         out, self.sent = self.text[self.sent : max(end, self.sent)], max(end, self.sent)
         return out
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content not sent yet, calls)."""
+    def finish(self, reason: StopReason | None = None) -> tuple[str, list[ToolCall]]:
+        """(content not sent yet, calls); reason: how the reply ended. A call that max_tokens,
+        the context or a stop string cut off is unfinished: its framing is no content (a model's
+        own malformed call, ended by itself, stays content, as llama-server shows it)."""
         content, calls = self.fmt.parse(self.text)
         if not calls:
-            return self.text[self.sent :], []
-        return content[self.sent :], calls
+            cut_call = self.call_at if reason in ENDED_EARLY else None
+            end = len(self.text) if cut_call is None else cut_call
+            return self.text[self.sent : end], []
+        return content[self.sent :], calls[: self.fmt.most_calls]
+
+
+def parse_reply(fmt: CallFormat, text: str, reason: StopReason) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a whole reply, as its stream gives them (reason: how it ended)."""
+    if isinstance(fmt, HarmonyCalls):  # its calls are messages: the channels drop a cut one
+        content, calls = fmt.parse(text)
+        return content, calls[: fmt.most_calls]
+    stream = CallStream(fmt)
+    shown = stream.feed(text)
+    rest, calls = stream.finish(reason)
+    return shown + rest, calls
 
 
 def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
@@ -290,7 +317,9 @@ def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
         fmt = dataclasses.replace(fmt, marks=markers(fmt.marker_texts, model.tokenizer))
     offered = [template_tool(t.model_dump(exclude_none=True)) for t in body.tools]
     if isinstance(fmt, XmlCalls):
-        fmt = XmlCalls(text_params(t["function"] for t in offered))
+        fmt = dataclasses.replace(fmt, text_params=text_params(t["function"] for t in offered))
+    if not body.parallel_tool_calls:  # a model that calls twice anyway: its first call only
+        fmt = dataclasses.replace(fmt, most_calls=1)
     return fmt, {"tools": offered}
 
 
