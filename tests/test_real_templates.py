@@ -302,7 +302,7 @@ def _tool_request(template: str):
     tool = SimpleNamespace(
         model_dump=lambda **kwargs: {"type": "function", "function": {"name": "f"}}
     )
-    body = SimpleNamespace(tools=[tool], tool_choice="auto")
+    body = SimpleNamespace(tools=[tool], tool_choice="auto", parallel_tool_calls=True)
     return SimpleNamespace(tokenizer=tokenizer), body
 
 

@@ -155,7 +155,10 @@ class Llama3JsonCalls(CallsBase):
         if not isinstance(value, dict):
             return text, []
         args = value.get("parameters", value.get("arguments"))
-        if isinstance(value.get("name"), str) and isinstance(args, dict):
+        named = isinstance(args, dict) or (
+            isinstance(args, str) and isinstance(_loaded(args), dict)
+        )
+        if isinstance(value.get("name"), str) and named:  # arguments as JSON text count too
             prefix = text.split(self.opener, 1)[0] if self.opener in text else ""
             return prefix, [ToolCall(value["name"], arguments_text(args))]
         return text, []
