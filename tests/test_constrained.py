@@ -204,6 +204,9 @@ def test_forced_call_grammars_compile_and_constrain(tiny, fmt_name):
     assert out.stop_reason == "eos" and [c.name for c in calls] == ["get_weather"], out.text
     args = json.loads(calls[0].arguments)
     assert set(args) == {"city", "days"} and type(args["days"]) is int, args
+    # tool_choice auto with a response schema: this format's calls or the schema (compiles)
+    either = tools.call_or_answer_grammar(fmt, TOOLS[:1], True, {"type": "object"})
+    assert tiny.constraint(grammar=either) is not None
     assert tools.call_format("... <function=x> ...").__class__ is tools.XmlCalls
     assert tools.call_format("{{ '<tool_call>' }}").__class__ is tools.QwenJsonCalls
     assert tools.call_format("<|python_tag|>").__class__ is tools.Llama3JsonCalls

@@ -430,3 +430,89 @@ def test_tools_without_a_description_on_gpt_oss(gptoss):
             max_tokens=1, temperature=0,
         )  # fmt: skip
         assert reply.usage.prompt_tokens == count.input_tokens
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"temp": {"type": "integer", "minimum": -50, "maximum": 50}},
+    "required": ["temp"],
+    "additionalProperties": False,
+}
+
+
+def _call_or_answer(choice) -> str:
+    """'call' or 'answer' for a reply of tool_choice auto with a schema: a valid call of
+    get_weather, or content valid against ANSWER (anything else fails)."""
+    if choice["tool_calls"]:
+        ((name, arguments),) = choice["tool_calls"]
+        assert name == "get_weather" and not choice["content"], choice
+        _valid(arguments)
+        return "call"
+    value = json.loads(choice["content"])
+    assert set(value) == {"temp"} and -50 <= value["temp"] <= 50, value
+    return "answer"
+
+
+def _shown(choice: dict) -> tuple:
+    """A chat choice's content and calls (names and arguments; their ids are fresh each time)."""
+    calls = choice["message"].get("tool_calls") or []
+    return choice["message"]["content"], [(t["function"]["name"], t["function"]["arguments"])
+                                          for t in calls]  # fmt: skip
+
+
+def test_tools_with_a_response_schema_call_or_answer_in_it_whole_and_streamed(gptoss):
+    """tool_choice auto with response_format: the schema's grammar alone made a call impossible
+    (silently); now the reply is a valid call or a valid answer, as OpenAI allows both. A
+    grammar beside tools is a 400 naming it (llama-server refuses it too)."""
+    import time
+
+    from starlette.testclient import TestClient
+
+    from minfer_jax.server.app import create_app
+    from minfer_jax.server.backend import ServerSettings
+
+    app = create_app(ServerSettings(warmup=False, seed=SERVER_SEED), loader=lambda *a, **k: gptoss)
+    schema = {"type": "json_schema", "json_schema": {"name": "w", "schema": ANSWER}}
+    body = {
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"type": "function", "function": WEATHER}],
+        "response_format": schema, "max_tokens": 120, "temperature": 1.0, "n": 2, "seed": 1,
+    }  # fmt: skip
+    with TestClient(app, base_url="http://localhost") as http:
+        while app.state.backend.status == "loading":
+            time.sleep(0.01)
+        whole = http.post("/v1/chat/completions", json=body).json()
+        kinds = []
+        for c in whole["choices"]:
+            content, calls = _shown(c)
+            kinds.append(_call_or_answer({"tool_calls": calls, "content": content}))
+        assert set(kinds) == {"call", "answer"}, whole
+
+        streamed: dict[int, dict] = {}
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                for c in json.loads(line[6:])["choices"]:
+                    got = streamed.setdefault(c["index"], {"content": "", "calls": {}})
+                    got["content"] += c["delta"].get("content") or ""
+                    for t in c["delta"].get("tool_calls") or []:
+                        call = got["calls"].setdefault(t["index"], ["", ""])
+                        call[0] += t["function"].get("name") or ""
+                        call[1] += t["function"].get("arguments") or ""
+        kinds_streamed = [
+            _call_or_answer({"tool_calls": [tuple(v) for v in s["calls"].values()],
+                             "content": s["content"]})
+            for _, s in sorted(streamed.items())
+        ]  # fmt: skip
+        assert kinds_streamed == kinds  # the same seeds: the same replies
+
+        # llama-server's json_schema field is the same schema
+        same = {**body, "response_format": None, "json_schema": ANSWER}
+        again = http.post("/v1/chat/completions", json=same).json()["choices"]
+        assert [_shown(c) for c in again] == [_shown(c) for c in whole["choices"]]
+        grammar = {**body, "response_format": None, "grammar": 'root ::= "x"'}
+        r = http.post("/v1/chat/completions", json=grammar)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "grammar", r.text
+        r = http.post("/v1/chat/completions", json={**grammar, "tool_choice": "none", "n": 1})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "x"

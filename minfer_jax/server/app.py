@@ -50,7 +50,7 @@ from minfer_jax.server.schemas import (
 )
 from minfer_jax.server.speculation import request_speculation, timings
 from minfer_jax.server.streaming import choices_usage, stream_choices
-from minfer_jax.server.tools import CallFormat, parse_reply, tool_grammar, tool_setup
+from minfer_jax.server.tools import CallFormat, parse_reply, tool_constraint, tool_setup
 
 # a non-streamed request checks this often whether its client is still there
 DISCONNECT_POLL_S = 0.5
@@ -228,12 +228,7 @@ def _ready(backend: Backend, request: Request) -> Backend:
 def _constraint(model, body, fmt: CallFormat | None = None):
     """The request's token constraint (its schema or grammar compiled, a forced tool call, or
     EOS banned), built in a worker thread: a grammar compiles off the scheduler's loop."""
-    asked = body.output_constraint()
-    forced = tool_grammar(fmt, body)
-    if forced is not None:
-        if asked:
-            raise BadRequest(f"a forced tool call and {asked[0][0]} do not mix", "tool_choice")
-        asked = [("tool_choice", {"grammar": forced})]
+    asked = tool_constraint(fmt, body, body.output_constraint())
     field, keywords = asked[0] if asked else ("ignore_eos", {"ignore_eos": body.ignore_eos})
     try:
         return model.constraint(**keywords)

@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable
 
 from minfer_jax.engine.constraint import ConstraintError
+from minfer_jax.engine.grammar import GrammarSpec
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.server.schemas import BadRequest, NamedToolChoice
 from minfer_jax.server.tool_call import CallsBase, ToolCall, arguments_text
@@ -53,8 +54,11 @@ __all__ = [
     "ToolCall",
     "XmlCalls",
     "call_format",
+    "call_or_answer",
+    "call_or_answer_grammar",
     "forced_grammar",
     "template_tool",
+    "tool_constraint",
     "tool_grammar",
     "tool_setup",
     "unsupported_tools_message",
@@ -256,6 +260,21 @@ def forced_grammar(fmt: CallFormat, functions: list[dict], parallel: bool) -> st
     return "%llguidance {}\n" + fmt.grammar(functions, parallel)
 
 
+def call_or_answer_grammar(fmt: CallFormat, functions: list[dict], parallel: bool, schema) -> str:
+    """llguidance Lark text for tool_choice auto with a response schema (OpenAI's rule: the
+    model either calls or answers in the schema): the format's calls, or JSON valid against
+    the schema."""
+    calls = fmt.grammar(functions, parallel)
+    head, _, rules = calls.partition("\n")
+    if not head.startswith("start: "):  # every format's grammar opens with its start rule
+        raise AssertionError(f"{type(fmt).__name__}'s grammar opens with {head!r}")
+    answer = GrammarSpec.json_schema(schema).text  # True/False/non-objects refused as alone
+    return "\n".join(
+        ["%llguidance {}", "start: calls | answer", "calls: " + head[len("start: ") :], rules,
+         f"answer: %json {answer}"]
+    )  # fmt: skip
+
+
 class CallStream:
     """Streamed text with tool calls: content goes out as it comes until a call may have begun
     (the opener, or a reply opening with '{' for Llama's bare JSON), then everything is held and
@@ -326,6 +345,11 @@ def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
     return fmt, {"tools": offered}
 
 
+def offered_functions(body) -> list[dict]:
+    """The request's tools' functions as their JSON (name, parameters, ...)."""
+    return [t.function.model_dump(exclude_none=True) for t in body.tools]
+
+
 def text_params(functions: Iterable[dict]) -> frozenset[tuple[str, str]]:
     """(function, parameter) pairs whose JSON Schema type is (or allows) a string."""
     pairs = set()
@@ -362,12 +386,44 @@ def unsupported_tools_message(template: str) -> str:
     )
 
 
+def tool_constraint(fmt: CallFormat | None, body, asked: list[tuple[str, dict]]):
+    """What constrains a reply with tools, as body.output_constraint gives it ([(field,
+    Model.constraint keywords)]): a forced call's grammar (with no schema beside it), or under
+    tool_choice auto the asked schema widened to a call or an answer in it."""
+    forced = tool_grammar(fmt, body)
+    if forced is not None:
+        if asked:
+            raise BadRequest(f"a forced tool call and {asked[0][0]} do not mix", "tool_choice")
+        return [("tool_choice", {"grammar": forced})]
+    if fmt is not None and asked:  # tool_choice auto
+        return [call_or_answer(fmt, body, *asked[0])]
+    return asked
+
+
+def call_or_answer(fmt: CallFormat, body, field: str, keywords: dict) -> tuple[str, dict]:
+    """The constraint (field, Model.constraint keywords) of tools under tool_choice auto with a
+    response schema: the format's calls or JSON valid against the schema. A grammar with tools
+    is refused, as llama-server refuses it (no call could follow it)."""
+    if "grammar" in keywords:
+        raise BadRequest(
+            "grammar and tools do not mix: a tool call could not follow the grammar "
+            '(give response_format or json_schema instead, or tool_choice "none")',
+            "grammar",
+        )
+    functions, parallel = offered_functions(body), body.parallel_tool_calls
+    try:
+        grammar = call_or_answer_grammar(fmt, functions, parallel, keywords["json_schema"])
+    except ConstraintError as e:  # a schema that is no JSON Schema object
+        raise BadRequest(str(e), field) from None
+    return field, {"grammar": grammar}
+
+
 def tool_grammar(fmt: CallFormat | None, body) -> str | None:
     """The grammar that forces a call (tool_choice required, or a named function), else None."""
     choice = getattr(body, "tool_choice", None)
     if fmt is None or choice in (None, "auto", "none"):
         return None
-    functions = [t.function.model_dump(exclude_none=True) for t in body.tools]
+    functions = offered_functions(body)
     if isinstance(choice, NamedToolChoice):
         functions = [f for f in functions if f["name"] == choice.function.name]
         if not functions:
