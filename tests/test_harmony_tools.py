@@ -516,3 +516,93 @@ def test_tools_with_a_response_schema_call_or_answer_in_it_whole_and_streamed(gp
         assert r.status_code == 400 and r.json()["error"]["param"] == "grammar", r.text
         r = http.post("/v1/chat/completions", json={**grammar, "tool_choice": "none", "n": 1})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "x"
+
+
+# -- logprobs of a harmony chat follow its fields -------------------------------------------------
+def _tokens(text: str, size: int) -> list[str]:
+    """text as a model emits it: each marker one token, the rest in pieces of `size` chars."""
+    import re
+
+    from minfer_jax.files.harmony import MARKERS
+
+    out = []
+    for part in re.split("(" + "|".join(map(re.escape, MARKERS)) + ")", text):
+        out += (
+            [part] if part in MARKERS else [part[i : i + size] for i in range(0, len(part), size)]
+        )
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 2, 5])
+@pytest.mark.parametrize(
+    "text",
+    [CALL_TEXT, RECIPIENT_FIRST, ANALYSIS_AND_FINAL, ANALYSIS_AND_FINAL[:-6], " to", " tomorrow",
+     "plain text", "<|channel|>final<|message|>a<|channel|>analysis<|message|>b",
+     " to=functions.f"],
+)  # fmt: skip
+def test_each_tokens_field_is_the_field_its_text_goes_to(text, size):
+    from minfer_jax.files.harmony import TokenChannels
+
+    channels, pieces = TokenChannels(), _tokens(text, size)
+    fields = [f for p in pieces for f in channels.feed(p)] + channels.finish()
+    assert len(fields) == len(pieces)
+    joined = {"content": ""}
+    for field, piece in zip(fields, pieces, strict=True):
+        if field in ("content", "reasoning_content"):
+            joined[field] = joined.get(field, "") + piece
+    assert joined == split_channels(text)
+
+
+def _spelled(entries: list[dict]) -> str:
+    """The text of these tokens as the reply renders it (the tiny vocabulary's control fillers
+    render as nothing)."""
+    kept = [bytes(e["bytes"]) for e in entries if not e["token"].startswith("<|filler_")]
+    return b"".join(kept).decode("utf-8", errors="replace")
+
+
+# an analysis message then the final answer, in harmony's framing (random weights rarely write it)
+HARMONY_REPLY = (
+    '%llguidance {}\nstart: <|channel|> "analysis" <|message|> /[a-z]{1,6}/ <|end|> <|start|> '
+    '"assistant" <|channel|> "final" <|message|> /[a-z ]{1,6}/'
+)
+
+
+def test_harmony_logprobs_cover_the_content_and_reasoning_they_go_with(gptoss):
+    """logprobs.content held every generated token (the framing <|channel|>, the analysis
+    channel, headers) while content hides them: now content's tokens spell content, the analysis
+    channel's go to logprobs.reasoning_content, framing and calls have none; whole and streamed."""
+    import time
+
+    from starlette.testclient import TestClient
+
+    from minfer_jax.server.app import create_app
+    from minfer_jax.server.backend import ServerSettings
+
+    app = create_app(ServerSettings(warmup=False, seed=SERVER_SEED), loader=lambda *a, **k: gptoss)
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "temperature": 1.0,
+        "n": 3, "seed": 2, "logprobs": True, "top_logprobs": 1, "grammar": HARMONY_REPLY,
+    }  # fmt: skip
+    with TestClient(app, base_url="http://localhost") as http:
+        while app.state.backend.status == "loading":
+            time.sleep(0.01)
+        whole = http.post("/v1/chat/completions", json=body).json()
+        spelled = []
+        for c in whole["choices"]:
+            lp, message = c["logprobs"], c["message"]
+            got = {k: _spelled(lp.get(k, [])) for k in ("content", "reasoning_content")}
+            assert got["content"] == (message["content"] or ""), (lp, message)
+            assert got["reasoning_content"] == message.get("reasoning_content", ""), (lp, message)
+            spelled.append(got)
+        assert all(g["reasoning_content"] and g["content"] for g in spelled), spelled
+
+        streamed: dict[int, dict] = {}
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                for c in json.loads(line[6:])["choices"]:
+                    got = streamed.setdefault(c["index"], {"content": "", "reasoning_content": ""})
+                    for k in got:
+                        got[k] += _spelled((c["logprobs"] or {}).get(k, []))
+        assert [streamed[i] for i in range(3)] == spelled

@@ -103,6 +103,49 @@ class HarmonyStream:
         return [(f, t) for f, t in out if t and f != CALL]
 
 
+class TokenChannels:
+    """The field each generated token's text goes to, token by token (a harmony chat's logprobs
+    follow its fields): CONTENT, REASONING, CALL, or None for framing (a marker token or a
+    header's text). HarmonyStream's rules at token grain (the markers are whole tokens); tokens
+    that may open a header before any marker (" to=functions.f...") wait until that is known."""
+
+    def __init__(self) -> None:
+        self._header = ""  # the text of the header being read
+        self._field: str | None = None  # the body's field; None while in a header
+        self._started = False  # a marker or body seen: text before a header is content
+        self._waiting = 0  # tokens before any marker that may be a header or content
+
+    def feed(self, piece: str) -> list[str | None]:
+        """The fields of the tokens this one decides (those waiting, then itself, in order)."""
+        if piece in MARKERS:  # tokens waiting before a marker were a header's (" to=...")
+            self._started = True
+            if piece == MESSAGE:
+                self._field, self._header = _field(self._header), ""
+            else:  # a header opens (or goes on) at a header marker; a body ends at its end
+                self._field = None
+                self._header = self._header + piece if piece in (CHANNEL, "<|constrain|>") else ""
+            return self._decided(None, None)
+        if self._field is None and not self._started:
+            header = self._header + piece
+            if header.startswith(RECIPIENT) or RECIPIENT.startswith(header):
+                self._header, self._waiting = header, self._waiting + 1
+                return []
+            self._started, self._field = True, CONTENT  # no header at all: content
+            return self._decided(CONTENT, CONTENT)
+        if self._field is None:
+            self._header += piece
+        return [self._field]
+
+    def finish(self) -> list[str | None]:
+        """The fields of the tokens still waiting at the end: HarmonyStream shows text that is
+        only the start of a recipient (" to") as content, an unfinished header not."""
+        return self._decided(None if self._header.startswith(RECIPIENT) else CONTENT, None)[:-1]
+
+    def _decided(self, waiting: str | None, this: str | None) -> list[str | None]:
+        out, self._waiting = [waiting] * self._waiting + [this], 0
+        return out
+
+
 def split_channels(text: str) -> dict[str, str]:
     """The whole generated text -> {"content": ..., "reasoning_content": ...} (each joined over
     its messages; reasoning_content only where the text has an analysis message)."""

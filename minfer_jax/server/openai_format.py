@@ -10,7 +10,13 @@ import time
 import uuid
 
 from minfer_jax.engine.steps import StopReason
-from minfer_jax.files.harmony import HarmonyStream, split_channels
+from minfer_jax.files.harmony import (
+    CONTENT,
+    REASONING,
+    HarmonyStream,
+    TokenChannels,
+    split_channels,
+)
 
 # scheduler stop reasons -> OpenAI finish_reason ("context": the slot is full, which OpenAI calls
 # length)
@@ -183,11 +189,16 @@ class LogprobFormat:
     """Tokens' logprobs (engine TokenLogprob) as OpenAI writes them: chat's
     {"content": [{token, logprob, bytes, top_logprobs}], "refusal"}, or the completions endpoint's
     {tokens, token_logprobs, top_logprobs, text_offset}. A token's text is its bytes decoded (a
-    piece of a UTF-8 character shows as U+FFFD; `bytes` holds it exactly)."""
+    piece of a UTF-8 character shows as U+FFFD; `bytes` holds it exactly). A harmony chat's
+    tokens follow its fields: `content` holds the content's tokens, `reasoning_content` the
+    analysis channel's; framing (markers, headers) and tool-call messages have none."""
 
     def __init__(self, kind: str, tokenizer):
         self.kind, self.tokenizer = kind, tokenizer
         self.offset = 0  # completions: characters of the reply before the next token
+        harmony = kind == "chat" and tokenizer is not None and tokenizer.harmony
+        self.channels = TokenChannels() if harmony else None
+        self.held: list = []  # harmony: tokens whose field is not known yet
 
     def _bytes(self, token: int) -> bytes:
         return b"" if self.tokenizer is None else self.tokenizer.token_bytes([token])
@@ -197,17 +208,39 @@ class LogprobFormat:
         text = raw.decode("utf-8", errors="replace")
         return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
-    def __call__(self, entries) -> dict:
-        """The logprobs object of these tokens (the next ones of the reply, when streaming)."""
+    def _by_field(self, entries, final: bool) -> dict[str, list]:
+        """A harmony chat's tokens by the field their text goes to (those it decides so far)."""
+        assert self.channels is not None
+        self.held += entries
+        fields: list[str | None] = []
+        for e in entries:
+            fields += self.channels.feed(self._bytes(e.token).decode("utf-8", errors="replace"))
+        if final:
+            fields += self.channels.finish()
+        decided, self.held = self.held[: len(fields)], self.held[len(fields) :]
+        out: dict[str, list] = {CONTENT: [], REASONING: []}
+        for field, e in zip(fields, decided, strict=True):
+            if field in out:
+                out[field].append(e)
+        return out
+
+    def __call__(self, entries, final: bool = True) -> dict:
+        """The logprobs object of these tokens (the next ones of the reply, when streaming;
+        final: the reply's last, which decides a harmony chat's tokens still held)."""
         if self.kind == "chat":
-            content = [
-                {
-                    **self._entry(e.token, e.logprob),
-                    "top_logprobs": [self._entry(*t) for t in e.top],
-                }
-                for e in entries
-            ]
-            return {"content": content, "refusal": None}
+            fields = {CONTENT: entries} if self.channels is None else self._by_field(entries, final)
+            shown: dict = {
+                field: [
+                    {
+                        **self._entry(e.token, e.logprob),
+                        "top_logprobs": [self._entry(*t) for t in e.top],
+                    }
+                    for e in of_field
+                ]
+                for field, of_field in fields.items()
+                if field == CONTENT or of_field
+            }
+            return {**shown, "refusal": None}
         tokens, offsets = [], []
         for e in entries:
             tokens.append(self._entry(e.token, e.logprob)["token"])

@@ -42,8 +42,9 @@ async def choice_chunks(
     pending: list = []  # token logprobs not sent yet
 
     def chunk(*args, **kwargs) -> dict:
-        if logprobs is not None and pending:
-            kwargs["logprobs"] = logprobs(pending)
+        final = kwargs.get("reason") is not None
+        if logprobs is not None and (pending or (final and logprobs.held)):
+            kwargs["logprobs"] = logprobs(pending, final=final)
             pending.clear()
         return reply.chunk(*args, index=index, **kwargs)
 
