@@ -235,3 +235,32 @@ def test_reasoning_is_split_from_content_whole_and_streamed(reply, inside, reaso
         assert "".join(r for r, _ in parts).strip() == (reasoning or "")
     assert prompt_opens_think("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_think("<think>\n\n</think>\n\n")
+
+
+@pytest.mark.real_model
+def test_a_strict_function_under_auto_holds_a_call_once_its_opener_comes(tiny):
+    """strict: true under tool_choice auto was not enforced (the arguments parsed as generated):
+    now llama.cpp's lazy grammar, free text until the opener token, then a call valid against
+    the schema."""
+    from minfer_jax.server import tools
+
+    opener = tiny.tokenizer.token_to_id("<tool_call>")
+    grammar = tools.lazy_call_grammar(tools.QwenJsonCalls(opener_id=opener), TOOLS[:1], False)
+
+    def refused_at(text: str) -> int | None:
+        constraint, ids = tiny.constraint(grammar=grammar), tiny.tokenizer.encode(text)
+        for i, token in enumerate(ids):
+            try:
+                constraint.advance(token)
+            except ConstraintError:
+                return i
+        return None
+
+    call = (
+        '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo","days":DAYS}}\n</tool_call>'
+    )
+    assert refused_at("Free text, <think>any</think> tokens {not JSON: 'x'}.\n") is None
+    assert refused_at("Sure.\n" + call.replace("DAYS", "3")) is None
+    bad = "Sure.\n" + call.replace("DAYS", '"many"')  # refused inside the call, not before
+    at = refused_at(bad)
+    assert at is not None and at > tiny.tokenizer.encode(bad).index(opener), at

@@ -201,7 +201,8 @@ def test_parallel_tool_calls_false_keeps_one_call_of_a_free_reply(parallel, name
     from minfer_jax.engine.steps import StopReason
     from minfer_jax.server import tools
 
-    model = types.SimpleNamespace(tokenizer=types.SimpleNamespace(chat_template="<tool_call>"))
+    vocab = types.SimpleNamespace(chat_template="<tool_call>", token_to_id=lambda text: None)
+    model = types.SimpleNamespace(tokenizer=vocab)
     two = ('<tool_call>\n{"name": "run", "arguments": {}}\n</tool_call>\n'
            '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')  # fmt: skip
     tool = {"name": "f", "input_schema": {"type": "object"}}
@@ -325,3 +326,26 @@ def test_count_tokens_counts_a_prompt_past_the_context(llama_tiny):
         assert counted.json()["input_tokens"] > app.state.backend.scheduler.plan.ctx
         refused = http.post("/v1/messages", json={**long, "max_tokens": 4})
     assert refused.status_code == 400 and "context" in refused.text
+
+
+def test_a_strict_function_under_auto_gets_the_lazy_grammar_or_a_400():
+    """strict: true under tool_choice auto was accepted and not enforced: now its calls are held
+    to the schema once the opener token comes (test_constrained.py shows the grammar), and a
+    format whose calls have no opener token (Llama 3's bare JSON, harmony's headers) is a 400
+    naming tools."""
+    from minfer_jax.server import tools
+
+    strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+    for tool, wanted in ((TOOL, []), (strict, ["tools"])):
+        body = _chat({"messages": USER, "tools": [tool]})
+        asked = tools.tool_constraint(tools.QwenJsonCalls(opener_id=7), body, [])
+        assert [field for field, _ in asked] == wanted
+        if wanted:
+            assert "free_text: <[^7]>*" in asked[0][1]["grammar"]
+    body = _chat({"messages": USER, "tools": [strict]})
+    for fmt in (tools.Llama3JsonCalls(opener_id=7), tools.HarmonyCalls(), tools.QwenJsonCalls()):
+        with pytest.raises(schemas.BadRequest) as e:
+            tools.tool_constraint(fmt, body, [])
+        assert e.value.param == "tools" and "strict" in str(e.value)
+    forced = _chat({"messages": USER, "tools": [strict], "tool_choice": "required"})
+    assert tools.tool_constraint(tools.HarmonyCalls(), forced, [])[0][0] == "tool_choice"

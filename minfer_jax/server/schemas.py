@@ -408,7 +408,9 @@ class FunctionDef(BaseModel):
     name: FunctionName
     description: Text | None = None
     parameters: dict[str, Any] | None = None  # a JSON Schema
-    strict: bool | None = None  # the arguments are always held to it when a call is forced
+    # a forced call's arguments are always held to it; under auto, strict asks for that too
+    # (server/tools.py strict_calls: a lazy grammar, or a 400 where the format cannot have one)
+    strict: bool | None = None
 
 
 class ToolDef(BaseModel):

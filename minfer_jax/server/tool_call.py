@@ -14,6 +14,9 @@ class CallsBase:
 
     # 1: parallel_tool_calls false (a model that calls twice anyway: its first call is kept)
     most_calls: int | None = dataclasses.field(default=None, kw_only=True)
+    # the opener's token id in the model's vocabulary (None: it is no single token), which a
+    # strict function's grammar under tool_choice auto waits for
+    opener_id: int | None = dataclasses.field(default=None, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,6 +57,7 @@ __all__ = [
     "call_or_answer",
     "call_or_answer_grammar",
     "forced_grammar",
+    "lazy_call_grammar",
     "template_tool",
     "tool_constraint",
     "tool_grammar",
@@ -260,19 +261,32 @@ def forced_grammar(fmt: CallFormat, functions: list[dict], parallel: bool) -> st
     return "%llguidance {}\n" + fmt.grammar(functions, parallel)
 
 
+def _calls_rules(fmt: CallFormat, functions: list[dict], parallel: bool) -> str:
+    """The format's forced-call grammar with its start rule named `calls` (to be one part of
+    another grammar)."""
+    head, _, rules = fmt.grammar(functions, parallel).partition("\n")
+    if not head.startswith("start: "):  # every format's grammar opens with its start rule
+        raise AssertionError(f"{type(fmt).__name__}'s grammar opens with {head!r}")
+    return "calls: " + head[len("start: ") :] + "\n" + rules
+
+
 def call_or_answer_grammar(fmt: CallFormat, functions: list[dict], parallel: bool, schema) -> str:
     """llguidance Lark text for tool_choice auto with a response schema (OpenAI's rule: the
     model either calls or answers in the schema): the format's calls, or JSON valid against
     the schema."""
-    calls = fmt.grammar(functions, parallel)
-    head, _, rules = calls.partition("\n")
-    if not head.startswith("start: "):  # every format's grammar opens with its start rule
-        raise AssertionError(f"{type(fmt).__name__}'s grammar opens with {head!r}")
     answer = GrammarSpec.json_schema(schema).text  # True/False/non-objects refused as alone
-    return "\n".join(
-        ["%llguidance {}", "start: calls | answer", "calls: " + head[len("start: ") :], rules,
-         f"answer: %json {answer}"]
-    )  # fmt: skip
+    calls = _calls_rules(fmt, functions, parallel)
+    return f"%llguidance {{}}\nstart: calls | answer\n{calls}\nanswer: %json {answer}"
+
+
+def lazy_call_grammar(fmt: CallFormat, functions: list[dict], parallel: bool) -> str:
+    """llguidance Lark text for strict functions under tool_choice auto (llama.cpp's lazy
+    grammar): any tokens but the format's opener, then, once the opener comes, calls valid
+    against the functions' schemas."""
+    if fmt.opener_id is None:
+        raise AssertionError("a lazy call grammar needs the opener's token")
+    calls = _calls_rules(fmt, functions, parallel)
+    return f"%llguidance {{}}\nstart: free_text calls?\nfree_text: <[^{fmt.opener_id}]>*\n{calls}"
 
 
 class CallStream:
@@ -342,6 +356,7 @@ def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
         fmt = dataclasses.replace(fmt, text_params=text_params(t["function"] for t in offered))
     if not body.parallel_tool_calls:  # a model that calls twice anyway: its first call only
         fmt = dataclasses.replace(fmt, most_calls=1)
+    fmt = dataclasses.replace(fmt, opener_id=model.tokenizer.token_to_id(fmt.opener))
     return fmt, {"tools": offered}
 
 
@@ -397,7 +412,23 @@ def tool_constraint(fmt: CallFormat | None, body, asked: list[tuple[str, dict]])
         return [("tool_choice", {"grammar": forced})]
     if fmt is not None and asked:  # tool_choice auto
         return [call_or_answer(fmt, body, *asked[0])]
+    if fmt is not None and any(t.function.strict for t in body.tools):
+        return [("tools", {"grammar": strict_calls(fmt, body)})]
     return asked
+
+
+def strict_calls(fmt: CallFormat, body) -> str:
+    """The grammar that holds the calls of tool_choice auto to their schemas where a function
+    is strict; a 400 for a format whose calls have no opener token to wait for."""
+    if isinstance(fmt, Llama3JsonCalls | HarmonyCalls) or fmt.opener_id is None:
+        raise BadRequest(
+            "strict functions under tool_choice auto are not supported for this model's call "
+            f"format ({type(fmt).__name__}: its calls open with no token a grammar can wait "
+            'for): give strict false, or tool_choice "required" or a named function (their '
+            "calls are always held to the schemas)",
+            "tools",
+        )
+    return lazy_call_grammar(fmt, offered_functions(body), body.parallel_tool_calls)
 
 
 def call_or_answer(fmt: CallFormat, body, field: str, keywords: dict) -> tuple[str, dict]:
