@@ -403,8 +403,9 @@ def unsupported_tools_message(template: str) -> str:
 
 def tool_constraint(fmt: CallFormat | None, body, asked: list[tuple[str, dict]]):
     """What constrains a reply with tools, as body.output_constraint gives it ([(field,
-    Model.constraint keywords)]): a forced call's grammar (with no schema beside it), or under
-    tool_choice auto the asked schema widened to a call or an answer in it."""
+    Model.constraint keywords)]): a forced call's grammar (with no schema beside it); under
+    tool_choice auto the asked schema widened to a call or an answer in it, else where a
+    function is strict the lazy grammar that holds calls to their schemas."""
     forced = tool_grammar(fmt, body)
     if forced is not None:
         if asked:
