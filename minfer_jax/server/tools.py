@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from collections.abc import Iterable
 
@@ -40,6 +41,8 @@ from minfer_jax.server.tool_formats import (
     MistralCalls,
     markers,
 )
+
+_log = logging.getLogger("uvicorn.error")  # the server's log, as backend.py writes it
 
 __all__ = [
     "CallFormat",
@@ -414,21 +417,24 @@ def tool_constraint(fmt: CallFormat | None, body, asked: list[tuple[str, dict]])
     if fmt is not None and asked:  # tool_choice auto
         return [call_or_answer(fmt, body, *asked[0])]
     if fmt is not None and any(t.function.strict for t in body.tools):
-        return [("tools", {"grammar": strict_calls(fmt, body)})]
+        grammar = strict_calls(fmt, body)
+        return asked if grammar is None else [("tools", {"grammar": grammar})]
     return asked
 
 
-def strict_calls(fmt: CallFormat, body) -> str:
+def strict_calls(fmt: CallFormat, body) -> str | None:
     """The grammar that holds the calls of tool_choice auto to their schemas where a function
-    is strict; a 400 for a format whose calls have no opener token to wait for."""
+    is strict. None for a format whose calls open with no token a grammar can wait for (Llama
+    3's bare JSON, harmony's header text): agent SDKs send strict by default, so a 400 would
+    refuse them outright; the server's log says the calls are parsed as written."""
     if isinstance(fmt, Llama3JsonCalls | HarmonyCalls) or fmt.opener_id is None:
-        raise BadRequest(
-            "strict functions under tool_choice auto are not supported for this model's call "
-            f"format ({type(fmt).__name__}: its calls open with no token a grammar can wait "
-            'for): give strict false, or tool_choice "required" or a named function (their '
-            "calls are always held to the schemas)",
-            "tools",
+        _log.warning(
+            "strict functions under tool_choice auto: %s calls open with no token to wait for, "
+            'so they are parsed as generated, not held to their schemas (tool_choice "required" '
+            "or a named function holds them)",
+            type(fmt).__name__,
         )
+        return None
     return lazy_call_grammar(fmt, offered_functions(body), body.parallel_tool_calls)
 
 
