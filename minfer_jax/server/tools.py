@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from minfer_jax.engine.constraint import ConstraintError
 from minfer_jax.engine.grammar import GrammarSpec
 from minfer_jax.engine.steps import StopReason
+from minfer_jax.files.harmony import MARKERS as HARMONY_MARKERS
 from minfer_jax.server.schemas import BadRequest, NamedToolChoice
 from minfer_jax.server.tool_call import CallsBase, ToolCall, arguments_text
 from minfer_jax.server.tool_call import call_schema as _call_schema
@@ -182,6 +183,9 @@ class HarmonyCalls(CallsBase):
 
     opener = "to=functions."
     args_key = "arguments"
+    # harmony's framing tokens' ids in the model's vocabulary (no body holds them): tool_setup sets
+    # them, whole_reply_grammar needs them
+    marker_ids: tuple[int, ...] = ()
     # one message: its header (after <|start|> or the text's start) up to <|message|>, its body
     _message = re.compile(
         r"(?:^|<\|start\|>)((?:(?!<\|start\|>|<\|message\|>).)*)<\|message\|>"
@@ -223,6 +227,30 @@ class HarmonyCalls(CallsBase):
             )
             names.append(f"f{i}")
         return "\n".join([f"start: {' | '.join(names)}", *rules])
+
+    def whole_reply_grammar(self, functions: list[dict]) -> str:
+        """llguidance Lark text of a whole reply whose calls are held to their schemas (strict
+        functions under tool_choice auto; llama.cpp waits for the ` to=functions.` text): its
+        messages (after the template's `<|start|>assistant`) each `<|channel|>` header
+        `<|message|>` body, joined by `<|end|><|start|>assistant`; a header addressed to a
+        function only as the forced call (then `<|call|>` ends the turn), any other one (no
+        `to=`) with a body free of framing tokens; <|return|> (the end token) ends the last."""
+        if not self.marker_ids:
+            raise AssertionError("a harmony reply grammar needs the framing tokens' ids")
+        free = ",".join(map(str, sorted(self.marker_ids)))
+        calls, _, rules = self.grammar(functions, parallel=False).partition("\n")
+        return "\n".join(
+            [
+                "%llguidance {}",
+                'start: (message <|end|> <|start|> "assistant")* (message | call <|call|>)',
+                "message: <|channel|> HEADER <|message|> body",
+                f"body: <[^{free}]>*",
+                # any header text but a recipient's: a call's header is the call rule's
+                r"HEADER: /[^<]*/ & ~/(?s:.*)to=(?s:.*)/",
+                "call: " + calls.removeprefix("start: "),
+                rules,
+            ]
+        )
 
 
 CallFormat = (
@@ -355,6 +383,10 @@ def tool_setup(model, body) -> tuple[CallFormat | None, dict]:
     if isinstance(fmt, MistralCalls | Gemma4Calls | DeepSeekCalls):
         fmt = dataclasses.replace(fmt, marks=markers(fmt.marker_texts, model.tokenizer))
     offered = [template_tool(t.model_dump(exclude_none=True)) for t in body.tools]
+    if isinstance(fmt, HarmonyCalls):
+        found = tuple(model.tokenizer.token_to_id(text) for text in HARMONY_MARKERS)
+        if None not in found:  # a vocabulary short of one: no whole-reply grammar
+            fmt = dataclasses.replace(fmt, marker_ids=found)
     if isinstance(fmt, XmlCalls):
         fmt = dataclasses.replace(fmt, text_params=text_params(t["function"] for t in offered))
     if not body.parallel_tool_calls:  # a model that calls twice anyway: its first call only
@@ -424,14 +456,17 @@ def tool_constraint(fmt: CallFormat | None, body, asked: list[tuple[str, dict]])
 
 def strict_calls(fmt: CallFormat, body) -> str | None:
     """The grammar that holds the calls of tool_choice auto to their schemas where a function
-    is strict. None for a format whose calls open with no token a grammar can wait for (Llama
-    3's bare JSON, harmony's header text): agent SDKs send strict by default, so a 400 would
-    refuse them outright; the server's log says the calls are parsed as written."""
+    is strict: harmony's whole reply (its calls are messages with headers); another format's lazy
+    grammar, waiting for its opener token. None for Llama 3's bare JSON (no token to wait for;
+    harmony too in a vocabulary without its framing tokens): agent SDKs send strict by default,
+    so a 400 would refuse them outright; the server's log says the calls are parsed as written."""
+    if isinstance(fmt, HarmonyCalls) and fmt.marker_ids:
+        return fmt.whole_reply_grammar(offered_functions(body))
     if isinstance(fmt, Llama3JsonCalls | HarmonyCalls) or fmt.opener_id is None:
         _log.warning(
-            "strict functions under tool_choice auto: %s calls open with no token to wait for, "
-            'so they are parsed as generated, not held to their schemas (tool_choice "required" '
-            "or a named function holds them)",
+            "strict functions under tool_choice auto: %s calls have no token a grammar can "
+            "wait for, so they are parsed as generated, not held to their schemas (tool_choice "
+            '"required" or a named function holds them)',
             type(fmt).__name__,
         )
         return None
