@@ -330,10 +330,11 @@ def test_count_tokens_counts_a_prompt_past_the_context(llama_tiny):
 
 def test_a_strict_function_under_auto_gets_the_lazy_grammar_or_a_logged_warning(caplog):
     """strict: true under tool_choice auto was accepted and not enforced: now its calls are held
-    to the schema once the opener token comes (test_constrained.py shows the grammar), on gpt-oss
-    by a grammar of the whole harmony reply (test_harmony_strict.py); Llama 3's bare JSON calls
-    (no opener token), and harmony in a vocabulary without its framing tokens, are served (agent
-    SDKs send strict by default) with a warning in the server's log."""
+    to the schema once the opener token comes (test_constrained.py shows the grammar); Llama 3's
+    bare JSON calls and gpt-oss's harmony messages, which open with no token to wait for, by a
+    grammar of the whole reply (test_strict_under_auto.py); harmony in a vocabulary without its
+    framing tokens, and an opener that is no token, are served (agent SDKs send strict by
+    default) with a warning in the server's log."""
     from minfer_jax.server import tools
 
     strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
@@ -344,12 +345,17 @@ def test_a_strict_function_under_auto_gets_the_lazy_grammar_or_a_logged_warning(
         if wanted:
             assert "free_text: <[^7]>*" in asked[0][1]["grammar"]
     body = _chat({"messages": USER, "tools": [strict]})
-    harmony = tools.HarmonyCalls(marker_ids=tuple(range(7)))
-    caplog.clear()
-    ((field, keywords),) = tools.tool_constraint(harmony, body, [])
-    assert field == "tools" and "body: <[^0,1,2,3,4,5,6]>*" in keywords["grammar"]
-    assert "to=functions.f " in keywords["grammar"] and not caplog.text
-    for fmt in (tools.Llama3JsonCalls(opener_id=7), tools.HarmonyCalls(), tools.QwenJsonCalls()):
+    for fmt, part in (
+        (tools.HarmonyCalls(marker_ids=tuple(range(7))), "body: <[^0,1,2,3,4,5,6]>*"),
+        (tools.Llama3JsonCalls(opener_id=7), "answer <[7]> call"),
+        (tools.Llama3JsonCalls(), "start: answer | WS? call\n"),
+        (tools.Llama3JsonCalls(), '"name": {"const": "f"}'),
+        (tools.HarmonyCalls(marker_ids=tuple(range(7))), '"commentary to=functions.f "'),
+    ):
+        caplog.clear()
+        ((field, keywords),) = tools.tool_constraint(fmt, body, [])
+        assert field == "tools" and part in keywords["grammar"] and not caplog.text
+    for fmt in (tools.HarmonyCalls(), tools.QwenJsonCalls()):
         caplog.clear()
         assert tools.tool_constraint(fmt, body, []) == []
         assert "not held to their schemas" in caplog.text and type(fmt).__name__ in caplog.text

@@ -175,6 +175,25 @@ class Llama3JsonCalls(CallsBase):
     def grammar(self, functions: list[dict], parallel: bool) -> str:
         return "start: " + _json_call([_call_schema(f, self.args_key) for f in functions])
 
+    def whole_reply_grammar(self, functions: list[dict]) -> str:
+        """llguidance Lark text of a whole reply whose calls are held to their schemas (strict
+        functions under tool_choice auto; llama.cpp triggers on a reply opening with `{"name"`):
+        a call (after whitespace), or an answer whose text opens with no `{"name"`, then, where
+        the vocabulary has the token, <|python_tag|> and a call. The answer's `{` is its own
+        lexeme: one text lexeme from the reply's start would swallow a call's opening brace."""
+        tagged = "" if self.opener_id is None else f" | answer <[{self.opener_id}]> call"
+        return "\n".join(
+            [
+                "%llguidance {}",
+                f"start: answer | WS? call{tagged}",
+                'answer: WS? (TEXT | "{" BRACED)?',
+                r"TEXT: /[^{\s](?s:.*)/",
+                r"WS: /\s+/",
+                r'BRACED: /(?s:.*)/ & ~/\s*"name"(?s:.*)/',
+                "call: " + self.grammar(functions, parallel=False).removeprefix("start: "),
+            ]
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class HarmonyCalls(CallsBase):
@@ -456,13 +475,15 @@ def tool_constraint(fmt: CallFormat | None, body, asked: list[tuple[str, dict]])
 
 def strict_calls(fmt: CallFormat, body) -> str | None:
     """The grammar that holds the calls of tool_choice auto to their schemas where a function
-    is strict: harmony's whole reply (its calls are messages with headers); another format's lazy
-    grammar, waiting for its opener token. None for Llama 3's bare JSON (no token to wait for;
-    harmony too in a vocabulary without its framing tokens): agent SDKs send strict by default,
-    so a 400 would refuse them outright; the server's log says the calls are parsed as written."""
-    if isinstance(fmt, HarmonyCalls) and fmt.marker_ids:
-        return fmt.whole_reply_grammar(offered_functions(body))
-    if isinstance(fmt, Llama3JsonCalls | HarmonyCalls) or fmt.opener_id is None:
+    is strict: the whole reply's for Llama 3's bare JSON and harmony (calls with no opener token
+    to wait for); another format's lazy grammar, waiting for its opener token. None for harmony
+    in a vocabulary without its framing tokens, or an opener that is no token: agent SDKs send
+    strict by default, so a 400 would refuse them outright; the server's log says the calls are
+    parsed as written."""
+    functions = offered_functions(body)
+    if isinstance(fmt, Llama3JsonCalls) or (isinstance(fmt, HarmonyCalls) and fmt.marker_ids):
+        return fmt.whole_reply_grammar(functions)
+    if isinstance(fmt, HarmonyCalls) or fmt.opener_id is None:
         _log.warning(
             "strict functions under tool_choice auto: %s calls have no token a grammar can "
             "wait for, so they are parsed as generated, not held to their schemas (tool_choice "
@@ -470,7 +491,7 @@ def strict_calls(fmt: CallFormat, body) -> str | None:
             type(fmt).__name__,
         )
         return None
-    return lazy_call_grammar(fmt, offered_functions(body), body.parallel_tool_calls)
+    return lazy_call_grammar(fmt, functions, body.parallel_tool_calls)
 
 
 def call_or_answer(fmt: CallFormat, body, field: str, keywords: dict) -> tuple[str, dict]:

@@ -1,6 +1,8 @@
-"""Strict functions under tool_choice auto on gpt-oss (harmony): the whole reply's grammar holds a
-message addressed to a function to the forced call's form and the function's schema, and leaves
-every other message's body free (llama.cpp's lazy grammar, triggered by ` to=functions.`)."""
+"""Strict functions under tool_choice auto where calls open with no token to wait for: a grammar of
+the whole reply (llama.cpp's lazy grammars trigger on text here). gpt-oss (harmony): a message
+addressed to a function only in the forced call's form, valid against the function's schema, every
+other message's body free. Llama 3.x: a reply opening with `{"name"` (or after <|python_tag|>) is a
+valid call, any other is free."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ import numpy as np
 import pytest
 
 from minfer_jax.engine.constraint import ConstraintError
+from minfer_jax.engine.grammar import Grammars, GrammarSpec
 from minfer_jax.files.harmony import MARKERS as HARMONY_MARKERS
-from minfer_jax.server.tools import HarmonyCalls
+from minfer_jax.files.tokenizer import Tokenizer
+from minfer_jax.server.tools import HarmonyCalls, Llama3JsonCalls
 from tests.test_harmony_tools import CALL_TEXT, WEATHER, _valid, gptoss  # noqa: F401
 
 ANALYSIS_THEN_FINAL = (
@@ -21,7 +25,11 @@ ANALYSIS_THEN_FINAL = (
 def _refused_at(model, grammar: str, text: str) -> int | None:
     """The index of the first token of text the grammar refuses (None: all taken)."""
     constraint = model.constraint(grammar=grammar)
-    for i, token in enumerate(model.tokenizer.encode(text, add_special=False)):
+    return _first_refused(constraint, model.tokenizer.encode(text, add_special=False))
+
+
+def _first_refused(constraint, ids: list[int]) -> int | None:
+    for i, token in enumerate(ids):
         try:
             constraint.advance(token)
         except ConstraintError:
@@ -109,3 +117,42 @@ def test_a_strict_function_under_auto_on_gpt_oss_through_the_server(gptoss, capl
     for call in held.message.tool_calls or []:
         assert call.function.name == "get_weather"
         _valid(call.function.arguments)
+
+
+# -- Llama 3.x: bare JSON calls ------------------------------------------------------------------
+def test_the_llama3_reply_grammar_holds_a_call_and_frees_any_other_reply():
+    """A tokenizer alone (the byte alphabet and Llama 3's control tokens): answers, JSON answers
+    and whitespace pass; a call, at the start or after <|python_tag|>, passes only valid."""
+    from tests.test_tokenizer import _byte_level_alphabet
+
+    alphabet = _byte_level_alphabet()
+    tokens = [*alphabet, "<|begin_of_text|>", "<|eot_id|>", "<|python_tag|>", "<|eom_id|>"]
+    tokenizer = Tokenizer.from_metadata(
+        {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": "llama-bpe",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [1] * len(alphabet) + [3] * 4,
+            "tokenizer.ggml.merges": [],
+            "tokenizer.ggml.bos_token_id": tokens.index("<|begin_of_text|>"),
+            "tokenizer.ggml.eos_token_id": tokens.index("<|eot_id|>"),
+            "tokenizer.ggml.add_bos_token": False,
+        }
+    )
+    fmt = Llama3JsonCalls(opener_id=tokenizer.token_to_id("<|python_tag|>"))
+    spec = GrammarSpec.grammar(fmt.whole_reply_grammar([WEATHER]))
+    grammars = Grammars(tokenizer, len(tokens))
+
+    def refused_at(text: str) -> int | None:
+        ids = tokenizer.encode(text, add_special=False)
+        return _first_refused(grammars.compile(spec), ids)
+
+    call = '{"name":"get_weather","parameters":{"city":"Oslo","unit":"c"}}'
+    for text in ("Sure, sunny.", '{"answer": 3}', "  {}", " ", "", call, " \n" + call,
+                 "Let me see.<|python_tag|>" + call, 'Not {"name": here}'):  # fmt: skip
+        assert refused_at(text) is None, text
+    bad = call.replace('"c"', '"kelvin"')
+    for text in (bad, " " + bad, "Hm.<|python_tag|>" + bad, '{"name": "get_weather"}'):
+        at = refused_at(text)
+        assert at is not None and at >= len(tokenizer.encode(text.split('"name"')[0])), text
+    assert refused_at(call.replace("get_weather", "get_time")) is not None
