@@ -13,7 +13,15 @@ import re
 import uuid
 from typing import Any
 
-from minfer_jax.server.tool_call import CallsBase, ToolCall, arguments_text, call_schema, loaded
+from minfer_jax.server.tool_call import (
+    CallsBase,
+    ToolCall,
+    arguments_text,
+    call_schema,
+    json_value,
+    loaded,
+    object_params,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +44,6 @@ def markers(texts: tuple[str, ...], tokenizer: Any) -> Markers:
         if token_id is not None and tokenizer.is_control(token_id):
             found.append((text, token_id))
     return Markers(tuple(found))
-
-
-def _json_value(schema: dict) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}})
-
-
-def _object_params(fn: dict) -> dict:
-    params = fn.get("parameters") or {"type": "object"}
-    return {"additionalProperties": False, **params} if params.get("type") == "object" else params
 
 
 def _mistral_id(value: Any) -> str:
@@ -105,13 +104,13 @@ class MistralCalls(CallsBase):
             items = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
             calls = {"type": "array", "items": items, "minItems": 1}
             calls = calls if parallel else {**calls, "maxItems": 1}
-            return f"start: {opener} {_json_value(calls)}"
+            return f"start: {opener} {json_value(calls)}"
         call_id = ""
         if self.style == "call_id":
             call_id = f" {self.marks('[CALL_ID]')} /[a-zA-Z0-9]{{9}}/"
         rules = [
             f"f{i}: {opener} {json.dumps(fn['name'])}{call_id} {self.marks('[ARGS]')} "
-            + _json_value(_object_params(fn))
+            + json_value(object_params(fn))
             for i, fn in enumerate(functions)
         ]
         alternatives = " | ".join(f"f{i}" for i in range(len(functions)))
@@ -157,7 +156,7 @@ class Gemma4Calls(CallsBase):
             params = fn.get("parameters") or {}
             props = params.get("properties") or {}
             parts = [
-                f'"{key}:" {self._value(props.get(key, {}), quote)}'
+                f"{json.dumps(key + ':')} {self._value(props.get(key, {}), quote)}"
                 for key in sorted(params.get("required") or [])
             ]
             body = ' "," '.join(parts) or '""'
@@ -175,7 +174,7 @@ class Gemma4Calls(CallsBase):
         JSON's grammar holds them to their schema (bounds too); a string keeps its enum and
         maxLength; anything nested is any value of Gemma's notation."""
         if schema.get("type") in ("integer", "number", "boolean", "null"):
-            return _json_value(schema)
+            return json_value(schema)
         if schema.get("type") != "string":
             return "gvalue"
         if isinstance(schema.get("enum"), list) and schema["enum"]:
@@ -228,7 +227,7 @@ class DeepSeekCalls(CallsBase):
         rules = [
             f'f{i}: {m("<｜tool▁call▁begin｜>")} "function" {m("<｜tool▁sep｜>")} '
             f"{json.dumps(fn['name'] + chr(10) + '```json' + chr(10))} "
-            f'{_json_value(_object_params(fn))} "\\n```" {m("<｜tool▁call▁end｜>")}'
+            f'{json_value(object_params(fn))} "\\n```" {m("<｜tool▁call▁end｜>")}'
             for i, fn in enumerate(functions)
         ]
         alternatives = " | ".join(f"f{i}" for i in range(len(functions)))
