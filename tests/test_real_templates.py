@@ -21,8 +21,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from minfer_jax.errors import TemplateError
 from minfer_jax.files.chat_template import render_chat_template
+from minfer_jax.files.vocabulary import FORMAT_MARKERS
 from minfer_jax.server import tool_call, tools
 from minfer_jax.server.reasoning import (
+    CLOSERS,
     ReasoningStream,
     prompt_opens_think,
     split_reasoning,
@@ -310,6 +312,18 @@ def test_call_arguments_are_always_json_text():
     assert tool_call.arguments_text('{"a": 1}') == '{"a": 1}'
     assert tool_call.arguments_text("Paris") == '"Paris"'
     assert tool_call.arguments_text({"a": "é"}) == '{"a": "é"}'
+
+
+def test_every_format_marker_survives_skipped_control_tokens():
+    """The markers a reply is parsed by are decoded even where control tokens are skipped
+    (files/vocabulary.py FORMAT_MARKERS): a format's marker missing there would reach the
+    parser as nothing, and its calls the client as bare text."""
+    kept = set(FORMAT_MARKERS)
+    for fmt in (tools.QwenJsonCalls(), tools.XmlCalls(), tools.Llama3JsonCalls()):
+        assert fmt.opener in kept
+    for fmt in (tools.MistralCalls(), tools.Gemma4Calls(), tools.DeepSeekCalls()):
+        assert set(fmt.marker_texts) <= kept
+    assert {"<think>", "<|channel>", *CLOSERS} <= kept  # the think blocks' (reasoning.BLOCKS)
 
 
 def _tool_request(template: str):
