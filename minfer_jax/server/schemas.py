@@ -409,7 +409,7 @@ class FunctionDef(BaseModel):
     description: Text | None = None
     parameters: dict[str, Any] | None = None  # a JSON Schema
     # a forced call's arguments are always held to it; under auto, strict asks for that too
-    # (server/tools.py strict_calls: a lazy grammar, or a 400 where the format cannot have one)
+    # (server/tools.py strict_calls: a lazy grammar; a logged warning where the format has none)
     strict: bool | None = None
 
 
