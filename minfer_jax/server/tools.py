@@ -47,6 +47,7 @@ from minfer_jax.server.tool_formats import (
 _log = logging.getLogger("uvicorn.error")  # the server's log, as backend.py writes it
 
 __all__ = [
+    "ENDED_EARLY",
     "CallFormat",
     "CallStream",
     "DeepSeekCalls",
@@ -63,7 +64,11 @@ __all__ = [
     "call_or_answer_grammar",
     "forced_grammar",
     "lazy_call_grammar",
+    "offered_functions",
+    "parse_reply",
+    "strict_calls",
     "template_tool",
+    "text_params",
     "tool_constraint",
     "tool_grammar",
     "tool_setup",
