@@ -44,6 +44,32 @@ def test_a_forced_call_without_tools_is_a_400_naming_tool_choice(extra):
     assert _chat({"messages": USER, **extra, "tools": [TOOL]}).tool_choice is not None
 
 
+@pytest.mark.parametrize(
+    "params, said",
+    [
+        ({"type": "object", "properties": [1]}, "properties"),
+        ({"type": "object", "properties": {"a": True}}, "properties"),
+        ({"type": "object", "properties": {"a": {}}, "required": "a"}, "required"),
+        ({"type": "object", "required": [1]}, "required"),
+    ],
+)
+def test_parameters_the_call_formats_cannot_read_are_a_400(params, said):
+    """Qwen3-Coder's format reads every tool's properties (its string parameters stay text): a
+    list there was an AttributeError, a 500, on any request with tools; required as a string
+    was read letter by letter."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": params}}
+    with pytest.raises(schemas.BadRequest) as e:
+        _chat({"messages": USER, "tools": [tool]})
+    assert e.value.param == "tools.0.function.parameters" and said in str(e.value), e.value
+    with pytest.raises(schemas.BadRequest) as e:  # the Messages API's tools are the same
+        _messages({"tools": [{"name": "f", "input_schema": params}]})
+    assert said in str(e.value)
+    fine = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    assert _chat(
+        {"messages": USER, "tools": [{**tool, "function": {"name": "f", "parameters": fine}}]}
+    )
+
+
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "f"}])
 def test_an_anthropic_forced_call_without_tools_is_a_400(choice):
     with pytest.raises(schemas.BadRequest) as e:

@@ -412,6 +412,18 @@ class FunctionDef(BaseModel):
     # (server/tools.py strict_calls: a lazy grammar; a logged warning where the format has none)
     strict: bool | None = None
 
+    @field_validator("parameters")
+    @classmethod
+    def _readable_parameters(cls, value):
+        """The keys the call formats read from the schema (server/tools.py, tool_formats.py) in
+        the shapes they read: anything else is a 400 here, not a crash where a grammar is made."""
+        props, required = (value or {}).get("properties") or {}, (value or {}).get("required") or []
+        if not isinstance(props, dict) or not all(isinstance(p, dict) for p in props.values()):
+            raise ValueError("parameters.properties must be an object of JSON Schema objects")
+        if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+            raise ValueError("parameters.required must be a list of property names")
+        return value
+
 
 class ToolDef(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
