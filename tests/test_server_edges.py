@@ -299,6 +299,45 @@ def test_a_cut_bare_json_reply_of_llama_stays_content():
     assert parse_reply(Llama3JsonCalls(), text, StopReason.LENGTH) == (text, [])
 
 
+DEEP = "[" * 100_000  # past json's recursion limit at any setting
+
+
+@pytest.mark.parametrize(
+    "fmt, reply",
+    [
+        ("QwenJsonCalls", f"<tool_call>{DEEP}</tool_call>"),
+        ("Llama3JsonCalls", '{"name": "f", "parameters": ' + DEEP),
+        ("MistralCalls", f"[TOOL_CALLS]{DEEP}"),
+        ("MistralCalls", f"[TOOL_CALLS]f[ARGS]{DEEP}"),
+        ("Gemma4Calls", f"<|tool_call>call:f{{a:{DEEP}}}<tool_call|>"),
+        ("HarmonyCalls", f"<|channel|>commentary to=functions.f<|message|>{DEEP}<|call|>"),
+    ],
+)
+def test_a_reply_nested_past_the_json_parser_is_text_not_a_crash(fmt, reply):
+    """A model running on with "[[[[..." made json raise RecursionError, not ValueError: a 500
+    (or a cut stream) where the reply is no call; the Messages API's tool_use too."""
+    from minfer_jax.engine.steps import StopReason
+    from minfer_jax.server import tools
+    from minfer_jax.server.anthropic_reply import BlockSplit
+
+    calls = getattr(tools, fmt)()
+    made = tools.parse_reply(calls, reply, StopReason.EOS)[1]
+    # harmony's call keeps its arguments as written (a call message is a call, JSON or not)
+    assert [c.name for c in made] == (["f"] if fmt == "HarmonyCalls" else [])
+    split = BlockSplit(calls, None, fmt == "HarmonyCalls", show_thinking=False)
+    assert split.finish(reply, StopReason.EOS)[1] == []  # no tool_use: its input is no object
+
+
+def test_a_clients_call_arguments_nested_past_the_json_parser_stay_text():
+    """The history's call arguments are read as JSON for the template: "[[[[..." from a client
+    was a RecursionError, a 500."""
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": DEEP}}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call]}
+    body = _chat({"messages": [*USER, turn]})
+    rendered = body.messages[1].as_template_message()["tool_calls"][0]["function"]
+    assert rendered["arguments"] == DEEP
+
+
 def test_a_llama_json_answer_with_a_name_field_is_no_call():
     """Llama 3's calls are bare JSON: any JSON object with a "name" was read as a call (a JSON
     answer {"name": "Bob", "age": 3}, with tools offered, came back as a call to "Bob")."""

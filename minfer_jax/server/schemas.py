@@ -368,7 +368,7 @@ class MessageToolCall(BaseModel):
         """As HF chat templates read a call: arguments as an object (tojson renders it)."""
         try:
             arguments: Any = json.loads(self.function.arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # a client's "[[[[...": its text, not a 500
             arguments = self.function.arguments
         fn = {"name": self.function.name, "arguments": arguments}
         return {"id": self.id, "type": "function", "function": fn}

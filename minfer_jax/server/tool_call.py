@@ -61,9 +61,11 @@ def json_call(fn_schemas: list[dict]) -> str:
 
 
 def loaded(text: str) -> Any:
+    """text's JSON value, None where it is no JSON (or nests past the parser's recursion: a
+    model that ran on with "[[[[..." is text, not a crash)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

@@ -78,7 +78,7 @@ class MistralCalls(CallsBase):
         if part.lstrip().startswith("["):  # Nemo: a JSON list of calls
             try:
                 value = decoder.raw_decode(part.lstrip())[0]
-            except ValueError:
+            except (ValueError, RecursionError):  # no JSON (tool_call.loaded)
                 return []
             items = [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
             named = [v for v in items if isinstance(v.get("name"), str)]
@@ -89,7 +89,7 @@ class MistralCalls(CallsBase):
             return []
         try:
             args = decoder.raw_decode(part[head.end() :])[0]
-        except ValueError:
+        except (ValueError, RecursionError):
             return []
         return [ToolCall(head.group(1), arguments_text(args), _mistral_id(head.group(2)))]
 
