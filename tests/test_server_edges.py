@@ -328,6 +328,31 @@ def test_a_reply_nested_past_the_json_parser_is_text_not_a_crash(fmt, reply):
     assert split.finish(reply, StopReason.EOS)[1] == []  # no tool_use: its input is no object
 
 
+def test_a_deepseek_call_of_a_long_line_parses_in_linear_time():
+    """A call whose name line runs on in spaces took quadratic time to parse (about 40 s for
+    200,000 spaces), on the server's event loop; fenced calls still parse."""
+    from minfer_jax.engine.steps import StopReason
+    from minfer_jax.server.tools import DeepSeekCalls, parse_reply
+    from tests.clock import Stopwatch
+
+    begin, sep, end = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+    )
+    clock = Stopwatch()
+    assert (
+        parse_reply(DeepSeekCalls(), f"{begin}function{sep}f{' ' * 200_000}{end}", StopReason.EOS)[
+            1
+        ]
+        == []
+    )
+    assert clock.seconds() < 2, clock
+    fenced = f'{begin}function{sep}\n f \n\n```json\n{{"a": 1}}\n``` {end}'
+    (call,) = parse_reply(DeepSeekCalls(), fenced, StopReason.EOS)[1]
+    assert (call.name, json.loads(call.arguments)) == ("f", {"a": 1})
+
+
 def test_a_clients_call_arguments_nested_past_the_json_parser_stay_text():
     """The history's call arguments are read as JSON for the template: "[[[[..." from a client
     was a RecursionError, a 500."""

@@ -207,7 +207,6 @@ class DeepSeekCalls(CallsBase):
         "<｜tool▁calls▁end｜>",
     )
     _call = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.S)
-    _fenced = re.compile(r"\s*([^\n`]+?)\s*\n\s*```(?:json)?\s*\n?(.*?)\s*```\s*$", re.S)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         start = text.find(self.opener)
@@ -215,8 +214,8 @@ class DeepSeekCalls(CallsBase):
             return text, []
         calls = []
         for kind, rest in self._call.findall(text[start:]):
-            fenced = self._fenced.match(rest) if kind.strip() == "function" else None
-            name, body = fenced.groups() if fenced else (kind.strip(), rest)
+            fenced = _unfenced(rest) if kind.strip() == "function" else None
+            name, body = fenced or (kind.strip(), rest)
             value = loaded(body.strip())
             if isinstance(value, dict) and name:
                 calls.append(ToolCall(name, json.dumps(value, ensure_ascii=False)))
@@ -234,3 +233,15 @@ class DeepSeekCalls(CallsBase):
         calls = "call+" if parallel else "call"
         head = f"start: {m(self.opener)} {calls} {m('<｜tool▁calls▁end｜>')}"
         return "\n".join([head, f"call: {alternatives}", *rules])
+
+
+def _unfenced(rest: str) -> tuple[str, str] | None:
+    """(name, arguments' text) of an R1 call's body: the name on a line, then the arguments
+    fenced in ```json ... ``` (string operations: a backtracking pattern took quadratic time on
+    a long run of spaces, on the server's loop)."""
+    name, _, fence = rest.strip().partition("\n")
+    name, fence = name.strip(), fence.strip()
+    if not name or "`" in name or len(fence) < 6 or fence[:3] != "```" or fence[-3:] != "```":
+        return None
+    body = fence[3:-3]
+    return name, body[4:] if body.startswith("json") else body
