@@ -119,7 +119,9 @@ def _served(model, **settings):
     from minfer_jax.server.app import create_app
     from minfer_jax.server.backend import ServerSettings
 
-    app = create_app(ServerSettings(warmup=False, **settings), loader=lambda *a, **k: model)
+    # -s: a request that gives no seed samples one fixed draw (the project's rule for tests)
+    settings = {"warmup": False, "seed": 0, **settings}
+    app = create_app(ServerSettings(**settings), loader=lambda *a, **k: model)
     return app, TestClient(app, base_url="http://localhost")
 
 
