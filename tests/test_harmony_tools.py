@@ -6,7 +6,9 @@ the server and the official openai client."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -149,18 +151,37 @@ def gptoss():
 SERVER_SEED = 11  # the servers' -s/--seed: every request without a seed samples reproducibly
 
 
-def test_the_server_seed_is_the_seed_of_requests_that_give_none(gptoss):
-    """-s/--seed (llama-server's): a request without a seed draws what one with seed=-s draws;
-    an explicit seed still wins."""
-    import anthropic
-    import openai
+@contextlib.contextmanager
+def _served(model, seed: int = SERVER_SEED):
+    """A test client of a server on `model`, once loaded (-s seed: the requests that give no
+    seed sample one fixed draw; the Anthropic API has no seed field)."""
     from starlette.testclient import TestClient
 
     from minfer_jax.server.app import create_app
     from minfer_jax.server.backend import ServerSettings
 
-    app = create_app(ServerSettings(warmup=False, seed=3), loader=lambda *args, **kwargs: gptoss)
+    app = create_app(ServerSettings(warmup=False, seed=seed), loader=lambda *a, **k: model)
     with TestClient(app, base_url="http://localhost") as http:
+        while app.state.backend.status == "loading":
+            time.sleep(0.01)
+        yield http
+
+
+def _streamed_choices(http, body: dict):
+    """The choices of every chunk of `body`'s streamed chat reply, in order."""
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                yield from json.loads(line[6:])["choices"]
+
+
+def test_the_server_seed_is_the_seed_of_requests_that_give_none(gptoss):
+    """-s/--seed (llama-server's): a request without a seed draws what one with seed=-s draws;
+    an explicit seed still wins."""
+    import anthropic
+    import openai
+
+    with _served(gptoss, seed=3) as http:
         client = openai.OpenAI(base_url="http://localhost/v1", api_key="x", http_client=http)
         ask = dict(model="m", prompt="Once upon", max_tokens=8, temperature=1.5)
 
@@ -206,15 +227,9 @@ def _valid(arguments: str) -> None:
 
 def test_harmony_calls_through_the_server_and_the_openai_client(gptoss):
     import openai
-    from starlette.testclient import TestClient
-
-    from minfer_jax.server.app import create_app
-    from minfer_jax.server.backend import ServerSettings
 
     # -s: a fixed sample for the requests that give no seed (a random one each made this a lottery)
-    settings = ServerSettings(warmup=False, seed=SERVER_SEED)
-    app = create_app(settings, loader=lambda *args, **kwargs: gptoss)
-    with TestClient(app, base_url="http://localhost") as http:
+    with _served(gptoss) as http:
         client = openai.OpenAI(base_url="http://localhost/v1", api_key="x", http_client=http)
         messages = [{"role": "user", "content": "Weather in Paris?"}]
         tools = [{"type": "function", "function": WEATHER}]
@@ -358,19 +373,14 @@ def test_anthropic_messages_on_gpt_oss_with_the_official_client(gptoss):
     in any text), its result fed back (the prompt grows by the call and the result), and a free
     reply cut at max_tokens."""
     import anthropic
-    from starlette.testclient import TestClient
 
     from minfer_jax.files.harmony import MARKERS
-    from minfer_jax.server.app import create_app
-    from minfer_jax.server.backend import ServerSettings
 
-    # the Anthropic API has no seed field: the server's -s makes its sampled replies one fixed draw
-    settings = ServerSettings(warmup=False, seed=SERVER_SEED)
-    app = create_app(settings, loader=lambda *args, **kwargs: gptoss)
     tool = {"name": "get_weather", "description": "The weather in a city",
             "input_schema": WEATHER["parameters"]}  # fmt: skip
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    with TestClient(app, base_url="http://localhost") as http:
+    # the Anthropic API has no seed field: the server's -s makes its sampled replies one fixed draw
+    with _served(gptoss) as http:
         client = anthropic.Anthropic(base_url="http://localhost", api_key="x", http_client=http)
         forced = client.messages.create(
             model="m", system="You are terse.", messages=messages, tools=[tool], max_tokens=160,
@@ -411,15 +421,10 @@ def test_tools_without_a_description_on_gpt_oss(gptoss):
     description unguarded: a tool without one was a 400 "chat template failed"."""
     import anthropic
     import openai
-    from starlette.testclient import TestClient
 
-    from minfer_jax.server.app import create_app
-    from minfer_jax.server.backend import ServerSettings
-
-    app = create_app(ServerSettings(warmup=False), loader=lambda *args, **kwargs: gptoss)
     bare = {k: v for k, v in WEATHER.items() if k != "description"}
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    with TestClient(app, base_url="http://localhost") as http:
+    with _served(gptoss) as http:
         client = anthropic.Anthropic(base_url="http://localhost", api_key="x", http_client=http)
         tool = {"name": bare["name"], "input_schema": bare["parameters"]}
         count = client.messages.count_tokens(model="m", messages=messages, tools=[tool])
@@ -464,23 +469,13 @@ def test_tools_with_a_response_schema_call_or_answer_in_it_whole_and_streamed(gp
     """tool_choice auto with response_format: the schema's grammar alone made a call impossible
     (silently); now the reply is a valid call or a valid answer, as OpenAI allows both. A
     grammar beside tools is a 400 naming it (llama-server refuses it too)."""
-    import time
-
-    from starlette.testclient import TestClient
-
-    from minfer_jax.server.app import create_app
-    from minfer_jax.server.backend import ServerSettings
-
-    app = create_app(ServerSettings(warmup=False, seed=SERVER_SEED), loader=lambda *a, **k: gptoss)
     schema = {"type": "json_schema", "json_schema": {"name": "w", "schema": ANSWER}}
     body = {
         "messages": [{"role": "user", "content": "Weather in Paris?"}],
         "tools": [{"type": "function", "function": WEATHER}],
         "response_format": schema, "max_tokens": 120, "temperature": 1.0, "n": 2, "seed": 1,
     }  # fmt: skip
-    with TestClient(app, base_url="http://localhost") as http:
-        while app.state.backend.status == "loading":
-            time.sleep(0.01)
+    with _served(gptoss) as http:
         whole = http.post("/v1/chat/completions", json=body).json()
         kinds = []
         for c in whole["choices"]:
@@ -489,17 +484,13 @@ def test_tools_with_a_response_schema_call_or_answer_in_it_whole_and_streamed(gp
         assert set(kinds) == {"call", "answer"}, whole
 
         streamed: dict[int, dict] = {}
-        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                for c in json.loads(line[6:])["choices"]:
-                    got = streamed.setdefault(c["index"], {"content": "", "calls": {}})
-                    got["content"] += c["delta"].get("content") or ""
-                    for t in c["delta"].get("tool_calls") or []:
-                        call = got["calls"].setdefault(t["index"], ["", ""])
-                        call[0] += t["function"].get("name") or ""
-                        call[1] += t["function"].get("arguments") or ""
+        for c in _streamed_choices(http, body):
+            got = streamed.setdefault(c["index"], {"content": "", "calls": {}})
+            got["content"] += c["delta"].get("content") or ""
+            for t in c["delta"].get("tool_calls") or []:
+                call = got["calls"].setdefault(t["index"], ["", ""])
+                call[0] += t["function"].get("name") or ""
+                call[1] += t["function"].get("arguments") or ""
         kinds_streamed = [
             _call_or_answer({"tool_calls": [tuple(v) for v in s["calls"].values()],
                              "content": s["content"]})
@@ -571,21 +562,11 @@ def test_harmony_logprobs_cover_the_content_and_reasoning_they_go_with(gptoss):
     """logprobs.content held every generated token (the framing <|channel|>, the analysis
     channel, headers) while content hides them: now content's tokens spell content, the analysis
     channel's go to logprobs.reasoning_content, framing and calls have none; whole and streamed."""
-    import time
-
-    from starlette.testclient import TestClient
-
-    from minfer_jax.server.app import create_app
-    from minfer_jax.server.backend import ServerSettings
-
-    app = create_app(ServerSettings(warmup=False, seed=SERVER_SEED), loader=lambda *a, **k: gptoss)
     body = {
         "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "temperature": 1.0,
         "n": 3, "seed": 2, "logprobs": True, "top_logprobs": 1, "grammar": HARMONY_REPLY,
     }  # fmt: skip
-    with TestClient(app, base_url="http://localhost") as http:
-        while app.state.backend.status == "loading":
-            time.sleep(0.01)
+    with _served(gptoss) as http:
         whole = http.post("/v1/chat/completions", json=body).json()
         spelled = []
         for c in whole["choices"]:
@@ -597,12 +578,8 @@ def test_harmony_logprobs_cover_the_content_and_reasoning_they_go_with(gptoss):
         assert all(g["reasoning_content"] and g["content"] for g in spelled), spelled
 
         streamed: dict[int, dict] = {}
-        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                for c in json.loads(line[6:])["choices"]:
-                    got = streamed.setdefault(c["index"], {"content": "", "reasoning_content": ""})
-                    for k in got:
-                        got[k] += _spelled((c["logprobs"] or {}).get(k, []))
+        for c in _streamed_choices(http, body):
+            got = streamed.setdefault(c["index"], {"content": "", "reasoning_content": ""})
+            for k in got:
+                got[k] += _spelled((c["logprobs"] or {}).get(k, []))
         assert [streamed[i] for i in range(3)] == spelled

@@ -21,8 +21,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from minfer_jax.errors import TemplateError
 from minfer_jax.files.chat_template import render_chat_template
-from minfer_jax.server import tools
+from minfer_jax.files.vocabulary import FORMAT_MARKERS
+from minfer_jax.server import tool_call, tools
 from minfer_jax.server.reasoning import (
+    CLOSERS,
     ReasoningStream,
     prompt_opens_think,
     split_reasoning,
@@ -293,6 +295,35 @@ def test_forced_call_grammars_compile(fmt, parallel):
     ).control:  # a control token is matched as that token, never spelt out
         assert "<[9]>" in grammar and "<[32]>" in grammar
         assert '"[ARGS]"' not in grammar and '"<|\\"|>"' not in grammar
+
+
+@pytest.mark.parametrize("fmt", [tools.Gemma4Calls(), tools.XmlCalls()], ids=repr)
+def test_parameter_names_are_quoted_in_grammars(fmt):
+    """A JSON Schema property may be named with any text: a quote or backslash in it stays text
+    of the grammar's literal, not Lark syntax."""
+    odd = {"type": "object", "properties": {'a"b\\c': {"type": "integer"}}, "required": ['a"b\\c']}
+    grammar = tools.forced_grammar(fmt, [{"name": "f", "parameters": odd}], False)
+    assert llguidance.LLMatcher.validate_grammar(grammar) == ""
+
+
+def test_call_arguments_are_always_json_text():
+    """A model's arguments written as a JSON string are taken as that text; a string that is no
+    JSON object is encoded (the client's json.loads of arguments never fails)."""
+    assert tool_call.arguments_text('{"a": 1}') == '{"a": 1}'
+    assert tool_call.arguments_text("Paris") == '"Paris"'
+    assert tool_call.arguments_text({"a": "é"}) == '{"a": "é"}'
+
+
+def test_every_format_marker_survives_skipped_control_tokens():
+    """The markers a reply is parsed by are decoded even where control tokens are skipped
+    (files/vocabulary.py FORMAT_MARKERS): a format's marker missing there would reach the
+    parser as nothing, and its calls the client as bare text."""
+    kept = set(FORMAT_MARKERS)
+    for fmt in (tools.QwenJsonCalls(), tools.XmlCalls(), tools.Llama3JsonCalls()):
+        assert fmt.opener in kept
+    for fmt in (tools.MistralCalls(), tools.Gemma4Calls(), tools.DeepSeekCalls()):
+        assert set(fmt.marker_texts) <= kept
+    assert {"<think>", "<|channel>", *CLOSERS} <= kept  # the think blocks' (reasoning.BLOCKS)
 
 
 def _tool_request(template: str):

@@ -44,6 +44,32 @@ def test_a_forced_call_without_tools_is_a_400_naming_tool_choice(extra):
     assert _chat({"messages": USER, **extra, "tools": [TOOL]}).tool_choice is not None
 
 
+@pytest.mark.parametrize(
+    "params, said",
+    [
+        ({"type": "object", "properties": [1]}, "properties"),
+        ({"type": "object", "properties": {"a": True}}, "properties"),
+        ({"type": "object", "properties": {"a": {}}, "required": "a"}, "required"),
+        ({"type": "object", "required": [1]}, "required"),
+    ],
+)
+def test_parameters_the_call_formats_cannot_read_are_a_400(params, said):
+    """Qwen3-Coder's format reads every tool's properties (its string parameters stay text): a
+    list there was an AttributeError, a 500, on any request with tools; required as a string
+    was read letter by letter."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": params}}
+    with pytest.raises(schemas.BadRequest) as e:
+        _chat({"messages": USER, "tools": [tool]})
+    assert e.value.param == "tools.0.function.parameters" and said in str(e.value), e.value
+    with pytest.raises(schemas.BadRequest) as e:  # the Messages API's tools are the same
+        _messages({"tools": [{"name": "f", "input_schema": params}]})
+    assert said in str(e.value)
+    fine = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    assert _chat(
+        {"messages": USER, "tools": [{**tool, "function": {"name": "f", "parameters": fine}}]}
+    )
+
+
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "f"}])
 def test_an_anthropic_forced_call_without_tools_is_a_400(choice):
     with pytest.raises(schemas.BadRequest) as e:
@@ -93,7 +119,9 @@ def _served(model, **settings):
     from minfer_jax.server.app import create_app
     from minfer_jax.server.backend import ServerSettings
 
-    app = create_app(ServerSettings(warmup=False, **settings), loader=lambda *a, **k: model)
+    # -s: a request that gives no seed samples one fixed draw (the project's rule for tests)
+    settings = {"warmup": False, "seed": 0, **settings}
+    app = create_app(ServerSettings(**settings), loader=lambda *a, **k: model)
     return app, TestClient(app, base_url="http://localhost")
 
 
@@ -271,6 +299,70 @@ def test_a_cut_bare_json_reply_of_llama_stays_content():
 
     text = '{"answer": "a long JSON ans'
     assert parse_reply(Llama3JsonCalls(), text, StopReason.LENGTH) == (text, [])
+
+
+DEEP = "[" * 100_000  # past json's recursion limit at any setting
+
+
+@pytest.mark.parametrize(
+    "fmt, reply",
+    [
+        ("QwenJsonCalls", f"<tool_call>{DEEP}</tool_call>"),
+        ("Llama3JsonCalls", '{"name": "f", "parameters": ' + DEEP),
+        ("MistralCalls", f"[TOOL_CALLS]{DEEP}"),
+        ("MistralCalls", f"[TOOL_CALLS]f[ARGS]{DEEP}"),
+        ("Gemma4Calls", f"<|tool_call>call:f{{a:{DEEP}}}<tool_call|>"),
+        ("HarmonyCalls", f"<|channel|>commentary to=functions.f<|message|>{DEEP}<|call|>"),
+    ],
+)
+def test_a_reply_nested_past_the_json_parser_is_text_not_a_crash(fmt, reply):
+    """A model running on with "[[[[..." made json raise RecursionError, not ValueError: a 500
+    (or a cut stream) where the reply is no call; the Messages API's tool_use too."""
+    from minfer_jax.engine.steps import StopReason
+    from minfer_jax.server import tools
+    from minfer_jax.server.anthropic_reply import BlockSplit
+
+    calls = getattr(tools, fmt)()
+    made = tools.parse_reply(calls, reply, StopReason.EOS)[1]
+    # harmony's call keeps its arguments as written (a call message is a call, JSON or not)
+    assert [c.name for c in made] == (["f"] if fmt == "HarmonyCalls" else [])
+    split = BlockSplit(calls, None, fmt == "HarmonyCalls", show_thinking=False)
+    assert split.finish(reply, StopReason.EOS)[1] == []  # no tool_use: its input is no object
+
+
+def test_a_deepseek_call_of_a_long_line_parses_in_linear_time():
+    """A call whose name line runs on in spaces took quadratic time to parse (about 40 s for
+    200,000 spaces), on the server's event loop; fenced calls still parse."""
+    from minfer_jax.engine.steps import StopReason
+    from minfer_jax.server.tools import DeepSeekCalls, parse_reply
+    from tests.clock import Stopwatch
+
+    begin, sep, end = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+    )
+    clock = Stopwatch()
+    assert (
+        parse_reply(DeepSeekCalls(), f"{begin}function{sep}f{' ' * 200_000}{end}", StopReason.EOS)[
+            1
+        ]
+        == []
+    )
+    assert clock.seconds() < 2, clock
+    fenced = f'{begin}function{sep}\n f \n\n```json\n{{"a": 1}}\n``` {end}'
+    (call,) = parse_reply(DeepSeekCalls(), fenced, StopReason.EOS)[1]
+    assert (call.name, json.loads(call.arguments)) == ("f", {"a": 1})
+
+
+def test_a_clients_call_arguments_nested_past_the_json_parser_stay_text():
+    """The history's call arguments are read as JSON for the template: "[[[[..." from a client
+    was a RecursionError, a 500."""
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": DEEP}}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call]}
+    body = _chat({"messages": [*USER, turn]})
+    rendered = body.messages[1].as_template_message()["tool_calls"][0]["function"]
+    assert rendered["arguments"] == DEEP
 
 
 def test_a_llama_json_answer_with_a_name_field_is_no_call():

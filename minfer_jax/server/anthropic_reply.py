@@ -20,6 +20,7 @@ from typing import Any
 from minfer_jax.engine.steps import StopReason
 from minfer_jax.files.harmony import CONTENT, REASONING, HarmonyStream
 from minfer_jax.server.reasoning import ReasoningStream
+from minfer_jax.server.tool_call import loaded
 from minfer_jax.server.tools import CallFormat, CallStream, ToolCall, parse_reply
 
 STOP_REASONS = {
@@ -79,10 +80,7 @@ class BlockSplit:
 def _inputs(calls: list[ToolCall]) -> list[tuple[ToolCall, dict]]:
     out = []
     for call in calls:
-        try:
-            value = json.loads(call.arguments)
-        except ValueError:
-            continue
+        value = loaded(call.arguments)
         if isinstance(value, dict):
             out.append((call, value))
     return out

@@ -368,7 +368,7 @@ class MessageToolCall(BaseModel):
         """As HF chat templates read a call: arguments as an object (tojson renders it)."""
         try:
             arguments: Any = json.loads(self.function.arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # a client's "[[[[...": its text, not a 500
             arguments = self.function.arguments
         fn = {"name": self.function.name, "arguments": arguments}
         return {"id": self.id, "type": "function", "function": fn}
@@ -409,8 +409,20 @@ class FunctionDef(BaseModel):
     description: Text | None = None
     parameters: dict[str, Any] | None = None  # a JSON Schema
     # a forced call's arguments are always held to it; under auto, strict asks for that too
-    # (server/tools.py strict_calls: a lazy grammar, or a 400 where the format cannot have one)
+    # (server/tools.py strict_calls: a lazy grammar; a logged warning where the format has none)
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _readable_parameters(cls, value):
+        """The keys the call formats read from the schema (server/tools.py, tool_formats.py) in
+        the shapes they read: anything else is a 400 here, not a crash where a grammar is made."""
+        props, required = (value or {}).get("properties") or {}, (value or {}).get("required") or []
+        if not isinstance(props, dict) or not all(isinstance(p, dict) for p in props.values()):
+            raise ValueError("parameters.properties must be an object of JSON Schema objects")
+        if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+            raise ValueError("parameters.required must be a list of property names")
+        return value
 
 
 class ToolDef(BaseModel):

@@ -34,33 +34,45 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
-def call_schema(fn: dict, args_key: str) -> dict:
+def object_params(fn: dict) -> dict:
+    """A function's parameters schema as a grammar holds arguments to it: an object's declared
+    properties only, as OpenAI's strict mode (no schema: any object)."""
     params = fn.get("parameters") or {"type": "object"}
-    if params.get("type") == "object":  # as OpenAI's strict mode: the declared properties only
-        params = {"additionalProperties": False, **params}
+    return {"additionalProperties": False, **params} if params.get("type") == "object" else params
+
+
+def json_value(schema: dict) -> str:
+    """llguidance Lark for JSON valid against schema, compact: no whitespace the model could run
+    on in."""
+    return "%json " + json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}})
+
+
+def call_schema(fn: dict, args_key: str) -> dict:
     return {
         "type": "object",
-        "properties": {"name": {"const": fn["name"]}, args_key: params},
+        "properties": {"name": {"const": fn["name"]}, args_key: object_params(fn)},
         "required": ["name", args_key],
         "additionalProperties": False,
     }
 
 
 def json_call(fn_schemas: list[dict]) -> str:
-    schema = fn_schemas[0] if len(fn_schemas) == 1 else {"anyOf": fn_schemas}
-    # compact JSON: no whitespace the model could run on in
-    schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
-    return "%json " + json.dumps(schema)
+    return json_value(fn_schemas[0] if len(fn_schemas) == 1 else {"anyOf": fn_schemas})
 
 
 def loaded(text: str) -> Any:
+    """text's JSON value, None where it is no JSON (or nests past the parser's recursion: a
+    model that ran on with "[[[[..." is text, not a crash)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
 def arguments_text(value: Any) -> str:
     """A call's arguments as OpenAI's JSON text; a model that wrote them as a JSON string
-    (`"arguments": "{...}"`) has them taken as that text, not encoded twice."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    (`"arguments": "{...}"`) has them taken as that text, not encoded twice (a string that is no
+    JSON object is encoded: the text sent is always JSON)."""
+    if isinstance(value, str) and isinstance(loaded(value), dict):
+        return value
+    return json.dumps(value, ensure_ascii=False)

@@ -13,7 +13,15 @@ import re
 import uuid
 from typing import Any
 
-from minfer_jax.server.tool_call import CallsBase, ToolCall, arguments_text, call_schema, loaded
+from minfer_jax.server.tool_call import (
+    CallsBase,
+    ToolCall,
+    arguments_text,
+    call_schema,
+    json_value,
+    loaded,
+    object_params,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +44,6 @@ def markers(texts: tuple[str, ...], tokenizer: Any) -> Markers:
         if token_id is not None and tokenizer.is_control(token_id):
             found.append((text, token_id))
     return Markers(tuple(found))
-
-
-def _json_value(schema: dict) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}})
-
-
-def _object_params(fn: dict) -> dict:
-    params = fn.get("parameters") or {"type": "object"}
-    return {"additionalProperties": False, **params} if params.get("type") == "object" else params
 
 
 def _mistral_id(value: Any) -> str:
@@ -79,7 +78,7 @@ class MistralCalls(CallsBase):
         if part.lstrip().startswith("["):  # Nemo: a JSON list of calls
             try:
                 value = decoder.raw_decode(part.lstrip())[0]
-            except ValueError:
+            except (ValueError, RecursionError):  # no JSON (tool_call.loaded)
                 return []
             items = [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
             named = [v for v in items if isinstance(v.get("name"), str)]
@@ -90,7 +89,7 @@ class MistralCalls(CallsBase):
             return []
         try:
             args = decoder.raw_decode(part[head.end() :])[0]
-        except ValueError:
+        except (ValueError, RecursionError):
             return []
         return [ToolCall(head.group(1), arguments_text(args), _mistral_id(head.group(2)))]
 
@@ -105,13 +104,13 @@ class MistralCalls(CallsBase):
             items = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
             calls = {"type": "array", "items": items, "minItems": 1}
             calls = calls if parallel else {**calls, "maxItems": 1}
-            return f"start: {opener} {_json_value(calls)}"
+            return f"start: {opener} {json_value(calls)}"
         call_id = ""
         if self.style == "call_id":
             call_id = f" {self.marks('[CALL_ID]')} /[a-zA-Z0-9]{{9}}/"
         rules = [
             f"f{i}: {opener} {json.dumps(fn['name'])}{call_id} {self.marks('[ARGS]')} "
-            + _json_value(_object_params(fn))
+            + json_value(object_params(fn))
             for i, fn in enumerate(functions)
         ]
         alternatives = " | ".join(f"f{i}" for i in range(len(functions)))
@@ -157,7 +156,7 @@ class Gemma4Calls(CallsBase):
             params = fn.get("parameters") or {}
             props = params.get("properties") or {}
             parts = [
-                f'"{key}:" {self._value(props.get(key, {}), quote)}'
+                f"{json.dumps(key + ':')} {self._value(props.get(key, {}), quote)}"
                 for key in sorted(params.get("required") or [])
             ]
             body = ' "," '.join(parts) or '""'
@@ -175,7 +174,7 @@ class Gemma4Calls(CallsBase):
         JSON's grammar holds them to their schema (bounds too); a string keeps its enum and
         maxLength; anything nested is any value of Gemma's notation."""
         if schema.get("type") in ("integer", "number", "boolean", "null"):
-            return _json_value(schema)
+            return json_value(schema)
         if schema.get("type") != "string":
             return "gvalue"
         if isinstance(schema.get("enum"), list) and schema["enum"]:
@@ -208,7 +207,6 @@ class DeepSeekCalls(CallsBase):
         "<｜tool▁calls▁end｜>",
     )
     _call = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.S)
-    _fenced = re.compile(r"\s*([^\n`]+?)\s*\n\s*```(?:json)?\s*\n?(.*?)\s*```\s*$", re.S)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         start = text.find(self.opener)
@@ -216,8 +214,8 @@ class DeepSeekCalls(CallsBase):
             return text, []
         calls = []
         for kind, rest in self._call.findall(text[start:]):
-            fenced = self._fenced.match(rest) if kind.strip() == "function" else None
-            name, body = fenced.groups() if fenced else (kind.strip(), rest)
+            fenced = _unfenced(rest) if kind.strip() == "function" else None
+            name, body = fenced or (kind.strip(), rest)
             value = loaded(body.strip())
             if isinstance(value, dict) and name:
                 calls.append(ToolCall(name, json.dumps(value, ensure_ascii=False)))
@@ -228,10 +226,22 @@ class DeepSeekCalls(CallsBase):
         rules = [
             f'f{i}: {m("<｜tool▁call▁begin｜>")} "function" {m("<｜tool▁sep｜>")} '
             f"{json.dumps(fn['name'] + chr(10) + '```json' + chr(10))} "
-            f'{_json_value(_object_params(fn))} "\\n```" {m("<｜tool▁call▁end｜>")}'
+            f'{json_value(object_params(fn))} "\\n```" {m("<｜tool▁call▁end｜>")}'
             for i, fn in enumerate(functions)
         ]
         alternatives = " | ".join(f"f{i}" for i in range(len(functions)))
         calls = "call+" if parallel else "call"
         head = f"start: {m(self.opener)} {calls} {m('<｜tool▁calls▁end｜>')}"
         return "\n".join([head, f"call: {alternatives}", *rules])
+
+
+def _unfenced(rest: str) -> tuple[str, str] | None:
+    """(name, arguments' text) of an R1 call's body: the name on a line, then the arguments
+    fenced in ```json ... ``` (string operations: a backtracking pattern took quadratic time on
+    a long run of spaces, on the server's loop)."""
+    name, _, fence = rest.strip().partition("\n")
+    name, fence = name.strip(), fence.strip()
+    if not name or "`" in name or len(fence) < 6 or fence[:3] != "```" or fence[-3:] != "```":
+        return None
+    body = fence[3:-3]
+    return name, body[4:] if body.startswith("json") else body

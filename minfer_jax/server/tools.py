@@ -34,7 +34,9 @@ from minfer_jax.server.schemas import BadRequest, NamedToolChoice
 from minfer_jax.server.tool_call import CallsBase, ToolCall, arguments_text
 from minfer_jax.server.tool_call import call_schema as _call_schema
 from minfer_jax.server.tool_call import json_call as _json_call
+from minfer_jax.server.tool_call import json_value as _json_value
 from minfer_jax.server.tool_call import loaded as _loaded
+from minfer_jax.server.tool_call import object_params as _object_params
 from minfer_jax.server.tool_formats import (
     DeepSeekCalls,
     Gemma4Calls,
@@ -46,6 +48,7 @@ from minfer_jax.server.tool_formats import (
 _log = logging.getLogger("uvicorn.error")  # the server's log, as backend.py writes it
 
 __all__ = [
+    "ENDED_EARLY",
     "CallFormat",
     "CallStream",
     "DeepSeekCalls",
@@ -62,7 +65,11 @@ __all__ = [
     "call_or_answer_grammar",
     "forced_grammar",
     "lazy_call_grammar",
+    "offered_functions",
+    "parse_reply",
+    "strict_calls",
     "template_tool",
+    "text_params",
     "tool_constraint",
     "tool_grammar",
     "tool_setup",
@@ -133,7 +140,8 @@ class XmlCalls(CallsBase):
             for key in params.get("required") or []:
                 schema = props.get(key, {})
                 value = _xml_value(schema)
-                parts.append(f'"<parameter={key}>\\n" {value} "\\n</parameter>\\n"')
+                opens = json.dumps(f"<parameter={key}>\n")
+                parts.append(f'{opens} {value} "\\n</parameter>\\n"')
             rules.append(
                 f'f{i}: "<function={fn["name"]}>\\n" {" ".join(parts) or chr(34) * 2} "</function>"'
             )
@@ -147,7 +155,7 @@ class XmlCalls(CallsBase):
 def _xml_value(schema: dict) -> str:
     """A parameter's value in the XML format: strings bare (up to maxLength), the rest JSON."""
     if schema.get("type") != "string":
-        return "%json " + json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}})
+        return _json_value(schema)
     most = schema.get("maxLength")
     return "/[^<]*/" if not isinstance(most, int) else f"/[^<]{{0,{most}}}/"
 
@@ -235,14 +243,10 @@ class HarmonyCalls(CallsBase):
         function, its arguments JSON valid against its schema."""
         rules, names = [], []
         for i, fn in enumerate(functions):
-            params = fn.get("parameters") or {"type": "object"}
-            if params.get("type") == "object":
-                params = {"additionalProperties": False, **params}
-            schema = {**params, "x-guidance": {"whitespace_flexible": False}}
             head = json.dumps(f"commentary to=functions.{fn['name']} ")
             rules.append(
                 f'f{i}: <|channel|> {head} <|constrain|> "json" <|message|> '
-                f"%json {json.dumps(schema)}"
+                + _json_value(_object_params(fn))
             )
             names.append(f"f{i}")
         return "\n".join([f"start: {' | '.join(names)}", *rules])
