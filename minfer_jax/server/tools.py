@@ -343,6 +343,9 @@ def lazy_call_grammar(fmt: CallFormat, functions: list[dict], parallel: bool) ->
     return f"%llguidance {{}}\nstart: free_text calls?\nfree_text: <[^{fmt.opener_id}]>*\n{calls}"
 
 
+_OPENS_JSON = re.compile(r"\s*\{")
+
+
 class CallStream:
     """Streamed text with tool calls: content goes out as it comes until a call may have begun
     (the opener, or a reply opening with '{' for Llama's bare JSON), then everything is held and
@@ -356,8 +359,8 @@ class CallStream:
         self.text += piece
         if self.holding:
             return ""
-        at = self.text.find(self.fmt.opener)
-        bare_json = isinstance(self.fmt, Llama3JsonCalls) and self.text.lstrip().startswith("{")
+        at = self.text.find(self.fmt.opener, self.sent)  # what was sent holds no opener
+        bare_json = isinstance(self.fmt, Llama3JsonCalls) and bool(_OPENS_JSON.match(self.text))
         if at >= 0 or bare_json:
             self.holding = True
             end = 0 if bare_json else at
