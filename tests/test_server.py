@@ -1346,3 +1346,6 @@ def test_an_assistant_message_last_is_a_prefill_the_reply_continues(client, toke
         max_tokens=1, temperature=0,
     )  # fmt: skip
     assert reply.usage.prompt_tokens == want
+    thought = {"role": "assistant", "content": prefill, "reasoning_content": "hm"}
+    with pytest.raises(openai.BadRequestError, match="reasoning_content"):  # never dropped
+        client.chat.completions.create(model="tiny", messages=[*messages, thought], max_tokens=1)

@@ -149,6 +149,9 @@ def _chat_prompt_ids(
         if model.tokenizer is not None and model.tokenizer.harmony:  # it would need a channel
             raise BadRequest("an assistant message last (a prefill) is not supported for "
                              "gpt-oss (harmony)", "messages")  # fmt: skip
+        if last.get("reasoning_content"):  # the template renders thinking only in closed turns
+            raise BadRequest("an assistant message last (a prefill) continues its content: its "
+                             "reasoning_content cannot be rendered", "messages")  # fmt: skip
 
     if model.tokenizer is None:
         raise BadRequest(
