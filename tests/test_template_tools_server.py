@@ -15,21 +15,6 @@ from pathlib import Path
 import pytest
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
-MARKERS = [
-    "[TOOL_CALLS]",
-    "[ARGS]",
-    "[CALL_ID]",
-    "<|tool_call>",
-    "<tool_call|>",
-    '<|"|>',
-    "<|channel>",
-    "<channel|>",
-    "<｜tool▁calls▁begin｜>",
-    "<｜tool▁call▁begin｜>",
-    "<｜tool▁sep｜>",
-    "<｜tool▁call▁end｜>",
-    "<｜tool▁calls▁end｜>",
-]
 WEATHER = {
     "type": "function",
     "function": {
@@ -52,11 +37,14 @@ CTX = 2048  # Mistral Small 3.2's template writes a long system prompt
 def tiny(real_model):
     """A tiny random Qwen2 with the real 0.5B's vocabulary plus the markers as control tokens."""
     import minfer_jax
+    from minfer_jax.files.vocabulary import FORMAT_MARKERS
 
     from minfer_bench.synthetic import SYNTHETIC_CONFIGS, synthetic_model_from_config
 
     meta = real_model.metadata
-    tokens = [*meta["tokenizer.ggml.tokens"], *MARKERS]
+    known = set(meta["tokenizer.ggml.tokens"])
+    markers = [m for m in FORMAT_MARKERS if m not in known]  # the product's list, not a copy
+    tokens = [*meta["tokenizer.ggml.tokens"], *markers]
     cfg = dataclasses.replace(
         SYNTHETIC_CONFIGS["qwen2.5-0.5b"],
         n_layers=2,
@@ -69,7 +57,7 @@ def tiny(real_model):
     )
     gm = synthetic_model_from_config(cfg, "q8_0", seed=3)
     gm.metadata.update({k: v for k, v in meta.items() if k.startswith("tokenizer.")})
-    types = [*meta["tokenizer.ggml.token_type"], *[3] * len(MARKERS)]
+    types = [*meta["tokenizer.ggml.token_type"], *[3] * len(markers)]
     gm.metadata.update({"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
     return minfer_jax.load(gguf_model=gm, kernels="xla", ctx_size=CTX, progress=False)
 
