@@ -248,13 +248,7 @@ def test_a_strict_function_under_auto_holds_a_call_once_its_opener_comes(tiny):
     grammar = tools.lazy_call_grammar(tools.QwenJsonCalls(opener_id=opener), TOOLS[:1], False)
 
     def refused_at(text: str) -> int | None:
-        constraint, ids = tiny.constraint(grammar=grammar), tiny.tokenizer.encode(text)
-        for i, token in enumerate(ids):
-            try:
-                constraint.advance(token)
-            except ConstraintError:
-                return i
-        return None
+        return first_refused(tiny.constraint(grammar=grammar), tiny.tokenizer.encode(text))
 
     call = (
         '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo","days":DAYS}}\n</tool_call>'
@@ -264,3 +258,13 @@ def test_a_strict_function_under_auto_holds_a_call_once_its_opener_comes(tiny):
     bad = "Sure.\n" + call.replace("DAYS", '"many"')  # refused inside the call, not before
     at = refused_at(bad)
     assert at is not None and at > tiny.tokenizer.encode(bad).index(opener), at
+
+
+def first_refused(constraint, ids: list[int]) -> int | None:
+    """The index of the first of ids the constraint refuses (None: all taken)."""
+    for i, token in enumerate(ids):
+        try:
+            constraint.advance(token)
+        except ConstraintError:
+            return i
+    return None

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer_jax.engine.constraint import ConstraintError
 from minfer_jax.engine.grammar import Grammars, GrammarSpec
 from minfer_jax.files.harmony import MARKERS as HARMONY_MARKERS
 from minfer_jax.files.tokenizer import Tokenizer
 from minfer_jax.server.tools import HarmonyCalls, Llama3JsonCalls
+from tests.test_constrained import first_refused
 from tests.test_harmony_tools import CALL_TEXT, WEATHER, _valid, gptoss  # noqa: F401
 
 ANALYSIS_THEN_FINAL = (
@@ -25,16 +25,7 @@ ANALYSIS_THEN_FINAL = (
 def _refused_at(model, grammar: str, text: str) -> int | None:
     """The index of the first token of text the grammar refuses (None: all taken)."""
     constraint = model.constraint(grammar=grammar)
-    return _first_refused(constraint, model.tokenizer.encode(text, add_special=False))
-
-
-def _first_refused(constraint, ids: list[int]) -> int | None:
-    for i, token in enumerate(ids):
-        try:
-            constraint.advance(token)
-        except ConstraintError:
-            return i
-    return None
+    return first_refused(constraint, model.tokenizer.encode(text, add_special=False))
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +136,7 @@ def test_the_llama3_reply_grammar_holds_a_call_and_frees_any_other_reply():
 
     def refused_at(text: str) -> int | None:
         ids = tokenizer.encode(text, add_special=False)
-        return _first_refused(grammars.compile(spec), ids)
+        return first_refused(grammars.compile(spec), ids)
 
     call = '{"name":"get_weather","parameters":{"city":"Oslo","unit":"c"}}'
     for text in ("Sure, sunny.", '{"answer": 3}', "  {}", " ", "", call, " \n" + call,
