@@ -1,8 +1,24 @@
-"""Tool-call formats beyond the Qwen / Llama / harmony ones (server/tools.py picks the format from
-the chat template): Mistral's [TOOL_CALLS], Gemma 4's <|tool_call>, DeepSeek R1's
-<｜tool▁calls▁begin｜>; each parses a reply (whole; server/tools.py's CallStream streams around
-it) and writes the grammar that forces a call. Their markers are control tokens in the models'
-vocabularies: `markers` binds them to ids so that a grammar matches the token, not its spelling.
+"""Tool-call formats, one per model family (server/tools.py picks one from the chat template):
+each parses a reply (whole; server/tools.py's CallStream streams around it) and writes the grammar
+that forces a call.
+
+    QwenJsonCalls   Qwen2.5 / Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+    XmlCalls        Qwen3-Coder / Qwen3.5: <tool_call>\n<function=f>\n<parameter=p>\nv\n</parameter>
+                    \n</function>\n</tool_call>
+    Llama3JsonCalls Llama 3.x: [<|python_tag|>]{"name": ..., "parameters": {...}}
+    HarmonyCalls    gpt-oss: a harmony message addressed to a function, <|channel|>commentary
+                    to=functions.f <|constrain|>json<|message|>{...}<|call|> (the recipient may
+                    also stand before the channel); one call per turn, <|call|> ends it
+    MistralCalls    Mistral Nemo: [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}];
+                    Mistral Small 3.2 / Devstral: [TOOL_CALLS]f[CALL_ID]id[ARGS]{...} (no
+                    [CALL_ID] in Devstral); ids of 9 letters and digits, as the templates demand
+    Gemma4Calls     Gemma 4: <|tool_call>call:f{key:value,...}<tool_call|>, strings between
+                    <|"|> marks, keys bare
+    DeepSeekCalls   DeepSeek R1 (and its distills): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>
+                    function<｜tool▁sep｜>f\n```json\n{...}\n```<｜tool▁call▁end｜>...
+
+Mistral's, Gemma 4's and DeepSeek's markers are control tokens in the models' vocabularies:
+`markers` binds them to ids so that a grammar matches the token, not its spelling.
 """
 
 from __future__ import annotations
@@ -18,6 +34,7 @@ from minfer_jax.server.tool_call import (
     ToolCall,
     arguments_text,
     call_schema,
+    json_call,
     json_value,
     loaded,
     object_params,
@@ -245,3 +262,197 @@ def _unfenced(rest: str) -> tuple[str, str] | None:
         return None
     body = fence[3:-3]
     return name, body[4:] if body.startswith("json") else body
+
+
+@dataclasses.dataclass(frozen=True)
+class QwenJsonCalls(CallsBase):
+    opener = "<tool_call>"
+    args_key = "arguments"
+    _call = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        start = text.find(self.opener)
+        if start < 0:
+            return text, []
+        calls = []
+        for body in self._call.findall(text[start:]):
+            value = loaded(body)
+            if isinstance(value, dict) and isinstance(value.get("name"), str):
+                args = value.get(self.args_key, value.get("parameters", {}))
+                calls.append(ToolCall(value["name"], arguments_text(args)))
+        if not calls:
+            return text, []
+        return text[:start], calls
+
+    def grammar(self, functions: list[dict], parallel: bool) -> str:
+        call = json_call([call_schema(f, self.args_key) for f in functions])
+        more = ' ("\\n" call)*' if parallel else ""
+        # <tool_call> unquoted: the special token (the model emits it whole, not its bytes)
+        return f'start: call{more}\ncall: <tool_call> "\\n" {call} "\\n" </tool_call>'
+
+
+@dataclasses.dataclass(frozen=True)
+class XmlCalls(CallsBase):
+    # (function, parameter) whose schema type is string: its text stays text (a file's content
+    # that happens to read as JSON, "123" or "true"); the others are JSON where they parse
+    text_params: frozenset[tuple[str, str]] = frozenset()
+    opener = "<tool_call>"
+    _fn = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
+    _param = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        start = text.find(self.opener)
+        if start < 0:
+            return text, []
+        calls = []
+        for name, body in self._fn.findall(text[start:]):
+            args = {}
+            for key, raw in self._param.findall(body):
+                value = None if (name.strip(), key.strip()) in self.text_params else loaded(raw)
+                args[key.strip()] = raw if value is None else value
+            calls.append(ToolCall(name.strip(), json.dumps(args, ensure_ascii=False)))
+        if not calls:
+            return text, []
+        return text[:start], calls
+
+    def grammar(self, functions: list[dict], parallel: bool) -> str:
+        rules, names = [], []
+        for i, fn in enumerate(functions):
+            params = fn.get("parameters") or {}
+            props = params.get("properties") or {}
+            parts = []
+            for key in params.get("required") or []:
+                schema = props.get(key, {})
+                value = _xml_value(schema)
+                opens = json.dumps(f"<parameter={key}>\n")
+                parts.append(f'{opens} {value} "\\n</parameter>\\n"')
+            rules.append(
+                f'f{i}: "<function={fn["name"]}>\\n" {" ".join(parts) or chr(34) * 2} "</function>"'
+            )
+            names.append(f"f{i}")
+        more = ' ("\\n" call)*' if parallel else ""
+        alternatives = " | ".join(names)
+        head = f'start: call{more}\ncall: <tool_call> "\\n" ({alternatives}) "\\n" </tool_call>'
+        return "\n".join([head, *rules])
+
+
+def _xml_value(schema: dict) -> str:
+    """A parameter's value in the XML format: strings bare (up to maxLength), the rest JSON."""
+    if schema.get("type") != "string":
+        return json_value(schema)
+    most = schema.get("maxLength")
+    return "/[^<]*/" if not isinstance(most, int) else f"/[^<]{{0,{most}}}/"
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3JsonCalls(CallsBase):
+    opener = "<|python_tag|>"
+    args_key = "parameters"
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        body = text.split(self.opener, 1)[1] if self.opener in text else text
+        value = loaded(body.strip())
+        # a call names its arguments: a bare JSON answer with a "name" field is no call
+        if not isinstance(value, dict):
+            return text, []
+        args = value.get("parameters", value.get("arguments"))
+        named = isinstance(args, dict) or (isinstance(args, str) and isinstance(loaded(args), dict))
+        if isinstance(value.get("name"), str) and named:  # arguments as JSON text count too
+            prefix = text.split(self.opener, 1)[0] if self.opener in text else ""
+            return prefix, [ToolCall(value["name"], arguments_text(args))]
+        return text, []
+
+    def grammar(self, functions: list[dict], parallel: bool) -> str:
+        return "start: " + json_call([call_schema(f, self.args_key) for f in functions])
+
+    def whole_reply_grammar(self, functions: list[dict]) -> str:
+        """llguidance Lark text of a whole reply whose calls are held to their schemas (strict
+        functions under tool_choice auto; llama.cpp triggers on a reply opening with `{"name"`):
+        a call (after whitespace), or an answer whose text opens with no `{"name"`, then, where
+        the vocabulary has the token, <|python_tag|> and a call. The answer's `{` is its own
+        lexeme: one text lexeme from the reply's start would swallow a call's opening brace."""
+        tagged = "" if self.opener_id is None else f" | answer <[{self.opener_id}]> call"
+        return "\n".join(
+            [
+                "%llguidance {}",
+                f"start: answer | WS? call{tagged}",
+                'answer: WS? (TEXT | "{" BRACED)?',
+                r"TEXT: /[^{\s](?s:.*)/",
+                r"WS: /\s+/",
+                r'BRACED: /(?s:.*)/ & ~/\s*"name"(?s:.*)/',
+                "call: " + self.grammar(functions, parallel=False).removeprefix("start: "),
+            ]
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class HarmonyCalls(CallsBase):
+    """gpt-oss's calls: whole harmony messages of the raw text (files/harmony.py keeps them out of
+    the content), so the app parses the finished text rather than holding streamed content."""
+
+    opener = "to=functions."
+    args_key = "arguments"
+    # harmony's framing tokens' ids in the model's vocabulary (no body holds them): tool_setup sets
+    # them, whole_reply_grammar needs them
+    marker_ids: tuple[int, ...] = ()
+    # one message: its header (after <|start|> or the text's start) up to <|message|>, its body
+    _message = re.compile(
+        r"(?:^|<\|start\|>)((?:(?!<\|start\|>|<\|message\|>).)*)<\|message\|>"
+        r"((?:(?!<\|start\|>|<\|end\|>|<\|call\|>|<\|return\|>).)*)"
+        r"(?:<\|end\|>|<\|call\|>|<\|return\|>)?",
+        re.S,
+    )
+    _recipient = re.compile(r"\bto=functions\.([^\s<]+)")
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(the text without its call messages, the calls)."""
+        calls, kept, at = [], [], 0
+        for m in self._message.finditer(text):
+            name = self._recipient.search(m.group(1))
+            if name is None:
+                continue
+            value = loaded(m.group(2).strip())
+            arguments = m.group(2).strip() if value is None else json.dumps(value)
+            calls.append(ToolCall(name.group(1), arguments))
+            kept.append(text[at : m.start()])
+            at = m.end()
+        if not calls:
+            return text, []
+        return "".join(kept) + text[at:], calls
+
+    def grammar(self, functions: list[dict], parallel: bool) -> str:
+        """One call (harmony ends the turn at <|call|>): the commentary channel addressed to the
+        function, its arguments JSON valid against its schema."""
+        rules, names = [], []
+        for i, fn in enumerate(functions):
+            head = json.dumps(f"commentary to=functions.{fn['name']} ")
+            rules.append(
+                f'f{i}: <|channel|> {head} <|constrain|> "json" <|message|> '
+                + json_value(object_params(fn))
+            )
+            names.append(f"f{i}")
+        return "\n".join([f"start: {' | '.join(names)}", *rules])
+
+    def whole_reply_grammar(self, functions: list[dict]) -> str:
+        """llguidance Lark text of a whole reply whose calls are held to their schemas (strict
+        functions under tool_choice auto; llama.cpp waits for the ` to=functions.` text): its
+        messages (after the template's `<|start|>assistant`) each `<|channel|>` header
+        `<|message|>` body, joined by `<|end|><|start|>assistant`; a header addressed to a
+        function only as the forced call (then `<|call|>` ends the turn), any other one (no
+        `to=`) with a body free of framing tokens; <|return|> (the end token) ends the last."""
+        if not self.marker_ids:
+            raise AssertionError("a harmony reply grammar needs the framing tokens' ids")
+        free = ",".join(map(str, sorted(self.marker_ids)))
+        calls, _, rules = self.grammar(functions, parallel=False).partition("\n")
+        return "\n".join(
+            [
+                "%llguidance {}",
+                'start: (message <|end|> <|start|> "assistant")* (message | call <|call|>)',
+                "message: <|channel|> HEADER <|message|> body",
+                f"body: <[^{free}]>*",
+                # any header text but a recipient's: a call's header is the call rule's
+                r"HEADER: /[^<]*/ & ~/(?s:.*)to=(?s:.*)/",
+                "call: " + calls.removeprefix("start: "),
+                rules,
+            ]
+        )
